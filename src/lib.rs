@@ -1,8 +1,11 @@
 //! torus-wgpu: an LLM inference engine whose GPU work is WGSL compute shaders run through wgpu.
 //!
 //! Layers, from the bottom: `gpu` (device, buffers, pipelines), `model` (weights, loaders,
-//! forward pass), `tokenizer` (tokenizers + chat templates), `engine` (generation loop).
+//! forward pass), `tokenizer` (tokenizers + chat templates), `sampling`, `engine` (generation).
 
+pub mod config;
+pub mod engine;
 pub mod gpu;
 pub mod model;
+pub mod sampling;
 pub mod tokenizer;

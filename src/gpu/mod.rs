@@ -1,1 +1,233 @@
+//! wgpu device and adapter choice, buffers, shader assembly and the pipelines of every kernel.
 
+pub mod kernels;
+
+use anyhow::{anyhow, Context, Result};
+use wgpu::util::DeviceExt;
+
+/// One wgpu device with the limits and facts the kernels are sized by.
+pub struct Gpu {
+    pub device: wgpu::Device,
+    pub queue: wgpu::Queue,
+    pub info: wgpu::AdapterInfo,
+    /// Largest storage binding the kernels may use (bytes); tensors larger than this are chunked.
+    pub max_binding: u64,
+    pub max_buffer: u64,
+}
+
+/// What `torus-wgpu adapters` prints for each adapter.
+pub struct AdapterReport {
+    pub index: usize,
+    pub info: wgpu::AdapterInfo,
+    pub features: wgpu::Features,
+    pub limits: wgpu::Limits,
+}
+
+fn instance() -> wgpu::Instance {
+    // Mesa complains on stderr when XDG_RUNTIME_DIR is unset; point it at a private temp dir.
+    if std::env::var_os("XDG_RUNTIME_DIR").is_none() {
+        let dir = std::env::temp_dir().join(format!("torus-wgpu-xdg-{}", std::process::id()));
+        if std::fs::create_dir_all(&dir).is_ok() {
+            #[cfg(unix)]
+            {
+                use std::os::unix::fs::PermissionsExt;
+                let _ = std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700));
+            }
+            // SAFETY: called before any other thread of ours reads the environment.
+            unsafe { std::env::set_var("XDG_RUNTIME_DIR", &dir) };
+        }
+    }
+    let mut desc = wgpu::InstanceDescriptor::new_without_display_handle_from_env();
+    desc.backends = wgpu::Backends::PRIMARY;
+    wgpu::Instance::new(desc)
+}
+
+pub fn list_adapters() -> Vec<AdapterReport> {
+    let inst = instance();
+    let adapters = pollster::block_on(inst.enumerate_adapters(wgpu::Backends::PRIMARY));
+    adapters
+        .into_iter()
+        .enumerate()
+        .map(|(index, a)| AdapterReport { index, info: a.get_info(), features: a.features(), limits: a.limits() })
+        .collect()
+}
+
+fn no_adapter() -> anyhow::Error {
+    anyhow!(
+        "no usable GPU adapter found (Vulkan, Metal or DX12); on Linux without a GPU, install \
+         mesa-vulkan-drivers for software Vulkan (lavapipe)"
+    )
+}
+
+impl Gpu {
+    /// Opens a device on the adapter named by `selector` (index or name substring, as
+    /// `torus-wgpu adapters` prints), or the best adapter when None: discrete, then integrated,
+    /// then anything else (lavapipe).
+    pub fn new(selector: Option<&str>) -> Result<Gpu> {
+        let inst = instance();
+        let adapters = pollster::block_on(inst.enumerate_adapters(wgpu::Backends::PRIMARY));
+        if adapters.is_empty() {
+            return Err(no_adapter());
+        }
+        let adapter = match selector {
+            Some(sel) => {
+                let by_index = sel.parse::<usize>().ok();
+                adapters
+                    .into_iter()
+                    .enumerate()
+                    .find(|(i, a)| {
+                        Some(*i) == by_index || a.get_info().name.to_lowercase().contains(&sel.to_lowercase())
+                    })
+                    .map(|(_, a)| a)
+                    .ok_or_else(|| anyhow!("no adapter matches '{sel}' (see `torus-wgpu adapters`)"))?
+            }
+            None => {
+                let rank = |a: &wgpu::Adapter| match a.get_info().device_type {
+                    wgpu::DeviceType::DiscreteGpu => 0,
+                    wgpu::DeviceType::IntegratedGpu => 1,
+                    wgpu::DeviceType::VirtualGpu => 2,
+                    wgpu::DeviceType::Cpu => 3,
+                    wgpu::DeviceType::Other => 4,
+                };
+                adapters.into_iter().min_by_key(rank).ok_or_else(no_adapter)?
+            }
+        };
+        Self::from_adapter(adapter)
+    }
+
+    fn from_adapter(adapter: wgpu::Adapter) -> Result<Gpu> {
+        let info = adapter.get_info();
+        let al = adapter.limits();
+        let mut limits = wgpu::Limits::downlevel_defaults();
+        limits.max_storage_buffer_binding_size = al.max_storage_buffer_binding_size;
+        limits.max_buffer_size = al.max_buffer_size;
+        limits.max_storage_buffers_per_shader_stage = al.max_storage_buffers_per_shader_stage.min(8);
+        limits.max_compute_workgroups_per_dimension = al.max_compute_workgroups_per_dimension;
+        limits.max_compute_invocations_per_workgroup = al.max_compute_invocations_per_workgroup.min(256);
+        limits.max_compute_workgroup_size_x = al.max_compute_workgroup_size_x.min(256);
+        limits.max_compute_workgroup_storage_size = al.max_compute_workgroup_storage_size;
+        let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+            label: Some("torus-wgpu"),
+            required_features: wgpu::Features::empty(),
+            required_limits: limits.clone(),
+            ..Default::default()
+        }))
+        .with_context(|| format!("cannot open a device on adapter '{}'", info.name))?;
+        Ok(Gpu {
+            device,
+            queue,
+            info,
+            max_binding: limits.max_storage_buffer_binding_size as u64,
+            max_buffer: limits.max_buffer_size,
+        })
+    }
+
+    pub fn describe(&self) -> String {
+        format!("{} ({:?}, {:?}, driver {})", self.info.name, self.info.backend, self.info.device_type, self.info.driver_info)
+    }
+
+    pub fn storage_init(&self, label: &str, bytes: &[u8]) -> wgpu::Buffer {
+        // wgpu rejects zero-sized bindings; pad empty data to one word.
+        let data: &[u8] = if bytes.is_empty() { &[0u8; 16] } else { bytes };
+        self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: Some(label),
+            contents: data,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC,
+        })
+    }
+
+    pub fn storage(&self, label: &str, size: u64) -> wgpu::Buffer {
+        self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size: size.max(16).next_multiple_of(16),
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: false,
+        })
+    }
+
+    pub fn uniform_init(&self, label: &str, bytes: &[u8]) -> wgpu::Buffer {
+        self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: Some(label),
+            contents: bytes,
+            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+        })
+    }
+
+    pub fn readback(&self, label: &str, size: u64) -> wgpu::Buffer {
+        self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size: size.max(16).next_multiple_of(16),
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        })
+    }
+
+    /// Blocks until `buf` (a MAP_READ buffer) is mapped and returns its first `len` bytes.
+    pub fn read_mapped(&self, buf: &wgpu::Buffer, len: u64) -> Result<Vec<u8>> {
+        let slice = buf.slice(..len);
+        let (tx, rx) = std::sync::mpsc::channel();
+        slice.map_async(wgpu::MapMode::Read, move |r| {
+            let _ = tx.send(r);
+        });
+        self.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| anyhow!("GPU poll failed: {e}"))?;
+        rx.recv().map_err(|_| anyhow!("GPU map callback dropped"))?.map_err(|e| anyhow!("GPU map failed: {e}"))?;
+        let out = slice.get_mapped_range().map_err(|e| anyhow!("GPU map failed: {e:?}"))?.to_vec();
+        buf.unmap();
+        Ok(out)
+    }
+
+    /// Copies a storage buffer's first `len` bytes back to the host (tests and tools; the
+    /// serving path reads back only sampled tokens).
+    pub fn download(&self, src: &wgpu::Buffer, len: u64) -> Result<Vec<u8>> {
+        let rb = self.readback("download", len);
+        let mut enc = self.device.create_command_encoder(&Default::default());
+        enc.copy_buffer_to_buffer(src, 0, &rb, 0, len.next_multiple_of(4));
+        self.queue.submit([enc.finish()]);
+        self.read_mapped(&rb, len)
+    }
+
+    pub fn download_f32(&self, src: &wgpu::Buffer, n: usize) -> Result<Vec<f32>> {
+        let b = self.download(src, (n * 4) as u64)?;
+        Ok(bytemuck::cast_slice(&b).to_vec())
+    }
+
+    pub fn compute_pipeline(&self, label: &str, source: &str, entry: &str) -> Result<wgpu::ComputePipeline> {
+        validate_wgsl(label, source)?;
+        let module = self.device.create_shader_module(wgpu::ShaderModuleDescriptor {
+            label: Some(label),
+            source: wgpu::ShaderSource::Wgsl(source.into()),
+        });
+        Ok(self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some(label),
+            layout: None,
+            module: &module,
+            entry_point: Some(entry),
+            compilation_options: Default::default(),
+            cache: None,
+        }))
+    }
+
+    pub fn bind_group(&self, pipeline: &wgpu::ComputePipeline, entries: &[(u32, &wgpu::Buffer)]) -> wgpu::BindGroup {
+        let entries: Vec<wgpu::BindGroupEntry> = entries
+            .iter()
+            .map(|(b, buf)| wgpu::BindGroupEntry { binding: *b, resource: buf.as_entire_binding() })
+            .collect();
+        self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: None,
+            layout: &pipeline.get_bind_group_layout(0),
+            entries: &entries,
+        })
+    }
+}
+
+/// Parses and validates WGSL with naga, so shader mistakes surface as one clear error.
+pub fn validate_wgsl(label: &str, source: &str) -> Result<()> {
+    let module = naga::front::wgsl::parse_str(source)
+        .map_err(|e| anyhow!("shader {label}: {}", e.emit_to_string(source)))?;
+    naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::empty())
+        .validate(&module)
+        .map_err(|e| anyhow!("shader {label}: {}", e.emit_to_string(source)))?;
+    Ok(())
+}

@@ -1,1 +1,7 @@
+//! Model hyper-parameters, weight loading (Hugging Face safetensors, GGUF) and the GPU forward.
+
+pub mod config;
+pub mod forward;
 pub mod gguf;
+pub mod loader;
+pub mod tensor;

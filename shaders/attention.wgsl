@@ -1,0 +1,68 @@
+// Paged attention with online softmax and GQA. One thread per (token, query head): the token at
+// position pos attends causally to keys 0..=pos of its sequence (cached prefix and this step's
+// chunk alike), read from the KV cache through the sequence's block table.
+// HD4 (head_dim / 4) is substituted when the pipeline is built.
+
+struct AttnParams {
+    n_heads: u32,
+    n_kv_heads: u32,
+    block_size: u32,
+    qkv_stride4: u32, // vec4s per qkv row
+    scale: f32,
+    _p0: u32,
+    _p1: u32,
+    _p2: u32,
+}
+
+@group(0) @binding(0) var<uniform> step: Step;
+@group(0) @binding(1) var<uniform> p: AttnParams;
+@group(0) @binding(2) var<storage, read> md: array<u32>;
+@group(0) @binding(3) var<storage, read> qkv: array<vec4<f32>>;
+@group(0) @binding(4) var<storage, read> k_cache: array<vec4<f32>>;
+@group(0) @binding(5) var<storage, read> v_cache: array<vec4<f32>>;
+@group(0) @binding(6) var<storage, read_write> out: array<vec4<f32>>;
+
+const HD4: u32 = {{HD4}}u;
+
+@compute @workgroup_size(32)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let h = gid.x % p.n_heads;
+    let t = gid.x / p.n_heads;
+    if (t >= step.n_tokens) {
+        return;
+    }
+    let kvh = h / (p.n_heads / p.n_kv_heads);
+    let pos = md[step.off_pos + t];
+    let table = step.off_table + md[step.off_seq + t] * step.max_blocks;
+    var q: array<vec4<f32>, HD4>;
+    var acc: array<vec4<f32>, HD4>;
+    let qb = t * p.qkv_stride4 + h * HD4;
+    for (var d = 0u; d < HD4; d++) {
+        q[d] = qkv[qb + d] * p.scale;
+        acc[d] = vec4<f32>(0.0);
+    }
+    var mx = -3.0e38;
+    var l = 0.0;
+    for (var j = 0u; j <= pos; j++) {
+        let blk = md[table + j / p.block_size];
+        let kb = ((blk * p.block_size + j % p.block_size) * p.n_kv_heads + kvh) * HD4;
+        var s4 = vec4<f32>(0.0);
+        for (var d = 0u; d < HD4; d++) {
+            s4 += q[d] * k_cache[kb + d];
+        }
+        let s = s4.x + s4.y + s4.z + s4.w;
+        let mn = max(mx, s);
+        let corr = exp(mx - mn);
+        let e = exp(s - mn);
+        l = l * corr + e;
+        for (var d = 0u; d < HD4; d++) {
+            acc[d] = acc[d] * corr + e * v_cache[kb + d];
+        }
+        mx = mn;
+    }
+    let ob = (t * p.n_heads + h) * HD4;
+    let inv = 1.0 / l;
+    for (var d = 0u; d < HD4; d++) {
+        out[ob + d] = acc[d] * inv;
+    }
+}

@@ -1,0 +1,33 @@
+// hidden[t, :] = dequantized row tokens[t] of the embedding chunk holding rows [row0, row0 + n_rows).
+// One thread per (token, 32-element block). wfmt_*.wgsl is prepended.
+
+struct EmbedParams {
+    k_blocks: u32,
+    n_rows: u32,
+    row0: u32,
+    _pad: u32,
+}
+
+@group(0) @binding(0) var<uniform> step: Step;
+@group(0) @binding(1) var<uniform> p: EmbedParams;
+@group(0) @binding(2) var<storage, read> tokens: array<u32>;
+@group(0) @binding(6) var<storage, read_write> hidden: array<vec4<f32>>;
+
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let b = gid.x % p.k_blocks;
+    let t = gid.x / p.k_blocks;
+    if (t >= step.n_tokens) {
+        return;
+    }
+    let id = tokens[t];
+    if (id < p.row0 || id >= p.row0 + p.n_rows) {
+        return;
+    }
+    var w: array<vec4<f32>, 8>;
+    wdeq((id - p.row0) * p.k_blocks + b, &w);
+    let base = (t * p.k_blocks + b) * 8u;
+    for (var i = 0u; i < 8u; i++) {
+        hidden[base + i] = w[i];
+    }
+}

@@ -1,0 +1,119 @@
+// y[t, row0 + n] (=|+=) sum_k x[t, k] * W[n, k] (+ bias[n])
+// W is one row-chunk of a weight matrix in the format given by the wfmt_*.wgsl prepended to this
+// file (it defines wq, ws and wdeq). Each thread computes TM tokens x TN rows in registers;
+// no workgroup memory (fast on llvmpipe, still fine on real GPUs for decode).
+// TM, TN and WG are substituted when the pipeline is built: TM = 1 for decode-sized steps.
+
+struct MatParams {
+    k_blocks: u32,  // K / 32
+    n_rows: u32,    // rows of this chunk (for swiglu: rows of the gate half)
+    row0: u32,      // first output column written by this chunk
+    y_stride: u32,  // floats per output row
+    x_stride4: u32, // vec4s per input row
+    m_src: u32,     // 0: the step's n_tokens rows, 1: its n_sample rows
+    flags: u32,     // 1: add bias, 2: accumulate into y
+    _pad: u32,
+}
+
+@group(0) @binding(0) var<uniform> step: Step;
+@group(0) @binding(1) var<uniform> p: MatParams;
+@group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;
+@group(0) @binding(5) var<storage, read> bias: array<f32>;
+@group(0) @binding(6) var<storage, read_write> y: array<f32>;
+
+const TM: u32 = {{TM}}u;
+const TN: u32 = {{TN}}u;
+
+fn rows_m() -> u32 {
+    return select(step.n_tokens, step.n_sample, p.m_src == 1u);
+}
+
+fn block_dot(w: ptr<function, array<vec4<f32>, 8>>, xb: u32) -> f32 {
+    var s = vec4<f32>(0.0);
+    for (var i = 0u; i < 8u; i++) {
+        s += (*w)[i] * x[xb + i];
+    }
+    return s.x + s.y + s.z + s.w;
+}
+
+fn store(t: u32, n: u32, v: f32) {
+    var r = v;
+    if ((p.flags & 1u) != 0u) {
+        r += bias[n];
+    }
+    let idx = t * p.y_stride + p.row0 + n;
+    if ((p.flags & 2u) != 0u) {
+        r += y[idx];
+    }
+    y[idx] = r;
+}
+
+@compute @workgroup_size({{WG}})
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let m = rows_m();
+    let n0 = gid.x * TN;
+    let t0 = gid.y * TM;
+    if (n0 >= p.n_rows || t0 >= m) {
+        return;
+    }
+    var acc: array<array<f32, TN>, TM>;
+    var w: array<vec4<f32>, 8>;
+    for (var b = 0u; b < p.k_blocks; b++) {
+        for (var j = 0u; j < TN; j++) {
+            let n = min(n0 + j, p.n_rows - 1u);
+            wdeq(n * p.k_blocks + b, &w);
+            for (var i = 0u; i < TM; i++) {
+                let t = min(t0 + i, m - 1u);
+                acc[i][j] += block_dot(&w, t * p.x_stride4 + b * 8u);
+            }
+        }
+    }
+    for (var i = 0u; i < TM; i++) {
+        for (var j = 0u; j < TN; j++) {
+            if (t0 + i < m && n0 + j < p.n_rows) {
+                store(t0 + i, n0 + j, acc[i][j]);
+            }
+        }
+    }
+}
+
+fn silu(v: f32) -> f32 {
+    return v / (1.0 + exp(-v));
+}
+
+// Gate and up projections in one chunk (gate rows first, then up rows, n_rows each);
+// y[t, row0 + n] = silu(gate[n] . x[t]) * (up[n] . x[t]).
+@compute @workgroup_size({{WG}})
+fn main_swiglu(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let m = rows_m();
+    let n0 = gid.x * TN;
+    let t0 = gid.y * TM;
+    if (n0 >= p.n_rows || t0 >= m) {
+        return;
+    }
+    var g: array<array<f32, TN>, TM>;
+    var u: array<array<f32, TN>, TM>;
+    var w: array<vec4<f32>, 8>;
+    for (var b = 0u; b < p.k_blocks; b++) {
+        for (var j = 0u; j < TN; j++) {
+            let n = min(n0 + j, p.n_rows - 1u);
+            wdeq(n * p.k_blocks + b, &w);
+            for (var i = 0u; i < TM; i++) {
+                let t = min(t0 + i, m - 1u);
+                g[i][j] += block_dot(&w, t * p.x_stride4 + b * 8u);
+            }
+            wdeq((n + p.n_rows) * p.k_blocks + b, &w);
+            for (var i = 0u; i < TM; i++) {
+                let t = min(t0 + i, m - 1u);
+                u[i][j] += block_dot(&w, t * p.x_stride4 + b * 8u);
+            }
+        }
+    }
+    for (var i = 0u; i < TM; i++) {
+        for (var j = 0u; j < TN; j++) {
+            if (t0 + i < m && n0 + j < p.n_rows) {
+                y[(t0 + i) * p.y_stride + p.row0 + n0 + j] = silu(g[i][j]) * u[i][j];
+            }
+        }
+    }
+}

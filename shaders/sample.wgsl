@@ -1,0 +1,213 @@
+// Sampling, one workgroup per logits row. Per-row parameters live in meta at
+// off_params + 4 * r: temperature (f32 bits), top_p (f32 bits), top_k (u32), u (f32 bits, a
+// uniform draw in [0, 1) made on the host from the request's seeded generator).
+// temperature <= 0 is greedy (argmax, lowest id on ties). Otherwise the candidates are the
+// top_k largest logits (0 = all), then the smallest top set whose probability reaches top_p;
+// thresholds are found by bisection on the logit value, so no sort is needed.
+// Writes (token id, log-probability under the unmodified distribution) per row.
+
+struct SampleParams {
+    vocab: u32,
+    off_params: u32,
+    _p0: u32,
+    _p1: u32,
+}
+
+@group(0) @binding(0) var<uniform> step: Step;
+@group(0) @binding(1) var<uniform> p: SampleParams;
+@group(0) @binding(2) var<storage, read> md: array<u32>;
+@group(0) @binding(3) var<storage, read> logits: array<f32>;
+@group(0) @binding(4) var<storage, read_write> result: array<u32>;
+
+const WG: u32 = 64u;
+const BISECT_STEPS: u32 = 32u;
+var<workgroup> red_f: array<f32, WG>;
+var<workgroup> red_u: array<u32, WG>;
+
+fn sum_all(lid: u32, v: f32) -> f32 {
+    red_f[lid] = v;
+    workgroupBarrier();
+    for (var k = WG / 2u; k > 0u; k = k / 2u) {
+        if (lid < k) {
+            red_f[lid] += red_f[lid + k];
+        }
+        workgroupBarrier();
+    }
+    let r = red_f[0];
+    workgroupBarrier();
+    return r;
+}
+
+fn min_all(lid: u32, v: f32) -> f32 {
+    red_f[lid] = v;
+    workgroupBarrier();
+    for (var k = WG / 2u; k > 0u; k = k / 2u) {
+        if (lid < k) {
+            red_f[lid] = min(red_f[lid], red_f[lid + k]);
+        }
+        workgroupBarrier();
+    }
+    let r = red_f[0];
+    workgroupBarrier();
+    return r;
+}
+
+@compute @workgroup_size(64)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let r = wid.x;
+    if (r >= step.n_sample) {
+        return;
+    }
+    let pb = p.off_params + 4u * r;
+    let temperature = bitcast<f32>(md[pb]);
+    let top_p = bitcast<f32>(md[pb + 1u]);
+    let top_k = md[pb + 2u];
+    let u = bitcast<f32>(md[pb + 3u]);
+
+    let chunk = (p.vocab + WG - 1u) / WG;
+    let lo = min(lid * chunk, p.vocab);
+    let hi = min(lo + chunk, p.vocab);
+    let base = r * p.vocab;
+
+    // Pass 1: max with its lowest index, and min.
+    var mx = -3.0e38;
+    var am = 0xffffffffu;
+    var mn = 3.0e38;
+    for (var i = lo; i < hi; i++) {
+        let v = logits[base + i];
+        if (v > mx) {
+            mx = v;
+            am = i;
+        }
+        mn = min(mn, v);
+    }
+    red_f[lid] = mx;
+    red_u[lid] = am;
+    workgroupBarrier();
+    for (var k = WG / 2u; k > 0u; k = k / 2u) {
+        if (lid < k) {
+            let ov = red_f[lid + k];
+            let oi = red_u[lid + k];
+            if (ov > red_f[lid] || (ov == red_f[lid] && oi < red_u[lid])) {
+                red_f[lid] = ov;
+                red_u[lid] = oi;
+            }
+        }
+        workgroupBarrier();
+    }
+    let gmax = red_f[0];
+    let gargmax = red_u[0];
+    workgroupBarrier();
+    let gmin = min_all(lid, mn);
+
+    // Log-sum-exp of the raw logits, for log-probabilities.
+    var se = 0.0;
+    for (var i = lo; i < hi; i++) {
+        se += exp(logits[base + i] - gmax);
+    }
+    let lse = gmax + log(sum_all(lid, se));
+
+    if (temperature <= 0.0) {
+        if (lid == 0u) {
+            result[2u * r] = gargmax;
+            result[2u * r + 1u] = bitcast<u32>(gmax - lse);
+        }
+        return;
+    }
+    let inv_t = 1.0 / temperature;
+
+    // Top-k: the largest threshold with at least k logits at or above it.
+    var thr = gmin;
+    if (top_k > 0u && top_k < p.vocab) {
+        var a = gmin;
+        var b = gmax + 1.0;
+        for (var it = 0u; it < BISECT_STEPS; it++) {
+            let mid = 0.5 * (a + b);
+            var c = 0.0;
+            for (var i = lo; i < hi; i++) {
+                c += select(0.0, 1.0, logits[base + i] >= mid);
+            }
+            if (sum_all(lid, c) >= f32(top_k)) {
+                a = mid;
+            } else {
+                b = mid;
+            }
+        }
+        thr = a;
+    }
+
+    // Top-p: the largest threshold whose kept probability mass reaches top_p.
+    if (top_p < 1.0) {
+        var z = 0.0;
+        for (var i = lo; i < hi; i++) {
+            let v = logits[base + i];
+            z += select(0.0, exp((v - gmax) * inv_t), v >= thr);
+        }
+        let need = top_p * sum_all(lid, z);
+        var a = thr;
+        var b = gmax + 1.0;
+        for (var it = 0u; it < BISECT_STEPS; it++) {
+            let mid = 0.5 * (a + b);
+            var c = 0.0;
+            for (var i = lo; i < hi; i++) {
+                let v = logits[base + i];
+                c += select(0.0, exp((v - gmax) * inv_t), v >= mid);
+            }
+            if (sum_all(lid, c) >= need) {
+                a = mid;
+            } else {
+                b = mid;
+            }
+        }
+        thr = a;
+    }
+
+    // Draw: find the candidate where the cumulative mass passes u * total.
+    var part = 0.0;
+    for (var i = lo; i < hi; i++) {
+        let v = logits[base + i];
+        part += select(0.0, exp((v - gmax) * inv_t), v >= thr);
+    }
+    red_f[lid] = part;
+    workgroupBarrier();
+    if (lid == 0u) {
+        var total = 0.0;
+        for (var k = 0u; k < WG; k++) {
+            total += red_f[k];
+        }
+        let goal = u * total;
+        var acc = 0.0;
+        var owner = 0u;
+        var before = 0.0;
+        for (var k = 0u; k < WG; k++) {
+            if (red_f[k] > 0.0) {
+                owner = k;
+                before = acc;
+                if (acc + red_f[k] > goal) {
+                    break;
+                }
+            }
+            acc += red_f[k];
+        }
+        red_u[0] = owner;
+        red_f[0] = goal - before;
+    }
+    workgroupBarrier();
+    if (lid == red_u[0]) {
+        let rest = red_f[0];
+        var acc = 0.0;
+        var pick = gargmax;
+        for (var i = lo; i < hi; i++) {
+            let v = logits[base + i];
+            if (v >= thr) {
+                pick = i;
+                acc += exp((v - gmax) * inv_t);
+                if (acc > rest) {
+                    break;
+                }
+            }
+        }
+        result[2u * r] = pick;
+        result[2u * r + 1u] = bitcast<u32>(logits[base + pick] - lse);
+    }
+}

@@ -1,0 +1,111 @@
+//! Engine configuration: the JSON keys of configs/*.json, validated, with command-line overrides.
+
+use anyhow::{anyhow, bail, Context, Result};
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct EngineConfig {
+    /// Model path: a Hugging Face directory or a .gguf file (None = the default model).
+    pub model: Option<String>,
+    /// Adapter index or name substring (None = best available).
+    pub adapter: Option<String>,
+    pub max_decode_batch_size: usize,
+    pub max_prefill_batch_size: usize,
+    pub max_num_batched_tokens: usize,
+    pub max_sequence_length: usize,
+    /// KV-cache bytes across all layers.
+    pub total_cache_size: u64,
+    pub block_size: usize,
+    pub temperature: f32,
+    pub top_p: f32,
+    pub top_k: u32,
+    pub enable_prefix_cache: bool,
+    pub enable_pipeline_parallel: bool,
+    pub world_size: usize,
+    pub pipeline_rank: usize,
+    pub stage_start_layer: Option<usize>,
+    pub stage_end_layer: Option<usize>,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            model: None,
+            adapter: None,
+            max_decode_batch_size: 16,
+            max_prefill_batch_size: 4,
+            max_num_batched_tokens: 512,
+            max_sequence_length: 2048,
+            total_cache_size: 256 << 20,
+            block_size: 16,
+            temperature: 0.0,
+            top_p: 1.0,
+            top_k: 0,
+            enable_prefix_cache: true,
+            enable_pipeline_parallel: false,
+            world_size: 1,
+            pipeline_rank: 0,
+            stage_start_layer: None,
+            stage_end_layer: None,
+        }
+    }
+}
+
+impl EngineConfig {
+    pub fn from_file(path: &Path) -> Result<EngineConfig> {
+        let text = std::fs::read_to_string(path).with_context(|| format!("{}", path.display()))?;
+        let cfg: EngineConfig =
+            serde_json::from_str(&text).map_err(|e| anyhow!("{}: {e}", path.display()))?;
+        cfg.validate().map_err(|e| anyhow!("{}: {e}", path.display()))?;
+        Ok(cfg)
+    }
+
+    /// Checks every value; the error names the key.
+    pub fn validate(&self) -> Result<()> {
+        let pos = |k: &str, v: usize| if v == 0 { Err(anyhow!("{k} must be positive")) } else { Ok(()) };
+        pos("max_decode_batch_size", self.max_decode_batch_size)?;
+        pos("max_prefill_batch_size", self.max_prefill_batch_size)?;
+        pos("max_num_batched_tokens", self.max_num_batched_tokens)?;
+        pos("max_sequence_length", self.max_sequence_length)?;
+        pos("block_size", self.block_size)?;
+        pos("world_size", self.world_size)?;
+        if self.total_cache_size == 0 {
+            bail!("total_cache_size must be positive");
+        }
+        if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
+            bail!("temperature must be >= 0");
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            bail!("top_p must be in (0, 1]");
+        }
+        if self.pipeline_rank >= self.world_size {
+            bail!("pipeline_rank {} must be below world_size {}", self.pipeline_rank, self.world_size);
+        }
+        if let (Some(s), Some(e)) = (self.stage_start_layer, self.stage_end_layer) {
+            if s >= e {
+                bail!("stage_start_layer {s} must be below stage_end_layer {e}");
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Where the default model lives: `TORUS_MODEL`, else models/ under the current directory or
+/// beside the executable's repository.
+pub fn default_model_path() -> std::path::PathBuf {
+    if let Some(p) = std::env::var_os("TORUS_MODEL") {
+        return p.into();
+    }
+    let name = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+    let local = std::path::PathBuf::from(name);
+    if local.exists() {
+        return local;
+    }
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join(name);
+    if repo.exists() {
+        return repo;
+    }
+    local
+}

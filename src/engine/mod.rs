@@ -1,0 +1,137 @@
+//! Generation on one model: single-sequence generation with chunked prefill over the paged KV
+//! cache (the serving engine with continuous batching builds on the same `Model::step`).
+
+use crate::model::forward::{Model, SampleParams, StepInput};
+use crate::sampling::{Rng, SamplingParams};
+use anyhow::{bail, Result};
+use std::time::{Duration, Instant};
+
+#[derive(Clone, Debug, Default)]
+pub struct GenStats {
+    pub prompt_tokens: usize,
+    pub generated: Vec<u32>,
+    pub logprobs: Vec<f32>,
+    pub prefill_time: Duration,
+    pub decode_time: Duration,
+}
+
+impl GenStats {
+    pub fn prefill_tps(&self) -> f64 {
+        self.prompt_tokens as f64 / self.prefill_time.as_secs_f64().max(1e-9)
+    }
+    /// Decode rate: tokens after the first (which prefill produced) over the decode time.
+    pub fn decode_tps(&self) -> f64 {
+        self.generated.len().saturating_sub(1) as f64 / self.decode_time.as_secs_f64().max(1e-9)
+    }
+}
+
+/// Generates up to `max_new` tokens after `prompt`. `on_token(id, logprob)` sees each token as
+/// it is produced and returns false to stop (e.g. on an end-of-sequence id).
+pub fn generate(
+    model: &mut Model,
+    prompt: &[u32],
+    max_new: usize,
+    params: &SamplingParams,
+    mut on_token: impl FnMut(u32, f32) -> bool,
+) -> Result<GenStats> {
+    let lim = model.limits;
+    if prompt.is_empty() {
+        bail!("the prompt is empty");
+    }
+    if prompt.len() + max_new > lim.max_seq_len {
+        bail!(
+            "prompt of {} tokens plus {max_new} new tokens exceeds max_sequence_length {}",
+            prompt.len(),
+            lim.max_seq_len
+        );
+    }
+    let blocks_needed = (prompt.len() + max_new).div_ceil(lim.block_size);
+    if blocks_needed > model.kv.num_blocks {
+        bail!("the KV cache holds {} blocks, this request needs {blocks_needed}", model.kv.num_blocks);
+    }
+    // One sequence owns blocks 0.. in order, so a token's slot is its position.
+    let table: Vec<u32> = (0..blocks_needed as u32).collect();
+    let mut rng = params.seed.map(Rng::new).unwrap_or_else(Rng::from_entropy);
+    let draw = |rng: &mut Rng| SampleParams {
+        temperature: params.temperature,
+        top_p: params.top_p,
+        top_k: params.top_k,
+        u: rng.uniform(),
+    };
+    let mut stats = GenStats { prompt_tokens: prompt.len(), ..Default::default() };
+    if max_new == 0 {
+        return Ok(stats);
+    }
+
+    let t0 = Instant::now();
+    let mut last = (0u32, 0f32);
+    for c0 in (0..prompt.len()).step_by(lim.max_tokens) {
+        let c1 = (c0 + lim.max_tokens).min(prompt.len());
+        let n = c1 - c0;
+        let is_last = c1 == prompt.len();
+        let pos: Vec<u32> = (c0 as u32..c1 as u32).collect();
+        let step = StepInput {
+            tokens: prompt[c0..c1].to_vec(),
+            positions: pos.clone(),
+            slots: pos,
+            seq_of_token: vec![0; n],
+            block_tables: vec![table.clone()],
+            sample_rows: if is_last { vec![n as u32 - 1] } else { vec![] },
+            sampling: if is_last { vec![draw(&mut rng)] } else { vec![] },
+        };
+        if let Some(&r) = model.step(&step)?.first() {
+            last = r;
+        }
+    }
+    stats.prefill_time = t0.elapsed();
+    let t1 = Instant::now();
+    let mut pos = prompt.len() as u32;
+    loop {
+        stats.generated.push(last.0);
+        stats.logprobs.push(last.1);
+        if !on_token(last.0, last.1) || stats.generated.len() >= max_new {
+            break;
+        }
+        let step = StepInput {
+            tokens: vec![last.0],
+            positions: vec![pos],
+            slots: vec![pos],
+            seq_of_token: vec![0],
+            block_tables: vec![table.clone()],
+            sample_rows: vec![0],
+            sampling: vec![draw(&mut rng)],
+        };
+        last = model.step(&step)?[0];
+        pos += 1;
+    }
+    stats.decode_time = t1.elapsed();
+    Ok(stats)
+}
+
+/// Loads weights and tokenizer from `path` (Hugging Face directory or .gguf file) onto `gpu`,
+/// sized by `cfg`. `progress(done, total)` is called as layers load.
+pub fn load_model(
+    path: &std::path::Path,
+    cfg: &crate::config::EngineConfig,
+    gpu: std::sync::Arc<crate::gpu::Gpu>,
+    progress: &dyn Fn(usize, usize),
+) -> Result<(Model, crate::tokenizer::Tokenizer)> {
+    use crate::model::loader::HostModel;
+    let host = HostModel::load(path, progress)?;
+    let tok = if path.is_dir() {
+        crate::tokenizer::Tokenizer::from_hf_dir(path)?
+    } else {
+        crate::tokenizer::Tokenizer::from_gguf(&crate::model::gguf::GgufFile::open(path)?)?
+    };
+    let max_seq_len = cfg.max_sequence_length.min(host.cfg.max_positions.max(1));
+    let limits = crate::model::forward::StepLimits {
+        max_tokens: cfg.max_num_batched_tokens,
+        max_seqs: cfg.max_decode_batch_size.max(cfg.max_prefill_batch_size),
+        max_seq_len,
+        block_size: cfg.block_size,
+        cache_bytes: cfg.total_cache_size,
+        max_binding: 0,
+    };
+    let model = Model::new(gpu, &host, limits)?;
+    Ok((model, tok))
+}

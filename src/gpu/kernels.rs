@@ -1,0 +1,266 @@
+//! Shader assembly and the compute pipelines of every kernel, built once at start-up.
+
+use super::Gpu;
+use anyhow::Result;
+use std::collections::BTreeMap;
+
+/// How a weight matrix is stored on the GPU. Quantized formats keep GGUF's bits; blocks are
+/// split into a quant-word array and a scale array so every load is 16-byte aligned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum WFormat {
+    F32,
+    F16,
+    Q8_0,
+    Q4_0,
+    Q4_1,
+}
+
+impl WFormat {
+    pub const ALL: [WFormat; 5] = [WFormat::F32, WFormat::F16, WFormat::Q8_0, WFormat::Q4_0, WFormat::Q4_1];
+
+    /// u32 quant words per 32-element block.
+    pub fn words_per_block(self) -> usize {
+        match self {
+            WFormat::F32 => 32,
+            WFormat::F16 => 16,
+            WFormat::Q8_0 => 8,
+            WFormat::Q4_0 | WFormat::Q4_1 => 4,
+        }
+    }
+
+    /// f32 scale values per block.
+    pub fn scales_per_block(self) -> usize {
+        match self {
+            WFormat::F32 | WFormat::F16 => 0,
+            WFormat::Q8_0 | WFormat::Q4_0 => 1,
+            WFormat::Q4_1 => 2,
+        }
+    }
+
+    fn snippet(self) -> &'static str {
+        match self {
+            WFormat::F32 => include_str!("../../shaders/wfmt_f32.wgsl"),
+            WFormat::F16 => include_str!("../../shaders/wfmt_f16.wgsl"),
+            WFormat::Q8_0 => include_str!("../../shaders/wfmt_q8_0.wgsl"),
+            WFormat::Q4_0 => include_str!("../../shaders/wfmt_q4_0.wgsl"),
+            WFormat::Q4_1 => include_str!("../../shaders/wfmt_q4_1.wgsl"),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            WFormat::F32 => "f32",
+            WFormat::F16 => "f16",
+            WFormat::Q8_0 => "q8_0",
+            WFormat::Q4_0 => "q4_0",
+            WFormat::Q4_1 => "q4_1",
+        }
+    }
+}
+
+const COMMON: &str = include_str!("../../shaders/common.wgsl");
+
+/// Register tile of the decode (few rows) and prefill (many rows) matmul variants.
+pub const DECODE_TILE: (u32, u32) = (1, 4);
+pub const PREFILL_TILE: (u32, u32) = (8, 4);
+pub const MATMUL_WG: u32 = 64;
+/// Steps with at most this many rows use the decode matmul variant.
+pub const DECODE_MAX_ROWS: u32 = 4;
+
+pub fn matmul_source(f: WFormat, tm: u32, tn: u32) -> String {
+    let body = include_str!("../../shaders/matmul.wgsl")
+        .replace("{{TM}}", &tm.to_string())
+        .replace("{{TN}}", &tn.to_string())
+        .replace("{{WG}}", &MATMUL_WG.to_string());
+    format!("{COMMON}\n{}\n{body}", f.snippet())
+}
+
+pub fn embed_source(f: WFormat) -> String {
+    format!("{COMMON}\n{}\n{}", f.snippet(), include_str!("../../shaders/embed.wgsl"))
+}
+
+pub fn attention_source(head_dim: u32) -> String {
+    let body = include_str!("../../shaders/attention.wgsl").replace("{{HD4}}", &(head_dim / 4).to_string());
+    format!("{COMMON}\n{body}")
+}
+
+pub fn plain_source(body: &str) -> String {
+    format!("{COMMON}\n{body}")
+}
+
+pub const RMSNORM_WGSL: &str = include_str!("../../shaders/rmsnorm.wgsl");
+pub const ROPE_KV_WGSL: &str = include_str!("../../shaders/rope_kv.wgsl");
+pub const SAMPLE_WGSL: &str = include_str!("../../shaders/sample.wgsl");
+
+/// Every WGSL program the engine can build, with a label: what the naga test validates.
+pub fn all_sources(head_dims: &[u32]) -> Vec<(String, String)> {
+    let mut v = Vec::new();
+    for f in WFormat::ALL {
+        for (tm, tn) in [DECODE_TILE, PREFILL_TILE] {
+            v.push((format!("matmul_{}_{tm}x{tn}", f.name()), matmul_source(f, tm, tn)));
+        }
+        v.push((format!("embed_{}", f.name()), embed_source(f)));
+    }
+    for &d in head_dims {
+        v.push((format!("attention_hd{d}"), attention_source(d)));
+    }
+    v.push(("rmsnorm".into(), plain_source(RMSNORM_WGSL)));
+    v.push(("rope_kv".into(), plain_source(ROPE_KV_WGSL)));
+    v.push(("sample".into(), plain_source(SAMPLE_WGSL)));
+    v
+}
+
+#[derive(Clone, Copy)]
+enum Slot {
+    Uniform,
+    Read,
+    ReadWrite,
+}
+
+fn layout(gpu: &Gpu, slots: &[(u32, Slot)]) -> wgpu::BindGroupLayout {
+    let entries: Vec<wgpu::BindGroupLayoutEntry> = slots
+        .iter()
+        .map(|&(binding, s)| wgpu::BindGroupLayoutEntry {
+            binding,
+            visibility: wgpu::ShaderStages::COMPUTE,
+            ty: match s {
+                Slot::Uniform => wgpu::BindingType::Buffer {
+                    ty: wgpu::BufferBindingType::Uniform,
+                    has_dynamic_offset: false,
+                    min_binding_size: None,
+                },
+                Slot::Read | Slot::ReadWrite => wgpu::BindingType::Buffer {
+                    ty: wgpu::BufferBindingType::Storage { read_only: matches!(s, Slot::Read) },
+                    has_dynamic_offset: false,
+                    min_binding_size: None,
+                },
+            },
+            count: None,
+        })
+        .collect();
+    gpu.device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor { label: None, entries: &entries })
+}
+
+/// A pipeline family sharing one bind group layout, so one bind group serves every variant.
+pub struct Family {
+    pub layout: wgpu::BindGroupLayout,
+    pipeline_layout: wgpu::PipelineLayout,
+}
+
+impl Family {
+    fn new(gpu: &Gpu, slots: &[(u32, Slot)]) -> Family {
+        let layout = layout(gpu, slots);
+        let pipeline_layout = gpu.device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+            label: None,
+            bind_group_layouts: &[Some(&layout)],
+            immediate_size: 0,
+        });
+        Family { layout, pipeline_layout }
+    }
+
+    fn pipeline(&self, gpu: &Gpu, label: &str, source: &str, entry: &str) -> Result<wgpu::ComputePipeline> {
+        super::validate_wgsl(label, source)?;
+        let module = gpu.device.create_shader_module(wgpu::ShaderModuleDescriptor {
+            label: Some(label),
+            source: wgpu::ShaderSource::Wgsl(source.into()),
+        });
+        Ok(gpu.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some(label),
+            layout: Some(&self.pipeline_layout),
+            module: &module,
+            entry_point: Some(entry),
+            compilation_options: Default::default(),
+            cache: None,
+        }))
+    }
+
+    pub fn bind(&self, gpu: &Gpu, entries: &[(u32, &wgpu::Buffer)]) -> wgpu::BindGroup {
+        let entries: Vec<wgpu::BindGroupEntry> = entries
+            .iter()
+            .map(|(b, buf)| wgpu::BindGroupEntry { binding: *b, resource: buf.as_entire_binding() })
+            .collect();
+        gpu.device.create_bind_group(&wgpu::BindGroupDescriptor { label: None, layout: &self.layout, entries: &entries })
+    }
+}
+
+pub struct MatmulPipelines {
+    pub decode: wgpu::ComputePipeline,
+    pub prefill: wgpu::ComputePipeline,
+    pub swiglu_decode: wgpu::ComputePipeline,
+    pub swiglu_prefill: wgpu::ComputePipeline,
+    pub embed: wgpu::ComputePipeline,
+}
+
+/// All pipelines of one model: the weight-format-specific ones for the formats it uses.
+pub struct Kernels {
+    /// step(0) params(1) x(2) wq(3) ws(4) bias(5) y(6)
+    pub matmul_family: Family,
+    pub matmul: BTreeMap<WFormat, MatmulPipelines>,
+    /// step(0) params(1) x(2) weight(3) meta(4) y(5)
+    pub norm_family: Family,
+    pub rmsnorm: wgpu::ComputePipeline,
+    /// step(0) params(1) meta(2) cos_sin(3) qkv(4) k_cache(5) v_cache(6)
+    pub rope_family: Family,
+    pub rope_kv: wgpu::ComputePipeline,
+    /// step(0) params(1) meta(2) qkv(3) k_cache(4) v_cache(5) out(6)
+    pub attn_family: Family,
+    pub attention: wgpu::ComputePipeline,
+    /// step(0) params(1) meta(2) logits(3) result(4)
+    pub sample_family: Family,
+    pub sample: wgpu::ComputePipeline,
+}
+
+impl Kernels {
+    pub fn new(gpu: &Gpu, formats: &[WFormat], head_dim: u32) -> Result<Kernels> {
+        use Slot::*;
+        let matmul_family = Family::new(
+            gpu,
+            &[(0, Uniform), (1, Uniform), (2, Read), (3, Read), (4, Read), (5, Read), (6, ReadWrite)],
+        );
+        let mut matmul = BTreeMap::new();
+        for &f in formats {
+            if matmul.contains_key(&f) {
+                continue;
+            }
+            let dec = matmul_source(f, DECODE_TILE.0, DECODE_TILE.1);
+            let pre = matmul_source(f, PREFILL_TILE.0, PREFILL_TILE.1);
+            let n = f.name();
+            // embed binds the step's meta (token ids) at 2 and writes at 6: same family layout.
+            let p = MatmulPipelines {
+                decode: matmul_family.pipeline(gpu, &format!("matmul_{n}_decode"), &dec, "main")?,
+                prefill: matmul_family.pipeline(gpu, &format!("matmul_{n}_prefill"), &pre, "main")?,
+                swiglu_decode: matmul_family.pipeline(gpu, &format!("swiglu_{n}_decode"), &dec, "main_swiglu")?,
+                swiglu_prefill: matmul_family.pipeline(gpu, &format!("swiglu_{n}_prefill"), &pre, "main_swiglu")?,
+                embed: matmul_family.pipeline(gpu, &format!("embed_{n}"), &embed_source(f), "main")?,
+            };
+            matmul.insert(f, p);
+        }
+        let norm_family =
+            Family::new(gpu, &[(0, Uniform), (1, Uniform), (2, Read), (3, Read), (4, Read), (5, ReadWrite)]);
+        let rmsnorm = norm_family.pipeline(gpu, "rmsnorm", &plain_source(RMSNORM_WGSL), "main")?;
+        let rope_family = Family::new(
+            gpu,
+            &[(0, Uniform), (1, Uniform), (2, Read), (3, Read), (4, ReadWrite), (5, ReadWrite), (6, ReadWrite)],
+        );
+        let rope_kv = rope_family.pipeline(gpu, "rope_kv", &plain_source(ROPE_KV_WGSL), "main")?;
+        let attn_family = Family::new(
+            gpu,
+            &[(0, Uniform), (1, Uniform), (2, Read), (3, Read), (4, Read), (5, Read), (6, ReadWrite)],
+        );
+        let attention = attn_family.pipeline(gpu, "attention", &attention_source(head_dim), "main")?;
+        let sample_family = Family::new(gpu, &[(0, Uniform), (1, Uniform), (2, Read), (3, Read), (4, ReadWrite)]);
+        let sample = sample_family.pipeline(gpu, "sample", &plain_source(SAMPLE_WGSL), "main")?;
+        Ok(Kernels {
+            matmul_family,
+            matmul,
+            norm_family,
+            rmsnorm,
+            rope_family,
+            rope_kv,
+            attn_family,
+            attention,
+            sample_family,
+            sample,
+        })
+    }
+}

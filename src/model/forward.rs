@@ -1,0 +1,566 @@
+//! The model on the GPU: weights, KV cache, activation scratch and the recorded forward step.
+//! One `step` = upload the step's metadata, one compute pass with every layer's dispatches and
+//! the sampler, one submit, one small readback of (token id, logprob) per sampled row.
+
+use super::config::ModelConfig;
+use super::loader::HostModel;
+use super::tensor::QTensor;
+use crate::gpu::kernels::{Kernels, WFormat, DECODE_MAX_ROWS, DECODE_TILE, MATMUL_WG, PREFILL_TILE};
+use crate::gpu::Gpu;
+use anyhow::{bail, Result};
+use bytemuck::{Pod, Zeroable};
+use std::sync::Arc;
+
+/// A weight matrix on the GPU, split by rows into chunks that each fit one storage binding.
+pub struct GpuMatrix {
+    pub format: WFormat,
+    pub rows: usize,
+    pub cols: usize,
+    pub chunks: Vec<GpuChunk>,
+}
+
+pub struct GpuChunk {
+    pub row0: usize,
+    pub rows: usize,
+    pub q: wgpu::Buffer,
+    pub s: wgpu::Buffer,
+}
+
+impl GpuMatrix {
+    /// Uploads `t`; with `pair` (same shape), each chunk holds `t`'s rows then `pair`'s same rows
+    /// (gate then up, for the fused SwiGLU matmul).
+    pub fn upload(gpu: &Gpu, label: &str, t: &QTensor, pair: Option<&QTensor>, max_binding: u64) -> Result<GpuMatrix> {
+        let per_row_q = (t.blocks_per_row() * t.format.words_per_block() * 4) as u64;
+        let per_row_s = (t.blocks_per_row() * t.format.scales_per_block() * 4) as u64;
+        let mult = if pair.is_some() { 2 } else { 1 };
+        let per_row = per_row_q.max(per_row_s) * mult;
+        let rows_per_chunk = (max_binding / per_row) as usize;
+        if rows_per_chunk == 0 {
+            bail!("{label}: one row ({per_row} bytes) exceeds the device's max storage binding");
+        }
+        let mut chunks = Vec::new();
+        let mut r0 = 0;
+        while r0 < t.rows {
+            let r1 = (r0 + rows_per_chunk).min(t.rows);
+            let mut part = t.slice_rows(r0, r1);
+            if let Some(p) = pair {
+                part = QTensor::concat_rows(&[&part, &p.slice_rows(r0, r1)])?;
+            }
+            chunks.push(GpuChunk {
+                row0: r0,
+                rows: r1 - r0,
+                q: gpu.storage_init(label, bytemuck::cast_slice(&part.q)),
+                s: gpu.storage_init(label, bytemuck::cast_slice(&part.s)),
+            });
+            r0 = r1;
+        }
+        Ok(GpuMatrix { format: t.format, rows: t.rows, cols: t.cols, chunks })
+    }
+}
+
+/// Sizes of the per-step scratch, fixed at start-up.
+#[derive(Clone, Copy, Debug)]
+pub struct StepLimits {
+    /// Most tokens (rows) in one step.
+    pub max_tokens: usize,
+    /// Most sequences (and sampled rows) in one step.
+    pub max_seqs: usize,
+    /// Longest sequence, in tokens (sizes block tables and the RoPE table).
+    pub max_seq_len: usize,
+    pub block_size: usize,
+    /// KV-cache bytes across all layers.
+    pub cache_bytes: u64,
+    /// Cap on one storage binding (tests lower it to exercise chunking); 0 = the device's.
+    pub max_binding: u64,
+}
+
+/// Per-row sampling parameters; `u` is a uniform draw in [0, 1) from the request's generator.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct SampleParams {
+    pub temperature: f32,
+    pub top_p: f32,
+    pub top_k: u32,
+    pub u: f32,
+}
+
+/// One step's work: tokens (with position, KV slot and sequence index), the sequences' block
+/// tables, and which token rows get logits and a sampled token.
+#[derive(Clone, Debug, Default)]
+pub struct StepInput {
+    pub tokens: Vec<u32>,
+    pub positions: Vec<u32>,
+    pub slots: Vec<u32>,
+    pub seq_of_token: Vec<u32>,
+    pub block_tables: Vec<Vec<u32>>,
+    pub sample_rows: Vec<u32>,
+    pub sampling: Vec<SampleParams>,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct StepHeader {
+    n_tokens: u32,
+    n_sample: u32,
+    n_seqs: u32,
+    max_blocks: u32,
+    off_pos: u32,
+    off_slot: u32,
+    off_seq: u32,
+    off_table: u32,
+}
+
+enum OpKind {
+    Embed { format: WFormat, k_blocks: u32 },
+    Matmul { format: WFormat, groups: u32, sampled: bool, swiglu: bool },
+    Norm { sampled: bool },
+    RopeKv,
+    Attention,
+    Sample,
+}
+
+struct Op {
+    kind: OpKind,
+    bind: wgpu::BindGroup,
+}
+
+pub struct KvCache {
+    pub k: Vec<wgpu::Buffer>,
+    pub v: Vec<wgpu::Buffer>,
+    pub num_blocks: usize,
+    pub block_size: usize,
+}
+
+pub struct Model {
+    pub cfg: ModelConfig,
+    pub gpu: Arc<Gpu>,
+    pub limits: StepLimits,
+    pub kv: KvCache,
+    kernels: Kernels,
+    ops: Vec<Op>,
+    step_buf: wgpu::Buffer,
+    meta_buf: wgpu::Buffer,
+    meta_len: usize,
+    header: StepHeader,
+    off_sample: usize,
+    off_params: usize,
+    pub logits: wgpu::Buffer,
+    result: wgpu::Buffer,
+    readback: wgpu::Buffer,
+    // Weights and scratch stay alive as long as the bind groups that use them.
+    _keep: Vec<wgpu::Buffer>,
+    _matrices: Vec<GpuMatrix>,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct MatParams {
+    k_blocks: u32,
+    n_rows: u32,
+    row0: u32,
+    y_stride: u32,
+    x_stride4: u32,
+    m_src: u32,
+    flags: u32,
+    _pad: u32,
+}
+
+fn div_up(a: u32, b: u32) -> u32 {
+    a.div_ceil(b)
+}
+
+impl Model {
+    pub fn new(gpu: Arc<Gpu>, host: &HostModel, mut limits: StepLimits) -> Result<Model> {
+        let cfg = host.cfg.clone();
+        if limits.max_binding == 0 || limits.max_binding > gpu.max_binding {
+            limits.max_binding = gpu.max_binding;
+        }
+        limits.max_seqs = limits.max_seqs.min(limits.max_tokens).max(1);
+        let mb = limits.max_binding;
+        let g = &*gpu;
+        let kernels = Kernels::new(g, &host.formats(), cfg.head_dim as u32)?;
+        let (t_max, s_max) = (limits.max_tokens, limits.max_seqs);
+        let max_blocks = limits.max_seq_len.div_ceil(limits.block_size);
+
+        // Metadata layout (u32 words): tokens, positions, slots, seq ids, sample rows,
+        // sample params (4 per row), block tables.
+        let header = StepHeader {
+            n_tokens: 0,
+            n_sample: 0,
+            n_seqs: 0,
+            max_blocks: max_blocks as u32,
+            off_pos: t_max as u32,
+            off_slot: 2 * t_max as u32,
+            off_seq: 3 * t_max as u32,
+            off_table: (4 * t_max + 5 * s_max) as u32,
+        };
+        let off_sample = 4 * t_max;
+        let off_params = 4 * t_max + s_max;
+        let meta_len = 4 * t_max + 5 * s_max + s_max * max_blocks;
+        let meta_buf = g.storage("meta", (meta_len * 4) as u64);
+        let step_buf = g.uniform_init("step", bytemuck::bytes_of(&header));
+
+        // KV cache: [blocks, block_size, kv_heads, head_dim] f32 per layer, K and V.
+        let per_block = (limits.block_size * cfg.kv_dim() * 4) as u64;
+        let mut num_blocks = (limits.cache_bytes / (per_block * 2 * cfg.layers as u64)) as usize;
+        num_blocks = num_blocks.min((mb / per_block) as usize);
+        if num_blocks < max_blocks.min(2) || num_blocks == 0 {
+            bail!(
+                "total_cache_size {} bytes holds only {num_blocks} KV blocks of {} tokens; raise it",
+                limits.cache_bytes,
+                limits.block_size
+            );
+        }
+        let kv_bytes = num_blocks as u64 * per_block;
+        let kv = KvCache {
+            k: (0..cfg.layers).map(|_| g.storage("k_cache", kv_bytes)).collect(),
+            v: (0..cfg.layers).map(|_| g.storage("v_cache", kv_bytes)).collect(),
+            num_blocks,
+            block_size: limits.block_size,
+        };
+
+        // Activation scratch.
+        let f = |n: usize| (n * 4) as u64;
+        let hidden = g.storage("hidden", f(t_max * cfg.hidden));
+        let normed = g.storage("normed", f(t_max * cfg.hidden));
+        let qkv = g.storage("qkv", f(t_max * cfg.qkv_dim()));
+        let attn = g.storage("attn", f(t_max * cfg.q_dim()));
+        let act = g.storage("act", f(t_max * cfg.intermediate));
+        let final_normed = g.storage("final_normed", f(s_max * cfg.hidden));
+        let logits = g.storage("logits", f(s_max * cfg.vocab));
+        let result = g.storage("result", (s_max * 8) as u64);
+        let readback = g.readback("result_readback", (s_max * 8) as u64);
+        for (name, bytes) in [
+            ("activations", f(t_max * cfg.intermediate.max(cfg.qkv_dim()))),
+            ("logits", f(s_max * cfg.vocab)),
+        ] {
+            if bytes > mb {
+                bail!("{name} scratch ({bytes} bytes) exceeds the max storage binding; lower max_num_batched_tokens");
+            }
+        }
+
+        // RoPE table: cos/sin of pos * theta^(-2i/d), f32 inverse frequencies as Hugging Face.
+        let half = cfg.head_dim / 2;
+        let mut cs = Vec::with_capacity(limits.max_seq_len * half * 2);
+        for pos in 0..limits.max_seq_len {
+            for i in 0..half {
+                let inv = (1.0 / cfg.rope_theta.powf((2 * i) as f64 / cfg.head_dim as f64)) as f32;
+                let a = pos as f32 * inv;
+                cs.push(a.cos());
+                cs.push(a.sin());
+            }
+        }
+        let cos_sin = g.storage_init("cos_sin", bytemuck::cast_slice(&cs));
+        let dummy = g.storage("dummy", 16);
+
+        let mut keep = vec![hidden.clone(), normed.clone(), qkv.clone(), attn.clone(), act.clone(), cos_sin.clone()];
+        let mut matrices = Vec::new();
+        let mut ops = Vec::new();
+        let uni = |v: &[u32]| g.uniform_init("params", bytemuck::cast_slice(v));
+
+        let embed = GpuMatrix::upload(g, "embed", &host.embed, None, mb)?;
+        let kb_h = (cfg.hidden / 32) as u32;
+        for c in &embed.chunks {
+            let p = uni(&[kb_h, c.rows as u32, c.row0 as u32, 0]);
+            ops.push(Op {
+                kind: OpKind::Embed { format: embed.format, k_blocks: kb_h },
+                bind: kernels.matmul_family.bind(
+                    g,
+                    &[(0, &step_buf), (1, &p), (2, &meta_buf), (3, &c.q), (4, &c.s), (5, &dummy), (6, &hidden)],
+                ),
+            });
+            keep.push(p);
+        }
+
+        // Matmul ops for every chunk of `m`, reading x (rows of x_width floats) into y.
+        let matmul_ops = |ops: &mut Vec<Op>,
+                              keep: &mut Vec<wgpu::Buffer>,
+                              m: &GpuMatrix,
+                              x: &wgpu::Buffer,
+                              y: &wgpu::Buffer,
+                              y_stride: usize,
+                              bias: Option<&wgpu::Buffer>,
+                              accumulate: bool,
+                              sampled: bool,
+                              swiglu: bool| {
+            for c in &m.chunks {
+                let flags = bias.is_some() as u32 | (accumulate as u32) << 1;
+                let p = MatParams {
+                    k_blocks: (m.cols / 32) as u32,
+                    n_rows: c.rows as u32,
+                    row0: c.row0 as u32,
+                    y_stride: y_stride as u32,
+                    x_stride4: (m.cols / 4) as u32,
+                    m_src: sampled as u32,
+                    flags,
+                    _pad: 0,
+                };
+                let pb = g.uniform_init("matmul_params", bytemuck::bytes_of(&p));
+                // A chunked bias is bound whole; the chunk's row0 offsets into it.
+                let bind = kernels.matmul_family.bind(
+                    g,
+                    &[(0, &step_buf), (1, &pb), (2, x), (3, &c.q), (4, &c.s), (5, bias.unwrap_or(&dummy)), (6, y)],
+                );
+                ops.push(Op {
+                    kind: OpKind::Matmul { format: m.format, groups: div_up(c.rows as u32, 1), sampled, swiglu },
+                    bind,
+                });
+                keep.push(pb);
+            }
+        };
+
+        let norm_params = |gather: bool| -> wgpu::Buffer {
+            let v: [u32; 4] = [(cfg.hidden / 4) as u32, cfg.rms_eps.to_bits(), gather as u32, off_sample as u32];
+            g.uniform_init("norm_params", bytemuck::cast_slice(&v))
+        };
+        let rope_p = uni(&[cfg.heads as u32, cfg.kv_heads as u32, cfg.head_dim as u32, cfg.qkv_dim() as u32]);
+        let scale = 1.0 / (cfg.head_dim as f32).sqrt();
+        let attn_p = uni(&[
+            cfg.heads as u32,
+            cfg.kv_heads as u32,
+            limits.block_size as u32,
+            (cfg.qkv_dim() / 4) as u32,
+            scale.to_bits(),
+            0,
+            0,
+            0,
+        ]);
+        let layer_norm_p = norm_params(false);
+        keep.extend([rope_p.clone(), attn_p.clone(), layer_norm_p.clone()]);
+
+        for (l, hl) in host.layers.iter().enumerate() {
+            let attn_norm = g.storage_init("attn_norm", bytemuck::cast_slice(&hl.attn_norm));
+            let ffn_norm = g.storage_init("ffn_norm", bytemuck::cast_slice(&hl.ffn_norm));
+            let qkv_w = QTensor::concat_rows(&[&hl.q, &hl.k, &hl.v])?;
+            let qkv_m = GpuMatrix::upload(g, "qkv", &qkv_w, None, mb)?;
+            let o_m = GpuMatrix::upload(g, "o_proj", &hl.o, None, mb)?;
+            let gu_m = GpuMatrix::upload(g, "gate_up", &hl.gate, Some(&hl.up), mb)?;
+            let down_m = GpuMatrix::upload(g, "down", &hl.down, None, mb)?;
+            let bias = hl.qkv_bias.as_ref().map(|b| g.storage_init("qkv_bias", bytemuck::cast_slice(b)));
+
+            let bind_norm = |w: &wgpu::Buffer, out: &wgpu::Buffer| {
+                kernels.norm_family.bind(
+                    g,
+                    &[(0, &step_buf), (1, &layer_norm_p), (2, &hidden), (3, w), (4, &meta_buf), (5, out)],
+                )
+            };
+            ops.push(Op { kind: OpKind::Norm { sampled: false }, bind: bind_norm(&attn_norm, &normed) });
+            if qkv_m.chunks.len() > 1 && bias.is_some() {
+                bail!("layer {l}: a chunked QKV projection with bias is not supported");
+            }
+            matmul_ops(&mut ops, &mut keep, &qkv_m, &normed, &qkv, cfg.qkv_dim(), bias.as_ref(), false, false, false);
+            ops.push(Op {
+                kind: OpKind::RopeKv,
+                bind: kernels.rope_family.bind(
+                    g,
+                    &[
+                        (0, &step_buf),
+                        (1, &rope_p),
+                        (2, &meta_buf),
+                        (3, &cos_sin),
+                        (4, &qkv),
+                        (5, &kv.k[l]),
+                        (6, &kv.v[l]),
+                    ],
+                ),
+            });
+            ops.push(Op {
+                kind: OpKind::Attention,
+                bind: kernels.attn_family.bind(
+                    g,
+                    &[
+                        (0, &step_buf),
+                        (1, &attn_p),
+                        (2, &meta_buf),
+                        (3, &qkv),
+                        (4, &kv.k[l]),
+                        (5, &kv.v[l]),
+                        (6, &attn),
+                    ],
+                ),
+            });
+            matmul_ops(&mut ops, &mut keep, &o_m, &attn, &hidden, cfg.hidden, None, true, false, false);
+            ops.push(Op { kind: OpKind::Norm { sampled: false }, bind: bind_norm(&ffn_norm, &normed) });
+            matmul_ops(&mut ops, &mut keep, &gu_m, &normed, &act, cfg.intermediate, None, false, false, true);
+            matmul_ops(&mut ops, &mut keep, &down_m, &act, &hidden, cfg.hidden, None, true, false, false);
+            keep.extend([attn_norm, ffn_norm]);
+            keep.extend(bias);
+            matrices.extend([qkv_m, o_m, gu_m, down_m]);
+        }
+
+        let final_norm = g.storage_init("final_norm", bytemuck::cast_slice(&host.final_norm));
+        let final_p = norm_params(true);
+        ops.push(Op {
+            kind: OpKind::Norm { sampled: true },
+            bind: kernels.norm_family.bind(
+                g,
+                &[(0, &step_buf), (1, &final_p), (2, &hidden), (3, &final_norm), (4, &meta_buf), (5, &final_normed)],
+            ),
+        });
+        let lm = match &host.lm_head {
+            Some(t) => GpuMatrix::upload(g, "lm_head", t, None, mb)?,
+            None => embed,
+        };
+        matmul_ops(&mut ops, &mut keep, &lm, &final_normed, &logits, cfg.vocab, None, false, true, false);
+        let sp = uni(&[cfg.vocab as u32, off_params as u32, 0, 0]);
+        ops.push(Op {
+            kind: OpKind::Sample,
+            bind: kernels.sample_family.bind(g, &[(0, &step_buf), (1, &sp), (2, &meta_buf), (3, &logits), (4, &result)]),
+        });
+        keep.extend([final_norm, final_p, sp, dummy, final_normed]);
+        matrices.push(lm);
+
+        Ok(Model {
+            cfg,
+            gpu: gpu.clone(),
+            limits,
+            kv,
+            kernels,
+            ops,
+            step_buf,
+            meta_buf,
+            meta_len,
+            header,
+            off_sample,
+            off_params,
+            logits,
+            result,
+            readback,
+            _keep: keep,
+            _matrices: matrices,
+        })
+    }
+
+    fn check(&self, s: &StepInput) -> Result<()> {
+        let n = s.tokens.len();
+        let lim = &self.limits;
+        if n == 0 || n > lim.max_tokens {
+            bail!("step has {n} tokens (1..={} allowed)", lim.max_tokens);
+        }
+        if s.positions.len() != n || s.slots.len() != n || s.seq_of_token.len() != n {
+            bail!("step metadata lengths disagree with its {n} tokens");
+        }
+        if s.sample_rows.len() != s.sampling.len() || s.sample_rows.len() > lim.max_seqs {
+            bail!("step samples {} rows ({} allowed)", s.sample_rows.len(), lim.max_seqs);
+        }
+        if s.block_tables.is_empty() || s.block_tables.len() > lim.max_seqs {
+            bail!("step has {} sequences (1..={} allowed)", s.block_tables.len(), lim.max_seqs);
+        }
+        let max_blocks = self.header.max_blocks as usize;
+        for t in &s.block_tables {
+            if t.len() > max_blocks || t.iter().any(|&b| b as usize >= self.kv.num_blocks) {
+                bail!("block table out of range");
+            }
+        }
+        for i in 0..n {
+            let seq = s.seq_of_token[i] as usize;
+            let pos = s.positions[i] as usize;
+            if seq >= s.block_tables.len() || pos >= lim.max_seq_len || pos / lim.block_size >= s.block_tables[seq].len() {
+                bail!("token {i}: position {pos} of sequence {seq} is outside its block table");
+            }
+            if s.tokens[i] as usize >= self.cfg.vocab {
+                bail!("token id {} is outside the vocabulary ({})", s.tokens[i], self.cfg.vocab);
+            }
+        }
+        if s.sample_rows.iter().any(|&r| r as usize >= n) {
+            bail!("sample row out of range");
+        }
+        Ok(())
+    }
+
+    /// Runs one forward step and samples one token per sample row: (token id, logprob).
+    pub fn step(&mut self, s: &StepInput) -> Result<Vec<(u32, f32)>> {
+        self.check(s)?;
+        let n = s.tokens.len() as u32;
+        let ns = s.sample_rows.len() as u32;
+        let h = &mut self.header;
+        h.n_tokens = n;
+        h.n_sample = ns;
+        h.n_seqs = s.block_tables.len() as u32;
+        let mut meta = vec![0u32; self.meta_len];
+        let t = self.limits.max_tokens;
+        meta[..n as usize].copy_from_slice(&s.tokens);
+        meta[t..t + n as usize].copy_from_slice(&s.positions);
+        meta[2 * t..2 * t + n as usize].copy_from_slice(&s.slots);
+        meta[3 * t..3 * t + n as usize].copy_from_slice(&s.seq_of_token);
+        meta[self.off_sample..self.off_sample + ns as usize].copy_from_slice(&s.sample_rows);
+        for (i, p) in s.sampling.iter().enumerate() {
+            let b = self.off_params + 4 * i;
+            meta[b..b + 4].copy_from_slice(&[p.temperature.to_bits(), p.top_p.to_bits(), p.top_k, p.u.to_bits()]);
+        }
+        let mb = h.max_blocks as usize;
+        for (i, tbl) in s.block_tables.iter().enumerate() {
+            let b = h.off_table as usize + i * mb;
+            meta[b..b + tbl.len()].copy_from_slice(tbl);
+        }
+        let g = &self.gpu;
+        // Only the used part of the tables is uploaded.
+        let used = h.off_table as usize + s.block_tables.len() * mb;
+        g.queue.write_buffer(&self.meta_buf, 0, bytemuck::cast_slice(&meta[..used]));
+        g.queue.write_buffer(&self.step_buf, 0, bytemuck::bytes_of(&*h));
+
+        let mut enc = g.device.create_command_encoder(&Default::default());
+        {
+            let mut pass = enc.begin_compute_pass(&Default::default());
+            let cfg = &self.cfg;
+            for op in &self.ops {
+                let (pipe, x, y) = match op.kind {
+                    OpKind::Embed { format, k_blocks } => {
+                        (&self.kernels.matmul[&format].embed, div_up(n * k_blocks, 64), 1)
+                    }
+                    OpKind::Matmul { format, groups, sampled, swiglu } => {
+                        let m = if sampled { ns } else { n };
+                        if m == 0 {
+                            continue;
+                        }
+                        let k = &self.kernels.matmul[&format];
+                        let decode = m <= DECODE_MAX_ROWS;
+                        let (tm, tn) = if decode { DECODE_TILE } else { PREFILL_TILE };
+                        let pipe = match (decode, swiglu) {
+                            (true, false) => &k.decode,
+                            (false, false) => &k.prefill,
+                            (true, true) => &k.swiglu_decode,
+                            (false, true) => &k.swiglu_prefill,
+                        };
+                        (pipe, div_up(div_up(groups, tn), MATMUL_WG), div_up(m, tm))
+                    }
+                    OpKind::Norm { sampled } => {
+                        let m = if sampled { ns } else { n };
+                        if m == 0 {
+                            continue;
+                        }
+                        (&self.kernels.rmsnorm, m, 1)
+                    }
+                    OpKind::RopeKv => {
+                        let threads = n * (cfg.heads + 2 * cfg.kv_heads) as u32 * (cfg.head_dim / 2) as u32;
+                        (&self.kernels.rope_kv, div_up(threads, 64), 1)
+                    }
+                    OpKind::Attention => (&self.kernels.attention, div_up(n * cfg.heads as u32, 32), 1),
+                    OpKind::Sample => {
+                        if ns == 0 {
+                            continue;
+                        }
+                        (&self.kernels.sample, ns, 1)
+                    }
+                };
+                pass.set_pipeline(pipe);
+                pass.set_bind_group(0, &op.bind, &[]);
+                pass.dispatch_workgroups(x, y, 1);
+            }
+        }
+        if ns == 0 {
+            g.queue.submit([enc.finish()]);
+            return Ok(vec![]);
+        }
+        let len = ns as u64 * 8;
+        enc.copy_buffer_to_buffer(&self.result, 0, &self.readback, 0, len);
+        g.queue.submit([enc.finish()]);
+        let bytes = g.read_mapped(&self.readback, len)?;
+        let words: &[u32] = bytemuck::cast_slice(&bytes);
+        Ok(words.chunks_exact(2).map(|w| (w[0], f32::from_bits(w[1]))).collect())
+    }
+
+    /// The logits of the last step's sampled rows, [n_sample, vocab] (tests and tools).
+    pub fn last_logits(&self, n_sample: usize) -> Result<Vec<f32>> {
+        self.gpu.download_f32(&self.logits, n_sample * self.cfg.vocab)
+    }
+}

@@ -1,0 +1,330 @@
+//! Loads a model's weights on the host, in GPU layout, from a Hugging Face directory
+//! (config.json + safetensors) or a GGUF file.
+
+use super::config::{Arch, ModelConfig};
+use super::gguf::{GgmlType, GgufFile};
+use super::tensor::{unpermute_qk_rows, QTensor};
+use crate::gpu::kernels::WFormat;
+use anyhow::{anyhow, bail, Context, Result};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+pub struct HostLayer {
+    pub attn_norm: Vec<f32>,
+    pub q: QTensor,
+    pub k: QTensor,
+    pub v: QTensor,
+    /// q, k and v biases concatenated (Qwen2), or None.
+    pub qkv_bias: Option<Vec<f32>>,
+    pub o: QTensor,
+    pub ffn_norm: Vec<f32>,
+    pub gate: QTensor,
+    pub up: QTensor,
+    pub down: QTensor,
+}
+
+pub struct HostModel {
+    pub cfg: ModelConfig,
+    pub embed: QTensor,
+    pub layers: Vec<HostLayer>,
+    pub final_norm: Vec<f32>,
+    /// None when the output projection is tied to the embedding.
+    pub lm_head: Option<QTensor>,
+    /// Where the weights came from (for messages).
+    pub source: PathBuf,
+}
+
+impl HostModel {
+    pub fn lm_head(&self) -> &QTensor {
+        self.lm_head.as_ref().unwrap_or(&self.embed)
+    }
+
+    pub fn formats(&self) -> Vec<WFormat> {
+        let mut f = vec![self.embed.format, self.lm_head().format];
+        for l in &self.layers {
+            f.extend([l.q.format, l.k.format, l.v.format, l.o.format, l.gate.format, l.up.format, l.down.format]);
+        }
+        f.sort();
+        f.dedup();
+        f
+    }
+
+    /// Loads `path`: a directory with config.json, or a .gguf file.
+    pub fn load(path: &Path, progress: &dyn Fn(usize, usize)) -> Result<HostModel> {
+        if !path.exists() {
+            bail!("{}: no such file or directory", path.display());
+        }
+        if path.is_dir() {
+            load_hf(path, progress)
+        } else {
+            let g = GgufFile::open(path)?;
+            load_gguf(&g, progress)
+        }
+    }
+}
+
+fn check_shape(src: &str, name: &str, got: (usize, usize), want: (usize, usize)) -> Result<()> {
+    if got != want {
+        bail!("{src}: tensor {name} has shape [{}, {}], expected [{}, {}]", got.0, got.1, want.0, want.1);
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------- Hugging Face safetensors
+
+struct HfTensor {
+    dtype: safetensors::Dtype,
+    shape: Vec<usize>,
+    file: usize,
+    start: usize,
+    end: usize,
+}
+
+struct HfWeights {
+    files: Vec<(PathBuf, memmap2::Mmap)>,
+    tensors: HashMap<String, HfTensor>,
+}
+
+impl HfWeights {
+    fn open(dir: &Path) -> Result<HfWeights> {
+        let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)
+            .with_context(|| format!("{}", dir.display()))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+            .collect();
+        paths.sort();
+        if paths.is_empty() {
+            bail!("{}: no *.safetensors files", dir.display());
+        }
+        let mut files = Vec::new();
+        let mut tensors = HashMap::new();
+        for (fi, p) in paths.into_iter().enumerate() {
+            let f = std::fs::File::open(&p).with_context(|| format!("{}", p.display()))?;
+            // SAFETY: the file is opened read-only and not modified while mapped.
+            let map = unsafe { memmap2::Mmap::map(&f) }.with_context(|| format!("{}", p.display()))?;
+            let (header_len, meta) = safetensors::SafeTensors::read_metadata(&map)
+                .map_err(|e| anyhow!("{}: invalid safetensors file: {e}", p.display()))?;
+            let data_start = 8 + header_len;
+            for (name, info) in meta.tensors() {
+                let (s, e) = info.data_offsets;
+                if data_start + e > map.len() {
+                    bail!("{}: tensor {name} extends past end of file (truncated?)", p.display());
+                }
+                tensors.insert(
+                    name.to_string(),
+                    HfTensor { dtype: info.dtype, shape: info.shape.clone(), file: fi, start: data_start + s, end: data_start + e },
+                );
+            }
+            files.push((p, map));
+        }
+        Ok(HfWeights { files, tensors })
+    }
+
+    fn get(&self, name: &str) -> Result<(&HfTensor, &[u8], String)> {
+        let t = self.tensors.get(name).ok_or_else(|| anyhow!("weights: tensor {name} is missing"))?;
+        let (p, map) = &self.files[t.file];
+        Ok((t, &map[t.start..t.end], p.display().to_string()))
+    }
+
+    fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>> {
+        let (t, bytes, src) = self.get(name)?;
+        if t.shape != [len] {
+            bail!("{src}: tensor {name} has shape {:?}, expected [{len}]", t.shape);
+        }
+        to_f32(t.dtype, bytes).map_err(|e| anyhow!("{src}: tensor {name}: {e}"))
+    }
+
+    fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<QTensor> {
+        let (t, bytes, src) = self.get(name)?;
+        if t.shape.len() != 2 {
+            bail!("{src}: tensor {name} has shape {:?}, expected [{rows}, {cols}]", t.shape);
+        }
+        check_shape(&src, name, (t.shape[0], t.shape[1]), (rows, cols))?;
+        let r = match t.dtype {
+            safetensors::Dtype::F32 => QTensor::from_f32(rows, cols, &to_f32(t.dtype, bytes)?),
+            safetensors::Dtype::F16 => QTensor::from_f16_bits(rows, cols, &u16s(bytes)),
+            safetensors::Dtype::BF16 => QTensor::from_bf16_bits_as_f16(rows, cols, &u16s(bytes)),
+            d => bail!("{src}: tensor {name} has unsupported dtype {d:?} (supported: F32, F16, BF16)"),
+        };
+        r.map_err(|e| anyhow!("{src}: tensor {name}: {e}"))
+    }
+}
+
+fn u16s(b: &[u8]) -> Vec<u16> {
+    b.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]])).collect()
+}
+
+fn to_f32(dtype: safetensors::Dtype, b: &[u8]) -> Result<Vec<f32>> {
+    Ok(match dtype {
+        safetensors::Dtype::F32 => b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
+        safetensors::Dtype::F16 => u16s(b).into_iter().map(|h| half::f16::from_bits(h).to_f32()).collect(),
+        safetensors::Dtype::BF16 => u16s(b).into_iter().map(|h| half::bf16::from_bits(h).to_f32()).collect(),
+        d => bail!("unsupported dtype {d:?} (supported: F32, F16, BF16)"),
+    })
+}
+
+fn load_hf(dir: &Path, progress: &dyn Fn(usize, usize)) -> Result<HostModel> {
+    let cfg = ModelConfig::from_hf_json(&dir.join("config.json"))?;
+    let w = HfWeights::open(dir)?;
+    let (h, q, kv, i) = (cfg.hidden, cfg.q_dim(), cfg.kv_dim(), cfg.intermediate);
+    let embed = w.matrix("model.embed_tokens.weight", cfg.vocab, h)?;
+    let mut layers = Vec::with_capacity(cfg.layers);
+    for l in 0..cfg.layers {
+        progress(l, cfg.layers);
+        let p = format!("model.layers.{l}");
+        let qkv_bias = if cfg.qkv_bias {
+            let mut b = w.vector(&format!("{p}.self_attn.q_proj.bias"), q)?;
+            b.extend(w.vector(&format!("{p}.self_attn.k_proj.bias"), kv)?);
+            b.extend(w.vector(&format!("{p}.self_attn.v_proj.bias"), kv)?);
+            Some(b)
+        } else {
+            None
+        };
+        layers.push(HostLayer {
+            attn_norm: w.vector(&format!("{p}.input_layernorm.weight"), h)?,
+            q: w.matrix(&format!("{p}.self_attn.q_proj.weight"), q, h)?,
+            k: w.matrix(&format!("{p}.self_attn.k_proj.weight"), kv, h)?,
+            v: w.matrix(&format!("{p}.self_attn.v_proj.weight"), kv, h)?,
+            qkv_bias,
+            o: w.matrix(&format!("{p}.self_attn.o_proj.weight"), h, q)?,
+            ffn_norm: w.vector(&format!("{p}.post_attention_layernorm.weight"), h)?,
+            gate: w.matrix(&format!("{p}.mlp.gate_proj.weight"), i, h)?,
+            up: w.matrix(&format!("{p}.mlp.up_proj.weight"), i, h)?,
+            down: w.matrix(&format!("{p}.mlp.down_proj.weight"), h, i)?,
+        });
+    }
+    progress(cfg.layers, cfg.layers);
+    let lm_head =
+        if w.tensors.contains_key("lm_head.weight") { Some(w.matrix("lm_head.weight", cfg.vocab, h)?) } else { None };
+    Ok(HostModel { final_norm: w.vector("model.norm.weight", h)?, cfg, embed, layers, lm_head, source: dir.to_path_buf() })
+}
+
+// ---------------------------------------------------------------- GGUF
+
+fn gguf_config(g: &GgufFile) -> Result<ModelConfig> {
+    let src = g.path.display().to_string();
+    let arch_name = g.get_str("general.architecture").ok_or_else(|| anyhow!("{src}: general.architecture is missing"))?;
+    let arch = match arch_name {
+        "llama" => Arch::Llama,
+        "qwen2" => Arch::Qwen2,
+        other => bail!("{src}: unsupported architecture '{other}' (supported: llama, qwen2)"),
+    };
+    let key = |k: &str| format!("{arch_name}.{k}");
+    let req = |k: &str| -> Result<usize> { Ok(g.require_u64(&key(k))? as usize) };
+    let hidden = req("embedding_length")?;
+    let heads = req("attention.head_count")?;
+    let kv_heads = g.get_u64(&key("attention.head_count_kv")).map(|v| v as usize).unwrap_or(heads);
+    let head_dim = g
+        .get_u64(&key("attention.key_length"))
+        .or_else(|| g.get_u64(&key("rope.dimension_count")))
+        .map(|v| v as usize)
+        .unwrap_or(hidden / heads.max(1));
+    let embd = g.tensor("token_embd.weight").ok_or_else(|| anyhow!("{src}: tensor token_embd.weight is missing"))?;
+    let vocab = g
+        .get_u64(&key("vocab_size"))
+        .map(|v| v as usize)
+        .or_else(|| embd.dims.get(1).map(|&d| d as usize))
+        .unwrap_or(0);
+    let cfg = ModelConfig {
+        arch,
+        hidden,
+        layers: req("block_count")?,
+        heads,
+        kv_heads,
+        head_dim,
+        intermediate: req("feed_forward_length")?,
+        vocab,
+        rope_theta: g.get_f32(&key("rope.freq_base")).unwrap_or(10000.0) as f64,
+        rms_eps: g.get_f32(&key("attention.layer_norm_rms_epsilon")).unwrap_or(1e-5),
+        max_positions: g.get_u64(&key("context_length")).unwrap_or(4096) as usize,
+        qkv_bias: arch == Arch::Qwen2,
+    };
+    cfg.validate(&src)?;
+    Ok(cfg)
+}
+
+fn gguf_matrix(g: &GgufFile, name: &str, rows: usize, cols: usize) -> Result<QTensor> {
+    let src = g.path.display().to_string();
+    let t = g.tensor(name).ok_or_else(|| anyhow!("{src}: tensor {name} is missing"))?;
+    if t.dims.len() != 2 {
+        bail!("{src}: tensor {name} has {} dimensions, expected 2", t.dims.len());
+    }
+    check_shape(&src, name, (t.dims[1] as usize, t.dims[0] as usize), (rows, cols))?;
+    let b = g.tensor_data(t);
+    let r = match t.ggml_type {
+        GgmlType::F32 => QTensor::from_f32(rows, cols, &to_f32(safetensors::Dtype::F32, b)?),
+        GgmlType::F16 => QTensor::from_f16_bits(rows, cols, &u16s(b)),
+        GgmlType::BF16 => QTensor::from_bf16_bits_as_f16(rows, cols, &u16s(b)),
+        GgmlType::Q8_0 => QTensor::from_gguf_blocks(WFormat::Q8_0, rows, cols, b),
+        GgmlType::Q4_0 => QTensor::from_gguf_blocks(WFormat::Q4_0, rows, cols, b),
+        GgmlType::Q4_1 => QTensor::from_gguf_blocks(WFormat::Q4_1, rows, cols, b),
+        other => bail!(
+            "{src}: tensor {name} has type {} which is not supported (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1)",
+            other.name()
+        ),
+    };
+    r.map_err(|e| anyhow!("{src}: tensor {name}: {e}"))
+}
+
+fn gguf_vector(g: &GgufFile, name: &str, len: usize) -> Result<Vec<f32>> {
+    let src = g.path.display().to_string();
+    let t = g.tensor(name).ok_or_else(|| anyhow!("{src}: tensor {name} is missing"))?;
+    if t.dims != [len as u64] {
+        bail!("{src}: tensor {name} has shape {:?}, expected [{len}]", t.dims);
+    }
+    let b = g.tensor_data(t);
+    match t.ggml_type {
+        GgmlType::F32 => to_f32(safetensors::Dtype::F32, b),
+        GgmlType::F16 => to_f32(safetensors::Dtype::F16, b),
+        GgmlType::BF16 => to_f32(safetensors::Dtype::BF16, b),
+        other => bail!("{src}: tensor {name} has type {}, expected F32/F16/BF16", other.name()),
+    }
+}
+
+pub fn load_gguf(g: &GgufFile, progress: &dyn Fn(usize, usize)) -> Result<HostModel> {
+    let cfg = gguf_config(g)?;
+    let (h, q, kv, i) = (cfg.hidden, cfg.q_dim(), cfg.kv_dim(), cfg.intermediate);
+    let embed = gguf_matrix(g, "token_embd.weight", cfg.vocab, h)?;
+    let (q_perm, k_perm) = (unpermute_qk_rows(cfg.heads, cfg.head_dim), unpermute_qk_rows(cfg.kv_heads, cfg.head_dim));
+    let mut layers = Vec::with_capacity(cfg.layers);
+    for l in 0..cfg.layers {
+        progress(l, cfg.layers);
+        let p = format!("blk.{l}");
+        let mut wq = gguf_matrix(g, &format!("{p}.attn_q.weight"), q, h)?;
+        let mut wk = gguf_matrix(g, &format!("{p}.attn_k.weight"), kv, h)?;
+        if cfg.arch == Arch::Llama {
+            wq = wq.permute_rows(&q_perm);
+            wk = wk.permute_rows(&k_perm);
+        }
+        let qkv_bias = if cfg.qkv_bias {
+            let mut b = gguf_vector(g, &format!("{p}.attn_q.bias"), q)?;
+            b.extend(gguf_vector(g, &format!("{p}.attn_k.bias"), kv)?);
+            b.extend(gguf_vector(g, &format!("{p}.attn_v.bias"), kv)?);
+            Some(b)
+        } else {
+            None
+        };
+        layers.push(HostLayer {
+            attn_norm: gguf_vector(g, &format!("{p}.attn_norm.weight"), h)?,
+            q: wq,
+            k: wk,
+            v: gguf_matrix(g, &format!("{p}.attn_v.weight"), kv, h)?,
+            qkv_bias,
+            o: gguf_matrix(g, &format!("{p}.attn_output.weight"), h, q)?,
+            ffn_norm: gguf_vector(g, &format!("{p}.ffn_norm.weight"), h)?,
+            gate: gguf_matrix(g, &format!("{p}.ffn_gate.weight"), i, h)?,
+            up: gguf_matrix(g, &format!("{p}.ffn_up.weight"), i, h)?,
+            down: gguf_matrix(g, &format!("{p}.ffn_down.weight"), h, i)?,
+        });
+    }
+    progress(cfg.layers, cfg.layers);
+    let lm_head = if g.tensor("output.weight").is_some() { Some(gguf_matrix(g, "output.weight", cfg.vocab, h)?) } else { None };
+    Ok(HostModel {
+        final_norm: gguf_vector(g, "output_norm.weight", h)?,
+        cfg,
+        embed,
+        layers,
+        lm_head,
+        source: g.path.clone(),
+    })
+}

@@ -1,0 +1,170 @@
+//! Chat templates: Jinja (minijinja) with the conventions Hugging Face uses when rendering
+//! them: `trim_blocks` and `lstrip_blocks` on, Python string/dict methods (`.strip()`,
+//! `.startswith()`, `.items()`, ...), `raise_exception(msg)` and `strftime_now(fmt)`.
+
+use std::collections::BTreeMap;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use anyhow::{anyhow, Result};
+use minijinja::{Environment, Error, ErrorKind, Value};
+
+use super::ChatMessage;
+
+const NAME: &str = "chat_template";
+
+pub(super) struct ChatTemplate {
+    env: Environment<'static>,
+    /// Set when the template failed to compile; reported on use so that a model with a broken
+    /// template still loads for plain completions.
+    compile_error: Option<String>,
+}
+
+impl ChatTemplate {
+    pub(super) fn new(source: String) -> Self {
+        let mut env = Environment::new();
+        env.set_trim_blocks(true);
+        env.set_lstrip_blocks(true);
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_function("raise_exception", raise_exception);
+        env.add_function("strftime_now", strftime_now);
+        let compile_error = env
+            .add_template_owned(NAME, source)
+            .err()
+            .map(|e| format!("cannot compile the chat template: {}", one_line(&e)));
+        ChatTemplate { env, compile_error }
+    }
+
+    pub(super) fn render(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        bos_token: Option<&str>,
+        eos_token: Option<&str>,
+    ) -> Result<String> {
+        if let Some(e) = &self.compile_error {
+            return Err(anyhow!("{e}"));
+        }
+        let tmpl = self.env.get_template(NAME).map_err(|e| anyhow!("{}", one_line(&e)))?;
+        // Absent special tokens stay undefined (render as ""), as in Hugging Face, rather than
+        // becoming `none`.
+        let mut ctx: BTreeMap<&str, Value> = BTreeMap::new();
+        ctx.insert("messages", Value::from_serialize(messages));
+        ctx.insert("add_generation_prompt", Value::from(add_generation_prompt));
+        if let Some(b) = bos_token {
+            ctx.insert("bos_token", Value::from(b));
+        }
+        if let Some(e) = eos_token {
+            ctx.insert("eos_token", Value::from(e));
+        }
+        tmpl.render(ctx)
+            .map_err(|e| anyhow!("rendering failed: {}", one_line(&e)))
+    }
+}
+
+fn one_line(e: &Error) -> String {
+    let mut s = e.to_string();
+    let mut src = std::error::Error::source(e);
+    while let Some(inner) = src {
+        s.push_str(": ");
+        s.push_str(&inner.to_string());
+        src = inner.source();
+    }
+    s.replace('\n', " ")
+}
+
+fn raise_exception(msg: String) -> Result<Value, Error> {
+    Err(Error::new(ErrorKind::InvalidOperation, format!("template raised an exception: {msg}")))
+}
+
+/// Python's `datetime.now().strftime(fmt)` for the common directives, in UTC.
+fn strftime_now(fmt: String) -> String {
+    let secs = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0);
+    format_time(secs, &fmt)
+}
+
+const MONTHS: [&str; 12] = [
+    "January", "February", "March", "April", "May", "June", "July", "August", "September", "October", "November",
+    "December",
+];
+const WEEKDAYS: [&str; 7] = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"];
+
+/// Proleptic Gregorian (year, month 1-12, day 1-31) of a count of days since 1970-01-01.
+fn civil_from_days(days: i64) -> (i64, u32, u32) {
+    // Shift the epoch to 0000-03-01 so leap days fall at the end of each 400-year era.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097); // day of era, 0..146096
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365; // year of era, 0..399
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100); // day of the March-based year
+    let mp = (5 * doy + 2) / 153; // March = 0
+    let day = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    (year, month, day)
+}
+
+fn format_time(secs: i64, fmt: &str) -> String {
+    let days = secs.div_euclid(86_400);
+    let sod = secs.rem_euclid(86_400);
+    let (year, month, day) = civil_from_days(days);
+    let weekday = (days + 3).rem_euclid(7) as usize; // 1970-01-01 was a Thursday (Monday = 0)
+    let is_leap = (year % 4 == 0 && year % 100 != 0) || year % 400 == 0;
+    let cumulative = [0, 31, 59, 90, 120, 151, 181, 212, 243, 273, 304, 334];
+    let yday = cumulative[month as usize - 1] + day + u32::from(is_leap && month > 2);
+    let (h, m, s) = (sod / 3600, (sod / 60) % 60, sod % 60);
+    let mut out = String::new();
+    let mut chars = fmt.chars();
+    while let Some(c) = chars.next() {
+        if c != '%' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('Y') => out.push_str(&year.to_string()),
+            Some('y') => out.push_str(&format!("{:02}", year.rem_euclid(100))),
+            Some('m') => out.push_str(&format!("{month:02}")),
+            Some('d') => out.push_str(&format!("{day:02}")),
+            Some('-') => match chars.next() {
+                Some('d') => out.push_str(&day.to_string()),
+                Some('m') => out.push_str(&month.to_string()),
+                Some(o) => {
+                    out.push_str("%-");
+                    out.push(o);
+                }
+                None => out.push_str("%-"),
+            },
+            Some('B') => out.push_str(MONTHS[month as usize - 1]),
+            Some('b') => out.push_str(&MONTHS[month as usize - 1][..3]),
+            Some('A') => out.push_str(WEEKDAYS[weekday]),
+            Some('a') => out.push_str(&WEEKDAYS[weekday][..3]),
+            Some('j') => out.push_str(&format!("{yday:03}")),
+            Some('H') => out.push_str(&format!("{h:02}")),
+            Some('M') => out.push_str(&format!("{m:02}")),
+            Some('S') => out.push_str(&format!("{s:02}")),
+            Some('%') => out.push('%'),
+            Some(o) => {
+                out.push('%');
+                out.push(o);
+            }
+            None => out.push('%'),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dates() {
+        assert_eq!(format_time(0, "%Y-%m-%d %H:%M:%S %a %j"), "1970-01-01 00:00:00 Thu 001");
+        // 2024-02-29 12:34:56 UTC, a Thursday, day 60.
+        assert_eq!(format_time(1_709_210_096, "%d %b %Y %A %j %H:%M:%S"), "29 Feb 2024 Thursday 060 12:34:56");
+        assert_eq!(format_time(951_782_400, "%-d %B %y"), "29 February 00");
+        assert_eq!(format_time(-86_400, "%Y-%m-%d"), "1969-12-31");
+    }
+}

@@ -1,0 +1,405 @@
+//! Tokenizer (Hugging Face `tokenizers` under the hood), chat templates (minijinja with Python
+//! string methods) and an incremental detokenizer for streaming.
+//!
+//! Two sources:
+//! - a Hugging Face model directory ([`Tokenizer::from_hf_dir`]): `tokenizer.json`,
+//!   `tokenizer_config.json`, `chat_template.jinja`, `generation_config.json`, `config.json`;
+//! - a GGUF file ([`Tokenizer::from_gguf`]): the byte-level BPE tokenizer is rebuilt in code from
+//!   the `tokenizer.ggml.*` metadata.
+
+mod chat;
+mod gguf_bpe;
+
+use std::path::Path;
+
+use anyhow::{anyhow, Context, Result};
+use serde::{Deserialize, Serialize};
+use serde_json::Value as Json;
+
+use crate::model::gguf::GgufFile;
+use chat::ChatTemplate;
+
+/// One chat message as given to the chat template.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct ChatMessage {
+    pub role: String,
+    pub content: String,
+}
+
+impl ChatMessage {
+    pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
+        ChatMessage {
+            role: role.into(),
+            content: content.into(),
+        }
+    }
+}
+
+/// A tokenizer plus everything around it that generation needs: BOS policy, stop tokens and the
+/// chat template. `Send + Sync`; share it behind an `Arc`.
+pub struct Tokenizer {
+    inner: tokenizers::Tokenizer,
+    /// Where it came from (a path), for error messages.
+    source: String,
+    bos_id: Option<u32>,
+    bos_token: Option<String>,
+    eos_token: Option<String>,
+    eos_ids: Vec<u32>,
+    add_bos: bool,
+    vocab_size: usize,
+    chat_template: Option<ChatTemplate>,
+}
+
+impl std::fmt::Debug for Tokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tokenizer")
+            .field("source", &self.source)
+            .field("vocab_size", &self.vocab_size)
+            .field("bos_id", &self.bos_id)
+            .field("eos_ids", &self.eos_ids)
+            .field("add_bos", &self.add_bos)
+            .field("has_chat_template", &self.chat_template.is_some())
+            .finish()
+    }
+}
+
+fn read_json(path: &Path) -> Result<Option<Json>> {
+    if !path.exists() {
+        return Ok(None);
+    }
+    let text = std::fs::read_to_string(path).map_err(|e| anyhow!("{}: cannot read: {e}", path.display()))?;
+    let v = serde_json::from_str(&text).map_err(|e| anyhow!("{}: invalid JSON: {e}", path.display()))?;
+    Ok(Some(v))
+}
+
+/// A special token in tokenizer_config.json: `"<s>"` or `{"content": "<s>", ...}`.
+fn token_content(v: &Json) -> Option<String> {
+    match v {
+        Json::String(s) => Some(s.clone()),
+        Json::Object(o) => o.get("content").and_then(|c| c.as_str()).map(str::to_string),
+        _ => None,
+    }
+}
+
+/// `eos_token_id` as an int or a list of ints.
+fn json_ids(v: Option<&Json>) -> Vec<u32> {
+    match v {
+        Some(Json::Number(n)) => n.as_u64().and_then(|n| u32::try_from(n).ok()).into_iter().collect(),
+        Some(Json::Array(a)) => a
+            .iter()
+            .filter_map(|x| x.as_u64().and_then(|n| u32::try_from(n).ok()))
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+fn push_unique(v: &mut Vec<u32>, id: u32) {
+    if !v.contains(&id) {
+        v.push(id);
+    }
+}
+
+impl Tokenizer {
+    /// Load from a Hugging Face model directory.
+    pub fn from_hf_dir(dir: &Path) -> Result<Self> {
+        let tok_path = dir.join("tokenizer.json");
+        let inner = tokenizers::Tokenizer::from_file(&tok_path)
+            .map_err(|e| anyhow!("{}: cannot load tokenizer: {e}", tok_path.display()))?;
+        let source = dir.display().to_string();
+
+        let cfg_path = dir.join("tokenizer_config.json");
+        let cfg = read_json(&cfg_path)?.unwrap_or(Json::Null);
+        let bos_token = cfg.get("bos_token").and_then(token_content);
+        let eos_token = cfg.get("eos_token").and_then(token_content);
+
+        let bos_id = bos_token.as_deref().and_then(|t| inner.token_to_id(t));
+        let (add_bos, bos_id) = match cfg.get("add_bos_token").and_then(|v| v.as_bool()) {
+            Some(add) => (add && bos_id.is_some(), bos_id),
+            // Not configured: see whether the tokenizer.json post-processor prepends a token.
+            None => match detect_post_processor_bos(&inner) {
+                Some(id) => (true, Some(id)),
+                None => (false, bos_id),
+            },
+        };
+
+        // Chat template: chat_template.jinja, then tokenizer_config.json, then chat_template.json.
+        let jinja_path = dir.join("chat_template.jinja");
+        let template_src = if jinja_path.exists() {
+            Some(
+                std::fs::read_to_string(&jinja_path)
+                    .map_err(|e| anyhow!("{}: cannot read: {e}", jinja_path.display()))?,
+            )
+        } else if let Some(t) = cfg.get("chat_template").and_then(pick_template) {
+            Some(t)
+        } else {
+            read_json(&dir.join("chat_template.json"))?
+                .as_ref()
+                .and_then(|v| v.get("chat_template"))
+                .and_then(pick_template)
+        };
+
+        // Stop tokens: generation_config.json, else config.json; plus the tokenizer's eos token.
+        let mut eos_ids = json_ids(
+            read_json(&dir.join("generation_config.json"))?
+                .as_ref()
+                .and_then(|g| g.get("eos_token_id")),
+        );
+        if eos_ids.is_empty() {
+            eos_ids = json_ids(read_json(&dir.join("config.json"))?.as_ref().and_then(|c| c.get("eos_token_id")));
+        }
+        if let Some(id) = eos_token.as_deref().and_then(|t| inner.token_to_id(t)) {
+            push_unique(&mut eos_ids, id);
+        }
+
+        let bos_token = bos_token.or_else(|| bos_id.and_then(|id| inner.id_to_token(id)));
+        Self::assemble(inner, source, bos_id, bos_token, eos_token, eos_ids, add_bos, template_src)
+    }
+
+    /// Build the tokenizer described by a GGUF file's `tokenizer.ggml.*` metadata.
+    pub fn from_gguf(g: &GgufFile) -> Result<Self> {
+        let built = gguf_bpe::build(g)?;
+        let source = g.path.display().to_string();
+        let token_text = |id: Option<u32>| id.and_then(|id| built.tokens.get(id as usize).cloned());
+        let bos_id = g.get_u32("tokenizer.ggml.bos_token_id");
+        let eos_id = g.get_u32("tokenizer.ggml.eos_token_id");
+        let add_bos = g.get_bool("tokenizer.ggml.add_bos_token").unwrap_or(false) && bos_id.is_some();
+        let mut eos_ids = Vec::new();
+        for key in ["tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"] {
+            if let Some(id) = g.get_u32(key) {
+                if (id as usize) < built.tokens.len() {
+                    push_unique(&mut eos_ids, id);
+                }
+            }
+        }
+        let template = g.get_str("tokenizer.chat_template").map(str::to_string);
+        let bos_token = token_text(bos_id);
+        let eos_token = token_text(eos_id);
+        Self::assemble(built.inner, source, bos_id, bos_token, eos_token, eos_ids, add_bos, template)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn assemble(
+        inner: tokenizers::Tokenizer,
+        source: String,
+        bos_id: Option<u32>,
+        bos_token: Option<String>,
+        eos_token: Option<String>,
+        eos_ids: Vec<u32>,
+        add_bos: bool,
+        template: Option<String>,
+    ) -> Result<Self> {
+        let vocab_size = inner
+            .get_vocab(true)
+            .values()
+            .copied()
+            .max()
+            .map_or(0, |m| m as usize + 1);
+        let chat_template = template.map(|src| ChatTemplate::new(src));
+        Ok(Tokenizer {
+            inner,
+            source,
+            bos_id,
+            bos_token,
+            eos_token,
+            eos_ids,
+            add_bos,
+            vocab_size,
+            chat_template,
+        })
+    }
+
+    /// Tokenize `text`. Special tokens written in the text (e.g. `<|im_start|>`) become their
+    /// ids. BOS is prepended only when the model asks for it (`add_bos`) and the text does not
+    /// already start with it (a chat template that writes `{{ bos_token }}` is not doubled).
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        let mut ids = self.encode_raw(text)?;
+        if let (true, Some(bos)) = (self.add_bos, self.bos_id) {
+            if ids.first() != Some(&bos) {
+                ids.insert(0, bos);
+            }
+        }
+        Ok(ids)
+    }
+
+    /// Tokenize `text` without ever adding BOS (or any post-processor tokens).
+    pub fn encode_raw(&self, text: &str) -> Result<Vec<u32>> {
+        let enc = self
+            .inner
+            .encode(text, false)
+            .map_err(|e| anyhow!("{}: tokenization failed: {e}", self.source))?;
+        Ok(enc.get_ids().to_vec())
+    }
+
+    /// Detokenize. Unknown ids are skipped; invalid UTF-8 becomes U+FFFD.
+    pub fn decode(&self, ids: &[u32], skip_special: bool) -> String {
+        self.inner.decode(ids, skip_special).unwrap_or_default()
+    }
+
+    /// Render the model's chat template (variables `messages`, `add_generation_prompt`,
+    /// `bos_token`, `eos_token`; function `raise_exception`; Python string/dict methods).
+    pub fn apply_chat_template(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
+        let t = self
+            .chat_template
+            .as_ref()
+            .ok_or_else(|| anyhow!("{}: the model has no chat template", self.source))?;
+        t.render(
+            messages,
+            add_generation_prompt,
+            self.bos_token.as_deref(),
+            self.eos_token.as_deref(),
+        )
+        .with_context(|| format!("{}: chat template", self.source))
+    }
+
+    pub fn has_chat_template(&self) -> bool {
+        self.chat_template.is_some()
+    }
+
+    /// Token ids that end generation (eos, and end-of-turn tokens where the model names them).
+    pub fn eos_token_ids(&self) -> &[u32] {
+        &self.eos_ids
+    }
+
+    pub fn is_eos(&self, id: u32) -> bool {
+        self.eos_ids.contains(&id)
+    }
+
+    pub fn bos_token_id(&self) -> Option<u32> {
+        self.bos_id
+    }
+
+    /// Whether [`encode`](Self::encode) prepends BOS.
+    pub fn add_bos(&self) -> bool {
+        self.add_bos
+    }
+
+    /// One more than the largest token id (model vocabulary and added tokens).
+    pub fn vocab_size(&self) -> usize {
+        self.vocab_size
+    }
+
+    pub fn token_to_id(&self, token: &str) -> Option<u32> {
+        self.inner.token_to_id(token)
+    }
+
+    /// The token's vocabulary string (byte-level form, e.g. `Ġthe`), not decoded text.
+    pub fn id_to_token(&self, id: u32) -> Option<String> {
+        self.inner.id_to_token(id)
+    }
+
+    /// Whether the id is an added special token (`<|im_start|>`, `<|endoftext|>`, ...).
+    pub fn is_special(&self, id: u32) -> bool {
+        self.inner
+            .id_to_token(id)
+            .is_some_and(|t| self.inner.get_added_vocabulary().is_special_token(&t))
+    }
+
+    /// The underlying `tokenizers` tokenizer.
+    pub fn inner(&self) -> &tokenizers::Tokenizer {
+        &self.inner
+    }
+}
+
+/// `chat_template` in tokenizer_config.json: a string, or a list of `{name, template}` (pick
+/// "default", else the first).
+fn pick_template(v: &Json) -> Option<String> {
+    match v {
+        Json::String(s) => Some(s.clone()),
+        Json::Array(list) => {
+            let named = |name: &str| {
+                list.iter()
+                    .find(|e| e.get("name").and_then(|n| n.as_str()) == Some(name))
+                    .and_then(|e| e.get("template"))
+                    .and_then(|t| t.as_str())
+            };
+            named("default")
+                .or_else(|| list.first().and_then(|e| e.get("template")).and_then(|t| t.as_str()))
+                .map(str::to_string)
+        }
+        _ => None,
+    }
+}
+
+/// If the tokenizer.json post-processor prepends exactly one token to a plain text, that token.
+fn detect_post_processor_bos(inner: &tokenizers::Tokenizer) -> Option<u32> {
+    let plain = inner.encode("a", false).ok()?;
+    let with = inner.encode("a", true).ok()?;
+    let (p, w) = (plain.get_ids(), with.get_ids());
+    (w.len() == p.len() + 1 && w[1..] == *p).then(|| w[0])
+}
+
+/// Streaming detokenizer for one sequence: feed ids one at a time, get text as soon as it is
+/// complete. Never emits a broken UTF-8 sequence: while the decoded tail ends in an incomplete
+/// character (U+FFFD) the text is held back until the following tokens complete it, or until
+/// [`finish`](Self::finish).
+///
+/// Only a small window of recent ids is re-decoded per step: the text of `ids[prefix..]` minus
+/// the already-emitted text of `ids[prefix..read]`.
+#[derive(Clone, Debug, Default)]
+pub struct IncrementalDecoder {
+    ids: Vec<u32>,
+    prefix_offset: usize,
+    read_offset: usize,
+    skip_special: bool,
+}
+
+impl IncrementalDecoder {
+    /// `skip_special`: leave special tokens (`<|im_end|>`, ...) out of the text.
+    pub fn new(skip_special: bool) -> Self {
+        IncrementalDecoder {
+            skip_special,
+            ..Default::default()
+        }
+    }
+
+    /// Every id pushed so far.
+    pub fn ids(&self) -> &[u32] {
+        &self.ids
+    }
+
+    /// Add one id; returns the newly completed text (possibly empty).
+    pub fn push(&mut self, tok: &Tokenizer, id: u32) -> String {
+        self.ids.push(id);
+        let (prefix, full) = self.window(tok);
+        if full.ends_with('\u{FFFD}') {
+            return String::new();
+        }
+        let new = suffix_after(&prefix, &full);
+        if new.is_empty() {
+            // Nothing visible (e.g. a skipped special token); keep the window as it is.
+            return String::new();
+        }
+        self.prefix_offset = self.read_offset;
+        self.read_offset = self.ids.len();
+        new
+    }
+
+    /// Flush whatever is held back (an incomplete character becomes U+FFFD).
+    pub fn finish(&mut self, tok: &Tokenizer) -> String {
+        let (prefix, full) = self.window(tok);
+        self.prefix_offset = self.ids.len();
+        self.read_offset = self.ids.len();
+        suffix_after(&prefix, &full)
+    }
+
+    fn window(&self, tok: &Tokenizer) -> (String, String) {
+        let prefix = tok.decode(&self.ids[self.prefix_offset..self.read_offset], self.skip_special);
+        let full = tok.decode(&self.ids[self.prefix_offset..], self.skip_special);
+        (prefix, full)
+    }
+}
+
+/// `full` minus its leading `prefix`; if `full` does not extend `prefix` (a decoder that is not
+/// prefix-stable), the part after their longest common prefix.
+fn suffix_after(prefix: &str, full: &str) -> String {
+    if let Some(rest) = full.strip_prefix(prefix) {
+        return rest.to_string();
+    }
+    let common = prefix
+        .char_indices()
+        .zip(full.chars())
+        .take_while(|((_, a), b)| a == b)
+        .last()
+        .map_or(0, |((i, c), _)| i + c.len_utf8());
+    full[common..].to_string()
+}
