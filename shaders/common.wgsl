@@ -10,3 +10,10 @@ struct Step {
     off_seq: u32,      // md[off_seq + t]     sequence index of token t
     off_table: u32,    // md[off_table + s * max_blocks + j]  block j of sequence s
 }
+
+// Eight weights of one 32-element block, as the weight formats hand them out: part p (0..3)
+// holds elements 4p..4p+3 (lo) and 16+4p..16+4p+3 (hi), the nibble order of GGUF's Q4 blocks.
+struct Part {
+    lo: vec4<f32>,
+    hi: vec4<f32>,
+}

@@ -24,10 +24,11 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (id < p.row0 || id >= p.row0 + p.n_rows) {
         return;
     }
-    var w: array<vec4<f32>, 8>;
-    wdeq((id - p.row0) * p.k_blocks + b, &w);
+    let blk = (id - p.row0) * p.k_blocks + b;
     let base = (t * p.k_blocks + b) * 8u;
-    for (var i = 0u; i < 8u; i++) {
-        hidden[base + i] = w[i];
+    for (var q = 0u; q < 4u; q++) {
+        let w = wpart(blk, q);
+        hidden[base + q] = w.lo;
+        hidden[base + 4u + q] = w.hi;
     }
 }

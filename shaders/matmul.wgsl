@@ -28,14 +28,6 @@ fn rows_m() -> u32 {
     return select(step.n_tokens, step.n_sample, p.m_src == 1u);
 }
 
-fn block_dot(w: ptr<function, array<vec4<f32>, 8>>, xb: u32) -> f32 {
-    var s = vec4<f32>(0.0);
-    for (var i = 0u; i < 8u; i++) {
-        s += (*w)[i] * x[xb + i];
-    }
-    return s.x + s.y + s.z + s.w;
-}
-
 fn store(t: u32, n: u32, v: f32) {
     var r = v;
     if ((p.flags & 1u) != 0u) {
@@ -57,14 +49,19 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         return;
     }
     var acc: array<array<f32, TN>, TM>;
-    var w: array<vec4<f32>, 8>;
+    var w: array<Part, TN>;
     for (var b = 0u; b < p.k_blocks; b++) {
-        for (var j = 0u; j < TN; j++) {
-            let n = min(n0 + j, p.n_rows - 1u);
-            wdeq(n * p.k_blocks + b, &w);
+        for (var q = 0u; q < 4u; q++) {
+            for (var j = 0u; j < TN; j++) {
+                w[j] = wpart(min(n0 + j, p.n_rows - 1u) * p.k_blocks + b, q);
+            }
             for (var i = 0u; i < TM; i++) {
-                let t = min(t0 + i, m - 1u);
-                acc[i][j] += block_dot(&w, t * p.x_stride4 + b * 8u);
+                let xb = min(t0 + i, m - 1u) * p.x_stride4 + b * 8u + q;
+                let xl = x[xb];
+                let xh = x[xb + 4u];
+                for (var j = 0u; j < TN; j++) {
+                    acc[i][j] += dot(w[j].lo, xl) + dot(w[j].hi, xh);
+                }
             }
         }
     }
@@ -93,19 +90,23 @@ fn main_swiglu(@builtin(global_invocation_id) gid: vec3<u32>) {
     }
     var g: array<array<f32, TN>, TM>;
     var u: array<array<f32, TN>, TM>;
-    var w: array<vec4<f32>, 8>;
+    var wg: array<Part, TN>;
+    var wu: array<Part, TN>;
     for (var b = 0u; b < p.k_blocks; b++) {
-        for (var j = 0u; j < TN; j++) {
-            let n = min(n0 + j, p.n_rows - 1u);
-            wdeq(n * p.k_blocks + b, &w);
-            for (var i = 0u; i < TM; i++) {
-                let t = min(t0 + i, m - 1u);
-                g[i][j] += block_dot(&w, t * p.x_stride4 + b * 8u);
+        for (var q = 0u; q < 4u; q++) {
+            for (var j = 0u; j < TN; j++) {
+                let n = min(n0 + j, p.n_rows - 1u);
+                wg[j] = wpart(n * p.k_blocks + b, q);
+                wu[j] = wpart((n + p.n_rows) * p.k_blocks + b, q);
             }
-            wdeq((n + p.n_rows) * p.k_blocks + b, &w);
             for (var i = 0u; i < TM; i++) {
-                let t = min(t0 + i, m - 1u);
-                u[i][j] += block_dot(&w, t * p.x_stride4 + b * 8u);
+                let xb = min(t0 + i, m - 1u) * p.x_stride4 + b * 8u + q;
+                let xl = x[xb];
+                let xh = x[xb + 4u];
+                for (var j = 0u; j < TN; j++) {
+                    g[i][j] += dot(wg[j].lo, xl) + dot(wg[j].hi, xh);
+                    u[i][j] += dot(wu[j].lo, xl) + dot(wu[j].hi, xh);
+                }
             }
         }
     }

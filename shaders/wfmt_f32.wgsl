@@ -2,9 +2,6 @@
 @group(0) @binding(3) var<storage, read> wq: array<vec4<u32>>;
 @group(0) @binding(4) var<storage, read> ws: array<f32>; // unused
 
-fn wdeq(blk: u32, w: ptr<function, array<vec4<f32>, 8>>) {
-    let base = blk * 8u;
-    for (var i = 0u; i < 8u; i++) {
-        (*w)[i] = bitcast<vec4<f32>>(wq[base + i]);
-    }
+fn wpart(blk: u32, p: u32) -> Part {
+    return Part(bitcast<vec4<f32>>(wq[blk * 8u + p]), bitcast<vec4<f32>>(wq[blk * 8u + 4u + p]));
 }

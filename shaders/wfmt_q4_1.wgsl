@@ -3,14 +3,10 @@
 @group(0) @binding(3) var<storage, read> wq: array<vec4<u32>>;
 @group(0) @binding(4) var<storage, read> ws: array<vec2<f32>>;
 
-fn wdeq(blk: u32, w: ptr<function, array<vec4<f32>, 8>>) {
+fn wpart(blk: u32, p: u32) -> Part {
     let dm = ws[blk];
-    let q = wq[blk];
-    for (var i = 0u; i < 4u; i++) {
-        let v = q[i];
-        let lo = vec4<f32>(vec4<u32>(v, v >> 8u, v >> 16u, v >> 24u) & vec4<u32>(15u));
-        let hi = vec4<f32>(vec4<u32>(v >> 4u, v >> 12u, v >> 20u, v >> 28u) & vec4<u32>(15u));
-        (*w)[i] = lo * dm.x + dm.y;
-        (*w)[i + 4u] = hi * dm.x + dm.y;
-    }
+    let v = wq[blk][p];
+    let lo = vec4<f32>(vec4<u32>(v, v >> 8u, v >> 16u, v >> 24u) & vec4<u32>(15u));
+    let hi = vec4<f32>(vec4<u32>(v >> 4u, v >> 12u, v >> 20u, v >> 28u) & vec4<u32>(15u));
+    return Part(lo * dm.x + dm.y, hi * dm.x + dm.y);
 }

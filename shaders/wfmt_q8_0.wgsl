@@ -7,16 +7,7 @@ fn sbytes(v: u32) -> vec4<f32> {
     return vec4<f32>(s);
 }
 
-fn wdeq(blk: u32, w: ptr<function, array<vec4<f32>, 8>>) {
+fn wpart(blk: u32, p: u32) -> Part {
     let d = ws[blk];
-    let a = wq[2u * blk];
-    let b = wq[2u * blk + 1u];
-    (*w)[0] = sbytes(a.x) * d;
-    (*w)[1] = sbytes(a.y) * d;
-    (*w)[2] = sbytes(a.z) * d;
-    (*w)[3] = sbytes(a.w) * d;
-    (*w)[4] = sbytes(b.x) * d;
-    (*w)[5] = sbytes(b.y) * d;
-    (*w)[6] = sbytes(b.z) * d;
-    (*w)[7] = sbytes(b.w) * d;
+    return Part(sbytes(wq[2u * blk][p]) * d, sbytes(wq[2u * blk + 1u][p]) * d);
 }

@@ -161,7 +161,7 @@ fn smollm2_gguf_metadata_and_tensors() {
     assert!(w0.is_finite() && w0 != 0.0);
     assert!(g.tensor("output.weight").is_none(), "SmolLM2 ties embeddings");
     for t in &g.tensors {
-        assert!(t.offset % 32 == 0, "{} misaligned", t.name);
+        assert!(t.offset.is_multiple_of(32), "{} misaligned", t.name);
         assert!(t.offset + t.n_bytes <= g.file_len());
         assert!(matches!(t.ggml_type, GgmlType::F32 | GgmlType::Q4_1 | GgmlType::Q8_0), "{}", t.name);
     }
@@ -349,7 +349,7 @@ impl GgufBuilder {
     /// A tensor whose data is `bytes`, placed (aligned) after the previous ones.
     fn tensor(&mut self, name: &str, dims: &[u64], ty: u32, bytes: &[u8]) -> &mut Self {
         let a = self.alignment as usize;
-        while self.data.len() % a != 0 {
+        while !self.data.len().is_multiple_of(a) {
             self.data.push(0);
         }
         let off = self.data.len() as u64;
@@ -381,7 +381,7 @@ impl GgufBuilder {
             b.extend_from_slice(&ty.to_le_bytes());
             b.extend_from_slice(&off.to_le_bytes());
         }
-        while b.len() as u64 % self.alignment != 0 {
+        while !(b.len() as u64).is_multiple_of(self.alignment) {
             b.push(0);
         }
         b.extend_from_slice(&self.data);

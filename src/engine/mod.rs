@@ -132,6 +132,7 @@ pub fn load_model(
         cache_bytes: cfg.total_cache_size,
         max_binding: 0,
     };
-    let model = Model::new(gpu, &host, limits)?;
+    let mut model = Model::new(gpu, &host, limits)?;
+    model.warm_up()?;
     Ok((model, tok))
 }

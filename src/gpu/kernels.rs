@@ -62,7 +62,7 @@ const COMMON: &str = include_str!("../../shaders/common.wgsl");
 
 /// Register tile of the decode (few rows) and prefill (many rows) matmul variants.
 pub const DECODE_TILE: (u32, u32) = (1, 4);
-pub const PREFILL_TILE: (u32, u32) = (8, 4);
+pub const PREFILL_TILE: (u32, u32) = (16, 4);
 pub const MATMUL_WG: u32 = 64;
 /// Steps with at most this many rows use the decode matmul variant.
 pub const DECODE_MAX_ROWS: u32 = 4;

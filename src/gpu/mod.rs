@@ -117,7 +117,7 @@ impl Gpu {
             device,
             queue,
             info,
-            max_binding: limits.max_storage_buffer_binding_size as u64,
+            max_binding: limits.max_storage_buffer_binding_size,
             max_buffer: limits.max_buffer_size,
         })
     }

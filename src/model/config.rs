@@ -43,10 +43,10 @@ impl ModelConfig {
         if self.hidden == 0 || self.layers == 0 || self.heads == 0 || self.kv_heads == 0 || self.vocab == 0 {
             return bad("hidden size, layers, heads, kv heads and vocab must be positive".into());
         }
-        if self.heads % self.kv_heads != 0 {
+        if !self.heads.is_multiple_of(self.kv_heads) {
             return bad(format!("{} attention heads is not a multiple of {} kv heads", self.heads, self.kv_heads));
         }
-        if self.head_dim % 4 != 0 || self.head_dim == 0 {
+        if !self.head_dim.is_multiple_of(4) || self.head_dim == 0 {
             return bad(format!("head_dim {} must be a positive multiple of 4", self.head_dim));
         }
         for (name, v) in [("hidden_size", self.hidden), ("intermediate_size", self.intermediate)] {
@@ -54,7 +54,7 @@ impl ModelConfig {
                 return bad(format!("{name} {v} must be a multiple of 32"));
             }
         }
-        if self.q_dim() % 32 != 0 {
+        if !self.q_dim().is_multiple_of(32) {
             return bad(format!("heads * head_dim = {} must be a multiple of 32", self.q_dim()));
         }
         Ok(())

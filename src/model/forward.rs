@@ -559,8 +559,28 @@ impl Model {
         Ok(words.chunks_exact(2).map(|w| (w[0], f32::from_bits(w[1]))).collect())
     }
 
+    /// Runs a decode-sized and a prefill-sized step on scratch block 0 so every pipeline is
+    /// compiled by the driver before the first request (Mesa compiles at first dispatch).
+    pub fn warm_up(&mut self) -> Result<()> {
+        let n = (DECODE_MAX_ROWS as usize + 1).min(self.limits.max_tokens).min(self.limits.block_size);
+        for len in [1, n] {
+            let pos: Vec<u32> = (0..len as u32).collect();
+            self.step(&StepInput {
+                tokens: vec![0; len],
+                positions: pos.clone(),
+                slots: pos,
+                seq_of_token: vec![0; len],
+                block_tables: vec![vec![0]],
+                sample_rows: vec![len as u32 - 1],
+                sampling: vec![SampleParams { temperature: 1.0, top_p: 0.9, top_k: 5, u: 0.5 }],
+            })?;
+        }
+        Ok(())
+    }
+
     /// The logits of the last step's sampled rows, [n_sample, vocab] (tests and tools).
     pub fn last_logits(&self, n_sample: usize) -> Result<Vec<f32>> {
         self.gpu.download_f32(&self.logits, n_sample * self.cfg.vocab)
     }
 }
+

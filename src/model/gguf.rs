@@ -227,7 +227,7 @@ impl GgmlType {
     /// a whole number of blocks, or the size overflows.
     pub fn bytes_for(&self, n_elements: u64) -> Option<u64> {
         let (_, block, size) = known_layout(self.code())?;
-        if n_elements % block != 0 {
+        if !n_elements.is_multiple_of(block) {
             return None;
         }
         (n_elements / block).checked_mul(size)
@@ -709,7 +709,7 @@ fn parse(buf: &[u8]) -> Result<Parsed, String> {
             None => 0,
             Some(block) => {
                 let row = t.dims.first().copied().unwrap_or(1);
-                if row % block as u64 != 0 {
+                if !row.is_multiple_of(block as u64) {
                     return Err(format!(
                         "tensor {name} of type {} has row length {row}, not a multiple of its block size {block}",
                         t.ty
@@ -719,7 +719,7 @@ fn parse(buf: &[u8]) -> Result<Parsed, String> {
                     .ok_or_else(|| format!("tensor {name} has an impossibly large shape {:?}", t.dims))?
             }
         };
-        if t.rel_offset % alignment != 0 {
+        if !t.rel_offset.is_multiple_of(alignment) {
             return Err(format!(
                 "tensor {name} data offset {} is not a multiple of the alignment {alignment}",
                 t.rel_offset

@@ -17,7 +17,7 @@ pub struct QTensor {
 }
 
 fn check_cols(cols: usize, what: &str) -> Result<()> {
-    if cols == 0 || cols % 32 != 0 {
+    if cols == 0 || !cols.is_multiple_of(32) {
         bail!("{what}: row length {cols} is not a positive multiple of 32");
     }
     Ok(())

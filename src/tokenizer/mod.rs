@@ -194,7 +194,7 @@ impl Tokenizer {
             .copied()
             .max()
             .map_or(0, |m| m as usize + 1);
-        let chat_template = template.map(|src| ChatTemplate::new(src));
+        let chat_template = template.map(ChatTemplate::new);
         Ok(Tokenizer {
             inner,
             source,
