@@ -31,7 +31,7 @@ fn rows_m() -> u32 {
 fn store(t: u32, n: u32, v: f32) {
     var r = v;
     if ((p.flags & 1u) != 0u) {
-        r += bias[n];
+        r += bias[p.row0 + n];
     }
     let idx = t * p.y_stride + p.row0 + n;
     if ((p.flags & 2u) != 0u) {

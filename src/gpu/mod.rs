@@ -226,7 +226,7 @@ impl Gpu {
 pub fn validate_wgsl(label: &str, source: &str) -> Result<()> {
     let module = naga::front::wgsl::parse_str(source)
         .map_err(|e| anyhow!("shader {label}: {}", e.emit_to_string(source)))?;
-    naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::empty())
+    naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::SHADER_FLOAT16_IN_FLOAT32)
         .validate(&module)
         .map_err(|e| anyhow!("shader {label}: {}", e.emit_to_string(source)))?;
     Ok(())

@@ -98,15 +98,15 @@ pub struct StepInput {
 
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable)]
-struct StepHeader {
-    n_tokens: u32,
-    n_sample: u32,
-    n_seqs: u32,
-    max_blocks: u32,
-    off_pos: u32,
-    off_slot: u32,
-    off_seq: u32,
-    off_table: u32,
+pub(crate) struct StepHeader {
+    pub(crate) n_tokens: u32,
+    pub(crate) n_sample: u32,
+    pub(crate) n_seqs: u32,
+    pub(crate) max_blocks: u32,
+    pub(crate) off_pos: u32,
+    pub(crate) off_slot: u32,
+    pub(crate) off_seq: u32,
+    pub(crate) off_table: u32,
 }
 
 enum OpKind {
@@ -153,18 +153,18 @@ pub struct Model {
 
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable)]
-struct MatParams {
-    k_blocks: u32,
-    n_rows: u32,
-    row0: u32,
-    y_stride: u32,
-    x_stride4: u32,
-    m_src: u32,
-    flags: u32,
-    _pad: u32,
+pub(crate) struct MatParams {
+    pub(crate) k_blocks: u32,
+    pub(crate) n_rows: u32,
+    pub(crate) row0: u32,
+    pub(crate) y_stride: u32,
+    pub(crate) x_stride4: u32,
+    pub(crate) m_src: u32,
+    pub(crate) flags: u32,
+    pub(crate) _pad: u32,
 }
 
-fn div_up(a: u32, b: u32) -> u32 {
+pub(crate) fn div_up(a: u32, b: u32) -> u32 {
     a.div_ceil(b)
 }
 
@@ -344,9 +344,6 @@ impl Model {
                 )
             };
             ops.push(Op { kind: OpKind::Norm { sampled: false }, bind: bind_norm(&attn_norm, &normed) });
-            if qkv_m.chunks.len() > 1 && bias.is_some() {
-                bail!("layer {l}: a chunked QKV projection with bias is not supported");
-            }
             matmul_ops(&mut ops, &mut keep, &qkv_m, &normed, &qkv, cfg.qkv_dim(), bias.as_ref(), false, false, false);
             ops.push(Op {
                 kind: OpKind::RopeKv,

@@ -3,5 +3,6 @@
 pub mod config;
 pub mod forward;
 pub mod gguf;
+pub mod harness;
 pub mod loader;
 pub mod tensor;

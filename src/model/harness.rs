@@ -1,0 +1,280 @@
+//! Runs single kernels on host data: what the kernel tests and benches drive. The forward step
+//! (forward.rs) records the same pipelines with the same parameter layouts.
+
+use super::forward::{div_up, GpuMatrix, MatParams, SampleParams, StepHeader};
+use super::tensor::QTensor;
+use crate::gpu::kernels::{Kernels, DECODE_TILE, MATMUL_WG, PREFILL_TILE};
+use crate::gpu::Gpu;
+use anyhow::Result;
+use std::sync::Arc;
+
+pub struct Harness {
+    pub gpu: Arc<Gpu>,
+    pub kernels: Kernels,
+}
+
+/// Which matmul variant to run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Variant {
+    Decode,
+    Prefill,
+}
+
+/// Metadata of one attention step (see `Harness::rope_attention`).
+#[derive(Clone, Debug, Default)]
+pub struct AttnStep {
+    pub positions: Vec<u32>,
+    pub slots: Vec<u32>,
+    pub seq_of_token: Vec<u32>,
+    pub block_tables: Vec<Vec<u32>>,
+}
+
+/// KV cache and RoPE table for attention tests, kept across steps.
+pub struct AttnRig {
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub block_size: usize,
+    pub k: wgpu::Buffer,
+    pub v: wgpu::Buffer,
+    cos_sin: wgpu::Buffer,
+    max_pos: usize,
+}
+
+impl Harness {
+    pub fn new(gpu: Arc<Gpu>, head_dim: u32) -> Result<Harness> {
+        let kernels = Kernels::new(&gpu, &crate::gpu::kernels::WFormat::ALL, head_dim)?;
+        Ok(Harness { gpu, kernels })
+    }
+
+    fn step_buffers(&self, header: StepHeader, meta: &[u32]) -> (wgpu::Buffer, wgpu::Buffer) {
+        (
+            self.gpu.uniform_init("step", bytemuck::bytes_of(&header)),
+            self.gpu.storage_init("meta", bytemuck::cast_slice(meta)),
+        )
+    }
+
+    fn dispatch(&self, pipe: &wgpu::ComputePipeline, bind: &wgpu::BindGroup, x: u32, y: u32) {
+        let mut enc = self.gpu.device.create_command_encoder(&Default::default());
+        {
+            let mut pass = enc.begin_compute_pass(&Default::default());
+            pass.set_pipeline(pipe);
+            pass.set_bind_group(0, bind, &[]);
+            pass.dispatch_workgroups(x, y, 1);
+        }
+        self.gpu.queue.submit([enc.finish()]);
+    }
+
+    fn header(n_tokens: usize, n_sample: usize) -> StepHeader {
+        StepHeader {
+            n_tokens: n_tokens as u32,
+            n_sample: n_sample as u32,
+            n_seqs: 1,
+            max_blocks: 0,
+            off_pos: 0,
+            off_slot: 0,
+            off_seq: 0,
+            off_table: 0,
+        }
+    }
+
+    /// y = x W^T (+ bias) (+ y_init), for m rows of x, with W split into chunks no larger
+    /// than `max_binding` bytes. With `up`, runs the fused SwiGLU: silu(x G^T) * (x U^T).
+    #[allow(clippy::too_many_arguments)]
+    pub fn matmul(
+        &self,
+        w: &QTensor,
+        up: Option<&QTensor>,
+        x: &[f32],
+        m: usize,
+        bias: Option<&[f32]>,
+        y_init: Option<&[f32]>,
+        variant: Variant,
+        max_binding: u64,
+    ) -> Result<Vec<f32>> {
+        let g = &*self.gpu;
+        let mat = GpuMatrix::upload(g, "w", w, up, max_binding)?;
+        let (step, _meta) = self.step_buffers(Self::header(m, 0), &[0]);
+        let xb = g.storage_init("x", bytemuck::cast_slice(x));
+        let zeros = vec![0f32; m * w.rows];
+        let yb = g.storage_init("y", bytemuck::cast_slice(y_init.unwrap_or(&zeros)));
+        let bb = g.storage_init("bias", bytemuck::cast_slice(bias.unwrap_or(&[0.0])));
+        let k = &self.kernels.matmul[&w.format];
+        let (tm, tn) = if variant == Variant::Decode { DECODE_TILE } else { PREFILL_TILE };
+        let pipe = match (variant, up.is_some()) {
+            (Variant::Decode, false) => &k.decode,
+            (Variant::Prefill, false) => &k.prefill,
+            (Variant::Decode, true) => &k.swiglu_decode,
+            (Variant::Prefill, true) => &k.swiglu_prefill,
+        };
+        for c in &mat.chunks {
+            let p = MatParams {
+                k_blocks: (w.cols / 32) as u32,
+                n_rows: c.rows as u32,
+                row0: c.row0 as u32,
+                y_stride: w.rows as u32,
+                x_stride4: (w.cols / 4) as u32,
+                m_src: 0,
+                flags: bias.is_some() as u32 | (y_init.is_some() as u32) << 1,
+                _pad: 0,
+            };
+            let pb = g.uniform_init("p", bytemuck::bytes_of(&p));
+            let bind = self.kernels.matmul_family.bind(
+                g,
+                &[(0, &step), (1, &pb), (2, &xb), (3, &c.q), (4, &c.s), (5, &bb), (6, &yb)],
+            );
+            self.dispatch(pipe, &bind, div_up(div_up(c.rows as u32, tn), MATMUL_WG), div_up(m as u32, tm));
+        }
+        g.download_f32(&yb, m * w.rows)
+    }
+
+    /// Embedding rows for `tokens`, the table split into chunks of at most `max_binding` bytes.
+    pub fn embed(&self, table: &QTensor, tokens: &[u32], max_binding: u64) -> Result<Vec<f32>> {
+        let g = &*self.gpu;
+        let mat = GpuMatrix::upload(g, "embed", table, None, max_binding)?;
+        let (step, meta) = self.step_buffers(Self::header(tokens.len(), 0), tokens);
+        let out = g.storage("hidden", (tokens.len() * table.cols * 4) as u64);
+        let dummy = g.storage("dummy", 16);
+        let kb = (table.cols / 32) as u32;
+        for c in &mat.chunks {
+            let pb = g.uniform_init("p", bytemuck::cast_slice(&[kb, c.rows as u32, c.row0 as u32, 0]));
+            let bind = self.kernels.matmul_family.bind(
+                g,
+                &[(0, &step), (1, &pb), (2, &meta), (3, &c.q), (4, &c.s), (5, &dummy), (6, &out)],
+            );
+            self.dispatch(&self.kernels.matmul[&table.format].embed, &bind, div_up(tokens.len() as u32 * kb, 64), 1);
+        }
+        g.download_f32(&out, tokens.len() * table.cols)
+    }
+
+    /// RMSNorm of m rows; with `gather`, output row r normalises input row gather[r].
+    pub fn rmsnorm(&self, x: &[f32], dim: usize, weight: &[f32], eps: f32, gather: Option<&[u32]>) -> Result<Vec<f32>> {
+        let g = &*self.gpu;
+        let m = x.len() / dim;
+        let rows = gather.map(|r| r.len()).unwrap_or(m);
+        let (step, meta) = self.step_buffers(Self::header(m, gather.map(|r| r.len()).unwrap_or(0)), gather.unwrap_or(&[0]));
+        let pb = g.uniform_init(
+            "p",
+            bytemuck::cast_slice(&[(dim / 4) as u32, eps.to_bits(), gather.is_some() as u32, 0]),
+        );
+        let xb = g.storage_init("x", bytemuck::cast_slice(x));
+        let wb = g.storage_init("w", bytemuck::cast_slice(weight));
+        let yb = g.storage("y", (rows * dim * 4) as u64);
+        let bind = self.kernels.norm_family.bind(g, &[(0, &step), (1, &pb), (2, &xb), (3, &wb), (4, &meta), (5, &yb)]);
+        self.dispatch(&self.kernels.rmsnorm, &bind, rows as u32, 1);
+        g.download_f32(&yb, rows * dim)
+    }
+
+    /// Samples one token per logits row (vocab wide).
+    pub fn sample(&self, logits: &[f32], vocab: usize, params: &[SampleParams]) -> Result<Vec<(u32, f32)>> {
+        let g = &*self.gpu;
+        let rows = params.len();
+        let meta: Vec<u32> =
+            params.iter().flat_map(|p| [p.temperature.to_bits(), p.top_p.to_bits(), p.top_k, p.u.to_bits()]).collect();
+        let (step, meta) = self.step_buffers(Self::header(rows, rows), &meta);
+        let pb = g.uniform_init("p", bytemuck::cast_slice(&[vocab as u32, 0, 0, 0]));
+        let lb = g.storage_init("logits", bytemuck::cast_slice(logits));
+        let rb = g.storage("result", (rows * 8) as u64);
+        let bind = self.kernels.sample_family.bind(g, &[(0, &step), (1, &pb), (2, &meta), (3, &lb), (4, &rb)]);
+        self.dispatch(&self.kernels.sample, &bind, rows as u32, 1);
+        let words: Vec<u32> = bytemuck::cast_slice(&g.download(&rb, (rows * 8) as u64)?).to_vec();
+        Ok(words.chunks_exact(2).map(|w| (w[0], f32::from_bits(w[1]))).collect())
+    }
+
+    /// A KV cache of `num_blocks` blocks and a RoPE table for positions below `max_pos`.
+    pub fn attn_rig(
+        &self,
+        heads: usize,
+        kv_heads: usize,
+        head_dim: usize,
+        block_size: usize,
+        num_blocks: usize,
+        max_pos: usize,
+        theta: f64,
+    ) -> AttnRig {
+        let g = &*self.gpu;
+        let half = head_dim / 2;
+        let mut cs = Vec::new();
+        for pos in 0..max_pos {
+            for i in 0..half {
+                let inv = (1.0 / theta.powf((2 * i) as f64 / head_dim as f64)) as f32;
+                let a = pos as f32 * inv;
+                cs.extend([a.cos(), a.sin()]);
+            }
+        }
+        let bytes = (num_blocks * block_size * kv_heads * head_dim * 4) as u64;
+        AttnRig {
+            heads,
+            kv_heads,
+            head_dim,
+            block_size,
+            k: g.storage("k", bytes),
+            v: g.storage("v", bytes),
+            cos_sin: g.storage_init("cos_sin", bytemuck::cast_slice(&cs)),
+            max_pos,
+        }
+    }
+
+    /// RoPE + KV write for this step's qkv rows, then paged attention. Returns (rotated q|k|v
+    /// rows, attention output rows [n, heads * head_dim]).
+    pub fn rope_attention(&self, rig: &AttnRig, qkv: &[f32], s: &AttnStep) -> Result<(Vec<f32>, Vec<f32>)> {
+        let g = &*self.gpu;
+        let n = s.positions.len();
+        assert!(s.positions.iter().all(|&p| (p as usize) < rig.max_pos));
+        let qkv_dim = (rig.heads + 2 * rig.kv_heads) * rig.head_dim;
+        let max_blocks = s.block_tables.iter().map(|t| t.len()).max().unwrap_or(1).max(1);
+        let mut meta = Vec::new();
+        meta.extend(&s.positions);
+        meta.extend(&s.slots);
+        meta.extend(&s.seq_of_token);
+        for t in &s.block_tables {
+            let mut row = t.clone();
+            row.resize(max_blocks, 0);
+            meta.extend(row);
+        }
+        let header = StepHeader {
+            n_tokens: n as u32,
+            n_sample: 0,
+            n_seqs: s.block_tables.len() as u32,
+            max_blocks: max_blocks as u32,
+            off_pos: 0,
+            off_slot: n as u32,
+            off_seq: 2 * n as u32,
+            off_table: 3 * n as u32,
+        };
+        let (step, meta) = self.step_buffers(header, &meta);
+        let qkv_b = g.storage_init("qkv", bytemuck::cast_slice(qkv));
+        let out = g.storage("out", (n * rig.heads * rig.head_dim * 4) as u64);
+        let rp = g.uniform_init(
+            "rope",
+            bytemuck::cast_slice(&[rig.heads as u32, rig.kv_heads as u32, rig.head_dim as u32, qkv_dim as u32]),
+        );
+        let scale = 1.0 / (rig.head_dim as f32).sqrt();
+        let ap = g.uniform_init(
+            "attn",
+            bytemuck::cast_slice(&[
+                rig.heads as u32,
+                rig.kv_heads as u32,
+                rig.block_size as u32,
+                (qkv_dim / 4) as u32,
+                scale.to_bits(),
+                0,
+                0,
+                0,
+            ]),
+        );
+        let k = &self.kernels;
+        let rb = k.rope_family.bind(
+            g,
+            &[(0, &step), (1, &rp), (2, &meta), (3, &rig.cos_sin), (4, &qkv_b), (5, &rig.k), (6, &rig.v)],
+        );
+        let threads = (n * (rig.heads + 2 * rig.kv_heads) * rig.head_dim / 2) as u32;
+        self.dispatch(&k.rope_kv, &rb, div_up(threads, 64), 1);
+        let ab = k.attn_family.bind(
+            g,
+            &[(0, &step), (1, &ap), (2, &meta), (3, &qkv_b), (4, &rig.k), (5, &rig.v), (6, &out)],
+        );
+        self.dispatch(&k.attention, &ab, div_up((n * rig.heads) as u32, 32), 1);
+        Ok((g.download_f32(&qkv_b, n * qkv_dim)?, g.download_f32(&out, n * rig.heads * rig.head_dim)?))
+    }
+}

@@ -1,0 +1,310 @@
+//! Every WGSL kernel against a plain-Rust CPU reference on random data: odd sizes, shapes that
+//! cross 32-element blocks, KV blocks and weight chunks, several GQA ratios, each weight format.
+
+use std::sync::{Arc, OnceLock};
+use torus_wgpu::gpu::kernels::{all_sources, WFormat};
+use torus_wgpu::gpu::{validate_wgsl, Gpu};
+use torus_wgpu::model::forward::SampleParams;
+use torus_wgpu::model::harness::{AttnStep, Harness, Variant};
+use torus_wgpu::model::tensor::{matmul_ref, QTensor};
+use torus_wgpu::sampling::Rng;
+
+fn gpu() -> Arc<Gpu> {
+    static GPU: OnceLock<Arc<Gpu>> = OnceLock::new();
+    GPU.get_or_init(|| Arc::new(Gpu::new(None).expect("a wgpu adapter (lavapipe in CI)"))).clone()
+}
+
+fn harness(head_dim: u32) -> Harness {
+    Harness::new(gpu(), head_dim).unwrap()
+}
+
+fn randn(rng: &mut Rng, n: usize, scale: f32) -> Vec<f32> {
+    (0..n).map(|_| (rng.uniform() * 2.0 - 1.0) * scale).collect()
+}
+
+fn assert_close(got: &[f32], want: &[f32], tol: impl Fn(usize) -> f32, what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!((g - w).abs() <= tol(i), "{what}: element {i}: got {g}, want {w} (tol {})", tol(i));
+    }
+}
+
+#[test]
+fn every_shader_validates_with_naga() {
+    for (label, src) in all_sources(&[16, 64, 128]) {
+        validate_wgsl(&label, &src).unwrap();
+    }
+}
+
+/// Tolerance for a dot product: f32 rounding grows with the sum of |terms|.
+fn dot_tol(x: &[f32], m: usize, w: &QTensor) -> Vec<f32> {
+    let k = w.cols;
+    let mut tol = vec![0f32; m * w.rows];
+    for n in 0..w.rows {
+        let row = w.dequant_row(n);
+        for t in 0..m {
+            let s: f32 = x[t * k..(t + 1) * k].iter().zip(&row).map(|(a, b)| (a * b).abs()).sum();
+            tol[t * w.rows + n] = 2e-6 * s * (k as f32).sqrt() + 1e-6;
+        }
+    }
+    tol
+}
+
+#[test]
+fn matmul_every_format_and_variant() {
+    let h = harness(64);
+    let mut rng = Rng::new(1);
+    for format in WFormat::ALL {
+        for &(m, n, k) in &[(1, 37, 64), (3, 130, 96), (5, 67, 160), (33, 45, 64), (20, 9, 288)] {
+            let w = QTensor::quantize(format, n, k, &randn(&mut rng, n * k, 1.0)).unwrap();
+            let x = randn(&mut rng, m * k, 1.0);
+            let bias = randn(&mut rng, n, 1.0);
+            let y0 = randn(&mut rng, m * n, 1.0);
+            let base = matmul_ref(&x, m, &w);
+            let tol = dot_tol(&x, m, &w);
+            // Chunks of about 16 rows, so several chunks (and a ragged last one) are used.
+            let row_bytes = (k / 32 * format.words_per_block() * 4) as u64;
+            for variant in [Variant::Decode, Variant::Prefill] {
+                for max_binding in [1 << 27, 16 * row_bytes] {
+                    let what = format!("{format:?} {variant:?} m={m} n={n} k={k} binding={max_binding}");
+                    let got = h.matmul(&w, None, &x, m, None, None, variant, max_binding).unwrap();
+                    assert_close(&got, &base, |i| tol[i], &what);
+                    let got = h.matmul(&w, None, &x, m, Some(&bias), Some(&y0), variant, max_binding).unwrap();
+                    let want: Vec<f32> = (0..m * n).map(|i| base[i] + bias[i % n] + y0[i]).collect();
+                    assert_close(&got, &want, |i| tol[i] + 1e-5, &format!("{what} bias+accumulate"));
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn swiglu_matmul_every_format() {
+    let h = harness(64);
+    let mut rng = Rng::new(2);
+    for format in WFormat::ALL {
+        for &(m, n, k) in &[(1, 41, 64), (7, 130, 96), (19, 33, 128)] {
+            let gate = QTensor::quantize(format, n, k, &randn(&mut rng, n * k, 0.5)).unwrap();
+            let up = QTensor::quantize(format, n, k, &randn(&mut rng, n * k, 0.5)).unwrap();
+            let x = randn(&mut rng, m * k, 1.0);
+            let (g, u) = (matmul_ref(&x, m, &gate), matmul_ref(&x, m, &up));
+            let want: Vec<f32> = g.iter().zip(&u).map(|(a, b)| a / (1.0 + (-a).exp()) * b).collect();
+            let (tg, tu) = (dot_tol(&x, m, &gate), dot_tol(&x, m, &up));
+            let row_bytes = (k / 32 * format.words_per_block() * 4) as u64;
+            for variant in [Variant::Decode, Variant::Prefill] {
+                for max_binding in [1 << 27, 2 * 10 * row_bytes] {
+                    let got = h.matmul(&gate, Some(&up), &x, m, None, None, variant, max_binding).unwrap();
+                    let what = format!("swiglu {format:?} {variant:?} m={m} n={n} k={k} binding={max_binding}");
+                    assert_close(&got, &want, |i| 2.0 * (tg[i] * u[i].abs() + tu[i] * g[i].abs()) + 1e-5, &what);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn embedding_lookup_every_format_across_chunks() {
+    let h = harness(64);
+    let mut rng = Rng::new(3);
+    let (vocab, dim) = (101, 96);
+    let tokens = [0u32, 100, 57, 13, 13, 64, 99, 1];
+    for format in WFormat::ALL {
+        let table = QTensor::quantize(format, vocab, dim, &randn(&mut rng, vocab * dim, 1.0)).unwrap();
+        let want: Vec<f32> = tokens.iter().flat_map(|&t| table.dequant_row(t as usize)).collect();
+        let row_bytes = (dim / 32 * format.words_per_block() * 4) as u64;
+        for max_binding in [1 << 27, 7 * row_bytes] {
+            let got = h.embed(&table, &tokens, max_binding).unwrap();
+            assert_close(&got, &want, |i| 1e-6 * (1.0 + want[i].abs()), &format!("embed {format:?}"));
+        }
+    }
+}
+
+#[test]
+fn rmsnorm_rows_and_gather() {
+    let h = harness(64);
+    let mut rng = Rng::new(4);
+    for &(m, dim) in &[(1, 64), (5, 576), (3, 1000)] {
+        let x = randn(&mut rng, m * dim, 3.0);
+        let w = randn(&mut rng, dim, 1.5);
+        let eps = 1e-5;
+        let norm = |r: usize| -> Vec<f32> {
+            let row = &x[r * dim..(r + 1) * dim];
+            let ms = row.iter().map(|v| (*v as f64).powi(2)).sum::<f64>() / dim as f64;
+            let s = 1.0 / (ms + eps as f64).sqrt();
+            row.iter().zip(&w).map(|(v, g)| (*v as f64 * s) as f32 * g).collect()
+        };
+        let want: Vec<f32> = (0..m).flat_map(norm).collect();
+        let got = h.rmsnorm(&x, dim, &w, eps, None).unwrap();
+        assert_close(&got, &want, |i| 1e-5 * (1.0 + want[i].abs()), "rmsnorm");
+        let rows: Vec<u32> = (0..m as u32).rev().collect();
+        let want: Vec<f32> = rows.iter().flat_map(|&r| norm(r as usize)).collect();
+        let got = h.rmsnorm(&x, dim, &w, eps, Some(&rows)).unwrap();
+        assert_close(&got, &want, |i| 1e-5 * (1.0 + want[i].abs()), "rmsnorm gather");
+    }
+}
+
+fn rope_ref(v: &mut [f32], pos: usize, theta: f64) {
+    let d = v.len();
+    let half = d / 2;
+    for i in 0..half {
+        let inv = (1.0 / theta.powf((2 * i) as f64 / d as f64)) as f32;
+        let (s, c) = (pos as f32 * inv).sin_cos();
+        let (a, b) = (v[i], v[i + half]);
+        v[i] = a * c - b * s;
+        v[i + half] = b * c + a * s;
+    }
+}
+
+/// Two sequences with scattered block tables: a prefix step fills the cache, then a step with a
+/// prefill chunk of one sequence and a decode token of the other attends over cache + chunk.
+#[test]
+fn rope_and_paged_attention_with_gqa() {
+    let theta = 10000.0;
+    for &(heads, kv_heads, head_dim) in &[(4, 4, 16), (4, 2, 16), (8, 2, 64), (9, 3, 64), (6, 1, 32)] {
+        let h = harness(head_dim as u32);
+        let bs = 4;
+        let rig = h.attn_rig(heads, kv_heads, head_dim, bs, 12, 64, theta);
+        let mut rng = Rng::new(5 + heads as u64);
+        let tables = vec![vec![3u32, 0, 5, 7], vec![1u32, 6, 2]];
+        let qkv_dim = (heads + 2 * kv_heads) * head_dim;
+        // (sequence, position) of every token, in step order.
+        let step1: Vec<(usize, usize)> = (0..10).map(|p| (0, p)).chain((0..5).map(|p| (1, p))).collect();
+        let step2: Vec<(usize, usize)> = (10..15).map(|p| (0, p)).chain([(1, 5)]).collect();
+        let mut all_k: Vec<Vec<(usize, Vec<f32>, Vec<f32>)>> = vec![vec![], vec![]];
+        for (si, step) in [step1, step2].iter().enumerate() {
+            let qkv = randn(&mut rng, step.len() * qkv_dim, 1.0);
+            let s = AttnStep {
+                positions: step.iter().map(|&(_, p)| p as u32).collect(),
+                slots: step.iter().map(|&(q, p)| tables[q][p / bs] * bs as u32 + (p % bs) as u32).collect(),
+                seq_of_token: step.iter().map(|&(q, _)| q as u32).collect(),
+                block_tables: tables.clone(),
+            };
+            let (rot, out) = h.rope_attention(&rig, &qkv, &s).unwrap();
+            // CPU reference: rotate q and k, record k/v per sequence.
+            let mut qs = Vec::new();
+            for (t, &(seq, pos)) in step.iter().enumerate() {
+                let row = &qkv[t * qkv_dim..(t + 1) * qkv_dim];
+                let mut q = row[..heads * head_dim].to_vec();
+                let mut k = row[heads * head_dim..(heads + kv_heads) * head_dim].to_vec();
+                let v = row[(heads + kv_heads) * head_dim..].to_vec();
+                for hh in 0..heads {
+                    rope_ref(&mut q[hh * head_dim..(hh + 1) * head_dim], pos, theta);
+                }
+                for hh in 0..kv_heads {
+                    rope_ref(&mut k[hh * head_dim..(hh + 1) * head_dim], pos, theta);
+                }
+                let got_q = &rot[t * qkv_dim..t * qkv_dim + heads * head_dim];
+                assert_close(got_q, &q, |_| 1e-5, "rotated q");
+                all_k[seq].push((pos, k, v));
+                qs.push(q);
+            }
+            if si == 0 {
+                continue;
+            }
+            let scale = 1.0 / (head_dim as f64).sqrt();
+            let mut want = Vec::new();
+            for (t, &(seq, pos)) in step.iter().enumerate() {
+                for hh in 0..heads {
+                    let kvh = hh / (heads / kv_heads);
+                    let q = &qs[t][hh * head_dim..(hh + 1) * head_dim];
+                    let keys: Vec<&(usize, Vec<f32>, Vec<f32>)> = all_k[seq].iter().filter(|e| e.0 <= pos).collect();
+                    assert_eq!(keys.len(), pos + 1);
+                    let scores: Vec<f64> = keys
+                        .iter()
+                        .map(|(_, k, _)| {
+                            let kk = &k[kvh * head_dim..(kvh + 1) * head_dim];
+                            q.iter().zip(kk).map(|(a, b)| *a as f64 * *b as f64).sum::<f64>() * scale
+                        })
+                        .collect();
+                    let mx = scores.iter().cloned().fold(f64::MIN, f64::max);
+                    let e: Vec<f64> = scores.iter().map(|s| (s - mx).exp()).collect();
+                    let z: f64 = e.iter().sum();
+                    for d in 0..head_dim {
+                        let o: f64 = keys.iter().zip(&e).map(|((_, _, v), w)| w * v[kvh * head_dim + d] as f64).sum();
+                        want.push((o / z) as f32);
+                    }
+                }
+            }
+            assert_close(&out, &want, |_| 2e-5, &format!("attention heads={heads} kv={kv_heads} d={head_dim}"));
+        }
+    }
+}
+
+fn log_softmax(row: &[f32]) -> Vec<f64> {
+    let mx = row.iter().cloned().fold(f32::MIN, f32::max) as f64;
+    let lse = mx + row.iter().map(|v| (*v as f64 - mx).exp()).sum::<f64>().ln();
+    row.iter().map(|v| *v as f64 - lse).collect()
+}
+
+#[test]
+fn greedy_sampling_picks_lowest_argmax_with_logprob() {
+    let h = harness(64);
+    let mut rng = Rng::new(6);
+    for vocab in [7usize, 512, 49152, 1000] {
+        let mut logits = randn(&mut rng, 2 * vocab, 8.0);
+        // Row 1 has a tie for the maximum; the lower id must win.
+        let (a, b) = (vocab / 3, 2 * vocab / 3);
+        logits[vocab + a] = 20.0;
+        logits[vocab + b] = 20.0;
+        let got = h.sample(&logits, vocab, &[SampleParams::default(); 2]).unwrap();
+        for (r, &(id, lp)) in got.iter().enumerate() {
+            let row = &logits[r * vocab..(r + 1) * vocab];
+            let best = (0..vocab).fold(0, |bi, i| if row[i] > row[bi] { i } else { bi });
+            assert_eq!(id as usize, best, "vocab {vocab} row {r}");
+            let want = log_softmax(row)[best];
+            assert!((lp as f64 - want).abs() < 1e-4, "logprob {lp} vs {want}");
+        }
+        assert_eq!(got[1].0 as usize, a);
+    }
+}
+
+/// Inverse-CDF sampling: sweeping u over a fine grid must reproduce the filtered distribution.
+#[test]
+fn temperature_top_k_top_p_follow_the_distribution() {
+    let h = harness(64);
+    let vocab = 300;
+    let mut rng = Rng::new(7);
+    let logits = randn(&mut rng, vocab, 4.0);
+    let mut order: Vec<usize> = (0..vocab).collect();
+    order.sort_by(|&a, &b| logits[b].partial_cmp(&logits[a]).unwrap());
+    let grid = 2000;
+    for &(temp, top_k, top_p) in &[(1.0f32, 0u32, 1.0f32), (0.7, 10, 1.0), (1.3, 0, 0.8), (1.0, 20, 0.5)] {
+        // Expected distribution: softmax(l / T) over the top_k, then the smallest top set whose
+        // mass reaches top_p, renormalised.
+        let mut keep: Vec<usize> = order.clone();
+        if top_k > 0 {
+            keep.truncate(top_k as usize);
+        }
+        let w: Vec<f64> = keep.iter().map(|&i| ((logits[i] - logits[order[0]]) as f64 / temp as f64).exp()).collect();
+        let z: f64 = w.iter().sum();
+        let mut n_keep = keep.len();
+        if top_p < 1.0 {
+            let mut c = 0.0;
+            for (j, x) in w.iter().enumerate() {
+                c += x / z;
+                if c >= top_p as f64 {
+                    n_keep = j + 1;
+                    break;
+                }
+            }
+        }
+        let zk: f64 = w[..n_keep].iter().sum();
+        let params: Vec<SampleParams> = (0..grid)
+            .map(|i| SampleParams { temperature: temp, top_p, top_k, u: (i as f32 + 0.5) / grid as f32 })
+            .collect();
+        let rows: Vec<f32> = (0..grid).flat_map(|_| logits.iter().cloned()).collect();
+        let got = h.sample(&rows, vocab, &params).unwrap();
+        let mut counts = vec![0usize; vocab];
+        for &(id, lp) in &got {
+            counts[id as usize] += 1;
+            assert!((lp as f64 - log_softmax(&logits)[id as usize]).abs() < 1e-4);
+        }
+        for (j, &i) in keep.iter().enumerate() {
+            let p = if j < n_keep { w[j] / zk } else { 0.0 };
+            let f = counts[i] as f64 / grid as f64;
+            assert!((f - p).abs() <= 1.5 / grid as f64 + 1e-3, "T={temp} k={top_k} p={top_p}: id {i} freq {f} want {p}");
+        }
+        let outside: usize = order[keep.len().min(n_keep)..].iter().map(|&i| counts[i]).sum();
+        assert_eq!(outside, 0, "T={temp} k={top_k} p={top_p}: sampled outside the candidate set");
+    }
+}
