@@ -90,3 +90,83 @@ fn tiny_qwen2_chunked_prefill_matches() {
         assert_eq!(greedy(&mut model, &input, want.len()), want);
     }
 }
+
+/// Logits at the last prompt position and after each forced token (teacher forcing).
+fn logits_steps(model: &mut Model, prompt: &[u32], forced: &[u32]) -> Vec<Vec<f32>> {
+    let bs = model.limits.block_size;
+    let total = prompt.len() + forced.len();
+    let table: Vec<u32> = (0..total.div_ceil(bs) as u32).collect();
+    let mut out = Vec::new();
+    let mut start = 0;
+    let all: Vec<u32> = prompt.iter().chain(forced).cloned().collect();
+    for end in std::iter::once(prompt.len()).chain(prompt.len() + 1..=total) {
+        let n = end - start;
+        let pos: Vec<u32> = (start as u32..end as u32).collect();
+        model
+            .step(&StepInput {
+                tokens: all[start..end].to_vec(),
+                positions: pos.clone(),
+                slots: pos,
+                seq_of_token: vec![0; n],
+                block_tables: vec![table.clone()],
+                sample_rows: vec![n as u32 - 1],
+                sampling: vec![SampleParams::default()],
+            })
+            .unwrap();
+        out.push(model.last_logits(1).unwrap());
+        start = end;
+    }
+    out
+}
+
+fn smollm2_path() -> Option<PathBuf> {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    if p.exists() {
+        Some(p)
+    } else {
+        eprintln!("SKIPPED: {} is missing (run scripts/fetch-model.sh)", p.display());
+        None
+    }
+}
+
+/// Absolute tolerance on SmolLM2 logits (reference: the same Q4_1/Q8_0 weights dequantized to
+/// f32 in PyTorch). Greedy tokens are compared until the first step whose reference top-1/top-2
+/// margin is below it.
+const SMOLLM2_TOL: f32 = 1e-3;
+
+#[test]
+fn smollm2_logits_and_greedy_match_reference() {
+    let Some(path) = smollm2_path() else { return };
+    let reference = json("smollm2-reference.json");
+    let (mut model, tok) = load(&path, 128);
+    let mut worst = 0f32;
+    for p in reference["prompts"].as_array().unwrap() {
+        let name = p["name"].as_str().unwrap();
+        let input = ids(&p["input_ids"]);
+        assert_eq!(tok.encode(p["prompt_text"].as_str().unwrap()).unwrap(), input, "{name}: tokenization");
+        let want_ids = ids(&p["greedy"]["generated_ids"]);
+        let margins = floats(&p["greedy"]["argmax_margins"]);
+        let steps = p["first_decode_steps_top5"].as_array().unwrap();
+        let logits = logits_steps(&mut model, &input, &want_ids[..steps.len() - 1]);
+        for (s, st) in steps.iter().enumerate() {
+            let top_ids = ids(&st["top5_ids"]);
+            let top_logits = floats(&st["top5_logits"]);
+            for (id, want) in top_ids.iter().zip(&top_logits) {
+                let got = logits[s][*id as usize];
+                worst = worst.max((got - want).abs());
+                assert!((got - want).abs() < SMOLLM2_TOL, "{name} step {s} id {id}: logit {got} vs {want}");
+            }
+        }
+        let got_ids = greedy(&mut model, &input, want_ids.len());
+        let trusted = margins.iter().position(|&m| m < SMOLLM2_TOL).unwrap_or(margins.len());
+        assert_eq!(got_ids[..trusted], want_ids[..trusted], "{name}: greedy tokens (first {trusted} steps)");
+        eprintln!("{name}: {trusted} greedy tokens compared");
+    }
+    eprintln!("max |logit diff| over the top-5 of the first 4 steps: {worst}");
+    // The plain prompt's top-20 at its last position.
+    let last = &reference["plain_prompt_last_position_logits"];
+    let l = logits_steps(&mut model, &ids(&last["input_ids"]), &[]);
+    for (id, want) in ids(&last["top20_ids"]).iter().zip(floats(&last["top20_logits"])) {
+        assert!((l[0][*id as usize] - want).abs() < SMOLLM2_TOL, "top-20 id {id}");
+    }
+}
