@@ -56,8 +56,7 @@ impl Default for EngineConfig {
 impl EngineConfig {
     pub fn from_file(path: &Path) -> Result<EngineConfig> {
         let text = std::fs::read_to_string(path).with_context(|| format!("{}", path.display()))?;
-        let cfg: EngineConfig =
-            serde_json::from_str(&text).map_err(|e| anyhow!("{}: {e}", path.display()))?;
+        let cfg: EngineConfig = serde_json::from_str(&text).map_err(|e| anyhow!("{}: {e}", path.display()))?;
         cfg.validate().map_err(|e| anyhow!("{}: {e}", path.display()))?;
         Ok(cfg)
     }

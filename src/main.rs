@@ -151,11 +151,7 @@ fn run() -> Result<()> {
             })
             .with_context(|| format!("loading {}", path.display()))?;
             pb.finish_and_clear();
-            let text = if chat {
-                tok.apply_chat_template(&[ChatMessage::new("user", prompt)], true)?
-            } else {
-                prompt
-            };
+            let text = if chat { tok.apply_chat_template(&[ChatMessage::new("user", prompt)], true)? } else { prompt };
             let ids = tok.encode(&text)?;
             let params = SamplingParams {
                 temperature: temperature.unwrap_or(cfg.temperature),
@@ -189,7 +185,10 @@ fn run() -> Result<()> {
 }
 
 fn main() {
-    tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_default_env()).with_writer(std::io::stderr).init();
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .init();
     if let Err(e) = run() {
         eprintln!("error: {e:#}");
         std::process::exit(1);

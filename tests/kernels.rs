@@ -302,7 +302,10 @@ fn temperature_top_k_top_p_follow_the_distribution() {
         for (j, &i) in keep.iter().enumerate() {
             let p = if j < n_keep { w[j] / zk } else { 0.0 };
             let f = counts[i] as f64 / grid as f64;
-            assert!((f - p).abs() <= 1.5 / grid as f64 + 1e-3, "T={temp} k={top_k} p={top_p}: id {i} freq {f} want {p}");
+            assert!(
+                (f - p).abs() <= 1.5 / grid as f64 + 1e-3,
+                "T={temp} k={top_k} p={top_p}: id {i} freq {f} want {p}"
+            );
         }
         let outside: usize = order[keep.len().min(n_keep)..].iter().map(|&i| counts[i]).sum();
         assert_eq!(outside, 0, "T={temp} k={top_k} p={top_p}: sampled outside the candidate set");

@@ -199,12 +199,8 @@ fn tiny_qwen2_matches_reference() {
     assert_eq!(tok.token_to_id("<|im_start|>"), Some(510));
 
     // The "chatml" prompt is the fixture's chat template applied to a system + user exchange.
-    let chatml = reference["prompts"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["name"] == "chatml")
-        .expect("chatml prompt");
+    let chatml =
+        reference["prompts"].as_array().unwrap().iter().find(|p| p["name"] == "chatml").expect("chatml prompt");
     let messages = [
         ChatMessage::new("system", "You are a helpful assistant."),
         ChatMessage::new("user", "What is the capital of France?"),
@@ -311,11 +307,7 @@ fn gguf_str(s: &str) -> Vec<u8> {
 
 impl GgufBuilder {
     fn new() -> Self {
-        GgufBuilder {
-            version: 3,
-            alignment: 32,
-            ..Default::default()
-        }
+        GgufBuilder { version: 3, alignment: 32, ..Default::default() }
     }
     fn kv_raw(&mut self, key: &str, ty: u32, payload: Vec<u8>) -> &mut Self {
         self.kv.push((key.to_string(), ty, payload));
@@ -529,9 +521,12 @@ fn gguf_corrupt_headers() {
 fn gguf_tensor_past_end_of_file() {
     let tmp = TempDir::new("past-eof");
     let mut b = GgufBuilder::new();
-    b.kv_str("general.architecture", "llama")
-        .tensor("ok.weight", &[8], 0, &[0; 32])
-        .tensor_at("blk.3.attn_q.weight", &[64, 64], 0, 1024);
+    b.kv_str("general.architecture", "llama").tensor("ok.weight", &[8], 0, &[0; 32]).tensor_at(
+        "blk.3.attn_q.weight",
+        &[64, 64],
+        0,
+        1024,
+    );
     let err = expect_open_error(&tmp.write("past.gguf", &b.build()), "blk.3.attn_q.weight");
     assert!(err.contains("past end of file"), "{err}");
     // An offset so large that offset + size overflows.
@@ -651,7 +646,8 @@ fn gguf_tokenizer_from_handmade_metadata() {
     assert!(err.contains("no chat template") && err.contains(&path.display().to_string()), "{err}");
 
     // raise_exception surfaces as an error carrying the template's message.
-    let t = "{% if messages[0]['role'] != 'system' %}{{ raise_exception('first message must be system') }}{% endif %}ok";
+    let t =
+        "{% if messages[0]['role'] != 'system' %}{{ raise_exception('first message must be system') }}{% endif %}ok";
     let path = tmp.write("raise.gguf", &tiny_tokenizer_gguf("gpt2", "gpt2", Some(t)).build());
     let tok = Tokenizer::from_gguf(&GgufFile::open(&path).unwrap()).unwrap();
     let err = format!("{:#}", tok.apply_chat_template(&[ChatMessage::new("user", "x")], true).unwrap_err());

@@ -179,7 +179,11 @@ impl Family {
             .iter()
             .map(|(b, buf)| wgpu::BindGroupEntry { binding: *b, resource: buf.as_entire_binding() })
             .collect();
-        gpu.device.create_bind_group(&wgpu::BindGroupDescriptor { label: None, layout: &self.layout, entries: &entries })
+        gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: None,
+            layout: &self.layout,
+            entries: &entries,
+        })
     }
 }
 
@@ -213,10 +217,8 @@ pub struct Kernels {
 impl Kernels {
     pub fn new(gpu: &Gpu, formats: &[WFormat], head_dim: u32) -> Result<Kernels> {
         use Slot::*;
-        let matmul_family = Family::new(
-            gpu,
-            &[(0, Uniform), (1, Uniform), (2, Read), (3, Read), (4, Read), (5, Read), (6, ReadWrite)],
-        );
+        let matmul_family =
+            Family::new(gpu, &[(0, Uniform), (1, Uniform), (2, Read), (3, Read), (4, Read), (5, Read), (6, ReadWrite)]);
         let mut matmul = BTreeMap::new();
         for &f in formats {
             if matmul.contains_key(&f) {
@@ -243,10 +245,8 @@ impl Kernels {
             &[(0, Uniform), (1, Uniform), (2, Read), (3, Read), (4, ReadWrite), (5, ReadWrite), (6, ReadWrite)],
         );
         let rope_kv = rope_family.pipeline(gpu, "rope_kv", &plain_source(ROPE_KV_WGSL), "main")?;
-        let attn_family = Family::new(
-            gpu,
-            &[(0, Uniform), (1, Uniform), (2, Read), (3, Read), (4, Read), (5, Read), (6, ReadWrite)],
-        );
+        let attn_family =
+            Family::new(gpu, &[(0, Uniform), (1, Uniform), (2, Read), (3, Read), (4, Read), (5, Read), (6, ReadWrite)]);
         let attention = attn_family.pipeline(gpu, "attention", &attention_source(head_dim), "main")?;
         let sample_family = Family::new(gpu, &[(0, Uniform), (1, Uniform), (2, Read), (3, Read), (4, ReadWrite)]);
         let sample = sample_family.pipeline(gpu, "sample", &plain_source(SAMPLE_WGSL), "main")?;

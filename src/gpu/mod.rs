@@ -123,7 +123,10 @@ impl Gpu {
     }
 
     pub fn describe(&self) -> String {
-        format!("{} ({:?}, {:?}, driver {})", self.info.name, self.info.backend, self.info.device_type, self.info.driver_info)
+        format!(
+            "{} ({:?}, {:?}, driver {})",
+            self.info.name, self.info.backend, self.info.device_type, self.info.driver_info
+        )
     }
 
     pub fn storage_init(&self, label: &str, bytes: &[u8]) -> wgpu::Buffer {
@@ -169,9 +172,7 @@ impl Gpu {
         slice.map_async(wgpu::MapMode::Read, move |r| {
             let _ = tx.send(r);
         });
-        self.device
-            .poll(wgpu::PollType::wait_indefinitely())
-            .map_err(|e| anyhow!("GPU poll failed: {e}"))?;
+        self.device.poll(wgpu::PollType::wait_indefinitely()).map_err(|e| anyhow!("GPU poll failed: {e}"))?;
         rx.recv().map_err(|_| anyhow!("GPU map callback dropped"))?.map_err(|e| anyhow!("GPU map failed: {e}"))?;
         let out = slice.get_mapped_range().map_err(|e| anyhow!("GPU map failed: {e:?}"))?.to_vec();
         buf.unmap();
@@ -224,10 +225,13 @@ impl Gpu {
 
 /// Parses and validates WGSL with naga, so shader mistakes surface as one clear error.
 pub fn validate_wgsl(label: &str, source: &str) -> Result<()> {
-    let module = naga::front::wgsl::parse_str(source)
-        .map_err(|e| anyhow!("shader {label}: {}", e.emit_to_string(source)))?;
-    naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::SHADER_FLOAT16_IN_FLOAT32)
-        .validate(&module)
-        .map_err(|e| anyhow!("shader {label}: {}", e.emit_to_string(source)))?;
+    let module =
+        naga::front::wgsl::parse_str(source).map_err(|e| anyhow!("shader {label}: {}", e.emit_to_string(source)))?;
+    naga::valid::Validator::new(
+        naga::valid::ValidationFlags::all(),
+        naga::valid::Capabilities::SHADER_FLOAT16_IN_FLOAT32,
+    )
+    .validate(&module)
+    .map_err(|e| anyhow!("shader {label}: {}", e.emit_to_string(source)))?;
     Ok(())
 }

@@ -80,10 +80,8 @@ impl ModelConfig {
         let heads = int("num_attention_heads")?;
         let kv_heads = v["num_key_value_heads"].as_u64().map(|x| x as usize).unwrap_or(heads);
         let head_dim = v["head_dim"].as_u64().map(|x| x as usize).unwrap_or(hidden / heads.max(1));
-        let rope_theta = v["rope_theta"]
-            .as_f64()
-            .or_else(|| v["rope_parameters"]["rope_theta"].as_f64())
-            .unwrap_or(10000.0);
+        let rope_theta =
+            v["rope_theta"].as_f64().or_else(|| v["rope_parameters"]["rope_theta"].as_f64()).unwrap_or(10000.0);
         if let Some(t) = v["rope_scaling"].as_object() {
             let kind = t.get("rope_type").or_else(|| t.get("type")).and_then(|x| x.as_str()).unwrap_or("");
             if kind != "default" && !kind.is_empty() {

@@ -229,10 +229,9 @@ impl Model {
         let logits = g.storage("logits", f(s_max * cfg.vocab));
         let result = g.storage("result", (s_max * 8) as u64);
         let readback = g.readback("result_readback", (s_max * 8) as u64);
-        for (name, bytes) in [
-            ("activations", f(t_max * cfg.intermediate.max(cfg.qkv_dim()))),
-            ("logits", f(s_max * cfg.vocab)),
-        ] {
+        for (name, bytes) in
+            [("activations", f(t_max * cfg.intermediate.max(cfg.qkv_dim()))), ("logits", f(s_max * cfg.vocab))]
+        {
             if bytes > mb {
                 bail!("{name} scratch ({bytes} bytes) exceeds the max storage binding; lower max_num_batched_tokens");
             }
@@ -273,15 +272,15 @@ impl Model {
 
         // Matmul ops for every chunk of `m`, reading x (rows of x_width floats) into y.
         let matmul_ops = |ops: &mut Vec<Op>,
-                              keep: &mut Vec<wgpu::Buffer>,
-                              m: &GpuMatrix,
-                              x: &wgpu::Buffer,
-                              y: &wgpu::Buffer,
-                              y_stride: usize,
-                              bias: Option<&wgpu::Buffer>,
-                              accumulate: bool,
-                              sampled: bool,
-                              swiglu: bool| {
+                          keep: &mut Vec<wgpu::Buffer>,
+                          m: &GpuMatrix,
+                          x: &wgpu::Buffer,
+                          y: &wgpu::Buffer,
+                          y_stride: usize,
+                          bias: Option<&wgpu::Buffer>,
+                          accumulate: bool,
+                          sampled: bool,
+                          swiglu: bool| {
             for c in &m.chunks {
                 let flags = bias.is_some() as u32 | (accumulate as u32) << 1;
                 let p = MatParams {
@@ -338,10 +337,9 @@ impl Model {
             let bias = hl.qkv_bias.as_ref().map(|b| g.storage_init("qkv_bias", bytemuck::cast_slice(b)));
 
             let bind_norm = |w: &wgpu::Buffer, out: &wgpu::Buffer| {
-                kernels.norm_family.bind(
-                    g,
-                    &[(0, &step_buf), (1, &layer_norm_p), (2, &hidden), (3, w), (4, &meta_buf), (5, out)],
-                )
+                kernels
+                    .norm_family
+                    .bind(g, &[(0, &step_buf), (1, &layer_norm_p), (2, &hidden), (3, w), (4, &meta_buf), (5, out)])
             };
             ops.push(Op { kind: OpKind::Norm { sampled: false }, bind: bind_norm(&attn_norm, &normed) });
             matmul_ops(&mut ops, &mut keep, &qkv_m, &normed, &qkv, cfg.qkv_dim(), bias.as_ref(), false, false, false);
@@ -401,7 +399,9 @@ impl Model {
         let sp = uni(&[cfg.vocab as u32, off_params as u32, 0, 0]);
         ops.push(Op {
             kind: OpKind::Sample,
-            bind: kernels.sample_family.bind(g, &[(0, &step_buf), (1, &sp), (2, &meta_buf), (3, &logits), (4, &result)]),
+            bind: kernels
+                .sample_family
+                .bind(g, &[(0, &step_buf), (1, &sp), (2, &meta_buf), (3, &logits), (4, &result)]),
         });
         keep.extend([final_norm, final_p, sp, dummy, final_normed]);
         matrices.push(lm);
@@ -451,7 +451,10 @@ impl Model {
         for i in 0..n {
             let seq = s.seq_of_token[i] as usize;
             let pos = s.positions[i] as usize;
-            if seq >= s.block_tables.len() || pos >= lim.max_seq_len || pos / lim.block_size >= s.block_tables[seq].len() {
+            if seq >= s.block_tables.len()
+                || pos >= lim.max_seq_len
+                || pos / lim.block_size >= s.block_tables[seq].len()
+            {
                 bail!("token {i}: position {pos} of sequence {seq} is outside its block table");
             }
             if s.tokens[i] as usize >= self.cfg.vocab {
@@ -580,4 +583,3 @@ impl Model {
         self.gpu.download_f32(&self.logits, n_sample * self.cfg.vocab)
     }
 }
-

@@ -425,8 +425,8 @@ impl<'a> Reader<'a> {
                     return Err(format!("{} nests arrays more than {MAX_ARRAY_NESTING} deep", what()));
                 }
                 let elem_ty = self.u32(&|| format!("element type of {}", what()))?;
-                let min = min_value_bytes(elem_ty)
-                    .ok_or_else(|| format!("{} has unknown element type {elem_ty}", what()))?;
+                let min =
+                    min_value_bytes(elem_ty).ok_or_else(|| format!("{} has unknown element type {elem_ty}", what()))?;
                 let n = self.count(min, &|| format!("element count of {}", what()))?;
                 let mut items = Vec::with_capacity(n);
                 for i in 0..n {
@@ -448,8 +448,8 @@ fn min_value_bytes(ty: u32) -> Option<usize> {
         0 | 1 | 7 => 1,
         2 | 3 => 2,
         4..=6 => 4,
-        8 => 8,      // u64 length
-        9 => 4 + 8,  // element type + count
+        8 => 8,     // u64 length
+        9 => 4 + 8, // element type + count
         10..=12 => 8,
         _ => return None,
     })
@@ -460,10 +460,7 @@ impl GgufFile {
     pub fn open(path: &Path) -> Result<Self> {
         let p = path.display();
         let file = File::open(path).map_err(|e| anyhow!("{p}: cannot open GGUF file: {e}"))?;
-        let len = file
-            .metadata()
-            .map_err(|e| anyhow!("{p}: cannot stat GGUF file: {e}"))?
-            .len();
+        let len = file.metadata().map_err(|e| anyhow!("{p}: cannot stat GGUF file: {e}"))?.len();
         if len < 4 {
             bail!("{p}: not a GGUF file (only {len} bytes)");
         }
@@ -586,15 +583,11 @@ impl GgufFile {
     }
 
     pub fn require_str_array(&self, key: &str) -> Result<Vec<&str>> {
-        self.require(key, "an array of strings", |v| {
-            v.as_array()?.iter().map(|x| x.as_str()).collect()
-        })
+        self.require(key, "an array of strings", |v| v.as_array()?.iter().map(|x| x.as_str()).collect())
     }
 
     pub fn require_i32_array(&self, key: &str) -> Result<Vec<i32>> {
-        self.require(key, "an array of integers", |v| {
-            v.as_array()?.iter().map(|x| x.as_i32()).collect()
-        })
+        self.require(key, "an array of integers", |v| v.as_array()?.iter().map(|x| x.as_i32()).collect())
     }
 
     /// `general.architecture` (e.g. "llama", "qwen2").
@@ -631,18 +624,13 @@ fn parse(buf: &[u8]) -> Result<Parsed, String> {
     let mut r = Reader { buf, pos: 0 };
     let magic = r.array::<4>(&|| "magic".into())?;
     if &magic != GGUF_MAGIC {
-        return Err(format!(
-            "not a GGUF file (magic bytes {:02x?}, expected \"GGUF\")",
-            magic
-        ));
+        return Err(format!("not a GGUF file (magic bytes {:02x?}, expected \"GGUF\")", magic));
     }
     let version = r.u32(&|| "version".into())?;
     match version {
         2 | 3 => {}
         1 => return Err("GGUF version 1 is not supported (only versions 2 and 3)".into()),
-        v if v.swap_bytes() == 2 || v.swap_bytes() == 3 => {
-            return Err("big-endian GGUF files are not supported".into())
-        }
+        v if v.swap_bytes() == 2 || v.swap_bytes() == 3 => return Err("big-endian GGUF files are not supported".into()),
         v => return Err(format!("unsupported GGUF version {v} (only versions 2 and 3)")),
     }
     // Minimum size of one tensor description: name length, n_dims, type, offset.
@@ -735,20 +723,8 @@ fn parse(buf: &[u8]) -> Result<Parsed, String> {
                 end.map_or_else(|| "overflow".to_string(), |e| e.to_string())
             ));
         }
-        tensors.push(GgufTensorInfo {
-            name,
-            dims: t.dims,
-            ggml_type: t.ty,
-            offset,
-            n_bytes,
-        });
+        tensors.push(GgufTensorInfo { name, dims: t.dims, ggml_type: t.ty, offset, n_bytes });
     }
 
-    Ok(Parsed {
-        version,
-        metadata,
-        tensors,
-        data_offset,
-        alignment,
-    })
+    Ok(Parsed { version, metadata, tensors, data_offset, alignment })
 }

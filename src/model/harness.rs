@@ -119,10 +119,10 @@ impl Harness {
                 _pad: 0,
             };
             let pb = g.uniform_init("p", bytemuck::bytes_of(&p));
-            let bind = self.kernels.matmul_family.bind(
-                g,
-                &[(0, &step), (1, &pb), (2, &xb), (3, &c.q), (4, &c.s), (5, &bb), (6, &yb)],
-            );
+            let bind = self
+                .kernels
+                .matmul_family
+                .bind(g, &[(0, &step), (1, &pb), (2, &xb), (3, &c.q), (4, &c.s), (5, &bb), (6, &yb)]);
             self.dispatch(pipe, &bind, div_up(div_up(c.rows as u32, tn), MATMUL_WG), div_up(m as u32, tm));
         }
         g.download_f32(&yb, m * w.rows)
@@ -138,10 +138,10 @@ impl Harness {
         let kb = (table.cols / 32) as u32;
         for c in &mat.chunks {
             let pb = g.uniform_init("p", bytemuck::cast_slice(&[kb, c.rows as u32, c.row0 as u32, 0]));
-            let bind = self.kernels.matmul_family.bind(
-                g,
-                &[(0, &step), (1, &pb), (2, &meta), (3, &c.q), (4, &c.s), (5, &dummy), (6, &out)],
-            );
+            let bind = self
+                .kernels
+                .matmul_family
+                .bind(g, &[(0, &step), (1, &pb), (2, &meta), (3, &c.q), (4, &c.s), (5, &dummy), (6, &out)]);
             self.dispatch(&self.kernels.matmul[&table.format].embed, &bind, div_up(tokens.len() as u32 * kb, 64), 1);
         }
         g.download_f32(&out, tokens.len() * table.cols)
@@ -152,11 +152,10 @@ impl Harness {
         let g = &*self.gpu;
         let m = x.len() / dim;
         let rows = gather.map(|r| r.len()).unwrap_or(m);
-        let (step, meta) = self.step_buffers(Self::header(m, gather.map(|r| r.len()).unwrap_or(0)), gather.unwrap_or(&[0]));
-        let pb = g.uniform_init(
-            "p",
-            bytemuck::cast_slice(&[(dim / 4) as u32, eps.to_bits(), gather.is_some() as u32, 0]),
-        );
+        let (step, meta) =
+            self.step_buffers(Self::header(m, gather.map(|r| r.len()).unwrap_or(0)), gather.unwrap_or(&[0]));
+        let pb =
+            g.uniform_init("p", bytemuck::cast_slice(&[(dim / 4) as u32, eps.to_bits(), gather.is_some() as u32, 0]));
         let xb = g.storage_init("x", bytemuck::cast_slice(x));
         let wb = g.storage_init("w", bytemuck::cast_slice(weight));
         let yb = g.storage("y", (rows * dim * 4) as u64);
@@ -264,16 +263,14 @@ impl Harness {
             ]),
         );
         let k = &self.kernels;
-        let rb = k.rope_family.bind(
-            g,
-            &[(0, &step), (1, &rp), (2, &meta), (3, &rig.cos_sin), (4, &qkv_b), (5, &rig.k), (6, &rig.v)],
-        );
+        let rb = k
+            .rope_family
+            .bind(g, &[(0, &step), (1, &rp), (2, &meta), (3, &rig.cos_sin), (4, &qkv_b), (5, &rig.k), (6, &rig.v)]);
         let threads = (n * (rig.heads + 2 * rig.kv_heads) * rig.head_dim / 2) as u32;
         self.dispatch(&k.rope_kv, &rb, div_up(threads, 64), 1);
-        let ab = k.attn_family.bind(
-            g,
-            &[(0, &step), (1, &ap), (2, &meta), (3, &qkv_b), (4, &rig.k), (5, &rig.v), (6, &out)],
-        );
+        let ab = k
+            .attn_family
+            .bind(g, &[(0, &step), (1, &ap), (2, &meta), (3, &qkv_b), (4, &rig.k), (5, &rig.v), (6, &out)]);
         self.dispatch(&k.attention, &ab, div_up((n * rig.heads) as u32, 32), 1);
         Ok((g.download_f32(&qkv_b, n * qkv_dim)?, g.download_f32(&out, n * rig.heads * rig.head_dim)?))
     }

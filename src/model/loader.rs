@@ -112,7 +112,13 @@ impl HfWeights {
                 }
                 tensors.insert(
                     name.to_string(),
-                    HfTensor { dtype: info.dtype, shape: info.shape.clone(), file: fi, start: data_start + s, end: data_start + e },
+                    HfTensor {
+                        dtype: info.dtype,
+                        shape: info.shape.clone(),
+                        file: fi,
+                        start: data_start + s,
+                        end: data_start + e,
+                    },
                 );
             }
             files.push((p, map));
@@ -196,14 +202,22 @@ fn load_hf(dir: &Path, progress: &dyn Fn(usize, usize)) -> Result<HostModel> {
     progress(cfg.layers, cfg.layers);
     let lm_head =
         if w.tensors.contains_key("lm_head.weight") { Some(w.matrix("lm_head.weight", cfg.vocab, h)?) } else { None };
-    Ok(HostModel { final_norm: w.vector("model.norm.weight", h)?, cfg, embed, layers, lm_head, source: dir.to_path_buf() })
+    Ok(HostModel {
+        final_norm: w.vector("model.norm.weight", h)?,
+        cfg,
+        embed,
+        layers,
+        lm_head,
+        source: dir.to_path_buf(),
+    })
 }
 
 // ---------------------------------------------------------------- GGUF
 
 fn gguf_config(g: &GgufFile) -> Result<ModelConfig> {
     let src = g.path.display().to_string();
-    let arch_name = g.get_str("general.architecture").ok_or_else(|| anyhow!("{src}: general.architecture is missing"))?;
+    let arch_name =
+        g.get_str("general.architecture").ok_or_else(|| anyhow!("{src}: general.architecture is missing"))?;
     let arch = match arch_name {
         "llama" => Arch::Llama,
         "qwen2" => Arch::Qwen2,
@@ -318,7 +332,8 @@ pub fn load_gguf(g: &GgufFile, progress: &dyn Fn(usize, usize)) -> Result<HostMo
         });
     }
     progress(cfg.layers, cfg.layers);
-    let lm_head = if g.tensor("output.weight").is_some() { Some(gguf_matrix(g, "output.weight", cfg.vocab, h)?) } else { None };
+    let lm_head =
+        if g.tensor("output.weight").is_some() { Some(gguf_matrix(g, "output.weight", cfg.vocab, h)?) } else { None };
     Ok(HostModel {
         final_norm: gguf_vector(g, "output_norm.weight", h)?,
         cfg,

@@ -56,8 +56,7 @@ impl ChatTemplate {
         if let Some(e) = eos_token {
             ctx.insert("eos_token", Value::from(e));
         }
-        tmpl.render(ctx)
-            .map_err(|e| anyhow!("rendering failed: {}", one_line(&e)))
+        tmpl.render(ctx).map_err(|e| anyhow!("rendering failed: {}", one_line(&e)))
     }
 }
 
@@ -78,15 +77,22 @@ fn raise_exception(msg: String) -> Result<Value, Error> {
 
 /// Python's `datetime.now().strftime(fmt)` for the common directives, in UTC.
 fn strftime_now(fmt: String) -> String {
-    let secs = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs() as i64)
-        .unwrap_or(0);
+    let secs = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0);
     format_time(secs, &fmt)
 }
 
 const MONTHS: [&str; 12] = [
-    "January", "February", "March", "April", "May", "June", "July", "August", "September", "October", "November",
+    "January",
+    "February",
+    "March",
+    "April",
+    "May",
+    "June",
+    "July",
+    "August",
+    "September",
+    "October",
+    "November",
     "December",
 ];
 const WEEKDAYS: [&str; 7] = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"];

@@ -19,7 +19,8 @@ const TOKEN_TYPE_USER_DEFINED: i32 = 4;
 
 /// Qwen2's pre-tokenizer split (contractions, letters, single digits, punctuation, newlines,
 /// whitespace).
-const QWEN2_PATTERN: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const QWEN2_PATTERN: &str =
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
 pub(super) struct Built {
     pub inner: tokenizers::Tokenizer,
@@ -51,11 +52,7 @@ pub(super) fn build(g: &GgufFile) -> Result<Built> {
         ),
     };
 
-    let tokens: Vec<String> = g
-        .require_str_array("tokenizer.ggml.tokens")?
-        .into_iter()
-        .map(str::to_string)
-        .collect();
+    let tokens: Vec<String> = g.require_str_array("tokenizer.ggml.tokens")?.into_iter().map(str::to_string).collect();
     if tokens.is_empty() {
         bail!("{p}: tokenizer.ggml.tokens is empty");
     }
@@ -81,9 +78,9 @@ pub(super) fn build(g: &GgufFile) -> Result<Built> {
         .into_iter()
         .enumerate()
         .map(|(i, m)| {
-            m.split_once(' ')
-                .map(|(a, b)| (a.to_string(), b.to_string()))
-                .ok_or_else(|| anyhow!("{p}: tokenizer.ggml.merges[{i}] = {m:?} is not two tokens separated by a space"))
+            m.split_once(' ').map(|(a, b)| (a.to_string(), b.to_string())).ok_or_else(|| {
+                anyhow!("{p}: tokenizer.ggml.merges[{i}] = {m:?} is not two tokens separated by a space")
+            })
         })
         .collect::<Result<Vec<_>>>()?;
 

@@ -28,10 +28,7 @@ pub struct ChatMessage {
 
 impl ChatMessage {
     pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
-        ChatMessage {
-            role: role.into(),
-            content: content.into(),
-        }
+        ChatMessage { role: role.into(), content: content.into() }
     }
 }
 
@@ -85,10 +82,7 @@ fn token_content(v: &Json) -> Option<String> {
 fn json_ids(v: Option<&Json>) -> Vec<u32> {
     match v {
         Some(Json::Number(n)) => n.as_u64().and_then(|n| u32::try_from(n).ok()).into_iter().collect(),
-        Some(Json::Array(a)) => a
-            .iter()
-            .filter_map(|x| x.as_u64().and_then(|n| u32::try_from(n).ok()))
-            .collect(),
+        Some(Json::Array(a)) => a.iter().filter_map(|x| x.as_u64().and_then(|n| u32::try_from(n).ok())).collect(),
         _ => Vec::new(),
     }
 }
@@ -139,11 +133,8 @@ impl Tokenizer {
         };
 
         // Stop tokens: generation_config.json, else config.json; plus the tokenizer's eos token.
-        let mut eos_ids = json_ids(
-            read_json(&dir.join("generation_config.json"))?
-                .as_ref()
-                .and_then(|g| g.get("eos_token_id")),
-        );
+        let mut eos_ids =
+            json_ids(read_json(&dir.join("generation_config.json"))?.as_ref().and_then(|g| g.get("eos_token_id")));
         if eos_ids.is_empty() {
             eos_ids = json_ids(read_json(&dir.join("config.json"))?.as_ref().and_then(|c| c.get("eos_token_id")));
         }
@@ -188,24 +179,9 @@ impl Tokenizer {
         add_bos: bool,
         template: Option<String>,
     ) -> Result<Self> {
-        let vocab_size = inner
-            .get_vocab(true)
-            .values()
-            .copied()
-            .max()
-            .map_or(0, |m| m as usize + 1);
+        let vocab_size = inner.get_vocab(true).values().copied().max().map_or(0, |m| m as usize + 1);
         let chat_template = template.map(ChatTemplate::new);
-        Ok(Tokenizer {
-            inner,
-            source,
-            bos_id,
-            bos_token,
-            eos_token,
-            eos_ids,
-            add_bos,
-            vocab_size,
-            chat_template,
-        })
+        Ok(Tokenizer { inner, source, bos_id, bos_token, eos_token, eos_ids, add_bos, vocab_size, chat_template })
     }
 
     /// Tokenize `text`. Special tokens written in the text (e.g. `<|im_start|>`) become their
@@ -223,10 +199,7 @@ impl Tokenizer {
 
     /// Tokenize `text` without ever adding BOS (or any post-processor tokens).
     pub fn encode_raw(&self, text: &str) -> Result<Vec<u32>> {
-        let enc = self
-            .inner
-            .encode(text, false)
-            .map_err(|e| anyhow!("{}: tokenization failed: {e}", self.source))?;
+        let enc = self.inner.encode(text, false).map_err(|e| anyhow!("{}: tokenization failed: {e}", self.source))?;
         Ok(enc.get_ids().to_vec())
     }
 
@@ -238,17 +211,10 @@ impl Tokenizer {
     /// Render the model's chat template (variables `messages`, `add_generation_prompt`,
     /// `bos_token`, `eos_token`; function `raise_exception`; Python string/dict methods).
     pub fn apply_chat_template(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
-        let t = self
-            .chat_template
-            .as_ref()
-            .ok_or_else(|| anyhow!("{}: the model has no chat template", self.source))?;
-        t.render(
-            messages,
-            add_generation_prompt,
-            self.bos_token.as_deref(),
-            self.eos_token.as_deref(),
-        )
-        .with_context(|| format!("{}: chat template", self.source))
+        let t =
+            self.chat_template.as_ref().ok_or_else(|| anyhow!("{}: the model has no chat template", self.source))?;
+        t.render(messages, add_generation_prompt, self.bos_token.as_deref(), self.eos_token.as_deref())
+            .with_context(|| format!("{}: chat template", self.source))
     }
 
     pub fn has_chat_template(&self) -> bool {
@@ -289,9 +255,7 @@ impl Tokenizer {
 
     /// Whether the id is an added special token (`<|im_start|>`, `<|endoftext|>`, ...).
     pub fn is_special(&self, id: u32) -> bool {
-        self.inner
-            .id_to_token(id)
-            .is_some_and(|t| self.inner.get_added_vocabulary().is_special_token(&t))
+        self.inner.id_to_token(id).is_some_and(|t| self.inner.get_added_vocabulary().is_special_token(&t))
     }
 
     /// The underlying `tokenizers` tokenizer.
@@ -346,10 +310,7 @@ pub struct IncrementalDecoder {
 impl IncrementalDecoder {
     /// `skip_special`: leave special tokens (`<|im_end|>`, ...) out of the text.
     pub fn new(skip_special: bool) -> Self {
-        IncrementalDecoder {
-            skip_special,
-            ..Default::default()
-        }
+        IncrementalDecoder { skip_special, ..Default::default() }
     }
 
     /// Every id pushed so far.

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# One-time set-up: software Vulkan when no GPU driver is present, and the default model.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if ! dpkg -s mesa-vulkan-drivers >/dev/null 2>&1; then
+  if command -v apt-get >/dev/null 2>&1; then
+    SUDO=""
+    [ "$(id -u)" -eq 0 ] || SUDO=sudo
+    $SUDO apt-get update
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y mesa-vulkan-drivers
+  else
+    echo "note: install a Vulkan driver (or Mesa's lavapipe) for your system" >&2
+  fi
+fi
+./scripts/fetch-model.sh
