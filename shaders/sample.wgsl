@@ -1,10 +1,13 @@
-// Sampling, one workgroup per logits row. Per-row parameters live in meta at
-// off_params + 4 * r: temperature (f32 bits), top_p (f32 bits), top_k (u32), u (f32 bits, a
-// uniform draw in [0, 1) made on the host from the request's seeded generator).
+// Sampling, one workgroup per logits row. Per-row parameters live in md at
+// off_params + PARAMS_STRIDE * r: temperature (f32 bits), top_p (f32 bits), top_k (u32), u (f32
+// bits, a uniform draw in [0, 1) made on the host from the request's seeded generator), three
+// penalty words (used by logit_adjust.wgsl), n_top (top log-probabilities wanted, <= MAX_TOP).
 // temperature <= 0 is greedy (argmax, lowest id on ties). Otherwise the candidates are the
 // top_k largest logits (0 = all), then the smallest top set whose probability reaches top_p;
 // thresholds are found by bisection on the logit value, so no sort is needed.
-// Writes (token id, log-probability under the unmodified distribution) per row.
+// Writes per row, RESULT_STRIDE words: token id, its log-probability (log-softmax of the row's
+// logits after penalties and bias, before temperature and filtering), then n_top (id, logprob)
+// pairs of the most likely tokens, most likely first (ties: lower id first).
 
 struct SampleParams {
     vocab: u32,
@@ -20,9 +23,13 @@ struct SampleParams {
 @group(0) @binding(4) var<storage, read_write> result: array<u32>;
 
 const WG: u32 = 64u;
+const PARAMS_STRIDE: u32 = 12u;
+const MAX_TOP: u32 = 20u;
+const RESULT_STRIDE: u32 = 42u;
 const BISECT_STEPS: u32 = 32u;
 var<workgroup> red_f: array<f32, WG>;
 var<workgroup> red_u: array<u32, WG>;
+var<workgroup> picked: u32;
 
 fn sum_all(lid: u32, v: f32) -> f32 {
     red_f[lid] = v;
@@ -58,11 +65,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     if (r >= step.n_sample) {
         return;
     }
-    let pb = p.off_params + 4u * r;
+    let pb = p.off_params + PARAMS_STRIDE * r;
     let temperature = bitcast<f32>(md[pb]);
     let top_p = bitcast<f32>(md[pb + 1u]);
     let top_k = md[pb + 2u];
     let u = bitcast<f32>(md[pb + 3u]);
+    let n_top = min(md[pb + 7u], MAX_TOP);
 
     let chunk = (p.vocab + WG - 1u) / WG;
     let lo = min(lid * chunk, p.vocab);
@@ -108,12 +116,60 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let lse = gmax + log(sum_all(lid, se));
 
     if (temperature <= 0.0) {
-        if (lid == 0u) {
-            result[2u * r] = gargmax;
-            result[2u * r + 1u] = bitcast<u32>(gmax - lse);
-        }
-        return;
+        picked = gargmax;
+    } else {
+        draw(lid, base, lo, hi, gmin, gmax, gargmax, temperature, top_p, top_k, u);
     }
+    workgroupBarrier();
+    let pick = picked;
+    let ob = RESULT_STRIDE * r;
+    if (lid == 0u) {
+        result[ob] = pick;
+        result[ob + 1u] = bitcast<u32>(logits[base + pick] - lse);
+    }
+
+    // Top log-probabilities: repeated arg-max below the previous (value, id) in the order
+    // value descending, id ascending.
+    var pv = 3.0e38;
+    var pi = 0u;
+    for (var j = 0u; j < n_top; j++) {
+        var bv = -3.0e38;
+        var bi = 0xffffffffu;
+        for (var i = lo; i < hi; i++) {
+            let v = logits[base + i];
+            let below = v < pv || (v == pv && i > pi);
+            if (below && (v > bv || (v == bv && i < bi))) {
+                bv = v;
+                bi = i;
+            }
+        }
+        red_f[lid] = bv;
+        red_u[lid] = bi;
+        workgroupBarrier();
+        for (var k = WG / 2u; k > 0u; k = k / 2u) {
+            if (lid < k) {
+                let ov = red_f[lid + k];
+                let oi = red_u[lid + k];
+                if (ov > red_f[lid] || (ov == red_f[lid] && oi < red_u[lid])) {
+                    red_f[lid] = ov;
+                    red_u[lid] = oi;
+                }
+            }
+            workgroupBarrier();
+        }
+        pv = red_f[0];
+        pi = red_u[0];
+        workgroupBarrier();
+        if (lid == 0u) {
+            result[ob + 2u + 2u * j] = pi;
+            result[ob + 3u + 2u * j] = bitcast<u32>(pv - lse);
+        }
+    }
+}
+
+// Temperature / top-k / top-p draw; leaves the chosen id in `picked` (set by one thread).
+fn draw(lid: u32, base: u32, lo: u32, hi: u32, gmin: f32, gmax: f32, gargmax: u32, temperature: f32,
+        top_p: f32, top_k: u32, u: f32) {
     let inv_t = 1.0 / temperature;
 
     // Top-k: the largest threshold with at least k logits at or above it.
@@ -207,7 +263,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                 }
             }
         }
-        result[2u * r] = pick;
-        result[2u * r + 1u] = bitcast<u32>(logits[base + pick] - lse);
+        picked = pick;
     }
 }

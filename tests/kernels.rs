@@ -4,8 +4,8 @@
 use std::sync::{Arc, OnceLock};
 use torus_wgpu::gpu::kernels::{all_sources, WFormat};
 use torus_wgpu::gpu::{validate_wgsl, Gpu};
-use torus_wgpu::model::forward::SampleParams;
-use torus_wgpu::model::harness::{AttnStep, Harness, Variant};
+use torus_wgpu::model::forward::{Adjust, SampleParams};
+use torus_wgpu::model::harness::{AttnShape, AttnStep, Harness, Variant};
 use torus_wgpu::model::tensor::{matmul_ref, QTensor};
 use torus_wgpu::sampling::Rng;
 
@@ -143,6 +143,9 @@ fn rmsnorm_rows_and_gather() {
     }
 }
 
+/// (position, rotated k, v) of one cached token.
+type CachedKv = (usize, Vec<f32>, Vec<f32>);
+
 fn rope_ref(v: &mut [f32], pos: usize, theta: f64) {
     let d = v.len();
     let half = d / 2;
@@ -163,14 +166,14 @@ fn rope_and_paged_attention_with_gqa() {
     for &(heads, kv_heads, head_dim) in &[(4, 4, 16), (4, 2, 16), (8, 2, 64), (9, 3, 64), (6, 1, 32)] {
         let h = harness(head_dim as u32);
         let bs = 4;
-        let rig = h.attn_rig(heads, kv_heads, head_dim, bs, 12, 64, theta);
+        let rig = h.attn_rig(AttnShape { heads, kv_heads, head_dim, block_size: bs }, 12, 64, theta);
         let mut rng = Rng::new(5 + heads as u64);
         let tables = vec![vec![3u32, 0, 5, 7], vec![1u32, 6, 2]];
         let qkv_dim = (heads + 2 * kv_heads) * head_dim;
         // (sequence, position) of every token, in step order.
         let step1: Vec<(usize, usize)> = (0..10).map(|p| (0, p)).chain((0..5).map(|p| (1, p))).collect();
         let step2: Vec<(usize, usize)> = (10..15).map(|p| (0, p)).chain([(1, 5)]).collect();
-        let mut all_k: Vec<Vec<(usize, Vec<f32>, Vec<f32>)>> = vec![vec![], vec![]];
+        let mut all_k: Vec<Vec<CachedKv>> = vec![vec![], vec![]];
         for (si, step) in [step1, step2].iter().enumerate() {
             let qkv = randn(&mut rng, step.len() * qkv_dim, 1.0);
             let s = AttnStep {
@@ -207,7 +210,7 @@ fn rope_and_paged_attention_with_gqa() {
                 for hh in 0..heads {
                     let kvh = hh / (heads / kv_heads);
                     let q = &qs[t][hh * head_dim..(hh + 1) * head_dim];
-                    let keys: Vec<&(usize, Vec<f32>, Vec<f32>)> = all_k[seq].iter().filter(|e| e.0 <= pos).collect();
+                    let keys: Vec<&CachedKv> = all_k[seq].iter().filter(|e| e.0 <= pos).collect();
                     assert_eq!(keys.len(), pos + 1);
                     let scores: Vec<f64> = keys
                         .iter()
@@ -246,15 +249,16 @@ fn greedy_sampling_picks_lowest_argmax_with_logprob() {
         let (a, b) = (vocab / 3, 2 * vocab / 3);
         logits[vocab + a] = 20.0;
         logits[vocab + b] = 20.0;
-        let got = h.sample(&logits, vocab, &[SampleParams::default(); 2]).unwrap();
-        for (r, &(id, lp)) in got.iter().enumerate() {
+        let got = h.sample(&logits, vocab, &[SampleParams::default(), SampleParams::default()]).unwrap().0;
+        for (r, s) in got.iter().enumerate() {
+            let (id, lp) = (s.id, s.logprob);
             let row = &logits[r * vocab..(r + 1) * vocab];
             let best = (0..vocab).fold(0, |bi, i| if row[i] > row[bi] { i } else { bi });
             assert_eq!(id as usize, best, "vocab {vocab} row {r}");
             let want = log_softmax(row)[best];
             assert!((lp as f64 - want).abs() < 1e-4, "logprob {lp} vs {want}");
         }
-        assert_eq!(got[1].0 as usize, a);
+        assert_eq!(got[1].id as usize, a);
     }
 }
 
@@ -290,12 +294,19 @@ fn temperature_top_k_top_p_follow_the_distribution() {
         }
         let zk: f64 = w[..n_keep].iter().sum();
         let params: Vec<SampleParams> = (0..grid)
-            .map(|i| SampleParams { temperature: temp, top_p, top_k, u: (i as f32 + 0.5) / grid as f32 })
+            .map(|i| SampleParams {
+                temperature: temp,
+                top_p,
+                top_k,
+                u: (i as f32 + 0.5) / grid as f32,
+                ..Default::default()
+            })
             .collect();
         let rows: Vec<f32> = (0..grid).flat_map(|_| logits.iter().cloned()).collect();
-        let got = h.sample(&rows, vocab, &params).unwrap();
+        let got = h.sample(&rows, vocab, &params).unwrap().0;
         let mut counts = vec![0usize; vocab];
-        for &(id, lp) in &got {
+        for s in &got {
+            let (id, lp) = (s.id, s.logprob);
             counts[id as usize] += 1;
             assert!((lp as f64 - log_softmax(&logits)[id as usize]).abs() < 1e-4);
         }
@@ -310,4 +321,55 @@ fn temperature_top_k_top_p_follow_the_distribution() {
         let outside: usize = order[keep.len().min(n_keep)..].iter().map(|&i| counts[i]).sum();
         assert_eq!(outside, 0, "T={temp} k={top_k} p={top_p}: sampled outside the candidate set");
     }
+}
+
+#[test]
+fn penalties_bias_and_top_logprobs() {
+    let h = harness(64);
+    let vocab = 1000;
+    let mut rng = Rng::new(8);
+    let logits = randn(&mut rng, vocab, 5.0);
+    let adjust = vec![
+        Adjust { id: 3, count: 2, in_prompt: false, bias: 0.0 },
+        Adjust { id: 10, count: 0, in_prompt: true, bias: 0.0 },
+        Adjust { id: 999, count: 1, in_prompt: true, bias: -1.5 },
+        Adjust { id: 500, count: 0, in_prompt: false, bias: 100.0 },
+    ];
+    let p = SampleParams {
+        repetition_penalty: 1.3,
+        frequency_penalty: 0.25,
+        presence_penalty: 0.5,
+        n_top: 20,
+        adjust: adjust.clone(),
+        ..Default::default()
+    };
+    let two_rows = [logits.clone(), logits.clone()].concat();
+    let (got, adjusted) = h
+        .sample(&two_rows, vocab, &[p, SampleParams { n_top: 5, ..Default::default() }])
+        .unwrap_or_else(|e| panic!("{e}"));
+    // CPU reference of the adjustment.
+    let mut want = logits.clone();
+    for a in &adjust {
+        let l = &mut want[a.id as usize];
+        if a.count > 0 || a.in_prompt {
+            *l = if *l > 0.0 { *l / 1.3 } else { *l * 1.3 };
+        }
+        *l -= 0.25 * a.count as f32 + if a.count > 0 { 0.5 } else { 0.0 };
+        *l += a.bias;
+    }
+    assert_close(&adjusted[..vocab], &want, |_| 1e-5, "adjusted logits");
+    // The bias of 100 makes token 500 the greedy pick.
+    assert_eq!(got[0].id, 500);
+    for (row, logits_row, n) in [(&got[0], &want, 20), (&got[1], &adjusted[vocab..].to_vec(), 5)] {
+        let lsm = log_softmax(logits_row);
+        let mut order: Vec<usize> = (0..vocab).collect();
+        order.sort_by(|&a, &b| logits_row[b].partial_cmp(&logits_row[a]).unwrap().then(a.cmp(&b)));
+        assert_eq!(row.top.len(), n);
+        for (j, &(id, lp)) in row.top.iter().enumerate() {
+            assert_eq!(id as usize, order[j], "top {j}");
+            assert!((lp as f64 - lsm[order[j]]).abs() < 1e-4);
+        }
+    }
+    // The second row had no adjustments: its logits are untouched.
+    assert_close(&adjusted[vocab..], &logits, |_| 0.0, "unadjusted row");
 }

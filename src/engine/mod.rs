@@ -57,6 +57,7 @@ pub fn generate(
         top_p: params.top_p,
         top_k: params.top_k,
         u: rng.uniform(),
+        ..Default::default()
     };
     let mut stats = GenStats { prompt_tokens: prompt.len(), ..Default::default() };
     if max_new == 0 {
@@ -79,8 +80,8 @@ pub fn generate(
             sample_rows: if is_last { vec![n as u32 - 1] } else { vec![] },
             sampling: if is_last { vec![draw(&mut rng)] } else { vec![] },
         };
-        if let Some(&r) = model.step(&step)?.first() {
-            last = r;
+        if let Some(r) = model.step(&step)?.first() {
+            last = (r.id, r.logprob);
         }
     }
     stats.prefill_time = t0.elapsed();
@@ -101,7 +102,8 @@ pub fn generate(
             sample_rows: vec![0],
             sampling: vec![draw(&mut rng)],
         };
-        last = model.step(&step)?[0];
+        let r = &model.step(&step)?[0];
+        last = (r.id, r.logprob);
         pos += 1;
     }
     stats.decode_time = t1.elapsed();

@@ -91,6 +91,13 @@ pub fn plain_source(body: &str) -> String {
 pub const RMSNORM_WGSL: &str = include_str!("../../shaders/rmsnorm.wgsl");
 pub const ROPE_KV_WGSL: &str = include_str!("../../shaders/rope_kv.wgsl");
 pub const SAMPLE_WGSL: &str = include_str!("../../shaders/sample.wgsl");
+pub const LOGIT_ADJUST_WGSL: &str = include_str!("../../shaders/logit_adjust.wgsl");
+/// u32 words of per-row sampling parameters in the step metadata (see sample.wgsl).
+pub const SAMPLE_PARAMS_STRIDE: usize = 12;
+/// Most top log-probabilities the sampler returns per row.
+pub const MAX_TOP_LOGPROBS: usize = 20;
+/// u32 words the sampler writes per row: id, logprob, MAX_TOP_LOGPROBS (id, logprob) pairs.
+pub const SAMPLE_RESULT_STRIDE: usize = 2 + 2 * MAX_TOP_LOGPROBS;
 
 /// Every WGSL program the engine can build, with a label: what the naga test validates.
 pub fn all_sources(head_dims: &[u32]) -> Vec<(String, String)> {
@@ -107,6 +114,7 @@ pub fn all_sources(head_dims: &[u32]) -> Vec<(String, String)> {
     v.push(("rmsnorm".into(), plain_source(RMSNORM_WGSL)));
     v.push(("rope_kv".into(), plain_source(ROPE_KV_WGSL)));
     v.push(("sample".into(), plain_source(SAMPLE_WGSL)));
+    v.push(("logit_adjust".into(), plain_source(LOGIT_ADJUST_WGSL)));
     v
 }
 
@@ -212,6 +220,8 @@ pub struct Kernels {
     /// step(0) params(1) meta(2) logits(3) result(4)
     pub sample_family: Family,
     pub sample: wgpu::ComputePipeline,
+    /// Same layout as the sampler: step(0) params(1) meta(2) adj(3) logits(4)
+    pub logit_adjust: wgpu::ComputePipeline,
 }
 
 impl Kernels {
@@ -250,6 +260,7 @@ impl Kernels {
         let attention = attn_family.pipeline(gpu, "attention", &attention_source(head_dim), "main")?;
         let sample_family = Family::new(gpu, &[(0, Uniform), (1, Uniform), (2, Read), (3, Read), (4, ReadWrite)]);
         let sample = sample_family.pipeline(gpu, "sample", &plain_source(SAMPLE_WGSL), "main")?;
+        let logit_adjust = sample_family.pipeline(gpu, "logit_adjust", &plain_source(LOGIT_ADJUST_WGSL), "main")?;
         Ok(Kernels {
             matmul_family,
             matmul,
@@ -261,6 +272,7 @@ impl Kernels {
             attention,
             sample_family,
             sample,
+            logit_adjust,
         })
     }
 }

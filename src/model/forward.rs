@@ -5,7 +5,10 @@
 use super::config::ModelConfig;
 use super::loader::HostModel;
 use super::tensor::QTensor;
-use crate::gpu::kernels::{Kernels, WFormat, DECODE_MAX_ROWS, DECODE_TILE, MATMUL_WG, PREFILL_TILE};
+use crate::gpu::kernels::{
+    Kernels, WFormat, DECODE_MAX_ROWS, DECODE_TILE, MATMUL_WG, MAX_TOP_LOGPROBS, PREFILL_TILE, SAMPLE_PARAMS_STRIDE,
+    SAMPLE_RESULT_STRIDE,
+};
 use crate::gpu::Gpu;
 use anyhow::{bail, Result};
 use bytemuck::{Pod, Zeroable};
@@ -75,12 +78,90 @@ pub struct StepLimits {
 }
 
 /// Per-row sampling parameters; `u` is a uniform draw in [0, 1) from the request's generator.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct SampleParams {
     pub temperature: f32,
     pub top_p: f32,
     pub top_k: u32,
     pub u: f32,
+    /// 1.0 = off. Divides positive (multiplies negative) logits of tokens seen in prompt or output.
+    pub repetition_penalty: f32,
+    /// Subtracted once per occurrence in the output.
+    pub frequency_penalty: f32,
+    /// Subtracted once if the token occurs in the output.
+    pub presence_penalty: f32,
+    /// Top log-probabilities to return (at most MAX_TOP_LOGPROBS).
+    pub n_top: u32,
+    /// Tokens whose logits the penalties or a bias change; each id at most once.
+    pub adjust: Vec<Adjust>,
+}
+
+impl Default for SampleParams {
+    fn default() -> Self {
+        SampleParams {
+            temperature: 0.0,
+            top_p: 1.0,
+            top_k: 0,
+            u: 0.0,
+            repetition_penalty: 1.0,
+            frequency_penalty: 0.0,
+            presence_penalty: 0.0,
+            n_top: 0,
+            adjust: vec![],
+        }
+    }
+}
+
+impl SampleParams {
+    /// The per-row words of the step metadata (layout in sample.wgsl / logit_adjust.wgsl).
+    pub(crate) fn words(&self, adj_start: u32) -> [u32; SAMPLE_PARAMS_STRIDE] {
+        [
+            self.temperature.to_bits(),
+            self.top_p.to_bits(),
+            self.top_k,
+            self.u.to_bits(),
+            self.repetition_penalty.to_bits(),
+            self.frequency_penalty.to_bits(),
+            self.presence_penalty.to_bits(),
+            self.n_top.min(MAX_TOP_LOGPROBS as u32),
+            adj_start,
+            self.adjust.len() as u32,
+            0,
+            0,
+        ]
+    }
+}
+
+/// One logit change: token id, times generated so far, whether it is in the prompt, bias.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Adjust {
+    pub id: u32,
+    pub count: u32,
+    pub in_prompt: bool,
+    pub bias: f32,
+}
+
+impl Adjust {
+    pub(crate) fn words(&self) -> [u32; 4] {
+        [self.id, self.count, self.in_prompt as u32, self.bias.to_bits()]
+    }
+}
+
+/// A sampled token: id, log-probability, and the most likely alternatives when asked.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Sampled {
+    pub id: u32,
+    pub logprob: f32,
+    pub top: Vec<(u32, f32)>,
+}
+
+impl Sampled {
+    pub(crate) fn parse(words: &[u32], n_top: u32) -> Sampled {
+        let top = (0..n_top.min(MAX_TOP_LOGPROBS as u32) as usize)
+            .map(|j| (words[2 + 2 * j], f32::from_bits(words[3 + 2 * j])))
+            .collect();
+        Sampled { id: words[0], logprob: f32::from_bits(words[1]), top }
+    }
 }
 
 /// One step's work: tokens (with position, KV slot and sequence index), the sequences' block
@@ -115,6 +196,7 @@ enum OpKind {
     Norm { sampled: bool },
     RopeKv,
     Attention,
+    LogitAdjust,
     Sample,
 }
 
@@ -140,6 +222,8 @@ pub struct Model {
     step_buf: wgpu::Buffer,
     meta_buf: wgpu::Buffer,
     meta_len: usize,
+    adjust_buf: wgpu::Buffer,
+    adjust_cap: usize,
     header: StepHeader,
     off_sample: usize,
     off_params: usize,
@@ -182,7 +266,8 @@ impl Model {
         let max_blocks = limits.max_seq_len.div_ceil(limits.block_size);
 
         // Metadata layout (u32 words): tokens, positions, slots, seq ids, sample rows,
-        // sample params (4 per row), block tables.
+        // sample params (SAMPLE_PARAMS_STRIDE per row), block tables.
+        let ps = SAMPLE_PARAMS_STRIDE;
         let header = StepHeader {
             n_tokens: 0,
             n_sample: 0,
@@ -191,11 +276,14 @@ impl Model {
             off_pos: t_max as u32,
             off_slot: 2 * t_max as u32,
             off_seq: 3 * t_max as u32,
-            off_table: (4 * t_max + 5 * s_max) as u32,
+            off_table: (4 * t_max + (1 + ps) * s_max) as u32,
         };
         let off_sample = 4 * t_max;
         let off_params = 4 * t_max + s_max;
-        let meta_len = 4 * t_max + 5 * s_max + s_max * max_blocks;
+        let meta_len = 4 * t_max + (1 + ps) * s_max + s_max * max_blocks;
+        // Logit adjustments: up to one entry per token of every sampled sequence.
+        let adjust_cap = s_max * limits.max_seq_len;
+        let adjust_buf = g.storage("adjust", (adjust_cap * 16) as u64);
         let meta_buf = g.storage("meta", (meta_len * 4) as u64);
         let step_buf = g.uniform_init("step", bytemuck::bytes_of(&header));
 
@@ -227,8 +315,9 @@ impl Model {
         let act = g.storage("act", f(t_max * cfg.intermediate));
         let final_normed = g.storage("final_normed", f(s_max * cfg.hidden));
         let logits = g.storage("logits", f(s_max * cfg.vocab));
-        let result = g.storage("result", (s_max * 8) as u64);
-        let readback = g.readback("result_readback", (s_max * 8) as u64);
+        let result_bytes = (s_max * SAMPLE_RESULT_STRIDE * 4) as u64;
+        let result = g.storage("result", result_bytes);
+        let readback = g.readback("result_readback", result_bytes);
         for (name, bytes) in
             [("activations", f(t_max * cfg.intermediate.max(cfg.qkv_dim()))), ("logits", f(s_max * cfg.vocab))]
         {
@@ -398,12 +487,19 @@ impl Model {
         matmul_ops(&mut ops, &mut keep, &lm, &final_normed, &logits, cfg.vocab, None, false, true, false);
         let sp = uni(&[cfg.vocab as u32, off_params as u32, 0, 0]);
         ops.push(Op {
+            kind: OpKind::LogitAdjust,
+            bind: kernels
+                .sample_family
+                .bind(g, &[(0, &step_buf), (1, &sp), (2, &meta_buf), (3, &adjust_buf), (4, &logits)]),
+        });
+        ops.push(Op {
             kind: OpKind::Sample,
             bind: kernels
                 .sample_family
                 .bind(g, &[(0, &step_buf), (1, &sp), (2, &meta_buf), (3, &logits), (4, &result)]),
         });
         keep.extend([final_norm, final_p, sp, dummy, final_normed]);
+        keep.push(adjust_buf.clone());
         matrices.push(lm);
 
         Ok(Model {
@@ -416,6 +512,8 @@ impl Model {
             step_buf,
             meta_buf,
             meta_len,
+            adjust_buf,
+            adjust_cap,
             header,
             off_sample,
             off_params,
@@ -464,11 +562,15 @@ impl Model {
         if s.sample_rows.iter().any(|&r| r as usize >= n) {
             bail!("sample row out of range");
         }
+        let adj: usize = s.sampling.iter().map(|p| p.adjust.len()).sum();
+        if adj > self.adjust_cap || s.sampling.iter().flat_map(|p| &p.adjust).any(|a| a.id as usize >= self.cfg.vocab) {
+            bail!("logit adjustments out of range");
+        }
         Ok(())
     }
 
-    /// Runs one forward step and samples one token per sample row: (token id, logprob).
-    pub fn step(&mut self, s: &StepInput) -> Result<Vec<(u32, f32)>> {
+    /// Runs one forward step and samples one token per sample row.
+    pub fn step(&mut self, s: &StepInput) -> Result<Vec<Sampled>> {
         self.check(s)?;
         let n = s.tokens.len() as u32;
         let ns = s.sample_rows.len() as u32;
@@ -483,9 +585,11 @@ impl Model {
         meta[2 * t..2 * t + n as usize].copy_from_slice(&s.slots);
         meta[3 * t..3 * t + n as usize].copy_from_slice(&s.seq_of_token);
         meta[self.off_sample..self.off_sample + ns as usize].copy_from_slice(&s.sample_rows);
+        let mut adjust: Vec<u32> = Vec::new();
         for (i, p) in s.sampling.iter().enumerate() {
-            let b = self.off_params + 4 * i;
-            meta[b..b + 4].copy_from_slice(&[p.temperature.to_bits(), p.top_p.to_bits(), p.top_k, p.u.to_bits()]);
+            let b = self.off_params + SAMPLE_PARAMS_STRIDE * i;
+            meta[b..b + SAMPLE_PARAMS_STRIDE].copy_from_slice(&p.words((adjust.len() / 4) as u32));
+            adjust.extend(p.adjust.iter().flat_map(|a| a.words()));
         }
         let mb = h.max_blocks as usize;
         for (i, tbl) in s.block_tables.iter().enumerate() {
@@ -497,6 +601,10 @@ impl Model {
         let used = h.off_table as usize + s.block_tables.len() * mb;
         g.queue.write_buffer(&self.meta_buf, 0, bytemuck::cast_slice(&meta[..used]));
         g.queue.write_buffer(&self.step_buf, 0, bytemuck::bytes_of(&*h));
+        if !adjust.is_empty() {
+            g.queue.write_buffer(&self.adjust_buf, 0, bytemuck::cast_slice(&adjust));
+        }
+        let any_adjust = !adjust.is_empty();
 
         let mut enc = g.device.create_command_encoder(&Default::default());
         {
@@ -535,6 +643,12 @@ impl Model {
                         (&self.kernels.rope_kv, div_up(threads, 64), 1)
                     }
                     OpKind::Attention => (&self.kernels.attention, div_up(n * cfg.heads as u32, 32), 1),
+                    OpKind::LogitAdjust => {
+                        if ns == 0 || !any_adjust {
+                            continue;
+                        }
+                        (&self.kernels.logit_adjust, ns, 1)
+                    }
                     OpKind::Sample => {
                         if ns == 0 {
                             continue;
@@ -551,12 +665,18 @@ impl Model {
             g.queue.submit([enc.finish()]);
             return Ok(vec![]);
         }
-        let len = ns as u64 * 8;
+        // Read back only as many words per row as the rows asked for.
+        let max_top = s.sampling.iter().map(|p| p.n_top.min(MAX_TOP_LOGPROBS as u32)).max().unwrap_or(0) as usize;
+        let len = (((ns as usize - 1) * SAMPLE_RESULT_STRIDE + 2 + 2 * max_top) * 4) as u64;
         enc.copy_buffer_to_buffer(&self.result, 0, &self.readback, 0, len);
         g.queue.submit([enc.finish()]);
         let bytes = g.read_mapped(&self.readback, len)?;
         let words: &[u32] = bytemuck::cast_slice(&bytes);
-        Ok(words.chunks_exact(2).map(|w| (w[0], f32::from_bits(w[1]))).collect())
+        Ok(s.sampling
+            .iter()
+            .enumerate()
+            .map(|(i, p)| Sampled::parse(&words[i * SAMPLE_RESULT_STRIDE..], p.n_top))
+            .collect())
     }
 
     /// Runs a decode-sized and a prefill-sized step on scratch block 0 so every pipeline is
@@ -572,7 +692,16 @@ impl Model {
                 seq_of_token: vec![0; len],
                 block_tables: vec![vec![0]],
                 sample_rows: vec![len as u32 - 1],
-                sampling: vec![SampleParams { temperature: 1.0, top_p: 0.9, top_k: 5, u: 0.5 }],
+                sampling: vec![SampleParams {
+                    temperature: 1.0,
+                    top_p: 0.9,
+                    top_k: 5,
+                    u: 0.5,
+                    n_top: 2,
+                    adjust: vec![Adjust { id: 1, count: 1, in_prompt: true, bias: 0.5 }],
+                    repetition_penalty: 1.1,
+                    ..Default::default()
+                }],
             })?;
         }
         Ok(())

@@ -1,9 +1,9 @@
 //! Runs single kernels on host data: what the kernel tests and benches drive. The forward step
 //! (forward.rs) records the same pipelines with the same parameter layouts.
 
-use super::forward::{div_up, GpuMatrix, MatParams, SampleParams, StepHeader};
+use super::forward::{div_up, GpuMatrix, MatParams, SampleParams, Sampled, StepHeader};
 use super::tensor::QTensor;
-use crate::gpu::kernels::{Kernels, DECODE_TILE, MATMUL_WG, PREFILL_TILE};
+use crate::gpu::kernels::{Kernels, DECODE_TILE, MATMUL_WG, PREFILL_TILE, SAMPLE_RESULT_STRIDE};
 use crate::gpu::Gpu;
 use anyhow::Result;
 use std::sync::Arc;
@@ -27,6 +27,15 @@ pub struct AttnStep {
     pub slots: Vec<u32>,
     pub seq_of_token: Vec<u32>,
     pub block_tables: Vec<Vec<u32>>,
+}
+
+/// Head counts and sizes of an attention test.
+#[derive(Clone, Copy, Debug)]
+pub struct AttnShape {
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub block_size: usize,
 }
 
 /// KV cache and RoPE table for attention tests, kept across steps.
@@ -164,33 +173,36 @@ impl Harness {
         g.download_f32(&yb, rows * dim)
     }
 
-    /// Samples one token per logits row (vocab wide).
-    pub fn sample(&self, logits: &[f32], vocab: usize, params: &[SampleParams]) -> Result<Vec<(u32, f32)>> {
+    /// Applies penalties/bias (logit_adjust) and samples one token per logits row (vocab wide).
+    /// Also returns the adjusted logits.
+    pub fn sample(&self, logits: &[f32], vocab: usize, params: &[SampleParams]) -> Result<(Vec<Sampled>, Vec<f32>)> {
         let g = &*self.gpu;
         let rows = params.len();
-        let meta: Vec<u32> =
-            params.iter().flat_map(|p| [p.temperature.to_bits(), p.top_p.to_bits(), p.top_k, p.u.to_bits()]).collect();
+        let mut meta = Vec::new();
+        let mut adjust = Vec::new();
+        for p in params {
+            meta.extend(p.words((adjust.len() / 4) as u32));
+            adjust.extend(p.adjust.iter().flat_map(|a| a.words()));
+        }
+        adjust.extend([0u32; 4]);
         let (step, meta) = self.step_buffers(Self::header(rows, rows), &meta);
         let pb = g.uniform_init("p", bytemuck::cast_slice(&[vocab as u32, 0, 0, 0]));
         let lb = g.storage_init("logits", bytemuck::cast_slice(logits));
-        let rb = g.storage("result", (rows * 8) as u64);
+        let ab = g.storage_init("adjust", bytemuck::cast_slice(&adjust));
+        let bytes = (rows * SAMPLE_RESULT_STRIDE * 4) as u64;
+        let rb = g.storage("result", bytes);
+        let adj = self.kernels.sample_family.bind(g, &[(0, &step), (1, &pb), (2, &meta), (3, &ab), (4, &lb)]);
+        self.dispatch(&self.kernels.logit_adjust, &adj, rows as u32, 1);
         let bind = self.kernels.sample_family.bind(g, &[(0, &step), (1, &pb), (2, &meta), (3, &lb), (4, &rb)]);
         self.dispatch(&self.kernels.sample, &bind, rows as u32, 1);
-        let words: Vec<u32> = bytemuck::cast_slice(&g.download(&rb, (rows * 8) as u64)?).to_vec();
-        Ok(words.chunks_exact(2).map(|w| (w[0], f32::from_bits(w[1]))).collect())
+        let words: Vec<u32> = bytemuck::cast_slice(&g.download(&rb, bytes)?).to_vec();
+        let out = params.iter().enumerate().map(|(i, p)| Sampled::parse(&words[i * SAMPLE_RESULT_STRIDE..], p.n_top));
+        Ok((out.collect(), g.download_f32(&lb, rows * vocab)?))
     }
 
     /// A KV cache of `num_blocks` blocks and a RoPE table for positions below `max_pos`.
-    pub fn attn_rig(
-        &self,
-        heads: usize,
-        kv_heads: usize,
-        head_dim: usize,
-        block_size: usize,
-        num_blocks: usize,
-        max_pos: usize,
-        theta: f64,
-    ) -> AttnRig {
+    pub fn attn_rig(&self, shape: AttnShape, num_blocks: usize, max_pos: usize, theta: f64) -> AttnRig {
+        let AttnShape { heads, kv_heads, head_dim, block_size } = shape;
         let g = &*self.gpu;
         let half = head_dim / 2;
         let mut cs = Vec::new();

@@ -1,0 +1,43 @@
+// Repetition / frequency / presence penalties and logit bias, applied to the sampled rows'
+// logits before sampling. One workgroup per row; the row's entries (unique token ids) are
+// adj[start .. start + len], each (id, generated count, 1 if in the prompt, bias f32 bits).
+// Per-row words in md at off_params + 12 * r: [4] repetition penalty, [5] frequency penalty,
+// [6] presence penalty (f32 bits), [8] start, [9] len.
+
+struct AdjustParams {
+    vocab: u32,
+    off_params: u32,
+    _p0: u32,
+    _p1: u32,
+}
+
+@group(0) @binding(0) var<uniform> step: Step;
+@group(0) @binding(1) var<uniform> p: AdjustParams;
+@group(0) @binding(2) var<storage, read> md: array<u32>;
+@group(0) @binding(3) var<storage, read> adj: array<vec4<u32>>;
+@group(0) @binding(4) var<storage, read_write> logits: array<f32>;
+
+@compute @workgroup_size(64)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let r = wid.x;
+    if (r >= step.n_sample) {
+        return;
+    }
+    let pb = p.off_params + 12u * r;
+    let rep = bitcast<f32>(md[pb + 4u]);
+    let freq = bitcast<f32>(md[pb + 5u]);
+    let pres = bitcast<f32>(md[pb + 6u]);
+    let start = md[pb + 8u];
+    let len = md[pb + 9u];
+    for (var e = lid; e < len; e += 64u) {
+        let a = adj[start + e];
+        let idx = r * p.vocab + a.x;
+        var l = logits[idx];
+        if (rep != 1.0 && (a.y > 0u || a.z != 0u)) {
+            l = select(l * rep, l / rep, l > 0.0);
+        }
+        l -= freq * f32(a.y) + select(0.0, pres, a.y > 0u);
+        l += bitcast<f32>(a.w);
+        logits[idx] = l;
+    }
+}
