@@ -1,6 +1,14 @@
 //! Generation on one model: single-sequence generation with chunked prefill over the paged KV
 //! cache (the serving engine with continuous batching builds on the same `Model::step`).
 
+pub mod core;
+pub mod handle;
+pub mod metrics;
+pub mod request;
+
+pub use handle::{Completion, EngineHandle, RequestStream};
+pub use request::{Event, FinishReason, Request, RequestParams, StopConditions, Usage};
+
 use crate::model::forward::{Model, SampleParams, StepInput};
 use crate::sampling::{Rng, SamplingParams};
 use anyhow::{bail, Result};
@@ -128,7 +136,7 @@ pub fn load_model(
     let max_seq_len = cfg.max_sequence_length.min(host.cfg.max_positions.max(1));
     let limits = crate::model::forward::StepLimits {
         max_tokens: cfg.max_num_batched_tokens,
-        max_seqs: cfg.max_decode_batch_size.max(cfg.max_prefill_batch_size),
+        max_seqs: cfg.max_decode_batch_size + cfg.max_prefill_batch_size,
         max_seq_len,
         block_size: cfg.block_size,
         cache_bytes: cfg.total_cache_size,

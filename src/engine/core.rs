@@ -1,0 +1,499 @@
+//! The engine loop: one thread owns the model and the KV cache, schedules every step
+//! (vLLM-style: running sequences first, then waiting ones in arrival order, within a token
+//! budget, with chunked prefill and preemption), runs it as one GPU submission, and streams
+//! each request's tokens back through its channel.
+
+use super::metrics::EngineMetrics;
+use super::request::{Event, FinishReason, Request, RequestParams, Usage};
+use crate::kv::{block_key, BlockId, BlockManager};
+use crate::model::forward::{Adjust, Model, SampleParams, Sampled, StepInput};
+use crate::sampling::Rng;
+use crate::tokenizer::{IncrementalDecoder, Tokenizer};
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use tokio::sync::mpsc::UnboundedSender;
+
+pub(crate) enum Command {
+    Submit {
+        id: u64,
+        req: Request,
+        out: UnboundedSender<Event>,
+    },
+    Abort(u64),
+    /// Stop: with `drain`, finish what is in flight first (new submissions are refused).
+    Shutdown {
+        drain: bool,
+    },
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct SchedulerConfig {
+    pub max_num_batched_tokens: usize,
+    pub max_decode_batch_size: usize,
+    pub max_prefill_batch_size: usize,
+    pub max_seq_len: usize,
+    pub block_size: usize,
+}
+
+struct Seq {
+    id: u64,
+    /// Admission stamp: running sequences are ordered by it; the newest is preempted first.
+    admitted: u64,
+    /// Prompt then generated tokens.
+    tokens: Vec<u32>,
+    prompt_len: usize,
+    /// Tokens whose K/V are in the cache.
+    computed: usize,
+    table: Vec<BlockId>,
+    /// Prefix-cache keys of the table's full blocks, in order.
+    keys: Vec<u64>,
+    params: RequestParams,
+    max_tokens: usize,
+    rng: Rng,
+    out: UnboundedSender<Event>,
+    detok: IncrementalDecoder,
+    /// Released-by-the-detokenizer text held back because it may start a stop string.
+    pending: String,
+    counts: HashMap<u32, u32>,
+    cached_tokens: Option<usize>,
+}
+
+impl Seq {
+    fn generated(&self) -> usize {
+        self.tokens.len() - self.prompt_len
+    }
+
+    fn usage(&self) -> Usage {
+        Usage {
+            prompt_tokens: self.prompt_len,
+            completion_tokens: self.generated(),
+            cached_tokens: self.cached_tokens.unwrap_or(0),
+        }
+    }
+
+    fn sample_params(&mut self) -> SampleParams {
+        let p = &self.params;
+        let mut adj: BTreeMap<u32, Adjust> = BTreeMap::new();
+        let penalties = p.repetition_penalty != 1.0 || p.frequency_penalty != 0.0 || p.presence_penalty != 0.0;
+        if penalties {
+            if p.repetition_penalty != 1.0 {
+                for &t in &self.tokens[..self.prompt_len] {
+                    adj.entry(t).or_insert(Adjust { id: t, count: 0, in_prompt: false, bias: 0.0 }).in_prompt = true;
+                }
+            }
+            for (&t, &c) in &self.counts {
+                adj.entry(t).or_insert(Adjust { id: t, count: 0, in_prompt: false, bias: 0.0 }).count = c;
+            }
+        }
+        for &(t, b) in &p.logit_bias {
+            adj.entry(t).or_insert(Adjust { id: t, count: 0, in_prompt: false, bias: 0.0 }).bias += b;
+        }
+        SampleParams {
+            temperature: p.sampling.temperature,
+            top_p: p.sampling.top_p,
+            top_k: p.sampling.top_k,
+            u: self.rng.uniform(),
+            repetition_penalty: p.repetition_penalty,
+            frequency_penalty: p.frequency_penalty,
+            presence_penalty: p.presence_penalty,
+            n_top: p.logprobs.unwrap_or(0),
+            adjust: adj.into_values().collect(),
+        }
+    }
+}
+
+/// One sequence's share of a step.
+struct Planned {
+    id: u64,
+    start: usize,
+    len: usize,
+}
+
+pub(crate) struct EngineCore {
+    model: Model,
+    tok: Arc<Tokenizer>,
+    bm: BlockManager,
+    cfg: SchedulerConfig,
+    waiting: VecDeque<Seq>,
+    running: Vec<Seq>,
+    clock: u64,
+    metrics: Arc<EngineMetrics>,
+    draining: bool,
+}
+
+/// Longest suffix of `s` that is a proper prefix of one of `stops` (bytes, on a char boundary).
+fn held_suffix(s: &str, stops: &[String]) -> usize {
+    let mut best = 0;
+    for stop in stops {
+        for (i, _) in s.char_indices() {
+            let suffix = &s[i..];
+            if suffix.len() < stop.len() && stop.starts_with(suffix) {
+                best = best.max(suffix.len());
+                break;
+            }
+        }
+    }
+    best
+}
+
+impl EngineCore {
+    pub(crate) fn new(
+        model: Model,
+        tok: Arc<Tokenizer>,
+        cfg: SchedulerConfig,
+        enable_prefix_cache: bool,
+        metrics: Arc<EngineMetrics>,
+    ) -> EngineCore {
+        let bm = BlockManager::new(model.kv.num_blocks, cfg.block_size, enable_prefix_cache);
+        let core = EngineCore {
+            model,
+            tok,
+            bm,
+            cfg,
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            clock: 0,
+            metrics,
+            draining: false,
+        };
+        core.publish();
+        core
+    }
+
+    pub(crate) fn run(mut self, rx: std::sync::mpsc::Receiver<Command>) {
+        loop {
+            let idle = self.waiting.is_empty() && self.running.is_empty();
+            if idle {
+                if self.draining {
+                    return;
+                }
+                match rx.recv() {
+                    Ok(cmd) => {
+                        if !self.handle(cmd) {
+                            return;
+                        }
+                    }
+                    Err(_) => return,
+                }
+            }
+            loop {
+                match rx.try_recv() {
+                    Ok(cmd) => {
+                        if !self.handle(cmd) {
+                            return;
+                        }
+                    }
+                    Err(std::sync::mpsc::TryRecvError::Empty) => break,
+                    // Every handle is gone: finish what is in flight, then stop.
+                    Err(std::sync::mpsc::TryRecvError::Disconnected) => {
+                        self.draining = true;
+                        break;
+                    }
+                }
+            }
+            self.reap_closed();
+            let plan = self.schedule();
+            if plan.is_empty() {
+                if self.running.is_empty() {
+                    if let Some(s) = self.waiting.pop_front() {
+                        // Cannot happen for requests that passed validation; never spin on it.
+                        self.finish(s, FinishReason::Error("request does not fit in the KV cache".into()));
+                    }
+                }
+                self.publish();
+                continue;
+            }
+            self.run_step(plan);
+            self.publish();
+        }
+    }
+
+    /// Returns false when the loop must stop now.
+    fn handle(&mut self, cmd: Command) -> bool {
+        match cmd {
+            Command::Submit { id, req, out } => {
+                if self.draining {
+                    let _ = out.send(Event::Done {
+                        text: String::new(),
+                        reason: FinishReason::Error("the engine is shutting down".into()),
+                        usage: Usage::default(),
+                    });
+                    return true;
+                }
+                let prompt_len = req.prompt.len();
+                let max_tokens = req.params.stop.max_tokens.unwrap_or(self.cfg.max_seq_len - prompt_len);
+                let seed = req.params.sampling.seed;
+                self.waiting.push_back(Seq {
+                    id,
+                    admitted: 0,
+                    tokens: req.prompt,
+                    prompt_len,
+                    computed: 0,
+                    table: vec![],
+                    keys: vec![],
+                    params: req.params,
+                    max_tokens,
+                    rng: seed.map(Rng::new).unwrap_or_else(Rng::from_entropy),
+                    out,
+                    detok: IncrementalDecoder::new(true),
+                    pending: String::new(),
+                    counts: HashMap::new(),
+                    cached_tokens: None,
+                });
+            }
+            Command::Abort(id) => self.abort(id),
+            Command::Shutdown { drain } => {
+                if !drain {
+                    let ids: Vec<u64> =
+                        self.running.iter().map(|s| s.id).chain(self.waiting.iter().map(|s| s.id)).collect();
+                    for id in ids {
+                        self.abort(id);
+                    }
+                    self.publish();
+                    return false;
+                }
+                self.draining = true;
+            }
+        }
+        true
+    }
+
+    fn abort(&mut self, id: u64) {
+        if let Some(i) = self.waiting.iter().position(|s| s.id == id) {
+            let s = self.waiting.remove(i).expect("index from position");
+            self.finish(s, FinishReason::Abort);
+        } else if let Some(i) = self.running.iter().position(|s| s.id == id) {
+            let s = self.running.remove(i);
+            self.finish(s, FinishReason::Abort);
+        }
+    }
+
+    /// Aborts requests whose receiver is gone (client disconnected, stream dropped).
+    fn reap_closed(&mut self) {
+        let ids: Vec<u64> =
+            self.running.iter().chain(self.waiting.iter()).filter(|s| s.out.is_closed()).map(|s| s.id).collect();
+        for id in ids {
+            self.abort(id);
+        }
+    }
+
+    /// Ends a sequence that is in neither queue any more: frees its blocks, tells the caller.
+    fn finish(&mut self, mut s: Seq, reason: FinishReason) {
+        self.bm.release(&s.table);
+        s.table.clear();
+        let counter = match reason {
+            FinishReason::Abort => &self.metrics.requests_aborted,
+            FinishReason::Error(_) => &self.metrics.requests_failed,
+            _ => &self.metrics.requests_finished,
+        };
+        counter.fetch_add(1, Relaxed);
+        let mut text = std::mem::take(&mut s.pending);
+        if matches!(reason, FinishReason::Length | FinishReason::Stop) {
+            text.push_str(&s.detok.finish(&self.tok));
+        }
+        let _ = s.out.send(Event::Done { text, reason, usage: s.usage() });
+    }
+
+    fn preempt(&mut self, idx: usize) {
+        let mut s = self.running.remove(idx);
+        self.bm.release(&s.table);
+        s.table.clear();
+        s.keys.clear();
+        s.computed = 0;
+        self.metrics.preemptions.fetch_add(1, Relaxed);
+        self.waiting.push_front(s);
+    }
+
+    fn schedule(&mut self) -> Vec<Planned> {
+        let bs = self.cfg.block_size;
+        let max_seqs = self.model.limits.max_seqs;
+        let mut budget = self.cfg.max_num_batched_tokens;
+        let mut plan = Vec::new();
+        let (mut n_decode, mut n_prefill) = (0, 0);
+
+        // Running sequences, oldest first: decode tokens and continuing prefill chunks.
+        let mut i = 0;
+        while i < self.running.len() && budget > 0 && plan.len() < max_seqs {
+            let s = &self.running[i];
+            let remaining = s.tokens.len() - s.computed;
+            let decode = remaining == 1;
+            if (decode && n_decode >= self.cfg.max_decode_batch_size)
+                || (!decode && n_prefill >= self.cfg.max_prefill_batch_size)
+            {
+                i += 1;
+                continue;
+            }
+            let len = remaining.min(budget);
+            let need = (s.computed + len).div_ceil(bs);
+            let mut preempted_self = false;
+            while self.running[i].table.len() < need {
+                match self.bm.allocate() {
+                    Some(b) => self.running[i].table.push(b),
+                    None => {
+                        // Out of blocks: preempt the most recently admitted sequence.
+                        let victim = self.running.len() - 1;
+                        self.preempt(victim);
+                        if victim == i {
+                            preempted_self = true;
+                            break;
+                        }
+                    }
+                }
+            }
+            if preempted_self {
+                break;
+            }
+            let s = &self.running[i];
+            plan.push(Planned { id: s.id, start: s.computed, len });
+            budget -= len;
+            if decode {
+                n_decode += 1;
+            } else {
+                n_prefill += 1;
+            }
+            i += 1;
+        }
+
+        // Waiting sequences in arrival order (preempted ones are at the front).
+        while budget > 0 && n_prefill < self.cfg.max_prefill_batch_size && plan.len() < max_seqs {
+            let Some(s) = self.waiting.front() else { break };
+            // Reuse cached full blocks, but always compute the last token (its logits are needed).
+            let (hits, keys) = self.bm.lookup_prefix(&s.tokens, s.tokens.len() - 1);
+            let computed = hits.len() * bs;
+            let len = (s.tokens.len() - computed).min(budget);
+            let need = (computed + len).div_ceil(bs) - hits.len();
+            if self.bm.available() < need {
+                self.bm.release(&hits);
+                break;
+            }
+            let mut s = self.waiting.pop_front().expect("front exists");
+            s.table = hits;
+            for _ in 0..need {
+                s.table.push(self.bm.allocate().expect("checked available"));
+            }
+            s.keys = keys;
+            s.computed = computed;
+            s.cached_tokens.get_or_insert(computed.min(s.prompt_len));
+            self.clock += 1;
+            s.admitted = self.clock;
+            plan.push(Planned { id: s.id, start: computed, len });
+            budget -= len;
+            n_prefill += 1;
+            self.running.push(s);
+        }
+        plan
+    }
+
+    fn run_step(&mut self, plan: Vec<Planned>) {
+        let bs = self.cfg.block_size as u32;
+        let index: HashMap<u64, usize> = self.running.iter().enumerate().map(|(i, s)| (s.id, i)).collect();
+        let mut input = StepInput::default();
+        let mut sampled_seqs = Vec::new();
+        for (j, p) in plan.iter().enumerate() {
+            let s = &mut self.running[index[&p.id]];
+            for pos in p.start..p.start + p.len {
+                input.tokens.push(s.tokens[pos]);
+                input.positions.push(pos as u32);
+                input.slots.push(s.table[pos / bs as usize] * bs + pos as u32 % bs);
+                input.seq_of_token.push(j as u32);
+            }
+            input.block_tables.push(s.table.clone());
+            if p.start + p.len == s.tokens.len() {
+                input.sample_rows.push(input.tokens.len() as u32 - 1);
+                input.sampling.push(s.sample_params());
+                sampled_seqs.push(p.id);
+            }
+        }
+        let results = match self.model.step(&input) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::error!("step failed: {e:#}");
+                let msg = format!("engine step failed: {e:#}");
+                for p in &plan {
+                    if let Some(i) = self.running.iter().position(|s| s.id == p.id) {
+                        let s = self.running.remove(i);
+                        self.finish(s, FinishReason::Error(msg.clone()));
+                    }
+                }
+                return;
+            }
+        };
+        self.metrics.steps.fetch_add(1, Relaxed);
+        for p in &plan {
+            let s = &mut self.running[index[&p.id]];
+            let decode = p.len == 1 && p.start + 1 == s.tokens.len() && s.generated() > 0;
+            if !decode {
+                self.metrics.prefill_tokens.fetch_add(p.len as u64, Relaxed);
+            }
+            s.computed += p.len;
+            // Register blocks that just became full in the prefix cache.
+            let full = s.computed / bs as usize;
+            while s.keys.len() < full {
+                let i = s.keys.len();
+                let parent = if i == 0 { 0 } else { s.keys[i - 1] };
+                let key = block_key(parent, &s.tokens[i * bs as usize..(i + 1) * bs as usize]);
+                self.bm.register(s.table[i], key);
+                s.keys.push(key);
+            }
+        }
+        let mut done: Vec<(u64, FinishReason)> = Vec::new();
+        for (id, r) in sampled_seqs.iter().zip(results) {
+            self.metrics.decode_tokens.fetch_add(1, Relaxed);
+            let s = &mut self.running[index[id]];
+            if let Some(reason) = Self::accept(&self.tok, s, r, self.cfg.max_seq_len) {
+                done.push((*id, reason));
+            }
+        }
+        for (id, reason) in done {
+            if let Some(i) = self.running.iter().position(|s| s.id == id) {
+                let s = self.running.remove(i);
+                self.finish(s, reason);
+            }
+        }
+    }
+
+    /// Appends a sampled token, streams its text, and says whether the sequence is finished.
+    fn accept(tok: &Tokenizer, s: &mut Seq, r: Sampled, max_seq_len: usize) -> Option<FinishReason> {
+        let id = r.id;
+        s.tokens.push(id);
+        *s.counts.entry(id).or_insert(0) += 1;
+        let stop = &s.params.stop;
+        if (!stop.ignore_eos && tok.is_eos(id)) || stop.stop_token_ids.contains(&id) {
+            return Some(FinishReason::Stop);
+        }
+        s.pending.push_str(&s.detok.push(tok, id));
+        let mut reason = None;
+        let text = if let Some(pos) = stop.stop.iter().filter_map(|st| s.pending.find(st.as_str())).min() {
+            let t = s.pending[..pos].to_string();
+            s.pending.clear();
+            reason = Some(FinishReason::Stop);
+            t
+        } else {
+            let hold = held_suffix(&s.pending, &stop.stop);
+            let cut = s.pending.len() - hold;
+            let t = s.pending[..cut].to_string();
+            s.pending.drain(..cut);
+            t
+        };
+        if s.out.send(Event::Token { id, text, logprob: r.logprob, top: r.top }).is_err() {
+            return Some(FinishReason::Abort);
+        }
+        if reason.is_none() && (s.generated() >= s.max_tokens || s.tokens.len() >= max_seq_len) {
+            reason = Some(FinishReason::Length);
+        }
+        reason
+    }
+
+    fn publish(&self) {
+        let m = &self.metrics;
+        let st = self.bm.stats();
+        m.waiting.store(self.waiting.len() as u64, Relaxed);
+        m.running.store(self.running.len() as u64, Relaxed);
+        m.kv_blocks_total.store(st.total as u64, Relaxed);
+        m.kv_blocks_used.store(st.in_use as u64, Relaxed);
+        m.kv_blocks_free.store((st.free + st.cached_idle) as u64, Relaxed);
+        m.prefix_queries.store(st.prefix_queries, Relaxed);
+        m.prefix_hits.store(st.prefix_hits, Relaxed);
+    }
+}

@@ -1,0 +1,218 @@
+//! The async handle to the engine thread: submit a request, get its token stream; dropping the
+//! stream (or calling abort) ends the request and frees its KV blocks.
+
+use super::core::{Command, EngineCore, SchedulerConfig};
+use super::metrics::EngineMetrics;
+use super::request::{Event, FinishReason, Request, Usage};
+use crate::config::EngineConfig;
+use crate::gpu::kernels::MAX_TOP_LOGPROBS;
+use crate::model::forward::Model;
+use crate::tokenizer::Tokenizer;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::mpsc::Sender;
+use std::sync::{Arc, Mutex};
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+
+/// Facts about the running engine (for logs, /v1/models, validation).
+#[derive(Clone, Debug)]
+pub struct EngineInfo {
+    pub max_seq_len: usize,
+    pub block_size: usize,
+    pub num_blocks: usize,
+    pub vocab: usize,
+    pub adapter: String,
+}
+
+#[derive(Clone)]
+pub struct EngineHandle {
+    tx: Sender<Command>,
+    next_id: Arc<AtomicU64>,
+    thread: Arc<Mutex<Option<std::thread::JoinHandle<()>>>>,
+    pub metrics: Arc<EngineMetrics>,
+    pub tokenizer: Arc<Tokenizer>,
+    pub info: Arc<EngineInfo>,
+}
+
+/// A request's output. Ends with `Event::Done`.
+#[derive(Debug)]
+pub struct RequestStream {
+    pub id: u64,
+    rx: UnboundedReceiver<Event>,
+    tx: Sender<Command>,
+    finished: bool,
+}
+
+/// A request's whole output, gathered.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Completion {
+    pub ids: Vec<u32>,
+    pub text: String,
+    pub logprobs: Vec<f32>,
+    pub reason: FinishReason,
+    pub usage: Usage,
+}
+
+impl RequestStream {
+    fn note(&mut self, e: &Option<Event>) {
+        if matches!(e, None | Some(Event::Done { .. })) {
+            self.finished = true;
+        }
+    }
+
+    pub async fn next(&mut self) -> Option<Event> {
+        let e = self.rx.recv().await;
+        self.note(&e);
+        e
+    }
+
+    /// Blocking receive, for callers outside an async runtime.
+    pub fn next_blocking(&mut self) -> Option<Event> {
+        let e = self.rx.blocking_recv();
+        self.note(&e);
+        e
+    }
+
+    /// Ends the request now; its blocks are freed by the engine.
+    pub fn abort(&mut self) {
+        if !self.finished {
+            let _ = self.tx.send(Command::Abort(self.id));
+            self.finished = true;
+        }
+    }
+
+    /// Waits for the whole output (outside an async runtime).
+    pub fn collect_blocking(mut self) -> Completion {
+        let mut c = Completion {
+            ids: vec![],
+            text: String::new(),
+            logprobs: vec![],
+            reason: FinishReason::Error("stream ended early".into()),
+            usage: Usage::default(),
+        };
+        while let Some(e) = self.next_blocking() {
+            match e {
+                Event::Token { id, text, logprob, .. } => {
+                    c.ids.push(id);
+                    c.text.push_str(&text);
+                    c.logprobs.push(logprob);
+                }
+                Event::Done { text, reason, usage } => {
+                    c.text.push_str(&text);
+                    c.reason = reason;
+                    c.usage = usage;
+                    break;
+                }
+            }
+        }
+        c
+    }
+}
+
+impl Drop for RequestStream {
+    fn drop(&mut self) {
+        self.abort();
+    }
+}
+
+impl EngineHandle {
+    /// Starts the engine thread, which takes ownership of the model.
+    pub fn start(model: Model, tokenizer: Tokenizer, cfg: &EngineConfig) -> EngineHandle {
+        let sched = SchedulerConfig {
+            max_num_batched_tokens: cfg.max_num_batched_tokens.min(model.limits.max_tokens),
+            max_decode_batch_size: cfg.max_decode_batch_size,
+            max_prefill_batch_size: cfg.max_prefill_batch_size,
+            max_seq_len: model.limits.max_seq_len,
+            block_size: model.limits.block_size,
+        };
+        let info = Arc::new(EngineInfo {
+            max_seq_len: model.limits.max_seq_len,
+            block_size: model.limits.block_size,
+            num_blocks: model.kv.num_blocks,
+            vocab: model.cfg.vocab,
+            adapter: model.gpu.describe(),
+        });
+        let tokenizer = Arc::new(tokenizer);
+        let metrics = Arc::new(EngineMetrics::default());
+        let core = EngineCore::new(model, tokenizer.clone(), sched, cfg.enable_prefix_cache, metrics.clone());
+        let (tx, rx) = std::sync::mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name("torus-engine".into())
+            .spawn(move || core.run(rx))
+            .expect("spawn the engine thread");
+        EngineHandle {
+            tx,
+            next_id: Arc::new(AtomicU64::new(1)),
+            thread: Arc::new(Mutex::new(Some(thread))),
+            metrics,
+            tokenizer,
+            info,
+        }
+    }
+
+    /// Checks a request against the engine's limits; the error says what is wrong.
+    pub fn validate(&self, req: &Request) -> Result<(), String> {
+        let n = req.prompt.len();
+        let info = &self.info;
+        if n == 0 {
+            return Err("the prompt is empty".into());
+        }
+        if n >= info.max_seq_len {
+            return Err(format!(
+                "the prompt has {n} tokens, but max_sequence_length is {} (prompt plus at least one generated token must fit)",
+                info.max_seq_len
+            ));
+        }
+        let max_tokens = req.params.stop.max_tokens.unwrap_or(info.max_seq_len - n);
+        if n + max_tokens > info.max_seq_len {
+            return Err(format!(
+                "the prompt ({n} tokens) plus max_tokens ({max_tokens}) exceeds max_sequence_length {}",
+                info.max_seq_len
+            ));
+        }
+        if (n + max_tokens).div_ceil(info.block_size) > info.num_blocks {
+            return Err(format!(
+                "the request needs {} KV blocks, the cache has {}",
+                (n + max_tokens).div_ceil(info.block_size),
+                info.num_blocks
+            ));
+        }
+        if let Some(&t) = req.prompt.iter().find(|&&t| t as usize >= info.vocab) {
+            return Err(format!("token id {t} is outside the vocabulary ({})", info.vocab));
+        }
+        if let Some(&(t, _)) = req.params.logit_bias.iter().find(|(t, _)| *t as usize >= info.vocab) {
+            return Err(format!("logit_bias token id {t} is outside the vocabulary ({})", info.vocab));
+        }
+        if req.params.logprobs.unwrap_or(0) as usize > MAX_TOP_LOGPROBS {
+            return Err(format!("at most {MAX_TOP_LOGPROBS} top logprobs can be returned"));
+        }
+        let s = &req.params.sampling;
+        if !(s.temperature >= 0.0 && s.temperature.is_finite()) {
+            return Err("temperature must be >= 0".into());
+        }
+        if !(s.top_p > 0.0 && s.top_p <= 1.0) {
+            return Err("top_p must be in (0, 1]".into());
+        }
+        if !(req.params.repetition_penalty > 0.0 && req.params.repetition_penalty.is_finite()) {
+            return Err("repetition_penalty must be > 0".into());
+        }
+        Ok(())
+    }
+
+    /// Validates and queues a request; nothing is allocated for a rejected one.
+    pub fn submit(&self, req: Request) -> Result<RequestStream, String> {
+        self.validate(&req)?;
+        let id = self.next_id.fetch_add(1, Relaxed);
+        let (out, rx) = unbounded_channel();
+        self.tx.send(Command::Submit { id, req, out }).map_err(|_| "the engine has stopped".to_string())?;
+        Ok(RequestStream { id, rx, tx: self.tx.clone(), finished: false })
+    }
+
+    /// Stops the engine thread: with `drain`, after finishing in-flight requests; otherwise
+    /// aborting them. Waits for the thread to exit.
+    pub fn shutdown(&self, drain: bool) {
+        let _ = self.tx.send(Command::Shutdown { drain });
+        if let Some(t) = self.thread.lock().ok().and_then(|mut g| g.take()) {
+            let _ = t.join();
+        }
+    }
+}

@@ -1,0 +1,61 @@
+//! Counters the engine keeps for the server to export.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+#[derive(Default, Debug)]
+pub struct EngineMetrics {
+    pub waiting: AtomicU64,
+    pub running: AtomicU64,
+    pub kv_blocks_total: AtomicU64,
+    pub kv_blocks_used: AtomicU64,
+    pub kv_blocks_free: AtomicU64,
+    pub prefix_queries: AtomicU64,
+    pub prefix_hits: AtomicU64,
+    pub preemptions: AtomicU64,
+    pub prefill_tokens: AtomicU64,
+    pub decode_tokens: AtomicU64,
+    pub steps: AtomicU64,
+    pub requests_finished: AtomicU64,
+    pub requests_aborted: AtomicU64,
+    pub requests_failed: AtomicU64,
+}
+
+/// A plain copy of the counters at one moment.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MetricsSnapshot {
+    pub waiting: u64,
+    pub running: u64,
+    pub kv_blocks_total: u64,
+    pub kv_blocks_used: u64,
+    pub kv_blocks_free: u64,
+    pub prefix_queries: u64,
+    pub prefix_hits: u64,
+    pub preemptions: u64,
+    pub prefill_tokens: u64,
+    pub decode_tokens: u64,
+    pub steps: u64,
+    pub requests_finished: u64,
+    pub requests_aborted: u64,
+    pub requests_failed: u64,
+}
+
+impl EngineMetrics {
+    pub fn snapshot(&self) -> MetricsSnapshot {
+        MetricsSnapshot {
+            waiting: self.waiting.load(Relaxed),
+            running: self.running.load(Relaxed),
+            kv_blocks_total: self.kv_blocks_total.load(Relaxed),
+            kv_blocks_used: self.kv_blocks_used.load(Relaxed),
+            kv_blocks_free: self.kv_blocks_free.load(Relaxed),
+            prefix_queries: self.prefix_queries.load(Relaxed),
+            prefix_hits: self.prefix_hits.load(Relaxed),
+            preemptions: self.preemptions.load(Relaxed),
+            prefill_tokens: self.prefill_tokens.load(Relaxed),
+            decode_tokens: self.decode_tokens.load(Relaxed),
+            steps: self.steps.load(Relaxed),
+            requests_finished: self.requests_finished.load(Relaxed),
+            requests_aborted: self.requests_aborted.load(Relaxed),
+            requests_failed: self.requests_failed.load(Relaxed),
+        }
+    }
+}

@@ -1,0 +1,93 @@
+//! What callers submit to the engine and what they get back.
+
+use crate::sampling::SamplingParams;
+
+/// When a request stops.
+#[derive(Clone, Debug, Default)]
+pub struct StopConditions {
+    /// Most tokens to generate (None: up to max_sequence_length).
+    pub max_tokens: Option<usize>,
+    /// Extra token ids that end the request (their text is not emitted).
+    pub stop_token_ids: Vec<u32>,
+    /// Strings that end the request, matched on the detokenized text even across token
+    /// boundaries; the matched text is not emitted.
+    pub stop: Vec<String>,
+    /// Keep going past the model's end-of-sequence ids.
+    pub ignore_eos: bool,
+}
+
+/// Everything about how one request samples and stops.
+#[derive(Clone, Debug)]
+pub struct RequestParams {
+    pub sampling: SamplingParams,
+    pub repetition_penalty: f32,
+    pub frequency_penalty: f32,
+    pub presence_penalty: f32,
+    /// (token id, bias added to its logit).
+    pub logit_bias: Vec<(u32, f32)>,
+    /// Some(n): return the chosen token's logprob and the n most likely alternatives (n <= 20).
+    pub logprobs: Option<u32>,
+    pub stop: StopConditions,
+}
+
+impl Default for RequestParams {
+    fn default() -> Self {
+        RequestParams {
+            sampling: SamplingParams::default(),
+            repetition_penalty: 1.0,
+            frequency_penalty: 0.0,
+            presence_penalty: 0.0,
+            logit_bias: vec![],
+            logprobs: None,
+            stop: StopConditions::default(),
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct Request {
+    pub prompt: Vec<u32>,
+    pub params: RequestParams,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FinishReason {
+    /// An end-of-sequence id, stop token or stop string.
+    Stop,
+    /// max_tokens or the context length was reached.
+    Length,
+    /// Aborted by the caller.
+    Abort,
+    /// The engine failed this request (the message says why).
+    Error(String),
+}
+
+impl FinishReason {
+    /// OpenAI's finish_reason string.
+    pub fn as_openai(&self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+            FinishReason::Abort => "abort",
+            FinishReason::Error(_) => "error",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    /// Prompt tokens served from the prefix cache at admission.
+    pub cached_tokens: usize,
+}
+
+/// What a request's stream yields.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Event {
+    /// A generated token and the text it released (possibly empty while text is held back for
+    /// an incomplete UTF-8 character or a possible stop string).
+    Token { id: u32, text: String, logprob: f32, top: Vec<(u32, f32)> },
+    /// The end: any remaining text, why, and the token counts.
+    Done { text: String, reason: FinishReason, usage: Usage },
+}

@@ -1,0 +1,318 @@
+//! The serving engine: continuous batching, chunked prefill, prefix cache, preemption, abort,
+//! seeded sampling and stop conditions, checked as properties (batched == alone, cache on ==
+//! off) and against the fixtures.
+
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use torus_wgpu::config::EngineConfig;
+use torus_wgpu::engine::{load_model, EngineHandle, FinishReason, Request, RequestParams, StopConditions};
+use torus_wgpu::gpu::Gpu;
+use torus_wgpu::sampling::SamplingParams;
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures")
+}
+
+fn tiny() -> PathBuf {
+    fixtures().join("tiny-qwen2")
+}
+
+fn smollm2() -> Option<PathBuf> {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    if p.exists() {
+        Some(p)
+    } else {
+        eprintln!("SKIPPED: {} missing (scripts/fetch-model.sh)", p.display());
+        None
+    }
+}
+
+fn engine(path: &Path, f: impl FnOnce(&mut EngineConfig)) -> EngineHandle {
+    let gpu = Arc::new(Gpu::new(None).expect("a wgpu adapter"));
+    let mut cfg = EngineConfig {
+        max_num_batched_tokens: 256,
+        max_sequence_length: 256,
+        total_cache_size: 32 << 20,
+        max_decode_batch_size: 16,
+        max_prefill_batch_size: 4,
+        ..Default::default()
+    };
+    f(&mut cfg);
+    let (model, tok) = load_model(path, &cfg, gpu, &|_, _| {}).unwrap();
+    EngineHandle::start(model, tok, &cfg)
+}
+
+fn greedy_req(prompt: &[u32], n: usize) -> Request {
+    Request {
+        prompt: prompt.to_vec(),
+        params: RequestParams {
+            stop: StopConditions { max_tokens: Some(n), ignore_eos: true, ..Default::default() },
+            ..Default::default()
+        },
+    }
+}
+
+fn run_alone(e: &EngineHandle, reqs: &[Request]) -> Vec<Vec<u32>> {
+    reqs.iter().map(|r| e.submit(r.clone()).unwrap().collect_blocking().ids).collect()
+}
+
+fn run_together(e: &EngineHandle, reqs: &[Request]) -> Vec<Vec<u32>> {
+    let streams: Vec<_> = reqs.iter().map(|r| e.submit(r.clone()).unwrap()).collect();
+    streams.into_iter().map(|s| s.collect_blocking().ids).collect()
+}
+
+/// Waits (bounded) until the engine is idle with every KV block free.
+fn assert_all_blocks_free(e: &EngineHandle) {
+    let t = Instant::now();
+    loop {
+        let m = e.metrics.snapshot();
+        if m.running == 0 && m.waiting == 0 && m.kv_blocks_used == 0 {
+            assert_eq!(m.kv_blocks_free, m.kv_blocks_total);
+            return;
+        }
+        assert!(t.elapsed() < Duration::from_secs(20), "blocks still in use: {m:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn ids(v: &Value) -> Vec<u32> {
+    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+}
+
+/// Prompts of different lengths (1..60 tokens) from a fixed generator, for the tiny model.
+fn tiny_prompts(n: usize) -> Vec<Vec<u32>> {
+    let mut rng = torus_wgpu::sampling::Rng::new(11);
+    (0..n).map(|i| (0..1 + (i * 13) % 60).map(|_| (rng.next_u64() % 500) as u32).collect()).collect()
+}
+
+#[test]
+fn batching_invariance_tiny_qwen2_matches_fixtures() {
+    let reference: Value =
+        serde_json::from_str(&std::fs::read_to_string(fixtures().join("tiny-qwen2-reference.json")).unwrap()).unwrap();
+    let fixture: Vec<(Vec<u32>, Vec<u32>)> = reference["prompts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| (ids(&p["input_ids"]), ids(&p["greedy_ids"])))
+        .collect();
+    let mut reqs: Vec<Request> = fixture.iter().map(|(p, g)| greedy_req(p, g.len())).collect();
+    reqs.extend(tiny_prompts(7).iter().map(|p| greedy_req(p, 20)));
+    let e = engine(&tiny(), |_| {});
+    let alone = run_alone(&e, &reqs);
+    for ((_, want), got) in fixture.iter().zip(&alone) {
+        assert_eq!(got, want, "alone vs fixture");
+    }
+    let together = run_together(&e, &reqs);
+    assert_eq!(together, alone, "batched output differs from alone");
+    assert_all_blocks_free(&e);
+}
+
+#[test]
+fn batching_invariance_smollm2() {
+    let Some(path) = smollm2() else { return };
+    let e = engine(&path, |_| {});
+    let tok = e.tokenizer.clone();
+    let texts = [
+        "The capital of France is",
+        "Write a haiku about GPUs.",
+        "List three prime numbers:",
+        "def fibonacci(n):",
+        "Once upon a time, in a land far away,",
+        "The quick brown fox",
+        "1, 2, 3, 4,",
+        "Rust is a programming language that",
+    ];
+    let reqs: Vec<Request> = texts.iter().map(|t| greedy_req(&tok.encode(t).unwrap(), 12)).collect();
+    let alone = run_alone(&e, &reqs);
+    let together = run_together(&e, &reqs);
+    assert_eq!(together, alone);
+    // The plain prompt also matches the PyTorch reference's greedy tokens.
+    let reference: Value =
+        serde_json::from_str(&std::fs::read_to_string(fixtures().join("smollm2-reference.json")).unwrap()).unwrap();
+    let want = ids(&reference["prompts"][0]["greedy"]["generated_ids"]);
+    assert_eq!(alone[0], want[..12]);
+    assert_all_blocks_free(&e);
+}
+
+#[test]
+fn prefix_cache_on_equals_off_and_saves_prefill() {
+    let system: Vec<u32> = (0..50).map(|i| (i * 7 % 500) as u32).collect();
+    let reqs: Vec<Request> =
+        tiny_prompts(6).iter().map(|p| greedy_req(&[system.clone(), p.clone()].concat(), 10)).collect();
+    let on = engine(&tiny(), |c| c.enable_prefix_cache = true);
+    let off = engine(&tiny(), |c| c.enable_prefix_cache = false);
+    // Sequentially, so later requests can hit blocks the earlier ones cached.
+    let a = run_alone(&on, &reqs);
+    let b = run_alone(&off, &reqs);
+    assert_eq!(a, b);
+    let (m_on, m_off) = (on.metrics.snapshot(), off.metrics.snapshot());
+    assert!(m_on.prefix_hits > 0, "{m_on:?}");
+    assert_eq!(m_off.prefix_hits, 0);
+    assert!(m_on.prefill_tokens < m_off.prefill_tokens, "{} vs {}", m_on.prefill_tokens, m_off.prefill_tokens);
+    // Batched with the cache warm: still the same tokens.
+    assert_eq!(run_together(&on, &reqs), a);
+    // Usage reports the cached prompt tokens.
+    let c = on.submit(reqs[0].clone()).unwrap().collect_blocking();
+    assert!(c.usage.cached_tokens >= 48, "{:?}", c.usage);
+    assert_all_blocks_free(&on);
+    assert_all_blocks_free(&off);
+}
+
+#[test]
+fn preemption_when_the_pool_is_too_small() {
+    // tiny-qwen2: one 16-token block of K+V over 2 layers = 2 * 2 * 16 * 32 * 4 bytes = 8 KiB.
+    let e = engine(&tiny(), |c| {
+        c.total_cache_size = 14 * 8192;
+        c.enable_prefix_cache = false;
+    });
+    assert_eq!(e.info.num_blocks, 14);
+    let reqs: Vec<Request> = tiny_prompts(8).iter().skip(2).map(|p| greedy_req(p, 40)).collect();
+    let alone = run_alone(&e, &reqs);
+    assert_eq!(e.metrics.snapshot().preemptions, 0);
+    let together = run_together(&e, &reqs);
+    assert!(e.metrics.snapshot().preemptions > 0, "expected preemption: {:?}", e.metrics.snapshot());
+    assert_eq!(together, alone);
+    assert_all_blocks_free(&e);
+}
+
+#[test]
+fn chunked_prefill_equals_unchunked() {
+    let prompt: Vec<u32> = (0..100).map(|i| (i * 31 % 509) as u32).collect();
+    let whole = engine(&tiny(), |c| c.max_num_batched_tokens = 256);
+    let chunked = engine(&tiny(), |c| c.max_num_batched_tokens = 16);
+    let req = greedy_req(&prompt, 20);
+    let a = run_alone(&whole, std::slice::from_ref(&req));
+    let b = run_alone(&chunked, std::slice::from_ref(&req));
+    assert_eq!(a, b);
+    // Chunked prefill of a long prompt while other sequences decode.
+    let mut reqs = vec![req];
+    reqs.extend(tiny_prompts(4).iter().map(|p| greedy_req(p, 20)));
+    let alone = run_alone(&chunked, &reqs);
+    assert_eq!(run_together(&chunked, &reqs), alone);
+    assert_all_blocks_free(&chunked);
+}
+
+#[test]
+fn abort_and_dropped_streams_free_blocks() {
+    let e = engine(&tiny(), |_| {});
+    let mut s = e.submit(greedy_req(&tiny_prompts(3)[2], 200)).unwrap();
+    let mut n = 0;
+    while n < 3 {
+        if let Some(torus_wgpu::engine::Event::Token { .. }) = s.next_blocking() {
+            n += 1;
+        }
+    }
+    drop(s);
+    assert_all_blocks_free(&e);
+    let mut s = e.submit(greedy_req(&tiny_prompts(3)[2], 200)).unwrap();
+    s.next_blocking();
+    s.abort();
+    assert_all_blocks_free(&e);
+    let m = e.metrics.snapshot();
+    assert_eq!(m.requests_aborted, 2, "{m:?}");
+}
+
+#[test]
+fn seeded_sampling_is_reproducible_in_a_busy_batch() {
+    let e = engine(&tiny(), |_| {});
+    let prompt = tiny_prompts(5)[4].clone();
+    let seeded = |seed| Request {
+        prompt: prompt.clone(),
+        params: RequestParams {
+            sampling: SamplingParams { temperature: 0.9, top_p: 0.95, top_k: 50, seed: Some(seed) },
+            stop: StopConditions { max_tokens: Some(24), ignore_eos: true, ..Default::default() },
+            ..Default::default()
+        },
+    };
+    let alone = run_alone(&e, &[seeded(7)])[0].clone();
+    let mut busy: Vec<Request> = tiny_prompts(6).iter().map(|p| greedy_req(p, 30)).collect();
+    busy.insert(3, seeded(7));
+    busy.push(seeded(8));
+    let out = run_together(&e, &busy);
+    assert_eq!(out[3], alone, "same seed, same tokens inside a busy batch");
+    assert_ne!(out.last().unwrap(), &alone, "another seed gives other tokens");
+}
+
+#[test]
+fn stop_strings_stop_tokens_and_max_tokens() {
+    let Some(path) = smollm2() else { return };
+    let e = engine(&path, |_| {});
+    let prompt = e.tokenizer.encode("The capital of France is").unwrap();
+    let plain = e.submit(greedy_req(&prompt, 24)).unwrap().collect_blocking();
+    assert_eq!(plain.reason, FinishReason::Length);
+    assert_eq!(plain.ids.len(), 24);
+    assert!(plain.text.contains("answer is"), "{:?}", plain.text);
+    // A stop string spanning tokens: the text before it is emitted, not the match.
+    let mut r = greedy_req(&prompt, 24);
+    r.params.stop.stop = vec!["swer i".into()];
+    let c = e.submit(r).unwrap().collect_blocking();
+    assert_eq!(c.reason, FinishReason::Stop);
+    let cut = plain.text.find("swer i").unwrap();
+    assert_eq!(c.text, plain.text[..cut]);
+    // A stop token id: generation ends at its first occurrence, which is not emitted.
+    let mut r = greedy_req(&prompt, 24);
+    let stop_id = plain.ids[3];
+    let first = plain.ids.iter().position(|&t| t == stop_id).unwrap();
+    r.params.stop.stop_token_ids = vec![stop_id];
+    let c = e.submit(r).unwrap().collect_blocking();
+    assert_eq!(c.reason, FinishReason::Stop);
+    assert_eq!(c.ids, plain.ids[..first]);
+    assert_eq!(c.usage.completion_tokens, first + 1);
+    // EOS ends the request unless ignored.
+    let mut r = greedy_req(&prompt, 48);
+    r.params.stop.ignore_eos = false;
+    let c = e.submit(r).unwrap().collect_blocking();
+    assert_eq!(c.reason, FinishReason::Stop);
+    // The reference's first eos is at index 29: 29 tokens are streamed, 30 generated.
+    assert_eq!(c.ids.len(), 29);
+    assert_eq!(c.usage.completion_tokens, 30);
+    assert_eq!(c.text.trim_end(), " Paris.\n\nThe answer is: 2018-01-22 12:12:53.");
+    assert_all_blocks_free(&e);
+}
+
+#[test]
+fn logit_bias_penalties_and_logprobs() {
+    let e = engine(&tiny(), |_| {});
+    let prompt = tiny_prompts(4)[3].clone();
+    let mut r = greedy_req(&prompt, 8);
+    r.params.logit_bias = vec![(77, 100.0)];
+    let c = e.submit(r).unwrap().collect_blocking();
+    assert_eq!(c.ids, vec![77; 8]);
+    // A strong frequency penalty forbids repeating a token that the bias would otherwise pick.
+    let mut r = greedy_req(&prompt, 8);
+    r.params.logit_bias = vec![(77, 20.0)];
+    r.params.frequency_penalty = 2.0 * 1000.0;
+    let c = e.submit(r).unwrap().collect_blocking();
+    assert_eq!(c.ids[0], 77);
+    assert_eq!(c.ids.iter().filter(|&&t| t == 77).count(), 1, "{:?}", c.ids);
+    // Top logprobs: n alternatives, sorted, the greedy choice first.
+    let mut r = greedy_req(&prompt, 4);
+    r.params.logprobs = Some(5);
+    let mut s = e.submit(r).unwrap();
+    while let Some(ev) = s.next_blocking() {
+        if let torus_wgpu::engine::Event::Token { id, logprob, top, .. } = ev {
+            assert_eq!(top.len(), 5);
+            assert_eq!(top[0].0, id);
+            assert!((top[0].1 - logprob).abs() < 1e-6);
+            assert!(top.windows(2).all(|w| w[0].1 >= w[1].1));
+        } else {
+            break;
+        }
+    }
+}
+
+#[test]
+fn too_long_requests_are_rejected_before_taking_blocks() {
+    let e = engine(&tiny(), |c| c.max_sequence_length = 64);
+    let long: Vec<u32> = vec![5; 64];
+    assert!(e.submit(greedy_req(&long, 1)).unwrap_err().contains("max_sequence_length"));
+    let err = e.submit(greedy_req(&long[..40], 30)).unwrap_err();
+    assert!(err.contains("max_tokens"), "{err}");
+    assert!(e.submit(greedy_req(&[], 3)).is_err());
+    assert!(e.submit(greedy_req(&[600], 3)).unwrap_err().contains("vocabulary"));
+    assert_eq!(e.metrics.snapshot().kv_blocks_used, 0);
+    // The engine still serves a good request.
+    assert_eq!(e.submit(greedy_req(&[1, 2, 3], 3)).unwrap().collect_blocking().ids.len(), 3);
+}
