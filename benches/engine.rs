@@ -31,11 +31,11 @@ fn bench(c: &mut Criterion) {
         return;
     }
     let gpu = Arc::new(Gpu::new(None).unwrap());
-    let cfg = EngineConfig { max_num_batched_tokens: 512, max_sequence_length: 1024, ..Default::default() };
+    let cfg = EngineConfig { max_num_batched_tokens: 512, max_sequence_length: 1024, max_decode_batch_size: 16, ..Default::default() };
     let (mut model, tok) = load_model(&path, &cfg, gpu, &|_, _| {}).unwrap();
     let text = "The quick brown fox jumps over the lazy dog. ".repeat(33);
     let prompt = tok.encode(&text).unwrap();
-    let table: Vec<u32> = (0..64).collect();
+    let table: Vec<u32> = (0..40).collect();
 
     let mut g = c.benchmark_group("smollm2_q4_1");
     g.sample_size(10);
@@ -48,6 +48,20 @@ fn bench(c: &mut Criterion) {
     let pos = prompt.len();
     g.throughput(Throughput::Elements(1));
     g.bench_function("decode_batch1_ctx330", |b| b.iter(|| model.step(&step_input(&[42], pos, &table)).unwrap()));
+    // Batched decode: 8 sequences sharing the cached prompt's blocks, one token each.
+    for batch in [4usize, 8, 16] {
+        let step = StepInput {
+            tokens: vec![42; batch],
+            positions: vec![pos as u32; batch],
+            slots: (0..batch as u32).map(|i| (40 + i) * 16).collect(),
+            seq_of_token: (0..batch as u32).collect(),
+            block_tables: (0..batch).map(|i| { let mut t = table[..21].to_vec(); t.push(40 + i as u32); t }).collect(),
+            sample_rows: (0..batch as u32).collect(),
+            sampling: vec![SampleParams::default(); batch],
+        };
+        g.throughput(Throughput::Elements(batch as u64));
+        g.bench_function(format!("decode_batch{batch}_ctx330"), |b| b.iter(|| model.step(&step).unwrap()));
+    }
     g.finish();
 }
 

@@ -35,9 +35,23 @@ struct EngineArgs {
     #[arg(long)]
     max_num_batched_tokens: Option<usize>,
     #[arg(long)]
+    max_decode_batch_size: Option<usize>,
+    #[arg(long)]
+    max_prefill_batch_size: Option<usize>,
+    /// KV-cache bytes across all layers.
+    #[arg(long)]
     total_cache_size: Option<u64>,
     #[arg(long)]
     block_size: Option<usize>,
+    #[arg(long)]
+    enable_prefix_cache: Option<bool>,
+    /// Default temperature for requests that give none.
+    #[arg(long = "default-temperature")]
+    temperature: Option<f32>,
+    #[arg(long = "default-top-p")]
+    top_p: Option<f32>,
+    #[arg(long = "default-top-k")]
+    top_k: Option<u32>,
 }
 
 impl EngineArgs {
@@ -54,8 +68,14 @@ impl EngineArgs {
         }
         c.max_sequence_length = self.max_sequence_length.unwrap_or(c.max_sequence_length);
         c.max_num_batched_tokens = self.max_num_batched_tokens.unwrap_or(c.max_num_batched_tokens);
+        c.max_decode_batch_size = self.max_decode_batch_size.unwrap_or(c.max_decode_batch_size);
+        c.max_prefill_batch_size = self.max_prefill_batch_size.unwrap_or(c.max_prefill_batch_size);
         c.total_cache_size = self.total_cache_size.unwrap_or(c.total_cache_size);
         c.block_size = self.block_size.unwrap_or(c.block_size);
+        c.enable_prefix_cache = self.enable_prefix_cache.unwrap_or(c.enable_prefix_cache);
+        c.temperature = self.temperature.unwrap_or(c.temperature);
+        c.top_p = self.top_p.unwrap_or(c.top_p);
+        c.top_k = self.top_k.unwrap_or(c.top_k);
         c.validate()?;
         Ok(c)
     }
@@ -88,6 +108,22 @@ enum Cmd {
     },
     /// List every wgpu adapter with its features and limits.
     Adapters,
+    /// Offline throughput: many requests submitted at once to the engine (no HTTP).
+    Throughput {
+        #[command(flatten)]
+        engine: Box<EngineArgs>,
+        #[arg(long, default_value_t = 32)]
+        num_prompts: usize,
+        #[arg(long, default_value_t = 70)]
+        input_len: usize,
+        #[arg(long, default_value_t = 64)]
+        output_len: usize,
+        /// Tokens of a system prompt shared by every request (shows the prefix cache's savings).
+        #[arg(long, default_value_t = 0)]
+        shared_prefix: usize,
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+    },
 }
 
 fn progress_bar(label: &str) -> indicatif::ProgressBar {
@@ -101,9 +137,79 @@ fn progress_bar(label: &str) -> indicatif::ProgressBar {
     pb
 }
 
+/// Resolves the model path and loads it with a progress bar; prints the adapter.
+fn load(cfg: &EngineConfig) -> Result<(torus_wgpu::model::forward::Model, torus_wgpu::tokenizer::Tokenizer)> {
+    let path = cfg.model.clone().map(PathBuf::from).unwrap_or_else(default_model_path);
+    if !path.exists() {
+        anyhow::bail!(
+            "{}: model not found (run scripts/fetch-model.sh for the default model, or pass --model)",
+            path.display()
+        );
+    }
+    let gpu = Arc::new(Gpu::new(cfg.adapter.as_deref())?);
+    eprintln!("adapter: {}", gpu.describe());
+    let pb = progress_bar("loading");
+    let r = load_model(&path, cfg, gpu, &|done, total| {
+        pb.set_length(total as u64);
+        pb.set_position(done as u64);
+    })
+    .with_context(|| format!("loading {}", path.display()))?;
+    pb.finish_and_clear();
+    Ok(r)
+}
+
+fn throughput(cfg: &EngineConfig, n: usize, input_len: usize, output_len: usize, shared: usize, seed: u64) -> Result<()> {
+    use torus_wgpu::engine::{EngineHandle, Request, RequestParams, StopConditions};
+    let (model, tok) = load(cfg)?;
+    let vocab = model.cfg.vocab as u64;
+    let engine = EngineHandle::start(model, tok, cfg);
+    // Random ordinary tokens (ids above the specials at the start of the vocabulary).
+    let mut rng = torus_wgpu::sampling::Rng::new(seed);
+    let mut draw = |k: usize| -> Vec<u32> { (0..k).map(|_| (1000 + rng.next_u64() % (vocab - 1000)) as u32).collect() };
+    let prefix = draw(shared.min(input_len));
+    let reqs: Vec<Request> = (0..n)
+        .map(|_| Request {
+            prompt: [prefix.clone(), draw(input_len - prefix.len())].concat(),
+            params: RequestParams {
+                stop: StopConditions { max_tokens: Some(output_len), ignore_eos: true, ..Default::default() },
+                ..Default::default()
+            },
+        })
+        .collect();
+    let t0 = std::time::Instant::now();
+    let streams: Vec<_> = reqs.into_iter().map(|r| engine.submit(r)).collect::<Result<_, _>>().map_err(anyhow::Error::msg)?;
+    let mut out_tokens = 0;
+    for s in streams {
+        out_tokens += s.collect_blocking().usage.completion_tokens;
+    }
+    let dt = t0.elapsed().as_secs_f64();
+    let m = engine.metrics.snapshot();
+    println!(
+        "requests: {n} x ({input_len} prompt + {output_len} output tokens), max_decode_batch_size {}",
+        cfg.max_decode_batch_size
+    );
+    println!("elapsed: {dt:.2} s  requests/s: {:.3}", n as f64 / dt);
+    println!("output tokens/s: {:.2}  total tokens/s: {:.2}", out_tokens as f64 / dt, (out_tokens + n * input_len) as f64 / dt);
+    println!(
+        "prompt tokens: {}  prefilled: {}  saved by the prefix cache: {}  (block hits {} of {} lookups)  preemptions: {}",
+        n * input_len,
+        m.prefill_tokens,
+        (n * input_len) as i64 - m.prefill_tokens as i64,
+        m.prefix_hits,
+        m.prefix_queries,
+        m.preemptions
+    );
+    engine.shutdown(false);
+    Ok(())
+}
+
 fn run() -> Result<()> {
     let cli = Cli::parse();
     match cli.cmd {
+        Cmd::Throughput { engine, num_prompts, input_len, output_len, shared_prefix, seed } => {
+            let cfg = engine.resolve()?;
+            throughput(&cfg, num_prompts, input_len, output_len, shared_prefix, seed)?;
+        }
         Cmd::Adapters => {
             let list = list_adapters();
             if list.is_empty() {
@@ -135,22 +241,7 @@ fn run() -> Result<()> {
         }
         Cmd::Generate { engine, prompt, chat, max_tokens, temperature, top_p, top_k, seed, ignore_eos } => {
             let cfg = engine.resolve()?;
-            let path = cfg.model.clone().map(PathBuf::from).unwrap_or_else(default_model_path);
-            if !path.exists() {
-                anyhow::bail!(
-                    "{}: model not found (run scripts/fetch-model.sh for the default model, or pass --model)",
-                    path.display()
-                );
-            }
-            let gpu = Arc::new(Gpu::new(cfg.adapter.as_deref())?);
-            eprintln!("adapter: {}", gpu.describe());
-            let pb = progress_bar("loading");
-            let (mut model, tok) = load_model(&path, &cfg, gpu, &|done, total| {
-                pb.set_length(total as u64);
-                pb.set_position(done as u64);
-            })
-            .with_context(|| format!("loading {}", path.display()))?;
-            pb.finish_and_clear();
+            let (mut model, tok) = load(&cfg)?;
             let text = if chat { tok.apply_chat_template(&[ChatMessage::new("user", prompt)], true)? } else { prompt };
             let ids = tok.encode(&text)?;
             let params = SamplingParams {

@@ -5,7 +5,8 @@ use std::sync::{Arc, OnceLock};
 use torus_wgpu::gpu::kernels::{all_sources, WFormat};
 use torus_wgpu::gpu::{validate_wgsl, Gpu};
 use torus_wgpu::model::forward::{Adjust, SampleParams};
-use torus_wgpu::model::harness::{AttnShape, AttnStep, Harness, Variant};
+use torus_wgpu::gpu::kernels::MATMUL_TILES;
+use torus_wgpu::model::harness::{AttnShape, AttnStep, Harness};
 use torus_wgpu::model::tensor::{matmul_ref, QTensor};
 use torus_wgpu::sampling::Rng;
 
@@ -64,9 +65,9 @@ fn matmul_every_format_and_variant() {
             let tol = dot_tol(&x, m, &w);
             // Chunks of about 16 rows, so several chunks (and a ragged last one) are used.
             let row_bytes = (k / 32 * format.words_per_block() * 4) as u64;
-            for variant in [Variant::Decode, Variant::Prefill] {
+            for variant in 0..MATMUL_TILES.len() {
                 for max_binding in [1 << 27, 16 * row_bytes] {
-                    let what = format!("{format:?} {variant:?} m={m} n={n} k={k} binding={max_binding}");
+                    let what = format!("{format:?} tile {:?} m={m} n={n} k={k} binding={max_binding}", MATMUL_TILES[variant]);
                     let got = h.matmul(&w, None, &x, m, None, None, variant, max_binding).unwrap();
                     assert_close(&got, &base, |i| tol[i], &what);
                     let got = h.matmul(&w, None, &x, m, Some(&bias), Some(&y0), variant, max_binding).unwrap();
@@ -91,10 +92,10 @@ fn swiglu_matmul_every_format() {
             let want: Vec<f32> = g.iter().zip(&u).map(|(a, b)| a / (1.0 + (-a).exp()) * b).collect();
             let (tg, tu) = (dot_tol(&x, m, &gate), dot_tol(&x, m, &up));
             let row_bytes = (k / 32 * format.words_per_block() * 4) as u64;
-            for variant in [Variant::Decode, Variant::Prefill] {
+            for variant in 0..MATMUL_TILES.len() {
                 for max_binding in [1 << 27, 2 * 10 * row_bytes] {
                     let got = h.matmul(&gate, Some(&up), &x, m, None, None, variant, max_binding).unwrap();
-                    let what = format!("swiglu {format:?} {variant:?} m={m} n={n} k={k} binding={max_binding}");
+                    let what = format!("swiglu {format:?} tile {:?} m={m} n={n} k={k} binding={max_binding}", MATMUL_TILES[variant]);
                     assert_close(&got, &want, |i| 2.0 * (tg[i] * u[i].abs() + tu[i] * g[i].abs()) + 1e-5, &what);
                 }
             }

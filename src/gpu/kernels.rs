@@ -60,12 +60,16 @@ impl WFormat {
 
 const COMMON: &str = include_str!("../../shaders/common.wgsl");
 
-/// Register tile of the decode (few rows) and prefill (many rows) matmul variants.
-pub const DECODE_TILE: (u32, u32) = (1, 4);
-pub const PREFILL_TILE: (u32, u32) = (16, 4);
+/// Register tiles (tokens x weight rows per thread) of the matmul variants: decode-sized steps
+/// use the small ones, prefill the last. A step of m rows uses the first tile with TM >= m
+/// (the last for larger steps), so each weight is loaded once per TM tokens.
+pub const MATMUL_TILES: [(u32, u32); 5] = [(1, 4), (2, 4), (4, 4), (8, 4), (16, 4)];
 pub const MATMUL_WG: u32 = 64;
-/// Steps with at most this many rows use the decode matmul variant.
-pub const DECODE_MAX_ROWS: u32 = 4;
+
+/// Index into MATMUL_TILES for a step of `m` rows.
+pub fn tile_for_rows(m: u32) -> usize {
+    MATMUL_TILES.iter().position(|t| t.0 >= m).unwrap_or(MATMUL_TILES.len() - 1)
+}
 
 pub fn matmul_source(f: WFormat, tm: u32, tn: u32) -> String {
     let body = include_str!("../../shaders/matmul.wgsl")
@@ -103,7 +107,7 @@ pub const SAMPLE_RESULT_STRIDE: usize = 2 + 2 * MAX_TOP_LOGPROBS;
 pub fn all_sources(head_dims: &[u32]) -> Vec<(String, String)> {
     let mut v = Vec::new();
     for f in WFormat::ALL {
-        for (tm, tn) in [DECODE_TILE, PREFILL_TILE] {
+        for (tm, tn) in MATMUL_TILES {
             v.push((format!("matmul_{}_{tm}x{tn}", f.name()), matmul_source(f, tm, tn)));
         }
         v.push((format!("embed_{}", f.name()), embed_source(f)));
@@ -196,10 +200,10 @@ impl Family {
 }
 
 pub struct MatmulPipelines {
-    pub decode: wgpu::ComputePipeline,
-    pub prefill: wgpu::ComputePipeline,
-    pub swiglu_decode: wgpu::ComputePipeline,
-    pub swiglu_prefill: wgpu::ComputePipeline,
+    /// One per MATMUL_TILES entry.
+    pub plain: Vec<wgpu::ComputePipeline>,
+    /// Fused gate/up SwiGLU, one per MATMUL_TILES entry.
+    pub swiglu: Vec<wgpu::ComputePipeline>,
     pub embed: wgpu::ComputePipeline,
 }
 
@@ -234,15 +238,18 @@ impl Kernels {
             if matmul.contains_key(&f) {
                 continue;
             }
-            let dec = matmul_source(f, DECODE_TILE.0, DECODE_TILE.1);
-            let pre = matmul_source(f, PREFILL_TILE.0, PREFILL_TILE.1);
             let n = f.name();
+            let mut plain = Vec::new();
+            let mut swiglu = Vec::new();
+            for (tm, tn) in MATMUL_TILES {
+                let src = matmul_source(f, tm, tn);
+                plain.push(matmul_family.pipeline(gpu, &format!("matmul_{n}_{tm}x{tn}"), &src, "main")?);
+                swiglu.push(matmul_family.pipeline(gpu, &format!("swiglu_{n}_{tm}x{tn}"), &src, "main_swiglu")?);
+            }
             // embed binds the step's meta (token ids) at 2 and writes at 6: same family layout.
             let p = MatmulPipelines {
-                decode: matmul_family.pipeline(gpu, &format!("matmul_{n}_decode"), &dec, "main")?,
-                prefill: matmul_family.pipeline(gpu, &format!("matmul_{n}_prefill"), &pre, "main")?,
-                swiglu_decode: matmul_family.pipeline(gpu, &format!("swiglu_{n}_decode"), &dec, "main_swiglu")?,
-                swiglu_prefill: matmul_family.pipeline(gpu, &format!("swiglu_{n}_prefill"), &pre, "main_swiglu")?,
+                plain,
+                swiglu,
                 embed: matmul_family.pipeline(gpu, &format!("embed_{n}"), &embed_source(f), "main")?,
             };
             matmul.insert(f, p);

@@ -6,7 +6,7 @@ use super::config::ModelConfig;
 use super::loader::HostModel;
 use super::tensor::QTensor;
 use crate::gpu::kernels::{
-    Kernels, WFormat, DECODE_MAX_ROWS, DECODE_TILE, MATMUL_WG, MAX_TOP_LOGPROBS, PREFILL_TILE, SAMPLE_PARAMS_STRIDE,
+    tile_for_rows, Kernels, WFormat, MATMUL_TILES, MATMUL_WG, MAX_TOP_LOGPROBS, SAMPLE_PARAMS_STRIDE,
     SAMPLE_RESULT_STRIDE,
 };
 use crate::gpu::Gpu;
@@ -621,14 +621,9 @@ impl Model {
                             continue;
                         }
                         let k = &self.kernels.matmul[&format];
-                        let decode = m <= DECODE_MAX_ROWS;
-                        let (tm, tn) = if decode { DECODE_TILE } else { PREFILL_TILE };
-                        let pipe = match (decode, swiglu) {
-                            (true, false) => &k.decode,
-                            (false, false) => &k.prefill,
-                            (true, true) => &k.swiglu_decode,
-                            (false, true) => &k.swiglu_prefill,
-                        };
+                        let tile = tile_for_rows(m);
+                        let (tm, tn) = MATMUL_TILES[tile];
+                        let pipe = if swiglu { &k.swiglu[tile] } else { &k.plain[tile] };
                         (pipe, div_up(div_up(groups, tn), MATMUL_WG), div_up(m, tm))
                     }
                     OpKind::Norm { sampled } => {
@@ -679,11 +674,11 @@ impl Model {
             .collect())
     }
 
-    /// Runs a decode-sized and a prefill-sized step on scratch block 0 so every pipeline is
+    /// Runs a step of each matmul tile's size on scratch block 0 so every pipeline is
     /// compiled by the driver before the first request (Mesa compiles at first dispatch).
     pub fn warm_up(&mut self) -> Result<()> {
-        let n = (DECODE_MAX_ROWS as usize + 1).min(self.limits.max_tokens).min(self.limits.block_size);
-        for len in [1, n] {
+        for (tm, _) in MATMUL_TILES {
+            let len = (tm as usize).min(self.limits.max_tokens).min(self.limits.block_size);
             let pos: Vec<u32> = (0..len as u32).collect();
             self.step(&StepInput {
                 tokens: vec![0; len],

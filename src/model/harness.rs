@@ -3,7 +3,7 @@
 
 use super::forward::{div_up, GpuMatrix, MatParams, SampleParams, Sampled, StepHeader};
 use super::tensor::QTensor;
-use crate::gpu::kernels::{Kernels, DECODE_TILE, MATMUL_WG, PREFILL_TILE, SAMPLE_RESULT_STRIDE};
+use crate::gpu::kernels::{Kernels, MATMUL_TILES, MATMUL_WG, SAMPLE_RESULT_STRIDE};
 use crate::gpu::Gpu;
 use anyhow::Result;
 use std::sync::Arc;
@@ -11,13 +11,6 @@ use std::sync::Arc;
 pub struct Harness {
     pub gpu: Arc<Gpu>,
     pub kernels: Kernels,
-}
-
-/// Which matmul variant to run.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Variant {
-    Decode,
-    Prefill,
 }
 
 /// Metadata of one attention step (see `Harness::rope_attention`).
@@ -87,8 +80,8 @@ impl Harness {
         }
     }
 
-    /// y = x W^T (+ bias) (+ y_init), for m rows of x, with W split into chunks no larger
-    /// than `max_binding` bytes. With `up`, runs the fused SwiGLU: silu(x G^T) * (x U^T).
+    /// y = x W^T (+ bias) (+ y_init), for m rows of x, with the matmul variant of
+    /// MATMUL_TILES[tile] and W split into chunks no larger than `max_binding` bytes. With `up`, runs the fused SwiGLU: silu(x G^T) * (x U^T).
     #[allow(clippy::too_many_arguments)]
     pub fn matmul(
         &self,
@@ -98,7 +91,7 @@ impl Harness {
         m: usize,
         bias: Option<&[f32]>,
         y_init: Option<&[f32]>,
-        variant: Variant,
+        tile: usize,
         max_binding: u64,
     ) -> Result<Vec<f32>> {
         let g = &*self.gpu;
@@ -109,13 +102,8 @@ impl Harness {
         let yb = g.storage_init("y", bytemuck::cast_slice(y_init.unwrap_or(&zeros)));
         let bb = g.storage_init("bias", bytemuck::cast_slice(bias.unwrap_or(&[0.0])));
         let k = &self.kernels.matmul[&w.format];
-        let (tm, tn) = if variant == Variant::Decode { DECODE_TILE } else { PREFILL_TILE };
-        let pipe = match (variant, up.is_some()) {
-            (Variant::Decode, false) => &k.decode,
-            (Variant::Prefill, false) => &k.prefill,
-            (Variant::Decode, true) => &k.swiglu_decode,
-            (Variant::Prefill, true) => &k.swiglu_prefill,
-        };
+        let (tm, tn) = MATMUL_TILES[tile];
+        let pipe = if up.is_some() { &k.swiglu[tile] } else { &k.plain[tile] };
         for c in &mat.chunks {
             let p = MatParams {
                 k_blocks: (w.cols / 32) as u32,
