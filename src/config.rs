@@ -2,7 +2,7 @@
 
 use anyhow::{anyhow, bail, Context, Result};
 use serde::{Deserialize, Serialize};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
@@ -108,3 +108,68 @@ pub fn default_model_path() -> std::path::PathBuf {
     }
     local
 }
+
+/// Engine settings shared by the commands that load a model; each overrides the config file.
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct EngineArgs {
+    /// JSON engine config (see configs/).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Hugging Face model directory or .gguf file (default: the SmolLM2 model in models/).
+    #[arg(long)]
+    pub model: Option<String>,
+    /// Adapter index or name substring, as `torus-wgpu adapters` prints.
+    #[arg(long)]
+    pub adapter: Option<String>,
+    #[arg(long)]
+    pub max_sequence_length: Option<usize>,
+    #[arg(long)]
+    pub max_num_batched_tokens: Option<usize>,
+    #[arg(long)]
+    pub max_decode_batch_size: Option<usize>,
+    #[arg(long)]
+    pub max_prefill_batch_size: Option<usize>,
+    /// KV-cache bytes across all layers.
+    #[arg(long)]
+    pub total_cache_size: Option<u64>,
+    #[arg(long)]
+    pub block_size: Option<usize>,
+    #[arg(long)]
+    pub enable_prefix_cache: Option<bool>,
+    /// Default temperature for requests that give none.
+    #[arg(long = "default-temperature")]
+    pub temperature: Option<f32>,
+    #[arg(long = "default-top-p")]
+    pub top_p: Option<f32>,
+    #[arg(long = "default-top-k")]
+    pub top_k: Option<u32>,
+}
+
+impl EngineArgs {
+    /// The config file (or defaults) with every given flag applied, validated.
+    pub fn resolve(&self) -> Result<EngineConfig> {
+        let mut c = match &self.config {
+            Some(p) => EngineConfig::from_file(p)?,
+            None => EngineConfig::default(),
+        };
+        if self.model.is_some() {
+            c.model = self.model.clone();
+        }
+        if self.adapter.is_some() {
+            c.adapter = self.adapter.clone();
+        }
+        c.max_sequence_length = self.max_sequence_length.unwrap_or(c.max_sequence_length);
+        c.max_num_batched_tokens = self.max_num_batched_tokens.unwrap_or(c.max_num_batched_tokens);
+        c.max_decode_batch_size = self.max_decode_batch_size.unwrap_or(c.max_decode_batch_size);
+        c.max_prefill_batch_size = self.max_prefill_batch_size.unwrap_or(c.max_prefill_batch_size);
+        c.total_cache_size = self.total_cache_size.unwrap_or(c.total_cache_size);
+        c.block_size = self.block_size.unwrap_or(c.block_size);
+        c.enable_prefix_cache = self.enable_prefix_cache.unwrap_or(c.enable_prefix_cache);
+        c.temperature = self.temperature.unwrap_or(c.temperature);
+        c.top_p = self.top_p.unwrap_or(c.top_p);
+        c.top_k = self.top_k.unwrap_or(c.top_k);
+        c.validate()?;
+        Ok(c)
+    }
+}
+

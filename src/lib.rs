@@ -3,10 +3,12 @@
 //! Layers, from the bottom: `gpu` (device, buffers, pipelines), `model` (weights, loaders,
 //! forward pass), `tokenizer` (tokenizers + chat templates), `sampling`, `engine` (generation).
 
+pub mod bench;
 pub mod config;
 pub mod engine;
 pub mod gpu;
 pub mod kv;
 pub mod model;
 pub mod sampling;
+pub mod server;
 pub mod tokenizer;

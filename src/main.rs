@@ -1,13 +1,11 @@
 //! The `torus-wgpu` command line: generate, adapters.
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use clap::{Parser, Subcommand};
 use std::io::Write;
-use std::path::PathBuf;
-use std::sync::Arc;
-use torus_wgpu::config::{default_model_path, EngineConfig};
-use torus_wgpu::engine::{generate, load_model};
-use torus_wgpu::gpu::{list_adapters, Gpu};
+use torus_wgpu::config::{EngineArgs, EngineConfig};
+use torus_wgpu::engine::{generate, load_configured};
+use torus_wgpu::gpu::list_adapters;
 use torus_wgpu::sampling::SamplingParams;
 use torus_wgpu::tokenizer::{ChatMessage, IncrementalDecoder};
 
@@ -16,69 +14,6 @@ use torus_wgpu::tokenizer::{ChatMessage, IncrementalDecoder};
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
-}
-
-/// Engine settings shared by the commands that load a model; each overrides the config file.
-#[derive(clap::Args, Clone, Default)]
-struct EngineArgs {
-    /// JSON engine config (see configs/).
-    #[arg(long)]
-    config: Option<PathBuf>,
-    /// Hugging Face model directory or .gguf file (default: the SmolLM2 model in models/).
-    #[arg(long)]
-    model: Option<String>,
-    /// Adapter index or name substring, as `torus-wgpu adapters` prints.
-    #[arg(long)]
-    adapter: Option<String>,
-    #[arg(long)]
-    max_sequence_length: Option<usize>,
-    #[arg(long)]
-    max_num_batched_tokens: Option<usize>,
-    #[arg(long)]
-    max_decode_batch_size: Option<usize>,
-    #[arg(long)]
-    max_prefill_batch_size: Option<usize>,
-    /// KV-cache bytes across all layers.
-    #[arg(long)]
-    total_cache_size: Option<u64>,
-    #[arg(long)]
-    block_size: Option<usize>,
-    #[arg(long)]
-    enable_prefix_cache: Option<bool>,
-    /// Default temperature for requests that give none.
-    #[arg(long = "default-temperature")]
-    temperature: Option<f32>,
-    #[arg(long = "default-top-p")]
-    top_p: Option<f32>,
-    #[arg(long = "default-top-k")]
-    top_k: Option<u32>,
-}
-
-impl EngineArgs {
-    fn resolve(&self) -> Result<EngineConfig> {
-        let mut c = match &self.config {
-            Some(p) => EngineConfig::from_file(p)?,
-            None => EngineConfig::default(),
-        };
-        if self.model.is_some() {
-            c.model = self.model.clone();
-        }
-        if self.adapter.is_some() {
-            c.adapter = self.adapter.clone();
-        }
-        c.max_sequence_length = self.max_sequence_length.unwrap_or(c.max_sequence_length);
-        c.max_num_batched_tokens = self.max_num_batched_tokens.unwrap_or(c.max_num_batched_tokens);
-        c.max_decode_batch_size = self.max_decode_batch_size.unwrap_or(c.max_decode_batch_size);
-        c.max_prefill_batch_size = self.max_prefill_batch_size.unwrap_or(c.max_prefill_batch_size);
-        c.total_cache_size = self.total_cache_size.unwrap_or(c.total_cache_size);
-        c.block_size = self.block_size.unwrap_or(c.block_size);
-        c.enable_prefix_cache = self.enable_prefix_cache.unwrap_or(c.enable_prefix_cache);
-        c.temperature = self.temperature.unwrap_or(c.temperature);
-        c.top_p = self.top_p.unwrap_or(c.top_p);
-        c.top_k = self.top_k.unwrap_or(c.top_k);
-        c.validate()?;
-        Ok(c)
-    }
 }
 
 #[derive(Subcommand)]
@@ -108,6 +43,10 @@ enum Cmd {
     },
     /// List every wgpu adapter with its features and limits.
     Adapters,
+    /// Serve the OpenAI-compatible API (default: the SmolLM2 model on 127.0.0.1:8000).
+    Serve(Box<torus_wgpu::server::ServeArgs>),
+    /// Benchmark any OpenAI-compatible endpoint (TTFT, TPOT, ITL, E2E latency, throughput).
+    Bench(Box<torus_wgpu::bench::BenchArgs>),
     /// Offline throughput: many requests submitted at once to the engine (no HTTP).
     Throughput {
         #[command(flatten)]
@@ -126,41 +65,9 @@ enum Cmd {
     },
 }
 
-fn progress_bar(label: &str) -> indicatif::ProgressBar {
-    let pb = indicatif::ProgressBar::new(1);
-    pb.set_style(
-        indicatif::ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} layers")
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
-            .progress_chars("=> "),
-    );
-    pb.set_message(label.to_string());
-    pb
-}
-
-/// Resolves the model path and loads it with a progress bar; prints the adapter.
-fn load(cfg: &EngineConfig) -> Result<(torus_wgpu::model::forward::Model, torus_wgpu::tokenizer::Tokenizer)> {
-    let path = cfg.model.clone().map(PathBuf::from).unwrap_or_else(default_model_path);
-    if !path.exists() {
-        anyhow::bail!(
-            "{}: model not found (run scripts/fetch-model.sh for the default model, or pass --model)",
-            path.display()
-        );
-    }
-    let gpu = Arc::new(Gpu::new(cfg.adapter.as_deref())?);
-    eprintln!("adapter: {}", gpu.describe());
-    let pb = progress_bar("loading");
-    let r = load_model(&path, cfg, gpu, &|done, total| {
-        pb.set_length(total as u64);
-        pb.set_position(done as u64);
-    })
-    .with_context(|| format!("loading {}", path.display()))?;
-    pb.finish_and_clear();
-    Ok(r)
-}
-
 fn throughput(cfg: &EngineConfig, n: usize, input_len: usize, output_len: usize, shared: usize, seed: u64) -> Result<()> {
     use torus_wgpu::engine::{EngineHandle, Request, RequestParams, StopConditions};
-    let (model, tok) = load(cfg)?;
+    let (model, tok) = load_configured(cfg)?;
     let vocab = model.cfg.vocab as u64;
     let engine = EngineHandle::start(model, tok, cfg);
     // Random ordinary tokens (ids above the specials at the start of the vocabulary).
@@ -206,6 +113,8 @@ fn throughput(cfg: &EngineConfig, n: usize, input_len: usize, output_len: usize,
 fn run() -> Result<()> {
     let cli = Cli::parse();
     match cli.cmd {
+        Cmd::Serve(args) => torus_wgpu::server::run(*args)?,
+        Cmd::Bench(args) => torus_wgpu::bench::run(*args)?,
         Cmd::Throughput { engine, num_prompts, input_len, output_len, shared_prefix, seed } => {
             let cfg = engine.resolve()?;
             throughput(&cfg, num_prompts, input_len, output_len, shared_prefix, seed)?;
@@ -241,7 +150,7 @@ fn run() -> Result<()> {
         }
         Cmd::Generate { engine, prompt, chat, max_tokens, temperature, top_p, top_k, seed, ignore_eos } => {
             let cfg = engine.resolve()?;
-            let (mut model, tok) = load(&cfg)?;
+            let (mut model, tok) = load_configured(&cfg)?;
             let text = if chat { tok.apply_chat_template(&[ChatMessage::new("user", prompt)], true)? } else { prompt };
             let ids = tok.encode(&text)?;
             let params = SamplingParams {

@@ -146,3 +146,30 @@ pub fn load_model(
     model.warm_up()?;
     Ok((model, tok))
 }
+
+/// Loads the model the config names (or the default model) on the adapter it names, with a
+/// progress bar on stderr while weights load; prints the adapter.
+pub fn load_configured(cfg: &crate::config::EngineConfig) -> Result<(Model, crate::tokenizer::Tokenizer)> {
+    use anyhow::Context;
+    let path =
+        cfg.model.clone().map(std::path::PathBuf::from).unwrap_or_else(crate::config::default_model_path);
+    if !path.exists() {
+        bail!("{}: model not found (run scripts/fetch-model.sh for the default model, or pass --model)", path.display());
+    }
+    let gpu = std::sync::Arc::new(crate::gpu::Gpu::new(cfg.adapter.as_deref())?);
+    eprintln!("adapter: {}", gpu.describe());
+    let pb = indicatif::ProgressBar::new(1);
+    pb.set_style(
+        indicatif::ProgressStyle::with_template("loading {msg} [{bar:30}] {pos}/{len} layers")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+            .progress_chars("=> "),
+    );
+    pb.set_message(path.display().to_string());
+    let r = load_model(&path, cfg, gpu, &|done, total| {
+        pb.set_length(total as u64);
+        pb.set_position(done as u64);
+    })
+    .with_context(|| format!("loading {}", path.display()))?;
+    pb.finish_and_clear();
+    Ok(r)
+}
