@@ -3,9 +3,9 @@
 
 use std::sync::{Arc, OnceLock};
 use torus_wgpu::gpu::kernels::{all_sources, WFormat};
+use torus_wgpu::gpu::kernels::{MATMUL_TILES, UNIFORM_X_VEC4};
 use torus_wgpu::gpu::{validate_wgsl, Gpu};
 use torus_wgpu::model::forward::{Adjust, SampleParams};
-use torus_wgpu::gpu::kernels::MATMUL_TILES;
 use torus_wgpu::model::harness::{AttnShape, AttnStep, Harness};
 use torus_wgpu::model::tensor::{matmul_ref, QTensor};
 use torus_wgpu::sampling::Rng;
@@ -51,12 +51,18 @@ fn dot_tol(x: &[f32], m: usize, w: &QTensor) -> Vec<f32> {
     tol
 }
 
+/// Every tile, each with storage x and, where m rows of x fit the uniform window, uniform x.
+fn variants(m: usize, k: usize) -> Vec<(usize, bool)> {
+    let fits = m * k <= UNIFORM_X_VEC4 as usize * 4;
+    (0..MATMUL_TILES.len()).flat_map(|t| [(t, false), (t, true)]).filter(|&(_, ux)| !ux || fits).collect()
+}
+
 #[test]
 fn matmul_every_format_and_variant() {
     let h = harness(64);
     let mut rng = Rng::new(1);
     for format in WFormat::ALL {
-        for &(m, n, k) in &[(1, 37, 64), (3, 130, 96), (5, 67, 160), (33, 45, 64), (20, 9, 288)] {
+        for &(m, n, k) in &[(1, 37, 64), (3, 130, 96), (5, 67, 160), (33, 45, 64), (20, 9, 288), (9, 20, 2048)] {
             let w = QTensor::quantize(format, n, k, &randn(&mut rng, n * k, 1.0)).unwrap();
             let x = randn(&mut rng, m * k, 1.0);
             let bias = randn(&mut rng, n, 1.0);
@@ -65,12 +71,15 @@ fn matmul_every_format_and_variant() {
             let tol = dot_tol(&x, m, &w);
             // Chunks of about 16 rows, so several chunks (and a ragged last one) are used.
             let row_bytes = (k / 32 * format.words_per_block() * 4) as u64;
-            for variant in 0..MATMUL_TILES.len() {
+            for (variant, ux) in variants(m, k) {
                 for max_binding in [1 << 27, 16 * row_bytes] {
-                    let what = format!("{format:?} tile {:?} m={m} n={n} k={k} binding={max_binding}", MATMUL_TILES[variant]);
-                    let got = h.matmul(&w, None, &x, m, None, None, variant, max_binding).unwrap();
+                    let what = format!(
+                        "{format:?} tile {:?} uniform-x {ux} m={m} n={n} k={k} binding={max_binding}",
+                        MATMUL_TILES[variant]
+                    );
+                    let got = h.matmul(&w, None, &x, m, None, None, variant, ux, max_binding).unwrap();
                     assert_close(&got, &base, |i| tol[i], &what);
-                    let got = h.matmul(&w, None, &x, m, Some(&bias), Some(&y0), variant, max_binding).unwrap();
+                    let got = h.matmul(&w, None, &x, m, Some(&bias), Some(&y0), variant, ux, max_binding).unwrap();
                     let want: Vec<f32> = (0..m * n).map(|i| base[i] + bias[i % n] + y0[i]).collect();
                     assert_close(&got, &want, |i| tol[i] + 1e-5, &format!("{what} bias+accumulate"));
                 }
@@ -92,10 +101,13 @@ fn swiglu_matmul_every_format() {
             let want: Vec<f32> = g.iter().zip(&u).map(|(a, b)| a / (1.0 + (-a).exp()) * b).collect();
             let (tg, tu) = (dot_tol(&x, m, &gate), dot_tol(&x, m, &up));
             let row_bytes = (k / 32 * format.words_per_block() * 4) as u64;
-            for variant in 0..MATMUL_TILES.len() {
+            for (variant, ux) in variants(m, k) {
                 for max_binding in [1 << 27, 2 * 10 * row_bytes] {
-                    let got = h.matmul(&gate, Some(&up), &x, m, None, None, variant, max_binding).unwrap();
-                    let what = format!("swiglu {format:?} tile {:?} m={m} n={n} k={k} binding={max_binding}", MATMUL_TILES[variant]);
+                    let got = h.matmul(&gate, Some(&up), &x, m, None, None, variant, ux, max_binding).unwrap();
+                    let what = format!(
+                        "swiglu {format:?} tile {:?} uniform-x {ux} m={m} n={n} k={k} binding={max_binding}",
+                        MATMUL_TILES[variant]
+                    );
                     assert_close(&got, &want, |i| 2.0 * (tg[i] * u[i].abs() + tu[i] * g[i].abs()) + 1e-5, &what);
                 }
             }

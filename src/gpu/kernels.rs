@@ -71,8 +71,22 @@ pub fn tile_for_rows(m: u32) -> usize {
     MATMUL_TILES.iter().position(|t| t.0 >= m).unwrap_or(MATMUL_TILES.len() - 1)
 }
 
-pub fn matmul_source(f: WFormat, tm: u32, tn: u32) -> String {
-    let body = include_str!("../../shaders/matmul.wgsl")
+/// vec4s of the activation window a uniform-x matmul reads (64 KiB, the usual uniform limit).
+pub const UNIFORM_X_VEC4: u32 = 4096;
+pub const UNIFORM_X_BYTES: u64 = UNIFORM_X_VEC4 as u64 * 16;
+
+/// The matmul program for a weight format and register tile. With `uniform_x`, the activations
+/// are read through a uniform binding: every thread of a workgroup reads the same x values, which
+/// llvmpipe then loads once per SIMD batch instead of once per lane (steps whose x fits 64 KiB).
+pub fn matmul_source(f: WFormat, tm: u32, tn: u32, uniform_x: bool) -> String {
+    let mut body = include_str!("../../shaders/matmul.wgsl").to_string();
+    if uniform_x {
+        body = body.replace(
+            "@group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;",
+            &format!("@group(0) @binding(2) var<uniform> x: array<vec4<f32>, {UNIFORM_X_VEC4}>;"),
+        );
+    }
+    let body = body
         .replace("{{TM}}", &tm.to_string())
         .replace("{{TN}}", &tn.to_string())
         .replace("{{WG}}", &MATMUL_WG.to_string());
@@ -108,7 +122,8 @@ pub fn all_sources(head_dims: &[u32]) -> Vec<(String, String)> {
     let mut v = Vec::new();
     for f in WFormat::ALL {
         for (tm, tn) in MATMUL_TILES {
-            v.push((format!("matmul_{}_{tm}x{tn}", f.name()), matmul_source(f, tm, tn)));
+            v.push((format!("matmul_{}_{tm}x{tn}", f.name()), matmul_source(f, tm, tn, false)));
+            v.push((format!("matmul_{}_{tm}x{tn}_ux", f.name()), matmul_source(f, tm, tn, true)));
         }
         v.push((format!("embed_{}", f.name()), embed_source(f)));
     }
@@ -186,6 +201,30 @@ impl Family {
         }))
     }
 
+    /// Like `bind`, but binding 2 (x) is the first UNIFORM_X_BYTES of its buffer, as a uniform.
+    pub fn bind_uniform_x(&self, gpu: &Gpu, entries: &[(u32, &wgpu::Buffer)]) -> wgpu::BindGroup {
+        let entries: Vec<wgpu::BindGroupEntry> = entries
+            .iter()
+            .map(|(b, buf)| wgpu::BindGroupEntry {
+                binding: *b,
+                resource: if *b == 2 {
+                    wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                        buffer: buf,
+                        offset: 0,
+                        size: std::num::NonZeroU64::new(UNIFORM_X_BYTES),
+                    })
+                } else {
+                    buf.as_entire_binding()
+                },
+            })
+            .collect();
+        gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: None,
+            layout: &self.layout,
+            entries: &entries,
+        })
+    }
+
     pub fn bind(&self, gpu: &Gpu, entries: &[(u32, &wgpu::Buffer)]) -> wgpu::BindGroup {
         let entries: Vec<wgpu::BindGroupEntry> = entries
             .iter()
@@ -204,13 +243,29 @@ pub struct MatmulPipelines {
     pub plain: Vec<wgpu::ComputePipeline>,
     /// Fused gate/up SwiGLU, one per MATMUL_TILES entry.
     pub swiglu: Vec<wgpu::ComputePipeline>,
+    /// The same with x read through a uniform binding (matmul_u_family).
+    pub plain_u: Vec<wgpu::ComputePipeline>,
+    pub swiglu_u: Vec<wgpu::ComputePipeline>,
     pub embed: wgpu::ComputePipeline,
+}
+
+impl MatmulPipelines {
+    pub fn get(&self, tile: usize, swiglu: bool, uniform_x: bool) -> &wgpu::ComputePipeline {
+        match (swiglu, uniform_x) {
+            (false, false) => &self.plain[tile],
+            (true, false) => &self.swiglu[tile],
+            (false, true) => &self.plain_u[tile],
+            (true, true) => &self.swiglu_u[tile],
+        }
+    }
 }
 
 /// All pipelines of one model: the weight-format-specific ones for the formats it uses.
 pub struct Kernels {
     /// step(0) params(1) x(2) wq(3) ws(4) bias(5) y(6)
     pub matmul_family: Family,
+    /// The same with binding 2 uniform (a UNIFORM_X_BYTES window of x).
+    pub matmul_u_family: Family,
     pub matmul: BTreeMap<WFormat, MatmulPipelines>,
     /// step(0) params(1) x(2) weight(3) meta(4) y(5)
     pub norm_family: Family,
@@ -233,23 +288,35 @@ impl Kernels {
         use Slot::*;
         let matmul_family =
             Family::new(gpu, &[(0, Uniform), (1, Uniform), (2, Read), (3, Read), (4, Read), (5, Read), (6, ReadWrite)]);
+        let matmul_u_family = Family::new(
+            gpu,
+            &[(0, Uniform), (1, Uniform), (2, Uniform), (3, Read), (4, Read), (5, Read), (6, ReadWrite)],
+        );
         let mut matmul = BTreeMap::new();
         for &f in formats {
             if matmul.contains_key(&f) {
                 continue;
             }
             let n = f.name();
-            let mut plain = Vec::new();
-            let mut swiglu = Vec::new();
+            let (mut plain, mut swiglu, mut plain_u, mut swiglu_u) = (vec![], vec![], vec![], vec![]);
             for (tm, tn) in MATMUL_TILES {
-                let src = matmul_source(f, tm, tn);
+                let src = matmul_source(f, tm, tn, false);
                 plain.push(matmul_family.pipeline(gpu, &format!("matmul_{n}_{tm}x{tn}"), &src, "main")?);
                 swiglu.push(matmul_family.pipeline(gpu, &format!("swiglu_{n}_{tm}x{tn}"), &src, "main_swiglu")?);
+                let src = matmul_source(f, tm, tn, true);
+                plain_u.push(matmul_u_family.pipeline(gpu, &format!("matmul_{n}_{tm}x{tn}_ux"), &src, "main")?);
+                swiglu_u.push(matmul_u_family.pipeline(
+                    gpu,
+                    &format!("swiglu_{n}_{tm}x{tn}_ux"),
+                    &src,
+                    "main_swiglu",
+                )?);
             }
-            // embed binds the step's meta (token ids) at 2 and writes at 6: same family layout.
             let p = MatmulPipelines {
                 plain,
                 swiglu,
+                plain_u,
+                swiglu_u,
                 embed: matmul_family.pipeline(gpu, &format!("embed_{n}"), &embed_source(f), "main")?,
             };
             matmul.insert(f, p);
@@ -270,6 +337,7 @@ impl Kernels {
         let logit_adjust = sample_family.pipeline(gpu, "logit_adjust", &plain_source(LOGIT_ADJUST_WGSL), "main")?;
         Ok(Kernels {
             matmul_family,
+            matmul_u_family,
             matmul,
             norm_family,
             rmsnorm,

@@ -101,6 +101,7 @@ impl Gpu {
         let mut limits = wgpu::Limits::downlevel_defaults();
         limits.max_storage_buffer_binding_size = al.max_storage_buffer_binding_size;
         limits.max_buffer_size = al.max_buffer_size;
+        limits.max_uniform_buffer_binding_size = al.max_uniform_buffer_binding_size;
         limits.max_storage_buffers_per_shader_stage = al.max_storage_buffers_per_shader_stage.min(8);
         limits.max_compute_workgroups_per_dimension = al.max_compute_workgroups_per_dimension;
         limits.max_compute_invocations_per_workgroup = al.max_compute_invocations_per_workgroup.min(256);
@@ -146,6 +147,25 @@ impl Gpu {
             usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC,
             mapped_at_creation: false,
         })
+    }
+
+    /// An activation buffer: storage, and also bindable as a uniform window of
+    /// UNIFORM_X_BYTES (so it is at least that large) for the uniform-x matmul variant.
+    pub fn activation(&self, label: &str, size: u64) -> wgpu::Buffer {
+        self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size: size.max(kernels::UNIFORM_X_BYTES).next_multiple_of(16),
+            usage: wgpu::BufferUsages::STORAGE
+                | wgpu::BufferUsages::UNIFORM
+                | wgpu::BufferUsages::COPY_DST
+                | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: false,
+        })
+    }
+
+    /// Whether the uniform-x matmul variant can be used on this device.
+    pub fn uniform_x_ok(&self) -> bool {
+        self.device.limits().max_uniform_buffer_binding_size >= kernels::UNIFORM_X_BYTES
     }
 
     pub fn uniform_init(&self, label: &str, bytes: &[u8]) -> wgpu::Buffer {

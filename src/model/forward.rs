@@ -7,7 +7,7 @@ use super::loader::HostModel;
 use super::tensor::QTensor;
 use crate::gpu::kernels::{
     tile_for_rows, Kernels, WFormat, MATMUL_TILES, MATMUL_WG, MAX_TOP_LOGPROBS, SAMPLE_PARAMS_STRIDE,
-    SAMPLE_RESULT_STRIDE,
+    SAMPLE_RESULT_STRIDE, UNIFORM_X_VEC4,
 };
 use crate::gpu::Gpu;
 use anyhow::{bail, Result};
@@ -191,9 +191,21 @@ pub(crate) struct StepHeader {
 }
 
 enum OpKind {
-    Embed { format: WFormat, k_blocks: u32 },
-    Matmul { format: WFormat, groups: u32, sampled: bool, swiglu: bool },
-    Norm { sampled: bool },
+    Embed {
+        format: WFormat,
+        k_blocks: u32,
+    },
+    /// `rows` weight rows in this chunk, `x_vec4` vec4s per activation row.
+    Matmul {
+        format: WFormat,
+        rows: u32,
+        x_vec4: u32,
+        sampled: bool,
+        swiglu: bool,
+    },
+    Norm {
+        sampled: bool,
+    },
     RopeKv,
     Attention,
     LogitAdjust,
@@ -203,6 +215,8 @@ enum OpKind {
 struct Op {
     kind: OpKind,
     bind: wgpu::BindGroup,
+    /// Matmuls: the bind group of the uniform-x variant, when the device allows it.
+    bind_u: Option<wgpu::BindGroup>,
 }
 
 pub struct KvCache {
@@ -309,11 +323,11 @@ impl Model {
         // Activation scratch.
         let f = |n: usize| (n * 4) as u64;
         let hidden = g.storage("hidden", f(t_max * cfg.hidden));
-        let normed = g.storage("normed", f(t_max * cfg.hidden));
+        let normed = g.activation("normed", f(t_max * cfg.hidden));
         let qkv = g.storage("qkv", f(t_max * cfg.qkv_dim()));
-        let attn = g.storage("attn", f(t_max * cfg.q_dim()));
-        let act = g.storage("act", f(t_max * cfg.intermediate));
-        let final_normed = g.storage("final_normed", f(s_max * cfg.hidden));
+        let attn = g.activation("attn", f(t_max * cfg.q_dim()));
+        let act = g.activation("act", f(t_max * cfg.intermediate));
+        let final_normed = g.activation("final_normed", f(s_max * cfg.hidden));
         let logits = g.storage("logits", f(s_max * cfg.vocab));
         let result_bytes = (s_max * SAMPLE_RESULT_STRIDE * 4) as u64;
         let result = g.storage("result", result_bytes);
@@ -351,6 +365,7 @@ impl Model {
             let p = uni(&[kb_h, c.rows as u32, c.row0 as u32, 0]);
             ops.push(Op {
                 kind: OpKind::Embed { format: embed.format, k_blocks: kb_h },
+                bind_u: None,
                 bind: kernels.matmul_family.bind(
                     g,
                     &[(0, &step_buf), (1, &p), (2, &meta_buf), (3, &c.q), (4, &c.s), (5, &dummy), (6, &hidden)],
@@ -384,14 +399,12 @@ impl Model {
                 };
                 let pb = g.uniform_init("matmul_params", bytemuck::bytes_of(&p));
                 // A chunked bias is bound whole; the chunk's row0 offsets into it.
-                let bind = kernels.matmul_family.bind(
-                    g,
-                    &[(0, &step_buf), (1, &pb), (2, x), (3, &c.q), (4, &c.s), (5, bias.unwrap_or(&dummy)), (6, y)],
-                );
-                ops.push(Op {
-                    kind: OpKind::Matmul { format: m.format, groups: div_up(c.rows as u32, 1), sampled, swiglu },
-                    bind,
-                });
+                let entries =
+                    [(0, &step_buf), (1, &pb), (2, x), (3, &c.q), (4, &c.s), (5, bias.unwrap_or(&dummy)), (6, y)];
+                let bind = kernels.matmul_family.bind(g, &entries);
+                let bind_u = g.uniform_x_ok().then(|| kernels.matmul_u_family.bind_uniform_x(g, &entries));
+                let (rows, x_vec4) = (c.rows as u32, (m.cols / 4) as u32);
+                ops.push(Op { kind: OpKind::Matmul { format: m.format, rows, x_vec4, sampled, swiglu }, bind, bind_u });
                 keep.push(pb);
             }
         };
@@ -430,10 +443,11 @@ impl Model {
                     .norm_family
                     .bind(g, &[(0, &step_buf), (1, &layer_norm_p), (2, &hidden), (3, w), (4, &meta_buf), (5, out)])
             };
-            ops.push(Op { kind: OpKind::Norm { sampled: false }, bind: bind_norm(&attn_norm, &normed) });
+            ops.push(Op { kind: OpKind::Norm { sampled: false }, bind: bind_norm(&attn_norm, &normed), bind_u: None });
             matmul_ops(&mut ops, &mut keep, &qkv_m, &normed, &qkv, cfg.qkv_dim(), bias.as_ref(), false, false, false);
             ops.push(Op {
                 kind: OpKind::RopeKv,
+                bind_u: None,
                 bind: kernels.rope_family.bind(
                     g,
                     &[
@@ -449,6 +463,7 @@ impl Model {
             });
             ops.push(Op {
                 kind: OpKind::Attention,
+                bind_u: None,
                 bind: kernels.attn_family.bind(
                     g,
                     &[
@@ -463,7 +478,7 @@ impl Model {
                 ),
             });
             matmul_ops(&mut ops, &mut keep, &o_m, &attn, &hidden, cfg.hidden, None, true, false, false);
-            ops.push(Op { kind: OpKind::Norm { sampled: false }, bind: bind_norm(&ffn_norm, &normed) });
+            ops.push(Op { kind: OpKind::Norm { sampled: false }, bind: bind_norm(&ffn_norm, &normed), bind_u: None });
             matmul_ops(&mut ops, &mut keep, &gu_m, &normed, &act, cfg.intermediate, None, false, false, true);
             matmul_ops(&mut ops, &mut keep, &down_m, &act, &hidden, cfg.hidden, None, true, false, false);
             keep.extend([attn_norm, ffn_norm]);
@@ -475,6 +490,7 @@ impl Model {
         let final_p = norm_params(true);
         ops.push(Op {
             kind: OpKind::Norm { sampled: true },
+            bind_u: None,
             bind: kernels.norm_family.bind(
                 g,
                 &[(0, &step_buf), (1, &final_p), (2, &hidden), (3, &final_norm), (4, &meta_buf), (5, &final_normed)],
@@ -488,12 +504,14 @@ impl Model {
         let sp = uni(&[cfg.vocab as u32, off_params as u32, 0, 0]);
         ops.push(Op {
             kind: OpKind::LogitAdjust,
+            bind_u: None,
             bind: kernels
                 .sample_family
                 .bind(g, &[(0, &step_buf), (1, &sp), (2, &meta_buf), (3, &adjust_buf), (4, &logits)]),
         });
         ops.push(Op {
             kind: OpKind::Sample,
+            bind_u: None,
             bind: kernels
                 .sample_family
                 .bind(g, &[(0, &step_buf), (1, &sp), (2, &meta_buf), (3, &logits), (4, &result)]),
@@ -611,20 +629,25 @@ impl Model {
             let mut pass = enc.begin_compute_pass(&Default::default());
             let cfg = &self.cfg;
             for op in &self.ops {
+                let mut bind = &op.bind;
                 let (pipe, x, y) = match op.kind {
                     OpKind::Embed { format, k_blocks } => {
                         (&self.kernels.matmul[&format].embed, div_up(n * k_blocks, 64), 1)
                     }
-                    OpKind::Matmul { format, groups, sampled, swiglu } => {
+                    OpKind::Matmul { format, rows, x_vec4, sampled, swiglu } => {
                         let m = if sampled { ns } else { n };
                         if m == 0 {
                             continue;
                         }
-                        let k = &self.kernels.matmul[&format];
                         let tile = tile_for_rows(m);
                         let (tm, tn) = MATMUL_TILES[tile];
-                        let pipe = if swiglu { &k.swiglu[tile] } else { &k.plain[tile] };
-                        (pipe, div_up(div_up(groups, tn), MATMUL_WG), div_up(m, tm))
+                        // Small steps read x through the uniform window when it holds all m rows.
+                        let uniform = op.bind_u.as_ref().filter(|_| m * x_vec4 <= UNIFORM_X_VEC4);
+                        if let Some(b) = uniform {
+                            bind = b;
+                        }
+                        let pipe = self.kernels.matmul[&format].get(tile, swiglu, uniform.is_some());
+                        (pipe, div_up(div_up(rows, tn), MATMUL_WG), div_up(m, tm))
                     }
                     OpKind::Norm { sampled } => {
                         let m = if sampled { ns } else { n };
@@ -652,7 +675,7 @@ impl Model {
                     }
                 };
                 pass.set_pipeline(pipe);
-                pass.set_bind_group(0, &op.bind, &[]);
+                pass.set_bind_group(0, bind, &[]);
                 pass.dispatch_workgroups(x, y, 1);
             }
         }

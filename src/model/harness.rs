@@ -81,7 +81,8 @@ impl Harness {
     }
 
     /// y = x W^T (+ bias) (+ y_init), for m rows of x, with the matmul variant of
-    /// MATMUL_TILES[tile] and W split into chunks no larger than `max_binding` bytes. With `up`, runs the fused SwiGLU: silu(x G^T) * (x U^T).
+    /// MATMUL_TILES[tile] (reading x through a uniform window with `uniform_x`) and W split
+    /// into chunks no larger than `max_binding` bytes. With `up`, runs the fused SwiGLU: silu(x G^T) * (x U^T).
     #[allow(clippy::too_many_arguments)]
     pub fn matmul(
         &self,
@@ -92,18 +93,23 @@ impl Harness {
         bias: Option<&[f32]>,
         y_init: Option<&[f32]>,
         tile: usize,
+        uniform_x: bool,
         max_binding: u64,
     ) -> Result<Vec<f32>> {
         let g = &*self.gpu;
         let mat = GpuMatrix::upload(g, "w", w, up, max_binding)?;
         let (step, _meta) = self.step_buffers(Self::header(m, 0), &[0]);
-        let xb = g.storage_init("x", bytemuck::cast_slice(x));
+        let xb = g.activation("x", (x.len() * 4) as u64);
+        g.queue.write_buffer(&xb, 0, bytemuck::cast_slice(x));
+        if uniform_x {
+            assert!(x.len() <= crate::gpu::kernels::UNIFORM_X_VEC4 as usize * 4, "x exceeds the uniform window");
+        }
         let zeros = vec![0f32; m * w.rows];
         let yb = g.storage_init("y", bytemuck::cast_slice(y_init.unwrap_or(&zeros)));
         let bb = g.storage_init("bias", bytemuck::cast_slice(bias.unwrap_or(&[0.0])));
         let k = &self.kernels.matmul[&w.format];
         let (tm, tn) = MATMUL_TILES[tile];
-        let pipe = if up.is_some() { &k.swiglu[tile] } else { &k.plain[tile] };
+        let pipe = k.get(tile, up.is_some(), uniform_x);
         for c in &mat.chunks {
             let p = MatParams {
                 k_blocks: (w.cols / 32) as u32,
@@ -116,10 +122,12 @@ impl Harness {
                 _pad: 0,
             };
             let pb = g.uniform_init("p", bytemuck::bytes_of(&p));
-            let bind = self
-                .kernels
-                .matmul_family
-                .bind(g, &[(0, &step), (1, &pb), (2, &xb), (3, &c.q), (4, &c.s), (5, &bb), (6, &yb)]);
+            let entries = [(0, &step), (1, &pb), (2, &xb), (3, &c.q), (4, &c.s), (5, &bb), (6, &yb)];
+            let bind = if uniform_x {
+                self.kernels.matmul_u_family.bind_uniform_x(g, &entries)
+            } else {
+                self.kernels.matmul_family.bind(g, &entries)
+            };
             self.dispatch(pipe, &bind, div_up(div_up(c.rows as u32, tn), MATMUL_WG), div_up(m as u32, tm));
         }
         g.download_f32(&yb, m * w.rows)
