@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One-time set-up: software Vulkan when no GPU driver is present, and the default model.
+# One-time set-up: software Vulkan when no GPU driver is present, the default model, and the
+# OpenAI Python client for the end-to-end test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! dpkg -s mesa-vulkan-drivers >/dev/null 2>&1; then
@@ -13,3 +14,5 @@ if ! dpkg -s mesa-vulkan-drivers >/dev/null 2>&1; then
   fi
 fi
 ./scripts/fetch-model.sh
+# The official OpenAI Python client, used by the end-to-end server test.
+python3 -c 'import openai' 2>/dev/null || python3 -m pip install --quiet openai
