@@ -359,6 +359,8 @@ impl Model {
         let mut ops = Vec::new();
         let uni = |v: &[u32]| g.uniform_init("params", bytemuck::cast_slice(v));
 
+        // TORUS_NO_UNIFORM_X=1 turns the uniform-x matmul variant off (for comparisons).
+        let uniform_x = g.uniform_x_ok() && std::env::var_os("TORUS_NO_UNIFORM_X").is_none();
         let embed = GpuMatrix::upload(g, "embed", &host.embed, None, mb)?;
         let kb_h = (cfg.hidden / 32) as u32;
         for c in &embed.chunks {
@@ -402,7 +404,7 @@ impl Model {
                 let entries =
                     [(0, &step_buf), (1, &pb), (2, x), (3, &c.q), (4, &c.s), (5, bias.unwrap_or(&dummy)), (6, y)];
                 let bind = kernels.matmul_family.bind(g, &entries);
-                let bind_u = g.uniform_x_ok().then(|| kernels.matmul_u_family.bind_uniform_x(g, &entries));
+                let bind_u = uniform_x.then(|| kernels.matmul_u_family.bind_uniform_x(g, &entries));
                 let (rows, x_vec4) = (c.rows as u32, (m.cols / 4) as u32);
                 ops.push(Op { kind: OpKind::Matmul { format: m.format, rows, x_vec4, sampled, swiglu }, bind, bind_u });
                 keep.push(pb);
