@@ -373,12 +373,17 @@ pub fn format_table(r: &BenchReport) -> String {
     t
 }
 
+/// Writes the report as JSON (settings, summary, per-request records).
+pub fn write_json(report: &BenchReport, path: &std::path::Path) -> Result<()> {
+    std::fs::write(path, serde_json::to_string_pretty(report)?).with_context(|| format!("{}", path.display()))
+}
+
 pub fn run(args: BenchArgs) -> Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let report = rt.block_on(run_bench(&args))?;
     print!("{}", format_table(&report));
     if let Some(p) = &args.json_out {
-        std::fs::write(p, serde_json::to_string_pretty(&report)?).with_context(|| format!("{}", p.display()))?;
+        write_json(&report, p)?;
         eprintln!("wrote {}", p.display());
     }
     Ok(())
