@@ -31,7 +31,12 @@ fn bench(c: &mut Criterion) {
         return;
     }
     let gpu = Arc::new(Gpu::new(None).unwrap());
-    let cfg = EngineConfig { max_num_batched_tokens: 512, max_sequence_length: 1024, max_decode_batch_size: 16, ..Default::default() };
+    let cfg = EngineConfig {
+        max_num_batched_tokens: 512,
+        max_sequence_length: 1024,
+        max_decode_batch_size: 16,
+        ..Default::default()
+    };
     let (mut model, tok) = load_model(&path, &cfg, gpu, &|_, _| {}).unwrap();
     let text = "The quick brown fox jumps over the lazy dog. ".repeat(33);
     let prompt = tok.encode(&text).unwrap();
@@ -55,7 +60,13 @@ fn bench(c: &mut Criterion) {
             positions: vec![pos as u32; batch],
             slots: (0..batch as u32).map(|i| (40 + i) * 16).collect(),
             seq_of_token: (0..batch as u32).collect(),
-            block_tables: (0..batch).map(|i| { let mut t = table[..21].to_vec(); t.push(40 + i as u32); t }).collect(),
+            block_tables: (0..batch)
+                .map(|i| {
+                    let mut t = table[..21].to_vec();
+                    t.push(40 + i as u32);
+                    t
+                })
+                .collect(),
             sample_rows: (0..batch as u32).collect(),
             sampling: vec![SampleParams::default(); batch],
         };

@@ -65,7 +65,14 @@ enum Cmd {
     },
 }
 
-fn throughput(cfg: &EngineConfig, n: usize, input_len: usize, output_len: usize, shared: usize, seed: u64) -> Result<()> {
+fn throughput(
+    cfg: &EngineConfig,
+    n: usize,
+    input_len: usize,
+    output_len: usize,
+    shared: usize,
+    seed: u64,
+) -> Result<()> {
     use torus_wgpu::engine::{EngineHandle, Request, RequestParams, StopConditions};
     let (model, tok) = load_configured(cfg)?;
     let vocab = model.cfg.vocab as u64;
@@ -84,7 +91,8 @@ fn throughput(cfg: &EngineConfig, n: usize, input_len: usize, output_len: usize,
         })
         .collect();
     let t0 = std::time::Instant::now();
-    let streams: Vec<_> = reqs.into_iter().map(|r| engine.submit(r)).collect::<Result<_, _>>().map_err(anyhow::Error::msg)?;
+    let streams: Vec<_> =
+        reqs.into_iter().map(|r| engine.submit(r)).collect::<Result<_, _>>().map_err(anyhow::Error::msg)?;
     let mut out_tokens = 0;
     for s in streams {
         out_tokens += s.collect_blocking().usage.completion_tokens;
@@ -96,7 +104,11 @@ fn throughput(cfg: &EngineConfig, n: usize, input_len: usize, output_len: usize,
         cfg.max_decode_batch_size
     );
     println!("elapsed: {dt:.2} s  requests/s: {:.3}", n as f64 / dt);
-    println!("output tokens/s: {:.2}  total tokens/s: {:.2}", out_tokens as f64 / dt, (out_tokens + n * input_len) as f64 / dt);
+    println!(
+        "output tokens/s: {:.2}  total tokens/s: {:.2}",
+        out_tokens as f64 / dt,
+        (out_tokens + n * input_len) as f64 / dt
+    );
     println!(
         "prompt tokens: {}  prefilled: {}  saved by the prefix cache: {}  (block hits {} of {} lookups)  preemptions: {}",
         n * input_len,

@@ -52,7 +52,7 @@ impl Slo {
         for it in items.iter().flat_map(|i| i.split_whitespace()) {
             let (k, v) = it.split_once(':').ok_or_else(|| format!("goodput item '{it}' is not NAME:MS"))?;
             let ms: f64 = v.parse().map_err(|_| format!("goodput item '{it}': '{v}' is not a number of ms"))?;
-            if !(ms > 0.0) {
+            if ms.is_nan() || ms <= 0.0 {
                 return Err(format!("goodput item '{it}': the limit must be positive"));
             }
             match k {

@@ -97,8 +97,8 @@ pub struct BenchReport {
 const WORDS: &[&str] = &[
     "the", "of", "and", "to", "in", "is", "that", "for", "it", "as", "was", "with", "be", "by", "on", "not", "he",
     "this", "are", "or", "his", "from", "at", "which", "but", "have", "an", "had", "they", "you", "were", "their",
-    "one", "all", "we", "can", "her", "has", "there", "been", "if", "more", "when", "will", "would", "who", "so",
-    "no", "she", "other", "its", "may", "these", "what", "them", "than", "some", "him", "time", "into", "only", "do",
+    "one", "all", "we", "can", "her", "has", "there", "been", "if", "more", "when", "will", "would", "who", "so", "no",
+    "she", "other", "its", "may", "these", "what", "them", "than", "some", "him", "time", "into", "only", "do",
     "could", "new", "about", "two", "first", "then", "also", "after", "any", "like", "should", "made", "most", "over",
     "such", "where", "even", "many", "must", "before", "through", "years", "back", "much", "good", "well", "down",
     "very", "way", "out", "our", "just", "work", "life", "water", "world", "day", "house", "light", "music", "city",
@@ -130,7 +130,12 @@ fn random_prompts(a: &BenchArgs) -> Result<Vec<BenchPrompt>> {
                 }
             }
         }
-        out.push(BenchPrompt { prompt: Some(words.join(" ")), messages: None, prompt_tokens: n, output_len: a.output_len });
+        out.push(BenchPrompt {
+            prompt: Some(words.join(" ")),
+            messages: None,
+            prompt_tokens: n,
+            output_len: a.output_len,
+        });
     }
     Ok(out)
 }
@@ -147,7 +152,12 @@ fn dataset_prompts(a: &BenchArgs, path: &std::path::Path) -> Result<Vec<BenchPro
             _ => bail!("{}:{}: needs a \"prompt\" string or a \"messages\" list", path.display(), i + 1),
         };
         let words = prompt.as_deref().map(|p| p.split_whitespace().count()).unwrap_or(0);
-        rows.push(BenchPrompt { prompt, messages, prompt_tokens: words, output_len: output_len.unwrap_or(a.output_len) });
+        rows.push(BenchPrompt {
+            prompt,
+            messages,
+            prompt_tokens: words,
+            output_len: output_len.unwrap_or(a.output_len),
+        });
     }
     if rows.is_empty() {
         bail!("{}: no prompts", path.display());
@@ -198,7 +208,8 @@ async fn one_request(
     p: &BenchPrompt,
     t0: Instant,
 ) -> RequestRecord {
-    let mut rec = RequestRecord { send: t0.elapsed().as_secs_f64(), prompt_tokens: p.prompt_tokens, ..Default::default() };
+    let mut rec =
+        RequestRecord { send: t0.elapsed().as_secs_f64(), prompt_tokens: p.prompt_tokens, ..Default::default() };
     let result: Result<()> = async {
         let mut req = client.post(url).json(&body);
         if let Some(k) = &a.api_key {
@@ -278,7 +289,7 @@ pub async fn run_bench(a: &BenchArgs) -> Result<BenchReport> {
     if a.num_prompts == 0 {
         bail!("--num-prompts must be positive");
     }
-    if a.concurrency == Some(0) || a.request_rate.is_some_and(|r| !(r > 0.0)) {
+    if a.concurrency == Some(0) || a.request_rate.is_some_and(|r| r.is_nan() || r <= 0.0) {
         bail!("--concurrency and --request-rate must be positive");
     }
     let prompts = match &a.dataset {
@@ -296,7 +307,8 @@ pub async fn run_bench(a: &BenchArgs) -> Result<BenchReport> {
     };
     let url = format!("{}{path}", a.base_url.trim_end_matches('/'));
     let limit = Arc::new(tokio::sync::Semaphore::new(a.concurrency.unwrap_or(tokio::sync::Semaphore::MAX_PERMITS)));
-    let bar = if a.quiet { indicatif::ProgressBar::hidden() } else { indicatif::ProgressBar::new(prompts.len() as u64) };
+    let bar =
+        if a.quiet { indicatif::ProgressBar::hidden() } else { indicatif::ProgressBar::new(prompts.len() as u64) };
     bar.set_style(
         indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} requests [{elapsed_precise}]")
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),

@@ -182,6 +182,9 @@ impl EngineHandle {
         if let Some(&(t, _)) = req.params.logit_bias.iter().find(|(t, _)| *t as usize >= info.vocab) {
             return Err(format!("logit_bias token id {t} is outside the vocabulary ({})", info.vocab));
         }
+        if req.params.logit_bias.len() > crate::model::forward::MAX_LOGIT_BIAS {
+            return Err(format!("at most {} logit_bias entries are allowed", crate::model::forward::MAX_LOGIT_BIAS));
+        }
         if req.params.logprobs.unwrap_or(0) as usize > MAX_TOP_LOGPROBS {
             return Err(format!("at most {MAX_TOP_LOGPROBS} top logprobs can be returned"));
         }

@@ -151,10 +151,12 @@ pub fn load_model(
 /// progress bar on stderr while weights load; prints the adapter.
 pub fn load_configured(cfg: &crate::config::EngineConfig) -> Result<(Model, crate::tokenizer::Tokenizer)> {
     use anyhow::Context;
-    let path =
-        cfg.model.clone().map(std::path::PathBuf::from).unwrap_or_else(crate::config::default_model_path);
+    let path = cfg.model.clone().map(std::path::PathBuf::from).unwrap_or_else(crate::config::default_model_path);
     if !path.exists() {
-        bail!("{}: model not found (run scripts/fetch-model.sh for the default model, or pass --model)", path.display());
+        bail!(
+            "{}: model not found (run scripts/fetch-model.sh for the default model, or pass --model)",
+            path.display()
+        );
     }
     let gpu = std::sync::Arc::new(crate::gpu::Gpu::new(cfg.adapter.as_deref())?);
     eprintln!("adapter: {}", gpu.describe());

@@ -61,6 +61,9 @@ impl GpuMatrix {
     }
 }
 
+/// Most logit-bias entries one request may carry.
+pub const MAX_LOGIT_BIAS: usize = 300;
+
 /// Sizes of the per-step scratch, fixed at start-up.
 #[derive(Clone, Copy, Debug)]
 pub struct StepLimits {
@@ -295,8 +298,9 @@ impl Model {
         let off_sample = 4 * t_max;
         let off_params = 4 * t_max + s_max;
         let meta_len = 4 * t_max + (1 + ps) * s_max + s_max * max_blocks;
-        // Logit adjustments: up to one entry per token of every sampled sequence.
-        let adjust_cap = s_max * limits.max_seq_len;
+        // Logit adjustments: up to one entry per token of every sampled sequence, plus its
+        // logit-bias entries.
+        let adjust_cap = s_max * (limits.max_seq_len + MAX_LOGIT_BIAS);
         let adjust_buf = g.storage("adjust", (adjust_cap * 16) as u64);
         let meta_buf = g.storage("meta", (meta_len * 4) as u64);
         let step_buf = g.uniform_init("step", bytemuck::bytes_of(&header));

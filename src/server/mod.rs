@@ -1,8 +1,39 @@
 //! `torus-wgpu serve`: the OpenAI-compatible HTTP server (routes, OpenAI types, SSE, errors,
 //! metrics) over the engine handle.
+//!
+//! The listener is bound before the model loads: while it loads, `GET /health` and every API
+//! route answer 503 (with `Retry-After`), and `/metrics` reports `torus_model_loaded 0`.
+//! `/health` and `/metrics` never need the API key; every `/v1/...` route does when one is set.
+//!
+//! Tests and embedders run the server in-process with [`start`] on a listener of their own
+//! (port 0 for an ephemeral port) and stop it with [`ServerHandle::shutdown`].
 
-use crate::config::EngineArgs;
-use anyhow::Result;
+mod error;
+mod generate;
+pub mod metrics;
+mod openai;
+mod params;
+
+pub use error::ApiError;
+pub use metrics::ServerMetrics;
+
+use crate::config::{EngineArgs, EngineConfig};
+use crate::engine::EngineHandle;
+use anyhow::{Context, Result};
+use axum::extract::{DefaultBodyLimit, Path as UrlPath, Request, State};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::middleware::{from_fn_with_state, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde_json::json;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, OnceLock};
+
+/// Most choices (`n`) per request, by default.
+pub const DEFAULT_MAX_N: usize = 16;
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct ServeArgs {
@@ -10,13 +41,368 @@ pub struct ServeArgs {
     pub engine: EngineArgs,
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
+    /// Port to listen on (0: any free port; the address is logged).
     #[arg(long, default_value_t = 8000)]
     pub port: u16,
-    /// Require `Authorization: Bearer KEY` (also from TORUS_API_KEY).
+    /// Require `Authorization: Bearer KEY` on /v1 routes (also from TORUS_API_KEY).
     #[arg(long, env = "TORUS_API_KEY")]
     pub api_key: Option<String>,
+    /// The model id clients send and /v1/models lists (default: the model file's stem or the
+    /// model directory's name).
+    #[arg(long)]
+    pub served_model_name: Option<String>,
+    /// Answer 503 (Retry-After) while this many sequences wait for their first token.
+    #[arg(long, default_value_t = 256)]
+    pub max_queued_requests: usize,
+    /// Largest accepted request body in bytes (larger: 413).
+    #[arg(long, default_value_t = 4 << 20)]
+    pub max_request_body_bytes: usize,
 }
 
-pub fn run(_args: ServeArgs) -> Result<()> {
-    anyhow::bail!("serve is not implemented yet")
+/// How the HTTP side behaves (the engine has its own config).
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    pub served_model_name: String,
+    pub api_key: Option<String>,
+    pub max_queued_requests: usize,
+    pub max_request_body_bytes: usize,
+    /// Most choices (`n`) per request.
+    pub max_n: usize,
+    /// Sampling defaults for requests that give none (from the engine config).
+    pub default_temperature: f32,
+    pub default_top_p: f32,
+    pub default_top_k: u32,
+    /// With n > 1 (and a prompt longer than a block), prefill the prompt once, then start the
+    /// other choices on its cached blocks. Set from `enable_prefix_cache`.
+    pub share_prompt_prefill: bool,
+}
+
+impl ServerConfig {
+    /// Defaults for serving `cfg`'s model under `served_model_name`.
+    pub fn new(served_model_name: impl Into<String>, cfg: &EngineConfig) -> ServerConfig {
+        ServerConfig {
+            served_model_name: served_model_name.into(),
+            api_key: None,
+            max_queued_requests: 256,
+            max_request_body_bytes: 4 << 20,
+            max_n: DEFAULT_MAX_N,
+            default_temperature: cfg.temperature,
+            default_top_p: cfg.top_p,
+            default_top_k: cfg.top_k,
+            share_prompt_prefill: cfg.enable_prefix_cache,
+        }
+    }
+}
+
+/// The model id for a model path: a file's stem (`SmolLM2-135M-Instruct.Q4_1`) or a
+/// directory's name (`tiny-qwen2`).
+pub fn model_id_for_path(path: &Path) -> String {
+    let name = if path.is_dir() { path.file_name() } else { path.file_stem() };
+    name.map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| path.display().to_string())
+}
+
+/// State shared by every handler.
+pub(crate) struct AppState {
+    pub cfg: ServerConfig,
+    pub engine: OnceLock<EngineHandle>,
+    pub metrics: ServerMetrics,
+    /// Unix time the server started (the model's `created`).
+    pub started: u64,
+    id_salt: u64,
+    next_id: AtomicU64,
+}
+
+pub(crate) fn unix_now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+impl AppState {
+    /// The engine, or 503 while the model loads.
+    pub fn engine(&self) -> Result<&EngineHandle, ApiError> {
+        self.engine.get().ok_or_else(|| ApiError::unavailable("the model is still loading", "model_loading"))
+    }
+
+    /// A fresh response id such as `chatcmpl-3f2a...`.
+    pub fn new_id(&self, prefix: &str) -> String {
+        let n = self.next_id.fetch_add(1, Relaxed);
+        let a = crate::sampling::Rng::new(self.id_salt ^ n).next_u64();
+        let b = crate::sampling::Rng::new(a ^ n.rotate_left(17)).next_u64();
+        format!("{prefix}-{a:016x}{:08x}", b as u32)
+    }
+
+    /// 404 for a request naming another model (no model named: the served one).
+    pub fn check_model(&self, model: Option<&str>) -> Result<(), ApiError> {
+        match model {
+            Some(m) if m != self.cfg.served_model_name => Err(ApiError::model_not_found(m)),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// A running server.
+pub struct ServerHandle {
+    /// The address it listens on.
+    pub addr: SocketAddr,
+    state: Arc<AppState>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
+}
+
+impl ServerHandle {
+    /// Installs the engine once the model has loaded; from then on /health answers 200.
+    /// Returns false (and drops `engine`) if one was installed already.
+    pub fn set_engine(&self, engine: EngineHandle) -> bool {
+        self.state.engine.set(engine).is_ok()
+    }
+
+    pub fn engine(&self) -> Option<&EngineHandle> {
+        self.state.engine.get()
+    }
+
+    /// The server's own counters (responses by status, latency histograms).
+    pub fn metrics(&self) -> &ServerMetrics {
+        &self.state.metrics
+    }
+
+    /// Graceful stop: no new connections, in-flight requests (streams included) run to their
+    /// end, then the engine drains and its thread exits.
+    pub async fn shutdown(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(task) = self.task.take() {
+            match task.await {
+                Ok(Err(e)) => tracing::warn!("server error: {e}"),
+                Err(e) => tracing::warn!("server task: {e}"),
+                Ok(Ok(())) => {}
+            }
+        }
+        if let Some(engine) = self.state.engine.get().cloned() {
+            let _ = tokio::task::spawn_blocking(move || engine.shutdown(true)).await;
+        }
+    }
+}
+
+/// Serves the OpenAI API on `listener` (inside the current tokio runtime). With `engine` None
+/// the server answers 503 until [`ServerHandle::set_engine`].
+pub fn start(
+    listener: tokio::net::TcpListener,
+    cfg: ServerConfig,
+    engine: Option<EngineHandle>,
+) -> std::io::Result<ServerHandle> {
+    let addr = listener.local_addr()?;
+    let state = Arc::new(AppState {
+        cfg,
+        engine: OnceLock::new(),
+        metrics: ServerMetrics::default(),
+        started: unix_now(),
+        id_salt: crate::sampling::Rng::from_entropy().next_u64(),
+        next_id: AtomicU64::new(1),
+    });
+    if let Some(e) = engine {
+        let _ = state.engine.set(e);
+    }
+    let app = router(state.clone());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async move {
+                let _ = stopped.await;
+            })
+            .await
+    });
+    Ok(ServerHandle { addr, state, stop: Some(stop), task: Some(task) })
+}
+
+fn router(state: Arc<AppState>) -> Router {
+    let api = Router::new()
+        .route("/v1/chat/completions", post(openai::chat_completions))
+        .route("/v1/completions", post(openai::completions))
+        .route("/v1/models", get(list_models))
+        .route("/v1/models/{*model}", get(get_model))
+        .route_layer(from_fn_with_state(state.clone(), require_api_key));
+    Router::new()
+        .merge(api)
+        .route("/health", get(health))
+        .route("/metrics", get(prometheus))
+        .fallback(|| async { ApiError::not_found("no such route") })
+        .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
+        .layer(from_fn_with_state(state.clone(), count_status))
+        .layer(DefaultBodyLimit::disable())
+        .with_state(state)
+}
+
+/// Byte-wise comparison whose time does not depend on where the inputs differ.
+fn same_secret(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+async fn require_api_key(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    if let Some(key) = &st.cfg.api_key {
+        let token = req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+            .map(str::trim);
+        match token {
+            None => return ApiError::unauthorized("missing API key: send `Authorization: Bearer KEY`").into_response(),
+            Some(t) if !same_secret(t.as_bytes(), key.as_bytes()) => {
+                return ApiError::unauthorized("incorrect API key provided").into_response()
+            }
+            Some(_) => {}
+        }
+    }
+    next.run(req).await
+}
+
+async fn count_status(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    let r = next.run(req).await;
+    st.metrics.count_status(r.status().as_u16());
+    r
+}
+
+async fn health(State(st): State<Arc<AppState>>) -> Response {
+    match st.engine() {
+        Ok(_) => (StatusCode::OK, Json(json!({"status": "ok"}))).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn prometheus(State(st): State<Arc<AppState>>) -> Response {
+    let snap = st.engine.get().map(|e| e.metrics.snapshot());
+    let mut r = st.metrics.render(snap.as_ref()).into_response();
+    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"));
+    r
+}
+
+fn model_card(st: &AppState) -> serde_json::Value {
+    let mut card = json!({
+        "id": st.cfg.served_model_name,
+        "object": "model",
+        "created": st.started,
+        "owned_by": "torus-wgpu",
+    });
+    if let Some(e) = st.engine.get() {
+        card["max_model_len"] = json!(e.info.max_seq_len);
+    }
+    card
+}
+
+async fn list_models(State(st): State<Arc<AppState>>) -> Response {
+    Json(json!({"object": "list", "data": [model_card(&st)]})).into_response()
+}
+
+async fn get_model(State(st): State<Arc<AppState>>, UrlPath(model): UrlPath<String>) -> Response {
+    match st.check_model(Some(&model)) {
+        Ok(()) => Json(model_card(&st)).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// Resolves when SIGINT or SIGTERM arrives.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = term => {}
+    }
+}
+
+/// `torus-wgpu serve`: binds, loads the model (503 until then), serves until SIGINT/SIGTERM,
+/// then finishes in-flight requests and exits.
+pub fn run(args: ServeArgs) -> Result<()> {
+    let cfg = args.engine.resolve()?;
+    let model_path = cfg.model.clone().map(std::path::PathBuf::from).unwrap_or_else(crate::config::default_model_path);
+    if !model_path.exists() {
+        anyhow::bail!(
+            "{}: model not found (run scripts/fetch-model.sh for the default model, or pass --model)",
+            model_path.display()
+        );
+    }
+    if args.max_request_body_bytes == 0 {
+        anyhow::bail!("--max-request-body-bytes must be positive");
+    }
+    if args.max_queued_requests == 0 {
+        anyhow::bail!("--max-queued-requests must be positive");
+    }
+    let mut scfg =
+        ServerConfig::new(args.served_model_name.clone().unwrap_or_else(|| model_id_for_path(&model_path)), &cfg);
+    scfg.api_key = args.api_key.clone().filter(|k| !k.is_empty());
+    scfg.max_queued_requests = args.max_queued_requests;
+    scfg.max_request_body_bytes = args.max_request_body_bytes;
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().thread_name("torus-http").build()?;
+    rt.block_on(serve(args, cfg, scfg, model_path))
+}
+
+async fn serve(args: ServeArgs, cfg: EngineConfig, scfg: ServerConfig, model_path: std::path::PathBuf) -> Result<()> {
+    let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
+        .await
+        .with_context(|| format!("cannot listen on {}:{}", args.host, args.port))?;
+    let auth = if scfg.api_key.is_some() { "API key required on /v1" } else { "no API key" };
+    let name = scfg.served_model_name.clone();
+    let server = start(listener, scfg, None)?;
+    eprintln!(
+        "torus-wgpu serve: listening on http://{} ({auth}); loading {} as model {name:?} (/health answers 503 until it is loaded)",
+        server.addr,
+        model_path.display()
+    );
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let load_cfg = cfg.clone();
+    // A plain thread, so that a signal during loading can end the process without waiting.
+    std::thread::Builder::new().name("torus-load".into()).spawn(move || {
+        let r = crate::engine::load_configured(&load_cfg).map(|(m, t)| EngineHandle::start(m, t, &load_cfg));
+        let _ = tx.send(r);
+    })?;
+    let mut signal = std::pin::pin!(shutdown_signal());
+    let engine = tokio::select! {
+        r = rx => match r {
+            Ok(Ok(engine)) => engine,
+            Ok(Err(e)) => {
+                server.shutdown().await;
+                return Err(e);
+            }
+            Err(_) => {
+                server.shutdown().await;
+                anyhow::bail!("the model loader stopped unexpectedly");
+            }
+        },
+        _ = &mut signal => {
+            eprintln!("torus-wgpu serve: signal received while loading; exiting");
+            server.shutdown().await;
+            return Ok(());
+        }
+    };
+    let i = engine.info.clone();
+    server.set_engine(engine);
+    eprintln!(
+        "torus-wgpu serve: ready on http://{} | model {name:?} ({}) | adapter {} | KV cache {} blocks x {} tokens | max_sequence_length {} | max batch {} decode + {} prefill, {} tokens/step",
+        server.addr,
+        model_path.display(),
+        i.adapter,
+        i.num_blocks,
+        i.block_size,
+        i.max_seq_len,
+        cfg.max_decode_batch_size,
+        cfg.max_prefill_batch_size,
+        cfg.max_num_batched_tokens
+    );
+    signal.await;
+    eprintln!("torus-wgpu serve: shutting down (finishing in-flight requests)");
+    server.shutdown().await;
+    eprintln!("torus-wgpu serve: stopped");
+    Ok(())
 }

@@ -1,0 +1,110 @@
+//! Errors in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}` with the status
+//! that goes with them.
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde_json::{json, Value};
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub message: String,
+    /// OpenAI's `type`: invalid_request_error, authentication_error, server_error, ...
+    pub kind: &'static str,
+    pub param: Option<String>,
+    pub code: Option<&'static str>,
+    /// Seconds for a `Retry-After` header (503).
+    pub retry_after: Option<u32>,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> ApiError {
+        ApiError { status, message: message.into(), kind, param: None, code: None, retry_after: None }
+    }
+
+    /// 400, naming the request field at fault.
+    pub fn invalid(param: &str, message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::BAD_REQUEST, "invalid_request_error", message).param(param)
+    }
+
+    /// 400 about the request as a whole (malformed JSON, invalid UTF-8).
+    pub fn bad_request(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::BAD_REQUEST, "invalid_request_error", message)
+    }
+
+    pub fn unauthorized(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::UNAUTHORIZED, "invalid_request_error", message).code("invalid_api_key")
+    }
+
+    pub fn not_found(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::NOT_FOUND, "invalid_request_error", message).code("not_found")
+    }
+
+    pub fn model_not_found(name: &str) -> ApiError {
+        ApiError::new(StatusCode::NOT_FOUND, "invalid_request_error", format!("The model `{name}` does not exist."))
+            .param("model")
+            .code("model_not_found")
+    }
+
+    pub fn method_not_allowed() -> ApiError {
+        ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "invalid_request_error", "method not allowed for this route")
+            .code("method_not_allowed")
+    }
+
+    pub fn too_large(limit: usize) -> ApiError {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "invalid_request_error",
+            format!("the request body is larger than {limit} bytes"),
+        )
+        .code("request_too_large")
+    }
+
+    /// 503 with Retry-After.
+    pub fn unavailable(message: impl Into<String>, code: &'static str) -> ApiError {
+        let mut e = ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", message).code(code);
+        e.retry_after = Some(1);
+        e
+    }
+
+    pub fn internal(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", message)
+    }
+
+    pub fn param(mut self, param: &str) -> ApiError {
+        self.param = Some(param.to_string());
+        self
+    }
+
+    pub fn code(mut self, code: &'static str) -> ApiError {
+        self.code = Some(code);
+        self
+    }
+
+    pub fn body(&self) -> Value {
+        json!({
+            "error": {
+                "message": self.message,
+                "type": self.kind,
+                "param": self.param,
+                "code": self.code,
+            }
+        })
+    }
+}
+
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.status, self.message)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut r = (self.status, axum::Json(self.body())).into_response();
+        if let Some(s) = self.retry_after {
+            r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(s));
+        }
+        r
+    }
+}

@@ -1,0 +1,299 @@
+//! From validated requests to engine streams: admission control (the queue limit), submitting
+//! n choices per prompt (sharing the prompt's prefill through the prefix cache), and each
+//! choice's events with the server's latency measurements.
+//!
+//! Everything here is owned by the handler future or by the response body, so a client that
+//! goes away drops its `RequestStream`s, which aborts the requests and frees their KV blocks.
+
+use super::error::ApiError;
+use super::AppState;
+use crate::engine::handle::EngineInfo;
+use crate::engine::{EngineHandle, Event, FinishReason, Request, RequestParams, RequestStream, Usage};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// One admission-queue place: held from acceptance until the sequence's first event.
+pub(crate) struct QueueSlot(Arc<AppState>);
+
+impl Drop for QueueSlot {
+    fn drop(&mut self) {
+        self.0.metrics.queued.fetch_sub(1, Relaxed);
+    }
+}
+
+/// Takes `n` places, or answers 503 when the queue already holds `max_queued_requests`. A
+/// request is never refused for its own size alone, so a large `n` still runs on an idle server.
+fn reserve(st: &Arc<AppState>, n: usize) -> Result<Vec<QueueSlot>, ApiError> {
+    let before = st.metrics.queued.fetch_add(n as u64, Relaxed);
+    let slots: Vec<QueueSlot> = (0..n).map(|_| QueueSlot(st.clone())).collect();
+    if before >= st.cfg.max_queued_requests as u64 {
+        st.metrics.rejected_overloaded.fetch_add(1, Relaxed);
+        return Err(ApiError::unavailable(
+            format!("the server is overloaded ({before} requests queued); retry later"),
+            "overloaded",
+        ));
+    }
+    Ok(slots)
+}
+
+/// The most tokens a request may ask for, or a 400 naming `param` when the prompt does not
+/// leave room. `max_tokens` None: whatever room is left.
+pub(crate) fn check_context(
+    info: &EngineInfo,
+    prompt_len: usize,
+    max_tokens: Option<usize>,
+    param: &str,
+) -> Result<usize, ApiError> {
+    let ctx = info.max_seq_len.min(info.num_blocks * info.block_size);
+    if prompt_len == 0 {
+        return Err(ApiError::invalid(param, "the prompt is empty"));
+    }
+    if prompt_len >= ctx {
+        return Err(ApiError::invalid(
+            param,
+            format!(
+                "This model's maximum context length is {ctx} tokens. However, your prompt has {prompt_len} tokens, \
+                 which leaves no room for the completion. Please reduce the length of the prompt."
+            ),
+        )
+        .code("context_length_exceeded"));
+    }
+    match max_tokens {
+        None => Ok(ctx - prompt_len),
+        Some(m) if m > ctx - prompt_len => Err(ApiError::invalid(
+            param,
+            format!(
+                "This model's maximum context length is {ctx} tokens. However, you requested {} tokens \
+                 ({prompt_len} in the prompt, {m} for the completion). Please reduce the length of the prompt \
+                 or the completion.",
+                prompt_len.saturating_add(m)
+            ),
+        )
+        .code("context_length_exceeded")),
+        Some(m) => Ok(m),
+    }
+}
+
+/// One prompt and the engine parameters of each of its choices.
+pub(crate) struct Planned {
+    pub prompt: Vec<u32>,
+    pub choices: Vec<RequestParams>,
+}
+
+/// One sequence of a response: choice `index`, generated for prompt `prompt_index`.
+pub(crate) struct Choice {
+    pub index: usize,
+    pub prompt_index: usize,
+    stream: RequestStream,
+    slot: Option<QueueSlot>,
+    buffered: Option<Event>,
+    st: Arc<AppState>,
+    t0: Instant,
+    last: Option<Instant>,
+    done: bool,
+}
+
+impl Choice {
+    /// Receives the next event and records the latencies; a stream that ends without `Done`
+    /// (the engine stopped) ends with an error.
+    async fn recv(&mut self) -> Option<Event> {
+        if self.done {
+            return None;
+        }
+        let e = self.stream.next().await;
+        self.slot = None;
+        let now = Instant::now();
+        let m = &self.st.metrics;
+        match e {
+            Some(Event::Token { .. }) => {
+                match self.last {
+                    None => m.observe_ttft(now - self.t0),
+                    Some(prev) => m.observe_itl(now - prev),
+                }
+                self.last = Some(now);
+                e
+            }
+            Some(Event::Done { usage, .. }) => {
+                self.done = true;
+                // A sequence whose only token ended it (eos) still had a first token.
+                if self.last.is_none() && usage.completion_tokens > 0 {
+                    m.observe_ttft(now - self.t0);
+                }
+                m.prompt_tokens.fetch_add(usage.prompt_tokens as u64, Relaxed);
+                m.generation_tokens.fetch_add(usage.completion_tokens as u64, Relaxed);
+                m.observe_e2e(now - self.t0);
+                e
+            }
+            None => {
+                self.done = true;
+                Some(Event::Done {
+                    text: String::new(),
+                    reason: FinishReason::Error("the engine stopped".into()),
+                    usage: Usage::default(),
+                })
+            }
+        }
+    }
+
+    /// Waits for the first event and keeps it for [`next`](Self::next).
+    async fn wait_first(&mut self) {
+        if self.buffered.is_none() {
+            self.buffered = self.recv().await;
+        }
+    }
+
+    pub async fn next(&mut self) -> Option<Event> {
+        match self.buffered.take() {
+            Some(e) => Some(e),
+            None => self.recv().await,
+        }
+    }
+}
+
+/// What submitting needs besides the request.
+struct Submitter<'a> {
+    st: &'a Arc<AppState>,
+    engine: &'a EngineHandle,
+    t0: Instant,
+}
+
+impl Submitter<'_> {
+    fn submit(
+        &self,
+        prompt: &[u32],
+        params: RequestParams,
+        (index, prompt_index): (usize, usize),
+        slot: QueueSlot,
+    ) -> Result<Choice, ApiError> {
+        let stream = self
+            .engine
+            .submit(Request { prompt: prompt.to_vec(), params })
+            .map_err(|e| ApiError::unavailable(format!("the engine refused the request: {e}"), "engine_unavailable"))?;
+        Ok(Choice {
+            index,
+            prompt_index,
+            stream,
+            slot: Some(slot),
+            buffered: None,
+            st: self.st.clone(),
+            t0: self.t0,
+            last: None,
+            done: false,
+        })
+    }
+}
+
+/// Validates every request, takes queue places, and submits them. Choice indices run
+/// prompt-major (`prompt_index * n + j`). With several choices per prompt and prefill sharing
+/// on, the first choice prefills the prompt alone and the others start once its blocks are in
+/// the prefix cache.
+pub(crate) async fn submit(
+    st: &Arc<AppState>,
+    engine: &EngineHandle,
+    plans: Vec<Planned>,
+    t0: Instant,
+) -> Result<Vec<Choice>, ApiError> {
+    for p in &plans {
+        for params in &p.choices {
+            engine
+                .validate(&Request { prompt: p.prompt.clone(), params: params.clone() })
+                .map_err(ApiError::bad_request)?;
+        }
+    }
+    let total: usize = plans.iter().map(|p| p.choices.len()).sum();
+    let mut slots = reserve(st, total)?;
+    let block_size = engine.info.block_size;
+    let sub = &Submitter { st, engine, t0 };
+    let mut base = 0;
+    let mut jobs = Vec::with_capacity(plans.len());
+    for (pi, plan) in plans.into_iter().enumerate() {
+        let n = plan.choices.len();
+        let my_slots: Vec<QueueSlot> = slots.drain(..n).collect();
+        let share = n > 1 && st.cfg.share_prompt_prefill && plan.prompt.len() > block_size;
+        let first_index = base;
+        base += n;
+        jobs.push(async move {
+            let mut out = Vec::with_capacity(n);
+            let mut params = plan.choices.into_iter();
+            let mut slots = my_slots.into_iter();
+            let (Some(p0), Some(s0)) = (params.next(), slots.next()) else { return Ok(out) };
+            out.push(sub.submit(&plan.prompt, p0, (first_index, pi), s0)?);
+            if share {
+                out[0].wait_first().await;
+            }
+            for (j, (p, s)) in params.zip(slots).enumerate() {
+                out.push(sub.submit(&plan.prompt, p, (first_index + j + 1, pi), s)?);
+            }
+            Ok::<_, ApiError>(out)
+        });
+    }
+    let groups = futures_util::future::try_join_all(jobs).await?;
+    Ok(groups.into_iter().flatten().collect())
+}
+
+/// One token of a choice, kept for logprobs.
+#[derive(Clone, Debug)]
+pub(crate) struct TokenOut {
+    pub id: u32,
+    pub logprob: f32,
+    pub top: Vec<(u32, f32)>,
+}
+
+/// A choice's whole output.
+pub(crate) struct Collected {
+    pub index: usize,
+    pub prompt_index: usize,
+    pub text: String,
+    pub tokens: Vec<TokenOut>,
+    pub reason: FinishReason,
+    pub usage: Usage,
+}
+
+impl Choice {
+    pub async fn collect(mut self) -> Collected {
+        let mut c = Collected {
+            index: self.index,
+            prompt_index: self.prompt_index,
+            text: String::new(),
+            tokens: vec![],
+            reason: FinishReason::Error("the engine stopped".into()),
+            usage: Usage::default(),
+        };
+        while let Some(e) = self.next().await {
+            match e {
+                Event::Token { id, text, logprob, top } => {
+                    c.text.push_str(&text);
+                    c.tokens.push(TokenOut { id, logprob, top });
+                }
+                Event::Done { text, reason, usage } => {
+                    c.text.push_str(&text);
+                    c.reason = reason;
+                    c.usage = usage;
+                    break;
+                }
+            }
+        }
+        c
+    }
+}
+
+/// Usage over all choices: each prompt counted once (its first choice's count and cache
+/// hits), completions summed. `per_choice` is (prompt index, usage) in choice order.
+pub(crate) fn total_usage(per_choice: &[(usize, Usage)]) -> serde_json::Value {
+    let mut seen = std::collections::BTreeSet::new();
+    let (mut prompt, mut cached, mut completion) = (0, 0, 0);
+    for (p, u) in per_choice {
+        if seen.insert(*p) {
+            prompt += u.prompt_tokens;
+            cached += u.cached_tokens;
+        }
+        completion += u.completion_tokens;
+    }
+    serde_json::json!({
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
+    })
+}

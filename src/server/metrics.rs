@@ -1,0 +1,273 @@
+//! What the server measures itself (responses by status, time to first token, inter-token
+//! latency, token counts) and the Prometheus text for `GET /metrics`, which adds the engine's
+//! gauges and counters.
+
+use crate::engine::metrics::MetricsSnapshot;
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Mutex;
+use std::time::Duration;
+
+/// Bucket upper bounds in seconds (Prometheus `le`), plus the implicit +Inf.
+const TTFT_BUCKETS: &[f64] =
+    &[0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0];
+const ITL_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0,
+    2.5,
+];
+const E2E_BUCKETS: &[f64] = &[0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 60.0, 120.0, 300.0, 600.0];
+
+#[derive(Debug)]
+pub struct Histogram {
+    bounds: &'static [f64],
+    /// Per bucket (not cumulative); the last one is +Inf.
+    counts: Vec<u64>,
+    sum: f64,
+    count: u64,
+}
+
+impl Histogram {
+    fn new(bounds: &'static [f64]) -> Histogram {
+        Histogram { bounds, counts: vec![0; bounds.len() + 1], sum: 0.0, count: 0 }
+    }
+
+    pub fn observe(&mut self, seconds: f64) {
+        let i = self.bounds.iter().position(|&b| seconds <= b).unwrap_or(self.bounds.len());
+        self.counts[i] += 1;
+        self.sum += seconds;
+        self.count += 1;
+    }
+
+    pub fn count(&self) -> u64 {
+        self.count
+    }
+
+    fn render(&self, out: &mut String, name: &str, help: &str) {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        let mut cum = 0;
+        for (b, c) in self.bounds.iter().zip(&self.counts) {
+            cum += c;
+            let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {cum}");
+        }
+        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {}", self.count);
+        let _ = writeln!(out, "{name}_sum {}", self.sum);
+        let _ = writeln!(out, "{name}_count {}", self.count);
+    }
+}
+
+#[derive(Debug)]
+pub struct ServerMetrics {
+    statuses: Mutex<BTreeMap<u16, u64>>,
+    pub ttft: Mutex<Histogram>,
+    pub itl: Mutex<Histogram>,
+    pub e2e: Mutex<Histogram>,
+    /// Prompt tokens of the sequences the server finished (each choice counts its prompt).
+    pub prompt_tokens: AtomicU64,
+    /// Generated tokens of the sequences the server finished.
+    pub generation_tokens: AtomicU64,
+    /// Sequences submitted that have not produced their first token yet (the admission queue).
+    pub queued: AtomicU64,
+    /// Requests turned away because the queue was full.
+    pub rejected_overloaded: AtomicU64,
+}
+
+impl Default for ServerMetrics {
+    fn default() -> Self {
+        ServerMetrics {
+            statuses: Mutex::new(BTreeMap::new()),
+            ttft: Mutex::new(Histogram::new(TTFT_BUCKETS)),
+            itl: Mutex::new(Histogram::new(ITL_BUCKETS)),
+            e2e: Mutex::new(Histogram::new(E2E_BUCKETS)),
+            prompt_tokens: AtomicU64::new(0),
+            generation_tokens: AtomicU64::new(0),
+            queued: AtomicU64::new(0),
+            rejected_overloaded: AtomicU64::new(0),
+        }
+    }
+}
+
+fn observe(h: &Mutex<Histogram>, d: Duration) {
+    if let Ok(mut h) = h.lock() {
+        h.observe(d.as_secs_f64());
+    }
+}
+
+impl ServerMetrics {
+    pub fn count_status(&self, status: u16) {
+        if let Ok(mut m) = self.statuses.lock() {
+            *m.entry(status).or_insert(0) += 1;
+        }
+    }
+
+    /// Responses sent with this status so far.
+    pub fn status_count(&self, status: u16) -> u64 {
+        self.statuses.lock().map(|m| m.get(&status).copied().unwrap_or(0)).unwrap_or(0)
+    }
+
+    pub fn observe_ttft(&self, d: Duration) {
+        observe(&self.ttft, d);
+    }
+
+    pub fn observe_itl(&self, d: Duration) {
+        observe(&self.itl, d);
+    }
+
+    pub fn observe_e2e(&self, d: Duration) {
+        observe(&self.e2e, d);
+    }
+
+    /// The Prometheus text exposition; `engine` is None while the model is loading.
+    pub fn render(&self, engine: Option<&MetricsSnapshot>) -> String {
+        let mut out = String::new();
+        let mut metric = |name: &str, kind: &str, help: &str, value: String| {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}");
+        };
+        metric(
+            "torus_model_loaded",
+            "gauge",
+            "1 once the model is loaded and requests are served.",
+            u8::from(engine.is_some()).to_string(),
+        );
+        metric(
+            "torus_queued_requests",
+            "gauge",
+            "Sequences accepted by the server that have not produced their first token yet.",
+            self.queued.load(Relaxed).to_string(),
+        );
+        metric(
+            "torus_requests_rejected_overloaded_total",
+            "counter",
+            "Requests answered 503 because the queue was full.",
+            self.rejected_overloaded.load(Relaxed).to_string(),
+        );
+        metric(
+            "torus_prompt_tokens_total",
+            "counter",
+            "Prompt tokens of finished sequences (each choice counts its prompt).",
+            self.prompt_tokens.load(Relaxed).to_string(),
+        );
+        metric(
+            "torus_generation_tokens_total",
+            "counter",
+            "Generated tokens of finished sequences.",
+            self.generation_tokens.load(Relaxed).to_string(),
+        );
+        if let Some(m) = engine {
+            let ratio = |a: u64, b: u64| if b == 0 { 0.0 } else { a as f64 / b as f64 };
+            metric(
+                "torus_num_requests_waiting",
+                "gauge",
+                "Sequences in the engine's waiting queue.",
+                m.waiting.to_string(),
+            );
+            metric("torus_num_requests_running", "gauge", "Sequences the engine is running.", m.running.to_string());
+            metric("torus_kv_cache_blocks_total", "gauge", "KV-cache blocks.", m.kv_blocks_total.to_string());
+            metric(
+                "torus_kv_cache_blocks_used",
+                "gauge",
+                "KV-cache blocks held by running sequences.",
+                m.kv_blocks_used.to_string(),
+            );
+            metric(
+                "torus_kv_cache_usage_ratio",
+                "gauge",
+                "Used over total KV-cache blocks (0..1).",
+                ratio(m.kv_blocks_used, m.kv_blocks_total).to_string(),
+            );
+            metric(
+                "torus_prefix_cache_queries_total",
+                "counter",
+                "Blocks looked up in the prefix cache.",
+                m.prefix_queries.to_string(),
+            );
+            metric(
+                "torus_prefix_cache_hits_total",
+                "counter",
+                "Blocks found in the prefix cache.",
+                m.prefix_hits.to_string(),
+            );
+            metric(
+                "torus_prefix_cache_hit_rate",
+                "gauge",
+                "Prefix-cache hits over queries since start (0..1).",
+                ratio(m.prefix_hits, m.prefix_queries).to_string(),
+            );
+            metric(
+                "torus_preemptions_total",
+                "counter",
+                "Sequences preempted for lack of KV blocks.",
+                m.preemptions.to_string(),
+            );
+            metric(
+                "torus_prefill_tokens_computed_total",
+                "counter",
+                "Prompt tokens the engine computed (prefix-cache hits excluded).",
+                m.prefill_tokens.to_string(),
+            );
+            metric("torus_sampled_tokens_total", "counter", "Tokens the engine sampled.", m.decode_tokens.to_string());
+            metric("torus_engine_steps_total", "counter", "Engine steps (GPU submissions).", m.steps.to_string());
+            let _ = writeln!(
+                out,
+                "# HELP torus_engine_requests_total Sequences the engine ended, by outcome.\n\
+                 # TYPE torus_engine_requests_total counter\n\
+                 torus_engine_requests_total{{outcome=\"finished\"}} {}\n\
+                 torus_engine_requests_total{{outcome=\"aborted\"}} {}\n\
+                 torus_engine_requests_total{{outcome=\"failed\"}} {}",
+                m.requests_finished, m.requests_aborted, m.requests_failed
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP torus_requests_total HTTP responses by status code.\n# TYPE torus_requests_total counter"
+        );
+        if let Ok(m) = self.statuses.lock() {
+            for (status, n) in m.iter() {
+                let _ = writeln!(out, "torus_requests_total{{status=\"{status}\"}} {n}");
+            }
+        }
+        let hist = |out: &mut String, h: &Mutex<Histogram>, name: &str, help: &str| {
+            if let Ok(h) = h.lock() {
+                h.render(out, name, help);
+            }
+        };
+        hist(
+            &mut out,
+            &self.ttft,
+            "torus_time_to_first_token_seconds",
+            "From request arrival to a sequence's first token, measured in the server.",
+        );
+        hist(
+            &mut out,
+            &self.itl,
+            "torus_inter_token_latency_seconds",
+            "Gaps between consecutive tokens of a sequence, measured in the server.",
+        );
+        hist(
+            &mut out,
+            &self.e2e,
+            "torus_e2e_request_latency_seconds",
+            "From request arrival to a sequence's end, measured in the server.",
+        );
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histogram_buckets_are_cumulative() {
+        let mut h = Histogram::new(&[0.1, 1.0]);
+        for s in [0.05, 0.1, 0.5, 3.0] {
+            h.observe(s);
+        }
+        let mut out = String::new();
+        h.render(&mut out, "x", "help");
+        assert!(out.contains("x_bucket{le=\"0.1\"} 2\n"), "{out}");
+        assert!(out.contains("x_bucket{le=\"1\"} 3\n"), "{out}");
+        assert!(out.contains("x_bucket{le=\"+Inf\"} 4\n"), "{out}");
+        assert!(out.contains("x_count 4\n"), "{out}");
+    }
+}

@@ -1,0 +1,501 @@
+//! `POST /v1/chat/completions` and `POST /v1/completions`: request bodies to engine requests,
+//! engine events to OpenAI's response objects or SSE chunks (`data: {...}`, `data: [DONE]`).
+
+use super::error::ApiError;
+use super::generate::{check_context, submit, total_usage, Choice, Collected, Planned, TokenOut};
+use super::params::{parse_messages, parse_prompts, Common, Fields, Limits, Prompt, MAX_TOP_LOGPROBS};
+use super::{unix_now, AppState};
+use crate::engine::{EngineHandle, Event, FinishReason, Usage};
+use crate::tokenizer::Tokenizer;
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{header, HeaderMap, HeaderValue};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use futures_util::stream::{self, BoxStream, SelectAll};
+use futures_util::StreamExt;
+use serde_json::{json, Map, Value};
+use std::collections::{HashMap, VecDeque};
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Most sequences (prompts x n) one completions request may ask for.
+const MAX_CHOICES: usize = 256;
+/// Legacy completions' default `max_tokens`, as OpenAI's.
+const COMPLETIONS_DEFAULT_MAX_TOKENS: usize = 16;
+/// After a body turned out too large, read at most this much more of it so the client sees the
+/// 413 instead of a reset connection.
+const DRAIN_CAP: usize = 64 << 20;
+
+pub(crate) async fn chat_completions(State(st): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
+    chat(st, headers, body).await.unwrap_or_else(IntoResponse::into_response)
+}
+
+pub(crate) async fn completions(State(st): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
+    complete(st, headers, body).await.unwrap_or_else(IntoResponse::into_response)
+}
+
+/// The body as a JSON object: 413 over `limit` bytes, 400 for invalid UTF-8 or JSON.
+async fn read_json(headers: &HeaderMap, body: Body, limit: usize) -> Result<Map<String, Value>, ApiError> {
+    let declared =
+        headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.trim().parse::<u64>().ok());
+    let mut chunks = body.into_data_stream();
+    let mut data = Vec::new();
+    let mut over = declared.is_some_and(|n| n > limit as u64);
+    if !over {
+        while let Some(chunk) = chunks.next().await {
+            let chunk = chunk.map_err(|e| ApiError::bad_request(format!("could not read the request body: {e}")))?;
+            if data.len() + chunk.len() > limit {
+                over = true;
+                break;
+            }
+            data.extend_from_slice(&chunk);
+        }
+    }
+    if over {
+        if declared.is_none_or(|n| n <= (limit + DRAIN_CAP) as u64) {
+            let mut drained = 0;
+            while let Some(Ok(c)) = chunks.next().await {
+                drained += c.len();
+                if drained > DRAIN_CAP {
+                    break;
+                }
+            }
+        }
+        return Err(ApiError::too_large(limit));
+    }
+    let text = std::str::from_utf8(&data)
+        .map_err(|e| ApiError::bad_request(format!("the request body is not valid UTF-8: {e}")))?;
+    if text.trim().is_empty() {
+        return Err(ApiError::bad_request("the request body is empty; send a JSON object"));
+    }
+    match serde_json::from_str::<Value>(text) {
+        Ok(Value::Object(o)) => Ok(o),
+        Ok(_) => Err(ApiError::bad_request("the request body must be a JSON object")),
+        Err(e) => Err(ApiError::bad_request(format!("the request body is not valid JSON: {e}"))),
+    }
+}
+
+fn limits(st: &AppState, e: &EngineHandle) -> Limits {
+    Limits {
+        vocab: e.info.vocab,
+        max_n: st.cfg.max_n,
+        default_temperature: st.cfg.default_temperature,
+        default_top_p: st.cfg.default_top_p,
+        default_top_k: st.cfg.default_top_k,
+    }
+}
+
+/// Runs tokenizer work off the async threads.
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(f).await.map_err(|e| ApiError::internal(format!("tokenizer task failed: {e}")))
+}
+
+async fn chat(st: Arc<AppState>, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
+    let t0 = Instant::now();
+    let engine = st.engine()?.clone();
+    let obj = read_json(&headers, body, st.cfg.max_request_body_bytes).await?;
+    let f = Fields(&obj);
+    let c = Common::parse(&f, &limits(&st, &engine), &["max_completion_tokens", "max_tokens"])?;
+    st.check_model(c.model.as_deref())?;
+    let messages = parse_messages(f.get("messages"))?;
+    let logprobs = f.bool("logprobs")?.unwrap_or(false);
+    let top = f.int_in("top_logprobs", 0, MAX_TOP_LOGPROBS as i64)?;
+    if top.is_some() && !logprobs {
+        return Err(ApiError::invalid("top_logprobs", "`top_logprobs` requires `logprobs` to be true"));
+    }
+    let lp = logprobs.then(|| top.unwrap_or(0) as u32);
+    let tok = engine.tokenizer.clone();
+    let prompt = blocking(move || -> anyhow::Result<Vec<u32>> {
+        let text = tok.apply_chat_template(&messages, true)?;
+        tok.encode(&text)
+    })
+    .await?
+    .map_err(|e| ApiError::invalid("messages", format!("{e:#}")))?;
+    let max_tokens = check_context(&engine.info, prompt.len(), c.max_tokens, "messages")?;
+    let plan = Planned { prompt, choices: (0..c.n).map(|j| c.request_params(j, max_tokens, lp)).collect() };
+    let choices = submit(&st, &engine, vec![plan], t0).await?;
+    let out = Output {
+        id: st.new_id("chatcmpl"),
+        created: unix_now(),
+        model: st.cfg.served_model_name.clone(),
+        tok: engine.tokenizer.clone(),
+        chat: true,
+        logprobs: lp.is_some(),
+        include_usage: c.include_usage,
+        echo: vec![],
+    };
+    Ok(if c.stream { out.stream(choices) } else { out.whole(choices).await? })
+}
+
+async fn complete(st: Arc<AppState>, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
+    let t0 = Instant::now();
+    let engine = st.engine()?.clone();
+    let obj = read_json(&headers, body, st.cfg.max_request_body_bytes).await?;
+    let f = Fields(&obj);
+    let c = Common::parse(&f, &limits(&st, &engine), &["max_tokens"])?;
+    st.check_model(c.model.as_deref())?;
+    let prompts = parse_prompts(f.get("prompt"), engine.info.vocab)?;
+    let echo = f.bool("echo")?.unwrap_or(false);
+    let lp = f.int_in("logprobs", 0, MAX_TOP_LOGPROBS as i64)?.map(|n| n as u32);
+    if echo && lp.is_some() {
+        return Err(ApiError::invalid("echo", "`echo` with `logprobs` (prompt logprobs) is not supported"));
+    }
+    if f.string("suffix")?.is_some_and(|s| !s.is_empty()) {
+        return Err(ApiError::invalid("suffix", "`suffix` is not supported"));
+    }
+    if f.int("best_of")?.is_some_and(|b| b != c.n as i64) {
+        return Err(ApiError::invalid("best_of", "`best_of` other than `n` is not supported"));
+    }
+    if prompts.len() * c.n > MAX_CHOICES {
+        return Err(ApiError::invalid(
+            "prompt",
+            format!("at most {MAX_CHOICES} sequences (prompts x n) per request, got {}", prompts.len() * c.n),
+        ));
+    }
+    let tok = engine.tokenizer.clone();
+    let encoded = blocking(move || -> anyhow::Result<Vec<(Vec<u32>, String)>> {
+        prompts
+            .into_iter()
+            .map(|p| match p {
+                Prompt::Text(s) => Ok((tok.encode(&s)?, s)),
+                Prompt::Ids(ids) => {
+                    let text = if echo { tok.decode(&ids, false) } else { String::new() };
+                    Ok((ids, text))
+                }
+            })
+            .collect()
+    })
+    .await?
+    .map_err(|e| ApiError::invalid("prompt", format!("{e:#}")))?;
+    let max_tokens = Some(c.max_tokens.unwrap_or(COMPLETIONS_DEFAULT_MAX_TOKENS));
+    let mut plans = Vec::with_capacity(encoded.len());
+    let mut echoes = Vec::with_capacity(encoded.len());
+    for (prompt, text) in encoded {
+        let m = check_context(&engine.info, prompt.len(), max_tokens, "prompt")?;
+        plans.push(Planned { prompt, choices: (0..c.n).map(|j| c.request_params(j, m, lp)).collect() });
+        echoes.push(if echo { text } else { String::new() });
+    }
+    let choices = submit(&st, &engine, plans, t0).await?;
+    let out = Output {
+        id: st.new_id("cmpl"),
+        created: unix_now(),
+        model: st.cfg.served_model_name.clone(),
+        tok: engine.tokenizer.clone(),
+        chat: false,
+        logprobs: lp.is_some(),
+        include_usage: c.include_usage,
+        echo: echoes,
+    };
+    Ok(if c.stream { out.stream(choices) } else { out.whole(choices).await? })
+}
+
+/// The error a finish reason stands for (None for stop and length).
+fn error_of(reason: &FinishReason) -> Option<ApiError> {
+    match reason {
+        FinishReason::Stop | FinishReason::Length => None,
+        FinishReason::Abort => {
+            Some(ApiError::unavailable("the request was aborted: the server is shutting down", "aborted"))
+        }
+        FinishReason::Error(m) if m.contains("shutting down") => {
+            Some(ApiError::unavailable(m.clone(), "shutting_down"))
+        }
+        FinishReason::Error(m) => Some(ApiError::internal(m.clone())),
+    }
+}
+
+/// A logprob as JSON, with f32's shortest digits (-0.1, not -0.10000000149011612); -9999 for
+/// -inf, as OpenAI writes it.
+fn lp_json(x: f32) -> Value {
+    if !x.is_finite() {
+        return json!(-9999.0);
+    }
+    json!(x.to_string().parse::<f64>().unwrap_or(x as f64))
+}
+
+/// The byte a GPT-2 byte-level BPE character stands for.
+fn byte_level_byte(c: char) -> Option<u8> {
+    let direct = |b: u32| (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
+    let c = c as u32;
+    if c < 256 {
+        return direct(c).then_some(c as u8);
+    }
+    // The bytes that are not printable map, in order, to 256, 257, ...
+    (0u32..256).filter(|&b| !direct(b)).nth((c - 256) as usize).map(|b| b as u8)
+}
+
+/// A token's text and raw bytes. A token holding part of a UTF-8 character decodes to U+FFFD
+/// on its own; then the bytes come from its vocabulary form (byte-level BPE or `<0xAB>`).
+fn token_piece(tok: &Tokenizer, id: u32) -> (String, Vec<u8>) {
+    let s = tok.decode(&[id], false);
+    if s.contains('\u{FFFD}') || s.is_empty() {
+        if let Some(raw) = tok.id_to_token(id) {
+            let hex = raw.strip_prefix("<0x").and_then(|r| r.strip_suffix('>'));
+            let bytes = match hex {
+                Some(h) if h.len() == 2 => u8::from_str_radix(h, 16).ok().map(|b| vec![b]),
+                _ => raw.chars().map(byte_level_byte).collect::<Option<Vec<u8>>>(),
+            };
+            if let Some(b) = bytes.filter(|b| !b.is_empty()) {
+                return (String::from_utf8_lossy(&b).into_owned(), b);
+            }
+        }
+    }
+    let b = s.as_bytes().to_vec();
+    (s, b)
+}
+
+/// What a response carries besides the choices.
+struct Output {
+    id: String,
+    created: u64,
+    model: String,
+    tok: Arc<Tokenizer>,
+    chat: bool,
+    logprobs: bool,
+    include_usage: bool,
+    /// Completions with `echo`: each prompt's text (empty otherwise).
+    echo: Vec<String>,
+}
+
+impl Output {
+    fn envelope(&self, chunk: bool, choices: Vec<Value>) -> Value {
+        let object = match (self.chat, chunk) {
+            (true, false) => "chat.completion",
+            (true, true) => "chat.completion.chunk",
+            (false, _) => "text_completion",
+        };
+        json!({
+            "id": self.id,
+            "object": object,
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": null,
+            "choices": choices,
+        })
+    }
+
+    fn echo_of(&self, prompt_index: usize) -> &str {
+        self.echo.get(prompt_index).map_or("", String::as_str)
+    }
+
+    /// Chat logprobs: `{"content": [{token, logprob, bytes, top_logprobs}]}`.
+    fn chat_logprobs(&self, toks: &[TokenOut]) -> Value {
+        let entry = |id: u32, lp: f32| {
+            let (t, b) = token_piece(&self.tok, id);
+            json!({"token": t, "logprob": lp_json(lp), "bytes": b})
+        };
+        let content: Vec<Value> = toks
+            .iter()
+            .map(|t| {
+                let mut e = entry(t.id, t.logprob);
+                e["top_logprobs"] = Value::Array(t.top.iter().map(|&(id, lp)| entry(id, lp)).collect());
+                e
+            })
+            .collect();
+        json!({"content": content, "refusal": null})
+    }
+
+    /// Legacy completions logprobs; `offset` is the text offset of the first token, advanced.
+    fn legacy_logprobs(&self, toks: &[TokenOut], offset: &mut usize) -> Value {
+        let (mut tokens, mut lps, mut tops, mut offsets) = (vec![], vec![], vec![], vec![]);
+        for t in toks {
+            let (s, _) = token_piece(&self.tok, t.id);
+            offsets.push(*offset);
+            *offset += s.chars().count();
+            tokens.push(s);
+            lps.push(lp_json(t.logprob));
+            let top: Map<String, Value> =
+                t.top.iter().map(|&(id, lp)| (token_piece(&self.tok, id).0, lp_json(lp))).collect();
+            tops.push(Value::Object(top));
+        }
+        json!({"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets})
+    }
+
+    async fn whole(self, choices: Vec<Choice>) -> Result<Response, ApiError> {
+        let mut done: Vec<Collected> = futures_util::future::join_all(choices.into_iter().map(Choice::collect)).await;
+        done.sort_by_key(|c| c.index);
+        if let Some(e) = done.iter().find_map(|c| error_of(&c.reason)) {
+            return Err(e);
+        }
+        let usage = total_usage(&done.iter().map(|c| (c.prompt_index, c.usage)).collect::<Vec<_>>());
+        let choices = done
+            .iter()
+            .map(|c| {
+                let reason = c.reason.as_openai();
+                if self.chat {
+                    let lp = if self.logprobs { self.chat_logprobs(&c.tokens) } else { Value::Null };
+                    json!({
+                        "index": c.index,
+                        "message": {"role": "assistant", "content": c.text, "refusal": null},
+                        "logprobs": lp,
+                        "finish_reason": reason,
+                    })
+                } else {
+                    let lp = if self.logprobs { self.legacy_logprobs(&c.tokens, &mut 0) } else { Value::Null };
+                    json!({
+                        "index": c.index,
+                        "text": format!("{}{}", self.echo_of(c.prompt_index), c.text),
+                        "logprobs": lp,
+                        "finish_reason": reason,
+                    })
+                }
+            })
+            .collect();
+        let mut v = self.envelope(false, choices);
+        v["usage"] = usage;
+        Ok(Json(v).into_response())
+    }
+
+    fn stream(self, mut choices: Vec<Choice>) -> Response {
+        choices.sort_by_key(|c| c.index);
+        let mut s = SseState {
+            tail: VecDeque::new(),
+            merged: stream::select_all(Vec::<BoxStream<'static, (usize, usize, Event)>>::new()),
+            usage: vec![],
+            offsets: HashMap::new(),
+            finished: false,
+            out: self,
+        };
+        for c in &choices {
+            if s.out.chat {
+                let delta = json!({"role": "assistant", "content": "", "refusal": null});
+                s.push_choice(json!({"index": c.index, "delta": delta, "logprobs": null, "finish_reason": null}));
+            } else if !s.out.echo_of(c.prompt_index).is_empty() {
+                let text = s.out.echo_of(c.prompt_index).to_string();
+                s.push_choice(json!({"index": c.index, "text": text, "logprobs": null, "finish_reason": null}));
+            }
+        }
+        s.merged = stream::select_all(choices.into_iter().map(|c| {
+            stream::unfold(c, |mut c| async move {
+                let e = c.next().await?;
+                Some(((c.index, c.prompt_index, e), c))
+            })
+            .boxed()
+        }));
+        let body = stream::unfold(s, |mut s| async move {
+            loop {
+                if let Some(b) = s.tail.pop_front() {
+                    return Some((Ok::<Bytes, Infallible>(b), s));
+                }
+                if s.finished {
+                    return None;
+                }
+                match s.merged.next().await {
+                    Some((index, prompt_index, e)) => s.on_event(index, prompt_index, e),
+                    None => s.finish(),
+                }
+            }
+        });
+        let mut r = Body::from_stream(body).into_response();
+        let h = r.headers_mut();
+        h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+        h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+        r
+    }
+}
+
+/// A streaming response in progress; dropping it (client gone) drops every choice's stream.
+struct SseState {
+    out: Output,
+    merged: SelectAll<BoxStream<'static, (usize, usize, Event)>>,
+    /// SSE messages ready to send.
+    tail: VecDeque<Bytes>,
+    /// (choice index, prompt index, usage) of finished choices.
+    usage: Vec<(usize, usize, Usage)>,
+    /// Legacy logprobs: each choice's text offset so far.
+    offsets: HashMap<usize, usize>,
+    finished: bool,
+}
+
+fn sse(v: &Value) -> Bytes {
+    Bytes::from(format!("data: {v}\n\n"))
+}
+
+impl SseState {
+    fn push_choice(&mut self, choice: Value) {
+        let mut v = self.out.envelope(true, vec![choice]);
+        if self.out.include_usage {
+            v["usage"] = Value::Null;
+        }
+        self.tail.push_back(sse(&v));
+    }
+
+    fn on_event(&mut self, index: usize, prompt_index: usize, e: Event) {
+        match e {
+            Event::Token { id, text, logprob, top } => {
+                if text.is_empty() && !self.out.logprobs {
+                    return;
+                }
+                let toks = [TokenOut { id, logprob, top }];
+                if self.out.chat {
+                    let lp = if self.out.logprobs { self.out.chat_logprobs(&toks) } else { Value::Null };
+                    self.push_choice(
+                        json!({"index": index, "delta": {"content": text}, "logprobs": lp, "finish_reason": null}),
+                    );
+                } else {
+                    let lp = if self.out.logprobs {
+                        let off = self.offsets.entry(index).or_insert(0);
+                        self.out.legacy_logprobs(&toks, off)
+                    } else {
+                        Value::Null
+                    };
+                    self.push_choice(json!({"index": index, "text": text, "logprobs": lp, "finish_reason": null}));
+                }
+            }
+            Event::Done { text, reason, usage } => {
+                if let Some(err) = error_of(&reason) {
+                    self.tail.push_back(sse(&err.body()));
+                    self.tail.push_back(Bytes::from_static(b"data: [DONE]\n\n"));
+                    self.finished = true;
+                    return;
+                }
+                self.usage.push((index, prompt_index, usage));
+                let reason = reason.as_openai();
+                if self.out.chat {
+                    if !text.is_empty() {
+                        self.push_choice(
+                            json!({"index": index, "delta": {"content": text}, "logprobs": null, "finish_reason": null}),
+                        );
+                    }
+                    self.push_choice(json!({"index": index, "delta": {}, "logprobs": null, "finish_reason": reason}));
+                } else {
+                    self.push_choice(json!({"index": index, "text": text, "logprobs": null, "finish_reason": reason}));
+                }
+            }
+        }
+    }
+
+    /// Every choice is done: the usage chunk (with include_usage), then `[DONE]`.
+    fn finish(&mut self) {
+        if self.out.include_usage {
+            self.usage.sort_by_key(|u| u.0);
+            let per: Vec<(usize, Usage)> = self.usage.iter().map(|&(_, p, u)| (p, u)).collect();
+            let mut v = self.out.envelope(true, vec![]);
+            v["usage"] = total_usage(&per);
+            self.tail.push_back(sse(&v));
+        }
+        self.tail.push_back(Bytes::from_static(b"data: [DONE]\n\n"));
+        self.finished = true;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn byte_level_inverse() {
+        assert_eq!(byte_level_byte('a'), Some(b'a'));
+        assert_eq!(byte_level_byte('Ġ'), Some(b' '));
+        assert_eq!(byte_level_byte('Ċ'), Some(b'\n'));
+        assert_eq!(byte_level_byte('\u{100}'), Some(0));
+        assert_eq!(byte_level_byte('▁'), None);
+    }
+
+    #[test]
+    fn logprob_digits() {
+        assert_eq!(lp_json(-0.1).to_string(), "-0.1");
+        assert_eq!(lp_json(f32::NEG_INFINITY).to_string(), "-9999.0");
+    }
+}

@@ -1,0 +1,458 @@
+//! Reading OpenAI request bodies: every field is checked for its type and range, and an error
+//! names the field (`param`). Fields the server does not know are ignored, as OpenAI clients
+//! send extras; `null` counts as absent.
+
+use super::error::ApiError;
+use crate::engine::{RequestParams, StopConditions};
+use crate::sampling::SamplingParams;
+use crate::tokenizer::ChatMessage;
+use serde_json::{Map, Value};
+
+/// Most `logit_bias` entries per request.
+pub const MAX_LOGIT_BIAS: usize = crate::model::forward::MAX_LOGIT_BIAS;
+/// Most stop strings per request.
+pub const MAX_STOP: usize = 16;
+/// Most top logprobs per token (the engine's limit).
+pub const MAX_TOP_LOGPROBS: u32 = crate::gpu::kernels::MAX_TOP_LOGPROBS as u32;
+
+/// The fields of one JSON object.
+pub struct Fields<'a>(pub &'a Map<String, Value>);
+
+fn type_name(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+fn wrong_type(param: &str, want: &str, got: &Value) -> ApiError {
+    ApiError::invalid(param, format!("`{param}` must be {want}, got {}", type_name(got)))
+}
+
+/// An integer from a JSON number (2.0 counts; 2.5 does not).
+fn as_int(v: &Value) -> Option<i64> {
+    match v {
+        Value::Number(n) => n.as_i64().or_else(|| {
+            let f = n.as_f64()?;
+            (f.fract() == 0.0 && f.abs() < 9.0e15).then_some(f as i64)
+        }),
+        _ => None,
+    }
+}
+
+impl<'a> Fields<'a> {
+    /// The field, unless it is missing or null.
+    pub fn get(&self, k: &str) -> Option<&'a Value> {
+        self.0.get(k).filter(|v| !v.is_null())
+    }
+
+    pub fn number(&self, k: &str) -> Result<Option<f64>, ApiError> {
+        match self.get(k) {
+            None => Ok(None),
+            Some(v) => v.as_f64().map(Some).ok_or_else(|| wrong_type(k, "a number", v)),
+        }
+    }
+
+    /// A number in [lo, hi] (or (lo, hi] when `open_lo`).
+    pub fn float_in(&self, k: &str, lo: f64, hi: f64, open_lo: bool) -> Result<Option<f32>, ApiError> {
+        let Some(x) = self.number(k)? else { return Ok(None) };
+        let ok = if open_lo { x > lo } else { x >= lo } && x <= hi;
+        if !ok {
+            let range = if open_lo { format!("({lo}, {hi}]") } else { format!("[{lo}, {hi}]") };
+            return Err(ApiError::invalid(k, format!("`{k}` must be in {range}, got {x}")));
+        }
+        Ok(Some(x as f32))
+    }
+
+    pub fn int(&self, k: &str) -> Result<Option<i64>, ApiError> {
+        match self.get(k) {
+            None => Ok(None),
+            Some(v) => as_int(v).map(Some).ok_or_else(|| wrong_type(k, "an integer", v)),
+        }
+    }
+
+    /// An integer in [lo, hi].
+    pub fn int_in(&self, k: &str, lo: i64, hi: i64) -> Result<Option<i64>, ApiError> {
+        let Some(x) = self.int(k)? else { return Ok(None) };
+        if x < lo || x > hi {
+            let msg = if hi == i64::MAX {
+                format!("`{k}` must be at least {lo}, got {x}")
+            } else {
+                format!("`{k}` must be in [{lo}, {hi}], got {x}")
+            };
+            return Err(ApiError::invalid(k, msg));
+        }
+        Ok(Some(x))
+    }
+
+    pub fn bool(&self, k: &str) -> Result<Option<bool>, ApiError> {
+        match self.get(k) {
+            None => Ok(None),
+            Some(Value::Bool(b)) => Ok(Some(*b)),
+            Some(v) => Err(wrong_type(k, "a boolean", v)),
+        }
+    }
+
+    pub fn string(&self, k: &str) -> Result<Option<&'a str>, ApiError> {
+        match self.get(k) {
+            None => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s)),
+            Some(v) => Err(wrong_type(k, "a string", v)),
+        }
+    }
+}
+
+/// What the server was started with that request parsing needs.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    pub vocab: usize,
+    pub max_n: usize,
+    pub default_temperature: f32,
+    pub default_top_p: f32,
+    pub default_top_k: u32,
+}
+
+/// The sampling and stopping fields both endpoints share.
+#[derive(Clone, Debug)]
+pub struct Common {
+    pub model: Option<String>,
+    pub max_tokens: Option<usize>,
+    pub n: usize,
+    pub stream: bool,
+    pub include_usage: bool,
+    pub sampling: SamplingParams,
+    pub repetition_penalty: f32,
+    pub frequency_penalty: f32,
+    pub presence_penalty: f32,
+    pub logit_bias: Vec<(u32, f32)>,
+    pub stop: Vec<String>,
+    pub stop_token_ids: Vec<u32>,
+    pub ignore_eos: bool,
+}
+
+impl Common {
+    /// `max_tokens_keys`: the accepted names, the first present wins.
+    pub fn parse(f: &Fields, lim: &Limits, max_tokens_keys: &[&str]) -> Result<Common, ApiError> {
+        let model = f.string("model")?.map(str::to_string);
+        let mut max_tokens = None;
+        for k in max_tokens_keys {
+            if let Some(m) = f.int_in(k, 1, i64::MAX)? {
+                max_tokens.get_or_insert(usize::try_from(m).unwrap_or(usize::MAX));
+            }
+        }
+        let n = f.int_in("n", 1, lim.max_n as i64)?.unwrap_or(1) as usize;
+        let stream = f.bool("stream")?.unwrap_or(false);
+        let include_usage = match f.get("stream_options") {
+            None => false,
+            Some(Value::Object(o)) => {
+                if !stream {
+                    return Err(ApiError::invalid(
+                        "stream_options",
+                        "`stream_options` is only allowed when `stream` is true",
+                    ));
+                }
+                let o = Fields(o);
+                o.bool("include_usage").map_err(|e| e.param("stream_options.include_usage"))?.unwrap_or(false)
+            }
+            Some(v) => return Err(wrong_type("stream_options", "an object", v)),
+        };
+        let temperature = f.float_in("temperature", 0.0, 2.0, false)?.unwrap_or(lim.default_temperature);
+        let top_p = f.float_in("top_p", 0.0, 1.0, true)?.unwrap_or(lim.default_top_p);
+        // -1, 0 and anything from the vocabulary size up mean no top-k cut.
+        let top_k = f.int_in("top_k", -1, i64::MAX)?.map_or(lim.default_top_k, |k| {
+            if k <= 0 || k >= lim.vocab as i64 {
+                0
+            } else {
+                k as u32
+            }
+        });
+        let seed = f.int("seed")?.map(|s| s as u64);
+        let frequency_penalty = f.float_in("frequency_penalty", -2.0, 2.0, false)?.unwrap_or(0.0);
+        let presence_penalty = f.float_in("presence_penalty", -2.0, 2.0, false)?.unwrap_or(0.0);
+        let repetition_penalty = f.float_in("repetition_penalty", 0.0, 10.0, true)?.unwrap_or(1.0);
+        let logit_bias = parse_logit_bias(f.get("logit_bias"), lim.vocab)?;
+        let stop = parse_stop(f.get("stop"))?;
+        let stop_token_ids = match f.get("stop_token_ids") {
+            None => vec![],
+            Some(v) => token_ids(v, "stop_token_ids", lim.vocab)?,
+        };
+        let ignore_eos = f.bool("ignore_eos")?.unwrap_or(false);
+        if let Some(tools) = f.get("tools") {
+            if tools.as_array().is_none_or(|a| !a.is_empty()) {
+                return Err(ApiError::invalid("tools", "tool calling is not supported by this server"));
+            }
+        }
+        if let Some(rf) = f.get("response_format") {
+            let kind = rf.get("type").and_then(Value::as_str);
+            if kind != Some("text") {
+                return Err(ApiError::invalid(
+                    "response_format",
+                    "only `{\"type\": \"text\"}` is supported as `response_format`",
+                ));
+            }
+        }
+        Ok(Common {
+            model,
+            max_tokens,
+            n,
+            stream,
+            include_usage,
+            sampling: SamplingParams { temperature, top_p, top_k, seed },
+            repetition_penalty,
+            frequency_penalty,
+            presence_penalty,
+            logit_bias,
+            stop,
+            stop_token_ids,
+            ignore_eos,
+        })
+    }
+
+    /// The engine parameters of choice `j` (of n): choice 0 keeps the request's seed, the others
+    /// derive their own from it so that n seeded choices differ but are reproducible.
+    pub fn request_params(&self, j: usize, max_tokens: usize, logprobs: Option<u32>) -> RequestParams {
+        let mut sampling = self.sampling;
+        if j > 0 {
+            sampling.seed = sampling.seed.map(|s| crate::sampling::Rng::new(s ^ (j as u64).rotate_left(32)).next_u64());
+        }
+        RequestParams {
+            sampling,
+            repetition_penalty: self.repetition_penalty,
+            frequency_penalty: self.frequency_penalty,
+            presence_penalty: self.presence_penalty,
+            logit_bias: self.logit_bias.clone(),
+            logprobs,
+            stop: StopConditions {
+                max_tokens: Some(max_tokens),
+                stop_token_ids: self.stop_token_ids.clone(),
+                stop: self.stop.clone(),
+                ignore_eos: self.ignore_eos,
+            },
+        }
+    }
+}
+
+fn parse_logit_bias(v: Option<&Value>, vocab: usize) -> Result<Vec<(u32, f32)>, ApiError> {
+    let Some(v) = v else { return Ok(vec![]) };
+    let Value::Object(map) = v else { return Err(wrong_type("logit_bias", "an object", v)) };
+    if map.len() > MAX_LOGIT_BIAS {
+        return Err(ApiError::invalid("logit_bias", format!("`logit_bias` may hold at most {MAX_LOGIT_BIAS} tokens")));
+    }
+    let mut out = Vec::with_capacity(map.len());
+    for (k, b) in map {
+        let id: u32 = k
+            .trim()
+            .parse()
+            .map_err(|_| ApiError::invalid("logit_bias", format!("`logit_bias` keys must be token ids, got {k:?}")))?;
+        if id as usize >= vocab {
+            return Err(ApiError::invalid(
+                "logit_bias",
+                format!("`logit_bias` token id {id} is outside the vocabulary (size {vocab})"),
+            ));
+        }
+        let bias = b.as_f64().ok_or_else(|| wrong_type("logit_bias", "an object of numbers", b))?;
+        if !(-100.0..=100.0).contains(&bias) {
+            return Err(ApiError::invalid(
+                "logit_bias",
+                format!("`logit_bias` values must be in [-100, 100], got {bias}"),
+            ));
+        }
+        out.push((id, bias as f32));
+    }
+    Ok(out)
+}
+
+fn parse_stop(v: Option<&Value>) -> Result<Vec<String>, ApiError> {
+    let list: Vec<&Value> = match v {
+        None => return Ok(vec![]),
+        Some(Value::String(_)) => vec![v.expect("matched Some")],
+        Some(Value::Array(a)) => a.iter().collect(),
+        Some(v) => return Err(wrong_type("stop", "a string or an array of strings", v)),
+    };
+    if list.len() > MAX_STOP {
+        return Err(ApiError::invalid("stop", format!("`stop` may hold at most {MAX_STOP} strings")));
+    }
+    list.into_iter()
+        .map(|s| match s {
+            Value::String(s) if !s.is_empty() => Ok(s.clone()),
+            Value::String(_) => Err(ApiError::invalid("stop", "`stop` strings must not be empty")),
+            v => Err(wrong_type("stop", "a string or an array of strings", v)),
+        })
+        .collect()
+}
+
+/// A non-empty array of token ids below `vocab`.
+fn token_ids(v: &Value, param: &str, vocab: usize) -> Result<Vec<u32>, ApiError> {
+    let Value::Array(a) = v else { return Err(wrong_type(param, "an array of token ids", v)) };
+    a.iter()
+        .map(|x| {
+            let id = as_int(x).ok_or_else(|| wrong_type(param, "an array of integer token ids", x))?;
+            if id < 0 || id as u64 >= vocab as u64 {
+                return Err(ApiError::invalid(
+                    param,
+                    format!("token id {id} in `{param}` is outside the vocabulary (size {vocab})"),
+                ));
+            }
+            Ok(id as u32)
+        })
+        .collect()
+}
+
+/// Chat messages: `role` and `content` (a string, null, or a list of text parts).
+pub fn parse_messages(v: Option<&Value>) -> Result<Vec<ChatMessage>, ApiError> {
+    let Some(v) = v else { return Err(ApiError::invalid("messages", "`messages` is required")) };
+    let Value::Array(list) = v else { return Err(wrong_type("messages", "an array", v)) };
+    if list.is_empty() {
+        return Err(ApiError::invalid("messages", "`messages` must not be empty"));
+    }
+    list.iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let p = format!("messages[{i}]");
+            let Value::Object(o) = m else { return Err(wrong_type(&p, "an object", m)) };
+            let f = Fields(o);
+            let role = f.string("role").map_err(|e| e.param(&format!("{p}.role")))?;
+            let role = match role {
+                Some("developer") => "system",
+                Some(r @ ("system" | "user" | "assistant" | "tool")) => r,
+                Some(r) => {
+                    return Err(ApiError::invalid(
+                        &format!("{p}.role"),
+                        format!("unknown role {r:?} (system, developer, user, assistant or tool)"),
+                    ))
+                }
+                None => return Err(ApiError::invalid(&format!("{p}.role"), format!("`{p}.role` is required"))),
+            };
+            let pc = format!("{p}.content");
+            let content = match f.get("content") {
+                None => String::new(),
+                Some(Value::String(s)) => s.clone(),
+                Some(Value::Array(parts)) => {
+                    let mut text = String::new();
+                    for part in parts {
+                        let t = match part {
+                            Value::String(s) => Some(s.as_str()),
+                            Value::Object(po) if po.get("type").and_then(Value::as_str) == Some("text") => {
+                                po.get("text").and_then(Value::as_str)
+                            }
+                            _ => None,
+                        };
+                        let Some(t) = t else {
+                            return Err(ApiError::invalid(&pc, "only text content parts are supported"));
+                        };
+                        text.push_str(t);
+                    }
+                    text
+                }
+                Some(v) => return Err(wrong_type(&pc, "a string or an array of text parts", v)),
+            };
+            Ok(ChatMessage::new(role, content))
+        })
+        .collect()
+}
+
+/// A completions prompt: text, or token ids.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Prompt {
+    Text(String),
+    Ids(Vec<u32>),
+}
+
+/// `prompt`: a string, a list of strings, a list of token ids, or a list of such lists.
+pub fn parse_prompts(v: Option<&Value>, vocab: usize) -> Result<Vec<Prompt>, ApiError> {
+    let Some(v) = v else { return Err(ApiError::invalid("prompt", "`prompt` is required")) };
+    let bad = || {
+        ApiError::invalid(
+            "prompt",
+            "`prompt` must be a string, an array of strings, an array of token ids, or an array of token-id arrays",
+        )
+    };
+    match v {
+        Value::String(s) => Ok(vec![Prompt::Text(s.clone())]),
+        Value::Array(a) if a.is_empty() => Err(ApiError::invalid("prompt", "`prompt` must not be empty")),
+        Value::Array(a) if a.iter().all(Value::is_string) => {
+            Ok(a.iter().map(|s| Prompt::Text(s.as_str().unwrap_or_default().to_string())).collect())
+        }
+        Value::Array(a) if a.iter().all(Value::is_number) => Ok(vec![Prompt::Ids(token_ids(v, "prompt", vocab)?)]),
+        Value::Array(a) if a.iter().all(Value::is_array) => a
+            .iter()
+            .map(|p| {
+                let ids = token_ids(p, "prompt", vocab)?;
+                if ids.is_empty() {
+                    return Err(ApiError::invalid("prompt", "token-id prompts must not be empty"));
+                }
+                Ok(Prompt::Ids(ids))
+            })
+            .collect(),
+        _ => Err(bad()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn lim() -> Limits {
+        Limits { vocab: 100, max_n: 4, default_temperature: 0.5, default_top_p: 0.9, default_top_k: 7 }
+    }
+
+    fn common(v: Value) -> Result<Common, ApiError> {
+        Common::parse(&Fields(v.as_object().unwrap()), &lim(), &["max_completion_tokens", "max_tokens"])
+    }
+
+    #[test]
+    fn defaults_come_from_the_config() {
+        let c = common(json!({})).unwrap();
+        assert_eq!((c.sampling.temperature, c.sampling.top_p, c.sampling.top_k), (0.5, 0.9, 7));
+        assert_eq!((c.n, c.max_tokens, c.stream), (1, None, false));
+        let c = common(json!({"temperature": null, "top_k": -1, "max_tokens": 5, "max_completion_tokens": 3})).unwrap();
+        assert_eq!((c.sampling.temperature, c.sampling.top_k, c.max_tokens), (0.5, 0, Some(3)));
+    }
+
+    #[test]
+    fn each_bad_field_is_named() {
+        for (body, param) in [
+            (json!({"temperature": 2.5}), "temperature"),
+            (json!({"temperature": "hot"}), "temperature"),
+            (json!({"top_p": 0}), "top_p"),
+            (json!({"n": 5}), "n"),
+            (json!({"n": 1.5}), "n"),
+            (json!({"max_tokens": 0}), "max_tokens"),
+            (json!({"logit_bias": {"x": 1}}), "logit_bias"),
+            (json!({"logit_bias": {"100": 1}}), "logit_bias"),
+            (json!({"logit_bias": {"3": 101}}), "logit_bias"),
+            (json!({"stop": [""]}), "stop"),
+            (json!({"stop": 3}), "stop"),
+            (json!({"stream_options": {"include_usage": true}}), "stream_options"),
+            (json!({"stream": true, "stream_options": {"include_usage": 1}}), "stream_options.include_usage"),
+            (json!({"presence_penalty": -3}), "presence_penalty"),
+            (json!({"seed": "x"}), "seed"),
+            (json!({"tools": [{"type": "function"}]}), "tools"),
+        ] {
+            let e = common(body.clone()).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some(param), "{body}: {e}");
+            assert_eq!(e.status, 400);
+        }
+    }
+
+    #[test]
+    fn prompts_and_messages() {
+        assert_eq!(parse_prompts(Some(&json!("hi")), 10).unwrap(), vec![Prompt::Text("hi".into())]);
+        assert_eq!(parse_prompts(Some(&json!([1, 2])), 10).unwrap(), vec![Prompt::Ids(vec![1, 2])]);
+        assert_eq!(parse_prompts(Some(&json!([[1], [2, 3]])), 10).unwrap().len(), 2);
+        for bad in [json!([]), json!([[]]), json!([1, "a"]), json!([10]), json!([-1]), json!(5)] {
+            assert!(parse_prompts(Some(&bad), 10).is_err(), "{bad}");
+        }
+        let m = parse_messages(Some(&json!([{"role": "developer", "content": [{"type": "text", "text": "a"}, "b"]}])))
+            .unwrap();
+        assert_eq!(m, vec![ChatMessage::new("system", "ab")]);
+        for bad in [json!([]), json!("hi"), json!([{"content": "x"}]), json!([{"role": "user", "content": 5}])] {
+            assert!(parse_messages(Some(&bad)).is_err(), "{bad}");
+        }
+    }
+}

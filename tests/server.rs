@@ -1,0 +1,1022 @@
+//! The OpenAI-compatible HTTP server against a real client (reqwest, raw TCP, the official
+//! `openai` Python package), in-process on 127.0.0.1 with an ephemeral port. Most tests use
+//! tiny-qwen2 (random weights: the text is noise, so they check properties: streaming ==
+//! non-streaming, seeds reproduce, n greedy choices agree); SmolLM2 runs where a slow, real
+//! model matters (a real answer, disconnects mid-generation, a full queue).
+
+use futures_util::StreamExt;
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use torus_wgpu::config::EngineConfig;
+use torus_wgpu::engine::metrics::MetricsSnapshot;
+use torus_wgpu::engine::{load_model, EngineHandle};
+use torus_wgpu::gpu::Gpu;
+use torus_wgpu::server::{model_id_for_path, start, ServerConfig, ServerHandle};
+use torus_wgpu::tokenizer::{ChatMessage, Tokenizer};
+
+fn tiny() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/tiny-qwen2")
+}
+
+fn smollm2() -> Option<PathBuf> {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    if p.exists() {
+        Some(p)
+    } else {
+        eprintln!("SKIPPED: {} missing (scripts/fetch-model.sh)", p.display());
+        None
+    }
+}
+
+fn tiny_cfg() -> EngineConfig {
+    EngineConfig {
+        max_num_batched_tokens: 256,
+        max_sequence_length: 512,
+        total_cache_size: 8 << 20,
+        max_decode_batch_size: 16,
+        max_prefill_batch_size: 4,
+        ..Default::default()
+    }
+}
+
+async fn load_engine(path: &Path, cfg: &EngineConfig) -> EngineHandle {
+    let (path, cfg) = (path.to_path_buf(), cfg.clone());
+    tokio::task::spawn_blocking(move || {
+        let gpu = Arc::new(Gpu::new(None).expect("a wgpu adapter"));
+        let (model, tok) = load_model(&path, &cfg, gpu, &|_, _| {}).expect("model loads");
+        EngineHandle::start(model, tok, &cfg)
+    })
+    .await
+    .unwrap()
+}
+
+struct Srv {
+    handle: Option<ServerHandle>,
+    base: String,
+    http: reqwest::Client,
+}
+
+async fn serve_with(path: &Path, cfg: EngineConfig, f: impl FnOnce(&mut ServerConfig)) -> Srv {
+    let engine = load_engine(path, &cfg).await;
+    let mut scfg = ServerConfig::new(model_id_for_path(path), &cfg);
+    f(&mut scfg);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let handle = start(listener, scfg, Some(engine)).unwrap();
+    Srv { base: format!("http://{}", handle.addr), handle: Some(handle), http: client() }
+}
+
+async fn serve_tiny() -> Srv {
+    serve_with(&tiny(), tiny_cfg(), |_| {}).await
+}
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder().no_proxy().build().unwrap()
+}
+
+/// A parsed SSE body: the JSON of every `data:` event before `[DONE]`.
+fn parse_sse(text: &str) -> Vec<Value> {
+    let events: Vec<&str> = text.split("\n\n").filter(|e| !e.trim().is_empty()).collect();
+    assert_eq!(events.last().copied(), Some("data: [DONE]"), "stream must end with [DONE]: {text}");
+    assert!(text.ends_with("data: [DONE]\n\n"), "{text:?}");
+    events[..events.len() - 1]
+        .iter()
+        .map(|e| {
+            let data = e.strip_prefix("data: ").unwrap_or_else(|| panic!("not a data event: {e:?}"));
+            serde_json::from_str(data).unwrap_or_else(|err| panic!("bad JSON in {data:?}: {err}"))
+        })
+        .collect()
+}
+
+impl Srv {
+    fn handle(&self) -> &ServerHandle {
+        self.handle.as_ref().unwrap()
+    }
+
+    fn engine(&self) -> &EngineHandle {
+        self.handle().engine().unwrap()
+    }
+
+    fn snapshot(&self) -> MetricsSnapshot {
+        self.engine().metrics.snapshot()
+    }
+
+    async fn post(&self, path: &str, body: &Value) -> (StatusCode, Value) {
+        let r = self.http.post(format!("{}{path}", self.base)).json(body).send().await.unwrap();
+        let status = r.status();
+        let text = r.text().await.unwrap();
+        let v = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path}: non-JSON response {text:?}: {e}"));
+        (status, v)
+    }
+
+    async fn ok(&self, path: &str, body: &Value) -> Value {
+        let (s, v) = self.post(path, body).await;
+        assert_eq!(s, StatusCode::OK, "{path} {body}: {v}");
+        v
+    }
+
+    async fn get(&self, path: &str) -> (StatusCode, String) {
+        let r = self.http.get(format!("{}{path}", self.base)).send().await.unwrap();
+        (r.status(), r.text().await.unwrap())
+    }
+
+    async fn stream(&self, path: &str, body: &Value) -> Vec<Value> {
+        let r = self.http.post(format!("{}{path}", self.base)).json(body).send().await.unwrap();
+        assert_eq!(r.status(), StatusCode::OK);
+        let ct = r.headers().get("content-type").unwrap().to_str().unwrap().to_string();
+        assert!(ct.starts_with("text/event-stream"), "{ct}");
+        parse_sse(&r.text().await.unwrap())
+    }
+
+    /// Waits (bounded) until the engine's counters satisfy `f`.
+    async fn wait_until(&self, what: &str, f: impl Fn(&MetricsSnapshot) -> bool) -> MetricsSnapshot {
+        let t = Instant::now();
+        loop {
+            let m = self.snapshot();
+            if f(&m) {
+                return m;
+            }
+            assert!(t.elapsed() < Duration::from_secs(60), "{what} never happened: {m:?}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Waits (bounded) until the engine is idle with every KV block free. (Only meaningful
+    /// once the engine has seen the requests: its gauges are published after each step.)
+    async fn wait_idle(&self) -> MetricsSnapshot {
+        self.wait_until("idle", |m| m.running == 0 && m.waiting == 0 && m.kv_blocks_used == 0).await
+    }
+
+    async fn metric(&self, line_prefix: &str) -> f64 {
+        let (s, text) = self.get("/metrics").await;
+        assert_eq!(s, StatusCode::OK);
+        text.lines()
+            .find_map(|l| l.strip_prefix(line_prefix).and_then(|r| r.strip_prefix(' ')))
+            .unwrap_or_else(|| panic!("{line_prefix} missing from /metrics:\n{text}"))
+            .parse()
+            .unwrap()
+    }
+}
+
+fn user(text: &str) -> Value {
+    json!([{"role": "user", "content": text}])
+}
+
+fn content(v: &Value, i: usize) -> String {
+    v["choices"][i]["message"]["content"].as_str().unwrap().to_string()
+}
+
+/// Concatenated chat deltas per choice index, and each index's finish reason.
+fn stream_texts(chunks: &[Value], n: usize) -> (Vec<String>, Vec<String>) {
+    let (mut texts, mut reasons) = (vec![String::new(); n], vec![String::new(); n]);
+    for c in chunks {
+        for ch in c["choices"].as_array().unwrap() {
+            let i = ch["index"].as_u64().unwrap() as usize;
+            if let Some(t) = ch["delta"]["content"].as_str().or(ch["text"].as_str()) {
+                texts[i].push_str(t);
+            }
+            if let Some(r) = ch["finish_reason"].as_str() {
+                assert!(reasons[i].is_empty(), "two finish reasons for choice {i}");
+                reasons[i] = r.to_string();
+            }
+        }
+    }
+    (texts, reasons)
+}
+
+fn assert_usage_sums(u: &Value) {
+    let p = u["prompt_tokens"].as_u64().unwrap();
+    let c = u["completion_tokens"].as_u64().unwrap();
+    assert_eq!(u["total_tokens"].as_u64().unwrap(), p + c, "{u}");
+    assert!(u["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap() <= p, "{u}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chat_response_shape_and_usage() {
+    let srv = serve_tiny().await;
+    let tok = Tokenizer::from_hf_dir(&tiny()).unwrap();
+    let prompt_len =
+        tok.encode(&tok.apply_chat_template(&[ChatMessage::new("user", "Hello there")], true).unwrap()).unwrap().len()
+            as u64;
+    let v = srv
+        .ok(
+            "/v1/chat/completions",
+            &json!({"model": "tiny-qwen2", "messages": user("Hello there"), "max_tokens": 8, "ignore_eos": true, "user": "x"}),
+        )
+        .await;
+    assert!(v["id"].as_str().unwrap().starts_with("chatcmpl-"), "{v}");
+    assert_eq!(v["object"], "chat.completion");
+    assert_eq!(v["model"], "tiny-qwen2");
+    assert!(v["created"].as_u64().unwrap() > 1_600_000_000);
+    let ch = &v["choices"][0];
+    assert_eq!(v["choices"].as_array().unwrap().len(), 1);
+    assert_eq!(ch["index"], 0);
+    assert_eq!(ch["message"]["role"], "assistant");
+    assert!(ch["message"]["content"].is_string());
+    assert_eq!(ch["finish_reason"], "length");
+    assert!(ch["logprobs"].is_null());
+    let u = &v["usage"];
+    assert_eq!(u["prompt_tokens"].as_u64().unwrap(), prompt_len, "{u}");
+    assert_eq!(u["completion_tokens"], 8);
+    assert_usage_sums(u);
+
+    // max_completion_tokens wins over max_tokens; a content array of text parts is accepted.
+    let v = srv
+        .ok(
+            "/v1/chat/completions",
+            &json!({"messages": [{"role": "user", "content": [{"type": "text", "text": "Hello there"}]}],
+                    "max_tokens": 9, "max_completion_tokens": 3, "ignore_eos": true}),
+        )
+        .await;
+    assert_eq!(v["usage"]["completion_tokens"], 3);
+    assert_eq!(v["usage"]["prompt_tokens"].as_u64().unwrap(), prompt_len);
+    // The same prompt again is served from the prefix cache (its full blocks).
+    assert!(v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap() >= 16, "{v}");
+
+    // logit_bias +100 on one token makes greedy decoding pick it every time.
+    let (id, piece) = (300..500u32)
+        .map(|id| (id, tok.decode(&[id], false)))
+        .find(|(_, s)| s.len() > 1 && s.chars().all(|c| c.is_ascii_alphabetic()))
+        .unwrap();
+    let v = srv
+        .ok(
+            "/v1/completions",
+            &json!({"prompt": [1, 2, 3], "max_tokens": 5, "logit_bias": {id.to_string(): 100}, "logprobs": 0, "ignore_eos": true}),
+        )
+        .await;
+    let toks = v["choices"][0]["logprobs"]["tokens"].as_array().unwrap();
+    assert_eq!(toks.len(), 5);
+    assert!(toks.iter().all(|t| t.as_str() == Some(piece.as_str())), "{v}");
+    assert_eq!(v["choices"][0]["text"].as_str().unwrap(), piece.repeat(5));
+    srv.wait_idle().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streaming_equals_non_streaming() {
+    let srv = serve_tiny().await;
+    let body = json!({"messages": user("Tell me a story"), "max_tokens": 24, "temperature": 0});
+    let whole = srv.ok("/v1/chat/completions", &body).await;
+    let mut sbody = body.clone();
+    sbody["stream"] = json!(true);
+    sbody["stream_options"] = json!({"include_usage": true});
+    let chunks = srv.stream("/v1/chat/completions", &sbody).await;
+    let id = chunks[0]["id"].as_str().unwrap();
+    assert!(id.starts_with("chatcmpl-"));
+    for c in &chunks {
+        assert_eq!(c["object"], "chat.completion.chunk", "{c}");
+        assert_eq!(c["id"], id);
+        assert_eq!(c["model"], "tiny-qwen2");
+        assert!(c.get("usage").is_some(), "with include_usage every chunk has a usage field: {c}");
+    }
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant", "first delta has the role");
+    let last = chunks.last().unwrap();
+    assert_eq!(last["choices"].as_array().unwrap().len(), 0, "usage chunk has no choices: {last}");
+    for c in &chunks[..chunks.len() - 1] {
+        assert!(c["usage"].is_null(), "{c}");
+        assert_eq!(c["choices"].as_array().unwrap().len(), 1);
+    }
+    let (texts, reasons) = stream_texts(&chunks, 1);
+    assert_eq!(texts[0], content(&whole, 0), "greedy streaming text differs from non-streaming");
+    assert_eq!(reasons[0], whole["choices"][0]["finish_reason"].as_str().unwrap());
+    let (su, wu) = (&last["usage"], &whole["usage"]);
+    assert_usage_sums(su);
+    assert_eq!(su["prompt_tokens"], wu["prompt_tokens"]);
+    assert_eq!(su["completion_tokens"], wu["completion_tokens"]);
+
+    // Without include_usage: no usage field, no usage chunk.
+    let chunks = srv
+        .stream("/v1/chat/completions", &json!({"messages": user("Tell me a story"), "max_tokens": 24, "stream": true}))
+        .await;
+    assert!(chunks.iter().all(|c| c.get("usage").is_none() && !c["choices"].as_array().unwrap().is_empty()));
+    assert_eq!(stream_texts(&chunks, 1).0[0], content(&whole, 0));
+    srv.wait_idle().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn completions_prompts_echo_and_streaming() {
+    let srv = serve_tiny().await;
+    // Token-id prompt; OpenAI's default max_tokens is 16.
+    let v = srv.ok("/v1/completions", &json!({"prompt": [5, 6, 7, 8, 9], "ignore_eos": true})).await;
+    assert!(v["id"].as_str().unwrap().starts_with("cmpl-"));
+    assert_eq!(v["object"], "text_completion");
+    assert_eq!(v["usage"]["prompt_tokens"], 5);
+    assert_eq!(v["usage"]["completion_tokens"], 16);
+    assert_eq!(v["choices"][0]["finish_reason"], "length");
+    assert!(v["choices"][0]["text"].is_string());
+    assert_usage_sums(&v["usage"]);
+
+    // Two text prompts x n=2: four choices, prompt-major, each prompt counted once.
+    let v = srv
+        .ok(
+            "/v1/completions",
+            &json!({"prompt": ["The sky is", "Once upon a time, in a land far away"], "n": 2, "max_tokens": 6, "ignore_eos": true}),
+        )
+        .await;
+    let ch = v["choices"].as_array().unwrap();
+    assert_eq!(ch.len(), 4);
+    for (i, c) in ch.iter().enumerate() {
+        assert_eq!(c["index"], i);
+    }
+    assert_eq!(ch[0]["text"], ch[1]["text"], "greedy choices of one prompt agree");
+    assert_eq!(ch[2]["text"], ch[3]["text"]);
+    let one = srv.ok("/v1/completions", &json!({"prompt": "The sky is", "max_tokens": 6, "ignore_eos": true})).await;
+    let two = srv
+        .ok(
+            "/v1/completions",
+            &json!({"prompt": "Once upon a time, in a land far away", "max_tokens": 6, "ignore_eos": true}),
+        )
+        .await;
+    assert_eq!(ch[0]["text"], one["choices"][0]["text"]);
+    assert_eq!(ch[2]["text"], two["choices"][0]["text"]);
+    let p = one["usage"]["prompt_tokens"].as_u64().unwrap() + two["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert_eq!(v["usage"]["prompt_tokens"].as_u64().unwrap(), p);
+    assert_eq!(v["usage"]["completion_tokens"], 24);
+
+    // echo prepends the prompt; token-id prompts echo their decoded text.
+    let v = srv
+        .ok("/v1/completions", &json!({"prompt": "The sky is", "max_tokens": 6, "echo": true, "ignore_eos": true}))
+        .await;
+    assert_eq!(
+        v["choices"][0]["text"].as_str().unwrap(),
+        format!("The sky is{}", one["choices"][0]["text"].as_str().unwrap())
+    );
+
+    // Streaming completions: same text, chunks of object text_completion, usage at the end.
+    let chunks = srv
+        .stream(
+            "/v1/completions",
+            &json!({"prompt": "The sky is", "max_tokens": 6, "ignore_eos": true, "stream": true, "echo": true,
+                    "stream_options": {"include_usage": true}}),
+        )
+        .await;
+    assert!(chunks.iter().all(|c| c["object"] == "text_completion"));
+    let (texts, reasons) = stream_texts(&chunks, 1);
+    assert_eq!(texts[0], v["choices"][0]["text"].as_str().unwrap());
+    assert_eq!(reasons[0], "length");
+    assert_eq!(chunks.last().unwrap()["usage"]["completion_tokens"], 6);
+    srv.wait_idle().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn models_health_and_unknown_model() {
+    let srv = serve_with(&tiny(), tiny_cfg(), |s| s.served_model_name = "org/tiny-qwen2".into()).await;
+    let (s, body) = srv.get("/v1/models").await;
+    assert_eq!(s, StatusCode::OK);
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["object"], "list");
+    assert_eq!(v["data"].as_array().unwrap().len(), 1);
+    assert_eq!(v["data"][0]["id"], "org/tiny-qwen2");
+    assert_eq!(v["data"][0]["object"], "model");
+    let (s, body) = srv.get("/v1/models/org/tiny-qwen2").await;
+    assert_eq!(s, StatusCode::OK, "{body}");
+    let (s, _) = srv.get("/v1/models/tiny-qwen2").await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    let v = srv
+        .ok("/v1/chat/completions", &json!({"model": "org/tiny-qwen2", "messages": user("hi"), "max_tokens": 2}))
+        .await;
+    assert_eq!(v["model"], "org/tiny-qwen2");
+    let (s, v) = srv.post("/v1/chat/completions", &json!({"model": "gpt-4", "messages": user("hi")})).await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    assert_eq!(v["error"]["code"], "model_not_found");
+    assert_eq!(v["error"]["param"], "model");
+    let (s, body) = srv.get("/health").await;
+    assert_eq!((s, body.contains("ok")), (StatusCode::OK, true));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn n_choices_share_the_prompt_prefill() {
+    let srv = serve_tiny().await;
+    let msgs = user("A prompt long enough to fill a few KV blocks of sixteen tokens each, so that sharing shows.");
+    let one = srv.ok("/v1/chat/completions", &json!({"messages": msgs, "max_tokens": 10, "ignore_eos": true})).await;
+    let prompt_len = one["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert!(prompt_len > 32, "{prompt_len}");
+    // A different system prompt, so nothing of this prompt is cached yet.
+    let msgs = json!([{"role": "system", "content": "Be brief."}, msgs[0]]);
+    let before = srv.wait_idle().await;
+    let v =
+        srv.ok("/v1/chat/completions", &json!({"messages": msgs, "max_tokens": 10, "n": 4, "ignore_eos": true})).await;
+    let after = srv.wait_idle().await;
+    let ch = v["choices"].as_array().unwrap();
+    assert_eq!(ch.len(), 4);
+    let p = v["usage"]["prompt_tokens"].as_u64().unwrap();
+    for (i, c) in ch.iter().enumerate() {
+        assert_eq!(c["index"], i);
+        assert_eq!(c["finish_reason"], "length");
+        assert_eq!(c["message"]["content"], ch[0]["message"]["content"], "greedy choices differ");
+    }
+    assert_eq!(v["usage"]["completion_tokens"], 40, "completions summed");
+    assert_eq!(v["usage"]["total_tokens"].as_u64().unwrap(), p + 40, "prompt counted once");
+    // The prompt was prefilled once; the other three choices reused its full blocks.
+    let computed = after.prefill_tokens - before.prefill_tokens;
+    assert!(computed <= p + 3 * 16, "prefilled {computed} tokens for a {p}-token prompt with n=4");
+    assert!(after.prefix_hits > before.prefix_hits);
+
+    // Streaming n=3: every index gets its deltas and one finish reason.
+    let chunks = srv
+        .stream(
+            "/v1/chat/completions",
+            &json!({"messages": msgs, "max_tokens": 10, "n": 3, "ignore_eos": true, "stream": true}),
+        )
+        .await;
+    let (texts, reasons) = stream_texts(&chunks, 3);
+    for i in 0..3 {
+        assert_eq!(texts[i], content(&v, 0));
+        assert_eq!(reasons[i], "length");
+    }
+    srv.wait_idle().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stop_strings_end_the_text() {
+    let srv = serve_tiny().await;
+    let body = json!({"prompt": "Stop words are tested here", "max_tokens": 40, "ignore_eos": true});
+    let full = srv.ok("/v1/completions", &body).await["choices"][0]["text"].as_str().unwrap().to_string();
+    let chars: Vec<char> = full.chars().collect();
+    assert!(chars.len() > 12, "{full:?}");
+    // A stop string taken from the middle of the greedy text: the output is what came before
+    // its first occurrence.
+    for (k, len) in [(chars.len() / 2, 2), (5, 1)] {
+        let stop: String = chars[k..k + len].iter().collect();
+        let want = &full[..full.find(&stop).unwrap()];
+        for stop_field in [json!(stop), json!(["\u{1F600}never", stop])] {
+            let mut b = body.clone();
+            b["stop"] = stop_field;
+            let v = srv.ok("/v1/completions", &b).await;
+            assert_eq!(v["choices"][0]["text"].as_str().unwrap(), want, "stop {stop:?}");
+            assert_eq!(v["choices"][0]["finish_reason"], "stop");
+            b["stream"] = json!(true);
+            let (texts, reasons) = stream_texts(&srv.stream("/v1/completions", &b).await, 1);
+            assert_eq!((texts[0].as_str(), reasons[0].as_str()), (want, "stop"));
+        }
+    }
+    srv.wait_idle().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn seeds_reproduce_sampling() {
+    let srv = serve_tiny().await;
+    let body = |seed: u64| json!({"messages": user("Sample something"), "max_tokens": 24, "temperature": 1.0, "seed": seed, "ignore_eos": true});
+    let a = content(&srv.ok("/v1/chat/completions", &body(42)).await, 0);
+    let b = content(&srv.ok("/v1/chat/completions", &body(42)).await, 0);
+    assert_eq!(a, b, "same seed, different text");
+    let mut differs = false;
+    for seed in [43, 44, 45] {
+        differs |= content(&srv.ok("/v1/chat/completions", &body(seed)).await, 0) != a;
+    }
+    assert!(differs, "three other seeds all reproduced seed 42's text: sampling ignores the seed");
+    // Streaming with the seed gives the same text; n seeded choices are reproducible too.
+    let mut s = body(42);
+    s["stream"] = json!(true);
+    assert_eq!(stream_texts(&srv.stream("/v1/chat/completions", &s).await, 1).0[0], a);
+    let mut n = body(7);
+    n["n"] = json!(3);
+    let x = srv.ok("/v1/chat/completions", &n).await;
+    let y = srv.ok("/v1/chat/completions", &n).await;
+    for i in 0..3 {
+        assert_eq!(content(&x, i), content(&y, i));
+    }
+    assert!(content(&x, 0) != content(&x, 1) || content(&x, 1) != content(&x, 2), "seeded choices are all equal");
+    assert_eq!(content(&x, 0), content(&srv.ok("/v1/chat/completions", &body(7)).await, 0), "choice 0 keeps the seed");
+    srv.wait_idle().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logprobs_shapes() {
+    let srv = serve_tiny().await;
+    let v = srv
+        .ok(
+            "/v1/chat/completions",
+            &json!({"messages": user("logprobs"), "max_tokens": 6, "ignore_eos": true, "logprobs": true, "top_logprobs": 3}),
+        )
+        .await;
+    let content_lp = v["choices"][0]["logprobs"]["content"].as_array().unwrap();
+    assert_eq!(content_lp.len(), 6, "one entry per generated token");
+    for e in content_lp {
+        let token = e["token"].as_str().unwrap();
+        let lp = e["logprob"].as_f64().unwrap();
+        assert!(lp <= 0.0);
+        let bytes: Vec<u8> = e["bytes"].as_array().unwrap().iter().map(|b| b.as_u64().unwrap() as u8).collect();
+        if let Ok(s) = std::str::from_utf8(&bytes) {
+            assert_eq!(s, token);
+        }
+        let top = e["top_logprobs"].as_array().unwrap();
+        assert_eq!(top.len(), 3, "{e}");
+        for w in top.windows(2) {
+            assert!(w[0]["logprob"].as_f64().unwrap() >= w[1]["logprob"].as_f64().unwrap(), "top not sorted: {e}");
+        }
+        for t in top {
+            assert!(t["token"].is_string() && t["bytes"].is_array() && t["logprob"].as_f64().unwrap() <= 0.0);
+        }
+        // Greedy: the chosen token is the most likely one.
+        assert_eq!(top[0]["token"], e["token"], "{e}");
+        assert!((top[0]["logprob"].as_f64().unwrap() - lp).abs() < 1e-4, "{e}");
+    }
+    // logprobs without top_logprobs: empty top lists.
+    let v = srv.ok("/v1/chat/completions", &json!({"messages": user("x"), "max_tokens": 2, "logprobs": true})).await;
+    for e in v["choices"][0]["logprobs"]["content"].as_array().unwrap() {
+        assert_eq!(e["top_logprobs"], json!([]));
+    }
+    // Streaming: each token's entry rides in its chunk, the same values as non-streaming.
+    let chunks = srv
+        .stream(
+            "/v1/chat/completions",
+            &json!({"messages": user("logprobs"), "max_tokens": 6, "ignore_eos": true, "logprobs": true, "top_logprobs": 3, "stream": true}),
+        )
+        .await;
+    let streamed: Vec<Value> =
+        chunks.iter().filter_map(|c| c["choices"][0]["logprobs"]["content"].as_array()).flatten().cloned().collect();
+    assert_eq!(streamed.len(), 6);
+    for (a, b) in streamed.iter().zip(content_lp) {
+        assert_eq!(a["token"], b["token"]);
+    }
+    // Legacy completions logprobs.
+    let v =
+        srv.ok("/v1/completions", &json!({"prompt": "abc", "max_tokens": 5, "ignore_eos": true, "logprobs": 2})).await;
+    let lp = &v["choices"][0]["logprobs"];
+    let tokens = lp["tokens"].as_array().unwrap();
+    assert_eq!(tokens.len(), 5);
+    assert_eq!(lp["token_logprobs"].as_array().unwrap().len(), 5);
+    let offsets: Vec<u64> = lp["text_offset"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect();
+    assert_eq!(offsets.len(), 5);
+    assert_eq!(offsets[0], 0);
+    assert!(offsets.windows(2).all(|w| w[0] <= w[1]));
+    for t in lp["top_logprobs"].as_array().unwrap() {
+        let m = t.as_object().unwrap();
+        assert!(!m.is_empty() && m.len() <= 2, "{t}");
+    }
+    srv.wait_idle().await;
+}
+
+/// A bad request's status and OpenAI error shape.
+fn assert_error(status: StatusCode, v: &Value, want: StatusCode, what: &str) {
+    assert_eq!(status, want, "{what}: {v}");
+    let e = &v["error"];
+    assert!(e["message"].as_str().is_some_and(|m| !m.is_empty()), "{what}: {v}");
+    assert!(e["type"].is_string(), "{what}: {v}");
+    assert!(e.get("param").is_some() && e.get("code").is_some(), "{what}: {v}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_requests_get_openai_errors() {
+    let srv = serve_with(&tiny(), tiny_cfg(), |s| s.max_request_body_bytes = 256 << 10).await;
+    let chat = "/v1/chat/completions";
+    let comp = "/v1/completions";
+    let m = || user("hi");
+    let long_prompt: Vec<u32> = (0..600).map(|i| i % 500).collect();
+    let cases: Vec<(&str, Value, Option<&str>)> = vec![
+        (chat, json!({}), Some("messages")),
+        (chat, json!({"messages": []}), Some("messages")),
+        (chat, json!({"messages": "hi"}), Some("messages")),
+        (chat, json!({"messages": [{"role": "user", "content": 5}]}), Some("messages[0].content")),
+        (chat, json!({"messages": [{"role": "wizard", "content": "x"}]}), Some("messages[0].role")),
+        (chat, json!({"messages": [{"content": "x"}]}), Some("messages[0].role")),
+        (chat, json!({"messages": m(), "temperature": -0.5}), Some("temperature")),
+        (chat, json!({"messages": m(), "temperature": 2.5}), Some("temperature")),
+        (chat, json!({"messages": m(), "temperature": "hot"}), Some("temperature")),
+        (chat, json!({"messages": m(), "top_p": 0}), Some("top_p")),
+        (chat, json!({"messages": m(), "top_p": 1.5}), Some("top_p")),
+        (chat, json!({"messages": m(), "n": 0}), Some("n")),
+        (chat, json!({"messages": m(), "n": 17}), Some("n")),
+        (chat, json!({"messages": m(), "n": 1.5}), Some("n")),
+        (chat, json!({"messages": m(), "max_tokens": 0}), Some("max_tokens")),
+        (chat, json!({"messages": m(), "max_completion_tokens": -1}), Some("max_completion_tokens")),
+        (chat, json!({"messages": m(), "max_tokens": 10000}), Some("messages")),
+        (chat, json!({"messages": m(), "logprobs": true, "top_logprobs": 21}), Some("top_logprobs")),
+        (chat, json!({"messages": m(), "top_logprobs": 2}), Some("top_logprobs")),
+        (chat, json!({"messages": m(), "logprobs": "yes"}), Some("logprobs")),
+        (chat, json!({"messages": m(), "logit_bias": {"abc": 1}}), Some("logit_bias")),
+        (chat, json!({"messages": m(), "logit_bias": {"5": 150}}), Some("logit_bias")),
+        (chat, json!({"messages": m(), "logit_bias": {"99999": 1}}), Some("logit_bias")),
+        (chat, json!({"messages": m(), "logit_bias": [1]}), Some("logit_bias")),
+        (chat, json!({"messages": m(), "stop": 5}), Some("stop")),
+        (chat, json!({"messages": m(), "stop": [""]}), Some("stop")),
+        (chat, json!({"messages": m(), "presence_penalty": 3}), Some("presence_penalty")),
+        (chat, json!({"messages": m(), "frequency_penalty": -2.5}), Some("frequency_penalty")),
+        (chat, json!({"messages": m(), "seed": "x"}), Some("seed")),
+        (chat, json!({"messages": m(), "stream": "yes"}), Some("stream")),
+        (chat, json!({"messages": m(), "stream_options": {"include_usage": true}}), Some("stream_options")),
+        (chat, json!({"messages": m(), "top_k": -2}), Some("top_k")),
+        (chat, json!({"messages": m(), "tools": [{"type": "function", "function": {"name": "f"}}]}), Some("tools")),
+        (comp, json!({}), Some("prompt")),
+        (comp, json!({"prompt": []}), Some("prompt")),
+        (comp, json!({"prompt": [[]]}), Some("prompt")),
+        (comp, json!({"prompt": [1, "a"]}), Some("prompt")),
+        (comp, json!({"prompt": [1, 600]}), Some("prompt")),
+        (comp, json!({"prompt": [-1]}), Some("prompt")),
+        (comp, json!({"prompt": ""}), Some("prompt")),
+        (comp, json!({"prompt": long_prompt}), Some("prompt")),
+        (comp, json!({"prompt": [1, 2], "max_tokens": 511}), Some("prompt")),
+        (comp, json!({"prompt": "x", "logprobs": 21}), Some("logprobs")),
+        (comp, json!({"prompt": "x", "echo": true, "logprobs": 1}), Some("echo")),
+        (comp, json!({"prompt": "x", "best_of": 3}), Some("best_of")),
+        (comp, json!({"prompt": "x", "suffix": "y"}), Some("suffix")),
+        (comp, json!({"prompt": vec!["a"; 20], "n": 16}), Some("prompt")),
+    ];
+    let normal = json!({"messages": user("still fine?"), "max_tokens": 3, "ignore_eos": true});
+    for (path, body, param) in &cases {
+        let (s, v) = srv.post(path, body).await;
+        assert_error(s, &v, StatusCode::BAD_REQUEST, &format!("{path} {body}"));
+        assert_eq!(v["error"]["param"].as_str(), *param, "{path} {body}: {v}");
+        assert_eq!(v["error"]["type"], "invalid_request_error");
+        // A bad request never disturbs the next good one.
+        let ok = srv.ok(chat, &normal).await;
+        assert_eq!(ok["usage"]["completion_tokens"], 3);
+    }
+    let too_long = srv.post(comp, &json!({"prompt": long_prompt})).await;
+    assert_eq!(too_long.1["error"]["code"], "context_length_exceeded");
+
+    // Raw bodies: malformed JSON, not an object, invalid UTF-8, empty, too large (declared
+    // and chunked).
+    let raw: Vec<(Vec<u8>, StatusCode)> = vec![
+        (b"{\"messages\": [".to_vec(), StatusCode::BAD_REQUEST),
+        (b"[1, 2]".to_vec(), StatusCode::BAD_REQUEST),
+        (b"{\"messages\": [{\"role\": \"user\", \"content\": \"\xff\xfe\"}]}".to_vec(), StatusCode::BAD_REQUEST),
+        (b"".to_vec(), StatusCode::BAD_REQUEST),
+        (vec![b' '; 300 << 10], StatusCode::PAYLOAD_TOO_LARGE),
+    ];
+    for (body, want) in raw {
+        let r = srv.http.post(format!("{}{chat}", srv.base)).body(body.clone()).send().await.unwrap();
+        let s = r.status();
+        let v: Value = r.json().await.unwrap();
+        assert_error(s, &v, want, &format!("raw body of {} bytes", body.len()));
+        srv.ok(chat, &normal).await;
+    }
+    let chunks: Vec<Result<Vec<u8>, std::io::Error>> = (0..40).map(|_| Ok(vec![b' '; 16 << 10])).collect();
+    let r = srv
+        .http
+        .post(format!("{}{chat}", srv.base))
+        .body(reqwest::Body::wrap_stream(futures_util::stream::iter(chunks)))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    assert_error(StatusCode::PAYLOAD_TOO_LARGE, &r.json().await.unwrap(), StatusCode::PAYLOAD_TOO_LARGE, "chunked");
+
+    // Unknown routes and methods.
+    let (s, body) = srv.get("/v1/nothing").await;
+    assert_error(s, &serde_json::from_str(&body).unwrap(), StatusCode::NOT_FOUND, "unknown route");
+    let (s, body) = srv.get(chat).await;
+    assert_error(s, &serde_json::from_str(&body).unwrap(), StatusCode::METHOD_NOT_ALLOWED, "GET on a POST route");
+    srv.ok(chat, &normal).await;
+    assert!(srv.metric("torus_requests_total{status=\"400\"}").await >= cases.len() as f64);
+    srv.wait_idle().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn api_key_is_required_on_v1() {
+    let srv = serve_with(&tiny(), tiny_cfg(), |s| s.api_key = Some("sekrit".into())).await;
+    let url = format!("{}/v1/chat/completions", srv.base);
+    let body = json!({"messages": user("hi"), "max_tokens": 2});
+    for auth in [None, Some("Bearer wrong"), Some("sekrit"), Some("Bearer sekri")] {
+        let mut req = srv.http.post(&url).json(&body);
+        if let Some(a) = auth {
+            req = req.header("authorization", a);
+        }
+        let r = req.send().await.unwrap();
+        let s = r.status();
+        let v: Value = r.json().await.unwrap();
+        assert_error(s, &v, StatusCode::UNAUTHORIZED, &format!("{auth:?}"));
+        assert_eq!(v["error"]["code"], "invalid_api_key");
+    }
+    let r = srv.http.post(&url).bearer_auth("sekrit").json(&body).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let r = srv.http.get(format!("{}/v1/models", srv.base)).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+    // Health and metrics stay open (for probes and scrapers).
+    assert_eq!(srv.get("/health").await.0, StatusCode::OK);
+    assert_eq!(srv.get("/metrics").await.0, StatusCode::OK);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_is_503_until_the_engine_is_set() {
+    let cfg = tiny_cfg();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let handle = start(listener, ServerConfig::new("tiny-qwen2", &cfg), None).unwrap();
+    let base = format!("http://{}", handle.addr);
+    let http = client();
+    let r = http.get(format!("{base}/health")).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(r.headers().get("retry-after").is_some());
+    let r =
+        http.post(format!("{base}/v1/chat/completions")).json(&json!({"messages": user("hi")})).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(r.headers().get("retry-after").is_some());
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "model_loading");
+    let m = http.get(format!("{base}/metrics")).send().await.unwrap().text().await.unwrap();
+    assert!(m.contains("torus_model_loaded 0"), "{m}");
+
+    assert!(handle.set_engine(load_engine(&tiny(), &cfg).await));
+    let r = http.get(format!("{base}/health")).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let r = http
+        .post(format!("{base}/v1/chat/completions"))
+        .json(&json!({"messages": user("hi"), "max_tokens": 2}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    handle.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_concurrent_clients_all_complete() {
+    let srv = serve_tiny().await;
+    let prompt = |i: usize| format!("Concurrent request number {} of a small load test.", i % 8);
+    // Alone first: the reference greedy text of each distinct prompt.
+    let mut reference = vec![];
+    for i in 0..8 {
+        reference.push(content(
+            &srv.ok(
+                "/v1/chat/completions",
+                &json!({"messages": user(&prompt(i)), "max_tokens": 12, "ignore_eos": true}),
+            )
+            .await,
+            0,
+        ));
+    }
+    let ok_before = srv.handle().metrics().status_count(200);
+    let results: Vec<(usize, Value)> = futures_util::stream::iter(0..64)
+        .map(|i| {
+            let (http, base) = (srv.http.clone(), srv.base.clone());
+            let stream = i % 3 == 0;
+            let body = json!({"messages": user(&prompt(i)), "max_tokens": 12, "ignore_eos": true, "stream": stream});
+            async move {
+                let r = http.post(format!("{base}/v1/chat/completions")).json(&body).send().await.unwrap();
+                assert_eq!(r.status(), StatusCode::OK, "request {i}");
+                let text = r.text().await.unwrap();
+                let v = if stream {
+                    let chunks = parse_sse(&text);
+                    let (t, reasons) = stream_texts(&chunks, 1);
+                    json!({"choices": [{"message": {"content": t[0]}, "finish_reason": reasons[0]}]})
+                } else {
+                    serde_json::from_str(&text).unwrap()
+                };
+                (i, v)
+            }
+        })
+        .buffer_unordered(16)
+        .collect()
+        .await;
+    assert_eq!(results.len(), 64);
+    let mut seen = [false; 64];
+    for (i, v) in &results {
+        seen[*i] = true;
+        assert_eq!(content(v, 0), reference[i % 8], "request {i}: batched output differs from alone");
+        assert!(v["choices"][0]["finish_reason"].is_string());
+    }
+    assert!(seen.iter().all(|&s| s));
+    assert_eq!(srv.handle().metrics().status_count(200) - ok_before, 64);
+    let m = srv.wait_idle().await;
+    assert_eq!(m.requests_aborted + m.requests_failed, 0, "{m:?}");
+    // Metrics exported.
+    assert!(srv.metric("torus_requests_total{status=\"200\"}").await >= 72.0);
+    assert_eq!(srv.metric("torus_time_to_first_token_seconds_count").await, 72.0);
+    assert_eq!(srv.metric("torus_inter_token_latency_seconds_count").await, 72.0 * 11.0);
+    assert_eq!(srv.metric("torus_e2e_request_latency_seconds_count").await, 72.0);
+    assert_eq!(srv.metric("torus_kv_cache_blocks_used").await, 0.0);
+    assert!(srv.metric("torus_kv_cache_blocks_total").await > 0.0);
+    assert_eq!(srv.metric("torus_generation_tokens_total").await, 72.0 * 12.0);
+    for name in [
+        "torus_num_requests_waiting",
+        "torus_num_requests_running",
+        "torus_kv_cache_usage_ratio",
+        "torus_prefix_cache_hit_rate",
+        "torus_preemptions_total",
+        "torus_prompt_tokens_total",
+    ] {
+        srv.metric(name).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn graceful_shutdown_finishes_in_flight_streams() {
+    let mut srv = serve_tiny().await;
+    let r = srv
+        .http
+        .post(format!("{}/v1/completions", srv.base))
+        .json(&json!({"prompt": "a long one", "max_tokens": 300, "ignore_eos": true, "stream": true,
+                      "stream_options": {"include_usage": true}}))
+        .send()
+        .await
+        .unwrap();
+    let mut body = r.bytes_stream();
+    let mut text = String::from_utf8(body.next().await.unwrap().unwrap().to_vec()).unwrap();
+    let addr = srv.handle().addr;
+    let shutdown = tokio::spawn(srv.handle.take().unwrap().shutdown());
+    while let Some(b) = body.next().await {
+        text.push_str(std::str::from_utf8(&b.unwrap()).unwrap());
+    }
+    let chunks = parse_sse(&text);
+    assert_eq!(chunks.last().unwrap()["usage"]["completion_tokens"], 300, "the stream was cut short");
+    tokio::time::timeout(Duration::from_secs(60), shutdown).await.expect("shutdown hangs").unwrap();
+    assert!(tokio::net::TcpStream::connect(addr).await.is_err(), "still accepting after shutdown");
+}
+
+/// Sends a POST on a plain socket (dropping it closes the connection at once).
+fn raw_send(addr: std::net::SocketAddr, path: &str, body: &str) -> std::net::TcpStream {
+    let mut sock = std::net::TcpStream::connect(addr).unwrap();
+    let req = format!(
+        "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    sock.write_all(req.as_bytes()).unwrap();
+    sock
+}
+
+/// [`raw_send`], then reads the response head (blocking).
+fn raw_request(addr: std::net::SocketAddr, path: &str, body: &str) -> (std::net::TcpStream, String) {
+    let mut sock = raw_send(addr, path, body);
+    sock.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        assert_eq!(std::io::Read::read(&mut sock, &mut byte).unwrap(), 1, "connection closed in the head");
+        head.push(byte[0]);
+    }
+    (sock, String::from_utf8_lossy(&head).into_owned())
+}
+
+/// SmolLM2 (slow on lavapipe, ~10 tokens/s): a real answer, disconnects mid-generation, and a
+/// full queue, on one server with prefill in small chunks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn smollm2_answers_disconnects_abort_and_queue_limit() {
+    let Some(path) = smollm2() else { return };
+    let cfg = EngineConfig {
+        max_num_batched_tokens: 16,
+        max_sequence_length: 1024,
+        total_cache_size: 64 << 20,
+        max_decode_batch_size: 4,
+        max_prefill_batch_size: 2,
+        ..Default::default()
+    };
+    let srv = serve_with(&path, cfg, |s| s.max_queued_requests = 1).await;
+    let chat = format!("{}/v1/chat/completions", srv.base);
+
+    // A real answer.
+    let v = srv
+        .ok("/v1/chat/completions", &json!({"messages": user("What is the capital of France?"), "max_tokens": 12}))
+        .await;
+    assert!(content(&v, 0).contains("Paris"), "{v}");
+
+    // Non-streaming client disconnects while its request is decoding.
+    let before = srv.wait_idle().await;
+    let body =
+        json!({"messages": user("Count from one to a thousand."), "max_tokens": 900, "ignore_eos": true}).to_string();
+    let sock = raw_send(srv.handle().addr, "/v1/chat/completions", &body);
+    let t = Instant::now();
+    while srv.snapshot().decode_tokens < before.decode_tokens + 3 {
+        assert!(t.elapsed() < Duration::from_secs(60), "request never started");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(srv.snapshot().running, 1);
+    drop(sock);
+    srv.wait_until("abort", |m| m.requests_aborted > before.requests_aborted).await;
+    let m = srv.wait_idle().await;
+    assert_eq!(m.requests_aborted, before.requests_aborted + 1, "{m:?}");
+    assert_eq!(m.requests_finished, before.requests_finished, "{m:?}");
+    assert_eq!(m.kv_blocks_used, 0);
+
+    // Streaming client disconnects after the first tokens.
+    let before = m;
+    let r = srv
+        .http
+        .post(&chat)
+        .json(&json!({"messages": user("Write a long essay."), "max_tokens": 900, "ignore_eos": true, "stream": true}))
+        .send()
+        .await
+        .unwrap();
+    let mut body = r.bytes_stream();
+    let mut seen = String::new();
+    while !seen.contains("\"content\":\"") || seen.matches("data: ").count() < 3 {
+        seen.push_str(std::str::from_utf8(&body.next().await.unwrap().unwrap()).unwrap());
+    }
+    drop(body);
+    srv.wait_until("abort", |m| m.requests_aborted > before.requests_aborted).await;
+    let m = srv.wait_idle().await;
+    assert_eq!(m.requests_aborted, before.requests_aborted + 1, "{m:?}");
+    assert_eq!(m.requests_finished, before.requests_finished, "{m:?}");
+    assert_eq!(m.kv_blocks_used, 0);
+
+    // Queue limit 1: while a long prompt is still prefilling (16 tokens per step), a second
+    // request is turned away with 503 and Retry-After; after the first leaves (its client
+    // closes the connection), requests run again.
+    let before = m;
+    let long: Vec<u32> = (0..900).map(|i| 1000 + (i * 7) % 20000).collect();
+    let body = json!({"prompt": long, "max_tokens": 100, "ignore_eos": true, "stream": true}).to_string();
+    let addr = srv.handle().addr;
+    let (first, head) = tokio::task::spawn_blocking(move || raw_request(addr, "/v1/completions", &body)).await.unwrap();
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let r = srv.http.post(&chat).json(&json!({"messages": user("hi"), "max_tokens": 2})).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(r.headers().get("retry-after").unwrap(), "1");
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "overloaded");
+    drop(first);
+    srv.wait_until("abort", |m| m.requests_aborted > before.requests_aborted).await;
+    let m = srv.wait_idle().await;
+    assert_eq!(m.requests_aborted, before.requests_aborted + 1, "{m:?}");
+    assert_eq!(m.requests_finished, before.requests_finished, "{m:?}");
+    let v = srv.ok("/v1/chat/completions", &json!({"messages": user("hi"), "max_tokens": 2})).await;
+    assert_eq!(v["usage"]["completion_tokens"], 2);
+    assert_eq!(srv.metric("torus_requests_rejected_overloaded_total").await, 1.0);
+}
+
+/// `torus-wgpu serve` as a process: starts on port 0, logs where it listens, and on SIGTERM
+/// finishes the in-flight stream and exits 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn binary_serves_and_drains_on_sigterm() {
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_torus-wgpu"))
+        .args(["serve", "--model"])
+        .arg(tiny())
+        .args(["--port", "0", "--total-cache-size", "8388608", "--max-sequence-length", "512"])
+        .stderr(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let mut log = vec![];
+    let addr = loop {
+        let line = rx.recv_timeout(Duration::from_secs(120)).unwrap_or_else(|_| panic!("no ready line: {log:?}"));
+        log.push(line.clone());
+        if let Some(rest) = line.split("ready on http://").nth(1) {
+            break rest.split_whitespace().next().unwrap().to_string();
+        }
+    };
+    assert!(log.iter().any(|l| l.contains("KV cache") && l.contains("blocks")), "{log:?}");
+    let http = client();
+    let r = http
+        .post(format!("http://{addr}/v1/chat/completions"))
+        .json(&json!({"messages": user("hi"), "max_tokens": 400, "ignore_eos": true, "stream": true,
+                      "stream_options": {"include_usage": true}}))
+        .send()
+        .await
+        .unwrap();
+    let mut body = r.bytes_stream();
+    let mut text = String::from_utf8(body.next().await.unwrap().unwrap().to_vec()).unwrap();
+    let kill = std::process::Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    assert!(kill.success());
+    while let Some(b) = body.next().await {
+        text.push_str(std::str::from_utf8(&b.unwrap()).unwrap());
+    }
+    let chunks = parse_sse(&text);
+    assert_eq!(chunks.last().unwrap()["usage"]["completion_tokens"], 400, "in-flight stream cut short");
+    let t = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(t.elapsed() < Duration::from_secs(60), "server did not exit after SIGTERM");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    log.extend(rx.try_iter());
+    assert_eq!(status.code(), Some(0), "{log:?}");
+    assert!(!log.iter().any(|l| l.contains("panicked")), "{log:?}");
+}
+
+/// Drives the server with the official `openai` Python package (tests/openai_e2e.py).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openai_python_client() {
+    let has_openai = std::process::Command::new("python3")
+        .args(["-c", "import openai"])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    if !has_openai {
+        if std::env::var("TORUS_SKIP_PYTHON").as_deref() == Ok("1") {
+            eprintln!("SKIPPED: the `openai` Python package is not installed (TORUS_SKIP_PYTHON=1)");
+            return;
+        }
+        panic!(
+            "python3 cannot import the `openai` package; install it with `python3 -m pip install openai`, \
+             or set TORUS_SKIP_PYTHON=1 to skip this test"
+        );
+    }
+    let srv = serve_tiny().await;
+    let base = format!("{}/v1", srv.base);
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/openai_e2e.py");
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new("python3")
+            .arg(script)
+            .arg(base)
+            .env("NO_PROXY", "127.0.0.1,localhost")
+            .env("no_proxy", "127.0.0.1,localhost")
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let (so, se) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "openai_e2e.py failed ({:?})\nstdout:\n{so}\nstderr:\n{se}", out.status);
+    assert!(so.contains("openai_e2e: all checks passed"), "{so}");
+    srv.wait_idle().await;
+}
