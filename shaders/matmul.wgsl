@@ -28,6 +28,8 @@ fn rows_m() -> u32 {
     return select(step.n_tokens, step.n_sample, p.m_src == 1u);
 }
 
+{{WINDOW}}
+
 fn store(t: u32, n: u32, v: f32) {
     var r = v;
     if ((p.flags & 1u) != 0u) {
@@ -42,7 +44,9 @@ fn store(t: u32, n: u32, v: f32) {
 
 @compute @workgroup_size({{WG}})
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let m = rows_m();
+    // This dispatch covers rows base .. base + m of the step (a uniform-x window; else all).
+    let base = window_base();
+    let m = window_rows(rows_m());
     let n0 = gid.x * TN;
     let t0 = gid.y * TM;
     if (n0 >= p.n_rows || t0 >= m) {
@@ -68,7 +72,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     for (var i = 0u; i < TM; i++) {
         for (var j = 0u; j < TN; j++) {
             if (t0 + i < m && n0 + j < p.n_rows) {
-                store(t0 + i, n0 + j, acc[i][j]);
+                store(base + t0 + i, n0 + j, acc[i][j]);
             }
         }
     }
@@ -82,7 +86,9 @@ fn silu(v: f32) -> f32 {
 // y[t, row0 + n] = silu(gate[n] . x[t]) * (up[n] . x[t]).
 @compute @workgroup_size({{WG}})
 fn main_swiglu(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let m = rows_m();
+    // This dispatch covers rows base .. base + m of the step (a uniform-x window; else all).
+    let base = window_base();
+    let m = window_rows(rows_m());
     let n0 = gid.x * TN;
     let t0 = gid.y * TM;
     if (n0 >= p.n_rows || t0 >= m) {
@@ -113,7 +119,7 @@ fn main_swiglu(@builtin(global_invocation_id) gid: vec3<u32>) {
     for (var i = 0u; i < TM; i++) {
         for (var j = 0u; j < TN; j++) {
             if (t0 + i < m && n0 + j < p.n_rows) {
-                y[(t0 + i) * p.y_stride + p.row0 + n0 + j] = silu(g[i][j]) * u[i][j];
+                y[(base + t0 + i) * p.y_stride + p.row0 + n0 + j] = silu(g[i][j]) * u[i][j];
             }
         }
     }

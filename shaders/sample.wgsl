@@ -45,6 +45,32 @@ fn sum_all(lid: u32, v: f32) -> f32 {
     return r;
 }
 
+struct Best {
+    value: f32,
+    index: u32,
+}
+
+// The workgroup's largest value, lowest index on ties.
+fn argmax_all(lid: u32, v: f32, i: u32) -> Best {
+    red_f[lid] = v;
+    red_u[lid] = i;
+    workgroupBarrier();
+    for (var k = WG / 2u; k > 0u; k = k / 2u) {
+        if (lid < k) {
+            let ov = red_f[lid + k];
+            let oi = red_u[lid + k];
+            if (ov > red_f[lid] || (ov == red_f[lid] && oi < red_u[lid])) {
+                red_f[lid] = ov;
+                red_u[lid] = oi;
+            }
+        }
+        workgroupBarrier();
+    }
+    let b = Best(red_f[0], red_u[0]);
+    workgroupBarrier();
+    return b;
+}
+
 fn min_all(lid: u32, v: f32) -> f32 {
     red_f[lid] = v;
     workgroupBarrier();
@@ -89,23 +115,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         }
         mn = min(mn, v);
     }
-    red_f[lid] = mx;
-    red_u[lid] = am;
-    workgroupBarrier();
-    for (var k = WG / 2u; k > 0u; k = k / 2u) {
-        if (lid < k) {
-            let ov = red_f[lid + k];
-            let oi = red_u[lid + k];
-            if (ov > red_f[lid] || (ov == red_f[lid] && oi < red_u[lid])) {
-                red_f[lid] = ov;
-                red_u[lid] = oi;
-            }
-        }
-        workgroupBarrier();
-    }
-    let gmax = red_f[0];
-    let gargmax = red_u[0];
-    workgroupBarrier();
+    let best = argmax_all(lid, mx, am);
+    let gmax = best.value;
+    let gargmax = best.index;
     let gmin = min_all(lid, mn);
 
     // Log-sum-exp of the raw logits, for log-probabilities.
@@ -143,23 +155,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                 bi = i;
             }
         }
-        red_f[lid] = bv;
-        red_u[lid] = bi;
-        workgroupBarrier();
-        for (var k = WG / 2u; k > 0u; k = k / 2u) {
-            if (lid < k) {
-                let ov = red_f[lid + k];
-                let oi = red_u[lid + k];
-                if (ov > red_f[lid] || (ov == red_f[lid] && oi < red_u[lid])) {
-                    red_f[lid] = ov;
-                    red_u[lid] = oi;
-                }
-            }
-            workgroupBarrier();
-        }
-        pv = red_f[0];
-        pi = red_u[0];
-        workgroupBarrier();
+        let best = argmax_all(lid, bv, bi);
+        pv = best.value;
+        pi = best.index;
         if (lid == 0u) {
             result[ob + 2u + 2u * j] = pi;
             result[ob + 3u + 2u * j] = bitcast<u32>(pv - lse);

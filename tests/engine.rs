@@ -196,8 +196,16 @@ fn chunked_prefill_equals_unchunked() {
 
 #[test]
 fn abort_and_dropped_streams_free_blocks() {
-    let e = engine(&tiny(), |_| {});
-    let mut s = e.submit(greedy_req(&tiny_prompts(3)[2], 200)).unwrap();
+    // SmolLM2 (~10 tokens/s on lavapipe) is surely still generating when the streams end; the
+    // tiny model may finish 400 tokens first if this thread is descheduled, so there only the
+    // block accounting is strict.
+    let (path, strict) = match smollm2() {
+        Some(p) => (p, true),
+        None => (tiny(), false),
+    };
+    let e = engine(&path, |c| c.max_sequence_length = 512);
+    let prompt = vec![100u32, 200, 300, 400, 500];
+    let mut s = e.submit(greedy_req(&prompt, 400)).unwrap();
     let mut n = 0;
     while n < 3 {
         if let Some(torus_wgpu::engine::Event::Token { .. }) = s.next_blocking() {
@@ -206,12 +214,23 @@ fn abort_and_dropped_streams_free_blocks() {
     }
     drop(s);
     assert_all_blocks_free(&e);
-    let mut s = e.submit(greedy_req(&tiny_prompts(3)[2], 200)).unwrap();
+    assert_eq!(e.metrics.snapshot().requests_aborted + e.metrics.snapshot().requests_finished, 1);
+    let mut s = e.submit(greedy_req(&prompt, 400)).unwrap();
     s.next_blocking();
     s.abort();
+    // The published gauges may predate the second request; wait for it to be ended first.
+    let t = Instant::now();
+    while e.metrics.snapshot().requests_aborted + e.metrics.snapshot().requests_finished < 2 {
+        assert!(t.elapsed() < Duration::from_secs(20), "{:?}", e.metrics.snapshot());
+        std::thread::sleep(Duration::from_millis(10));
+    }
     assert_all_blocks_free(&e);
     let m = e.metrics.snapshot();
-    assert_eq!(m.requests_aborted, 2, "{m:?}");
+    if strict {
+        assert_eq!(m.requests_aborted, 2, "{m:?}");
+    } else {
+        assert_eq!(m.requests_aborted + m.requests_finished, 2, "{m:?}");
+    }
 }
 
 #[test]

@@ -3,7 +3,7 @@
 
 use std::sync::{Arc, OnceLock};
 use torus_wgpu::gpu::kernels::{all_sources, WFormat};
-use torus_wgpu::gpu::kernels::{MATMUL_TILES, UNIFORM_X_VEC4};
+use torus_wgpu::gpu::kernels::{plan_x, XPlan, MATMUL_TILES, UNIFORM_X_VEC4};
 use torus_wgpu::gpu::{validate_wgsl, Gpu};
 use torus_wgpu::model::forward::{Adjust, SampleParams};
 use torus_wgpu::model::harness::{AttnShape, AttnStep, Harness};
@@ -51,10 +51,36 @@ fn dot_tol(x: &[f32], m: usize, w: &QTensor) -> Vec<f32> {
     tol
 }
 
-/// Every tile, each with storage x and, where m rows of x fit the uniform window, uniform x.
-fn variants(m: usize, k: usize) -> Vec<(usize, bool)> {
-    let fits = m * k <= UNIFORM_X_VEC4 as usize * 4;
-    (0..MATMUL_TILES.len()).flat_map(|t| [(t, false), (t, true)]).filter(|&(_, ux)| !ux || fits).collect()
+/// Every tile with storage x, and the uniform-x plan (one window, or several when m rows of x
+/// exceed UNIFORM_X_VEC4 vec4s).
+fn variants() -> Vec<(usize, bool)> {
+    (0..MATMUL_TILES.len()).map(|t| (t, false)).chain([(0, true)]).collect()
+}
+
+#[test]
+fn uniform_x_plans_cover_every_row_once() {
+    for (m, x_vec4) in [(1u32, 144u32), (28, 144), (29, 144), (331, 144), (331, 384), (9, 512), (40, 4096)] {
+        match plan_x(m, x_vec4, true, 256, 256) {
+            XPlan::Uniform { tile, windows } => {
+                let tm = MATMUL_TILES[tile].0;
+                let mut next = 0;
+                for (i, &(x_off, win_off, rows)) in windows.iter().enumerate() {
+                    assert!(rows * x_vec4 <= UNIFORM_X_VEC4 && rows > 0);
+                    assert_eq!(x_off % 256, 0);
+                    if windows.len() > 1 {
+                        assert_eq!(x_off, next * x_vec4 * 16);
+                        assert_eq!(win_off, (i as u32 + 1) * 256);
+                        assert!(rows <= windows[0].2 && windows[0].2 % tm == 0);
+                    }
+                    next += rows;
+                }
+                assert_eq!(next, m, "m={m} x_vec4={x_vec4}");
+            }
+            XPlan::Storage { .. } => {
+                assert!(m * x_vec4 > UNIFORM_X_VEC4 && UNIFORM_X_VEC4 / x_vec4 == 0 || x_vec4 > UNIFORM_X_VEC4)
+            }
+        }
+    }
 }
 
 #[test]
@@ -62,7 +88,9 @@ fn matmul_every_format_and_variant() {
     let h = harness(64);
     let mut rng = Rng::new(1);
     for format in WFormat::ALL {
-        for &(m, n, k) in &[(1, 37, 64), (3, 130, 96), (5, 67, 160), (33, 45, 64), (20, 9, 288), (9, 20, 2048)] {
+        for &(m, n, k) in
+            &[(1, 37, 64), (3, 130, 96), (5, 67, 160), (33, 45, 64), (20, 9, 288), (9, 20, 2048), (70, 13, 576)]
+        {
             let w = QTensor::quantize(format, n, k, &randn(&mut rng, n * k, 1.0)).unwrap();
             let x = randn(&mut rng, m * k, 1.0);
             let bias = randn(&mut rng, n, 1.0);
@@ -71,7 +99,7 @@ fn matmul_every_format_and_variant() {
             let tol = dot_tol(&x, m, &w);
             // Chunks of about 16 rows, so several chunks (and a ragged last one) are used.
             let row_bytes = (k / 32 * format.words_per_block() * 4) as u64;
-            for (variant, ux) in variants(m, k) {
+            for (variant, ux) in variants() {
                 for max_binding in [1 << 27, 16 * row_bytes] {
                     let what = format!(
                         "{format:?} tile {:?} uniform-x {ux} m={m} n={n} k={k} binding={max_binding}",
@@ -101,7 +129,7 @@ fn swiglu_matmul_every_format() {
             let want: Vec<f32> = g.iter().zip(&u).map(|(a, b)| a / (1.0 + (-a).exp()) * b).collect();
             let (tg, tu) = (dot_tol(&x, m, &gate), dot_tol(&x, m, &up));
             let row_bytes = (k / 32 * format.words_per_block() * 4) as u64;
-            for (variant, ux) in variants(m, k) {
+            for (variant, ux) in variants() {
                 for max_binding in [1 << 27, 2 * 10 * row_bytes] {
                     let got = h.matmul(&gate, Some(&up), &x, m, None, None, variant, ux, max_binding).unwrap();
                     let what = format!(

@@ -71,6 +71,80 @@ pub fn tile_for_rows(m: u32) -> usize {
     MATMUL_TILES.iter().position(|t| t.0 >= m).unwrap_or(MATMUL_TILES.len() - 1)
 }
 
+const WINDOW_ALL: &str =
+    "fn window_base() -> u32 {\n    return 0u;\n}\n\nfn window_rows(m: u32) -> u32 {\n    return m;\n}";
+
+/// Uniform-x window: x is bound at a dynamic offset, `win` says which window of rows this
+/// dispatch covers (`single`: the whole step fits one window starting at row 0).
+const WINDOW_UNIFORM: &str = "struct Window {
+    index: u32,
+    single: u32,
+    _p0: u32,
+    _p1: u32,
+}
+
+@group(0) @binding(7) var<uniform> win: Window;
+
+// Rows per window: a whole number of tiles (the largest tile that fits, see plan_x).
+fn window_size() -> u32 {
+    return {{UX}}u / p.x_stride4 / TM * TM;
+}
+
+fn window_base() -> u32 {
+    return select(win.index * window_size(), 0u, win.single == 1u);
+}
+
+fn window_rows(m: u32) -> u32 {
+    return select(min(m - window_base(), window_size()), m, win.single == 1u);
+}";
+
+/// How a matmul over m activation rows is dispatched: reading x from storage, or through
+/// uniform windows (one dispatch per window: x's dynamic offset, the window entry's dynamic
+/// offset, and the rows it covers).
+#[derive(Clone, Debug, PartialEq)]
+pub enum XPlan {
+    Storage { tile: usize },
+    Uniform { tile: usize, windows: Vec<(u32, u32, u32)> },
+}
+
+/// Byte stride of the entries of the window buffer (a dynamic-offset alignment multiple).
+pub fn window_stride(gpu: &Gpu) -> u32 {
+    gpu.device.limits().min_uniform_buffer_offset_alignment.max(256)
+}
+
+/// The window buffer: entry 0 = the single window, entry w + 1 = window w.
+pub fn window_entries(n: usize, stride: u32) -> Vec<u32> {
+    let words = (stride / 4) as usize;
+    let mut v = vec![0u32; (n + 1) * words];
+    v[1] = 1;
+    for w in 0..n {
+        v[(w + 1) * words] = w as u32;
+    }
+    v
+}
+
+/// Plans a matmul of m rows of x_vec4 vec4s each (`uniform`: the uniform-x variant is bound).
+pub fn plan_x(m: u32, x_vec4: u32, uniform: bool, align: u32, win_stride: u32) -> XPlan {
+    let cap = UNIFORM_X_VEC4 / x_vec4;
+    if !uniform || cap == 0 {
+        return XPlan::Storage { tile: tile_for_rows(m) };
+    }
+    if m <= cap {
+        return XPlan::Uniform { tile: tile_for_rows(m), windows: vec![(0, 0, m)] };
+    }
+    // Several windows: the largest tile that fits one, windows a whole number of tiles (as
+    // window_size in the shader computes it), each starting at an aligned offset.
+    let tile = MATMUL_TILES.iter().rposition(|t| t.0 <= cap).unwrap_or(0);
+    let tm = MATMUL_TILES[tile].0;
+    let rows = cap / tm * tm;
+    let bytes = rows * x_vec4 * 16;
+    if !bytes.is_multiple_of(align) {
+        return XPlan::Storage { tile: tile_for_rows(m) };
+    }
+    let windows = (0..m.div_ceil(rows)).map(|w| (w * bytes, (w + 1) * win_stride, rows.min(m - w * rows))).collect();
+    XPlan::Uniform { tile, windows }
+}
+
 /// vec4s of the activation window a uniform-x matmul reads (64 KiB, the usual uniform limit).
 pub const UNIFORM_X_VEC4: u32 = 4096;
 pub const UNIFORM_X_BYTES: u64 = UNIFORM_X_VEC4 as u64 * 16;
@@ -81,10 +155,14 @@ pub const UNIFORM_X_BYTES: u64 = UNIFORM_X_VEC4 as u64 * 16;
 pub fn matmul_source(f: WFormat, tm: u32, tn: u32, uniform_x: bool) -> String {
     let mut body = include_str!("../../shaders/matmul.wgsl").to_string();
     if uniform_x {
-        body = body.replace(
-            "@group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;",
-            &format!("@group(0) @binding(2) var<uniform> x: array<vec4<f32>, {UNIFORM_X_VEC4}>;"),
-        );
+        body = body
+            .replace(
+                "@group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;",
+                &format!("@group(0) @binding(2) var<uniform> x: array<vec4<f32>, {UNIFORM_X_VEC4}>;"),
+            )
+            .replace("{{WINDOW}}", &WINDOW_UNIFORM.replace("{{UX}}", &UNIFORM_X_VEC4.to_string()));
+    } else {
+        body = body.replace("{{WINDOW}}", WINDOW_ALL);
     }
     let body = body
         .replace("{{TM}}", &tm.to_string())
@@ -140,6 +218,8 @@ pub fn all_sources(head_dims: &[u32]) -> Vec<(String, String)> {
 #[derive(Clone, Copy)]
 enum Slot {
     Uniform,
+    /// A uniform bound with a dynamic offset.
+    UniformDyn,
     Read,
     ReadWrite,
 }
@@ -151,9 +231,9 @@ fn layout(gpu: &Gpu, slots: &[(u32, Slot)]) -> wgpu::BindGroupLayout {
             binding,
             visibility: wgpu::ShaderStages::COMPUTE,
             ty: match s {
-                Slot::Uniform => wgpu::BindingType::Buffer {
+                Slot::Uniform | Slot::UniformDyn => wgpu::BindingType::Buffer {
                     ty: wgpu::BufferBindingType::Uniform,
-                    has_dynamic_offset: false,
+                    has_dynamic_offset: matches!(s, Slot::UniformDyn),
                     min_binding_size: None,
                 },
                 Slot::Read | Slot::ReadWrite => wgpu::BindingType::Buffer {
@@ -201,22 +281,28 @@ impl Family {
         }))
     }
 
-    /// Like `bind`, but binding 2 (x) is the first UNIFORM_X_BYTES of its buffer, as a uniform.
-    pub fn bind_uniform_x(&self, gpu: &Gpu, entries: &[(u32, &wgpu::Buffer)]) -> wgpu::BindGroup {
+    /// Like `bind`, for the uniform-x family: binding 2 (x) is a UNIFORM_X_BYTES window and
+    /// binding 7 one 16-byte window entry of `windows`, both placed by dynamic offsets.
+    pub fn bind_uniform_x(
+        &self,
+        gpu: &Gpu,
+        entries: &[(u32, &wgpu::Buffer)],
+        windows: &wgpu::Buffer,
+    ) -> wgpu::BindGroup {
+        let window = |buffer, bytes| {
+            wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                buffer,
+                offset: 0,
+                size: std::num::NonZeroU64::new(bytes),
+            })
+        };
         let entries: Vec<wgpu::BindGroupEntry> = entries
             .iter()
             .map(|(b, buf)| wgpu::BindGroupEntry {
                 binding: *b,
-                resource: if *b == 2 {
-                    wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                        buffer: buf,
-                        offset: 0,
-                        size: std::num::NonZeroU64::new(UNIFORM_X_BYTES),
-                    })
-                } else {
-                    buf.as_entire_binding()
-                },
+                resource: if *b == 2 { window(buf, UNIFORM_X_BYTES) } else { buf.as_entire_binding() },
             })
+            .chain(std::iter::once(wgpu::BindGroupEntry { binding: 7, resource: window(windows, 16) }))
             .collect();
         gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
             label: None,
@@ -290,7 +376,16 @@ impl Kernels {
             Family::new(gpu, &[(0, Uniform), (1, Uniform), (2, Read), (3, Read), (4, Read), (5, Read), (6, ReadWrite)]);
         let matmul_u_family = Family::new(
             gpu,
-            &[(0, Uniform), (1, Uniform), (2, Uniform), (3, Read), (4, Read), (5, Read), (6, ReadWrite)],
+            &[
+                (0, Uniform),
+                (1, Uniform),
+                (2, UniformDyn),
+                (3, Read),
+                (4, Read),
+                (5, Read),
+                (6, ReadWrite),
+                (7, UniformDyn),
+            ],
         );
         let mut matmul = BTreeMap::new();
         for &f in formats {

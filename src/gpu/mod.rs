@@ -149,12 +149,12 @@ impl Gpu {
         })
     }
 
-    /// An activation buffer: storage, and also bindable as a uniform window of
-    /// UNIFORM_X_BYTES (so it is at least that large) for the uniform-x matmul variant.
+    /// An activation buffer: storage, and also bindable as uniform windows of UNIFORM_X_BYTES
+    /// starting anywhere in its first `size` bytes (so it is padded by that much).
     pub fn activation(&self, label: &str, size: u64) -> wgpu::Buffer {
         self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some(label),
-            size: size.max(kernels::UNIFORM_X_BYTES).next_multiple_of(16),
+            size: (size + kernels::UNIFORM_X_BYTES).next_multiple_of(16),
             usage: wgpu::BufferUsages::STORAGE
                 | wgpu::BufferUsages::UNIFORM
                 | wgpu::BufferUsages::COPY_DST

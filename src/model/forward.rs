@@ -6,8 +6,8 @@ use super::config::ModelConfig;
 use super::loader::HostModel;
 use super::tensor::QTensor;
 use crate::gpu::kernels::{
-    tile_for_rows, Kernels, WFormat, MATMUL_TILES, MATMUL_WG, MAX_TOP_LOGPROBS, SAMPLE_PARAMS_STRIDE,
-    SAMPLE_RESULT_STRIDE, UNIFORM_X_VEC4,
+    plan_x, window_entries, window_stride, Kernels, WFormat, XPlan, MATMUL_TILES, MATMUL_WG, MAX_TOP_LOGPROBS,
+    SAMPLE_PARAMS_STRIDE, SAMPLE_RESULT_STRIDE,
 };
 use crate::gpu::Gpu;
 use anyhow::{bail, Result};
@@ -241,6 +241,9 @@ pub struct Model {
     meta_len: usize,
     adjust_buf: wgpu::Buffer,
     adjust_cap: usize,
+    /// Dynamic uniform offset alignment and window-entry stride (uniform-x matmuls).
+    align: u32,
+    win_stride: u32,
     header: StepHeader,
     off_sample: usize,
     off_params: usize,
@@ -263,6 +266,56 @@ pub(crate) struct MatParams {
     pub(crate) m_src: u32,
     pub(crate) flags: u32,
     pub(crate) _pad: u32,
+}
+
+impl MatParams {
+    /// Parameters of one row-chunk's matmul (see matmul.wgsl).
+    pub(crate) fn new(
+        cols: usize,
+        chunk: &GpuChunk,
+        y_stride: usize,
+        sampled: bool,
+        bias: bool,
+        accumulate: bool,
+    ) -> Self {
+        MatParams {
+            k_blocks: (cols / 32) as u32,
+            n_rows: chunk.rows as u32,
+            row0: chunk.row0 as u32,
+            y_stride: y_stride as u32,
+            x_stride4: (cols / 4) as u32,
+            m_src: sampled as u32,
+            flags: bias as u32 | (accumulate as u32) << 1,
+            _pad: 0,
+        }
+    }
+}
+
+/// cos/sin of pos * theta^(-2i/d) for every position below `max_pos` and i < d/2, with f32
+/// inverse frequencies as Hugging Face computes them: [pos][i] = (cos, sin).
+pub(crate) fn rope_table(theta: f64, head_dim: usize, max_pos: usize) -> Vec<f32> {
+    let half = head_dim / 2;
+    let inv: Vec<f32> = (0..half).map(|i| (1.0 / theta.powf((2 * i) as f64 / head_dim as f64)) as f32).collect();
+    let mut cs = Vec::with_capacity(max_pos * half * 2);
+    for pos in 0..max_pos {
+        for f in &inv {
+            let a = pos as f32 * f;
+            cs.extend([a.cos(), a.sin()]);
+        }
+    }
+    cs
+}
+
+/// Uniform words of rope_kv.wgsl's RopeParams.
+pub(crate) fn rope_params(heads: usize, kv_heads: usize, head_dim: usize) -> [u32; 4] {
+    [heads as u32, kv_heads as u32, head_dim as u32, ((heads + 2 * kv_heads) * head_dim) as u32]
+}
+
+/// Uniform words of attention.wgsl's AttnParams.
+pub(crate) fn attn_params(heads: usize, kv_heads: usize, head_dim: usize, block_size: usize) -> [u32; 8] {
+    let scale = 1.0 / (head_dim as f32).sqrt();
+    let qkv4 = ((heads + 2 * kv_heads) * head_dim / 4) as u32;
+    [heads as u32, kv_heads as u32, block_size as u32, qkv4, scale.to_bits(), 0, 0, 0]
 }
 
 pub(crate) fn div_up(a: u32, b: u32) -> u32 {
@@ -344,17 +397,7 @@ impl Model {
             }
         }
 
-        // RoPE table: cos/sin of pos * theta^(-2i/d), f32 inverse frequencies as Hugging Face.
-        let half = cfg.head_dim / 2;
-        let mut cs = Vec::with_capacity(limits.max_seq_len * half * 2);
-        for pos in 0..limits.max_seq_len {
-            for i in 0..half {
-                let inv = (1.0 / cfg.rope_theta.powf((2 * i) as f64 / cfg.head_dim as f64)) as f32;
-                let a = pos as f32 * inv;
-                cs.push(a.cos());
-                cs.push(a.sin());
-            }
-        }
+        let cs = rope_table(cfg.rope_theta, cfg.head_dim, limits.max_seq_len);
         let cos_sin = g.storage_init("cos_sin", bytemuck::cast_slice(&cs));
         let dummy = g.storage("dummy", 16);
 
@@ -365,6 +408,8 @@ impl Model {
 
         // TORUS_NO_UNIFORM_X=1 turns the uniform-x matmul variant off (for comparisons).
         let uniform_x = g.uniform_x_ok() && std::env::var_os("TORUS_NO_UNIFORM_X").is_none();
+        let (align, win_stride) = (g.device.limits().min_uniform_buffer_offset_alignment, window_stride(g));
+        let windows = g.uniform_init("windows", bytemuck::cast_slice(&window_entries(t_max + 1, win_stride)));
         let embed = GpuMatrix::upload(g, "embed", &host.embed, None, mb)?;
         let kb_h = (cfg.hidden / 32) as u32;
         for c in &embed.chunks {
@@ -392,23 +437,13 @@ impl Model {
                           sampled: bool,
                           swiglu: bool| {
             for c in &m.chunks {
-                let flags = bias.is_some() as u32 | (accumulate as u32) << 1;
-                let p = MatParams {
-                    k_blocks: (m.cols / 32) as u32,
-                    n_rows: c.rows as u32,
-                    row0: c.row0 as u32,
-                    y_stride: y_stride as u32,
-                    x_stride4: (m.cols / 4) as u32,
-                    m_src: sampled as u32,
-                    flags,
-                    _pad: 0,
-                };
+                let p = MatParams::new(m.cols, c, y_stride, sampled, bias.is_some(), accumulate);
                 let pb = g.uniform_init("matmul_params", bytemuck::bytes_of(&p));
                 // A chunked bias is bound whole; the chunk's row0 offsets into it.
                 let entries =
                     [(0, &step_buf), (1, &pb), (2, x), (3, &c.q), (4, &c.s), (5, bias.unwrap_or(&dummy)), (6, y)];
                 let bind = kernels.matmul_family.bind(g, &entries);
-                let bind_u = uniform_x.then(|| kernels.matmul_u_family.bind_uniform_x(g, &entries));
+                let bind_u = uniform_x.then(|| kernels.matmul_u_family.bind_uniform_x(g, &entries, &windows));
                 let (rows, x_vec4) = (c.rows as u32, (m.cols / 4) as u32);
                 ops.push(Op { kind: OpKind::Matmul { format: m.format, rows, x_vec4, sampled, swiglu }, bind, bind_u });
                 keep.push(pb);
@@ -419,18 +454,8 @@ impl Model {
             let v: [u32; 4] = [(cfg.hidden / 4) as u32, cfg.rms_eps.to_bits(), gather as u32, off_sample as u32];
             g.uniform_init("norm_params", bytemuck::cast_slice(&v))
         };
-        let rope_p = uni(&[cfg.heads as u32, cfg.kv_heads as u32, cfg.head_dim as u32, cfg.qkv_dim() as u32]);
-        let scale = 1.0 / (cfg.head_dim as f32).sqrt();
-        let attn_p = uni(&[
-            cfg.heads as u32,
-            cfg.kv_heads as u32,
-            limits.block_size as u32,
-            (cfg.qkv_dim() / 4) as u32,
-            scale.to_bits(),
-            0,
-            0,
-            0,
-        ]);
+        let rope_p = uni(&rope_params(cfg.heads, cfg.kv_heads, cfg.head_dim));
+        let attn_p = uni(&attn_params(cfg.heads, cfg.kv_heads, cfg.head_dim, limits.block_size));
         let layer_norm_p = norm_params(false);
         keep.extend([rope_p.clone(), attn_p.clone(), layer_norm_p.clone()]);
 
@@ -522,7 +547,7 @@ impl Model {
                 .sample_family
                 .bind(g, &[(0, &step_buf), (1, &sp), (2, &meta_buf), (3, &logits), (4, &result)]),
         });
-        keep.extend([final_norm, final_p, sp, dummy, final_normed]);
+        keep.extend([final_norm, final_p, sp, dummy, final_normed, windows]);
         keep.push(adjust_buf.clone());
         matrices.push(lm);
 
@@ -538,6 +563,8 @@ impl Model {
             meta_len,
             adjust_buf,
             adjust_cap,
+            align,
+            win_stride,
             header,
             off_sample,
             off_params,
@@ -635,7 +662,6 @@ impl Model {
             let mut pass = enc.begin_compute_pass(&Default::default());
             let cfg = &self.cfg;
             for op in &self.ops {
-                let mut bind = &op.bind;
                 let (pipe, x, y) = match op.kind {
                     OpKind::Embed { format, k_blocks } => {
                         (&self.kernels.matmul[&format].embed, div_up(n * k_blocks, 64), 1)
@@ -645,15 +671,27 @@ impl Model {
                         if m == 0 {
                             continue;
                         }
-                        let tile = tile_for_rows(m);
-                        let (tm, tn) = MATMUL_TILES[tile];
-                        // Small steps read x through the uniform window when it holds all m rows.
-                        let uniform = op.bind_u.as_ref().filter(|_| m * x_vec4 <= UNIFORM_X_VEC4);
-                        if let Some(b) = uniform {
-                            bind = b;
+                        let k = &self.kernels.matmul[&format];
+                        match (plan_x(m, x_vec4, op.bind_u.is_some(), self.align, self.win_stride), &op.bind_u) {
+                            (XPlan::Uniform { tile, windows }, Some(bind_u)) => {
+                                // x read through uniform windows: one dispatch per window.
+                                let (tm, tn) = MATMUL_TILES[tile];
+                                pass.set_pipeline(k.get(tile, swiglu, true));
+                                for (x_off, win_off, rows_w) in windows {
+                                    pass.set_bind_group(0, bind_u, &[x_off, win_off]);
+                                    pass.dispatch_workgroups(
+                                        div_up(div_up(rows, tn), MATMUL_WG),
+                                        div_up(rows_w, tm),
+                                        1,
+                                    );
+                                }
+                                continue;
+                            }
+                            (XPlan::Storage { tile }, _) | (XPlan::Uniform { tile, .. }, None) => {
+                                let (tm, tn) = MATMUL_TILES[tile];
+                                (k.get(tile, swiglu, false), div_up(div_up(rows, tn), MATMUL_WG), div_up(m, tm))
+                            }
                         }
-                        let pipe = self.kernels.matmul[&format].get(tile, swiglu, uniform.is_some());
-                        (pipe, div_up(div_up(rows, tn), MATMUL_WG), div_up(m, tm))
                     }
                     OpKind::Norm { sampled } => {
                         let m = if sampled { ns } else { n };
@@ -681,7 +719,7 @@ impl Model {
                     }
                 };
                 pass.set_pipeline(pipe);
-                pass.set_bind_group(0, bind, &[]);
+                pass.set_bind_group(0, &op.bind, &[]);
                 pass.dispatch_workgroups(x, y, 1);
             }
         }

@@ -1,9 +1,13 @@
 //! Runs single kernels on host data: what the kernel tests and benches drive. The forward step
 //! (forward.rs) records the same pipelines with the same parameter layouts.
 
-use super::forward::{div_up, GpuMatrix, MatParams, SampleParams, Sampled, StepHeader};
+use super::forward::{
+    attn_params, div_up, rope_params, rope_table, GpuMatrix, MatParams, SampleParams, Sampled, StepHeader,
+};
 use super::tensor::QTensor;
-use crate::gpu::kernels::{Kernels, MATMUL_TILES, MATMUL_WG, SAMPLE_RESULT_STRIDE};
+use crate::gpu::kernels::{
+    plan_x, window_entries, window_stride, Kernels, XPlan, MATMUL_TILES, MATMUL_WG, SAMPLE_RESULT_STRIDE,
+};
 use crate::gpu::Gpu;
 use anyhow::Result;
 use std::sync::Arc;
@@ -80,8 +84,8 @@ impl Harness {
         }
     }
 
-    /// y = x W^T (+ bias) (+ y_init), for m rows of x, with the matmul variant of
-    /// MATMUL_TILES[tile] (reading x through a uniform window with `uniform_x`) and W split
+    /// y = x W^T (+ bias) (+ y_init), for m rows of x, with the storage-x matmul variant of
+    /// MATMUL_TILES[tile], or with `uniform_x` the uniform windows the forward step plans, and W split
     /// into chunks no larger than `max_binding` bytes. With `up`, runs the fused SwiGLU: silu(x G^T) * (x U^T).
     #[allow(clippy::too_many_arguments)]
     pub fn matmul(
@@ -101,34 +105,46 @@ impl Harness {
         let (step, _meta) = self.step_buffers(Self::header(m, 0), &[0]);
         let xb = g.activation("x", (x.len() * 4) as u64);
         g.queue.write_buffer(&xb, 0, bytemuck::cast_slice(x));
-        if uniform_x {
-            assert!(x.len() <= crate::gpu::kernels::UNIFORM_X_VEC4 as usize * 4, "x exceeds the uniform window");
-        }
         let zeros = vec![0f32; m * w.rows];
         let yb = g.storage_init("y", bytemuck::cast_slice(y_init.unwrap_or(&zeros)));
         let bb = g.storage_init("bias", bytemuck::cast_slice(bias.unwrap_or(&[0.0])));
         let k = &self.kernels.matmul[&w.format];
-        let (tm, tn) = MATMUL_TILES[tile];
-        let pipe = k.get(tile, up.is_some(), uniform_x);
+        let win_stride = window_stride(g);
+        let windows = g.uniform_init("windows", bytemuck::cast_slice(&window_entries(m + 1, win_stride)));
+        let align = g.device.limits().min_uniform_buffer_offset_alignment;
+        // Uniform x: the windows the forward step would use; storage x: the tile asked for.
+        let plan = if uniform_x {
+            plan_x(m as u32, (w.cols / 4) as u32, true, align, win_stride)
+        } else {
+            XPlan::Storage { tile }
+        };
         for c in &mat.chunks {
-            let p = MatParams {
-                k_blocks: (w.cols / 32) as u32,
-                n_rows: c.rows as u32,
-                row0: c.row0 as u32,
-                y_stride: w.rows as u32,
-                x_stride4: (w.cols / 4) as u32,
-                m_src: 0,
-                flags: bias.is_some() as u32 | (y_init.is_some() as u32) << 1,
-                _pad: 0,
-            };
+            let p = MatParams::new(w.cols, c, w.rows, false, bias.is_some(), y_init.is_some());
             let pb = g.uniform_init("p", bytemuck::bytes_of(&p));
             let entries = [(0, &step), (1, &pb), (2, &xb), (3, &c.q), (4, &c.s), (5, &bb), (6, &yb)];
-            let bind = if uniform_x {
-                self.kernels.matmul_u_family.bind_uniform_x(g, &entries)
-            } else {
-                self.kernels.matmul_family.bind(g, &entries)
-            };
-            self.dispatch(pipe, &bind, div_up(div_up(c.rows as u32, tn), MATMUL_WG), div_up(m as u32, tm));
+            let groups = |tn: u32| div_up(div_up(c.rows as u32, tn), MATMUL_WG);
+            let mut enc = g.device.create_command_encoder(&Default::default());
+            {
+                let mut pass = enc.begin_compute_pass(&Default::default());
+                match &plan {
+                    XPlan::Storage { tile } => {
+                        let (tm, tn) = MATMUL_TILES[*tile];
+                        pass.set_pipeline(k.get(*tile, up.is_some(), false));
+                        pass.set_bind_group(0, &self.kernels.matmul_family.bind(g, &entries), &[]);
+                        pass.dispatch_workgroups(groups(tn), div_up(m as u32, tm), 1);
+                    }
+                    XPlan::Uniform { tile, windows: wins } => {
+                        let (tm, tn) = MATMUL_TILES[*tile];
+                        let bind = self.kernels.matmul_u_family.bind_uniform_x(g, &entries, &windows);
+                        pass.set_pipeline(k.get(*tile, up.is_some(), true));
+                        for &(x_off, win_off, rows) in wins {
+                            pass.set_bind_group(0, &bind, &[x_off, win_off]);
+                            pass.dispatch_workgroups(groups(tn), div_up(rows, tm), 1);
+                        }
+                    }
+                }
+            }
+            g.queue.submit([enc.finish()]);
         }
         g.download_f32(&yb, m * w.rows)
     }
@@ -200,15 +216,7 @@ impl Harness {
     pub fn attn_rig(&self, shape: AttnShape, num_blocks: usize, max_pos: usize, theta: f64) -> AttnRig {
         let AttnShape { heads, kv_heads, head_dim, block_size } = shape;
         let g = &*self.gpu;
-        let half = head_dim / 2;
-        let mut cs = Vec::new();
-        for pos in 0..max_pos {
-            for i in 0..half {
-                let inv = (1.0 / theta.powf((2 * i) as f64 / head_dim as f64)) as f32;
-                let a = pos as f32 * inv;
-                cs.extend([a.cos(), a.sin()]);
-            }
-        }
+        let cs = rope_table(theta, head_dim, max_pos);
         let bytes = (num_blocks * block_size * kv_heads * head_dim * 4) as u64;
         AttnRig {
             heads,
@@ -252,23 +260,10 @@ impl Harness {
         let (step, meta) = self.step_buffers(header, &meta);
         let qkv_b = g.storage_init("qkv", bytemuck::cast_slice(qkv));
         let out = g.storage("out", (n * rig.heads * rig.head_dim * 4) as u64);
-        let rp = g.uniform_init(
-            "rope",
-            bytemuck::cast_slice(&[rig.heads as u32, rig.kv_heads as u32, rig.head_dim as u32, qkv_dim as u32]),
-        );
-        let scale = 1.0 / (rig.head_dim as f32).sqrt();
+        let rp = g.uniform_init("rope", bytemuck::cast_slice(&rope_params(rig.heads, rig.kv_heads, rig.head_dim)));
         let ap = g.uniform_init(
             "attn",
-            bytemuck::cast_slice(&[
-                rig.heads as u32,
-                rig.kv_heads as u32,
-                rig.block_size as u32,
-                (qkv_dim / 4) as u32,
-                scale.to_bits(),
-                0,
-                0,
-                0,
-            ]),
+            bytemuck::cast_slice(&attn_params(rig.heads, rig.kv_heads, rig.head_dim, rig.block_size)),
         );
         let k = &self.kernels;
         let rb = k
