@@ -11,6 +11,7 @@ use crate::gpu::kernels::{
 use crate::gpu::Gpu;
 use anyhow::Result;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 pub struct Harness {
     pub gpu: Arc<Gpu>,
@@ -24,6 +25,21 @@ pub struct AttnStep {
     pub slots: Vec<u32>,
     pub seq_of_token: Vec<u32>,
     pub block_tables: Vec<Vec<u32>>,
+}
+
+/// One recorded dispatch: pipeline, bind group (with its dynamic offsets) and grid.
+#[derive(Clone, Debug)]
+pub struct Call {
+    pub pipe: wgpu::ComputePipeline,
+    pub bind: wgpu::BindGroup,
+    pub offsets: Vec<u32>,
+    pub grid: (u32, u32),
+}
+
+impl Call {
+    fn new(pipe: &wgpu::ComputePipeline, bind: wgpu::BindGroup, grid: (u32, u32)) -> Call {
+        Call { pipe: pipe.clone(), bind, offsets: vec![], grid }
+    }
 }
 
 /// Head counts and sizes of an attention test.
@@ -60,15 +76,8 @@ impl Harness {
         )
     }
 
-    fn dispatch(&self, pipe: &wgpu::ComputePipeline, bind: &wgpu::BindGroup, x: u32, y: u32) {
-        let mut enc = self.gpu.device.create_command_encoder(&Default::default());
-        {
-            let mut pass = enc.begin_compute_pass(&Default::default());
-            pass.set_pipeline(pipe);
-            pass.set_bind_group(0, bind, &[]);
-            pass.dispatch_workgroups(x, y, 1);
-        }
-        self.gpu.queue.submit([enc.finish()]);
+    fn dispatch(&self, pipe: &wgpu::ComputePipeline, bind: &wgpu::BindGroup, x: u32, y: u32) -> Result<()> {
+        self.run(&[Call::new(pipe, bind.clone(), (x, y))], 1).map(|_| ())
     }
 
     fn header(n_tokens: usize, n_sample: usize) -> StepHeader {
@@ -100,6 +109,39 @@ impl Harness {
         uniform_x: bool,
         max_binding: u64,
     ) -> Result<Vec<f32>> {
+        let (calls, yb) = self.matmul_calls(w, up, x, m, bias, y_init, tile, uniform_x, max_binding)?;
+        self.run(&calls, 1)?;
+        self.gpu.download_f32(&yb, m * w.rows)
+    }
+
+    /// Wall time of `iters` repetitions of a matmul (weights uploaded once; one submit).
+    pub fn time_matmul(
+        &self,
+        w: &QTensor,
+        up: Option<&QTensor>,
+        m: usize,
+        uniform_x: bool,
+        iters: u64,
+    ) -> Result<Duration> {
+        let x = vec![0.5f32; m * w.cols];
+        let tile = crate::gpu::kernels::tile_for_rows(m as u32);
+        let (calls, _) = self.matmul_calls(w, up, &x, m, None, None, tile, uniform_x, self.gpu.max_binding)?;
+        self.run(&calls, iters)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn matmul_calls(
+        &self,
+        w: &QTensor,
+        up: Option<&QTensor>,
+        x: &[f32],
+        m: usize,
+        bias: Option<&[f32]>,
+        y_init: Option<&[f32]>,
+        tile: usize,
+        uniform_x: bool,
+        max_binding: u64,
+    ) -> Result<(Vec<Call>, wgpu::Buffer)> {
         let g = &*self.gpu;
         let mat = GpuMatrix::upload(g, "w", w, up, max_binding)?;
         let (step, _meta) = self.step_buffers(Self::header(m, 0), &[0]);
@@ -118,35 +160,58 @@ impl Harness {
         } else {
             XPlan::Storage { tile }
         };
+        let mut calls = Vec::new();
         for c in &mat.chunks {
             let p = MatParams::new(w.cols, c, w.rows, false, bias.is_some(), y_init.is_some());
             let pb = g.uniform_init("p", bytemuck::bytes_of(&p));
             let entries = [(0, &step), (1, &pb), (2, &xb), (3, &c.q), (4, &c.s), (5, &bb), (6, &yb)];
             let groups = |tn: u32| div_up(div_up(c.rows as u32, tn), MATMUL_WG);
-            let mut enc = g.device.create_command_encoder(&Default::default());
-            {
-                let mut pass = enc.begin_compute_pass(&Default::default());
-                match &plan {
-                    XPlan::Storage { tile } => {
-                        let (tm, tn) = MATMUL_TILES[*tile];
-                        pass.set_pipeline(k.get(*tile, up.is_some(), false));
-                        pass.set_bind_group(0, &self.kernels.matmul_family.bind(g, &entries), &[]);
-                        pass.dispatch_workgroups(groups(tn), div_up(m as u32, tm), 1);
-                    }
-                    XPlan::Uniform { tile, windows: wins } => {
-                        let (tm, tn) = MATMUL_TILES[*tile];
-                        let bind = self.kernels.matmul_u_family.bind_uniform_x(g, &entries, &windows);
-                        pass.set_pipeline(k.get(*tile, up.is_some(), true));
-                        for &(x_off, win_off, rows) in wins {
-                            pass.set_bind_group(0, &bind, &[x_off, win_off]);
-                            pass.dispatch_workgroups(groups(tn), div_up(rows, tm), 1);
-                        }
+            match &plan {
+                XPlan::Storage { tile } => {
+                    let (tm, tn) = MATMUL_TILES[*tile];
+                    calls.push(Call {
+                        pipe: k.get(*tile, up.is_some(), false).clone(),
+                        bind: self.kernels.matmul_family.bind(g, &entries),
+                        offsets: vec![],
+                        grid: (groups(tn), div_up(m as u32, tm)),
+                    });
+                }
+                XPlan::Uniform { tile, windows: wins } => {
+                    let (tm, tn) = MATMUL_TILES[*tile];
+                    let bind = self.kernels.matmul_u_family.bind_uniform_x(g, &entries, &windows);
+                    for &(x_off, win_off, rows) in wins {
+                        calls.push(Call {
+                            pipe: k.get(*tile, up.is_some(), true).clone(),
+                            bind: bind.clone(),
+                            offsets: vec![x_off, win_off],
+                            grid: (groups(tn), div_up(rows, tm)),
+                        });
                     }
                 }
             }
-            g.queue.submit([enc.finish()]);
         }
-        g.download_f32(&yb, m * w.rows)
+        // The weights stay alive through the bind groups.
+        Ok((calls, yb))
+    }
+
+    /// Records `calls` `iters` times in one compute pass, submits, waits; returns the wall time.
+    pub fn run(&self, calls: &[Call], iters: u64) -> Result<Duration> {
+        let g = &*self.gpu;
+        let mut enc = g.device.create_command_encoder(&Default::default());
+        {
+            let mut pass = enc.begin_compute_pass(&Default::default());
+            for _ in 0..iters {
+                for c in calls {
+                    pass.set_pipeline(&c.pipe);
+                    pass.set_bind_group(0, &c.bind, &c.offsets);
+                    pass.dispatch_workgroups(c.grid.0, c.grid.1, 1);
+                }
+            }
+        }
+        let t = Instant::now();
+        g.queue.submit([enc.finish()]);
+        g.device.poll(wgpu::PollType::wait_indefinitely()).map_err(|e| anyhow::anyhow!("GPU poll failed: {e}"))?;
+        Ok(t.elapsed())
     }
 
     /// Embedding rows for `tokens`, the table split into chunks of at most `max_binding` bytes.
@@ -163,7 +228,7 @@ impl Harness {
                 .kernels
                 .matmul_family
                 .bind(g, &[(0, &step), (1, &pb), (2, &meta), (3, &c.q), (4, &c.s), (5, &dummy), (6, &out)]);
-            self.dispatch(&self.kernels.matmul[&table.format].embed, &bind, div_up(tokens.len() as u32 * kb, 64), 1);
+            self.dispatch(&self.kernels.matmul[&table.format].embed, &bind, div_up(tokens.len() as u32 * kb, 64), 1)?;
         }
         g.download_f32(&out, tokens.len() * table.cols)
     }
@@ -181,13 +246,17 @@ impl Harness {
         let wb = g.storage_init("w", bytemuck::cast_slice(weight));
         let yb = g.storage("y", (rows * dim * 4) as u64);
         let bind = self.kernels.norm_family.bind(g, &[(0, &step), (1, &pb), (2, &xb), (3, &wb), (4, &meta), (5, &yb)]);
-        self.dispatch(&self.kernels.rmsnorm, &bind, rows as u32, 1);
+        self.dispatch(&self.kernels.rmsnorm, &bind, rows as u32, 1)?;
         g.download_f32(&yb, rows * dim)
     }
 
-    /// Applies penalties/bias (logit_adjust) and samples one token per logits row (vocab wide).
-    /// Also returns the adjusted logits.
-    pub fn sample(&self, logits: &[f32], vocab: usize, params: &[SampleParams]) -> Result<(Vec<Sampled>, Vec<f32>)> {
+    fn sample_iters(
+        &self,
+        logits: &[f32],
+        vocab: usize,
+        params: &[SampleParams],
+        iters: u64,
+    ) -> Result<(Vec<Sampled>, Vec<f32>, Duration)> {
         let g = &*self.gpu;
         let rows = params.len();
         let mut meta = Vec::new();
@@ -204,12 +273,31 @@ impl Harness {
         let bytes = (rows * SAMPLE_RESULT_STRIDE * 4) as u64;
         let rb = g.storage("result", bytes);
         let adj = self.kernels.sample_family.bind(g, &[(0, &step), (1, &pb), (2, &meta), (3, &ab), (4, &lb)]);
-        self.dispatch(&self.kernels.logit_adjust, &adj, rows as u32, 1);
         let bind = self.kernels.sample_family.bind(g, &[(0, &step), (1, &pb), (2, &meta), (3, &lb), (4, &rb)]);
-        self.dispatch(&self.kernels.sample, &bind, rows as u32, 1);
+        let calls = [
+            Call::new(&self.kernels.logit_adjust, adj, (rows as u32, 1)),
+            Call::new(&self.kernels.sample, bind, (rows as u32, 1)),
+        ];
+        if iters > 1 {
+            // Timing: the sampler alone (penalties would compound over repetitions).
+            return Ok((vec![], vec![], self.run(&calls[1..], iters)?));
+        }
+        self.run(&calls, 1)?;
         let words: Vec<u32> = bytemuck::cast_slice(&g.download(&rb, bytes)?).to_vec();
         let out = params.iter().enumerate().map(|(i, p)| Sampled::parse(&words[i * SAMPLE_RESULT_STRIDE..], p.n_top));
-        Ok((out.collect(), g.download_f32(&lb, rows * vocab)?))
+        Ok((out.collect(), g.download_f32(&lb, rows * vocab)?, Duration::ZERO))
+    }
+
+    /// Applies penalties/bias (logit_adjust) and samples one token per logits row (vocab wide).
+    /// Also returns the adjusted logits.
+    pub fn sample(&self, logits: &[f32], vocab: usize, params: &[SampleParams]) -> Result<(Vec<Sampled>, Vec<f32>)> {
+        let (s, l, _) = self.sample_iters(logits, vocab, params, 1)?;
+        Ok((s, l))
+    }
+
+    /// Wall time of `iters` sampler runs over these rows (one submit).
+    pub fn time_sample(&self, logits: &[f32], vocab: usize, params: &[SampleParams], iters: u64) -> Result<Duration> {
+        Ok(self.sample_iters(logits, vocab, params, iters.max(2))?.2)
     }
 
     /// A KV cache of `num_blocks` blocks and a RoPE table for positions below `max_pos`.
@@ -233,6 +321,23 @@ impl Harness {
     /// RoPE + KV write for this step's qkv rows, then paged attention. Returns (rotated q|k|v
     /// rows, attention output rows [n, heads * head_dim]).
     pub fn rope_attention(&self, rig: &AttnRig, qkv: &[f32], s: &AttnStep) -> Result<(Vec<f32>, Vec<f32>)> {
+        let (r, _) = self.rope_attention_iters(rig, qkv, s, 0)?;
+        Ok(r)
+    }
+
+    /// Runs rope_attention once, then times `iters` repetitions of the attention dispatch alone.
+    pub fn time_attention(&self, rig: &AttnRig, qkv: &[f32], s: &AttnStep, iters: u64) -> Result<Duration> {
+        Ok(self.rope_attention_iters(rig, qkv, s, iters.max(1))?.1)
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn rope_attention_iters(
+        &self,
+        rig: &AttnRig,
+        qkv: &[f32],
+        s: &AttnStep,
+        iters: u64,
+    ) -> Result<((Vec<f32>, Vec<f32>), Duration)> {
         let g = &*self.gpu;
         let n = s.positions.len();
         assert!(s.positions.iter().all(|&p| (p as usize) < rig.max_pos));
@@ -270,11 +375,12 @@ impl Harness {
             .rope_family
             .bind(g, &[(0, &step), (1, &rp), (2, &meta), (3, &rig.cos_sin), (4, &qkv_b), (5, &rig.k), (6, &rig.v)]);
         let threads = (n * (rig.heads + 2 * rig.kv_heads) * rig.head_dim / 2) as u32;
-        self.dispatch(&k.rope_kv, &rb, div_up(threads, 64), 1);
         let ab = k
             .attn_family
             .bind(g, &[(0, &step), (1, &ap), (2, &meta), (3, &qkv_b), (4, &rig.k), (5, &rig.v), (6, &out)]);
-        self.dispatch(&k.attention, &ab, div_up((n * rig.heads) as u32, 32), 1);
-        Ok((g.download_f32(&qkv_b, n * qkv_dim)?, g.download_f32(&out, n * rig.heads * rig.head_dim)?))
+        let attention = Call::new(&k.attention, ab, (div_up((n * rig.heads) as u32, 32), 1));
+        self.run(&[Call::new(&k.rope_kv, rb, (div_up(threads, 64), 1)), attention.clone()], 1)?;
+        let elapsed = if iters > 0 { self.run(&[attention], iters)? } else { Duration::ZERO };
+        Ok(((g.download_f32(&qkv_b, n * qkv_dim)?, g.download_f32(&out, n * rig.heads * rig.head_dim)?), elapsed))
     }
 }

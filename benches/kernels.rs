@@ -1,0 +1,89 @@
+//! Kernel benches at the default model's shapes (SmolLM2-135M: hidden 576, ffn 1536, 9/3 heads
+//! of 64, vocab 49152): each matmul weight format at decode (1 row) and prefill (128 rows)
+//! sizes, paged attention at several context lengths, and sampling. Throughput is reported as
+//! multiply-adds (elements = MACs, so GFLOP/s = 2 x Gelem/s) or tokens; weight bytes per call
+//! are printed once for GB/s.
+//! Run: cargo bench --bench kernels
+
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use std::sync::Arc;
+use std::time::Duration;
+use torus_wgpu::gpu::kernels::WFormat;
+use torus_wgpu::gpu::Gpu;
+use torus_wgpu::model::forward::SampleParams;
+use torus_wgpu::model::harness::{AttnShape, AttnStep, Harness};
+use torus_wgpu::model::tensor::QTensor;
+use torus_wgpu::sampling::Rng;
+
+fn rand(rng: &mut Rng, n: usize) -> Vec<f32> {
+    (0..n).map(|_| rng.uniform() - 0.5).collect()
+}
+
+fn bench(c: &mut Criterion) {
+    let gpu = Arc::new(Gpu::new(None).expect("a wgpu adapter"));
+    let h = Harness::new(gpu, 64).unwrap();
+    let mut rng = Rng::new(3);
+    let mut g = c.benchmark_group("kernels");
+    g.sample_size(10).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(2));
+    // (name, rows N, cols K): fused QKV, gate (as a plain matmul), down, lm_head.
+    let shapes = [("qkv", 960usize, 576usize), ("ffn_up", 1536, 576), ("down", 576, 1536), ("lm_head", 49152, 576)];
+    for format in [WFormat::Q4_1, WFormat::Q8_0, WFormat::Q4_0, WFormat::F16, WFormat::F32] {
+        for &(name, n, k) in &shapes {
+            if name == "lm_head" && !matches!(format, WFormat::Q8_0 | WFormat::F16) {
+                continue;
+            }
+            let w = QTensor::quantize(format, n, k, &rand(&mut rng, n * k)).unwrap();
+            let rows: &[usize] = if name == "lm_head" { &[1] } else { &[1, 128] };
+            for &m in rows {
+                eprintln!("{:?} {name} m={m}: {} weight bytes per call", format, w.bytes());
+                g.throughput(Throughput::Elements((m * n * k) as u64));
+                g.bench_function(format!("matmul_{}_{name}_{n}x{k}_m{m}", format.name()), |b| {
+                    b.iter_custom(|iters| h.time_matmul(&w, None, m, true, iters).unwrap())
+                });
+            }
+        }
+    }
+    // Paged attention, decode (1 query token) at several context lengths.
+    let shape = AttnShape { heads: 9, kv_heads: 3, head_dim: 64, block_size: 16 };
+    for ctx in [128usize, 512, 2048] {
+        let rig = h.attn_rig(shape, ctx.div_ceil(16) + 1, ctx + 1, 100000.0);
+        let table: Vec<u32> = (0..(ctx.div_ceil(16) + 1) as u32).collect();
+        let qkv_dim = (9 + 6) * 64;
+        // Fill the cache with ctx tokens, then time a decode token attending to all of them.
+        let fill = AttnStep {
+            positions: (0..ctx as u32).collect(),
+            slots: (0..ctx as u32).collect(),
+            seq_of_token: vec![0; ctx],
+            block_tables: vec![table.clone()],
+        };
+        h.rope_attention(&rig, &rand(&mut rng, ctx * qkv_dim), &fill).unwrap();
+        let step = AttnStep {
+            positions: vec![ctx as u32],
+            slots: vec![ctx as u32],
+            seq_of_token: vec![0],
+            block_tables: vec![table],
+        };
+        let q = rand(&mut rng, qkv_dim);
+        g.throughput(Throughput::Elements(ctx as u64));
+        g.bench_function(format!("attention_decode_ctx{ctx}"), |b| {
+            b.iter_custom(|iters| h.time_attention(&rig, &q, &step, iters).unwrap())
+        });
+    }
+    // Sampling over the vocabulary: greedy, and temperature + top-k + top-p.
+    let vocab = 49152;
+    let logits = rand(&mut rng, 8 * vocab);
+    for (name, p) in [
+        ("greedy", SampleParams::default()),
+        ("top_k_top_p", SampleParams { temperature: 0.8, top_k: 40, top_p: 0.9, u: 0.3, ..Default::default() }),
+    ] {
+        let params = vec![p; 8];
+        g.throughput(Throughput::Elements(8));
+        g.bench_function(format!("sample_{name}_8rows_vocab{vocab}"), |b| {
+            b.iter_custom(|iters| h.time_sample(&logits, vocab, &params, iters).unwrap())
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);
