@@ -213,34 +213,6 @@ impl Gpu {
         let b = self.download(src, (n * 4) as u64)?;
         Ok(bytemuck::cast_slice(&b).to_vec())
     }
-
-    pub fn compute_pipeline(&self, label: &str, source: &str, entry: &str) -> Result<wgpu::ComputePipeline> {
-        validate_wgsl(label, source)?;
-        let module = self.device.create_shader_module(wgpu::ShaderModuleDescriptor {
-            label: Some(label),
-            source: wgpu::ShaderSource::Wgsl(source.into()),
-        });
-        Ok(self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-            label: Some(label),
-            layout: None,
-            module: &module,
-            entry_point: Some(entry),
-            compilation_options: Default::default(),
-            cache: None,
-        }))
-    }
-
-    pub fn bind_group(&self, pipeline: &wgpu::ComputePipeline, entries: &[(u32, &wgpu::Buffer)]) -> wgpu::BindGroup {
-        let entries: Vec<wgpu::BindGroupEntry> = entries
-            .iter()
-            .map(|(b, buf)| wgpu::BindGroupEntry { binding: *b, resource: buf.as_entire_binding() })
-            .collect();
-        self.device.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: None,
-            layout: &pipeline.get_bind_group_layout(0),
-            entries: &entries,
-        })
-    }
 }
 
 /// Parses and validates WGSL with naga, so shader mistakes surface as one clear error.

@@ -238,7 +238,9 @@ pub struct Model {
     ops: Vec<Op>,
     step_buf: wgpu::Buffer,
     meta_buf: wgpu::Buffer,
-    meta_len: usize,
+    /// Host copies of the step metadata and logit adjustments, reused every step.
+    meta_scratch: Vec<u32>,
+    adjust_scratch: Vec<u32>,
     adjust_buf: wgpu::Buffer,
     adjust_cap: usize,
     /// Dynamic uniform offset alignment and window-entry stride (uniform-x matmuls).
@@ -560,7 +562,8 @@ impl Model {
             ops,
             step_buf,
             meta_buf,
-            meta_len,
+            meta_scratch: vec![0; meta_len],
+            adjust_scratch: Vec::new(),
             adjust_buf,
             adjust_cap,
             align,
@@ -625,18 +628,20 @@ impl Model {
         self.check(s)?;
         let n = s.tokens.len() as u32;
         let ns = s.sample_rows.len() as u32;
-        let h = &mut self.header;
-        h.n_tokens = n;
-        h.n_sample = ns;
-        h.n_seqs = s.block_tables.len() as u32;
-        let mut meta = vec![0u32; self.meta_len];
+        self.header.n_tokens = n;
+        self.header.n_sample = ns;
+        self.header.n_seqs = s.block_tables.len() as u32;
+        let h = self.header;
+        // Reused every step: no per-step allocation of the metadata or adjustment words.
+        let meta = &mut self.meta_scratch;
         let t = self.limits.max_tokens;
         meta[..n as usize].copy_from_slice(&s.tokens);
         meta[t..t + n as usize].copy_from_slice(&s.positions);
         meta[2 * t..2 * t + n as usize].copy_from_slice(&s.slots);
         meta[3 * t..3 * t + n as usize].copy_from_slice(&s.seq_of_token);
         meta[self.off_sample..self.off_sample + ns as usize].copy_from_slice(&s.sample_rows);
-        let mut adjust: Vec<u32> = Vec::new();
+        let adjust = &mut self.adjust_scratch;
+        adjust.clear();
         for (i, p) in s.sampling.iter().enumerate() {
             let b = self.off_params + SAMPLE_PARAMS_STRIDE * i;
             meta[b..b + SAMPLE_PARAMS_STRIDE].copy_from_slice(&p.words((adjust.len() / 4) as u32));
@@ -646,14 +651,15 @@ impl Model {
         for (i, tbl) in s.block_tables.iter().enumerate() {
             let b = h.off_table as usize + i * mb;
             meta[b..b + tbl.len()].copy_from_slice(tbl);
+            meta[b + tbl.len()..b + mb].fill(0);
         }
         let g = &self.gpu;
         // Only the used part of the tables is uploaded.
         let used = h.off_table as usize + s.block_tables.len() * mb;
         g.queue.write_buffer(&self.meta_buf, 0, bytemuck::cast_slice(&meta[..used]));
-        g.queue.write_buffer(&self.step_buf, 0, bytemuck::bytes_of(&*h));
+        g.queue.write_buffer(&self.step_buf, 0, bytemuck::bytes_of(&h));
         if !adjust.is_empty() {
-            g.queue.write_buffer(&self.adjust_buf, 0, bytemuck::cast_slice(&adjust));
+            g.queue.write_buffer(&self.adjust_buf, 0, bytemuck::cast_slice(adjust));
         }
         let any_adjust = !adjust.is_empty();
 

@@ -169,10 +169,6 @@ impl QTensor {
         out
     }
 
-    pub fn dequantize(&self) -> Vec<f32> {
-        (0..self.rows).flat_map(|r| self.dequant_row(r)).collect()
-    }
-
     /// Rows [r0, r1) as their own tensor.
     pub fn slice_rows(&self, r0: usize, r1: usize) -> QTensor {
         let wpr = self.blocks_per_row() * self.format.words_per_block();
