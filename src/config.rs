@@ -27,6 +27,24 @@ pub struct EngineConfig {
     pub pipeline_rank: usize,
     pub stage_start_layer: Option<usize>,
     pub stage_end_layer: Option<usize>,
+    /// Pipeline stages, in layer order (with enable_pipeline_parallel). Empty: `world_size`
+    /// stages on `adapter`, layers split evenly.
+    pub stages: Vec<StageConfig>,
+}
+
+/// One pipeline stage: in this process on an adapter, or a worker at `address`.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct StageConfig {
+    /// Adapter index or name substring (local stages; None = the engine's adapter).
+    pub adapter: Option<String>,
+    /// host:port of a `torus-wgpu worker` running this stage.
+    pub address: Option<String>,
+    pub stage_start_layer: Option<usize>,
+    /// Exclusive.
+    pub stage_end_layer: Option<usize>,
+    /// The adapter's memory in bytes, when known: layers are split in proportion to it.
+    pub memory_bytes: Option<u64>,
 }
 
 impl Default for EngineConfig {
@@ -49,6 +67,7 @@ impl Default for EngineConfig {
             pipeline_rank: 0,
             stage_start_layer: None,
             stage_end_layer: None,
+            stages: vec![],
         }
     }
 }
@@ -85,6 +104,22 @@ impl EngineConfig {
         if let (Some(s), Some(e)) = (self.stage_start_layer, self.stage_end_layer) {
             if s >= e {
                 bail!("stage_start_layer {s} must be below stage_end_layer {e}");
+            }
+        }
+        if !self.stages.is_empty() {
+            if !self.enable_pipeline_parallel {
+                bail!("stages are given but enable_pipeline_parallel is false");
+            }
+            if self.stages.len() != self.world_size {
+                bail!("world_size is {} but {} stages are given", self.world_size, self.stages.len());
+            }
+            for (i, st) in self.stages.iter().enumerate() {
+                if st.address.is_some() && st.adapter.is_some() {
+                    bail!("stage {i}: give either address (a worker) or adapter (in this process), not both");
+                }
+                if st.stage_start_layer.is_some() != st.stage_end_layer.is_some() {
+                    bail!("stage {i}: give both stage_start_layer and stage_end_layer, or neither");
+                }
             }
         }
         Ok(())
@@ -143,6 +178,18 @@ pub struct EngineArgs {
     pub top_p: Option<f32>,
     #[arg(long = "default-top-k")]
     pub top_k: Option<u32>,
+    /// Split the layers into `world_size` pipeline stages.
+    #[arg(long)]
+    pub enable_pipeline_parallel: Option<bool>,
+    #[arg(long)]
+    pub world_size: Option<usize>,
+    /// This worker's stage (`torus-wgpu worker`).
+    #[arg(long)]
+    pub pipeline_rank: Option<usize>,
+    #[arg(long)]
+    pub stage_start_layer: Option<usize>,
+    #[arg(long)]
+    pub stage_end_layer: Option<usize>,
 }
 
 impl EngineArgs {
@@ -168,6 +215,11 @@ impl EngineArgs {
         c.temperature = self.temperature.unwrap_or(c.temperature);
         c.top_p = self.top_p.unwrap_or(c.top_p);
         c.top_k = self.top_k.unwrap_or(c.top_k);
+        c.enable_pipeline_parallel = self.enable_pipeline_parallel.unwrap_or(c.enable_pipeline_parallel);
+        c.world_size = self.world_size.unwrap_or(c.world_size);
+        c.pipeline_rank = self.pipeline_rank.unwrap_or(c.pipeline_rank);
+        c.stage_start_layer = self.stage_start_layer.or(c.stage_start_layer);
+        c.stage_end_layer = self.stage_end_layer.or(c.stage_end_layer);
         c.validate()?;
         Ok(c)
     }

@@ -1,7 +1,8 @@
 //! torus-wgpu: an LLM inference engine whose GPU work is WGSL compute shaders run through wgpu.
 //!
 //! Layers, from the bottom: `gpu` (device, buffers, pipelines), `model` (weights, loaders,
-//! forward pass), `tokenizer` (tokenizers + chat templates), `sampling`, `engine` (generation).
+//! forward pass), `tokenizer` (tokenizers + chat templates), `sampling`, `engine` (generation),
+//! `pipeline` (layer stages across adapters and worker processes).
 
 pub mod bench;
 pub mod config;
@@ -9,6 +10,7 @@ pub mod engine;
 pub mod gpu;
 pub mod kv;
 pub mod model;
+pub mod pipeline;
 pub mod sampling;
 pub mod server;
 pub mod tokenizer;

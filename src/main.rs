@@ -1,4 +1,4 @@
-//! The `torus-wgpu` command line: generate, adapters.
+//! The `torus-wgpu` command line: serve, worker, bench, throughput, generate, adapters.
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -47,6 +47,14 @@ enum Cmd {
     Serve(Box<torus_wgpu::server::ServeArgs>),
     /// Benchmark any OpenAI-compatible endpoint (TTFT, TPOT, ITL, E2E latency, throughput).
     Bench(Box<torus_wgpu::bench::BenchArgs>),
+    /// Serve one pipeline stage (its layers, from --config's stage keys) to a scheduler over gRPC.
+    Worker {
+        #[command(flatten)]
+        engine: Box<EngineArgs>,
+        /// Address to listen on, e.g. 127.0.0.1:50051.
+        #[arg(long)]
+        listen: String,
+    },
     /// Offline throughput: many requests submitted at once to the engine (no HTTP).
     Throughput {
         #[command(flatten)]
@@ -74,9 +82,9 @@ fn throughput(
     seed: u64,
 ) -> Result<()> {
     use torus_wgpu::engine::{EngineHandle, Request, RequestParams, StopConditions};
-    let (model, tok) = load_configured(cfg)?;
-    let vocab = model.cfg.vocab as u64;
-    let engine = EngineHandle::start(model, tok, cfg);
+    let (exec, tok) = load_configured(cfg)?;
+    let vocab = exec.vocab() as u64;
+    let engine = EngineHandle::start(exec, tok, cfg);
     // Random ordinary tokens (ids above the specials at the start of the vocabulary).
     let mut rng = torus_wgpu::sampling::Rng::new(seed);
     let mut draw = |k: usize| -> Vec<u32> { (0..k).map(|_| (1000 + rng.next_u64() % (vocab - 1000)) as u32).collect() };
@@ -160,9 +168,16 @@ fn run() -> Result<()> {
                 );
             }
         }
+        Cmd::Worker { engine, listen } => {
+            let cfg = engine.resolve()?;
+            torus_wgpu::pipeline::remote::run_worker(&cfg, &listen)?;
+        }
         Cmd::Generate { engine, prompt, chat, max_tokens, temperature, top_p, top_k, seed, ignore_eos } => {
             let cfg = engine.resolve()?;
-            let (mut model, tok) = load_configured(&cfg)?;
+            let (exec, tok) = load_configured(&cfg)?;
+            let torus_wgpu::pipeline::Executor::Single { mut model, .. } = exec else {
+                anyhow::bail!("generate runs on one device; serve or throughput run pipelines");
+            };
             let text = if chat { tok.apply_chat_template(&[ChatMessage::new("user", prompt)], true)? } else { prompt };
             let ids = tok.encode(&text)?;
             let params = SamplingParams {

@@ -1,15 +1,21 @@
-//! The engine loop: one thread owns the model and the KV cache, schedules every step
-//! (vLLM-style: running sequences first, then waiting ones in arrival order, within a token
-//! budget, with chunked prefill and preemption), runs it as one GPU submission, and streams
+//! The engine loop: one thread owns the model (or the pipeline of stages) and the KV cache,
+//! schedules every step (vLLM-style: running sequences first, then waiting ones in arrival
+//! order, within a token budget, with chunked prefill and preemption), runs it, and streams
 //! each request's tokens back through its channel.
+//!
+//! With a pipeline of S stages, up to S steps are in flight at once, each over sequences that
+//! are in no other step in flight (a sequence's next token depends on its previous one), so
+//! stage i can compute step k while stage i+1 computes step k-1. Running decodes are spread
+//! over the in-flight steps; sequences in flight are never preempted.
 
 use super::metrics::EngineMetrics;
 use super::request::{Event, FinishReason, Request, RequestParams, Usage};
 use crate::kv::{block_key, BlockId, BlockManager};
-use crate::model::forward::{Adjust, Model, SampleParams, Sampled, StepInput};
+use crate::model::forward::{Adjust, SampleParams, Sampled, StepInput};
+use crate::pipeline::{Executor, StageFailure, StepResult};
 use crate::sampling::Rng;
 use crate::tokenizer::{IncrementalDecoder, Tokenizer};
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use tokio::sync::mpsc::UnboundedSender;
@@ -110,8 +116,23 @@ struct Planned {
     len: usize,
 }
 
+/// A step submitted and not yet finished.
+struct InFlight {
+    id: u64,
+    /// Steps from before a stage failure are discarded when they finish.
+    epoch: u64,
+    plan: Vec<Planned>,
+    /// Sequences whose last token is sampled in this step, in sample-row order.
+    sampled: Vec<u64>,
+}
+
 pub(crate) struct EngineCore {
-    model: Model,
+    exec: Executor,
+    in_flight: VecDeque<InFlight>,
+    /// Sequences in a step in flight.
+    busy: HashSet<u64>,
+    next_step: u64,
+    epoch: u64,
     tok: Arc<Tokenizer>,
     bm: BlockManager,
     cfg: SchedulerConfig,
@@ -139,15 +160,19 @@ fn held_suffix(s: &str, stops: &[String]) -> usize {
 
 impl EngineCore {
     pub(crate) fn new(
-        model: Model,
+        exec: Executor,
         tok: Arc<Tokenizer>,
         cfg: SchedulerConfig,
         enable_prefix_cache: bool,
         metrics: Arc<EngineMetrics>,
     ) -> EngineCore {
-        let bm = BlockManager::new(model.kv.num_blocks, cfg.block_size, enable_prefix_cache);
+        let bm = BlockManager::new(exec.num_blocks(), cfg.block_size, enable_prefix_cache);
         let core = EngineCore {
-            model,
+            exec,
+            in_flight: VecDeque::new(),
+            busy: HashSet::new(),
+            next_step: 0,
+            epoch: 0,
             tok,
             bm,
             cfg,
@@ -163,7 +188,7 @@ impl EngineCore {
 
     pub(crate) fn run(mut self, rx: std::sync::mpsc::Receiver<Command>) {
         loop {
-            let idle = self.waiting.is_empty() && self.running.is_empty();
+            let idle = self.waiting.is_empty() && self.running.is_empty() && self.in_flight.is_empty();
             if idle {
                 if self.draining {
                     return;
@@ -193,8 +218,15 @@ impl EngineCore {
                 }
             }
             self.reap_closed();
-            let plan = self.schedule();
-            if plan.is_empty() {
+            // Fill the pipeline: up to one step per stage, over sequences not already in flight.
+            while self.in_flight.len() < self.exec.depth() {
+                let plan = self.schedule();
+                if plan.is_empty() {
+                    break;
+                }
+                self.submit_step(plan);
+            }
+            if self.in_flight.is_empty() {
                 if self.running.is_empty() {
                     if let Some(s) = self.waiting.pop_front() {
                         // Cannot happen for requests that passed validation; never spin on it.
@@ -204,7 +236,10 @@ impl EngineCore {
                 self.publish();
                 continue;
             }
-            self.run_step(plan);
+            match self.exec.recv() {
+                Some(r) => self.complete(r),
+                None => self.in_flight.clear(),
+            }
             self.publish();
         }
     }
@@ -307,18 +342,26 @@ impl EngineCore {
 
     fn schedule(&mut self) -> Vec<Planned> {
         let bs = self.cfg.block_size;
-        let max_seqs = self.model.limits.max_seqs;
+        let max_seqs = self.exec.limits().max_seqs;
         let mut budget = self.cfg.max_num_batched_tokens;
         let mut plan = Vec::new();
         let (mut n_decode, mut n_prefill) = (0, 0);
+        // With steps still to submit before the pipeline is full, leave running sequences for them.
+        let slots_left = self.exec.depth().saturating_sub(self.in_flight.len()).max(1);
+        let idle = self.running.iter().filter(|s| !self.busy.contains(&s.id)).count();
+        let decode_cap = self.cfg.max_decode_batch_size.min(idle.div_ceil(slots_left).max(1));
 
         // Running sequences, oldest first: decode tokens and continuing prefill chunks.
         let mut i = 0;
         while i < self.running.len() && budget > 0 && plan.len() < max_seqs {
             let s = &self.running[i];
+            if self.busy.contains(&s.id) {
+                i += 1;
+                continue;
+            }
             let remaining = s.tokens.len() - s.computed;
             let decode = remaining == 1;
-            if (decode && n_decode >= self.cfg.max_decode_batch_size)
+            if (decode && n_decode >= decode_cap)
                 || (!decode && n_prefill >= self.cfg.max_prefill_batch_size)
             {
                 i += 1;
@@ -331,8 +374,12 @@ impl EngineCore {
                 match self.bm.allocate() {
                     Some(b) => self.running[i].table.push(b),
                     None => {
-                        // Out of blocks: preempt the most recently admitted sequence.
-                        let victim = self.running.len() - 1;
+                        // Out of blocks: preempt the most recently admitted sequence that is
+                        // not in flight (at worst this one; planned ones are older).
+                        let victim = (i..self.running.len())
+                            .rev()
+                            .find(|&v| !self.busy.contains(&self.running[v].id))
+                            .unwrap_or(i);
                         self.preempt(victim);
                         if victim == i {
                             preempted_self = true;
@@ -385,11 +432,11 @@ impl EngineCore {
         plan
     }
 
-    fn run_step(&mut self, plan: Vec<Planned>) {
+    fn submit_step(&mut self, plan: Vec<Planned>) {
         let bs = self.cfg.block_size as u32;
         let index: HashMap<u64, usize> = self.running.iter().enumerate().map(|(i, s)| (s.id, i)).collect();
         let mut input = StepInput::default();
-        let mut sampled_seqs = Vec::new();
+        let mut sampled = Vec::new();
         for (j, p) in plan.iter().enumerate() {
             let s = &mut self.running[index[&p.id]];
             for pos in p.start..p.start + p.len {
@@ -402,15 +449,37 @@ impl EngineCore {
             if p.start + p.len == s.tokens.len() {
                 input.sample_rows.push(input.tokens.len() as u32 - 1);
                 input.sampling.push(s.sample_params());
-                sampled_seqs.push(p.id);
+                sampled.push(p.id);
             }
+            self.busy.insert(p.id);
         }
-        let results = match self.model.step(&input) {
-            Ok(r) => r,
+        self.next_step += 1;
+        let id = self.next_step;
+        self.in_flight.push_back(InFlight { id, epoch: self.epoch, plan, sampled });
+        self.exec.submit(id, input);
+    }
+
+    /// Applies the oldest step's result.
+    fn complete(&mut self, r: StepResult) {
+        let Some(step) = self.in_flight.pop_front() else { return };
+        debug_assert_eq!(step.id, r.id, "steps finish in submission order");
+        for p in &step.plan {
+            self.busy.remove(&p.id);
+        }
+        if step.epoch != self.epoch {
+            // Submitted before a stage failure: its sequences were already failed or requeued.
+            return;
+        }
+        let out = match r.result {
+            Ok(out) => out,
             Err(e) => {
+                if let Some(f) = e.downcast_ref::<StageFailure>() {
+                    self.stage_failed(f);
+                    return;
+                }
                 tracing::error!("step failed: {e:#}");
                 let msg = format!("engine step failed: {e:#}");
-                for p in &plan {
+                for p in &step.plan {
                     if let Some(i) = self.running.iter().position(|s| s.id == p.id) {
                         let s = self.running.remove(i);
                         self.finish(s, FinishReason::Error(msg.clone()));
@@ -420,27 +489,29 @@ impl EngineCore {
             }
         };
         self.metrics.steps.fetch_add(1, Relaxed);
-        for p in &plan {
-            let s = &mut self.running[index[&p.id]];
+        let bs = self.cfg.block_size;
+        for p in &step.plan {
+            // Aborted while in flight: nothing to apply.
+            let Some(s) = self.running.iter_mut().find(|s| s.id == p.id) else { continue };
             let decode = p.len == 1 && p.start + 1 == s.tokens.len() && s.generated() > 0;
             if !decode {
                 self.metrics.prefill_tokens.fetch_add(p.len as u64, Relaxed);
             }
             s.computed += p.len;
             // Register blocks that just became full in the prefix cache.
-            let full = s.computed / bs as usize;
+            let full = s.computed / bs;
             while s.keys.len() < full {
                 let i = s.keys.len();
                 let parent = if i == 0 { 0 } else { s.keys[i - 1] };
-                let key = block_key(parent, &s.tokens[i * bs as usize..(i + 1) * bs as usize]);
+                let key = block_key(parent, &s.tokens[i * bs..(i + 1) * bs]);
                 self.bm.register(s.table[i], key);
                 s.keys.push(key);
             }
         }
         let mut done: Vec<(u64, FinishReason)> = Vec::new();
-        for (id, r) in sampled_seqs.iter().zip(results) {
+        for (id, r) in step.sampled.iter().zip(out.sampled) {
+            let Some(s) = self.running.iter_mut().find(|s| s.id == *id) else { continue };
             self.metrics.decode_tokens.fetch_add(1, Relaxed);
-            let s = &mut self.running[index[id]];
             if let Some(reason) = Self::accept(&self.tok, s, r, self.cfg.max_seq_len) {
                 done.push((*id, reason));
             }
@@ -451,6 +522,33 @@ impl EngineCore {
                 self.finish(s, reason);
             }
         }
+    }
+
+    /// A pipeline stage failed: its KV cache is gone or new. Every running sequence is failed
+    /// (worker down) or recomputed from its tokens (worker restarted and answering), steps still
+    /// in flight are discarded when they finish, and the prefix cache is dropped.
+    fn stage_failed(&mut self, f: &StageFailure) {
+        tracing::error!("{f}");
+        self.metrics.stage_failures.fetch_add(1, Relaxed);
+        self.epoch += 1;
+        self.busy.clear();
+        let mut seqs = std::mem::take(&mut self.running);
+        if f.restarted {
+            seqs.sort_by_key(|s| std::cmp::Reverse(s.admitted));
+            for mut s in seqs {
+                self.bm.release(&s.table);
+                s.table.clear();
+                s.keys.clear();
+                s.computed = 0;
+                self.metrics.preemptions.fetch_add(1, Relaxed);
+                self.waiting.push_front(s);
+            }
+        } else {
+            for s in seqs {
+                self.finish(s, FinishReason::Error(f.to_string()));
+            }
+        }
+        self.bm.drop_prefix_cache();
     }
 
     /// Appends a sampled token, streams its text, and says whether the sequence is finished.

@@ -6,7 +6,7 @@ use super::metrics::EngineMetrics;
 use super::request::{Event, FinishReason, Request, Usage};
 use crate::config::EngineConfig;
 use crate::gpu::kernels::MAX_TOP_LOGPROBS;
-use crate::model::forward::Model;
+use crate::pipeline::{Executor, StageHealth};
 use crate::tokenizer::Tokenizer;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::mpsc::Sender;
@@ -31,6 +31,8 @@ pub struct EngineHandle {
     pub metrics: Arc<EngineMetrics>,
     pub tokenizer: Arc<Tokenizer>,
     pub info: Arc<EngineInfo>,
+    /// Pipeline stages' liveness (None for a single device).
+    pub stages: Option<Arc<Vec<Arc<StageHealth>>>>,
 }
 
 /// A request's output. Ends with `Event::Done`.
@@ -115,25 +117,28 @@ impl Drop for RequestStream {
 }
 
 impl EngineHandle {
-    /// Starts the engine thread, which takes ownership of the model.
-    pub fn start(model: Model, tokenizer: Tokenizer, cfg: &EngineConfig) -> EngineHandle {
+    /// Starts the engine thread, which takes ownership of the model (or pipeline).
+    pub fn start(exec: impl Into<Executor>, tokenizer: Tokenizer, cfg: &EngineConfig) -> EngineHandle {
+        let exec = exec.into();
+        let limits = exec.limits();
         let sched = SchedulerConfig {
-            max_num_batched_tokens: cfg.max_num_batched_tokens.min(model.limits.max_tokens),
+            max_num_batched_tokens: cfg.max_num_batched_tokens.min(limits.max_tokens),
             max_decode_batch_size: cfg.max_decode_batch_size,
             max_prefill_batch_size: cfg.max_prefill_batch_size,
-            max_seq_len: model.limits.max_seq_len,
-            block_size: model.limits.block_size,
+            max_seq_len: limits.max_seq_len,
+            block_size: limits.block_size,
         };
         let info = Arc::new(EngineInfo {
-            max_seq_len: model.limits.max_seq_len,
-            block_size: model.limits.block_size,
-            num_blocks: model.kv.num_blocks,
-            vocab: model.cfg.vocab,
-            adapter: model.gpu.describe(),
+            max_seq_len: limits.max_seq_len,
+            block_size: limits.block_size,
+            num_blocks: exec.num_blocks(),
+            vocab: exec.vocab(),
+            adapter: exec.describe(),
         });
+        let stages = exec.health();
         let tokenizer = Arc::new(tokenizer);
         let metrics = Arc::new(EngineMetrics::default());
-        let core = EngineCore::new(model, tokenizer.clone(), sched, cfg.enable_prefix_cache, metrics.clone());
+        let core = EngineCore::new(exec, tokenizer.clone(), sched, cfg.enable_prefix_cache, metrics.clone());
         let (tx, rx) = std::sync::mpsc::channel();
         let thread = std::thread::Builder::new()
             .name("torus-engine".into())
@@ -146,6 +151,7 @@ impl EngineHandle {
             metrics,
             tokenizer,
             info,
+            stages,
         }
     }
 

@@ -18,6 +18,8 @@ pub struct EngineMetrics {
     pub requests_finished: AtomicU64,
     pub requests_aborted: AtomicU64,
     pub requests_failed: AtomicU64,
+    /// Pipeline stage failures (worker down or restarted).
+    pub stage_failures: AtomicU64,
 }
 
 /// A plain copy of the counters at one moment.
@@ -37,6 +39,7 @@ pub struct MetricsSnapshot {
     pub requests_finished: u64,
     pub requests_aborted: u64,
     pub requests_failed: u64,
+    pub stage_failures: u64,
 }
 
 impl EngineMetrics {
@@ -56,6 +59,7 @@ impl EngineMetrics {
             requests_finished: self.requests_finished.load(Relaxed),
             requests_aborted: self.requests_aborted.load(Relaxed),
             requests_failed: self.requests_failed.load(Relaxed),
+            stage_failures: self.stage_failures.load(Relaxed),
         }
     }
 }

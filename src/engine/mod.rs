@@ -10,6 +10,7 @@ pub use handle::{Completion, EngineHandle, RequestStream};
 pub use request::{Event, FinishReason, Request, RequestParams, StopConditions, Usage};
 
 use crate::model::forward::{Model, SampleParams, StepInput};
+use crate::pipeline::Executor;
 use crate::sampling::{Rng, SamplingParams};
 use anyhow::{bail, Result};
 use std::time::{Duration, Instant};
@@ -128,28 +129,26 @@ pub fn load_model(
 ) -> Result<(Model, crate::tokenizer::Tokenizer)> {
     use crate::model::loader::HostModel;
     let host = HostModel::load(path, progress)?;
-    let tok = if path.is_dir() {
-        crate::tokenizer::Tokenizer::from_hf_dir(path)?
-    } else {
-        crate::tokenizer::Tokenizer::from_gguf(&crate::model::gguf::GgufFile::open(path)?)?
-    };
-    let max_seq_len = cfg.max_sequence_length.min(host.cfg.max_positions.max(1));
-    let limits = crate::model::forward::StepLimits {
-        max_tokens: cfg.max_num_batched_tokens,
-        max_seqs: cfg.max_decode_batch_size + cfg.max_prefill_batch_size,
-        max_seq_len,
-        block_size: cfg.block_size,
-        cache_bytes: cfg.total_cache_size,
-        max_binding: 0,
-    };
+    let tok = load_tokenizer(path)?;
+    let limits = crate::pipeline::step_limits(cfg, &host.cfg);
     let mut model = Model::new(gpu, &host, limits)?;
     model.warm_up()?;
     Ok((model, tok))
 }
 
-/// Loads the model the config names (or the default model) on the adapter it names, with a
-/// progress bar on stderr while weights load; prints the adapter.
-pub fn load_configured(cfg: &crate::config::EngineConfig) -> Result<(Model, crate::tokenizer::Tokenizer)> {
+/// The tokenizer of the model at `path` (Hugging Face directory or .gguf file).
+pub fn load_tokenizer(path: &std::path::Path) -> Result<crate::tokenizer::Tokenizer> {
+    if path.is_dir() {
+        crate::tokenizer::Tokenizer::from_hf_dir(path)
+    } else {
+        crate::tokenizer::Tokenizer::from_gguf(&crate::model::gguf::GgufFile::open(path)?)
+    }
+}
+
+/// Loads the model the config names (or the default model) with a progress bar on stderr:
+/// on the adapter it names, or, with enable_pipeline_parallel, as a pipeline of stages (local
+/// adapters and/or remote workers). Prints where each part runs.
+pub fn load_configured(cfg: &crate::config::EngineConfig) -> Result<(Executor, crate::tokenizer::Tokenizer)> {
     use anyhow::Context;
     let path = cfg.model.clone().map(std::path::PathBuf::from).unwrap_or_else(crate::config::default_model_path);
     if !path.exists() {
@@ -158,8 +157,6 @@ pub fn load_configured(cfg: &crate::config::EngineConfig) -> Result<(Model, crat
             path.display()
         );
     }
-    let gpu = std::sync::Arc::new(crate::gpu::Gpu::new(cfg.adapter.as_deref())?);
-    eprintln!("adapter: {}", gpu.describe());
     let pb = indicatif::ProgressBar::new(1);
     pb.set_style(
         indicatif::ProgressStyle::with_template("loading {msg} [{bar:30}] {pos}/{len} layers")
@@ -167,11 +164,20 @@ pub fn load_configured(cfg: &crate::config::EngineConfig) -> Result<(Model, crat
             .progress_chars("=> "),
     );
     pb.set_message(path.display().to_string());
-    let r = load_model(&path, cfg, gpu, &|done, total| {
+    let progress = |done: usize, total: usize| {
         pb.set_length(total as u64);
         pb.set_position(done as u64);
-    })
-    .with_context(|| format!("loading {}", path.display()))?;
+    };
+    let r = if cfg.enable_pipeline_parallel {
+        let p = crate::pipeline::build(cfg, &path, &progress, &|line| pb.println(line))
+            .with_context(|| format!("loading {} as a pipeline", path.display()))?;
+        (Executor::from(p), load_tokenizer(&path)?)
+    } else {
+        let gpu = std::sync::Arc::new(crate::gpu::Gpu::new(cfg.adapter.as_deref())?);
+        eprintln!("adapter: {}", gpu.describe());
+        let (m, t) = load_model(&path, cfg, gpu, &progress).with_context(|| format!("loading {}", path.display()))?;
+        (Executor::from(m), t)
+    };
     pb.finish_and_clear();
     Ok(r)
 }

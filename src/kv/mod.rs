@@ -184,6 +184,18 @@ impl BlockManager {
         self.blocks[id as usize].key = Some(key);
     }
 
+    /// Forgets every cached block (their contents are gone, e.g. a pipeline stage restarted).
+    /// Blocks still referenced stay allocated, but are no longer shared.
+    pub fn drop_prefix_cache(&mut self) {
+        self.cache.clear();
+        for (_, id) in std::mem::take(&mut self.lru) {
+            self.free.push(id);
+        }
+        for b in &mut self.blocks {
+            b.key = None;
+        }
+    }
+
     /// Reference count of a block (tests).
     pub fn refs(&self, id: BlockId) -> u32 {
         self.blocks[id as usize].refs

@@ -229,10 +229,22 @@ pub struct KvCache {
     pub block_size: usize,
 }
 
+/// What one step of a stage returns: hidden states for the next stage ([tokens, hidden] f32,
+/// little-endian bytes), or, on the last stage, the sampled tokens.
+#[derive(Clone, Debug, PartialEq)]
+pub enum StageOutput {
+    Hidden(Vec<u8>),
+    Sampled(Vec<Sampled>),
+}
+
+/// The model, or one pipeline stage of it: layers `layers` of `cfg.layers`. The first stage
+/// also embeds tokens; the last also applies the final norm, the LM head and the sampler.
 pub struct Model {
     pub cfg: ModelConfig,
     pub gpu: Arc<Gpu>,
     pub limits: StepLimits,
+    pub layers: std::ops::Range<usize>,
+    /// KV cache of this stage's layers only.
     pub kv: KvCache,
     kernels: Kernels,
     ops: Vec<Op>,
@@ -252,6 +264,9 @@ pub struct Model {
     pub logits: wgpu::Buffer,
     result: wgpu::Buffer,
     readback: wgpu::Buffer,
+    /// The hidden states of every token (input of a later stage, output of an earlier one).
+    hidden: wgpu::Buffer,
+    hidden_readback: Option<wgpu::Buffer>,
     // Weights and scratch stay alive as long as the bind groups that use them.
     _keep: Vec<wgpu::Buffer>,
     _matrices: Vec<GpuMatrix>,
@@ -320,13 +335,37 @@ pub(crate) fn attn_params(heads: usize, kv_heads: usize, head_dim: usize, block_
     [heads as u32, kv_heads as u32, block_size as u32, qkv4, scale.to_bits(), 0, 0, 0]
 }
 
+/// KV blocks of one layer's cache: `cache_bytes` spread over every layer of the model (all
+/// stages of a pipeline agree), at most one storage binding (`max_binding`, 0 = no cap).
+pub fn kv_blocks(cfg: &ModelConfig, limits: &StepLimits) -> usize {
+    let per_block = (limits.block_size * cfg.kv_dim() * 4) as u64;
+    let n = limits.cache_bytes / (per_block * 2 * cfg.layers as u64);
+    let cap = if limits.max_binding == 0 { u64::MAX } else { limits.max_binding / per_block };
+    n.min(cap) as usize
+}
+
 pub(crate) fn div_up(a: u32, b: u32) -> u32 {
     a.div_ceil(b)
 }
 
 impl Model {
-    pub fn new(gpu: Arc<Gpu>, host: &HostModel, mut limits: StepLimits) -> Result<Model> {
+    /// The whole model on one device.
+    pub fn new(gpu: Arc<Gpu>, host: &HostModel, limits: StepLimits) -> Result<Model> {
+        Model::new_stage(gpu, host, limits, 0..host.cfg.layers)
+    }
+
+    /// Layers `layers` of `host` on one device (a pipeline stage).
+    pub fn new_stage(
+        gpu: Arc<Gpu>,
+        host: &HostModel,
+        mut limits: StepLimits,
+        layers: std::ops::Range<usize>,
+    ) -> Result<Model> {
         let cfg = host.cfg.clone();
+        if layers.start >= layers.end || layers.end > cfg.layers {
+            bail!("stage layers {}..{} are outside the model's {} layers", layers.start, layers.end, cfg.layers);
+        }
+        let (first, last) = (layers.start == 0, layers.end == cfg.layers);
         if limits.max_binding == 0 || limits.max_binding > gpu.max_binding {
             limits.max_binding = gpu.max_binding;
         }
@@ -362,8 +401,7 @@ impl Model {
 
         // KV cache: [blocks, block_size, kv_heads, head_dim] f32 per layer, K and V.
         let per_block = (limits.block_size * cfg.kv_dim() * 4) as u64;
-        let mut num_blocks = (limits.cache_bytes / (per_block * 2 * cfg.layers as u64)) as usize;
-        num_blocks = num_blocks.min((mb / per_block) as usize);
+        let num_blocks = kv_blocks(&cfg, &limits);
         if num_blocks < max_blocks.min(2) || num_blocks == 0 {
             bail!(
                 "total_cache_size {} bytes holds only {num_blocks} KV blocks of {} tokens; raise it",
@@ -372,9 +410,10 @@ impl Model {
             );
         }
         let kv_bytes = num_blocks as u64 * per_block;
+        // Sized by the whole model's layer count, so every stage of a pipeline holds as many blocks.
         let kv = KvCache {
-            k: (0..cfg.layers).map(|_| g.storage("k_cache", kv_bytes)).collect(),
-            v: (0..cfg.layers).map(|_| g.storage("v_cache", kv_bytes)).collect(),
+            k: layers.clone().map(|_| g.storage("k_cache", kv_bytes)).collect(),
+            v: layers.clone().map(|_| g.storage("v_cache", kv_bytes)).collect(),
             num_blocks,
             block_size: limits.block_size,
         };
@@ -387,10 +426,13 @@ impl Model {
         let attn = g.activation("attn", f(t_max * cfg.q_dim()));
         let act = g.activation("act", f(t_max * cfg.intermediate));
         let final_normed = g.activation("final_normed", f(s_max * cfg.hidden));
-        let logits = g.storage("logits", f(s_max * cfg.vocab));
-        let result_bytes = (s_max * SAMPLE_RESULT_STRIDE * 4) as u64;
+        // Logits and sampler results only on the last stage; hidden states leave the others.
+        let s_last = if last { s_max } else { 1 };
+        let logits = g.storage("logits", f(s_last * cfg.vocab));
+        let result_bytes = (s_last * SAMPLE_RESULT_STRIDE * 4) as u64;
         let result = g.storage("result", result_bytes);
         let readback = g.readback("result_readback", result_bytes);
+        let hidden_readback = (!last).then(|| g.readback("hidden_readback", f(t_max * cfg.hidden)));
         for (name, bytes) in
             [("activations", f(t_max * cfg.intermediate.max(cfg.qkv_dim()))), ("logits", f(s_max * cfg.vocab))]
         {
@@ -412,12 +454,17 @@ impl Model {
         let uniform_x = g.uniform_x_ok() && std::env::var_os("TORUS_NO_UNIFORM_X").is_none();
         let (align, win_stride) = (g.device.limits().min_uniform_buffer_offset_alignment, window_stride(g));
         let windows = g.uniform_init("windows", bytemuck::cast_slice(&window_entries(t_max + 1, win_stride)));
-        let embed = GpuMatrix::upload(g, "embed", &host.embed, None, mb)?;
+        let tied = host.lm_head.is_none();
+        let embed = if first || (last && tied) {
+            Some(GpuMatrix::upload(g, "embed", &host.embed, None, mb)?)
+        } else {
+            None
+        };
         let kb_h = (cfg.hidden / 32) as u32;
-        for c in &embed.chunks {
+        for c in embed.iter().filter(|_| first).flat_map(|e| &e.chunks) {
             let p = uni(&[kb_h, c.rows as u32, c.row0 as u32, 0]);
             ops.push(Op {
-                kind: OpKind::Embed { format: embed.format, k_blocks: kb_h },
+                kind: OpKind::Embed { format: host.embed.format, k_blocks: kb_h },
                 bind_u: None,
                 bind: kernels.matmul_family.bind(
                     g,
@@ -461,7 +508,7 @@ impl Model {
         let layer_norm_p = norm_params(false);
         keep.extend([rope_p.clone(), attn_p.clone(), layer_norm_p.clone()]);
 
-        for (l, hl) in host.layers.iter().enumerate() {
+        for (l, hl) in host.layers[layers.clone()].iter().enumerate() {
             let attn_norm = g.storage_init("attn_norm", bytemuck::cast_slice(&hl.attn_norm));
             let ffn_norm = g.storage_init("ffn_norm", bytemuck::cast_slice(&hl.ffn_norm));
             let qkv_w = QTensor::concat_rows(&[&hl.q, &hl.k, &hl.v])?;
@@ -519,44 +566,51 @@ impl Model {
             matrices.extend([qkv_m, o_m, gu_m, down_m]);
         }
 
-        let final_norm = g.storage_init("final_norm", bytemuck::cast_slice(&host.final_norm));
-        let final_p = norm_params(true);
-        ops.push(Op {
-            kind: OpKind::Norm { sampled: true },
-            bind_u: None,
-            bind: kernels.norm_family.bind(
-                g,
-                &[(0, &step_buf), (1, &final_p), (2, &hidden), (3, &final_norm), (4, &meta_buf), (5, &final_normed)],
-            ),
-        });
-        let lm = match &host.lm_head {
-            Some(t) => GpuMatrix::upload(g, "lm_head", t, None, mb)?,
-            None => embed,
-        };
-        matmul_ops(&mut ops, &mut keep, &lm, &final_normed, &logits, cfg.vocab, None, false, true, false);
-        let sp = uni(&[cfg.vocab as u32, off_params as u32, 0, 0]);
-        ops.push(Op {
-            kind: OpKind::LogitAdjust,
-            bind_u: None,
-            bind: kernels
-                .sample_family
-                .bind(g, &[(0, &step_buf), (1, &sp), (2, &meta_buf), (3, &adjust_buf), (4, &logits)]),
-        });
-        ops.push(Op {
-            kind: OpKind::Sample,
-            bind_u: None,
-            bind: kernels
-                .sample_family
-                .bind(g, &[(0, &step_buf), (1, &sp), (2, &meta_buf), (3, &logits), (4, &result)]),
-        });
-        keep.extend([final_norm, final_p, sp, dummy, final_normed, windows]);
-        keep.push(adjust_buf.clone());
-        matrices.push(lm);
+        if last {
+            let final_norm = g.storage_init("final_norm", bytemuck::cast_slice(&host.final_norm));
+            let final_p = norm_params(true);
+            ops.push(Op {
+                kind: OpKind::Norm { sampled: true },
+                bind_u: None,
+                bind: kernels.norm_family.bind(
+                    g,
+                    &[(0, &step_buf), (1, &final_p), (2, &hidden), (3, &final_norm), (4, &meta_buf), (5, &final_normed)],
+                ),
+            });
+            let lm = match (&host.lm_head, embed) {
+                (Some(t), _) => GpuMatrix::upload(g, "lm_head", t, None, mb)?,
+                (None, Some(e)) => e,
+                (None, None) => bail!("the tied LM head needs the embedding on the last stage"),
+            };
+            matmul_ops(&mut ops, &mut keep, &lm, &final_normed, &logits, cfg.vocab, None, false, true, false);
+            let sp = uni(&[cfg.vocab as u32, off_params as u32, 0, 0]);
+            ops.push(Op {
+                kind: OpKind::LogitAdjust,
+                bind_u: None,
+                bind: kernels
+                    .sample_family
+                    .bind(g, &[(0, &step_buf), (1, &sp), (2, &meta_buf), (3, &adjust_buf), (4, &logits)]),
+            });
+            ops.push(Op {
+                kind: OpKind::Sample,
+                bind_u: None,
+                bind: kernels
+                    .sample_family
+                    .bind(g, &[(0, &step_buf), (1, &sp), (2, &meta_buf), (3, &logits), (4, &result)]),
+            });
+            keep.extend([final_norm, final_p, sp, dummy, final_normed, windows]);
+            keep.push(adjust_buf.clone());
+            matrices.push(lm);
+        } else {
+            keep.extend([dummy, final_normed, windows, adjust_buf.clone()]);
+            matrices.extend(embed);
+        }
 
         Ok(Model {
             cfg,
             gpu: gpu.clone(),
             limits,
+            layers,
             kv,
             kernels,
             ops,
@@ -574,6 +628,8 @@ impl Model {
             logits,
             result,
             readback,
+            hidden,
+            hidden_readback,
             _keep: keep,
             _matrices: matrices,
         })
@@ -609,7 +665,7 @@ impl Model {
             {
                 bail!("token {i}: position {pos} of sequence {seq} is outside its block table");
             }
-            if s.tokens[i] as usize >= self.cfg.vocab {
+            if self.is_first() && s.tokens[i] as usize >= self.cfg.vocab {
                 bail!("token id {} is outside the vocabulary ({})", s.tokens[i], self.cfg.vocab);
             }
         }
@@ -623,9 +679,34 @@ impl Model {
         Ok(())
     }
 
-    /// Runs one forward step and samples one token per sample row.
+    pub fn is_first(&self) -> bool {
+        self.layers.start == 0
+    }
+
+    pub fn is_last(&self) -> bool {
+        self.layers.end == self.cfg.layers
+    }
+
+    /// Runs one forward step of the whole model and samples one token per sample row.
     pub fn step(&mut self, s: &StepInput) -> Result<Vec<Sampled>> {
+        match self.run(s, None)? {
+            StageOutput::Sampled(r) => Ok(r),
+            StageOutput::Hidden(_) => bail!("step() needs the whole model; this stage holds layers {:?}", self.layers),
+        }
+    }
+
+    /// Runs this stage's part of one step. `hidden` is the previous stage's output ([tokens,
+    /// hidden] f32 bytes), required unless this is the first stage.
+    pub fn run(&mut self, s: &StepInput, hidden: Option<&[u8]>) -> Result<StageOutput> {
         self.check(s)?;
+        let want = s.tokens.len() * self.cfg.hidden * 4;
+        match (self.is_first(), hidden) {
+            (true, None) => {}
+            (false, Some(h)) if h.len() == want => self.gpu.queue.write_buffer(&self.hidden, 0, h),
+            (false, Some(h)) => bail!("hidden states of {} bytes, expected {want} ({} tokens)", h.len(), s.tokens.len()),
+            (false, None) => bail!("stage {:?} needs the previous stage's hidden states", self.layers),
+            (true, Some(_)) => bail!("the first stage embeds tokens itself; it takes no hidden states"),
+        }
         let n = s.tokens.len() as u32;
         let ns = s.sample_rows.len() as u32;
         self.header.n_tokens = n;
@@ -729,9 +810,14 @@ impl Model {
                 pass.dispatch_workgroups(x, y, 1);
             }
         }
+        if let Some(rb) = &self.hidden_readback {
+            enc.copy_buffer_to_buffer(&self.hidden, 0, rb, 0, want as u64);
+            g.queue.submit([enc.finish()]);
+            return Ok(StageOutput::Hidden(g.read_mapped(rb, want as u64)?));
+        }
         if ns == 0 {
             g.queue.submit([enc.finish()]);
-            return Ok(vec![]);
+            return Ok(StageOutput::Sampled(vec![]));
         }
         // Read back only as many words per row as the rows asked for.
         let max_top = s.sampling.iter().map(|p| p.n_top.min(MAX_TOP_LOGPROBS as u32)).max().unwrap_or(0) as usize;
@@ -740,11 +826,9 @@ impl Model {
         g.queue.submit([enc.finish()]);
         let bytes = g.read_mapped(&self.readback, len)?;
         let words: &[u32] = bytemuck::cast_slice(&bytes);
-        Ok(s.sampling
-            .iter()
-            .enumerate()
-            .map(|(i, p)| Sampled::parse(&words[i * SAMPLE_RESULT_STRIDE..], p.n_top))
-            .collect())
+        Ok(StageOutput::Sampled(
+            s.sampling.iter().enumerate().map(|(i, p)| Sampled::parse(&words[i * SAMPLE_RESULT_STRIDE..], p.n_top)).collect(),
+        ))
     }
 
     /// Runs a step of each matmul tile's size on scratch block 0 so every pipeline is
@@ -753,7 +837,8 @@ impl Model {
         for (tm, _) in MATMUL_TILES {
             let len = (tm as usize).min(self.limits.max_tokens).min(self.limits.block_size);
             let pos: Vec<u32> = (0..len as u32).collect();
-            self.step(&StepInput {
+            let hidden = (!self.is_first()).then(|| vec![0u8; len * self.cfg.hidden * 4]);
+            let step = StepInput {
                 tokens: vec![0; len],
                 positions: pos.clone(),
                 slots: pos,
@@ -770,7 +855,8 @@ impl Model {
                     repetition_penalty: 1.1,
                     ..Default::default()
                 }],
-            })?;
+            };
+            self.run(&step, hidden.as_deref())?;
         }
         Ok(())
     }

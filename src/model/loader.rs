@@ -63,6 +63,15 @@ impl HostModel {
     }
 }
 
+/// The hyper-parameters of the model at `path`, without loading weights.
+pub fn read_config(path: &Path) -> Result<ModelConfig> {
+    if path.is_dir() {
+        ModelConfig::from_hf_json(&path.join("config.json"))
+    } else {
+        gguf_config(&GgufFile::open(path)?)
+    }
+}
+
 fn check_shape(src: &str, name: &str, got: (usize, usize), want: (usize, usize)) -> Result<()> {
     if got != want {
         bail!("{src}: tensor {name} has shape [{}, {}], expected [{}, {}]", got.0, got.1, want.0, want.1);

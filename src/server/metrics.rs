@@ -207,6 +207,12 @@ impl ServerMetrics {
             );
             metric("torus_sampled_tokens_total", "counter", "Tokens the engine sampled.", m.decode_tokens.to_string());
             metric("torus_engine_steps_total", "counter", "Engine steps (GPU submissions).", m.steps.to_string());
+            metric(
+                "torus_pipeline_stage_failures_total",
+                "counter",
+                "Pipeline stage failures (a worker down or restarted).",
+                m.stage_failures.to_string(),
+            );
             let _ = writeln!(
                 out,
                 "# HELP torus_engine_requests_total Sequences the engine ended, by outcome.\n\

@@ -262,11 +262,47 @@ async fn count_status(State(st): State<Arc<AppState>>, req: Request, next: Next)
     r
 }
 
+/// 200 when the model is loaded and every pipeline stage answers (remote workers are asked
+/// now); otherwise 503 naming what is missing.
 async fn health(State(st): State<Arc<AppState>>) -> Response {
-    match st.engine() {
-        Ok(_) => (StatusCode::OK, Json(json!({"status": "ok"}))).into_response(),
-        Err(e) => e.into_response(),
+    let engine = match st.engine() {
+        Ok(e) => e,
+        Err(e) => return e.into_response(),
+    };
+    let Some(stages) = engine.stages.clone() else {
+        return (StatusCode::OK, Json(json!({"status": "ok"}))).into_response();
+    };
+    let mut list = Vec::new();
+    let mut down = Vec::new();
+    for h in stages.iter() {
+        let r = match &h.address {
+            Some(addr) => crate::pipeline::remote::probe(addr, std::time::Duration::from_secs(2))
+                .await
+                .map(|_| ())
+                .map_err(|e| format!("{e:#}")),
+            None => h.get(),
+        };
+        if let Err(e) = &r {
+            down.push(format!("pipeline stage {} ({}, layers {}..{}): {e}", h.stage, h.name, h.layers.start, h.layers.end));
+        }
+        list.push(json!({
+            "stage": h.stage,
+            "name": h.name,
+            "address": h.address,
+            "layers": [h.layers.start, h.layers.end],
+            "ok": r.is_ok(),
+            "error": r.err(),
+        }));
     }
+    if down.is_empty() {
+        return (StatusCode::OK, Json(json!({"status": "ok", "stages": list}))).into_response();
+    }
+    let body = json!({
+        "status": "unavailable",
+        "stages": list,
+        "error": {"message": down.join("; "), "type": "service_unavailable", "param": null, "code": "stage_unavailable"},
+    });
+    (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response()
 }
 
 async fn prometheus(State(st): State<Arc<AppState>>) -> Response {

@@ -1,0 +1,8 @@
+//! Generates the gRPC stage service (proto/stage.proto) with a pure-Rust protobuf compiler, so
+//! building needs no protoc.
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    println!("cargo:rerun-if-changed=proto/stage.proto");
+    let fds = protox::compile(["proto/stage.proto"], ["proto"])?;
+    tonic_prost_build::configure().compile_fds(fds)?;
+    Ok(())
+}

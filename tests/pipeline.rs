@@ -1,0 +1,535 @@
+//! Pipeline parallelism: the model split into 2 and 3 stages (separate devices in this process,
+//! and `torus-wgpu worker` processes on 127.0.0.1) must give the single-device greedy tokens and
+//! last-position logits within 1e-4; the engine over a pipeline (several steps in flight, prefix
+//! cache on) must give the single-device outputs; bad configs and dead or restarted workers give
+//! clear errors and nothing hangs.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use torus_wgpu::config::{EngineConfig, StageConfig};
+use torus_wgpu::engine::{load_model, load_tokenizer, EngineHandle, FinishReason, Request, RequestParams, StopConditions};
+use torus_wgpu::gpu::Gpu;
+use torus_wgpu::model::forward::{SampleParams, StepInput};
+use torus_wgpu::pipeline::{self, Pipeline};
+
+fn tiny() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/tiny-qwen2")
+}
+
+fn smollm2() -> Option<PathBuf> {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    if p.exists() {
+        Some(p)
+    } else {
+        eprintln!("SKIPPED: {} missing (scripts/fetch-model.sh)", p.display());
+        None
+    }
+}
+
+fn base_cfg(path: &Path) -> EngineConfig {
+    EngineConfig {
+        model: Some(path.display().to_string()),
+        max_num_batched_tokens: 128,
+        max_sequence_length: 256,
+        total_cache_size: 16 << 20,
+        max_decode_batch_size: 8,
+        max_prefill_batch_size: 4,
+        ..Default::default()
+    }
+}
+
+/// `cfg` as a pipeline of stages: (layer range, worker address or None for this process).
+fn pipeline_cfg(cfg: &EngineConfig, stages: &[(usize, usize, Option<&str>)]) -> EngineConfig {
+    EngineConfig {
+        enable_pipeline_parallel: true,
+        world_size: stages.len(),
+        stages: stages
+            .iter()
+            .map(|&(a, b, addr)| StageConfig {
+                address: addr.map(str::to_string),
+                stage_start_layer: Some(a),
+                stage_end_layer: Some(b),
+                ..Default::default()
+            })
+            .collect(),
+        ..cfg.clone()
+    }
+}
+
+fn build(cfg: &EngineConfig) -> anyhow::Result<Pipeline> {
+    let path = PathBuf::from(cfg.model.clone().unwrap());
+    pipeline::build(cfg, &path, &|_, _| {}, &|_| {})
+}
+
+fn prompts(path: &Path) -> Vec<Vec<u32>> {
+    let tok = load_tokenizer(path).unwrap();
+    ["The capital of France is", "Once upon a time, in a small village by the sea, there lived", "1, 2, 3, 4,"]
+        .iter()
+        .map(|t| tok.encode(t).unwrap())
+        .collect()
+}
+
+/// Greedy generation of `n` tokens through `step` (one sequence, blocks 0.. in order), with the
+/// logits of every sampled position.
+fn greedy(
+    step: &mut dyn FnMut(&StepInput) -> (u32, Vec<f32>),
+    prompt: &[u32],
+    n: usize,
+) -> (Vec<u32>, Vec<Vec<f32>>) {
+    let table: Vec<u32> = (0..16).collect();
+    let (mut toks, mut logits) = (vec![], vec![]);
+    let mut input = prompt.to_vec();
+    let mut pos = 0u32;
+    for _ in 0..n {
+        let len = input.len() as u32;
+        let positions: Vec<u32> = (pos..pos + len).collect();
+        let s = StepInput {
+            tokens: input.clone(),
+            positions: positions.clone(),
+            slots: positions,
+            seq_of_token: vec![0; len as usize],
+            block_tables: vec![table.clone()],
+            sample_rows: vec![len - 1],
+            sampling: vec![SampleParams::default()],
+        };
+        let (t, l) = step(&s);
+        toks.push(t);
+        logits.push(l);
+        pos += len;
+        input = vec![t];
+    }
+    (toks, logits)
+}
+
+fn single_reference(path: &Path, cfg: &EngineConfig, n: usize) -> Vec<(Vec<u32>, Vec<Vec<f32>>)> {
+    let gpu = Arc::new(Gpu::new(None).unwrap());
+    let (mut m, _) = load_model(path, cfg, gpu, &|_, _| {}).unwrap();
+    prompts(path)
+        .iter()
+        .map(|p| {
+            greedy(
+                &mut |s| {
+                    let r = m.step(s).unwrap();
+                    (r[0].id, m.last_logits(1).unwrap())
+                },
+                p,
+                n,
+            )
+        })
+        .collect()
+}
+
+fn check_pipeline(path: &Path, p: &mut Pipeline, want: &[(Vec<u32>, Vec<Vec<f32>>)], n: usize) {
+    for (prompt, (want_toks, want_logits)) in prompts(path).iter().zip(want) {
+        let (toks, logits) = greedy(
+            &mut |s| {
+                let out = p.step(s.clone(), true).unwrap();
+                (out.sampled[0].id, out.logits.unwrap())
+            },
+            prompt,
+            n,
+        );
+        assert_eq!(&toks, want_toks, "greedy tokens differ from the single-device run ({})", p.describe());
+        for (step, (a, b)) in logits.iter().zip(want_logits).enumerate() {
+            assert_eq!(a.len(), b.len());
+            let d = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+            assert!(d <= 1e-4, "step {step}: logits differ by {d} ({})", p.describe());
+        }
+    }
+}
+
+#[test]
+fn in_process_stages_match_single_device() {
+    let mut cases = vec![(tiny(), vec![vec![(0, 1), (1, 2)]])];
+    if let Some(s) = smollm2() {
+        cases.push((s, vec![vec![(0, 13), (13, 30)], vec![(0, 10), (10, 20), (20, 30)]]));
+    }
+    for (path, splits) in cases {
+        let cfg = base_cfg(&path);
+        let want = single_reference(&path, &cfg, 6);
+        for split in splits {
+            let stages: Vec<_> = split.iter().map(|&(a, b)| (a, b, None)).collect();
+            let mut p = build(&pipeline_cfg(&cfg, &stages)).unwrap();
+            assert_eq!(p.depth(), split.len());
+            check_pipeline(&path, &mut p, &want, 6);
+        }
+    }
+}
+
+#[test]
+fn split_without_ranges_is_even_and_covers_every_layer() {
+    let cfg = EngineConfig { enable_pipeline_parallel: true, world_size: 2, ..base_cfg(&tiny()) };
+    let p = build(&cfg).unwrap();
+    let layers: Vec<_> = p.health.iter().map(|h| h.layers.clone()).collect();
+    assert_eq!(layers, vec![0..1, 1..2]);
+    assert_eq!(pipeline::split_layers(30, &[None, None, None]).unwrap(), vec![0..10, 10..20, 20..30]);
+    assert_eq!(pipeline::split_layers(30, &[Some(1 << 30), Some(2 << 30)]).unwrap(), vec![0..10, 10..30]);
+    // Unknown memory anywhere: even.
+    assert_eq!(pipeline::split_layers(7, &[Some(5), None]).unwrap(), vec![0..4, 4..7]);
+    // Every stage keeps at least one layer however skewed the memory.
+    assert_eq!(pipeline::split_layers(3, &[Some(1000), Some(1), Some(1)]).unwrap(), vec![0..1, 1..2, 2..3]);
+    assert!(pipeline::split_layers(2, &[None, None, None]).is_err());
+}
+
+fn build_err(cfg: &EngineConfig) -> String {
+    match build(cfg) {
+        Ok(_) => panic!("config {:?} was accepted", cfg.stages),
+        Err(e) => format!("{e:#}"),
+    }
+}
+
+#[test]
+fn bad_pipeline_configs_fail_naming_the_problem() {
+    let cfg = base_cfg(&tiny());
+    let ranges = |r: &[(usize, usize)]| pipeline_cfg(&cfg, &r.iter().map(|&(a, b)| (a, b, None)).collect::<Vec<_>>());
+    let cases: Vec<(EngineConfig, &str)> = vec![
+        (ranges(&[(0, 1), (2, 2)]), "stage_start_layer 2 must be below stage_end_layer 2"),
+        (ranges(&[(1, 2)]), "gap: layers 0..1 belong to no stage"),
+        (ranges(&[(0, 2), (1, 2)]), "overlap: layers 1..2 are in both stage 0 and stage 1"),
+        (ranges(&[(0, 1), (1, 3)]), "stage 1: stage_end_layer 3 is beyond the model's 2 layers"),
+        (ranges(&[(0, 1)]), "layers 1..2 belong to no stage"),
+        (
+            EngineConfig {
+                stages: vec![
+                    StageConfig { adapter: Some("no-such-adapter".into()), ..Default::default() },
+                    StageConfig::default(),
+                ],
+                ..ranges(&[(0, 1), (1, 2)])
+            },
+            "stage 0: no adapter matches 'no-such-adapter'",
+        ),
+        (EngineConfig { world_size: 3, ..base_cfg(&tiny()) }.with_pipeline(), "cannot split 2 layers into 3 stages"),
+    ];
+    for (c, want) in cases {
+        let e = build_err(&c);
+        assert!(e.contains(want), "error {e:?} does not say {want:?}");
+    }
+    // Config-level checks (what `serve --config` reports before loading anything).
+    let mut c = ranges(&[(0, 1), (1, 2)]);
+    c.world_size = 3;
+    assert!(c.validate().unwrap_err().to_string().contains("world_size is 3 but 2 stages are given"));
+    let mut c = ranges(&[(0, 1), (1, 2)]);
+    c.stages[1].stage_end_layer = None;
+    assert!(c.validate().unwrap_err().to_string().contains("stage 1: give both"));
+    let mut c = ranges(&[(0, 1), (1, 2)]);
+    c.stages[1].address = Some("127.0.0.1:1".into());
+    c.stages[1].adapter = Some("0".into());
+    assert!(c.validate().unwrap_err().to_string().contains("either address"));
+    let mut c = ranges(&[(0, 1), (1, 2)]);
+    c.enable_pipeline_parallel = false;
+    assert!(c.validate().is_err());
+    // A config file with an unknown stage key is refused by name.
+    let dir = std::env::temp_dir().join(format!("torus-pp-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let f = dir.join("bad.json");
+    std::fs::write(&f, r#"{"enable_pipeline_parallel": true, "world_size": 1, "stages": [{"adaptor": "0"}]}"#).unwrap();
+    let e = EngineConfig::from_file(&f).unwrap_err().to_string();
+    assert!(e.contains("adaptor"), "{e}");
+}
+
+trait WithPipeline {
+    fn with_pipeline(self) -> Self;
+}
+
+impl WithPipeline for EngineConfig {
+    fn with_pipeline(mut self) -> Self {
+        self.enable_pipeline_parallel = true;
+        self
+    }
+}
+
+fn greedy_req(prompt: &[u32], n: usize) -> Request {
+    Request {
+        prompt: prompt.to_vec(),
+        params: RequestParams {
+            stop: StopConditions { max_tokens: Some(n), ignore_eos: true, ..Default::default() },
+            ..Default::default()
+        },
+    }
+}
+
+/// Prompts with a shared 40-token prefix (prefix-cache hits) and distinct tails.
+fn engine_prompts(path: &Path) -> Vec<Vec<u32>> {
+    let base = prompts(path);
+    let shared: Vec<u32> = base.iter().flatten().cycle().take(40).copied().collect();
+    let mut v: Vec<Vec<u32>> = base.clone();
+    for (i, p) in base.iter().enumerate() {
+        let mut q = shared.clone();
+        q.extend(p);
+        q.push(p[i % p.len()]);
+        v.push(q);
+    }
+    v
+}
+
+fn run_concurrently(e: &EngineHandle, reqs: &[Request]) -> Vec<Vec<u32>> {
+    let streams: Vec<_> = reqs.iter().map(|r| e.submit(r.clone()).unwrap()).collect();
+    streams
+        .into_iter()
+        .map(|s| {
+            let c = s.collect_blocking();
+            assert!(matches!(c.reason, FinishReason::Length), "{:?}", c.reason);
+            c.ids
+        })
+        .collect()
+}
+
+fn single_engine_outputs(path: &Path, cfg: &EngineConfig, reqs: &[Request]) -> Vec<Vec<u32>> {
+    let gpu = Arc::new(Gpu::new(None).unwrap());
+    let (m, tok) = load_model(path, cfg, gpu, &|_, _| {}).unwrap();
+    let e = EngineHandle::start(m, tok, cfg);
+    let out = reqs.iter().map(|r| e.submit(r.clone()).unwrap().collect_blocking().ids).collect();
+    e.shutdown(false);
+    out
+}
+
+#[test]
+fn engine_over_in_process_pipeline_matches_single_device() {
+    let mut cases = vec![(tiny(), vec![(0, 1, None), (1, 2, None)], 24)];
+    if let Some(s) = smollm2() {
+        cases.push((s, vec![(0, 10, None), (10, 20, None), (20, 30, None)], 12));
+    }
+    for (path, stages, n) in cases {
+        let cfg = base_cfg(&path);
+        let reqs: Vec<Request> = engine_prompts(&path).iter().map(|p| greedy_req(p, n)).collect();
+        let want = single_engine_outputs(&path, &cfg, &reqs);
+        let pcfg = pipeline_cfg(&cfg, &stages);
+        let e = EngineHandle::start(build(&pcfg).unwrap(), load_tokenizer(&path).unwrap(), &pcfg);
+        // Twice: the second round hits the prefix cache the first one filled.
+        for round in 0..2 {
+            assert_eq!(run_concurrently(&e, &reqs), want, "round {round} over {} stages", stages.len());
+        }
+        let m = e.metrics.snapshot();
+        assert!(m.prefix_hits > 0, "prefix cache unused: {m:?}");
+        assert_eq!(m.kv_blocks_used, 0, "blocks leaked: {m:?}");
+        e.shutdown(false);
+    }
+}
+
+/// A `torus-wgpu worker` process, killed when dropped.
+struct WorkerProc {
+    child: Child,
+    addr: String,
+    cfg_file: PathBuf,
+}
+
+fn free_addr() -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().to_string()
+}
+
+impl WorkerProc {
+    fn start(cfg: &EngineConfig, layers: (usize, usize), addr: &str) -> WorkerProc {
+        let dir = std::env::temp_dir().join(format!("torus-pp-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let cfg_file = dir.join(format!("worker-{}.json", addr.replace([':', '.'], "_")));
+        let w = EngineConfig {
+            enable_pipeline_parallel: true,
+            world_size: 2,
+            pipeline_rank: usize::from(layers.0 > 0),
+            stage_start_layer: Some(layers.0),
+            stage_end_layer: Some(layers.1),
+            ..cfg.clone()
+        };
+        std::fs::write(&cfg_file, serde_json::to_string_pretty(&w).unwrap()).unwrap();
+        WorkerProc::spawn(cfg_file, addr)
+    }
+
+    fn spawn(cfg_file: PathBuf, addr: &str) -> WorkerProc {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_torus-wgpu"))
+            .args(["worker", "--config", cfg_file.to_str().unwrap(), "--listen", addr])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start the worker");
+        // Wait for "ready" on its stderr (the model loads and warms up first).
+        let (tx, rx) = std::sync::mpsc::channel();
+        let err = child.stderr.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(err).lines().map_while(Result::ok) {
+                eprintln!("[worker] {line}");
+                if line.contains("ready on") {
+                    let _ = tx.send(());
+                }
+            }
+        });
+        rx.recv_timeout(Duration::from_secs(300)).expect("the worker did not become ready");
+        WorkerProc { child, addr: addr.to_string(), cfg_file }
+    }
+
+    fn restart(mut self) -> WorkerProc {
+        self.kill();
+        let (f, a) = (self.cfg_file.clone(), self.addr.clone());
+        WorkerProc::spawn(f, &a)
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for WorkerProc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+#[test]
+fn worker_processes_match_single_device() {
+    // tiny-qwen2 as two workers; SmolLM2 as three stages, one here and two workers.
+    let path = tiny();
+    let cfg = base_cfg(&path);
+    let want = single_reference(&path, &cfg, 6);
+    let (a0, a1) = (free_addr(), free_addr());
+    let w0 = WorkerProc::start(&cfg, (0, 1), &a0);
+    let w1 = WorkerProc::start(&cfg, (1, 2), &a1);
+    let mut p = build(&pipeline_cfg(&cfg, &[(0, 1, Some(&a0)), (1, 2, Some(&a1))])).unwrap();
+    check_pipeline(&path, &mut p, &want, 6);
+    drop((p, w0, w1));
+
+    let Some(path) = smollm2() else { return };
+    let cfg = base_cfg(&path);
+    let want = single_reference(&path, &cfg, 6);
+    let (a1, a2) = (free_addr(), free_addr());
+    let _w1 = WorkerProc::start(&cfg, (10, 20), &a1);
+    let _w2 = WorkerProc::start(&cfg, (20, 30), &a2);
+    let pcfg = pipeline_cfg(&cfg, &[(0, 10, None), (10, 20, Some(&a1)), (20, 30, Some(&a2))]);
+    let mut p = build(&pcfg).unwrap();
+    check_pipeline(&path, &mut p, &want, 6);
+    drop(p);
+    // The engine with several requests in flight over the processes, prefix cache on.
+    let reqs: Vec<Request> = engine_prompts(&path).iter().map(|p| greedy_req(p, 8)).collect();
+    let want = single_engine_outputs(&path, &cfg, &reqs);
+    let e = EngineHandle::start(build(&pcfg).unwrap(), load_tokenizer(&path).unwrap(), &pcfg);
+    for round in 0..2 {
+        assert_eq!(run_concurrently(&e, &reqs), want, "round {round}");
+    }
+    assert!(e.metrics.snapshot().prefix_hits > 0);
+    e.shutdown(false);
+}
+
+/// Collects a request's output on a thread, failing the test if it takes longer than `limit`.
+fn collect_within(e: &EngineHandle, req: Request, limit: Duration) -> torus_wgpu::engine::Completion {
+    let s = e.submit(req).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(s.collect_blocking());
+    });
+    rx.recv_timeout(limit).expect("the request hung")
+}
+
+#[test]
+fn killed_and_restarted_workers() {
+    let path = tiny();
+    let cfg = base_cfg(&path);
+    let (a0, a1) = (free_addr(), free_addr());
+    let _w0 = WorkerProc::start(&cfg, (0, 1), &a0);
+    let mut w1 = WorkerProc::start(&cfg, (1, 2), &a1);
+    let pcfg = pipeline_cfg(&cfg, &[(0, 1, Some(&a0)), (1, 2, Some(&a1))]);
+    let e = EngineHandle::start(build(&pcfg).unwrap(), load_tokenizer(&path).unwrap(), &pcfg);
+    let prompt = prompts(&path)[1].clone();
+    let want = single_engine_outputs(&path, &cfg, &[greedy_req(&prompt, 40)]).remove(0);
+    let limit = Duration::from_secs(120);
+    assert_eq!(collect_within(&e, greedy_req(&prompt, 40), limit).ids, want);
+
+    // Killed mid-request: the request fails naming the stage, the stage is reported down.
+    let mut s = e.submit(greedy_req(&prompt, 240)).unwrap();
+    for _ in 0..3 {
+        assert!(matches!(s.next_blocking(), Some(torus_wgpu::engine::Event::Token { .. })));
+    }
+    w1.kill();
+    let t0 = Instant::now();
+    let reason = loop {
+        match s.next_blocking() {
+            Some(torus_wgpu::engine::Event::Done { reason, .. }) => break reason,
+            Some(_) => assert!(t0.elapsed() < limit, "still streaming after the worker died"),
+            None => panic!("stream ended without Done"),
+        }
+    };
+    match &reason {
+        FinishReason::Error(m) => assert!(m.contains("stage 1") && m.contains(&a1), "unclear error: {m}"),
+        r => panic!("expected an error, got {r:?}"),
+    }
+    let stages = e.stages.clone().unwrap();
+    assert!(stages[1].get().is_err() && stages[0].get().is_ok());
+    // While it is down, requests fail at once with the same kind of error.
+    let c = collect_within(&e, greedy_req(&prompt, 4), limit);
+    assert!(matches!(&c.reason, FinishReason::Error(m) if m.contains("stage 1")), "{:?}", c.reason);
+    assert_eq!(e.metrics.snapshot().kv_blocks_used, 0);
+
+    // Restarted: picked up again, correct output.
+    w1 = w1.restart();
+    assert_eq!(collect_within(&e, greedy_req(&prompt, 40), limit).ids, want);
+    assert!(stages[1].get().is_ok());
+
+    // Restarted while idle (the scheduler's view of its cache is stale): the worker refuses
+    // the step, the engine recomputes, the request still succeeds.
+    let _w1 = w1.restart();
+    let c = collect_within(&e, greedy_req(&prompt, 40), limit);
+    assert_eq!(c.ids, want, "{:?}", c.reason);
+    // A worker serving other layers than the config says is refused by name.
+    let a2 = free_addr();
+    let _wrong = WorkerProc::start(&cfg, (0, 1), &a2);
+    let bad = pipeline_cfg(&cfg, &[(0, 1, Some(&a0)), (1, 2, Some(&a2))]);
+    let e2 = EngineHandle::start(build(&bad).unwrap(), load_tokenizer(&path).unwrap(), &bad);
+    let c = collect_within(&e2, greedy_req(&prompt, 4), limit);
+    assert!(matches!(&c.reason, FinishReason::Error(m) if m.contains("serves layers 0..1")), "{:?}", c.reason);
+    e2.shutdown(false);
+    e.shutdown(false);
+}
+
+#[test]
+fn a_worker_down_at_start_does_not_stop_the_scheduler() {
+    let path = tiny();
+    let cfg = base_cfg(&path);
+    let (a0, a1) = (free_addr(), free_addr());
+    let _w0 = WorkerProc::start(&cfg, (0, 1), &a0);
+    let pcfg = pipeline_cfg(&cfg, &[(0, 1, Some(&a0)), (1, 2, Some(&a1))]);
+    // Builds without reaching stage 1.
+    let e = EngineHandle::start(build(&pcfg).unwrap(), load_tokenizer(&path).unwrap(), &pcfg);
+    let prompt = prompts(&path)[0].clone();
+    let c = collect_within(&e, greedy_req(&prompt, 4), Duration::from_secs(60));
+    assert!(matches!(&c.reason, FinishReason::Error(m) if m.contains("stage 1")), "{:?}", c.reason);
+    let _w1 = WorkerProc::start(&cfg, (1, 2), &a1);
+    let want = single_engine_outputs(&path, &cfg, &[greedy_req(&prompt, 12)]).remove(0);
+    assert_eq!(collect_within(&e, greedy_req(&prompt, 12), Duration::from_secs(60)).ids, want);
+    e.shutdown(false);
+}
+
+#[test]
+fn health_names_a_missing_stage() {
+    let path = tiny();
+    let cfg = base_cfg(&path);
+    let (a0, a1) = (free_addr(), free_addr());
+    let _w0 = WorkerProc::start(&cfg, (0, 1), &a0);
+    let pcfg = pipeline_cfg(&cfg, &[(0, 1, Some(&a0)), (1, 2, Some(&a1))]);
+    let e = EngineHandle::start(build(&pcfg).unwrap(), load_tokenizer(&path).unwrap(), &pcfg);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (srv, base) = rt.block_on(async {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let srv = torus_wgpu::server::start(l, torus_wgpu::server::ServerConfig::new("tiny", &pcfg), Some(e)).unwrap();
+        let base = format!("http://{}", srv.addr);
+        (srv, base)
+    });
+    let health = |rt: &tokio::runtime::Runtime| {
+        rt.block_on(async {
+            let r = reqwest::get(format!("{base}/health")).await.unwrap();
+            (r.status().as_u16(), r.json::<serde_json::Value>().await.unwrap())
+        })
+    };
+    let (status, body) = health(&rt);
+    assert_eq!(status, 503, "{body}");
+    let msg = body["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("pipeline stage 1") && msg.contains(&a1), "{msg}");
+    assert_eq!(body["stages"][0]["ok"], true);
+    assert_eq!(body["stages"][1]["ok"], false);
+    let _w1 = WorkerProc::start(&cfg, (1, 2), &a1);
+    let (status, body) = health(&rt);
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["stages"].as_array().unwrap().len(), 2);
+    rt.block_on(srv.shutdown());
+}
