@@ -437,7 +437,7 @@ fn killed_and_restarted_workers() {
     assert_eq!(collect_within(&e, greedy_req(&prompt, 40), limit).ids, want);
 
     // Killed mid-request: the request fails naming the stage, the stage is reported down.
-    let mut s = e.submit(greedy_req(&prompt, 240)).unwrap();
+    let mut s = e.submit(greedy_req(&prompt, 256 - prompt.len() - 1)).unwrap();
     for _ in 0..3 {
         assert!(matches!(s.next_blocking(), Some(torus_wgpu::engine::Event::Token { .. })));
     }
@@ -469,8 +469,12 @@ fn killed_and_restarted_workers() {
     // Restarted while idle (the scheduler's view of its cache is stale): the worker refuses
     // the step, the engine recomputes, the request still succeeds.
     let _w1 = w1.restart();
+    let failures = e.metrics.snapshot().stage_failures;
     let c = collect_within(&e, greedy_req(&prompt, 40), limit);
     assert_eq!(c.ids, want, "{:?}", c.reason);
+    let m = e.metrics.snapshot();
+    assert_eq!(m.stage_failures, failures + 1, "the restart went unnoticed: {m:?}");
+    assert!(m.preemptions >= 1, "the request was not recomputed: {m:?}");
     // A worker serving other layers than the config says is refused by name.
     let a2 = free_addr();
     let _wrong = WorkerProc::start(&cfg, (0, 1), &a2);

@@ -82,6 +82,7 @@ pub struct RemoteStage {
     addr: String,
     want: Expect,
     rt: tokio::runtime::Runtime,
+    ep: Endpoint,
     client: StageClient<Channel>,
     /// The worker instance whose KV cache the block tables describe (0 = connect and adopt).
     instance: u64,
@@ -105,13 +106,20 @@ impl RemoteStage {
             .map_err(|e| anyhow!("stage {}: bad worker address {addr:?}: {e}", want.stage))?
             .connect_timeout(Duration::from_secs(3))
             .timeout(Duration::from_secs(600));
+        let client = Self::client_for(&rt, &ep);
+        Ok(RemoteStage { addr: addr.to_string(), want, rt, ep, client, instance: 0 })
+    }
+
+    fn client_for(rt: &tokio::runtime::Runtime, ep: &Endpoint) -> StageClient<Channel> {
         let channel = {
             let _g = rt.enter();
             ep.connect_lazy()
         };
-        let client =
-            StageClient::new(channel).max_decoding_message_size(MAX_MESSAGE).max_encoding_message_size(MAX_MESSAGE);
-        Ok(RemoteStage { addr: addr.to_string(), want, rt, client, instance: 0 })
+        StageClient::new(channel).max_decoding_message_size(MAX_MESSAGE).max_encoding_message_size(MAX_MESSAGE)
+    }
+
+    fn new_client(&self) -> StageClient<Channel> {
+        Self::client_for(&self.rt, &self.ep)
     }
 
     fn fail(&mut self, restarted: bool, message: String) -> anyhow::Error {
@@ -141,7 +149,16 @@ impl StageExec for RemoteStage {
         let n = s.tokens.len();
         let req = step_request(s, self.instance, hidden.map(|h| tensor(vec![n, self.want.hidden], h)), want_logits);
         let mut c = self.client.clone();
-        let reply = match self.rt.block_on(c.step(req)) {
+        let mut r = self.rt.block_on(c.step(req.clone()));
+        if matches!(&r, Err(st) if matches!(st.code(), tonic::Code::Unavailable | tonic::Code::Unknown)) {
+            // A connection that broke while idle (the worker restarted) fails its next request:
+            // retry once on a fresh connection. Steps are idempotent (same KV writes, same
+            // draws), and a restarted worker refuses the retry by its instance id.
+            self.client = self.new_client();
+            let mut c = self.client.clone();
+            r = self.rt.block_on(c.step(req));
+        }
+        let reply = match r {
             Ok(r) => r.into_inner(),
             Err(st) if st.code() == tonic::Code::FailedPrecondition => return Err(self.fail(true, status_text(&st))),
             Err(st) => return Err(self.fail(false, status_text(&st))),
