@@ -3,6 +3,7 @@
 //!   mapped buffer on device A, read it, write it to device B and wait), reported per byte;
 //! - `step/S stages/T tokens`: one forward step of SmolLM2 split into S in-process stages (each
 //!   its own device) against the single-device step.
+//!
 //! Run: cargo bench --bench pipeline
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};

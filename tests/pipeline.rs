@@ -10,7 +10,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use torus_wgpu::config::{EngineConfig, StageConfig};
-use torus_wgpu::engine::{load_model, load_tokenizer, EngineHandle, FinishReason, Request, RequestParams, StopConditions};
+use torus_wgpu::engine::{
+    load_model, load_tokenizer, EngineHandle, FinishReason, Request, RequestParams, StopConditions,
+};
 use torus_wgpu::gpu::Gpu;
 use torus_wgpu::model::forward::{SampleParams, StepInput};
 use torus_wgpu::pipeline::{self, Pipeline};
@@ -74,11 +76,7 @@ fn prompts(path: &Path) -> Vec<Vec<u32>> {
 
 /// Greedy generation of `n` tokens through `step` (one sequence, blocks 0.. in order), with the
 /// logits of every sampled position.
-fn greedy(
-    step: &mut dyn FnMut(&StepInput) -> (u32, Vec<f32>),
-    prompt: &[u32],
-    n: usize,
-) -> (Vec<u32>, Vec<Vec<f32>>) {
+fn greedy(step: &mut dyn FnMut(&StepInput) -> (u32, Vec<f32>), prompt: &[u32], n: usize) -> (Vec<u32>, Vec<Vec<f32>>) {
     let table: Vec<u32> = (0..16).collect();
     let (mut toks, mut logits) = (vec![], vec![]);
     let mut input = prompt.to_vec();

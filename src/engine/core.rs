@@ -361,9 +361,7 @@ impl EngineCore {
             }
             let remaining = s.tokens.len() - s.computed;
             let decode = remaining == 1;
-            if (decode && n_decode >= decode_cap)
-                || (!decode && n_prefill >= self.cfg.max_prefill_batch_size)
-            {
+            if (decode && n_decode >= decode_cap) || (!decode && n_prefill >= self.cfg.max_prefill_batch_size) {
                 i += 1;
                 continue;
             }

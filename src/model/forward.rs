@@ -455,11 +455,8 @@ impl Model {
         let (align, win_stride) = (g.device.limits().min_uniform_buffer_offset_alignment, window_stride(g));
         let windows = g.uniform_init("windows", bytemuck::cast_slice(&window_entries(t_max + 1, win_stride)));
         let tied = host.lm_head.is_none();
-        let embed = if first || (last && tied) {
-            Some(GpuMatrix::upload(g, "embed", &host.embed, None, mb)?)
-        } else {
-            None
-        };
+        let embed =
+            if first || (last && tied) { Some(GpuMatrix::upload(g, "embed", &host.embed, None, mb)?) } else { None };
         let kb_h = (cfg.hidden / 32) as u32;
         for c in embed.iter().filter(|_| first).flat_map(|e| &e.chunks) {
             let p = uni(&[kb_h, c.rows as u32, c.row0 as u32, 0]);
@@ -574,7 +571,14 @@ impl Model {
                 bind_u: None,
                 bind: kernels.norm_family.bind(
                     g,
-                    &[(0, &step_buf), (1, &final_p), (2, &hidden), (3, &final_norm), (4, &meta_buf), (5, &final_normed)],
+                    &[
+                        (0, &step_buf),
+                        (1, &final_p),
+                        (2, &hidden),
+                        (3, &final_norm),
+                        (4, &meta_buf),
+                        (5, &final_normed),
+                    ],
                 ),
             });
             let lm = match (&host.lm_head, embed) {
@@ -703,7 +707,9 @@ impl Model {
         match (self.is_first(), hidden) {
             (true, None) => {}
             (false, Some(h)) if h.len() == want => self.gpu.queue.write_buffer(&self.hidden, 0, h),
-            (false, Some(h)) => bail!("hidden states of {} bytes, expected {want} ({} tokens)", h.len(), s.tokens.len()),
+            (false, Some(h)) => {
+                bail!("hidden states of {} bytes, expected {want} ({} tokens)", h.len(), s.tokens.len())
+            }
             (false, None) => bail!("stage {:?} needs the previous stage's hidden states", self.layers),
             (true, Some(_)) => bail!("the first stage embeds tokens itself; it takes no hidden states"),
         }
@@ -827,7 +833,11 @@ impl Model {
         let bytes = g.read_mapped(&self.readback, len)?;
         let words: &[u32] = bytemuck::cast_slice(&bytes);
         Ok(StageOutput::Sampled(
-            s.sampling.iter().enumerate().map(|(i, p)| Sampled::parse(&words[i * SAMPLE_RESULT_STRIDE..], p.n_top)).collect(),
+            s.sampling
+                .iter()
+                .enumerate()
+                .map(|(i, p)| Sampled::parse(&words[i * SAMPLE_RESULT_STRIDE..], p.n_top))
+                .collect(),
         ))
     }
 

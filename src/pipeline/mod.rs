@@ -86,13 +86,26 @@ pub struct StepOutput {
 
 /// One stage, local or remote.
 pub trait StageExec: Send {
-    fn run(&mut self, s: &StepInput, hidden: Option<Vec<u8>>, want_logits: bool) -> Result<(StageOutput, Option<Vec<f32>>)>;
+    fn run(
+        &mut self,
+        s: &StepInput,
+        hidden: Option<Vec<u8>>,
+        want_logits: bool,
+    ) -> Result<(StageOutput, Option<Vec<f32>>)>;
 }
+
+/// A stage with its health entry.
+pub type Stage = (Box<dyn StageExec>, Arc<StageHealth>);
 
 struct LocalStage(Model);
 
 impl StageExec for LocalStage {
-    fn run(&mut self, s: &StepInput, hidden: Option<Vec<u8>>, want_logits: bool) -> Result<(StageOutput, Option<Vec<f32>>)> {
+    fn run(
+        &mut self,
+        s: &StepInput,
+        hidden: Option<Vec<u8>>,
+        want_logits: bool,
+    ) -> Result<(StageOutput, Option<Vec<f32>>)> {
         let out = self.0.run(s, hidden.as_deref())?;
         let logits = match (&out, want_logits) {
             (StageOutput::Sampled(r), true) => Some(self.0.last_logits(r.len())?),
@@ -131,12 +144,7 @@ pub struct Pipeline {
 
 impl Pipeline {
     /// Starts one thread per stage. `stages` are in layer order with their health entries.
-    pub fn new(
-        stages: Vec<(Box<dyn StageExec>, Arc<StageHealth>)>,
-        limits: StepLimits,
-        num_blocks: usize,
-        vocab: usize,
-    ) -> Result<Pipeline> {
+    pub fn new(stages: Vec<Stage>, limits: StepLimits, num_blocks: usize, vocab: usize) -> Result<Pipeline> {
         if stages.is_empty() {
             bail!("a pipeline needs at least one stage");
         }
@@ -168,7 +176,8 @@ impl Pipeline {
                                     Ok(f) => f.into(),
                                     Err(e) => {
                                         let message = format!("{e:#}");
-                                        StageFailure { stage: i, name: h.name.clone(), restarted: false, message }.into()
+                                        StageFailure { stage: i, name: h.name.clone(), restarted: false, message }
+                                            .into()
                                     }
                                 });
                             }
@@ -189,19 +198,9 @@ impl Pipeline {
             threads.push(t);
         }
         drop(next_rx);
-        Ok(Pipeline {
-            tx: Some(tx),
-            rx,
-            threads,
-            health: Arc::new(health),
-            limits,
-            num_blocks,
-            vocab,
-            in_flight: 0,
-        })
+        Ok(Pipeline { tx: Some(tx), rx, threads, health: Arc::new(health), limits, num_blocks, vocab, in_flight: 0 })
     }
 }
-
 
 impl Pipeline {
     pub fn depth(&self) -> usize {
@@ -357,7 +356,11 @@ pub fn check_ranges(ranges: &[Range<usize>], total: usize) -> Result<()> {
             bail!("stage {i}: stage_end_layer {} is beyond the model's {total} layers", r.end);
         }
         if r.start > expect {
-            let prev = if i == 0 { "the model starts at layer 0".to_string() } else { format!("stage {} ends at layer {expect}", i - 1) };
+            let prev = if i == 0 {
+                "the model starts at layer 0".to_string()
+            } else {
+                format!("stage {} ends at layer {expect}", i - 1)
+            };
             bail!("gap: layers {expect}..{} belong to no stage ({prev}, stage {i} starts at {})", r.start, r.start);
         }
         if r.start < expect {
@@ -459,7 +462,7 @@ pub fn build(
     let any_local = stages.iter().any(|s| s.address.is_none());
     let host = if any_local { Some(HostModel::load(path, progress)?) } else { None };
     let mut num_blocks = kv_blocks(&mcfg, &limits);
-    let mut local: Vec<Option<(Box<dyn StageExec>, Arc<StageHealth>)>> = Vec::new();
+    let mut local: Vec<Option<Stage>> = Vec::new();
     for (i, (st, range)) in stages.iter().zip(&ranges).enumerate() {
         let Some(host) = host.as_ref().filter(|_| st.address.is_none()) else {
             local.push(None);
@@ -477,7 +480,7 @@ pub fn build(
     if num_blocks == 0 {
         bail!("total_cache_size {} holds no KV block; raise it", cfg.total_cache_size);
     }
-    let mut built: Vec<(Box<dyn StageExec>, Arc<StageHealth>)> = Vec::new();
+    let mut built: Vec<Stage> = Vec::new();
     for (i, ((st, range), l)) in stages.iter().zip(&ranges).zip(local).enumerate() {
         if let Some(l) = l {
             built.push(l);

@@ -142,7 +142,12 @@ impl RemoteStage {
 }
 
 impl StageExec for RemoteStage {
-    fn run(&mut self, s: &StepInput, hidden: Option<Vec<u8>>, want_logits: bool) -> Result<(StageOutput, Option<Vec<f32>>)> {
+    fn run(
+        &mut self,
+        s: &StepInput,
+        hidden: Option<Vec<u8>>,
+        want_logits: bool,
+    ) -> Result<(StageOutput, Option<Vec<f32>>)> {
         if self.instance == 0 {
             self.connect()?;
         }
@@ -165,8 +170,12 @@ impl StageExec for RemoteStage {
         };
         let last = self.want.layers.end == self.want.total_layers;
         if !last {
-            let Some(h) = reply.hidden else { return Err(self.fail(false, "the worker returned no hidden states".into())) };
-            if h.dtype != "f32" || h.shape != [n as u64, self.want.hidden as u64] || h.data.len() != n * self.want.hidden * 4
+            let Some(h) = reply.hidden else {
+                return Err(self.fail(false, "the worker returned no hidden states".into()));
+            };
+            if h.dtype != "f32"
+                || h.shape != [n as u64, self.want.hidden as u64]
+                || h.data.len() != n * self.want.hidden * 4
             {
                 return Err(self.fail(false, format!("the worker returned hidden states {:?} {}", h.shape, h.dtype)));
             }
@@ -178,7 +187,11 @@ impl StageExec for RemoteStage {
         let sampled = reply
             .sampled
             .into_iter()
-            .map(|r| Sampled { id: r.id, logprob: r.logprob, top: r.top.into_iter().map(|t| (t.id, t.logprob)).collect() })
+            .map(|r| Sampled {
+                id: r.id,
+                logprob: r.logprob,
+                top: r.top.into_iter().map(|t| (t.id, t.logprob)).collect(),
+            })
             .collect();
         let logits = reply.logits.map(|t| bytemuck::pod_collect_to_vec::<u8, f32>(&t.data));
         Ok((StageOutput::Sampled(sampled), logits))
@@ -294,7 +307,9 @@ impl stage_server::Stage for Worker {
                 Some(t.data.clone())
             }
             (None, false) => return Err(tonic::Status::invalid_argument("this stage needs hidden states")),
-            (Some(_), true) => return Err(tonic::Status::invalid_argument("the first stage takes tokens, not hidden states")),
+            (Some(_), true) => {
+                return Err(tonic::Status::invalid_argument("the first stage takes tokens, not hidden states"))
+            }
         };
         let model = self.model.clone();
         let r = tokio::task::spawn_blocking(move || -> Result<proto::StepReply> {
@@ -302,9 +317,10 @@ impl stage_server::Stage for Worker {
             let input = step_input(&req);
             let out = m.run(&input, hidden.as_deref())?;
             Ok(match out {
-                StageOutput::Hidden(h) => {
-                    proto::StepReply { hidden: Some(tensor(vec![input.tokens.len(), m.cfg.hidden], h)), ..Default::default() }
-                }
+                StageOutput::Hidden(h) => proto::StepReply {
+                    hidden: Some(tensor(vec![input.tokens.len(), m.cfg.hidden], h)),
+                    ..Default::default()
+                },
                 StageOutput::Sampled(rows) => {
                     let logits = if req.want_logits {
                         let l = m.last_logits(rows.len())?;
@@ -339,7 +355,9 @@ pub fn worker_layers(cfg: &EngineConfig, total: usize) -> Result<Range<usize>> {
     match (cfg.stage_start_layer, cfg.stage_end_layer) {
         (Some(a), Some(b)) => {
             if a >= b || b > total {
-                bail!("stage_start_layer..stage_end_layer = {a}..{b} is not a layer range of the model's {total} layers");
+                bail!(
+                    "stage_start_layer..stage_end_layer = {a}..{b} is not a layer range of the model's {total} layers"
+                );
             }
             Ok(a..b)
         }

@@ -283,7 +283,10 @@ async fn health(State(st): State<Arc<AppState>>) -> Response {
             None => h.get(),
         };
         if let Err(e) = &r {
-            down.push(format!("pipeline stage {} ({}, layers {}..{}): {e}", h.stage, h.name, h.layers.start, h.layers.end));
+            down.push(format!(
+                "pipeline stage {} ({}, layers {}..{}): {e}",
+                h.stage, h.name, h.layers.start, h.layers.end
+            ));
         }
         list.push(json!({
             "stage": h.stage,
