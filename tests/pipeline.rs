@@ -307,6 +307,46 @@ fn engine_over_in_process_pipeline_matches_single_device() {
     }
 }
 
+#[test]
+fn pipelined_chunked_prefill_and_preemption_match_single_device() {
+    // A 16-token budget splits every prompt into chunks that follow each other through the
+    // stages; a 14-block pool forces preemption while other steps are in flight.
+    let path = tiny();
+    let cfg = base_cfg(&path);
+    let reqs: Vec<Request> = engine_prompts(&path).iter().map(|p| greedy_req(p, 24)).collect();
+    let want = single_engine_outputs(&path, &cfg, &reqs);
+    for (budget, blocks) in [(16, 0), (128, 14), (16, 14)] {
+        let mut pcfg = pipeline_cfg(&cfg, &[(0, 1, None), (1, 2, None)]);
+        pcfg.max_num_batched_tokens = budget;
+        if blocks > 0 {
+            // 14 blocks x 16 tokens x 32 kv floats x 4 bytes x (K, V) x 2 layers.
+            pcfg.total_cache_size = 14 * 8192;
+        }
+        let e = EngineHandle::start(build(&pcfg).unwrap(), load_tokenizer(&path).unwrap(), &pcfg);
+        if blocks > 0 {
+            assert_eq!(e.info.num_blocks, blocks);
+        }
+        assert_eq!(run_concurrently(&e, &reqs), want, "budget {budget}, {blocks} blocks");
+        let m = e.metrics.snapshot();
+        assert!(m.steps_overlapped > 0, "no two steps were ever in flight together: {m:?}");
+        if blocks > 0 {
+            assert!(m.preemptions > 0, "no preemption happened: {m:?}");
+        }
+        assert_eq!(m.kv_blocks_used, 0, "blocks leaked: {m:?}");
+        e.shutdown(false);
+    }
+    // One long prompt alone: its chunks follow each other through the stages.
+    let mut pcfg = pipeline_cfg(&cfg, &[(0, 1, None), (1, 2, None)]);
+    pcfg.max_num_batched_tokens = 16;
+    let e = EngineHandle::start(build(&pcfg).unwrap(), load_tokenizer(&path).unwrap(), &pcfg);
+    let long = reqs.iter().max_by_key(|r| r.prompt.len()).unwrap().clone();
+    let i = reqs.iter().position(|r| r.prompt == long.prompt).unwrap();
+    assert_eq!(run_concurrently(&e, &[long.clone()]), vec![want[i].clone()]);
+    let m = e.metrics.snapshot();
+    assert!(m.steps_overlapped >= (long.prompt.len() / 16 - 1) as u64, "prefill chunks did not overlap: {m:?}");
+    e.shutdown(false);
+}
+
 /// A `torus-wgpu worker` process, killed when dropped.
 struct WorkerProc {
     child: Child,
@@ -534,4 +574,29 @@ fn health_names_a_missing_stage() {
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["stages"].as_array().unwrap().len(), 2);
     rt.block_on(srv.shutdown());
+}
+
+#[test]
+fn shipped_configs_parse_and_pipeline_ones_cover_the_default_model() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("configs");
+    let mut pipelines = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_none_or(|e| e != "json") {
+            continue;
+        }
+        let cfg = EngineConfig::from_file(&path).unwrap_or_else(|e| panic!("{e:#}"));
+        if !cfg.stages.is_empty() {
+            pipelines += 1;
+            // SmolLM2-135M has 30 layers.
+            let ranges =
+                pipeline::stage_ranges(&cfg.stages, 30).unwrap_or_else(|e| panic!("{}: {e:#}", path.display()));
+            assert_eq!(ranges.len(), cfg.world_size);
+        } else if cfg.enable_pipeline_parallel {
+            // A worker: its range lies inside the model.
+            let r = torus_wgpu::pipeline::remote::worker_layers(&cfg, 30).unwrap();
+            assert!(r.end <= 30 && r.start < r.end, "{}", path.display());
+        }
+    }
+    assert!(pipelines >= 2, "the in-process and scheduler examples are missing");
 }

@@ -15,7 +15,7 @@ use crate::model::forward::{Adjust, SampleParams, Sampled, StepInput};
 use crate::pipeline::{Executor, StageFailure, StepResult};
 use crate::sampling::Rng;
 use crate::tokenizer::{IncrementalDecoder, Tokenizer};
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use tokio::sync::mpsc::UnboundedSender;
@@ -51,6 +51,9 @@ struct Seq {
     prompt_len: usize,
     /// Tokens whose K/V are in the cache.
     computed: usize,
+    /// Tokens submitted in steps (>= computed): later prompt chunks may be submitted while
+    /// earlier ones are still in the pipeline, as each stage runs its steps in order.
+    scheduled: usize,
     table: Vec<BlockId>,
     /// Prefix-cache keys of the table's full blocks, in order.
     keys: Vec<u64>,
@@ -129,8 +132,8 @@ struct InFlight {
 pub(crate) struct EngineCore {
     exec: Executor,
     in_flight: VecDeque<InFlight>,
-    /// Sequences in a step in flight.
-    busy: HashSet<u64>,
+    /// Sequences in steps in flight, with how many steps each.
+    busy: HashMap<u64, usize>,
     next_step: u64,
     epoch: u64,
     tok: Arc<Tokenizer>,
@@ -170,7 +173,7 @@ impl EngineCore {
         let core = EngineCore {
             exec,
             in_flight: VecDeque::new(),
-            busy: HashSet::new(),
+            busy: HashMap::new(),
             next_step: 0,
             epoch: 0,
             tok,
@@ -265,6 +268,7 @@ impl EngineCore {
                     tokens: req.prompt,
                     prompt_len,
                     computed: 0,
+                    scheduled: 0,
                     table: vec![],
                     keys: vec![],
                     params: req.params,
@@ -336,6 +340,7 @@ impl EngineCore {
         s.table.clear();
         s.keys.clear();
         s.computed = 0;
+        s.scheduled = 0;
         self.metrics.preemptions.fetch_add(1, Relaxed);
         self.waiting.push_front(s);
     }
@@ -348,49 +353,51 @@ impl EngineCore {
         let (mut n_decode, mut n_prefill) = (0, 0);
         // With steps still to submit before the pipeline is full, leave running sequences for them.
         let slots_left = self.exec.depth().saturating_sub(self.in_flight.len()).max(1);
-        let idle = self.running.iter().filter(|s| !self.busy.contains(&s.id)).count();
+        let idle = self.running.iter().filter(|s| !self.busy.contains_key(&s.id)).count();
         let decode_cap = self.cfg.max_decode_batch_size.min(idle.div_ceil(slots_left).max(1));
 
         // Running sequences, oldest first: decode tokens and continuing prefill chunks.
         let mut i = 0;
         while i < self.running.len() && budget > 0 && plan.len() < max_seqs {
             let s = &self.running[i];
-            if self.busy.contains(&s.id) {
+            // In flight with its last token (it samples): wait for that result.
+            let remaining = s.tokens.len() - s.scheduled;
+            if remaining == 0 {
                 i += 1;
                 continue;
             }
-            let remaining = s.tokens.len() - s.computed;
-            let decode = remaining == 1;
+            let decode = remaining == 1 && s.computed == s.scheduled;
             if (decode && n_decode >= decode_cap) || (!decode && n_prefill >= self.cfg.max_prefill_batch_size) {
                 i += 1;
                 continue;
             }
             let len = remaining.min(budget);
-            let need = (s.computed + len).div_ceil(bs);
-            let mut preempted_self = false;
+            let need = (s.scheduled + len).div_ceil(bs);
+            let mut stop = false;
             while self.running[i].table.len() < need {
                 match self.bm.allocate() {
                     Some(b) => self.running[i].table.push(b),
                     None => {
                         // Out of blocks: preempt the most recently admitted sequence that is
-                        // not in flight (at worst this one; planned ones are older).
-                        let victim = (i..self.running.len())
-                            .rev()
-                            .find(|&v| !self.busy.contains(&self.running[v].id))
-                            .unwrap_or(i);
-                        self.preempt(victim);
-                        if victim == i {
-                            preempted_self = true;
+                        // not in flight (perhaps this one; planned ones are older). When all
+                        // from here on are in flight, wait for their results.
+                        let victim =
+                            (i..self.running.len()).rev().find(|&v| !self.busy.contains_key(&self.running[v].id));
+                        if let Some(v) = victim {
+                            self.preempt(v);
+                        }
+                        if victim.is_none_or(|v| v == i) {
+                            stop = true;
                             break;
                         }
                     }
                 }
             }
-            if preempted_self {
+            if stop {
                 break;
             }
             let s = &self.running[i];
-            plan.push(Planned { id: s.id, start: s.computed, len });
+            plan.push(Planned { id: s.id, start: s.scheduled, len });
             budget -= len;
             if decode {
                 n_decode += 1;
@@ -419,6 +426,7 @@ impl EngineCore {
             }
             s.keys = keys;
             s.computed = computed;
+            s.scheduled = computed;
             s.cached_tokens.get_or_insert(computed.min(s.prompt_len));
             self.clock += 1;
             s.admitted = self.clock;
@@ -449,7 +457,11 @@ impl EngineCore {
                 input.sampling.push(s.sample_params());
                 sampled.push(p.id);
             }
-            self.busy.insert(p.id);
+            s.scheduled = p.start + p.len;
+            *self.busy.entry(p.id).or_insert(0) += 1;
+        }
+        if !self.in_flight.is_empty() {
+            self.metrics.steps_overlapped.fetch_add(1, Relaxed);
         }
         self.next_step += 1;
         let id = self.next_step;
@@ -462,7 +474,12 @@ impl EngineCore {
         let Some(step) = self.in_flight.pop_front() else { return };
         debug_assert_eq!(step.id, r.id, "steps finish in submission order");
         for p in &step.plan {
-            self.busy.remove(&p.id);
+            if let Some(n) = self.busy.get_mut(&p.id) {
+                *n -= 1;
+                if *n == 0 {
+                    self.busy.remove(&p.id);
+                }
+            }
         }
         if step.epoch != self.epoch {
             // Submitted before a stage failure: its sequences were already failed or requeued.
@@ -538,6 +555,7 @@ impl EngineCore {
                 s.table.clear();
                 s.keys.clear();
                 s.computed = 0;
+                s.scheduled = 0;
                 self.metrics.preemptions.fetch_add(1, Relaxed);
                 self.waiting.push_front(s);
             }

@@ -20,6 +20,8 @@ pub struct EngineMetrics {
     pub requests_failed: AtomicU64,
     /// Pipeline stage failures (worker down or restarted).
     pub stage_failures: AtomicU64,
+    /// Steps submitted while another was still in flight (pipeline overlap).
+    pub steps_overlapped: AtomicU64,
 }
 
 /// A plain copy of the counters at one moment.
@@ -40,6 +42,7 @@ pub struct MetricsSnapshot {
     pub requests_aborted: u64,
     pub requests_failed: u64,
     pub stage_failures: u64,
+    pub steps_overlapped: u64,
 }
 
 impl EngineMetrics {
@@ -60,6 +63,7 @@ impl EngineMetrics {
             requests_aborted: self.requests_aborted.load(Relaxed),
             requests_failed: self.requests_failed.load(Relaxed),
             stage_failures: self.stage_failures.load(Relaxed),
+            steps_overlapped: self.steps_overlapped.load(Relaxed),
         }
     }
 }

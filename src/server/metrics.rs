@@ -213,6 +213,12 @@ impl ServerMetrics {
                 "Pipeline stage failures (a worker down or restarted).",
                 m.stage_failures.to_string(),
             );
+            metric(
+                "torus_pipeline_overlapped_steps_total",
+                "counter",
+                "Steps submitted while another step was still in the pipeline.",
+                m.steps_overlapped.to_string(),
+            );
             let _ = writeln!(
                 out,
                 "# HELP torus_engine_requests_total Sequences the engine ended, by outcome.\n\
