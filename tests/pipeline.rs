@@ -418,7 +418,8 @@ impl Drop for WorkerProc {
 
 #[test]
 fn worker_processes_match_single_device() {
-    // tiny-qwen2 as two workers; SmolLM2 as three stages, one here and two workers.
+    // tiny-qwen2 as two workers; SmolLM2 as two workers, and as three stages (two here, one
+    // worker).
     let path = tiny();
     let cfg = base_cfg(&path);
     let want = single_reference(&path, &cfg, 6);
@@ -432,17 +433,20 @@ fn worker_processes_match_single_device() {
     let Some(path) = smollm2() else { return };
     let cfg = base_cfg(&path);
     let want = single_reference(&path, &cfg, 6);
-    let (a1, a2) = (free_addr(), free_addr());
-    let _w1 = WorkerProc::start(&cfg, (10, 20), &a1);
-    let _w2 = WorkerProc::start(&cfg, (20, 30), &a2);
-    let pcfg = pipeline_cfg(&cfg, &[(0, 10, None), (10, 20, Some(&a1)), (20, 30, Some(&a2))]);
-    let mut p = build(&pcfg).unwrap();
-    check_pipeline(&path, &mut p, &want, 6);
-    drop(p);
-    // The engine with several requests in flight over the processes, prefix cache on.
+    let (a, b) = (free_addr(), free_addr());
+    let _wa = WorkerProc::start(&cfg, (0, 15), &a);
+    let _wb = WorkerProc::start(&cfg, (15, 30), &b);
+    // Two workers; and three stages, two here and the second worker.
+    let two = pipeline_cfg(&cfg, &[(0, 15, Some(&a)), (15, 30, Some(&b))]);
+    let three = pipeline_cfg(&cfg, &[(0, 7, None), (7, 15, None), (15, 30, Some(&b))]);
+    for pcfg in [&two, &three] {
+        let mut p = build(pcfg).unwrap();
+        check_pipeline(&path, &mut p, &want, 6);
+    }
+    // The engine with several requests in flight over the two workers, prefix cache on.
     let reqs: Vec<Request> = engine_prompts(&path).iter().map(|p| greedy_req(p, 8)).collect();
     let want = single_engine_outputs(&path, &cfg, &reqs);
-    let e = EngineHandle::start(build(&pcfg).unwrap(), load_tokenizer(&path).unwrap(), &pcfg);
+    let e = EngineHandle::start(build(&two).unwrap(), load_tokenizer(&path).unwrap(), &two);
     for round in 0..2 {
         assert_eq!(run_concurrently(&e, &reqs), want, "round {round}");
     }
@@ -569,6 +573,19 @@ fn health_names_a_missing_stage() {
     assert!(msg.contains("pipeline stage 1") && msg.contains(&a1), "{msg}");
     assert_eq!(body["stages"][0]["ok"], true);
     assert_eq!(body["stages"][1]["ok"], false);
+    // A request while the stage is down: 503 in OpenAI's error shape, naming the stage.
+    let (status, body) = rt.block_on(async {
+        let r = reqwest::Client::new()
+            .post(format!("{base}/v1/completions"))
+            .json(&serde_json::json!({"prompt": "Hello", "max_tokens": 4}))
+            .send()
+            .await
+            .unwrap();
+        (r.status().as_u16(), r.json::<serde_json::Value>().await.unwrap())
+    });
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(body["error"]["code"], "stage_unavailable");
+    assert!(body["error"]["message"].as_str().unwrap().contains(&a1), "{body}");
     let _w1 = WorkerProc::start(&cfg, (1, 2), &a1);
     let (status, body) = health(&rt);
     assert_eq!(status, 200, "{body}");

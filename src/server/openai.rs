@@ -201,6 +201,10 @@ fn error_of(reason: &FinishReason) -> Option<ApiError> {
         FinishReason::Error(m) if m.contains("shutting down") => {
             Some(ApiError::unavailable(m.clone(), "shutting_down"))
         }
+        // A pipeline stage is down or restarted (engine::core): retrying later can succeed.
+        FinishReason::Error(m) if m.starts_with("pipeline stage") => {
+            Some(ApiError::unavailable(m.clone(), "stage_unavailable"))
+        }
         FinishReason::Error(m) => Some(ApiError::internal(m.clone())),
     }
 }
