@@ -170,6 +170,17 @@ fn split_without_ranges_is_even_and_covers_every_layer() {
     // Every stage keeps at least one layer however skewed the memory.
     assert_eq!(pipeline::split_layers(3, &[Some(1000), Some(1), Some(1)]).unwrap(), vec![0..1, 1..2, 2..3]);
     assert!(pipeline::split_layers(2, &[None, None, None]).is_err());
+    // A stage reads only its layers; building a stage from layers not read fails clearly.
+    use torus_wgpu::model::loader::HostModel;
+    let host = HostModel::load_layers(&tiny(), Some(1..2), &|_, _| {}).unwrap();
+    assert_eq!((host.first_layer, host.layers.len()), (1, 1));
+    let gpu = Arc::new(Gpu::new(None).unwrap());
+    let limits = pipeline::step_limits(&cfg, &host.cfg);
+    assert!(torus_wgpu::model::forward::Model::new_stage(gpu.clone(), &host, limits, 1..2).is_ok());
+    let e = torus_wgpu::model::forward::Model::new_stage(gpu, &host, limits, 0..1).err().unwrap().to_string();
+    assert!(e.contains("layers 0..1 were not loaded"), "{e}");
+    let e = HostModel::load_layers(&tiny(), Some(1..3), &|_, _| {}).err().unwrap().to_string();
+    assert!(e.contains("outside the model's 2 layers"), "{e}");
 }
 
 fn build_err(cfg: &EngineConfig) -> String {
@@ -263,6 +274,19 @@ fn engine_prompts(path: &Path) -> Vec<Vec<u32>> {
     v
 }
 
+/// The engine's counters once it has published the end of the last request (its gauges are
+/// updated just after the requests' final events are sent).
+fn settled(e: &EngineHandle) -> torus_wgpu::engine::metrics::MetricsSnapshot {
+    let t0 = Instant::now();
+    loop {
+        let m = e.metrics.snapshot();
+        if (m.running == 0 && m.waiting == 0) || t0.elapsed() > Duration::from_secs(10) {
+            return m;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 fn run_concurrently(e: &EngineHandle, reqs: &[Request]) -> Vec<Vec<u32>> {
     let streams: Vec<_> = reqs.iter().map(|r| e.submit(r.clone()).unwrap()).collect();
     streams
@@ -300,7 +324,7 @@ fn engine_over_in_process_pipeline_matches_single_device() {
         for round in 0..2 {
             assert_eq!(run_concurrently(&e, &reqs), want, "round {round} over {} stages", stages.len());
         }
-        let m = e.metrics.snapshot();
+        let m = settled(&e);
         assert!(m.prefix_hits > 0, "prefix cache unused: {m:?}");
         assert_eq!(m.kv_blocks_used, 0, "blocks leaked: {m:?}");
         e.shutdown(false);
@@ -327,7 +351,7 @@ fn pipelined_chunked_prefill_and_preemption_match_single_device() {
             assert_eq!(e.info.num_blocks, blocks);
         }
         assert_eq!(run_concurrently(&e, &reqs), want, "budget {budget}, {blocks} blocks");
-        let m = e.metrics.snapshot();
+        let m = settled(&e);
         assert!(m.steps_overlapped > 0, "no two steps were ever in flight together: {m:?}");
         if blocks > 0 {
             assert!(m.preemptions > 0, "no preemption happened: {m:?}");
@@ -342,7 +366,7 @@ fn pipelined_chunked_prefill_and_preemption_match_single_device() {
     let long = reqs.iter().max_by_key(|r| r.prompt.len()).unwrap().clone();
     let i = reqs.iter().position(|r| r.prompt == long.prompt).unwrap();
     assert_eq!(run_concurrently(&e, &[long.clone()]), vec![want[i].clone()]);
-    let m = e.metrics.snapshot();
+    let m = settled(&e);
     assert!(m.steps_overlapped >= (long.prompt.len() / 16 - 1) as u64, "prefill chunks did not overlap: {m:?}");
     e.shutdown(false);
 }
@@ -501,7 +525,7 @@ fn killed_and_restarted_workers() {
     // While it is down, requests fail at once with the same kind of error.
     let c = collect_within(&e, greedy_req(&prompt, 4), limit);
     assert!(matches!(&c.reason, FinishReason::Error(m) if m.contains("stage 1")), "{:?}", c.reason);
-    assert_eq!(e.metrics.snapshot().kv_blocks_used, 0);
+    assert_eq!(settled(&e).kv_blocks_used, 0);
 
     // Restarted: picked up again, correct output.
     w1 = w1.restart();
@@ -514,7 +538,7 @@ fn killed_and_restarted_workers() {
     let failures = e.metrics.snapshot().stage_failures;
     let c = collect_within(&e, greedy_req(&prompt, 40), limit);
     assert_eq!(c.ids, want, "{:?}", c.reason);
-    let m = e.metrics.snapshot();
+    let m = settled(&e);
     assert_eq!(m.stage_failures, failures + 1, "the restart went unnoticed: {m:?}");
     assert!(m.preemptions >= 1, "the request was not recomputed: {m:?}");
     // A worker serving other layers than the config says is refused by name.

@@ -365,6 +365,9 @@ impl Model {
         if layers.start >= layers.end || layers.end > cfg.layers {
             bail!("stage layers {}..{} are outside the model's {} layers", layers.start, layers.end, cfg.layers);
         }
+        if !host.holds(&layers) {
+            bail!("layers {}..{} were not loaded from {}", layers.start, layers.end, host.source.display());
+        }
         let (first, last) = (layers.start == 0, layers.end == cfg.layers);
         if limits.max_binding == 0 || limits.max_binding > gpu.max_binding {
             limits.max_binding = gpu.max_binding;
@@ -505,7 +508,7 @@ impl Model {
         let layer_norm_p = norm_params(false);
         keep.extend([rope_p.clone(), attn_p.clone(), layer_norm_p.clone()]);
 
-        for (l, hl) in host.layers[layers.clone()].iter().enumerate() {
+        for (l, hl) in host.layer_slice(&layers).iter().enumerate() {
             let attn_norm = g.storage_init("attn_norm", bytemuck::cast_slice(&hl.attn_norm));
             let ffn_norm = g.storage_init("ffn_norm", bytemuck::cast_slice(&hl.ffn_norm));
             let qkv_w = QTensor::concat_rows(&[&hl.q, &hl.k, &hl.v])?;

@@ -26,7 +26,10 @@ pub struct HostLayer {
 pub struct HostModel {
     pub cfg: ModelConfig,
     pub embed: QTensor,
+    /// Layers `first_layer..first_layer + layers.len()` of `cfg.layers` (all unless loaded for
+    /// a pipeline stage).
     pub layers: Vec<HostLayer>,
+    pub first_layer: usize,
     pub final_norm: Vec<f32>,
     /// None when the output projection is tied to the embedding.
     pub lm_head: Option<QTensor>,
@@ -51,15 +54,40 @@ impl HostModel {
 
     /// Loads `path`: a directory with config.json, or a .gguf file.
     pub fn load(path: &Path, progress: &dyn Fn(usize, usize)) -> Result<HostModel> {
+        Self::load_layers(path, None, progress)
+    }
+
+    /// Loads only the layers in `range` (all when None), for a pipeline stage; the embedding,
+    /// final norm and output projection are always loaded.
+    pub fn load_layers(
+        path: &Path,
+        range: Option<std::ops::Range<usize>>,
+        progress: &dyn Fn(usize, usize),
+    ) -> Result<HostModel> {
         if !path.exists() {
             bail!("{}: no such file or directory", path.display());
         }
+        let total = read_config(path)?.layers;
+        let range = range.unwrap_or(0..total);
+        if range.start >= range.end || range.end > total {
+            bail!("{}: layers {}..{} are outside the model's {total} layers", path.display(), range.start, range.end);
+        }
         if path.is_dir() {
-            load_hf(path, progress)
+            load_hf(path, range, progress)
         } else {
             let g = GgufFile::open(path)?;
-            load_gguf(&g, progress)
+            load_gguf(&g, range, progress)
         }
+    }
+
+    /// Whether layers `range` are loaded.
+    pub fn holds(&self, range: &std::ops::Range<usize>) -> bool {
+        range.start >= self.first_layer && range.end <= self.first_layer + self.layers.len()
+    }
+
+    /// The loaded layers of `range` (which `holds` must accept).
+    pub fn layer_slice(&self, range: &std::ops::Range<usize>) -> &[HostLayer] {
+        &self.layers[range.start - self.first_layer..range.end - self.first_layer]
     }
 }
 
@@ -178,13 +206,14 @@ fn to_f32(dtype: safetensors::Dtype, b: &[u8]) -> Result<Vec<f32>> {
     })
 }
 
-fn load_hf(dir: &Path, progress: &dyn Fn(usize, usize)) -> Result<HostModel> {
+fn load_hf(dir: &Path, range: std::ops::Range<usize>, progress: &dyn Fn(usize, usize)) -> Result<HostModel> {
     let cfg = ModelConfig::from_hf_json(&dir.join("config.json"))?;
     let w = HfWeights::open(dir)?;
     let (h, q, kv, i) = (cfg.hidden, cfg.q_dim(), cfg.kv_dim(), cfg.intermediate);
     let embed = w.matrix("model.embed_tokens.weight", cfg.vocab, h)?;
-    let mut layers = Vec::with_capacity(cfg.layers);
-    for l in 0..cfg.layers {
+    let mut layers = Vec::with_capacity(range.len());
+    let first_layer = range.start;
+    for l in range {
         progress(l, cfg.layers);
         let p = format!("model.layers.{l}");
         let qkv_bias = if cfg.qkv_bias {
@@ -216,6 +245,7 @@ fn load_hf(dir: &Path, progress: &dyn Fn(usize, usize)) -> Result<HostModel> {
         cfg,
         embed,
         layers,
+        first_layer,
         lm_head,
         source: dir.to_path_buf(),
     })
@@ -304,13 +334,14 @@ fn gguf_vector(g: &GgufFile, name: &str, len: usize) -> Result<Vec<f32>> {
     }
 }
 
-pub fn load_gguf(g: &GgufFile, progress: &dyn Fn(usize, usize)) -> Result<HostModel> {
+pub fn load_gguf(g: &GgufFile, range: std::ops::Range<usize>, progress: &dyn Fn(usize, usize)) -> Result<HostModel> {
     let cfg = gguf_config(g)?;
     let (h, q, kv, i) = (cfg.hidden, cfg.q_dim(), cfg.kv_dim(), cfg.intermediate);
     let embed = gguf_matrix(g, "token_embd.weight", cfg.vocab, h)?;
     let (q_perm, k_perm) = (unpermute_qk_rows(cfg.heads, cfg.head_dim), unpermute_qk_rows(cfg.kv_heads, cfg.head_dim));
-    let mut layers = Vec::with_capacity(cfg.layers);
-    for l in 0..cfg.layers {
+    let mut layers = Vec::with_capacity(range.len());
+    let first_layer = range.start;
+    for l in range {
         progress(l, cfg.layers);
         let p = format!("blk.{l}");
         let mut wq = gguf_matrix(g, &format!("{p}.attn_q.weight"), q, h)?;
@@ -348,6 +379,7 @@ pub fn load_gguf(g: &GgufFile, progress: &dyn Fn(usize, usize)) -> Result<HostMo
         cfg,
         embed,
         layers,
+        first_layer,
         lm_head,
         source: g.path.clone(),
     })

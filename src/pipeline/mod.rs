@@ -459,8 +459,13 @@ pub fn build(
     let mcfg = crate::model::loader::read_config(path)?;
     let ranges = stage_ranges(&stages, mcfg.layers)?;
     let mut limits = step_limits(cfg, &mcfg);
-    let any_local = stages.iter().any(|s| s.address.is_none());
-    let host = if any_local { Some(HostModel::load(path, progress)?) } else { None };
+    // Only the layers of the local stages are read from the file.
+    let local = ranges.iter().zip(&stages).filter(|(_, s)| s.address.is_none()).map(|(r, _)| r);
+    let span = local.clone().map(|r| r.start).min().zip(local.map(|r| r.end).max()).map(|(a, b)| a..b);
+    let host = match span {
+        Some(span) => Some(HostModel::load_layers(path, Some(span), progress)?),
+        None => None,
+    };
     let mut num_blocks = kv_blocks(&mcfg, &limits);
     let mut local: Vec<Option<Stage>> = Vec::new();
     for (i, (st, range)) in stages.iter().zip(&ranges).enumerate() {
