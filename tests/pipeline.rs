@@ -365,7 +365,7 @@ fn pipelined_chunked_prefill_and_preemption_match_single_device() {
     let e = EngineHandle::start(build(&pcfg).unwrap(), load_tokenizer(&path).unwrap(), &pcfg);
     let long = reqs.iter().max_by_key(|r| r.prompt.len()).unwrap().clone();
     let i = reqs.iter().position(|r| r.prompt == long.prompt).unwrap();
-    assert_eq!(run_concurrently(&e, &[long.clone()]), vec![want[i].clone()]);
+    assert_eq!(run_concurrently(&e, std::slice::from_ref(&long)), vec![want[i].clone()]);
     let m = settled(&e);
     assert!(m.steps_overlapped >= (long.prompt.len() / 16 - 1) as u64, "prefill chunks did not overlap: {m:?}");
     e.shutdown(false);
