@@ -2,32 +2,17 @@
 //! seeded sampling and stop conditions, checked as properties (batched == alone, cache on ==
 //! off) and against the fixtures.
 
+mod common;
+use common::{fixtures, smollm2, tiny};
+
 use serde_json::Value;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use torus_wgpu::config::EngineConfig;
 use torus_wgpu::engine::{load_model, EngineHandle, FinishReason, Request, RequestParams, StopConditions};
 use torus_wgpu::gpu::Gpu;
 use torus_wgpu::sampling::SamplingParams;
-
-fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures")
-}
-
-fn tiny() -> PathBuf {
-    fixtures().join("tiny-qwen2")
-}
-
-fn smollm2() -> Option<PathBuf> {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    if p.exists() {
-        Some(p)
-    } else {
-        eprintln!("SKIPPED: {} missing (scripts/fetch-model.sh)", p.display());
-        None
-    }
-}
 
 fn engine(path: &Path, f: impl FnOnce(&mut EngineConfig)) -> EngineHandle {
     let gpu = Arc::new(Gpu::new(None).expect("a wgpu adapter"));

@@ -4,6 +4,9 @@
 //! cache on) must give the single-device outputs; bad configs and dead or restarted workers give
 //! clear errors and nothing hangs.
 
+mod common;
+use common::{smollm2, tiny};
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -16,20 +19,6 @@ use torus_wgpu::engine::{
 use torus_wgpu::gpu::Gpu;
 use torus_wgpu::model::forward::{SampleParams, StepInput};
 use torus_wgpu::pipeline::{self, Pipeline};
-
-fn tiny() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/tiny-qwen2")
-}
-
-fn smollm2() -> Option<PathBuf> {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    if p.exists() {
-        Some(p)
-    } else {
-        eprintln!("SKIPPED: {} missing (scripts/fetch-model.sh)", p.display());
-        None
-    }
-}
 
 fn base_cfg(path: &Path) -> EngineConfig {
     EngineConfig {
@@ -552,13 +541,19 @@ fn killed_and_restarted_workers() {
     e.shutdown(false);
 }
 
-#[test]
-fn a_worker_down_at_start_does_not_stop_the_scheduler() {
+/// tiny-qwen2 as a worker for layer 0 and an address with nothing behind it for layer 1.
+fn tiny_with_stage_1_down() -> (PathBuf, EngineConfig, EngineConfig, WorkerProc, String) {
     let path = tiny();
     let cfg = base_cfg(&path);
     let (a0, a1) = (free_addr(), free_addr());
-    let _w0 = WorkerProc::start(&cfg, (0, 1), &a0);
+    let w0 = WorkerProc::start(&cfg, (0, 1), &a0);
     let pcfg = pipeline_cfg(&cfg, &[(0, 1, Some(&a0)), (1, 2, Some(&a1))]);
+    (path, cfg, pcfg, w0, a1)
+}
+
+#[test]
+fn a_worker_down_at_start_does_not_stop_the_scheduler() {
+    let (path, cfg, pcfg, _w0, a1) = tiny_with_stage_1_down();
     // Builds without reaching stage 1.
     let e = EngineHandle::start(build(&pcfg).unwrap(), load_tokenizer(&path).unwrap(), &pcfg);
     let prompt = prompts(&path)[0].clone();
@@ -572,11 +567,7 @@ fn a_worker_down_at_start_does_not_stop_the_scheduler() {
 
 #[test]
 fn health_names_a_missing_stage() {
-    let path = tiny();
-    let cfg = base_cfg(&path);
-    let (a0, a1) = (free_addr(), free_addr());
-    let _w0 = WorkerProc::start(&cfg, (0, 1), &a0);
-    let pcfg = pipeline_cfg(&cfg, &[(0, 1, Some(&a0)), (1, 2, Some(&a1))]);
+    let (path, cfg, pcfg, _w0, a1) = tiny_with_stage_1_down();
     let e = EngineHandle::start(build(&pcfg).unwrap(), load_tokenizer(&path).unwrap(), &pcfg);
     let rt = tokio::runtime::Runtime::new().unwrap();
     let (srv, base) = rt.block_on(async {

@@ -4,11 +4,14 @@
 //! non-streaming, seeds reproduce, n greedy choices agree); SmolLM2 runs where a slow, real
 //! model matters (a real answer, disconnects mid-generation, a full queue).
 
+mod common;
+use common::{smollm2, tiny};
+
 use futures_util::StreamExt;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use torus_wgpu::config::EngineConfig;
@@ -17,20 +20,6 @@ use torus_wgpu::engine::{load_model, EngineHandle};
 use torus_wgpu::gpu::Gpu;
 use torus_wgpu::server::{model_id_for_path, start, ServerConfig, ServerHandle};
 use torus_wgpu::tokenizer::{ChatMessage, Tokenizer};
-
-fn tiny() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/tiny-qwen2")
-}
-
-fn smollm2() -> Option<PathBuf> {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    if p.exists() {
-        Some(p)
-    } else {
-        eprintln!("SKIPPED: {} missing (scripts/fetch-model.sh)", p.display());
-        None
-    }
-}
 
 fn tiny_cfg() -> EngineConfig {
     EngineConfig {

@@ -335,7 +335,12 @@ impl EngineCore {
     }
 
     fn preempt(&mut self, idx: usize) {
-        let mut s = self.running.remove(idx);
+        let s = self.running.remove(idx);
+        self.requeue(s);
+    }
+
+    /// Frees a sequence's blocks and puts it first in line, to be recomputed from its tokens.
+    fn requeue(&mut self, mut s: Seq) {
         self.bm.release(&s.table);
         s.table.clear();
         s.keys.clear();
@@ -550,14 +555,8 @@ impl EngineCore {
         let mut seqs = std::mem::take(&mut self.running);
         if f.restarted {
             seqs.sort_by_key(|s| std::cmp::Reverse(s.admitted));
-            for mut s in seqs {
-                self.bm.release(&s.table);
-                s.table.clear();
-                s.keys.clear();
-                s.computed = 0;
-                s.scheduled = 0;
-                self.metrics.preemptions.fetch_add(1, Relaxed);
-                self.waiting.push_front(s);
+            for s in seqs {
+                self.requeue(s);
             }
         } else {
             for s in seqs {
