@@ -600,6 +600,9 @@ fn health_names_a_missing_stage() {
     });
     assert_eq!(status, 503, "{body}");
     assert_eq!(body["error"]["code"], "stage_unavailable");
+    let metrics = rt.block_on(async { reqwest::get(format!("{base}/metrics")).await.unwrap().text().await.unwrap() });
+    assert!(metrics.contains("torus_pipeline_stage_up{stage=\"1\"} 0"), "{metrics}");
+    assert!(metrics.contains("torus_pipeline_stage_failures_total 1"), "{metrics}");
     assert!(body["error"]["message"].as_str().unwrap().contains(&a1), "{body}");
     let _w1 = WorkerProc::start(&cfg, (1, 2), &a1);
     let (status, body) = health(&rt);

@@ -459,6 +459,14 @@ pub fn build(
     let mcfg = crate::model::loader::read_config(path)?;
     let ranges = stage_ranges(&stages, mcfg.layers)?;
     let mut limits = step_limits(cfg, &mcfg);
+    // Open every local stage's device first, so a wrong adapter fails before weights load.
+    let mut gpus: Vec<Option<Arc<Gpu>>> = Vec::new();
+    for (i, st) in stages.iter().enumerate() {
+        gpus.push(match st.address {
+            Some(_) => None,
+            None => Some(Arc::new(Gpu::new(st.adapter.as_deref()).map_err(|e| anyhow!("stage {i}: {e:#}"))?)),
+        });
+    }
     // Only the layers of the local stages are read from the file.
     let local = ranges.iter().zip(&stages).filter(|(_, s)| s.address.is_none()).map(|(r, _)| r);
     let span = local.clone().map(|r| r.start).min().zip(local.map(|r| r.end).max()).map(|(a, b)| a..b);
@@ -468,12 +476,11 @@ pub fn build(
     };
     let mut num_blocks = kv_blocks(&mcfg, &limits);
     let mut local: Vec<Option<Stage>> = Vec::new();
-    for (i, (st, range)) in stages.iter().zip(&ranges).enumerate() {
-        let Some(host) = host.as_ref().filter(|_| st.address.is_none()) else {
+    for (i, (gpu, range)) in gpus.into_iter().zip(&ranges).enumerate() {
+        let (Some(gpu), Some(host)) = (gpu, host.as_ref()) else {
             local.push(None);
             continue;
         };
-        let gpu = Arc::new(Gpu::new(st.adapter.as_deref()).map_err(|e| anyhow!("stage {i}: {e:#}"))?);
         let name = gpu.describe();
         on_stage(&format!("stage {i}: layers {}..{} on {name}", range.start, range.end));
         let mut m = Model::new_stage(gpu, host, limits, range.clone()).map_err(|e| anyhow!("stage {i}: {e:#}"))?;

@@ -310,7 +310,18 @@ async fn health(State(st): State<Arc<AppState>>) -> Response {
 
 async fn prometheus(State(st): State<Arc<AppState>>) -> Response {
     let snap = st.engine.get().map(|e| e.metrics.snapshot());
-    let mut r = st.metrics.render(snap.as_ref()).into_response();
+    let mut text = st.metrics.render(snap.as_ref());
+    if let Some(stages) = st.engine.get().and_then(|e| e.stages.clone()) {
+        // As the engine last saw each stage (/health asks the workers afresh).
+        text.push_str(
+            "# HELP torus_pipeline_stage_up Whether the pipeline stage's last step succeeded.\n\
+             # TYPE torus_pipeline_stage_up gauge\n",
+        );
+        for h in stages.iter() {
+            text.push_str(&format!("torus_pipeline_stage_up{{stage=\"{}\"}} {}\n", h.stage, h.get().is_ok() as u8));
+        }
+    }
+    let mut r = text.into_response();
     r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"));
     r
 }
