@@ -366,7 +366,7 @@ pub fn worker_layers(cfg: &EngineConfig, total: usize) -> Result<Range<usize>> {
     }
 }
 
-/// `torus-wgpu worker`: loads one stage and serves it on `listen` until the process ends.
+/// `torus-wgpu worker`: loads one stage and serves it on `listen` until SIGINT/SIGTERM.
 pub fn run_worker(cfg: &EngineConfig, listen: &str) -> Result<()> {
     use anyhow::Context;
     let path = cfg.model.clone().map(std::path::PathBuf::from).unwrap_or_else(crate::config::default_model_path);
@@ -410,11 +410,14 @@ pub fn run_worker(cfg: &EngineConfig, listen: &str) -> Result<()> {
         eprintln!("torus-wgpu worker: ready on {addr} (instance {instance:x})");
         tonic::transport::Server::builder()
             .add_service(svc)
-            .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(listener), async {
-                let _ = tokio::signal::ctrl_c().await;
-            })
+            .serve_with_incoming_shutdown(
+                tokio_stream::wrappers::TcpListenerStream::new(listener),
+                crate::server::shutdown_signal(),
+            )
             .await
-            .map_err(|e| anyhow!("worker server: {e}"))
+            .map_err(|e| anyhow!("worker server: {e}"))?;
+        eprintln!("torus-wgpu worker: stopped");
+        Ok(())
     })
 }
 

@@ -351,7 +351,7 @@ async fn get_model(State(st): State<Arc<AppState>>, UrlPath(model): UrlPath<Stri
 }
 
 /// Resolves when SIGINT or SIGTERM arrives.
-async fn shutdown_signal() {
+pub(crate) async fn shutdown_signal() {
     let ctrl_c = async {
         let _ = tokio::signal::ctrl_c().await;
     };
