@@ -183,6 +183,9 @@ pub struct EngineArgs {
     pub enable_pipeline_parallel: Option<bool>,
     #[arg(long)]
     pub world_size: Option<usize>,
+    /// Shorthand (vLLM's name): enable_pipeline_parallel with this world_size.
+    #[arg(long)]
+    pub pipeline_parallel_size: Option<usize>,
     /// This worker's stage (`torus-wgpu worker`).
     #[arg(long)]
     pub pipeline_rank: Option<usize>,
@@ -217,6 +220,10 @@ impl EngineArgs {
         c.top_k = self.top_k.unwrap_or(c.top_k);
         c.enable_pipeline_parallel = self.enable_pipeline_parallel.unwrap_or(c.enable_pipeline_parallel);
         c.world_size = self.world_size.unwrap_or(c.world_size);
+        if let Some(n) = self.pipeline_parallel_size {
+            c.enable_pipeline_parallel = n > 1;
+            c.world_size = n;
+        }
         c.pipeline_rank = self.pipeline_rank.unwrap_or(c.pipeline_rank);
         c.stage_start_layer = self.stage_start_layer.or(c.stage_start_layer);
         c.stage_end_layer = self.stage_end_layer.or(c.stage_end_layer);

@@ -634,4 +634,18 @@ fn shipped_configs_parse_and_pipeline_ones_cover_the_default_model() {
         }
     }
     assert!(pipelines >= 2, "the in-process and scheduler examples are missing");
+    // Command-line overrides.
+    use torus_wgpu::config::EngineArgs;
+    let c = EngineArgs { pipeline_parallel_size: Some(3), ..Default::default() }.resolve().unwrap();
+    assert!(c.enable_pipeline_parallel && c.world_size == 3);
+    let c = EngineArgs {
+        config: Some(dir.join("pipeline-worker1.json")),
+        stage_start_layer: Some(12),
+        ..Default::default()
+    }
+    .resolve()
+    .unwrap();
+    assert_eq!((c.pipeline_rank, c.stage_start_layer, c.stage_end_layer), (1, Some(12), Some(30)));
+    let e = EngineArgs { pipeline_rank: Some(2), world_size: Some(2), ..Default::default() }.resolve().unwrap_err();
+    assert!(e.to_string().contains("pipeline_rank 2 must be below world_size 2"), "{e}");
 }
