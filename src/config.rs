@@ -43,7 +43,9 @@ pub struct StageConfig {
     pub stage_start_layer: Option<usize>,
     /// Exclusive.
     pub stage_end_layer: Option<usize>,
-    /// The adapter's memory in bytes, when known: layers are split in proportion to it.
+    /// The stage's memory in bytes: without layer ranges, layers are split in proportion to
+    /// it. Local stages default to their adapter's device-local memory where the backend
+    /// reports it (Vulkan); the split is even when any stage's memory is unknown.
     pub memory_bytes: Option<u64>,
 }
 

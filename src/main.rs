@@ -166,6 +166,10 @@ fn run() -> Result<()> {
                     a.limits.max_buffer_size >> 20,
                     a.limits.max_compute_invocations_per_workgroup
                 );
+                match a.memory {
+                    Some(m) => println!("    device-local memory: {} MiB", m >> 20),
+                    None => println!("    device-local memory: not reported by this backend"),
+                }
             }
         }
         Cmd::Worker { engine, listen } => {

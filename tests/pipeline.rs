@@ -151,7 +151,12 @@ fn split_without_ranges_is_even_and_covers_every_layer() {
     let cfg = EngineConfig { enable_pipeline_parallel: true, world_size: 2, ..base_cfg(&tiny()) };
     let p = build(&cfg).unwrap();
     let layers: Vec<_> = p.health.iter().map(|h| h.layers.clone()).collect();
+    // Both stages on the same adapter: equal memory, even split.
     assert_eq!(layers, vec![0..1, 1..2]);
+    let g = Gpu::new(None).unwrap();
+    if g.info.backend == wgpu::Backend::Vulkan {
+        assert!(g.memory.is_some_and(|m| m > 0), "Vulkan reported no device-local memory");
+    }
     assert_eq!(pipeline::split_layers(30, &[None, None, None]).unwrap(), vec![0..10, 10..20, 20..30]);
     assert_eq!(pipeline::split_layers(30, &[Some(1 << 30), Some(2 << 30)]).unwrap(), vec![0..10, 10..30]);
     // Unknown memory anywhere: even.

@@ -13,6 +13,8 @@ pub struct Gpu {
     /// Largest storage binding the kernels may use (bytes); tensors larger than this are chunked.
     pub max_binding: u64,
     pub max_buffer: u64,
+    /// Device-local memory, where the backend tells it (Vulkan); pipeline splits use it.
+    pub memory: Option<u64>,
 }
 
 /// What `torus-wgpu adapters` prints for each adapter.
@@ -21,6 +23,26 @@ pub struct AdapterReport {
     pub info: wgpu::AdapterInfo,
     pub features: wgpu::Features,
     pub limits: wgpu::Limits,
+    pub memory: Option<u64>,
+}
+
+/// The largest device-local memory heap of a Vulkan adapter (wgpu itself does not report
+/// adapter memory); None on other backends.
+#[cfg(not(any(target_vendor = "apple", target_arch = "wasm32")))]
+fn adapter_memory(adapter: &wgpu::Adapter) -> Option<u64> {
+    // SAFETY: the hal adapter is only read (its physical device's memory properties), and the
+    // guard is dropped before this function returns.
+    let hal = unsafe { adapter.as_hal::<wgpu::hal::api::Vulkan>() }?;
+    let instance = hal.shared_instance().raw_instance();
+    // SAFETY: the physical device belongs to this live instance.
+    let props = unsafe { instance.get_physical_device_memory_properties(hal.raw_physical_device()) };
+    let heaps = &props.memory_heaps[..props.memory_heap_count as usize];
+    heaps.iter().filter(|h| h.flags.contains(ash::vk::MemoryHeapFlags::DEVICE_LOCAL)).map(|h| h.size).max()
+}
+
+#[cfg(any(target_vendor = "apple", target_arch = "wasm32"))]
+fn adapter_memory(_adapter: &wgpu::Adapter) -> Option<u64> {
+    None
 }
 
 fn instance() -> wgpu::Instance {
@@ -48,7 +70,13 @@ pub fn list_adapters() -> Vec<AdapterReport> {
     adapters
         .into_iter()
         .enumerate()
-        .map(|(index, a)| AdapterReport { index, info: a.get_info(), features: a.features(), limits: a.limits() })
+        .map(|(index, a)| AdapterReport {
+            index,
+            info: a.get_info(),
+            features: a.features(),
+            limits: a.limits(),
+            memory: adapter_memory(&a),
+        })
         .collect()
 }
 
@@ -97,6 +125,7 @@ impl Gpu {
 
     fn from_adapter(adapter: wgpu::Adapter) -> Result<Gpu> {
         let info = adapter.get_info();
+        let memory = adapter_memory(&adapter);
         let al = adapter.limits();
         let mut limits = wgpu::Limits::downlevel_defaults();
         limits.max_storage_buffer_binding_size = al.max_storage_buffer_binding_size;
@@ -120,6 +149,7 @@ impl Gpu {
             info,
             max_binding: limits.max_storage_buffer_binding_size,
             max_buffer: limits.max_buffer_size,
+            memory,
         })
     }
 

@@ -455,18 +455,23 @@ pub fn build(
     progress: &dyn Fn(usize, usize),
     on_stage: &dyn Fn(&str),
 ) -> Result<Pipeline> {
-    let stages = configured_stages(cfg);
+    let mut stages = configured_stages(cfg);
     let mcfg = crate::model::loader::read_config(path)?;
-    let ranges = stage_ranges(&stages, mcfg.layers)?;
-    let mut limits = step_limits(cfg, &mcfg);
-    // Open every local stage's device first, so a wrong adapter fails before weights load.
+    // Open every local stage's device first, so a wrong adapter fails before weights load, and
+    // so the split can follow the adapters' memory.
     let mut gpus: Vec<Option<Arc<Gpu>>> = Vec::new();
-    for (i, st) in stages.iter().enumerate() {
+    for (i, st) in stages.iter_mut().enumerate() {
         gpus.push(match st.address {
             Some(_) => None,
-            None => Some(Arc::new(Gpu::new(st.adapter.as_deref()).map_err(|e| anyhow!("stage {i}: {e:#}"))?)),
+            None => {
+                let gpu = Gpu::new(st.adapter.as_deref()).map_err(|e| anyhow!("stage {i}: {e:#}"))?;
+                st.memory_bytes = st.memory_bytes.or(gpu.memory);
+                Some(Arc::new(gpu))
+            }
         });
     }
+    let ranges = stage_ranges(&stages, mcfg.layers)?;
+    let mut limits = step_limits(cfg, &mcfg);
     // Only the layers of the local stages are read from the file.
     let local = ranges.iter().zip(&stages).filter(|(_, s)| s.address.is_none()).map(|(r, _)| r);
     let span = local.clone().map(|r| r.start).min().zip(local.map(|r| r.end).max()).map(|(a, b)| a..b);
