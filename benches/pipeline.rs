@@ -2,12 +2,14 @@
 //! - `hop/N`: the host hop between two devices for N tokens of SmolLM2 hidden state (copy to a
 //!   mapped buffer on device A, read it, write it to device B and wait), reported per byte;
 //! - `step/S stages/T tokens`: one forward step of SmolLM2 split into S in-process stages (each
-//!   its own device) against the single-device step.
+//!   its own device) against the single-device step, and `step/2 workers/T` with the two stages
+//!   in `torus-wgpu worker` processes on 127.0.0.1 (gRPC).
 //!
 //! Run: cargo bench --bench pipeline
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use std::path::{Path, PathBuf};
+
 use torus_wgpu::config::{EngineConfig, StageConfig};
 use torus_wgpu::gpu::Gpu;
 use torus_wgpu::model::forward::{SampleParams, StepInput};
@@ -75,16 +77,72 @@ fn steps(c: &mut Criterion) {
             stages: vec![StageConfig::default(); stages],
             ..cfg.clone()
         };
-        let mut pipe = torus_wgpu::pipeline::build(&pcfg, &p, &|_, _| {}, &|_| {}).unwrap();
-        for tokens in [1usize, 256] {
-            let input = step_input(tokens);
-            g.throughput(Throughput::Elements(tokens as u64));
-            g.bench_function(BenchmarkId::new(format!("{stages} stages"), tokens), |b| {
-                b.iter(|| pipe.step(input.clone(), false).unwrap())
-            });
-        }
+        let pipe = torus_wgpu::pipeline::build(&pcfg, &p, &|_, _| {}, &|_| {}).unwrap();
+        bench_steps(&mut g, &format!("{stages} stages"), pipe);
     }
+    // The same two stages as worker processes on 127.0.0.1 (gRPC instead of an in-process hop).
+    let workers = [(0, 15), (15, 30)].map(|(a, b)| Worker::start(&cfg, a, b));
+    let stages = workers
+        .iter()
+        .map(|w| StageConfig {
+            address: Some(w.addr.clone()),
+            stage_start_layer: Some(w.layers.0),
+            stage_end_layer: Some(w.layers.1),
+            ..Default::default()
+        })
+        .collect();
+    let pcfg = EngineConfig { enable_pipeline_parallel: true, world_size: 2, stages, ..cfg.clone() };
+    let pipe = torus_wgpu::pipeline::build(&pcfg, &path, &|_, _| {}, &|_| {}).unwrap();
+    bench_steps(&mut g, "2 workers", pipe);
     g.finish();
+}
+
+fn bench_steps(
+    g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    name: &str,
+    mut pipe: torus_wgpu::pipeline::Pipeline,
+) {
+    for tokens in [1usize, 256] {
+        let input = step_input(tokens);
+        g.throughput(Throughput::Elements(tokens as u64));
+        g.bench_function(BenchmarkId::new(name, tokens), |b| b.iter(|| pipe.step(input.clone(), false).unwrap()));
+    }
+}
+
+/// A `torus-wgpu worker` process for layers a..b, killed when dropped.
+struct Worker {
+    child: std::process::Child,
+    addr: String,
+    layers: (usize, usize),
+}
+
+impl Worker {
+    fn start(cfg: &EngineConfig, a: usize, b: usize) -> Worker {
+        use std::io::BufRead;
+        let addr = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string();
+        let file = std::env::temp_dir().join(format!("torus-bench-worker-{}-{a}.json", std::process::id()));
+        let w = EngineConfig { stage_start_layer: Some(a), stage_end_layer: Some(b), ..cfg.clone() };
+        std::fs::write(&file, serde_json::to_string(&w).unwrap()).unwrap();
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_torus-wgpu"))
+            .args(["worker", "--config", file.to_str().unwrap(), "--listen", &addr])
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let err = std::io::BufReader::new(child.stderr.take().unwrap());
+        for line in err.lines().map_while(Result::ok) {
+            if line.contains("ready on") {
+                break;
+            }
+        }
+        Worker { child, addr, layers: (a, b) }
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
 
 criterion_group!(benches, hop, steps);
