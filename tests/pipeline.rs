@@ -654,3 +654,52 @@ fn shipped_configs_parse_and_pipeline_ones_cover_the_default_model() {
     let e = EngineArgs { pipeline_rank: Some(2), world_size: Some(2), ..Default::default() }.resolve().unwrap_err();
     assert!(e.to_string().contains("pipeline_rank 2 must be below world_size 2"), "{e}");
 }
+
+/// A stand-in stage: the first passes its token ids on as "hidden states", the last samples
+/// the id it got plus one; token 13 makes the last stage panic.
+struct FakeStage {
+    last: bool,
+}
+
+impl pipeline::StageExec for FakeStage {
+    fn run(
+        &mut self,
+        s: &StepInput,
+        hidden: Option<Vec<u8>>,
+        _want_logits: bool,
+    ) -> anyhow::Result<(torus_wgpu::model::forward::StageOutput, Option<Vec<f32>>)> {
+        use torus_wgpu::model::forward::{Sampled, StageOutput};
+        if !self.last {
+            return Ok((StageOutput::Hidden(bytemuck::cast_slice(&s.tokens).to_vec()), None));
+        }
+        let ids: Vec<u32> = bytemuck::pod_collect_to_vec(&hidden.unwrap());
+        assert!(ids[0] != 13, "unlucky token");
+        Ok((StageOutput::Sampled(vec![Sampled { id: ids[0] + 1, logprob: 0.0, top: vec![] }]), None))
+    }
+}
+
+#[test]
+fn a_panicking_stage_fails_its_step_and_the_pipeline_goes_on() {
+    use torus_wgpu::pipeline::StageHealth;
+    let stages: Vec<pipeline::Stage> = (0..2)
+        .map(|i| {
+            let stage: Box<dyn pipeline::StageExec> = Box::new(FakeStage { last: i == 1 });
+            (stage, Arc::new(StageHealth::new(i, format!("fake {i}"), None, i..i + 1)))
+        })
+        .collect();
+    let limits = pipeline::step_limits(&base_cfg(&tiny()), &torus_wgpu::model::loader::read_config(&tiny()).unwrap());
+    let mut p = Pipeline::new(stages, limits, 16, 100).unwrap();
+    let step = |t: u32| StepInput { tokens: vec![t], sample_rows: vec![0], ..Default::default() };
+    assert_eq!(p.step(step(5), false).unwrap().sampled[0].id, 6);
+    let e = format!("{:#}", p.step(step(13), false).err().unwrap());
+    assert!(e.contains("stage 1") && e.contains("panicked") && e.contains("unlucky token"), "{e}");
+    assert!(p.health[1].get().is_err());
+    // Several in flight at once come back in order.
+    for (id, t) in [(1, 1), (2, 13), (3, 3)] {
+        p.submit(id, step(t), false);
+    }
+    let got: Vec<(u64, Option<u32>)> =
+        (0..3).map(|_| p.recv().unwrap()).map(|r| (r.id, r.result.ok().map(|o| o.sampled[0].id))).collect();
+    assert_eq!(got, vec![(1, Some(2)), (2, None), (3, Some(4))]);
+    assert!(p.health[1].get().is_ok());
+}

@@ -139,7 +139,8 @@ pub struct Pipeline {
     pub limits: StepLimits,
     pub num_blocks: usize,
     pub vocab: usize,
-    in_flight: usize,
+    /// Ids of the steps in flight, oldest first.
+    in_flight: VecDeque<u64>,
 }
 
 impl Pipeline {
@@ -162,7 +163,20 @@ impl Pipeline {
             let t = std::thread::Builder::new().name(format!("torus-stage-{i}")).spawn(move || {
                 for mut job in job_rx {
                     if job.error.is_none() {
-                        match stage.run(&job.input, job.hidden.take(), job.want_logits && last) {
+                        let (input, hidden, want) = (&job.input, job.hidden.take(), job.want_logits && last);
+                        // A panic in a stage (a driver or validation failure) fails this step
+                        // like any other stage error instead of taking the pipeline down.
+                        let r =
+                            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| stage.run(input, hidden, want)))
+                                .unwrap_or_else(|p| {
+                                    let what = p
+                                        .downcast_ref::<String>()
+                                        .cloned()
+                                        .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                                        .unwrap_or_default();
+                                    Err(anyhow!("the stage panicked: {what}"))
+                                });
+                        match r {
                             Ok((StageOutput::Hidden(hd), _)) if !last => job.hidden = Some(hd),
                             Ok((StageOutput::Sampled(sampled), logits)) if last => {
                                 h.set(Ok(()));
@@ -198,7 +212,16 @@ impl Pipeline {
             threads.push(t);
         }
         drop(next_rx);
-        Ok(Pipeline { tx: Some(tx), rx, threads, health: Arc::new(health), limits, num_blocks, vocab, in_flight: 0 })
+        Ok(Pipeline {
+            tx: Some(tx),
+            rx,
+            threads,
+            health: Arc::new(health),
+            limits,
+            num_blocks,
+            vocab,
+            in_flight: VecDeque::new(),
+        })
     }
 }
 
@@ -210,28 +233,33 @@ impl Pipeline {
     /// Queues a step; results come back from `recv` in submission order.
     pub fn submit(&mut self, id: u64, input: StepInput, want_logits: bool) {
         let job = Job { id, input: Arc::new(input), hidden: None, want_logits, error: None };
-        self.in_flight += 1;
+        self.in_flight.push_back(id);
+        // A send to a stopped first stage is answered by recv.
         if let Some(tx) = &self.tx {
-            if tx.send(job).is_ok() {
-                return;
-            }
+            let _ = tx.send(job);
         }
-        // The first stage's thread is gone; recv reports it.
-        self.in_flight -= 1;
     }
 
     pub fn in_flight(&self) -> usize {
-        self.in_flight
+        self.in_flight.len()
     }
 
-    /// Waits for the oldest step in flight.
+    /// Waits for the oldest step in flight. Should every stage thread be gone, each step still
+    /// in flight gets an error, so the engine never waits for a result that cannot come.
     pub fn recv(&mut self) -> Option<StepResult> {
-        if self.in_flight == 0 {
-            return None;
-        }
-        let r = self.rx.recv().ok();
-        self.in_flight -= 1;
-        r
+        let id = self.in_flight.pop_front()?;
+        Some(self.rx.recv().unwrap_or_else(|_| {
+            StepResult {
+                id,
+                result: Err(StageFailure {
+                    stage: 0,
+                    name: "pipeline".into(),
+                    restarted: false,
+                    message: "the pipeline's stage threads have stopped".into(),
+                }
+                .into()),
+            }
+        }))
     }
 
     /// Runs one step through every stage and waits for it (tests and tools).
