@@ -2,7 +2,8 @@
 //!
 //! Layers, from the bottom: `gpu` (device, buffers, pipelines), `model` (weights, loaders,
 //! forward pass), `tokenizer` (tokenizers + chat templates), `sampling`, `engine` (generation),
-//! `pipeline` (layer stages across adapters and worker processes).
+//! `pipeline` (layer stages across adapters and worker processes), `server` (OpenAI API).
+//! A module uses the ones below it: server -> engine -> pipeline -> model/kv -> gpu.
 
 pub mod bench;
 pub mod config;
@@ -13,4 +14,5 @@ pub mod model;
 pub mod pipeline;
 pub mod sampling;
 pub mod server;
+pub mod shutdown;
 pub mod tokenizer;

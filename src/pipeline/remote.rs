@@ -412,7 +412,7 @@ pub fn run_worker(cfg: &EngineConfig, listen: &str) -> Result<()> {
             .add_service(svc)
             .serve_with_incoming_shutdown(
                 tokio_stream::wrappers::TcpListenerStream::new(listener),
-                crate::server::shutdown_signal(),
+                crate::shutdown::signal(),
             )
             .await
             .map_err(|e| anyhow!("worker server: {e}"))?;

@@ -350,28 +350,6 @@ async fn get_model(State(st): State<Arc<AppState>>, UrlPath(model): UrlPath<Stri
     }
 }
 
-/// Resolves when SIGINT or SIGTERM arrives.
-pub(crate) async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => {}
-        _ = term => {}
-    }
-}
-
 /// `torus-wgpu serve`: binds, loads the model (503 until then), serves until SIGINT/SIGTERM,
 /// then finishes in-flight requests and exits.
 pub fn run(args: ServeArgs) -> Result<()> {
@@ -417,7 +395,7 @@ async fn serve(args: ServeArgs, cfg: EngineConfig, scfg: ServerConfig, model_pat
         let r = crate::engine::load_configured(&load_cfg).map(|(m, t)| EngineHandle::start(m, t, &load_cfg));
         let _ = tx.send(r);
     })?;
-    let mut signal = std::pin::pin!(shutdown_signal());
+    let mut signal = std::pin::pin!(crate::shutdown::signal());
     let engine = tokio::select! {
         r = rx => match r {
             Ok(Ok(engine)) => engine,
