@@ -365,6 +365,34 @@ fn pipelined_chunked_prefill_and_preemption_match_single_device() {
     e.shutdown(false);
 }
 
+#[test]
+fn requests_dropped_while_their_steps_are_in_flight() {
+    // Streams dropped mid-generation while their steps are in the pipeline: their blocks come
+    // back, the other requests' outputs do not change.
+    let path = tiny();
+    let cfg = base_cfg(&path);
+    let reqs: Vec<Request> = engine_prompts(&path).iter().map(|p| greedy_req(p, 40)).collect();
+    let want = single_engine_outputs(&path, &cfg, &reqs);
+    let pcfg = pipeline_cfg(&cfg, &[(0, 1, None), (1, 2, None)]);
+    let e = EngineHandle::start(build(&pcfg).unwrap(), load_tokenizer(&path).unwrap(), &pcfg);
+    let mut streams: Vec<_> = reqs.iter().map(|r| Some(e.submit(r.clone()).unwrap())).collect();
+    for (i, s) in streams.iter_mut().enumerate() {
+        if i % 2 == 1 {
+            let mut st = s.take().unwrap();
+            assert!(matches!(st.next_blocking(), Some(torus_wgpu::engine::Event::Token { .. })));
+            drop(st);
+        }
+    }
+    for (i, s) in streams.into_iter().enumerate() {
+        if let Some(s) = s {
+            assert_eq!(s.collect_blocking().ids, want[i], "request {i}");
+        }
+    }
+    let m = settled(&e);
+    assert_eq!((m.kv_blocks_used, m.requests_aborted), (0, 3), "{m:?}");
+    e.shutdown(false);
+}
+
 /// A `torus-wgpu worker` process, killed when dropped.
 struct WorkerProc {
     child: Child,
