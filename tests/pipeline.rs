@@ -175,6 +175,13 @@ fn split_without_ranges_is_even_and_covers_every_layer() {
     assert!(e.contains("layers 0..1 were not loaded"), "{e}");
     let e = HostModel::load_layers(&tiny(), Some(1..3), &|_, _| {}).err().unwrap().to_string();
     assert!(e.contains("outside the model's 2 layers"), "{e}");
+    if let Some(s) = smollm2() {
+        // A middle stage reads neither the embedding nor the output projection.
+        let mid = HostModel::load_layers(&s, Some(10..20), &|_, _| {}).unwrap();
+        assert!(mid.embed.is_none() && mid.lm_head().is_none() && mid.layers.len() == 10);
+        let last = HostModel::load_layers(&s, Some(20..30), &|_, _| {}).unwrap();
+        assert!(last.tied && last.lm_head().is_some());
+    }
 }
 
 fn build_err(cfg: &EngineConfig) -> String {

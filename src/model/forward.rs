@@ -457,14 +457,18 @@ impl Model {
         let uniform_x = g.uniform_x_ok() && std::env::var_os("TORUS_NO_UNIFORM_X").is_none();
         let (align, win_stride) = (g.device.limits().min_uniform_buffer_offset_alignment, window_stride(g));
         let windows = g.uniform_init("windows", bytemuck::cast_slice(&window_entries(t_max + 1, win_stride)));
-        let tied = host.lm_head.is_none();
-        let embed =
-            if first || (last && tied) { Some(GpuMatrix::upload(g, "embed", &host.embed, None, mb)?) } else { None };
+        let tied = host.tied;
+        let embed = match (&host.embed, first || (last && tied)) {
+            (Some(t), true) => Some(GpuMatrix::upload(g, "embed", t, None, mb)?),
+            (None, true) => bail!("the embedding was not loaded from {}", host.source.display()),
+            (_, false) => None,
+        };
+        let embed_format = embed.as_ref().map_or(WFormat::F32, |e| e.format);
         let kb_h = (cfg.hidden / 32) as u32;
         for c in embed.iter().filter(|_| first).flat_map(|e| &e.chunks) {
             let p = uni(&[kb_h, c.rows as u32, c.row0 as u32, 0]);
             ops.push(Op {
-                kind: OpKind::Embed { format: host.embed.format, k_blocks: kb_h },
+                kind: OpKind::Embed { format: embed_format, k_blocks: kb_h },
                 bind_u: None,
                 bind: kernels.matmul_family.bind(
                     g,
@@ -585,9 +589,9 @@ impl Model {
                 ),
             });
             let lm = match (&host.lm_head, embed) {
-                (Some(t), _) => GpuMatrix::upload(g, "lm_head", t, None, mb)?,
-                (None, Some(e)) => e,
-                (None, None) => bail!("the tied LM head needs the embedding on the last stage"),
+                (Some(t), _) if !tied => GpuMatrix::upload(g, "lm_head", t, None, mb)?,
+                (_, Some(e)) if tied => e,
+                _ => bail!("the output projection was not loaded from {}", host.source.display()),
             };
             matmul_ops(&mut ops, &mut keep, &lm, &final_normed, &logits, cfg.vocab, None, false, true, false);
             let sp = uni(&[cfg.vocab as u32, off_params as u32, 0, 0]);

@@ -25,25 +25,33 @@ pub struct HostLayer {
 
 pub struct HostModel {
     pub cfg: ModelConfig,
-    pub embed: QTensor,
+    /// The token embedding; None on a pipeline stage that neither embeds nor has a tied head.
+    pub embed: Option<QTensor>,
     /// Layers `first_layer..first_layer + layers.len()` of `cfg.layers` (all unless loaded for
     /// a pipeline stage).
     pub layers: Vec<HostLayer>,
     pub first_layer: usize,
     pub final_norm: Vec<f32>,
-    /// None when the output projection is tied to the embedding.
+    /// The untied output projection; None when tied, or on a stage other than the last.
     pub lm_head: Option<QTensor>,
+    /// The output projection is the embedding.
+    pub tied: bool,
     /// Where the weights came from (for messages).
     pub source: PathBuf,
 }
 
 impl HostModel {
-    pub fn lm_head(&self) -> &QTensor {
-        self.lm_head.as_ref().unwrap_or(&self.embed)
+    /// The output projection, when loaded.
+    pub fn lm_head(&self) -> Option<&QTensor> {
+        if self.tied {
+            self.embed.as_ref()
+        } else {
+            self.lm_head.as_ref()
+        }
     }
 
     pub fn formats(&self) -> Vec<WFormat> {
-        let mut f = vec![self.embed.format, self.lm_head().format];
+        let mut f: Vec<WFormat> = self.embed.iter().chain(self.lm_head()).map(|t| t.format).collect();
         for l in &self.layers {
             f.extend([l.q.format, l.k.format, l.v.format, l.o.format, l.gate.format, l.up.format, l.down.format]);
         }
@@ -57,8 +65,9 @@ impl HostModel {
         Self::load_layers(path, None, progress)
     }
 
-    /// Loads only the layers in `range` (all when None), for a pipeline stage; the embedding,
-    /// final norm and output projection are always loaded.
+    /// Loads only the layers in `range` (all when None), for a pipeline stage, with the
+    /// embedding when the range starts at layer 0 (or ends at the last with a tied head) and the
+    /// untied output projection when it ends at the last layer.
     pub fn load_layers(
         path: &Path,
         range: Option<std::ops::Range<usize>>,
@@ -210,7 +219,9 @@ fn load_hf(dir: &Path, range: std::ops::Range<usize>, progress: &dyn Fn(usize, u
     let cfg = ModelConfig::from_hf_json(&dir.join("config.json"))?;
     let w = HfWeights::open(dir)?;
     let (h, q, kv, i) = (cfg.hidden, cfg.q_dim(), cfg.kv_dim(), cfg.intermediate);
-    let embed = w.matrix("model.embed_tokens.weight", cfg.vocab, h)?;
+    let (first, last) = (range.start == 0, range.end == cfg.layers);
+    let tied = !w.tensors.contains_key("lm_head.weight");
+    let embed = if first || (last && tied) { Some(w.matrix("model.embed_tokens.weight", cfg.vocab, h)?) } else { None };
     let mut layers = Vec::with_capacity(range.len());
     let first_layer = range.start;
     for l in range {
@@ -238,8 +249,7 @@ fn load_hf(dir: &Path, range: std::ops::Range<usize>, progress: &dyn Fn(usize, u
         });
     }
     progress(cfg.layers, cfg.layers);
-    let lm_head =
-        if w.tensors.contains_key("lm_head.weight") { Some(w.matrix("lm_head.weight", cfg.vocab, h)?) } else { None };
+    let lm_head = if last && !tied { Some(w.matrix("lm_head.weight", cfg.vocab, h)?) } else { None };
     Ok(HostModel {
         final_norm: w.vector("model.norm.weight", h)?,
         cfg,
@@ -247,6 +257,7 @@ fn load_hf(dir: &Path, range: std::ops::Range<usize>, progress: &dyn Fn(usize, u
         layers,
         first_layer,
         lm_head,
+        tied,
         source: dir.to_path_buf(),
     })
 }
@@ -337,7 +348,9 @@ fn gguf_vector(g: &GgufFile, name: &str, len: usize) -> Result<Vec<f32>> {
 pub fn load_gguf(g: &GgufFile, range: std::ops::Range<usize>, progress: &dyn Fn(usize, usize)) -> Result<HostModel> {
     let cfg = gguf_config(g)?;
     let (h, q, kv, i) = (cfg.hidden, cfg.q_dim(), cfg.kv_dim(), cfg.intermediate);
-    let embed = gguf_matrix(g, "token_embd.weight", cfg.vocab, h)?;
+    let (first, last) = (range.start == 0, range.end == cfg.layers);
+    let tied = g.tensor("output.weight").is_none();
+    let embed = if first || (last && tied) { Some(gguf_matrix(g, "token_embd.weight", cfg.vocab, h)?) } else { None };
     let (q_perm, k_perm) = (unpermute_qk_rows(cfg.heads, cfg.head_dim), unpermute_qk_rows(cfg.kv_heads, cfg.head_dim));
     let mut layers = Vec::with_capacity(range.len());
     let first_layer = range.start;
@@ -372,8 +385,7 @@ pub fn load_gguf(g: &GgufFile, range: std::ops::Range<usize>, progress: &dyn Fn(
         });
     }
     progress(cfg.layers, cfg.layers);
-    let lm_head =
-        if g.tensor("output.weight").is_some() { Some(gguf_matrix(g, "output.weight", cfg.vocab, h)?) } else { None };
+    let lm_head = if last && !tied { Some(gguf_matrix(g, "output.weight", cfg.vocab, h)?) } else { None };
     Ok(HostModel {
         final_norm: gguf_vector(g, "output_norm.weight", h)?,
         cfg,
@@ -381,6 +393,7 @@ pub fn load_gguf(g: &GgufFile, range: std::ops::Range<usize>, progress: &dyn Fn(
         layers,
         first_layer,
         lm_head,
+        tied,
         source: g.path.clone(),
     })
 }
