@@ -30,6 +30,8 @@ pub struct EngineConfig {
     /// Pipeline stages, in layer order (with enable_pipeline_parallel). Empty: `world_size`
     /// stages on `adapter`, layers split evenly.
     pub stages: Vec<StageConfig>,
+    /// Longest a remote stage may take to answer one step before it counts as failed.
+    pub stage_timeout_s: f64,
 }
 
 /// One pipeline stage: in this process on an adapter, or a worker at `address`.
@@ -70,6 +72,7 @@ impl Default for EngineConfig {
             stage_start_layer: None,
             stage_end_layer: None,
             stages: vec![],
+            stage_timeout_s: 600.0,
         }
     }
 }
@@ -107,6 +110,9 @@ impl EngineConfig {
             if s >= e {
                 bail!("stage_start_layer {s} must be below stage_end_layer {e}");
             }
+        }
+        if !(self.stage_timeout_s > 0.0 && self.stage_timeout_s.is_finite()) {
+            bail!("stage_timeout_s must be a positive number of seconds");
         }
         if !self.stages.is_empty() {
             if !self.enable_pipeline_parallel {

@@ -592,6 +592,39 @@ fn tiny_with_stage_1_down() -> (PathBuf, EngineConfig, EngineConfig, WorkerProc,
 }
 
 #[test]
+fn a_hung_worker_times_out() {
+    // A stopped (not dead) worker: the step fails after stage_timeout_s, and once the worker
+    // runs again the next request succeeds.
+    let path = tiny();
+    let cfg = base_cfg(&path);
+    let (a0, a1) = (free_addr(), free_addr());
+    let _w0 = WorkerProc::start(&cfg, (0, 1), &a0);
+    let w1 = WorkerProc::start(&cfg, (1, 2), &a1);
+    let mut pcfg = pipeline_cfg(&cfg, &[(0, 1, Some(&a0)), (1, 2, Some(&a1))]);
+    pcfg.stage_timeout_s = 2.0;
+    let e = EngineHandle::start(build(&pcfg).unwrap(), load_tokenizer(&path).unwrap(), &pcfg);
+    let prompt = prompts(&path)[2].clone();
+    let want = single_engine_outputs(&path, &cfg, &[greedy_req(&prompt, 16)]).remove(0);
+    assert_eq!(collect_within(&e, greedy_req(&prompt, 16), Duration::from_secs(60)).ids, want);
+    let signal = |sig: &str| {
+        let ok = Command::new("kill").args([sig, &w1.child.id().to_string()]).status().unwrap().success();
+        assert!(ok, "kill {sig}");
+    };
+    signal("-STOP");
+    let t0 = Instant::now();
+    let c = collect_within(&e, greedy_req(&prompt, 16), Duration::from_secs(60));
+    let waited = t0.elapsed();
+    signal("-CONT");
+    match &c.reason {
+        FinishReason::Error(m) => assert!(m.contains("stage 1") && m.contains("timed out"), "{m}"),
+        r => panic!("expected a timeout, got {r:?}"),
+    }
+    assert!(waited < Duration::from_secs(30), "took {waited:?}");
+    assert_eq!(collect_within(&e, greedy_req(&prompt, 16), Duration::from_secs(60)).ids, want);
+    e.shutdown(false);
+}
+
+#[test]
 fn a_worker_down_at_start_does_not_stop_the_scheduler() {
     let (path, cfg, pcfg, _w0, a1) = tiny_with_stage_1_down();
     // Builds without reaching stage 1.

@@ -541,6 +541,7 @@ pub fn build(
             vocab: mcfg.vocab,
             limits,
             num_blocks,
+            timeout: std::time::Duration::from_secs_f64(cfg.stage_timeout_s),
         };
         let h = Arc::new(StageHealth::new(i, format!("worker {addr}"), Some(addr.clone()), range.clone()));
         built.push((Box::new(remote::RemoteStage::new(&addr, want)?), h));

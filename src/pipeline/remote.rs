@@ -28,6 +28,8 @@ pub struct Expect {
     pub vocab: usize,
     pub limits: StepLimits,
     pub num_blocks: usize,
+    /// Longest wait for one step's answer.
+    pub timeout: Duration,
 }
 
 impl Expect {
@@ -91,9 +93,11 @@ pub struct RemoteStage {
 fn status_text(s: &tonic::Status) -> String {
     let m = s.message();
     let m = if m.is_empty() { format!("{:?}", s.code()) } else { m.to_string() };
+    // The client's own deadline (stage_timeout_s) ends a call as Cancelled("Timeout expired").
+    let timed_out = s.code() == tonic::Code::DeadlineExceeded || m.contains("Timeout expired");
     match s.code() {
+        _ if timed_out => format!("timed out (no answer within stage_timeout_s): {m}"),
         tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::Cancelled => format!("unreachable: {m}"),
-        tonic::Code::DeadlineExceeded => format!("timed out: {m}"),
         _ => m,
     }
 }
@@ -105,7 +109,7 @@ impl RemoteStage {
         let ep = Endpoint::from_shared(format!("http://{addr}"))
             .map_err(|e| anyhow!("stage {}: bad worker address {addr:?}: {e}", want.stage))?
             .connect_timeout(Duration::from_secs(3))
-            .timeout(Duration::from_secs(600));
+            .timeout(want.timeout);
         let client = Self::client_for(&rt, &ep);
         Ok(RemoteStage { addr: addr.to_string(), want, rt, ep, client, instance: 0 })
     }
