@@ -201,6 +201,9 @@ pub struct EngineArgs {
     pub stage_start_layer: Option<usize>,
     #[arg(long)]
     pub stage_end_layer: Option<usize>,
+    /// Seconds a remote stage may take for one step.
+    #[arg(long)]
+    pub stage_timeout_s: Option<f64>,
 }
 
 impl EngineArgs {
@@ -235,6 +238,7 @@ impl EngineArgs {
         c.pipeline_rank = self.pipeline_rank.unwrap_or(c.pipeline_rank);
         c.stage_start_layer = self.stage_start_layer.or(c.stage_start_layer);
         c.stage_end_layer = self.stage_end_layer.or(c.stage_end_layer);
+        c.stage_timeout_s = self.stage_timeout_s.unwrap_or(c.stage_timeout_s);
         c.validate()?;
         Ok(c)
     }

@@ -719,6 +719,8 @@ fn shipped_configs_parse_and_pipeline_ones_cover_the_default_model() {
     .resolve()
     .unwrap();
     assert_eq!((c.pipeline_rank, c.stage_start_layer, c.stage_end_layer), (1, Some(12), Some(30)));
+    let e = EngineArgs { stage_timeout_s: Some(0.0), ..Default::default() }.resolve().unwrap_err();
+    assert!(e.to_string().contains("stage_timeout_s"), "{e}");
     let e = EngineArgs { pipeline_rank: Some(2), world_size: Some(2), ..Default::default() }.resolve().unwrap_err();
     assert!(e.to_string().contains("pipeline_rank 2 must be below world_size 2"), "{e}");
 }
