@@ -376,7 +376,12 @@ pub fn run_worker(cfg: &EngineConfig, listen: &str) -> Result<()> {
     let path = cfg.model.clone().map(std::path::PathBuf::from).unwrap_or_else(crate::config::default_model_path);
     let mcfg = crate::model::loader::read_config(&path).with_context(|| format!("loading {}", path.display()))?;
     let layers = worker_layers(cfg, mcfg.layers)?;
-    let addr: std::net::SocketAddr = listen.parse().map_err(|e| anyhow!("--listen {listen:?}: {e}"))?;
+    use std::net::ToSocketAddrs;
+    let addr = listen
+        .to_socket_addrs()
+        .map_err(|e| anyhow!("--listen {listen:?}: {e} (expected host:port)"))?
+        .next()
+        .ok_or_else(|| anyhow!("--listen {listen:?}: the name resolves to no address"))?;
     // Bind before loading, so a taken port fails at once.
     let listener = std::net::TcpListener::bind(addr).with_context(|| format!("cannot listen on {addr}"))?;
     listener.set_nonblocking(true)?;
