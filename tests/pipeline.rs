@@ -773,3 +773,59 @@ fn a_panicking_stage_fails_its_step_and_the_pipeline_goes_on() {
     assert_eq!(got, vec![(1, Some(2)), (2, None), (3, Some(4))]);
     assert!(p.health[1].get().is_ok());
 }
+
+#[test]
+fn serve_binary_drives_two_workers() {
+    // `torus-wgpu serve --config` with a scheduler config whose stages are two workers.
+    let path = tiny();
+    let cfg = base_cfg(&path);
+    let (a0, a1) = (free_addr(), free_addr());
+    let _w0 = WorkerProc::start(&cfg, (0, 1), &a0);
+    let _w1 = WorkerProc::start(&cfg, (1, 2), &a1);
+    let sched = pipeline_cfg(&cfg, &[(0, 1, Some(&a0)), (1, 2, Some(&a1))]);
+    let file = std::env::temp_dir().join(format!("torus-pp-sched-{}.json", std::process::id()));
+    std::fs::write(&file, serde_json::to_string_pretty(&sched).unwrap()).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_torus-wgpu"))
+        .args(["serve", "--config", file.to_str().unwrap(), "--port", "0"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    let err = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(err).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let mut log = vec![];
+    let addr = loop {
+        let line = rx.recv_timeout(Duration::from_secs(120)).unwrap_or_else(|_| panic!("no ready line: {log:?}"));
+        log.push(line.clone());
+        if let Some(rest) = line.split("ready on http://").nth(1) {
+            break rest.split_whitespace().next().unwrap().to_string();
+        }
+    };
+    assert!(log.iter().any(|l| l.contains(&a0) && l.contains(&a1)), "{log:?}");
+    // The single-device engine's text for the same greedy request.
+    let prompt = prompts(&path)[1].clone();
+    let gpu = Arc::new(Gpu::new(None).unwrap());
+    let (m, tok) = load_model(&path, &cfg, gpu, &|_, _| {}).unwrap();
+    let single = EngineHandle::start(m, tok, &cfg);
+    let want = single.submit(greedy_req(&prompt, 12)).unwrap().collect_blocking().text;
+    single.shutdown(false);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let body = rt.block_on(async {
+        let r = reqwest::Client::new()
+            .post(format!("http://{addr}/v1/completions"))
+            .json(&serde_json::json!({"prompt": prompt, "max_tokens": 12, "temperature": 0, "ignore_eos": true}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 200);
+        r.json::<serde_json::Value>().await.unwrap()
+    });
+    assert_eq!(body["choices"][0]["text"].as_str().unwrap(), want, "{body}");
+    let _ = child.kill();
+    let _ = child.wait();
+}
