@@ -3,6 +3,7 @@
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-changed=proto/stage.proto");
     let fds = protox::compile(["proto/stage.proto"], ["proto"])?;
-    tonic_prost_build::configure().compile_fds(fds)?;
+    // Tensor bytes as reference-counted buffers: a retried step does not copy hidden states.
+    tonic_prost_build::configure().bytes(".torus.stage.Tensor.data").compile_fds(fds)?;
     Ok(())
 }

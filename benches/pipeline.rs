@@ -128,12 +128,17 @@ impl Worker {
             .stderr(std::process::Stdio::piped())
             .spawn()
             .unwrap();
+        // Keep reading its stderr after "ready" so the worker never writes to a closed pipe.
         let err = std::io::BufReader::new(child.stderr.take().unwrap());
-        for line in err.lines().map_while(Result::ok) {
-            if line.contains("ready on") {
-                break;
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in err.lines().map_while(Result::ok) {
+                if line.contains("ready on") {
+                    let _ = tx.send(());
+                }
             }
-        }
+        });
+        rx.recv().expect("the worker exited before it was ready");
         Worker { child, addr, layers: (a, b) }
     }
 }

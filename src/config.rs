@@ -134,6 +134,13 @@ impl EngineConfig {
     }
 }
 
+impl EngineConfig {
+    /// The model this config names, or the default model.
+    pub fn model_path(&self) -> PathBuf {
+        self.model.clone().map(PathBuf::from).unwrap_or_else(default_model_path)
+    }
+}
+
 /// Where the default model lives: `TORUS_MODEL`, else models/ under the current directory or
 /// beside the executable's repository.
 pub fn default_model_path() -> std::path::PathBuf {

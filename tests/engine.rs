@@ -3,7 +3,7 @@
 //! off) and against the fixtures.
 
 mod common;
-use common::{fixtures, smollm2, tiny};
+use common::{fixtures, greedy_req, smollm2, tiny};
 
 use serde_json::Value;
 use std::path::Path;
@@ -27,16 +27,6 @@ fn engine(path: &Path, f: impl FnOnce(&mut EngineConfig)) -> EngineHandle {
     f(&mut cfg);
     let (model, tok) = load_model(path, &cfg, gpu, &|_, _| {}).unwrap();
     EngineHandle::start(model, tok, &cfg)
-}
-
-fn greedy_req(prompt: &[u32], n: usize) -> Request {
-    Request {
-        prompt: prompt.to_vec(),
-        params: RequestParams {
-            stop: StopConditions { max_tokens: Some(n), ignore_eos: true, ..Default::default() },
-            ..Default::default()
-        },
-    }
 }
 
 fn run_alone(e: &EngineHandle, reqs: &[Request]) -> Vec<Vec<u32>> {

@@ -5,17 +5,14 @@
 //! clear errors and nothing hangs.
 
 mod common;
-use common::{smollm2, tiny};
+use common::{greedy_req, smollm2, spawn_until_ready, tiny};
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use torus_wgpu::config::{EngineConfig, StageConfig};
-use torus_wgpu::engine::{
-    load_model, load_tokenizer, EngineHandle, FinishReason, Request, RequestParams, StopConditions,
-};
+use torus_wgpu::engine::{load_model, load_tokenizer, EngineHandle, FinishReason, Request};
 use torus_wgpu::gpu::Gpu;
 use torus_wgpu::model::forward::{SampleParams, StepInput};
 use torus_wgpu::pipeline::{self, Pipeline};
@@ -251,16 +248,6 @@ impl WithPipeline for EngineConfig {
     }
 }
 
-fn greedy_req(prompt: &[u32], n: usize) -> Request {
-    Request {
-        prompt: prompt.to_vec(),
-        params: RequestParams {
-            stop: StopConditions { max_tokens: Some(n), ignore_eos: true, ..Default::default() },
-            ..Default::default()
-        },
-    }
-}
-
 /// Prompts with a shared 40-token prefix (prefix-cache hits) and distinct tails.
 fn engine_prompts(path: &Path) -> Vec<Vec<u32>> {
     let base = prompts(path);
@@ -430,24 +417,10 @@ impl WorkerProc {
     }
 
     fn spawn(cfg_file: PathBuf, addr: &str) -> WorkerProc {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_torus-wgpu"))
-            .args(["worker", "--config", cfg_file.to_str().unwrap(), "--listen", addr])
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start the worker");
-        // Wait for "ready" on its stderr (the model loads and warms up first).
-        let (tx, rx) = std::sync::mpsc::channel();
-        let err = child.stderr.take().unwrap();
-        std::thread::spawn(move || {
-            for line in BufReader::new(err).lines().map_while(Result::ok) {
-                eprintln!("[worker] {line}");
-                if line.contains("ready on") {
-                    let _ = tx.send(());
-                }
-            }
-        });
-        rx.recv_timeout(Duration::from_secs(300)).expect("the worker did not become ready");
+        // Ready once the model has loaded and warmed up.
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_torus-wgpu"));
+        cmd.args(["worker", "--config", cfg_file.to_str().unwrap(), "--listen", addr]);
+        let (child, _, _) = spawn_until_ready(&mut cmd, "worker", "ready on", Duration::from_secs(300));
         WorkerProc { child, addr: addr.to_string(), cfg_file }
     }
 
@@ -785,27 +758,10 @@ fn serve_binary_drives_two_workers() {
     let sched = pipeline_cfg(&cfg, &[(0, 1, Some(&a0)), (1, 2, Some(&a1))]);
     let file = std::env::temp_dir().join(format!("torus-pp-sched-{}.json", std::process::id()));
     std::fs::write(&file, serde_json::to_string_pretty(&sched).unwrap()).unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_torus-wgpu"))
-        .args(["serve", "--config", file.to_str().unwrap(), "--port", "0"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let (tx, rx) = std::sync::mpsc::channel::<String>();
-    let err = child.stderr.take().unwrap();
-    std::thread::spawn(move || {
-        for line in BufReader::new(err).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
-    let mut log = vec![];
-    let addr = loop {
-        let line = rx.recv_timeout(Duration::from_secs(120)).unwrap_or_else(|_| panic!("no ready line: {log:?}"));
-        log.push(line.clone());
-        if let Some(rest) = line.split("ready on http://").nth(1) {
-            break rest.split_whitespace().next().unwrap().to_string();
-        }
-    };
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_torus-wgpu"));
+    cmd.args(["serve", "--config", file.to_str().unwrap(), "--port", "0"]);
+    let (mut child, log, _) = spawn_until_ready(&mut cmd, "serve", "ready on http://", Duration::from_secs(120));
+    let addr = log.last().unwrap().split("ready on http://").nth(1).unwrap().split_whitespace().next().unwrap();
     assert!(log.iter().any(|l| l.contains(&a0) && l.contains(&a1)), "{log:?}");
     // The single-device engine's text for the same greedy request.
     let prompt = prompts(&path)[1].clone();

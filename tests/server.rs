@@ -5,12 +5,12 @@
 //! model matters (a real answer, disconnects mid-generation, a full queue).
 
 mod common;
-use common::{smollm2, tiny};
+use common::{smollm2, spawn_until_ready, tiny};
 
 use futures_util::StreamExt;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -918,29 +918,18 @@ async fn smollm2_answers_disconnects_abort_and_queue_limit() {
 /// finishes the in-flight stream and exits 0.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn binary_serves_and_drains_on_sigterm() {
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_torus-wgpu"))
-        .args(["serve", "--model"])
-        .arg(tiny())
-        .args(["--port", "0", "--total-cache-size", "8388608", "--max-sequence-length", "512"])
-        .stderr(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let stderr = child.stderr.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel::<String>();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
-    let mut log = vec![];
-    let addr = loop {
-        let line = rx.recv_timeout(Duration::from_secs(120)).unwrap_or_else(|_| panic!("no ready line: {log:?}"));
-        log.push(line.clone());
-        if let Some(rest) = line.split("ready on http://").nth(1) {
-            break rest.split_whitespace().next().unwrap().to_string();
-        }
-    };
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_torus-wgpu"));
+    cmd.args(["serve", "--model"]).arg(tiny()).args([
+        "--port",
+        "0",
+        "--total-cache-size",
+        "8388608",
+        "--max-sequence-length",
+        "512",
+    ]);
+    let (mut child, mut log, rx) = spawn_until_ready(&mut cmd, "serve", "ready on http://", Duration::from_secs(120));
+    let addr =
+        log.last().unwrap().split("ready on http://").nth(1).unwrap().split_whitespace().next().unwrap().to_string();
     assert!(log.iter().any(|l| l.contains("KV cache") && l.contains("blocks")), "{log:?}");
     let http = client();
     let r = http

@@ -106,11 +106,7 @@ const WORDS: &[&str] = &[
 ];
 
 fn random_prompts(a: &BenchArgs) -> Result<Vec<BenchPrompt>> {
-    let tok = match &a.tokenizer {
-        Some(p) if p.is_dir() => Some(crate::tokenizer::Tokenizer::from_hf_dir(p)?),
-        Some(p) => Some(crate::tokenizer::Tokenizer::from_gguf(&crate::model::gguf::GgufFile::open(p)?)?),
-        None => None,
-    };
+    let tok = a.tokenizer.as_deref().map(crate::tokenizer::Tokenizer::from_path).transpose()?;
     let mut rng = crate::sampling::Rng::new(a.seed);
     let mut out = Vec::with_capacity(a.num_prompts);
     for _ in 0..a.num_prompts {

@@ -44,8 +44,6 @@ pub struct SchedulerConfig {
 
 struct Seq {
     id: u64,
-    /// Admission stamp: running sequences are ordered by it; the newest is preempted first.
-    admitted: u64,
     /// Prompt then generated tokens.
     tokens: Vec<u32>,
     prompt_len: usize,
@@ -140,8 +138,9 @@ pub(crate) struct EngineCore {
     bm: BlockManager,
     cfg: SchedulerConfig,
     waiting: VecDeque<Seq>,
+    /// In admission order: admitted sequences are pushed last and removals keep the order, so
+    /// the newest (the first to preempt) is last.
     running: Vec<Seq>,
-    clock: u64,
     metrics: Arc<EngineMetrics>,
     draining: bool,
 }
@@ -181,7 +180,6 @@ impl EngineCore {
             cfg,
             waiting: VecDeque::new(),
             running: Vec::new(),
-            clock: 0,
             metrics,
             draining: false,
         };
@@ -241,7 +239,11 @@ impl EngineCore {
             }
             match self.exec.recv() {
                 Some(r) => self.complete(r),
-                None => self.in_flight.clear(),
+                // Cannot happen (the executor counts the same steps); never wait forever on it.
+                None => {
+                    self.in_flight.clear();
+                    self.busy.clear();
+                }
             }
             self.publish();
         }
@@ -264,7 +266,6 @@ impl EngineCore {
                 let seed = req.params.sampling.seed;
                 self.waiting.push_back(Seq {
                     id,
-                    admitted: 0,
                     tokens: req.prompt,
                     prompt_len,
                     computed: 0,
@@ -433,8 +434,6 @@ impl EngineCore {
             s.computed = computed;
             s.scheduled = computed;
             s.cached_tokens.get_or_insert(computed.min(s.prompt_len));
-            self.clock += 1;
-            s.admitted = self.clock;
             plan.push(Planned { id: s.id, start: computed, len });
             budget -= len;
             n_prefill += 1;
@@ -478,6 +477,11 @@ impl EngineCore {
     fn complete(&mut self, r: StepResult) {
         let Some(step) = self.in_flight.pop_front() else { return };
         debug_assert_eq!(step.id, r.id, "steps finish in submission order");
+        if step.epoch != self.epoch {
+            // Submitted before a stage failure: its sequences were already failed or requeued,
+            // and `busy` was reset then (it may count their new steps by now).
+            return;
+        }
         for p in &step.plan {
             if let Some(n) = self.busy.get_mut(&p.id) {
                 *n -= 1;
@@ -485,10 +489,6 @@ impl EngineCore {
                     self.busy.remove(&p.id);
                 }
             }
-        }
-        if step.epoch != self.epoch {
-            // Submitted before a stage failure: its sequences were already failed or requeued.
-            return;
         }
         let out = match r.result {
             Ok(out) => out,
@@ -552,10 +552,10 @@ impl EngineCore {
         self.metrics.stage_failures.fetch_add(1, Relaxed);
         self.epoch += 1;
         self.busy.clear();
-        let mut seqs = std::mem::take(&mut self.running);
+        let seqs = std::mem::take(&mut self.running);
         if f.restarted {
-            seqs.sort_by_key(|s| std::cmp::Reverse(s.admitted));
-            for s in seqs {
+            // Newest first, so the oldest ends up first in line.
+            for s in seqs.into_iter().rev() {
                 self.requeue(s);
             }
         } else {

@@ -3,7 +3,7 @@
 
 use super::core::{Command, EngineCore, SchedulerConfig};
 use super::metrics::EngineMetrics;
-use super::request::{Event, FinishReason, Request, Usage};
+use super::request::{Event, FinishReason, Request, RequestParams, Usage};
 use crate::config::EngineConfig;
 use crate::gpu::kernels::MAX_TOP_LOGPROBS;
 use crate::pipeline::{Executor, StageHealth};
@@ -157,7 +157,12 @@ impl EngineHandle {
 
     /// Checks a request against the engine's limits; the error says what is wrong.
     pub fn validate(&self, req: &Request) -> Result<(), String> {
-        let n = req.prompt.len();
+        self.validate_parts(&req.prompt, &req.params)
+    }
+
+    /// `validate` on a prompt and parameters that are not (yet) one request.
+    pub fn validate_parts(&self, prompt: &[u32], params: &RequestParams) -> Result<(), String> {
+        let n = prompt.len();
         let info = &self.info;
         if n == 0 {
             return Err("the prompt is empty".into());
@@ -168,7 +173,7 @@ impl EngineHandle {
                 info.max_seq_len
             ));
         }
-        let max_tokens = req.params.stop.max_tokens.unwrap_or(info.max_seq_len - n);
+        let max_tokens = params.stop.max_tokens.unwrap_or(info.max_seq_len - n);
         if n + max_tokens > info.max_seq_len {
             return Err(format!(
                 "the prompt ({n} tokens) plus max_tokens ({max_tokens}) exceeds max_sequence_length {}",
@@ -182,26 +187,26 @@ impl EngineHandle {
                 info.num_blocks
             ));
         }
-        if let Some(&t) = req.prompt.iter().find(|&&t| t as usize >= info.vocab) {
+        if let Some(&t) = prompt.iter().find(|&&t| t as usize >= info.vocab) {
             return Err(format!("token id {t} is outside the vocabulary ({})", info.vocab));
         }
-        if let Some(&(t, _)) = req.params.logit_bias.iter().find(|(t, _)| *t as usize >= info.vocab) {
+        if let Some(&(t, _)) = params.logit_bias.iter().find(|(t, _)| *t as usize >= info.vocab) {
             return Err(format!("logit_bias token id {t} is outside the vocabulary ({})", info.vocab));
         }
-        if req.params.logit_bias.len() > crate::model::forward::MAX_LOGIT_BIAS {
+        if params.logit_bias.len() > crate::model::forward::MAX_LOGIT_BIAS {
             return Err(format!("at most {} logit_bias entries are allowed", crate::model::forward::MAX_LOGIT_BIAS));
         }
-        if req.params.logprobs.unwrap_or(0) as usize > MAX_TOP_LOGPROBS {
+        if params.logprobs.unwrap_or(0) as usize > MAX_TOP_LOGPROBS {
             return Err(format!("at most {MAX_TOP_LOGPROBS} top logprobs can be returned"));
         }
-        let s = &req.params.sampling;
+        let s = &params.sampling;
         if !(s.temperature >= 0.0 && s.temperature.is_finite()) {
             return Err("temperature must be >= 0".into());
         }
         if !(s.top_p > 0.0 && s.top_p <= 1.0) {
             return Err("top_p must be in (0, 1]".into());
         }
-        if !(req.params.repetition_penalty > 0.0 && req.params.repetition_penalty.is_finite()) {
+        if !(params.repetition_penalty > 0.0 && params.repetition_penalty.is_finite()) {
             return Err("repetition_penalty must be > 0".into());
         }
         Ok(())

@@ -138,11 +138,7 @@ pub fn load_model(
 
 /// The tokenizer of the model at `path` (Hugging Face directory or .gguf file).
 pub fn load_tokenizer(path: &std::path::Path) -> Result<crate::tokenizer::Tokenizer> {
-    if path.is_dir() {
-        crate::tokenizer::Tokenizer::from_hf_dir(path)
-    } else {
-        crate::tokenizer::Tokenizer::from_gguf(&crate::model::gguf::GgufFile::open(path)?)
-    }
+    crate::tokenizer::Tokenizer::from_path(path)
 }
 
 /// Loads the model the config names (or the default model) with a progress bar on stderr:
@@ -150,7 +146,7 @@ pub fn load_tokenizer(path: &std::path::Path) -> Result<crate::tokenizer::Tokeni
 /// adapters and/or remote workers). Prints where each part runs.
 pub fn load_configured(cfg: &crate::config::EngineConfig) -> Result<(Executor, crate::tokenizer::Tokenizer)> {
     use anyhow::Context;
-    let path = cfg.model.clone().map(std::path::PathBuf::from).unwrap_or_else(crate::config::default_model_path);
+    let path = cfg.model_path();
     if !path.exists() {
         bail!(
             "{}: model not found (run scripts/fetch-model.sh for the default model, or pass --model)",

@@ -12,7 +12,6 @@ pub struct Gpu {
     pub info: wgpu::AdapterInfo,
     /// Largest storage binding the kernels may use (bytes); tensors larger than this are chunked.
     pub max_binding: u64,
-    pub max_buffer: u64,
     /// Device-local memory, where the backend tells it (Vulkan); pipeline splits use it.
     pub memory: Option<u64>,
 }
@@ -143,14 +142,7 @@ impl Gpu {
             ..Default::default()
         }))
         .with_context(|| format!("cannot open a device on adapter '{}'", info.name))?;
-        Ok(Gpu {
-            device,
-            queue,
-            info,
-            max_binding: limits.max_storage_buffer_binding_size,
-            max_buffer: limits.max_buffer_size,
-            memory,
-        })
+        Ok(Gpu { device, queue, info, max_binding: limits.max_storage_buffer_binding_size, memory })
     }
 
     pub fn describe(&self) -> String {

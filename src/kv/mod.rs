@@ -75,10 +75,6 @@ impl BlockManager {
         }
     }
 
-    pub fn num_blocks(&self) -> usize {
-        self.blocks.len()
-    }
-
     /// Blocks that can be handed out now (free, or cached and evictable).
     pub fn available(&self) -> usize {
         self.free.len() + self.lru.len()

@@ -397,8 +397,9 @@ impl Model {
         let meta_len = 4 * t_max + (1 + ps) * s_max + s_max * max_blocks;
         // Logit adjustments: up to one entry per token of every sampled sequence, plus its
         // logit-bias entries.
+        // Only the last stage samples: the others get placeholders for its buffers.
         let adjust_cap = s_max * (limits.max_seq_len + MAX_LOGIT_BIAS);
-        let adjust_buf = g.storage("adjust", (adjust_cap * 16) as u64);
+        let adjust_buf = g.storage("adjust", if last { (adjust_cap * 16) as u64 } else { 16 });
         let meta_buf = g.storage("meta", (meta_len * 4) as u64);
         let step_buf = g.uniform_init("step", bytemuck::bytes_of(&header));
 
@@ -428,9 +429,9 @@ impl Model {
         let qkv = g.storage("qkv", f(t_max * cfg.qkv_dim()));
         let attn = g.activation("attn", f(t_max * cfg.q_dim()));
         let act = g.activation("act", f(t_max * cfg.intermediate));
-        let final_normed = g.activation("final_normed", f(s_max * cfg.hidden));
         // Logits and sampler results only on the last stage; hidden states leave the others.
         let s_last = if last { s_max } else { 1 };
+        let final_normed = g.activation("final_normed", f(s_last * cfg.hidden));
         let logits = g.storage("logits", f(s_last * cfg.vocab));
         let result_bytes = (s_last * SAMPLE_RESULT_STRIDE * 4) as u64;
         let result = g.storage("result", result_bytes);
@@ -609,13 +610,12 @@ impl Model {
                     .sample_family
                     .bind(g, &[(0, &step_buf), (1, &sp), (2, &meta_buf), (3, &logits), (4, &result)]),
             });
-            keep.extend([final_norm, final_p, sp, dummy, final_normed, windows]);
-            keep.push(adjust_buf.clone());
+            keep.extend([final_norm, final_p, sp]);
             matrices.push(lm);
         } else {
-            keep.extend([dummy, final_normed, windows, adjust_buf.clone()]);
             matrices.extend(embed);
         }
+        keep.extend([dummy, final_normed, windows, adjust_buf.clone()]);
 
         Ok(Model {
             cfg,
@@ -733,13 +733,16 @@ impl Model {
         meta[t..t + n as usize].copy_from_slice(&s.positions);
         meta[2 * t..2 * t + n as usize].copy_from_slice(&s.slots);
         meta[3 * t..3 * t + n as usize].copy_from_slice(&s.seq_of_token);
-        meta[self.off_sample..self.off_sample + ns as usize].copy_from_slice(&s.sample_rows);
         let adjust = &mut self.adjust_scratch;
         adjust.clear();
-        for (i, p) in s.sampling.iter().enumerate() {
-            let b = self.off_params + SAMPLE_PARAMS_STRIDE * i;
-            meta[b..b + SAMPLE_PARAMS_STRIDE].copy_from_slice(&p.words((adjust.len() / 4) as u32));
-            adjust.extend(p.adjust.iter().flat_map(|a| a.words()));
+        // Sample rows, their parameters and logit adjustments matter to the last stage only.
+        if self.layers.end == self.cfg.layers {
+            meta[self.off_sample..self.off_sample + ns as usize].copy_from_slice(&s.sample_rows);
+            for (i, p) in s.sampling.iter().enumerate() {
+                let b = self.off_params + SAMPLE_PARAMS_STRIDE * i;
+                meta[b..b + SAMPLE_PARAMS_STRIDE].copy_from_slice(&p.words((adjust.len() / 4) as u32));
+                adjust.extend(p.adjust.iter().flat_map(|a| a.words()));
+            }
         }
         let mb = h.max_blocks as usize;
         for (i, tbl) in s.block_tables.iter().enumerate() {

@@ -205,9 +205,15 @@ impl QTensor {
 
     /// Reorders rows: row i of the result is row `src[i]` of self.
     pub fn permute_rows(&self, src: &[usize]) -> QTensor {
-        let parts: Vec<QTensor> = src.iter().map(|&r| self.slice_rows(r, r + 1)).collect();
-        let refs: Vec<&QTensor> = parts.iter().collect();
-        Self::concat_rows(&refs).expect("same format")
+        let wpr = self.blocks_per_row() * self.format.words_per_block();
+        let spr = self.blocks_per_row() * self.format.scales_per_block();
+        let mut q = Vec::with_capacity(src.len() * wpr);
+        let mut s = Vec::with_capacity(src.len() * spr);
+        for &r in src {
+            q.extend_from_slice(&self.q[r * wpr..(r + 1) * wpr]);
+            s.extend_from_slice(&self.s[r * spr..(r + 1) * spr]);
+        }
+        QTensor { format: self.format, rows: src.len(), cols: self.cols, q, s }
     }
 
     pub fn bytes(&self) -> usize {

@@ -97,7 +97,8 @@ pub trait StageExec: Send {
 /// A stage with its health entry.
 pub type Stage = (Box<dyn StageExec>, Arc<StageHealth>);
 
-struct LocalStage(Model);
+/// A stage on a device of this process (also what a worker process serves).
+pub(crate) struct LocalStage(pub(crate) Model);
 
 impl StageExec for LocalStage {
     fn run(
@@ -204,7 +205,10 @@ impl Pipeline {
                         let e = job.error.unwrap_or_else(|| anyhow!("stage {i} produced no output"));
                         let _ = out.send(StepResult { id: job.id, result: Err(e) });
                     } else if let Err(std::sync::mpsc::SendError(job)) = fwd_tx.send(job) {
-                        let e = job.error.unwrap_or_else(|| anyhow!("pipeline stage {} has stopped", i + 1));
+                        let e = job.error.unwrap_or_else(|| {
+                            let message = "its thread has stopped".to_string();
+                            StageFailure { stage: i + 1, name: "pipeline".into(), restarted: false, message }.into()
+                        });
                         let _ = out.send(StepResult { id: job.id, result: Err(e) });
                     }
                 }
@@ -238,10 +242,6 @@ impl Pipeline {
         if let Some(tx) = &self.tx {
             let _ = tx.send(job);
         }
-    }
-
-    pub fn in_flight(&self) -> usize {
-        self.in_flight.len()
     }
 
     /// Waits for the oldest step in flight. Should every stage thread be gone, each step still
@@ -354,13 +354,6 @@ impl Executor {
                 done.push_back(StepResult { id, result });
             }
             Executor::Pipeline(p) => p.submit(id, input, false),
-        }
-    }
-
-    pub fn in_flight(&self) -> usize {
-        match self {
-            Executor::Single { done, .. } => done.len(),
-            Executor::Pipeline(p) => p.in_flight(),
         }
     }
 

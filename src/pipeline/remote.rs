@@ -183,27 +183,78 @@ impl StageExec for RemoteStage {
             {
                 return Err(self.fail(false, format!("the worker returned hidden states {:?} {}", h.shape, h.dtype)));
             }
-            return Ok((StageOutput::Hidden(h.data), None));
+            return Ok((StageOutput::Hidden(h.data.into()), None));
         }
         if reply.sampled.len() != s.sample_rows.len() {
             return Err(self.fail(false, format!("{} sampled rows for {}", reply.sampled.len(), s.sample_rows.len())));
         }
-        let sampled = reply
-            .sampled
-            .into_iter()
-            .map(|r| Sampled {
-                id: r.id,
-                logprob: r.logprob,
-                top: r.top.into_iter().map(|t| (t.id, t.logprob)).collect(),
-            })
-            .collect();
+        let sampled = reply.sampled.into_iter().map(Sampled::from).collect();
         let logits = reply.logits.map(|t| bytemuck::pod_collect_to_vec::<u8, f32>(&t.data));
         Ok((StageOutput::Sampled(sampled), logits))
     }
 }
 
 fn tensor(shape: Vec<usize>, data: Vec<u8>) -> proto::Tensor {
-    proto::Tensor { shape: shape.into_iter().map(|d| d as u64).collect(), dtype: "f32".into(), data }
+    proto::Tensor { shape: shape.into_iter().map(|d| d as u64).collect(), dtype: "f32".into(), data: data.into() }
+}
+
+// The wire forms of the step's parts, both ways.
+
+impl From<&Adjust> for proto::Adjust {
+    fn from(a: &Adjust) -> Self {
+        proto::Adjust { id: a.id, count: a.count, in_prompt: a.in_prompt, bias: a.bias }
+    }
+}
+
+impl From<proto::Adjust> for Adjust {
+    fn from(a: proto::Adjust) -> Self {
+        Adjust { id: a.id, count: a.count, in_prompt: a.in_prompt, bias: a.bias }
+    }
+}
+
+impl From<&SampleParams> for proto::SampleParams {
+    fn from(p: &SampleParams) -> Self {
+        proto::SampleParams {
+            temperature: p.temperature,
+            top_p: p.top_p,
+            top_k: p.top_k,
+            u: p.u,
+            repetition_penalty: p.repetition_penalty,
+            frequency_penalty: p.frequency_penalty,
+            presence_penalty: p.presence_penalty,
+            n_top: p.n_top,
+            adjust: p.adjust.iter().map(proto::Adjust::from).collect(),
+        }
+    }
+}
+
+impl From<proto::SampleParams> for SampleParams {
+    fn from(p: proto::SampleParams) -> Self {
+        SampleParams {
+            temperature: p.temperature,
+            top_p: p.top_p,
+            top_k: p.top_k,
+            u: p.u,
+            repetition_penalty: p.repetition_penalty,
+            frequency_penalty: p.frequency_penalty,
+            presence_penalty: p.presence_penalty,
+            n_top: p.n_top,
+            adjust: p.adjust.into_iter().map(Adjust::from).collect(),
+        }
+    }
+}
+
+impl From<Sampled> for proto::Sampled {
+    fn from(r: Sampled) -> Self {
+        let top = r.top.into_iter().map(|(id, logprob)| proto::TopLogprob { id, logprob }).collect();
+        proto::Sampled { id: r.id, logprob: r.logprob, top }
+    }
+}
+
+impl From<proto::Sampled> for Sampled {
+    fn from(r: proto::Sampled) -> Self {
+        Sampled { id: r.id, logprob: r.logprob, top: r.top.into_iter().map(|t| (t.id, t.logprob)).collect() }
+    }
 }
 
 fn step_request(s: &StepInput, instance: u64, hidden: Option<proto::Tensor>, want_logits: bool) -> proto::StepRequest {
@@ -215,64 +266,29 @@ fn step_request(s: &StepInput, instance: u64, hidden: Option<proto::Tensor>, wan
         seq_of_token: s.seq_of_token.clone(),
         block_tables: s.block_tables.iter().map(|b| proto::BlockTable { blocks: b.clone() }).collect(),
         sample_rows: s.sample_rows.clone(),
-        sampling: s
-            .sampling
-            .iter()
-            .map(|p| proto::SampleParams {
-                temperature: p.temperature,
-                top_p: p.top_p,
-                top_k: p.top_k,
-                u: p.u,
-                repetition_penalty: p.repetition_penalty,
-                frequency_penalty: p.frequency_penalty,
-                presence_penalty: p.presence_penalty,
-                n_top: p.n_top,
-                adjust: p
-                    .adjust
-                    .iter()
-                    .map(|a| proto::Adjust { id: a.id, count: a.count, in_prompt: a.in_prompt, bias: a.bias })
-                    .collect(),
-            })
-            .collect(),
+        sampling: s.sampling.iter().map(proto::SampleParams::from).collect(),
         hidden,
         want_logits,
     }
 }
 
-fn step_input(r: &proto::StepRequest) -> StepInput {
+/// The step a request describes, its vectors moved out of it.
+fn step_input(r: proto::StepRequest) -> StepInput {
     StepInput {
-        tokens: r.tokens.clone(),
-        positions: r.positions.clone(),
-        slots: r.slots.clone(),
-        seq_of_token: r.seq_of_token.clone(),
-        block_tables: r.block_tables.iter().map(|b| b.blocks.clone()).collect(),
-        sample_rows: r.sample_rows.clone(),
-        sampling: r
-            .sampling
-            .iter()
-            .map(|p| SampleParams {
-                temperature: p.temperature,
-                top_p: p.top_p,
-                top_k: p.top_k,
-                u: p.u,
-                repetition_penalty: p.repetition_penalty,
-                frequency_penalty: p.frequency_penalty,
-                presence_penalty: p.presence_penalty,
-                n_top: p.n_top,
-                adjust: p
-                    .adjust
-                    .iter()
-                    .map(|a| Adjust { id: a.id, count: a.count, in_prompt: a.in_prompt, bias: a.bias })
-                    .collect(),
-            })
-            .collect(),
+        tokens: r.tokens,
+        positions: r.positions,
+        slots: r.slots,
+        seq_of_token: r.seq_of_token,
+        block_tables: r.block_tables.into_iter().map(|b| b.blocks).collect(),
+        sample_rows: r.sample_rows,
+        sampling: r.sampling.into_iter().map(SampleParams::from).collect(),
     }
 }
 
 /// The gRPC service of one worker: its stage's model behind a lock (steps run one at a time,
 /// in arrival order).
 struct Worker {
-    model: Arc<Mutex<Model>>,
+    model: Arc<Mutex<super::LocalStage>>,
     info: proto::InfoReply,
 }
 
@@ -289,7 +305,7 @@ impl stage_server::Stage for Worker {
         &self,
         req: tonic::Request<proto::StepRequest>,
     ) -> std::result::Result<tonic::Response<proto::StepReply>, tonic::Status> {
-        let req = req.into_inner();
+        let mut req = req.into_inner();
         let me = self.info.instance;
         if req.instance != 0 && req.instance != me {
             return Err(tonic::Status::failed_precondition(format!(
@@ -298,7 +314,7 @@ impl stage_server::Stage for Worker {
             )));
         }
         let (hidden_size, first) = (self.info.hidden as u64, self.info.first);
-        let hidden = match (req.hidden.as_ref(), first) {
+        let hidden = match (req.hidden.take(), first) {
             (None, true) => None,
             (Some(t), false) => {
                 let n = req.tokens.len() as u64;
@@ -308,7 +324,7 @@ impl stage_server::Stage for Worker {
                         t.shape, t.dtype
                     )));
                 }
-                Some(t.data.clone())
+                Some(Vec::from(t.data))
             }
             (None, false) => return Err(tonic::Status::invalid_argument("this stage needs hidden states")),
             (Some(_), true) => {
@@ -317,34 +333,21 @@ impl stage_server::Stage for Worker {
         };
         let model = self.model.clone();
         let r = tokio::task::spawn_blocking(move || -> Result<proto::StepReply> {
-            let mut m = model.lock().map_err(|_| anyhow!("the worker's model lock is poisoned"))?;
-            let input = step_input(&req);
-            let out = m.run(&input, hidden.as_deref())?;
+            let mut stage = model.lock().map_err(|_| anyhow!("the worker's model lock is poisoned"))?;
+            let want_logits = req.want_logits;
+            let input = step_input(req);
+            let (out, logits) = StageExec::run(&mut *stage, &input, hidden, want_logits)?;
+            let cfg = &stage.0.cfg;
             Ok(match out {
                 StageOutput::Hidden(h) => proto::StepReply {
-                    hidden: Some(tensor(vec![input.tokens.len(), m.cfg.hidden], h)),
+                    hidden: Some(tensor(vec![input.tokens.len(), cfg.hidden], h)),
                     ..Default::default()
                 },
-                StageOutput::Sampled(rows) => {
-                    let logits = if req.want_logits {
-                        let l = m.last_logits(rows.len())?;
-                        Some(tensor(vec![rows.len(), m.cfg.vocab], bytemuck::cast_slice(&l).to_vec()))
-                    } else {
-                        None
-                    };
-                    proto::StepReply {
-                        hidden: None,
-                        sampled: rows
-                            .into_iter()
-                            .map(|r| proto::Sampled {
-                                id: r.id,
-                                logprob: r.logprob,
-                                top: r.top.into_iter().map(|(id, logprob)| proto::TopLogprob { id, logprob }).collect(),
-                            })
-                            .collect(),
-                        logits,
-                    }
-                }
+                StageOutput::Sampled(rows) => proto::StepReply {
+                    logits: logits.map(|l| tensor(vec![rows.len(), cfg.vocab], bytemuck::cast_slice(&l).to_vec())),
+                    sampled: rows.into_iter().map(proto::Sampled::from).collect(),
+                    hidden: None,
+                },
             })
         })
         .await
@@ -373,7 +376,7 @@ pub fn worker_layers(cfg: &EngineConfig, total: usize) -> Result<Range<usize>> {
 /// `torus-wgpu worker`: loads one stage and serves it on `listen` until SIGINT/SIGTERM.
 pub fn run_worker(cfg: &EngineConfig, listen: &str) -> Result<()> {
     use anyhow::Context;
-    let path = cfg.model.clone().map(std::path::PathBuf::from).unwrap_or_else(crate::config::default_model_path);
+    let path = cfg.model_path();
     let mcfg = crate::model::loader::read_config(&path).with_context(|| format!("loading {}", path.display()))?;
     let layers = worker_layers(cfg, mcfg.layers)?;
     use std::net::ToSocketAddrs;
@@ -410,7 +413,7 @@ pub fn run_worker(cfg: &EngineConfig, listen: &str) -> Result<()> {
         max_seq_len: model.limits.max_seq_len as u32,
         adapter: gpu.describe(),
     };
-    let svc = stage_server::StageServer::new(Worker { model: Arc::new(Mutex::new(model)), info })
+    let svc = stage_server::StageServer::new(Worker { model: Arc::new(Mutex::new(super::LocalStage(model))), info })
         .max_decoding_message_size(MAX_MESSAGE)
         .max_encoding_message_size(MAX_MESSAGE);
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().thread_name("torus-worker").build()?;

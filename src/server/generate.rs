@@ -196,9 +196,7 @@ pub(crate) async fn submit(
 ) -> Result<Vec<Choice>, ApiError> {
     for p in &plans {
         for params in &p.choices {
-            engine
-                .validate(&Request { prompt: p.prompt.clone(), params: params.clone() })
-                .map_err(ApiError::bad_request)?;
+            engine.validate_parts(&p.prompt, params).map_err(ApiError::bad_request)?;
         }
     }
     let total: usize = plans.iter().map(|p| p.choices.len()).sum();

@@ -39,10 +39,6 @@ impl Histogram {
         self.count += 1;
     }
 
-    pub fn count(&self) -> u64 {
-        self.count
-    }
-
     fn render(&self, out: &mut String, name: &str, help: &str) {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
         let mut cum = 0;

@@ -354,7 +354,7 @@ async fn get_model(State(st): State<Arc<AppState>>, UrlPath(model): UrlPath<Stri
 /// then finishes in-flight requests and exits.
 pub fn run(args: ServeArgs) -> Result<()> {
     let cfg = args.engine.resolve()?;
-    let model_path = cfg.model.clone().map(std::path::PathBuf::from).unwrap_or_else(crate::config::default_model_path);
+    let model_path = cfg.model_path();
     if !model_path.exists() {
         anyhow::bail!(
             "{}: model not found (run scripts/fetch-model.sh for the default model, or pass --model)",

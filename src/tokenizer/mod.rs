@@ -95,6 +95,15 @@ fn push_unique(v: &mut Vec<u32>, id: u32) {
 
 impl Tokenizer {
     /// Load from a Hugging Face model directory.
+    /// The tokenizer of a model: a Hugging Face directory or a .gguf file.
+    pub fn from_path(path: &Path) -> Result<Self> {
+        if path.is_dir() {
+            Self::from_hf_dir(path)
+        } else {
+            Self::from_gguf(&GgufFile::open(path)?)
+        }
+    }
+
     pub fn from_hf_dir(dir: &Path) -> Result<Self> {
         let tok_path = dir.join("tokenizer.json");
         let inner = tokenizers::Tokenizer::from_file(&tok_path)

@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
+use torus_wgpu::engine::{Request, RequestParams, StopConditions};
 
 pub fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures")
@@ -20,5 +21,54 @@ pub fn smollm2() -> Option<PathBuf> {
     } else {
         eprintln!("SKIPPED: {} missing (scripts/fetch-model.sh)", p.display());
         None
+    }
+}
+
+/// Starts `cmd` with stderr piped and waits (up to `limit`) for a stderr line containing
+/// `ready`. Every line is echoed (prefixed with `tag`) and also sent on the returned receiver;
+/// the lines up to the ready one are returned.
+pub fn spawn_until_ready(
+    cmd: &mut std::process::Command,
+    tag: &'static str,
+    ready: &str,
+    limit: std::time::Duration,
+) -> (std::process::Child, Vec<String>, std::sync::mpsc::Receiver<String>) {
+    use std::io::{BufRead, BufReader};
+    let mut child = cmd
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start the program");
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    let err = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(err).lines().map_while(Result::ok) {
+            eprintln!("[{tag}] {line}");
+            let _ = tx.send(line);
+        }
+    });
+    let mut log = vec![];
+    loop {
+        let Ok(line) = rx.recv_timeout(limit) else {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("no line with {ready:?}: {log:?}");
+        };
+        let done = line.contains(ready);
+        log.push(line);
+        if done {
+            return (child, log, rx);
+        }
+    }
+}
+
+/// A greedy request for `n` tokens that ignores end-of-sequence.
+pub fn greedy_req(prompt: &[u32], n: usize) -> Request {
+    Request {
+        prompt: prompt.to_vec(),
+        params: RequestParams {
+            stop: StopConditions { max_tokens: Some(n), ignore_eos: true, ..Default::default() },
+            ..Default::default()
+        },
     }
 }
