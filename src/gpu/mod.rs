@@ -233,7 +233,7 @@ impl Gpu {
 
     pub fn download_f32(&self, src: &wgpu::Buffer, n: usize) -> Result<Vec<f32>> {
         let b = self.download(src, (n * 4) as u64)?;
-        Ok(bytemuck::cast_slice(&b).to_vec())
+        Ok(bytemuck::pod_collect_to_vec(&b))
     }
 }
 

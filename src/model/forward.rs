@@ -841,7 +841,8 @@ impl Model {
         enc.copy_buffer_to_buffer(&self.result, 0, &self.readback, 0, len);
         g.queue.submit([enc.finish()]);
         let bytes = g.read_mapped(&self.readback, len)?;
-        let words: &[u32] = bytemuck::cast_slice(&bytes);
+        // A Vec<u8> need not be 4-byte aligned: copy into words rather than cast in place.
+        let words: Vec<u32> = bytemuck::pod_collect_to_vec(&bytes);
         Ok(StageOutput::Sampled(
             s.sampling
                 .iter()

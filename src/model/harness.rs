@@ -283,7 +283,7 @@ impl Harness {
             return Ok((vec![], vec![], self.run(&calls[1..], iters)?));
         }
         self.run(&calls, 1)?;
-        let words: Vec<u32> = bytemuck::cast_slice(&g.download(&rb, bytes)?).to_vec();
+        let words: Vec<u32> = bytemuck::pod_collect_to_vec(&g.download(&rb, bytes)?);
         let out = params.iter().enumerate().map(|(i, p)| Sampled::parse(&words[i * SAMPLE_RESULT_STRIDE..], p.n_top));
         Ok((out.collect(), g.download_f32(&lb, rows * vocab)?, Duration::ZERO))
     }

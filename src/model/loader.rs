@@ -76,16 +76,24 @@ impl HostModel {
         if !path.exists() {
             bail!("{}: no such file or directory", path.display());
         }
-        let total = read_config(path)?.layers;
-        let range = range.unwrap_or(0..total);
-        if range.start >= range.end || range.end > total {
-            bail!("{}: layers {}..{} are outside the model's {total} layers", path.display(), range.start, range.end);
-        }
+        let check = |total: usize| {
+            let range = range.clone().unwrap_or(0..total);
+            if range.start >= range.end || range.end > total {
+                bail!(
+                    "{}: layers {}..{} are outside the model's {total} layers",
+                    path.display(),
+                    range.start,
+                    range.end
+                );
+            }
+            Ok(range)
+        };
+        // The GGUF file is opened (its metadata parsed) once.
         if path.is_dir() {
-            load_hf(path, range, progress)
+            load_hf(path, check(read_config(path)?.layers)?, progress)
         } else {
             let g = GgufFile::open(path)?;
-            load_gguf(&g, range, progress)
+            load_gguf(&g, check(gguf_config(&g)?.layers)?, progress)
         }
     }
 
