@@ -17,3 +17,48 @@ struct Part {
     lo: vec4<f32>,
     hi: vec4<f32>,
 }
+
+// Bit fields of re-packed quant words (see QTensor::from_gguf_blocks). Part p of a 32-element
+// block is elements 4p..4p+4 ("lo") and 16+4p..16+4p+4 ("hi").
+// Nibble word p: byte i = element 4p+i (low nibble) | element 16+4p+i (high nibble).
+fn nib_lo(v: u32) -> vec4<u32> {
+    return vec4<u32>(v, v >> 8u, v >> 16u, v >> 24u) & vec4<u32>(15u);
+}
+
+fn nib_hi(v: u32) -> vec4<u32> {
+    return vec4<u32>(v >> 4u, v >> 12u, v >> 20u, v >> 28u) & vec4<u32>(15u);
+}
+
+// Bit word: byte p = part p, bits 0..4 lo, 4..8 hi.
+fn bits_lo(h: u32, p: u32) -> vec4<u32> {
+    let b = h >> (8u * p);
+    return vec4<u32>(b, b >> 1u, b >> 2u, b >> 3u) & vec4<u32>(1u);
+}
+
+fn bits_hi(h: u32, p: u32) -> vec4<u32> {
+    let b = h >> (8u * p + 4u);
+    return vec4<u32>(b, b >> 1u, b >> 2u, b >> 3u) & vec4<u32>(1u);
+}
+
+// Pair words (two): part p's 16 bits are half p % 2 of word p / 2; 2 bits per element,
+// lo in bits 0..8, hi in 8..16.
+fn pair_bits(e: vec2<u32>, p: u32) -> u32 {
+    return select(e.x, e.y, p >= 2u) >> (16u * (p % 2u));
+}
+
+fn pairs_lo(v: u32) -> vec4<u32> {
+    return vec4<u32>(v, v >> 2u, v >> 4u, v >> 6u) & vec4<u32>(3u);
+}
+
+fn pairs_hi(v: u32) -> vec4<u32> {
+    return vec4<u32>(v >> 8u, v >> 10u, v >> 12u, v >> 14u) & vec4<u32>(3u);
+}
+
+// Byte i (0..4) of w as a signed value.
+fn sbyte(w: u32, i: u32) -> f32 {
+    return f32(bitcast<i32>(w << (24u - 8u * i)) >> 24u);
+}
+
+fn ubyte(w: u32, i: u32) -> u32 {
+    return (w >> (8u * i)) & 255u;
+}

@@ -26,8 +26,9 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     }
     let blk = (id - p.row0) * p.k_blocks + b;
     let base = (t * p.k_blocks + b) * 8u;
+    let s = wscale(blk);
     for (var q = 0u; q < 4u; q++) {
-        let w = wpart(blk, q);
+        let w = wpart(blk, q, s);
         hidden[base + q] = w.lo;
         hidden[base + 4u + q] = w.hi;
     }

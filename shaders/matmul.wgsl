@@ -1,6 +1,7 @@
 // y[t, row0 + n] (=|+=) sum_k x[t, k] * W[n, k] (+ bias[n])
 // W is one row-chunk of a weight matrix in the format given by the wfmt_*.wgsl prepended to this
-// file (it defines wq, ws and wdeq). Each thread computes TM tokens x TN rows in registers;
+// file (it defines wq, ws, the per-block scale struct Sc, wscale(block) and wpart(block, part, Sc)).
+// Each thread computes TM tokens x TN rows in registers;
 // no workgroup memory (fast on llvmpipe, still fine on real GPUs for decode).
 // TM, TN and WG are substituted when the pipeline is built: TM = 1 for decode-sized steps.
 
@@ -11,7 +12,7 @@ struct MatParams {
     y_stride: u32,  // floats per output row
     x_stride4: u32, // vec4s per input row
     m_src: u32,     // 0: the step's n_tokens rows, 1: its n_sample rows
-    flags: u32,     // 1: add bias, 2: accumulate into y
+    flags: u32,     // 1: add bias, 2: accumulate into y, 4: y = silu(y) * result (SwiGLU's up half)
     _pad: u32,
 }
 
@@ -39,6 +40,9 @@ fn store(t: u32, n: u32, v: f32) {
     if ((p.flags & 2u) != 0u) {
         r += y[idx];
     }
+    if ((p.flags & 4u) != 0u) {
+        r = silu(y[idx]) * r;
+    }
     y[idx] = r;
 }
 
@@ -54,10 +58,15 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     }
     var acc: array<array<f32, TN>, TM>;
     var w: array<Part, TN>;
+    var sc: array<Sc, TN>;
     for (var b = 0u; b < p.k_blocks; b++) {
+        // Each row's block scales once per block, then its four parts.
+        for (var j = 0u; j < TN; j++) {
+            sc[j] = wscale(min(n0 + j, p.n_rows - 1u) * p.k_blocks + b);
+        }
         for (var q = 0u; q < 4u; q++) {
             for (var j = 0u; j < TN; j++) {
-                w[j] = wpart(min(n0 + j, p.n_rows - 1u) * p.k_blocks + b, q);
+                w[j] = wpart(min(n0 + j, p.n_rows - 1u) * p.k_blocks + b, q, sc[j]);
             }
             for (var i = 0u; i < TM; i++) {
                 let xb = min(t0 + i, m - 1u) * p.x_stride4 + b * 8u + q;
@@ -98,12 +107,19 @@ fn main_swiglu(@builtin(global_invocation_id) gid: vec3<u32>) {
     var u: array<array<f32, TN>, TM>;
     var wg: array<Part, TN>;
     var wu: array<Part, TN>;
+    var sg: array<Sc, TN>;
+    var su: array<Sc, TN>;
     for (var b = 0u; b < p.k_blocks; b++) {
+        for (var j = 0u; j < TN; j++) {
+            let n = min(n0 + j, p.n_rows - 1u);
+            sg[j] = wscale(n * p.k_blocks + b);
+            su[j] = wscale((n + p.n_rows) * p.k_blocks + b);
+        }
         for (var q = 0u; q < 4u; q++) {
             for (var j = 0u; j < TN; j++) {
                 let n = min(n0 + j, p.n_rows - 1u);
-                wg[j] = wpart(n * p.k_blocks + b, q);
-                wu[j] = wpart((n + p.n_rows) * p.k_blocks + b, q);
+                wg[j] = wpart(n * p.k_blocks + b, q, sg[j]);
+                wu[j] = wpart((n + p.n_rows) * p.k_blocks + b, q, su[j]);
             }
             for (var i = 0u; i < TM; i++) {
                 let xb = min(t0 + i, m - 1u) * p.x_stride4 + b * 8u + q;

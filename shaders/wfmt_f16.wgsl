@@ -2,13 +2,21 @@
 @group(0) @binding(3) var<storage, read> wq: array<vec4<u32>>;
 @group(0) @binding(4) var<storage, read> ws: array<f32>; // unused
 
+struct Sc {
+    unused: u32,
+}
+
+fn wscale(blk: u32) -> Sc {
+    return Sc(0u);
+}
+
 fn halves4(v: vec4<u32>, upper: bool) -> vec4<f32> {
     // Four halves from words 0, 1 of v, or from words 2, 3 when `upper`.
     let w = select(v.xy, v.zw, upper);
     return vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y));
 }
 
-fn wpart(blk: u32, p: u32) -> Part {
+fn wpart(blk: u32, p: u32, s: Sc) -> Part {
     // Elements 4p.. live in words 2p, 2p+1; elements 16+4p.. in words 8+2p, 8+2p+1.
     let a = wq[blk * 4u + p / 2u];
     let b = wq[blk * 4u + 2u + p / 2u];

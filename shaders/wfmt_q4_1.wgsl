@@ -3,10 +3,15 @@
 @group(0) @binding(3) var<storage, read> wq: array<vec4<u32>>;
 @group(0) @binding(4) var<storage, read> ws: array<vec2<f32>>;
 
-fn wpart(blk: u32, p: u32) -> Part {
-    let dm = ws[blk];
+struct Sc {
+    dm: vec2<f32>,
+}
+
+fn wscale(blk: u32) -> Sc {
+    return Sc(ws[blk]);
+}
+
+fn wpart(blk: u32, p: u32, s: Sc) -> Part {
     let v = wq[blk][p];
-    let lo = vec4<f32>(vec4<u32>(v, v >> 8u, v >> 16u, v >> 24u) & vec4<u32>(15u));
-    let hi = vec4<f32>(vec4<u32>(v >> 4u, v >> 12u, v >> 20u, v >> 28u) & vec4<u32>(15u));
-    return Part(lo * dm.x + dm.y, hi * dm.x + dm.y);
+    return Part(vec4<f32>(nib_lo(v)) * s.dm.x + s.dm.y, vec4<f32>(nib_hi(v)) * s.dm.x + s.dm.y);
 }

@@ -2,12 +2,19 @@
 @group(0) @binding(3) var<storage, read> wq: array<vec4<u32>>;
 @group(0) @binding(4) var<storage, read> ws: array<f32>;
 
+struct Sc {
+    d: f32,
+}
+
+fn wscale(blk: u32) -> Sc {
+    return Sc(ws[blk]);
+}
+
 fn sbytes(v: u32) -> vec4<f32> {
     let s = bitcast<vec4<i32>>(vec4<u32>(v << 24u, v << 16u, v << 8u, v)) >> vec4<u32>(24u);
     return vec4<f32>(s);
 }
 
-fn wpart(blk: u32, p: u32) -> Part {
-    let d = ws[blk];
-    return Part(sbytes(wq[2u * blk][p]) * d, sbytes(wq[2u * blk + 1u][p]) * d);
+fn wpart(blk: u32, p: u32, s: Sc) -> Part {
+    return Part(sbytes(wq[2u * blk][p]) * s.d, sbytes(wq[2u * blk + 1u][p]) * s.d);
 }

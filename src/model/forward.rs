@@ -34,7 +34,7 @@ impl GpuMatrix {
     /// (gate then up, for the fused SwiGLU matmul).
     pub fn upload(gpu: &Gpu, label: &str, t: &QTensor, pair: Option<&QTensor>, max_binding: u64) -> Result<GpuMatrix> {
         let per_row_q = (t.blocks_per_row() * t.format.words_per_block() * 4) as u64;
-        let per_row_s = (t.blocks_per_row() * t.format.scales_per_block() * 4) as u64;
+        let per_row_s = (t.format.scale_words_per_row(t.cols) * 4) as u64;
         let mult = if pair.is_some() { 2 } else { 1 };
         let per_row = per_row_q.max(per_row_s) * mult;
         let rows_per_chunk = (max_binding / per_row) as usize;
@@ -285,24 +285,25 @@ pub(crate) struct MatParams {
     pub(crate) _pad: u32,
 }
 
+/// MatParams flag: add the bias.
+pub(crate) const MAT_BIAS: u32 = 1;
+/// MatParams flag: add into y.
+pub(crate) const MAT_ACCUMULATE: u32 = 2;
+/// MatParams flag: y = silu(y) * result (the up half of an unfused SwiGLU; y holds the gate).
+pub(crate) const MAT_SWIGLU_UP: u32 = 4;
+
 impl MatParams {
-    /// Parameters of one row-chunk's matmul (see matmul.wgsl).
-    pub(crate) fn new(
-        cols: usize,
-        chunk: &GpuChunk,
-        y_stride: usize,
-        sampled: bool,
-        bias: bool,
-        accumulate: bool,
-    ) -> Self {
+    /// Parameters of one row-chunk's matmul (see matmul.wgsl), writing output columns from
+    /// `col0` + the chunk's first row.
+    pub(crate) fn new(cols: usize, chunk: &GpuChunk, col0: usize, y_stride: usize, sampled: bool, flags: u32) -> Self {
         MatParams {
             k_blocks: (cols / 32) as u32,
             n_rows: chunk.rows as u32,
-            row0: chunk.row0 as u32,
+            row0: (col0 + chunk.row0) as u32,
             y_stride: y_stride as u32,
             x_stride4: (cols / 4) as u32,
             m_src: sampled as u32,
-            flags: bias as u32 | (accumulate as u32) << 1,
+            flags,
             _pad: 0,
         }
     }
@@ -479,19 +480,20 @@ impl Model {
             keep.push(p);
         }
 
-        // Matmul ops for every chunk of `m`, reading x (rows of x_width floats) into y.
+        // Matmul ops for every chunk of `m`, reading x (rows of x_width floats) into columns
+        // col0.. of y (rows of y_stride floats); `flags`: MAT_* (MAT_BIAS needs `bias`).
         let matmul_ops = |ops: &mut Vec<Op>,
                           keep: &mut Vec<wgpu::Buffer>,
                           m: &GpuMatrix,
                           x: &wgpu::Buffer,
                           y: &wgpu::Buffer,
-                          y_stride: usize,
+                          (col0, y_stride): (usize, usize),
                           bias: Option<&wgpu::Buffer>,
-                          accumulate: bool,
+                          flags: u32,
                           sampled: bool,
                           swiglu: bool| {
             for c in &m.chunks {
-                let p = MatParams::new(m.cols, c, y_stride, sampled, bias.is_some(), accumulate);
+                let p = MatParams::new(m.cols, c, col0, y_stride, sampled, flags);
                 let pb = g.uniform_init("matmul_params", bytemuck::bytes_of(&p));
                 // A chunked bias is bound whole; the chunk's row0 offsets into it.
                 let entries =
@@ -516,10 +518,26 @@ impl Model {
         for (l, hl) in host.layer_slice(&layers).iter().enumerate() {
             let attn_norm = g.storage_init("attn_norm", bytemuck::cast_slice(&hl.attn_norm));
             let ffn_norm = g.storage_init("ffn_norm", bytemuck::cast_slice(&hl.ffn_norm));
-            let qkv_w = QTensor::concat_rows(&[&hl.q, &hl.k, &hl.v])?;
-            let qkv_m = GpuMatrix::upload(g, "qkv", &qkv_w, None, mb)?;
+            // q, k and v in one matmul when they share a format (K-quant files often store v
+            // in another), else three writing their columns of the qkv rows.
+            let qkv_ms: Vec<(GpuMatrix, usize)> = if hl.q.format == hl.k.format && hl.k.format == hl.v.format {
+                let qkv_w = QTensor::concat_rows(&[&hl.q, &hl.k, &hl.v])?;
+                vec![(GpuMatrix::upload(g, "qkv", &qkv_w, None, mb)?, 0)]
+            } else {
+                vec![
+                    (GpuMatrix::upload(g, "q_proj", &hl.q, None, mb)?, 0),
+                    (GpuMatrix::upload(g, "k_proj", &hl.k, None, mb)?, cfg.q_dim()),
+                    (GpuMatrix::upload(g, "v_proj", &hl.v, None, mb)?, cfg.q_dim() + cfg.kv_dim()),
+                ]
+            };
             let o_m = GpuMatrix::upload(g, "o_proj", &hl.o, None, mb)?;
-            let gu_m = GpuMatrix::upload(g, "gate_up", &hl.gate, Some(&hl.up), mb)?;
+            // Gate and up fused into one SwiGLU matmul when they share a format; else the gate
+            // is written to act and the up projection's epilogue applies silu(gate) * up.
+            let (gu_m, gate_up_split) = if hl.gate.format == hl.up.format {
+                (GpuMatrix::upload(g, "gate_up", &hl.gate, Some(&hl.up), mb)?, None)
+            } else {
+                (GpuMatrix::upload(g, "gate", &hl.gate, None, mb)?, Some(GpuMatrix::upload(g, "up", &hl.up, None, mb)?))
+            };
             let down_m = GpuMatrix::upload(g, "down", &hl.down, None, mb)?;
             let bias = hl.qkv_bias.as_ref().map(|b| g.storage_init("qkv_bias", bytemuck::cast_slice(b)));
 
@@ -529,7 +547,11 @@ impl Model {
                     .bind(g, &[(0, &step_buf), (1, &layer_norm_p), (2, &hidden), (3, w), (4, &meta_buf), (5, out)])
             };
             ops.push(Op { kind: OpKind::Norm { sampled: false }, bind: bind_norm(&attn_norm, &normed), bind_u: None });
-            matmul_ops(&mut ops, &mut keep, &qkv_m, &normed, &qkv, cfg.qkv_dim(), bias.as_ref(), false, false, false);
+            let bias_flag = if bias.is_some() { MAT_BIAS } else { 0 };
+            for (m, col0) in &qkv_ms {
+                let out = (*col0, cfg.qkv_dim());
+                matmul_ops(&mut ops, &mut keep, m, &normed, &qkv, out, bias.as_ref(), bias_flag, false, false);
+            }
             ops.push(Op {
                 kind: OpKind::RopeKv,
                 bind_u: None,
@@ -562,13 +584,33 @@ impl Model {
                     ],
                 ),
             });
-            matmul_ops(&mut ops, &mut keep, &o_m, &attn, &hidden, cfg.hidden, None, true, false, false);
+            matmul_ops(&mut ops, &mut keep, &o_m, &attn, &hidden, (0, cfg.hidden), None, MAT_ACCUMULATE, false, false);
             ops.push(Op { kind: OpKind::Norm { sampled: false }, bind: bind_norm(&ffn_norm, &normed), bind_u: None });
-            matmul_ops(&mut ops, &mut keep, &gu_m, &normed, &act, cfg.intermediate, None, false, false, true);
-            matmul_ops(&mut ops, &mut keep, &down_m, &act, &hidden, cfg.hidden, None, true, false, false);
+            let ffn = (0, cfg.intermediate);
+            match &gate_up_split {
+                None => matmul_ops(&mut ops, &mut keep, &gu_m, &normed, &act, ffn, None, 0, false, true),
+                Some(up_m) => {
+                    matmul_ops(&mut ops, &mut keep, &gu_m, &normed, &act, ffn, None, 0, false, false);
+                    matmul_ops(&mut ops, &mut keep, up_m, &normed, &act, ffn, None, MAT_SWIGLU_UP, false, false);
+                }
+            }
+            matmul_ops(
+                &mut ops,
+                &mut keep,
+                &down_m,
+                &act,
+                &hidden,
+                (0, cfg.hidden),
+                None,
+                MAT_ACCUMULATE,
+                false,
+                false,
+            );
             keep.extend([attn_norm, ffn_norm]);
             keep.extend(bias);
-            matrices.extend([qkv_m, o_m, gu_m, down_m]);
+            matrices.extend(qkv_ms.into_iter().map(|(m, _)| m));
+            matrices.extend([o_m, gu_m, down_m]);
+            matrices.extend(gate_up_split);
         }
 
         if last {
@@ -594,7 +636,7 @@ impl Model {
                 (_, Some(e)) if tied => e,
                 _ => bail!("the output projection was not loaded from {}", host.source.display()),
             };
-            matmul_ops(&mut ops, &mut keep, &lm, &final_normed, &logits, cfg.vocab, None, false, true, false);
+            matmul_ops(&mut ops, &mut keep, &lm, &final_normed, &logits, (0, cfg.vocab), None, 0, true, false);
             let sp = uni(&[cfg.vocab as u32, off_params as u32, 0, 0]);
             ops.push(Op {
                 kind: OpKind::LogitAdjust,

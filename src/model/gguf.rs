@@ -159,16 +159,24 @@ impl fmt::Display for GgufValue {
     }
 }
 
-/// Tensor element type. The six named variants are the ones this engine can load; any other
-/// ggml type code is kept as `Other(code)` (the model loader reports it as unsupported).
+/// Tensor element type. The named variants are the ones this engine can load; any other ggml
+/// type code is kept as `Other(code)` (the model loader reports it as unsupported).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[allow(non_camel_case_types)] // ggml's names (Q4_K, ...)
 pub enum GgmlType {
     F32,
     F16,
     BF16,
     Q4_0,
     Q4_1,
+    Q5_0,
+    Q5_1,
     Q8_0,
+    Q2_K,
+    Q3_K,
+    Q4_K,
+    Q5_K,
+    Q6_K,
     Other(u32),
 }
 
@@ -180,7 +188,14 @@ impl GgmlType {
             1 => GgmlType::F16,
             2 => GgmlType::Q4_0,
             3 => GgmlType::Q4_1,
+            6 => GgmlType::Q5_0,
+            7 => GgmlType::Q5_1,
             8 => GgmlType::Q8_0,
+            10 => GgmlType::Q2_K,
+            11 => GgmlType::Q3_K,
+            12 => GgmlType::Q4_K,
+            13 => GgmlType::Q5_K,
+            14 => GgmlType::Q6_K,
             30 => GgmlType::BF16,
             c => GgmlType::Other(c),
         }
@@ -193,7 +208,14 @@ impl GgmlType {
             GgmlType::F16 => 1,
             GgmlType::Q4_0 => 2,
             GgmlType::Q4_1 => 3,
+            GgmlType::Q5_0 => 6,
+            GgmlType::Q5_1 => 7,
             GgmlType::Q8_0 => 8,
+            GgmlType::Q2_K => 10,
+            GgmlType::Q3_K => 11,
+            GgmlType::Q4_K => 12,
+            GgmlType::Q5_K => 13,
+            GgmlType::Q6_K => 14,
             GgmlType::BF16 => 30,
             GgmlType::Other(c) => c,
         }

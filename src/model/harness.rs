@@ -3,6 +3,7 @@
 
 use super::forward::{
     attn_params, div_up, rope_params, rope_table, GpuMatrix, MatParams, SampleParams, Sampled, StepHeader,
+    MAT_ACCUMULATE, MAT_BIAS, MAT_SWIGLU_UP,
 };
 use super::tensor::QTensor;
 use crate::gpu::kernels::{
@@ -109,9 +110,38 @@ impl Harness {
         uniform_x: bool,
         max_binding: u64,
     ) -> Result<Vec<f32>> {
-        let (calls, yb) = self.matmul_calls(w, up, x, m, bias, y_init, tile, uniform_x, max_binding)?;
+        let g = &*self.gpu;
+        let xb = self.x_buffer(x);
+        let zeros = vec![0f32; m * w.rows];
+        let yb = g.storage_init("y", bytemuck::cast_slice(y_init.unwrap_or(&zeros)));
+        let bb = g.storage_init("bias", bytemuck::cast_slice(bias.unwrap_or(&[0.0])));
+        let flags = if bias.is_some() { MAT_BIAS } else { 0 } | if y_init.is_some() { MAT_ACCUMULATE } else { 0 };
+        let calls = self.matmul_calls(w, up, &xb, m, &bb, flags, &yb, tile, uniform_x, max_binding)?;
         self.run(&calls, 1)?;
-        self.gpu.download_f32(&yb, m * w.rows)
+        g.download_f32(&yb, m * w.rows)
+    }
+
+    /// silu(x G^T) * (x U^T) the way the forward step runs it when gate and up differ in format:
+    /// the gate matmul writes y, then the up matmul's epilogue (MAT_SWIGLU_UP) combines.
+    #[allow(clippy::too_many_arguments)]
+    pub fn swiglu_unfused(
+        &self,
+        gate: &QTensor,
+        up: &QTensor,
+        x: &[f32],
+        m: usize,
+        tile: usize,
+        uniform_x: bool,
+        max_binding: u64,
+    ) -> Result<Vec<f32>> {
+        let g = &*self.gpu;
+        let xb = self.x_buffer(x);
+        let yb = g.storage("y", (m * gate.rows * 4) as u64);
+        let bb = g.storage_init("bias", bytemuck::cast_slice(&[0f32]));
+        let mut calls = self.matmul_calls(gate, None, &xb, m, &bb, 0, &yb, tile, uniform_x, max_binding)?;
+        calls.extend(self.matmul_calls(up, None, &xb, m, &bb, MAT_SWIGLU_UP, &yb, tile, uniform_x, max_binding)?);
+        self.run(&calls, 1)?;
+        g.download_f32(&yb, m * gate.rows)
     }
 
     /// Wall time of `iters` repetitions of a matmul (weights uploaded once; one submit).
@@ -123,33 +153,39 @@ impl Harness {
         uniform_x: bool,
         iters: u64,
     ) -> Result<Duration> {
-        let x = vec![0.5f32; m * w.cols];
+        let g = &*self.gpu;
+        let xb = self.x_buffer(&vec![0.5f32; m * w.cols]);
+        let yb = g.storage("y", (m * w.rows * 4) as u64);
+        let bb = g.storage_init("bias", bytemuck::cast_slice(&[0f32]));
         let tile = crate::gpu::kernels::tile_for_rows(m as u32);
-        let (calls, _) = self.matmul_calls(w, up, &x, m, None, None, tile, uniform_x, self.gpu.max_binding)?;
+        let calls = self.matmul_calls(w, up, &xb, m, &bb, 0, &yb, tile, uniform_x, self.gpu.max_binding)?;
         self.run(&calls, iters)
     }
 
+    fn x_buffer(&self, x: &[f32]) -> wgpu::Buffer {
+        let xb = self.gpu.activation("x", (x.len() * 4) as u64);
+        self.gpu.queue.write_buffer(&xb, 0, bytemuck::cast_slice(x));
+        xb
+    }
+
+    /// The dispatches of y (flags: MAT_*) = x W^T, m rows, as the forward step records them.
     #[allow(clippy::too_many_arguments)]
     fn matmul_calls(
         &self,
         w: &QTensor,
         up: Option<&QTensor>,
-        x: &[f32],
+        xb: &wgpu::Buffer,
         m: usize,
-        bias: Option<&[f32]>,
-        y_init: Option<&[f32]>,
+        bb: &wgpu::Buffer,
+        flags: u32,
+        yb: &wgpu::Buffer,
         tile: usize,
         uniform_x: bool,
         max_binding: u64,
-    ) -> Result<(Vec<Call>, wgpu::Buffer)> {
+    ) -> Result<Vec<Call>> {
         let g = &*self.gpu;
         let mat = GpuMatrix::upload(g, "w", w, up, max_binding)?;
         let (step, _meta) = self.step_buffers(Self::header(m, 0), &[0]);
-        let xb = g.activation("x", (x.len() * 4) as u64);
-        g.queue.write_buffer(&xb, 0, bytemuck::cast_slice(x));
-        let zeros = vec![0f32; m * w.rows];
-        let yb = g.storage_init("y", bytemuck::cast_slice(y_init.unwrap_or(&zeros)));
-        let bb = g.storage_init("bias", bytemuck::cast_slice(bias.unwrap_or(&[0.0])));
         let k = &self.kernels.matmul[&w.format];
         let win_stride = window_stride(g);
         let windows = g.uniform_init("windows", bytemuck::cast_slice(&window_entries(m + 1, win_stride)));
@@ -162,9 +198,9 @@ impl Harness {
         };
         let mut calls = Vec::new();
         for c in &mat.chunks {
-            let p = MatParams::new(w.cols, c, w.rows, false, bias.is_some(), y_init.is_some());
+            let p = MatParams::new(w.cols, c, 0, w.rows, false, flags);
             let pb = g.uniform_init("p", bytemuck::bytes_of(&p));
-            let entries = [(0, &step), (1, &pb), (2, &xb), (3, &c.q), (4, &c.s), (5, &bb), (6, &yb)];
+            let entries = [(0, &step), (1, &pb), (2, xb), (3, &c.q), (4, &c.s), (5, bb), (6, yb)];
             let groups = |tn: u32| div_up(div_up(c.rows as u32, tn), MATMUL_WG);
             match &plan {
                 XPlan::Storage { tile } => {
@@ -191,7 +227,7 @@ impl Harness {
             }
         }
         // The weights stay alive through the bind groups.
-        Ok((calls, yb))
+        Ok(calls)
     }
 
     /// Records `calls` `iters` times in one compute pass, submits, waits; returns the wall time.

@@ -315,6 +315,26 @@ fn gguf_config(g: &GgufFile) -> Result<ModelConfig> {
     Ok(cfg)
 }
 
+/// The GGUF tensor types a weight matrix may have.
+pub const SUPPORTED_GGUF_TYPES: &str = "F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K";
+
+/// The GPU format of a quantized GGUF type (kept quantized, re-packed).
+pub fn block_format(t: GgmlType) -> Option<WFormat> {
+    Some(match t {
+        GgmlType::Q8_0 => WFormat::Q8_0,
+        GgmlType::Q4_0 => WFormat::Q4_0,
+        GgmlType::Q4_1 => WFormat::Q4_1,
+        GgmlType::Q5_0 => WFormat::Q5_0,
+        GgmlType::Q5_1 => WFormat::Q5_1,
+        GgmlType::Q2_K => WFormat::Q2_K,
+        GgmlType::Q3_K => WFormat::Q3_K,
+        GgmlType::Q4_K => WFormat::Q4_K,
+        GgmlType::Q5_K => WFormat::Q5_K,
+        GgmlType::Q6_K => WFormat::Q6_K,
+        _ => return None,
+    })
+}
+
 fn gguf_matrix(g: &GgufFile, name: &str, rows: usize, cols: usize) -> Result<QTensor> {
     let src = g.path.display().to_string();
     let t = g.tensor(name).ok_or_else(|| anyhow!("{src}: tensor {name} is missing"))?;
@@ -327,13 +347,14 @@ fn gguf_matrix(g: &GgufFile, name: &str, rows: usize, cols: usize) -> Result<QTe
         GgmlType::F32 => QTensor::from_f32(rows, cols, &to_f32(safetensors::Dtype::F32, b)?),
         GgmlType::F16 => QTensor::from_f16_bits(rows, cols, &u16s(b)),
         GgmlType::BF16 => QTensor::from_bf16_bits_as_f16(rows, cols, &u16s(b)),
-        GgmlType::Q8_0 => QTensor::from_gguf_blocks(WFormat::Q8_0, rows, cols, b),
-        GgmlType::Q4_0 => QTensor::from_gguf_blocks(WFormat::Q4_0, rows, cols, b),
-        GgmlType::Q4_1 => QTensor::from_gguf_blocks(WFormat::Q4_1, rows, cols, b),
-        other => bail!(
-            "{src}: tensor {name} has type {} which is not supported (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1)",
-            other.name()
-        ),
+        other => match block_format(other) {
+            Some(f) => QTensor::from_gguf_blocks(f, rows, cols, b),
+            None => bail!(
+                "{src}: tensor {name} has type {} which is not supported (supported: {})",
+                other.name(),
+                SUPPORTED_GGUF_TYPES
+            ),
+        },
     };
     r.map_err(|e| anyhow!("{src}: tensor {name}: {e}"))
 }

@@ -5,22 +5,296 @@ use anyhow::{bail, Result};
 use half::{bf16, f16};
 
 /// A [rows, cols] weight matrix (row-major, cols = K contiguous) in GPU layout: `q` holds the
-/// quant words of each 32-element block (rows * cols/32 * words_per_block), `s` the block
-/// scales as f32 (converted exactly from GGUF's f16).
+/// quant words of each 32-element block (rows * cols/32 * words_per_block), `s` the scale
+/// records (rows * scale_words_per_row words; f32 values stored as their bits). See
+/// [`QTensor::from_gguf_blocks`] for how each GGUF format is re-packed.
 #[derive(Clone, Debug)]
 pub struct QTensor {
     pub format: WFormat,
     pub rows: usize,
     pub cols: usize,
     pub q: Vec<u32>,
-    pub s: Vec<f32>,
+    pub s: Vec<u32>,
 }
 
-fn check_cols(cols: usize, what: &str) -> Result<()> {
-    if cols == 0 || !cols.is_multiple_of(32) {
-        bail!("{what}: row length {cols} is not a positive multiple of 32");
+fn check_cols(cols: usize, group: usize, what: &str) -> Result<()> {
+    if cols == 0 || !cols.is_multiple_of(group) {
+        bail!("{what}: row length {cols} is not a positive multiple of {group}");
     }
     Ok(())
+}
+
+/// GGUF's block geometry of a quantized format: (elements, bytes) per block.
+pub fn gguf_block(format: WFormat) -> Option<(usize, usize)> {
+    Some(match format {
+        WFormat::F32 | WFormat::F16 => return None,
+        WFormat::Q8_0 => (32, 34),
+        WFormat::Q4_0 => (32, 18),
+        WFormat::Q4_1 => (32, 20),
+        WFormat::Q5_0 => (32, 22),
+        WFormat::Q5_1 => (32, 24),
+        WFormat::Q2_K => (256, 84),
+        WFormat::Q3_K => (256, 110),
+        WFormat::Q4_K => (256, 144),
+        WFormat::Q5_K => (256, 176),
+        WFormat::Q6_K => (256, 210),
+    })
+}
+
+fn f16_at(b: &[u8], i: usize) -> f32 {
+    f16::from_bits(u16::from_le_bytes([b[i], b[i + 1]])).to_f32()
+}
+
+fn u32_at(b: &[u8], i: usize) -> u32 {
+    u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]])
+}
+
+fn bytes_word(b: &[u8]) -> u32 {
+    u32::from_le_bytes([b[0], b[1], b[2], b[3]])
+}
+
+/// Q4_K/Q5_K's twelve bytes of 6-bit scales and mins -> (scales, mins), eight each.
+fn k4_scales(sc: &[u8]) -> ([u8; 8], [u8; 8]) {
+    let (mut d, mut m) = ([0u8; 8], [0u8; 8]);
+    for j in 0..4 {
+        d[j] = sc[j] & 63;
+        m[j] = sc[j + 4] & 63;
+        d[j + 4] = (sc[j + 8] & 15) | ((sc[j] >> 6) << 4);
+        m[j + 4] = (sc[j + 8] >> 4) | ((sc[j + 4] >> 6) << 4);
+    }
+    (d, m)
+}
+
+/// Decodes one GGUF block into its quant codes (one unsigned integer per element, the value the
+/// format stores, before any scale) and pushes its scale record onto `s`. No value changes: the
+/// codes and scales are exactly those of the file (f16 scales widened to f32, exactly).
+fn decode_block(format: WFormat, b: &[u8], codes: &mut [u8], s: &mut Vec<u32>) {
+    let f = |x: f32| x.to_bits();
+    match format {
+        WFormat::Q8_0 => {
+            s.push(f(f16_at(b, 0)));
+            codes.copy_from_slice(&b[2..34]);
+        }
+        WFormat::Q4_0 | WFormat::Q4_1 => {
+            let head = if format == WFormat::Q4_1 { 4 } else { 2 };
+            s.push(f(f16_at(b, 0)));
+            if format == WFormat::Q4_1 {
+                s.push(f(f16_at(b, 2)));
+            }
+            for j in 0..16 {
+                codes[j] = b[head + j] & 15;
+                codes[j + 16] = b[head + j] >> 4;
+            }
+        }
+        WFormat::Q5_0 | WFormat::Q5_1 => {
+            let one = format == WFormat::Q5_1;
+            s.push(f(f16_at(b, 0)));
+            if one {
+                s.push(f(f16_at(b, 2)));
+            }
+            let h = if one { 4 } else { 2 };
+            let qh = u32_at(b, h);
+            let qs = &b[h + 4..h + 20];
+            for j in 0..16 {
+                codes[j] = (qs[j] & 15) | (((qh >> j) & 1) << 4) as u8;
+                codes[j + 16] = (qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4) as u8;
+            }
+        }
+        WFormat::Q4_K | WFormat::Q5_K => {
+            let (d, m) = k4_scales(&b[4..16]);
+            s.extend([f(f16_at(b, 0)), f(f16_at(b, 2)), bytes_word(&d[..4]), bytes_word(&d[4..])]);
+            s.extend([bytes_word(&m[..4]), bytes_word(&m[4..])]);
+            let (qh, qs) = if format == WFormat::Q5_K { (Some(&b[16..48]), &b[48..176]) } else { (None, &b[16..144]) };
+            // Sub-block j (32 elements) takes the low (j even) or high nibbles of qs[32 (j/2)..];
+            // Q5_K's fifth bit of element l of sub-block j is bit j of qh[l].
+            for j in 0..8 {
+                for l in 0..32 {
+                    let byte = qs[32 * (j / 2) + l];
+                    let low = if j % 2 == 0 { byte & 15 } else { byte >> 4 };
+                    let high = qh.map_or(0, |qh| (qh[l] >> j) & 1);
+                    codes[32 * j + l] = low | high << 4;
+                }
+            }
+        }
+        WFormat::Q6_K => {
+            let (ql, qh, sc) = (&b[..128], &b[128..192], &b[192..208]);
+            s.push(f(f16_at(b, 208)));
+            s.extend(sc.chunks_exact(4).map(bytes_word));
+            // Halves of 128: element 32g + l of half n takes ql[64n + l + 32 (g % 2)]'s low
+            // (g < 2) or high nibble, and bits 2g..2g+1 of qh[32n + l].
+            for n in 0..2 {
+                for g in 0..4 {
+                    for l in 0..32 {
+                        let byte = ql[64 * n + l + 32 * (g % 2)];
+                        let low = if g < 2 { byte & 15 } else { byte >> 4 };
+                        let high = (qh[32 * n + l] >> (2 * g)) & 3;
+                        codes[128 * n + 32 * g + l] = low | high << 4;
+                    }
+                }
+            }
+        }
+        WFormat::Q3_K => {
+            let (hmask, qs, sc) = (&b[..32], &b[32..96], &b[96..108]);
+            // Sixteen 6-bit scales: low nibbles from bytes 0..8 (low then high halves), the two
+            // high bits from bytes 8..12. Stored as signed bytes (scale - 32).
+            let mut scales = [0u8; 16];
+            for (i, v) in scales.iter_mut().enumerate() {
+                let low = if i < 8 { sc[i] & 15 } else { sc[i - 8] >> 4 };
+                let high = (sc[8 + i % 4] >> (2 * (i / 4))) & 3;
+                *v = ((low | high << 4) as i8 - 32) as u8;
+            }
+            s.push(f(f16_at(b, 108)));
+            s.extend(scales.chunks_exact(4).map(bytes_word));
+            // Element 32j + l of half n: bits 2j..2j+1 of qs[32n + l], and bit 4n + j of
+            // hmask[l] (set: no -4 offset). Code = low | hbit << 2, value (code - 4) * scale.
+            for n in 0..2 {
+                for j in 0..4 {
+                    for l in 0..32 {
+                        let low = (qs[32 * n + l] >> (2 * j)) & 3;
+                        let high = (hmask[l] >> (4 * n + j)) & 1;
+                        codes[128 * n + 32 * j + l] = low | high << 2;
+                    }
+                }
+            }
+        }
+        WFormat::Q2_K => {
+            let (sc, qs) = (&b[..16], &b[16..80]);
+            s.extend([f(f16_at(b, 80)), f(f16_at(b, 82))]);
+            s.extend(sc.chunks_exact(4).map(bytes_word));
+            for n in 0..2 {
+                for j in 0..4 {
+                    for l in 0..32 {
+                        codes[128 * n + 32 * j + l] = (qs[32 * n + l] >> (2 * j)) & 3;
+                    }
+                }
+            }
+        }
+        WFormat::F32 | WFormat::F16 => unreachable!("not a block format"),
+    }
+}
+
+/// Packs the 32 codes of one block into the format's words (see `from_gguf_blocks`).
+fn pack_block(format: WFormat, c: &[u8], q: &mut Vec<u32>) {
+    // Part p of a block is elements 4p..4p+4 ("lo") and 16+4p..16+4p+4 ("hi"), the order
+    // matmul.wgsl consumes them in.
+    let nibbles = |q: &mut Vec<u32>| {
+        for p in 0..4 {
+            q.push(
+                (0..4).map(|i| ((c[4 * p + i] & 15) as u32 | ((c[16 + 4 * p + i] & 15) as u32) << 4) << (8 * i)).sum(),
+            );
+        }
+    };
+    // One bit per element (bit `bit` of the code): byte p = part p, bits 0..4 lo, 4..8 hi.
+    let bits = |q: &mut Vec<u32>, bit: u32| {
+        let b = |e: usize| ((c[e] as u32) >> bit) & 1;
+        q.push(
+            (0..4)
+                .map(|p| (0..4).map(|i| (b(4 * p + i) << i | b(16 + 4 * p + i) << (4 + i)) << (8 * p)).sum::<u32>())
+                .sum(),
+        );
+    };
+    // Two bits per element (bits `bit`, `bit`+1): 16 bits per part, two parts per word.
+    let pairs = |q: &mut Vec<u32>, bit: u32| {
+        let b = |e: usize| ((c[e] as u32) >> bit) & 3;
+        for w in 0..2 {
+            q.push(
+                (0..2)
+                    .map(|h| {
+                        let p = 2 * w + h;
+                        (0..4)
+                            .map(|i| (b(4 * p + i) << (2 * i) | b(16 + 4 * p + i) << (8 + 2 * i)) << (16 * h))
+                            .sum::<u32>()
+                    })
+                    .sum(),
+            );
+        }
+    };
+    match format {
+        WFormat::Q8_0 => q.extend(c.chunks_exact(4).map(bytes_word)),
+        WFormat::Q4_0 | WFormat::Q4_1 | WFormat::Q4_K => nibbles(q),
+        WFormat::Q5_0 | WFormat::Q5_1 | WFormat::Q5_K => {
+            nibbles(q);
+            bits(q, 4);
+        }
+        WFormat::Q6_K => {
+            nibbles(q);
+            pairs(q, 4);
+        }
+        WFormat::Q3_K => {
+            pairs(q, 0);
+            bits(q, 2);
+        }
+        WFormat::Q2_K => pairs(q, 0),
+        WFormat::F32 | WFormat::F16 => unreachable!("not a block format"),
+    }
+}
+
+/// Unpacks the 32 codes of block words `w` (the inverse of `pack_block`).
+fn unpack_block(format: WFormat, w: &[u32]) -> [u32; 32] {
+    let mut c = [0u32; 32];
+    let part = |e: usize| (e % 16 / 4, e % 4, e >= 16);
+    let nib = |e: usize| {
+        let (p, i, hi) = part(e);
+        (w[p] >> (8 * i + 4 * hi as usize)) & 15
+    };
+    let bit = |word: u32, e: usize| {
+        let (p, i, hi) = part(e);
+        (word >> (8 * p + i + 4 * hi as usize)) & 1
+    };
+    let pair = |w0: u32, w1: u32, e: usize| {
+        let (p, i, hi) = part(e);
+        let word = if p < 2 { w0 } else { w1 };
+        (word >> (16 * (p % 2) + 2 * i + 8 * hi as usize)) & 3
+    };
+    for (e, v) in c.iter_mut().enumerate() {
+        *v = match format {
+            WFormat::Q8_0 => (w[e / 4] >> (8 * (e % 4))) & 255,
+            WFormat::Q4_0 | WFormat::Q4_1 | WFormat::Q4_K => nib(e),
+            WFormat::Q5_0 | WFormat::Q5_1 | WFormat::Q5_K => nib(e) | bit(w[4], e) << 4,
+            WFormat::Q6_K => nib(e) | pair(w[4], w[5], e) << 4,
+            WFormat::Q3_K => pair(w[0], w[1], e) | bit(w[2], e) << 2,
+            WFormat::Q2_K => pair(w[0], w[1], e),
+            WFormat::F32 | WFormat::F16 => unreachable!("not a block format"),
+        };
+    }
+    c
+}
+
+/// How block codes become values: `Offset(o)`: (code - o) * d, with o = 128 meaning the code is
+/// a signed byte; `Min`: code * d + m. Mirrors GGUF's reference dequantization operation for
+/// operation, so results are bit-identical.
+enum Affine {
+    Offset(i32),
+    Min,
+}
+
+fn affine(format: WFormat) -> Affine {
+    match format {
+        WFormat::Q8_0 => Affine::Offset(128),
+        WFormat::Q4_0 => Affine::Offset(8),
+        WFormat::Q5_0 => Affine::Offset(16),
+        WFormat::Q3_K => Affine::Offset(4),
+        WFormat::Q6_K => Affine::Offset(32),
+        _ => Affine::Min,
+    }
+}
+
+/// (d, m) of the 16 elements `half` (0: elements 0..16, 1: 16..32) of 32-element block `j`
+/// (0..8 within a K-quant super-block; 0 otherwise) of the scale record `r`.
+fn half_scale(format: WFormat, r: &[u32], j: usize, half: usize) -> (f32, f32) {
+    let fl = |i: usize| f32::from_bits(r[i]);
+    let byte = |w: &[u32], i: usize| (w[i / 4] >> (8 * (i % 4))) & 255;
+    match format {
+        WFormat::Q8_0 | WFormat::Q4_0 | WFormat::Q5_0 => (fl(0), 0.0),
+        WFormat::Q4_1 | WFormat::Q5_1 => (fl(0), fl(1)),
+        WFormat::Q4_K | WFormat::Q5_K => (fl(0) * byte(&r[2..4], j) as f32, -(fl(1) * byte(&r[4..6], j) as f32)),
+        WFormat::Q3_K | WFormat::Q6_K => (fl(0) * byte(&r[1..5], 2 * j + half) as u8 as i8 as f32, 0.0),
+        WFormat::Q2_K => {
+            let sc = byte(&r[2..6], 2 * j + half);
+            (fl(0) * (sc & 15) as f32, -(fl(1) * (sc >> 4) as f32))
+        }
+        WFormat::F32 | WFormat::F16 => unreachable!("not a block format"),
+    }
 }
 
 impl QTensor {
@@ -28,8 +302,16 @@ impl QTensor {
         self.cols / 32
     }
 
+    fn q_words_per_row(&self) -> usize {
+        self.blocks_per_row() * self.format.words_per_block()
+    }
+
+    fn s_words_per_row(&self) -> usize {
+        self.format.scale_words_per_row(self.cols)
+    }
+
     pub fn from_f32(rows: usize, cols: usize, data: &[f32]) -> Result<QTensor> {
-        check_cols(cols, "f32 tensor")?;
+        check_cols(cols, 32, "f32 tensor")?;
         if data.len() != rows * cols {
             bail!("f32 tensor: {} values for shape [{rows}, {cols}]", data.len());
         }
@@ -37,7 +319,7 @@ impl QTensor {
     }
 
     pub fn from_f16_bits(rows: usize, cols: usize, data: &[u16]) -> Result<QTensor> {
-        check_cols(cols, "f16 tensor")?;
+        check_cols(cols, 32, "f16 tensor")?;
         if data.len() != rows * cols {
             bail!("f16 tensor: {} values for shape [{rows}, {cols}]", data.len());
         }
@@ -55,43 +337,107 @@ impl QTensor {
         Self::from_f16_bits(rows, cols, &bits)
     }
 
-    /// Repacks GGUF block data (Q8_0: f16 d + 32 i8; Q4_0: f16 d + 16 bytes; Q4_1: f16 d, f16 m
-    /// + 16 bytes) without changing any quantized value.
+    /// Re-packs GGUF block data without changing any quantized value or scale, so that every
+    /// kernel load is an aligned u32 (GGUF's Q6_K and Q3_K blocks are 210 and 110 bytes, Q5
+    /// blocks keep their fifth bits in a separate field).
+    ///
+    /// Per 32-element block, `q` gets the codes as words; "part p" is elements 4p..4p+4 and
+    /// 16+4p..16+4p+4, the order the matmul consumes:
+    /// - nibble words (Q4_*, Q5_*, Q6_K: the low four bits): 4 words, word p byte i = element
+    ///   4p+i | element 16+4p+i << 4 (GGUF's own Q4_0 order);
+    /// - a bit word (Q5_*: fifth bit; Q3_K: third bit): byte p = part p's 8 bits;
+    /// - two pair words (Q6_K: bits 4..6; Q3_K, Q2_K: bits 0..2): 16 bits per part.
+    ///
+    /// Words per block: Q8_0 8 (the signed bytes), Q4_0/Q4_1/Q4_K 4, Q5_0/Q5_1/Q5_K 5 (nibbles,
+    /// bits), Q6_K 6 (nibbles, pairs), Q3_K 3 (pairs, bits), Q2_K 2 (pairs).
+    ///
+    /// `s` gets one scale record per GGUF block, f16 values widened to f32 bits: Q8_0, Q4_0,
+    /// Q5_0: [d]; Q4_1, Q5_1: [d, m]; Q4_K, Q5_K: [d, dmin, 8 scales as bytes (2 words), 8 mins
+    /// (2 words)], the 6-bit values unpacked from GGUF's 12-byte packing; Q6_K: [d, 16 signed
+    /// scales as bytes]; Q3_K: the same, the 6-bit scales unpacked and stored minus 32; Q2_K:
+    /// [d, dmin, GGUF's 16 scale/min bytes].
     pub fn from_gguf_blocks(format: WFormat, rows: usize, cols: usize, bytes: &[u8]) -> Result<QTensor> {
-        check_cols(cols, "quantized tensor")?;
-        let (block_bytes, head) = match format {
-            WFormat::Q8_0 => (34, 2),
-            WFormat::Q4_0 => (18, 2),
-            WFormat::Q4_1 => (20, 4),
-            _ => bail!("from_gguf_blocks: {format:?} is not a block format"),
+        let Some((block_elems, block_bytes)) = gguf_block(format) else {
+            bail!("from_gguf_blocks: {format:?} is not a block format");
         };
-        let nblocks = rows * cols / 32;
+        check_cols(cols, block_elems, &format!("{format:?} tensor"))?;
+        let nblocks = rows * cols / block_elems;
         if bytes.len() != nblocks * block_bytes {
-            bail!("{} bytes for {nblocks} blocks of {format:?}", bytes.len());
+            bail!(
+                "{} bytes of data for {nblocks} {format:?} blocks of shape [{rows}, {cols}] (expected {})",
+                bytes.len(),
+                nblocks * block_bytes
+            );
         }
-        let mut q = Vec::with_capacity(nblocks * format.words_per_block());
-        let mut s = Vec::with_capacity(nblocks * format.scales_per_block());
+        let mut q = Vec::with_capacity(rows * cols / 32 * format.words_per_block());
+        let mut s = Vec::with_capacity(rows * format.scale_words_per_row(cols));
+        let mut codes = vec![0u8; block_elems];
         for b in bytes.chunks_exact(block_bytes) {
-            let h = |i: usize| f16::from_bits(u16::from_le_bytes([b[i], b[i + 1]])).to_f32();
-            s.push(h(0));
-            if format == WFormat::Q4_1 {
-                s.push(h(2));
-            }
-            for w in b[head..].chunks_exact(4) {
-                q.push(u32::from_le_bytes([w[0], w[1], w[2], w[3]]));
+            decode_block(format, b, &mut codes, &mut s);
+            for c in codes.chunks_exact(32) {
+                pack_block(format, c, &mut q);
             }
         }
         Ok(QTensor { format, rows, cols, q, s })
     }
 
-    /// Quantizes f32 data the way llama.cpp's reference quantizers do (tests and benches).
+    /// Random GGUF blocks of `format` (random codes; finite f16 scales of random sign and
+    /// magnitude 1e-3..0.1), for tests and benches of formats this crate cannot quantize to.
+    pub fn random_gguf(format: WFormat, rows: usize, cols: usize, seed: u64) -> Result<QTensor> {
+        let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        let mut unit = || (next() >> 40) as f32 / (1u64 << 24) as f32;
+        match format {
+            WFormat::F32 => {
+                return Self::from_f32(rows, cols, &(0..rows * cols).map(|_| unit() * 2.0 - 1.0).collect::<Vec<_>>())
+            }
+            WFormat::F16 => {
+                return Self::from_f32_as_f16(
+                    rows,
+                    cols,
+                    &(0..rows * cols).map(|_| unit() * 2.0 - 1.0).collect::<Vec<_>>(),
+                )
+            }
+            _ => {}
+        }
+        let (block_elems, block_bytes) = gguf_block(format).expect("a block format");
+        check_cols(cols, block_elems, "random_gguf")?;
+        let n = rows * cols / block_elems;
+        let mut bytes: Vec<u8> = (0..n * block_bytes).map(|_| (unit() * 256.0) as u8).collect();
+        // Offsets of the f16 scale fields in each block.
+        let fields: &[usize] = match format {
+            WFormat::Q8_0 | WFormat::Q4_0 | WFormat::Q5_0 => &[0],
+            WFormat::Q4_1 | WFormat::Q5_1 | WFormat::Q4_K | WFormat::Q5_K => &[0, 2],
+            WFormat::Q2_K => &[80, 82],
+            WFormat::Q3_K => &[108],
+            WFormat::Q6_K => &[208],
+            WFormat::F32 | WFormat::F16 => unreachable!(),
+        };
+        for b in bytes.chunks_exact_mut(block_bytes) {
+            for &o in fields {
+                let mag = 1e-3 + unit() * 0.099;
+                let v = if unit() < 0.5 { -mag } else { mag };
+                b[o..o + 2].copy_from_slice(&f16::from_f32(v).to_le_bytes());
+            }
+        }
+        Self::from_gguf_blocks(format, rows, cols, &bytes)
+    }
+
+    /// Quantizes f32 data the way llama.cpp's reference quantizers do (tests and benches), for
+    /// F32, F16, Q8_0, Q4_0 and Q4_1.
     pub fn quantize(format: WFormat, rows: usize, cols: usize, data: &[f32]) -> Result<QTensor> {
         match format {
             WFormat::F32 => return Self::from_f32(rows, cols, data),
             WFormat::F16 => return Self::from_f32_as_f16(rows, cols, data),
-            _ => {}
+            WFormat::Q8_0 | WFormat::Q4_0 | WFormat::Q4_1 => {}
+            f => bail!("quantize: {f:?} is not supported (use random_gguf)"),
         }
-        check_cols(cols, "quantize")?;
+        check_cols(cols, 32, "quantize")?;
         let mut bytes = Vec::new();
         for blk in data.chunks_exact(32) {
             match format {
@@ -131,12 +477,13 @@ impl QTensor {
         Self::from_gguf_blocks(format, rows, cols, &bytes)
     }
 
-    /// CPU reference: row `r` dequantized, exactly as the GPU's wdeq computes it (up to f32 fma).
+    /// CPU reference: row `r` dequantized, exactly as the GPU's wpart computes it (and as GGUF's
+    /// reference dequantization does, bit for bit).
     pub fn dequant_row(&self, r: usize) -> Vec<f32> {
         let kb = self.blocks_per_row();
         let wpb = self.format.words_per_block();
-        let spb = self.format.scales_per_block();
         let mut out = Vec::with_capacity(self.cols);
+        let (group, sw) = (self.format.scale_group(), self.format.scale_words());
         for b in 0..kb {
             let blk = r * kb + b;
             let words = &self.q[blk * wpb..(blk + 1) * wpb];
@@ -148,21 +495,19 @@ impl QTensor {
                         out.push(f16::from_bits((*w >> 16) as u16).to_f32());
                     }
                 }
-                WFormat::Q8_0 => {
-                    let d = self.s[blk];
-                    for w in words {
-                        out.extend(w.to_le_bytes().iter().map(|&b| b as i8 as f32 * d));
+                f => {
+                    let rec = (blk * 32) / group;
+                    let record = &self.s[rec * sw..(rec + 1) * sw];
+                    let j = blk % (group / 32);
+                    let codes = unpack_block(f, words);
+                    for (e, &c) in codes.iter().enumerate() {
+                        let (d, m) = half_scale(f, record, j, e / 16);
+                        out.push(match affine(f) {
+                            Affine::Offset(128) => c as u8 as i8 as f32 * d,
+                            Affine::Offset(o) => (c as i32 - o) as f32 * d,
+                            Affine::Min => c as f32 * d + m,
+                        });
                     }
-                }
-                WFormat::Q4_0 | WFormat::Q4_1 => {
-                    let (d, m) = if self.format == WFormat::Q4_1 {
-                        (self.s[blk * spb], self.s[blk * spb + 1])
-                    } else {
-                        (self.s[blk], -8.0 * self.s[blk])
-                    };
-                    let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
-                    out.extend(bytes.iter().map(|&b| (b & 15) as f32 * d + m));
-                    out.extend(bytes.iter().map(|&b| (b >> 4) as f32 * d + m));
                 }
             }
         }
@@ -171,8 +516,7 @@ impl QTensor {
 
     /// Rows [r0, r1) as their own tensor.
     pub fn slice_rows(&self, r0: usize, r1: usize) -> QTensor {
-        let wpr = self.blocks_per_row() * self.format.words_per_block();
-        let spr = self.blocks_per_row() * self.format.scales_per_block();
+        let (wpr, spr) = (self.q_words_per_row(), self.s_words_per_row());
         QTensor {
             format: self.format,
             rows: r1 - r0,
@@ -205,8 +549,7 @@ impl QTensor {
 
     /// Reorders rows: row i of the result is row `src[i]` of self.
     pub fn permute_rows(&self, src: &[usize]) -> QTensor {
-        let wpr = self.blocks_per_row() * self.format.words_per_block();
-        let spr = self.blocks_per_row() * self.format.scales_per_block();
+        let (wpr, spr) = (self.q_words_per_row(), self.s_words_per_row());
         let mut q = Vec::with_capacity(src.len() * wpr);
         let mut s = Vec::with_capacity(src.len() * spr);
         for &r in src {

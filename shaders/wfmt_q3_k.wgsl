@@ -1,0 +1,30 @@
+// GGUF Q3_K: 256-element super-blocks, a 6-bit scale per 16 elements (stored unpacked as signed
+// bytes, minus 32). Quants per 32-element block: 2 pair words (low 2 bits) and 1 bit word (the
+// third bit). Scale record per super-block (5 words): d (f32 bits), 16 signed scales as bytes.
+// x = (q - 4) * (d * scale).
+@group(0) @binding(3) var<storage, read> wq: array<u32>;
+@group(0) @binding(4) var<storage, read> ws: array<u32>;
+
+struct Sc {
+    dlo: f32,
+    dhi: f32,
+    e: vec2<u32>,
+    h: u32,
+}
+
+fn wscale(blk: u32) -> Sc {
+    let r = (blk >> 3u) * 5u;
+    let j = blk & 7u;
+    let d = bitcast<f32>(ws[r]);
+    let w = ws[r + 1u + j / 2u];
+    let b = 2u * (j % 2u);
+    let q = blk * 3u;
+    return Sc(d * sbyte(w, b), d * sbyte(w, b + 1u), vec2<u32>(wq[q], wq[q + 1u]), wq[q + 2u]);
+}
+
+fn wpart(blk: u32, p: u32, s: Sc) -> Part {
+    let e = pair_bits(s.e, p);
+    let lo = vec4<i32>(pairs_lo(e) | (bits_lo(s.h, p) << vec4<u32>(2u))) - vec4<i32>(4);
+    let hi = vec4<i32>(pairs_hi(e) | (bits_hi(s.h, p) << vec4<u32>(2u))) - vec4<i32>(4);
+    return Part(vec4<f32>(lo) * s.dlo, vec4<f32>(hi) * s.dhi);
+}

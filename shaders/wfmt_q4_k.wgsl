@@ -1,0 +1,24 @@
+// GGUF Q4_K: 256-element super-blocks of eight 32-element blocks, each with a 6-bit scale and
+// min. Quants: 4 nibble words per block (vec4). Scale record per super-block (6 words):
+// d, dmin (f32 bits), 8 scales as bytes (2 words), 8 mins as bytes (2 words).
+// x = q * (d * scale) - dmin * min.
+@group(0) @binding(3) var<storage, read> wq: array<vec4<u32>>;
+@group(0) @binding(4) var<storage, read> ws: array<u32>;
+
+struct Sc {
+    d: f32,
+    m: f32,
+}
+
+fn wscale(blk: u32) -> Sc {
+    let r = (blk >> 3u) * 6u;
+    let j = blk & 7u;
+    let sc = ubyte(ws[r + 2u + j / 4u], j % 4u);
+    let mn = ubyte(ws[r + 4u + j / 4u], j % 4u);
+    return Sc(bitcast<f32>(ws[r]) * f32(sc), -(bitcast<f32>(ws[r + 1u]) * f32(mn)));
+}
+
+fn wpart(blk: u32, p: u32, s: Sc) -> Part {
+    let v = wq[blk][p];
+    return Part(vec4<f32>(nib_lo(v)) * s.d + s.m, vec4<f32>(nib_hi(v)) * s.d + s.m);
+}

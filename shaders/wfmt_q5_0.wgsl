@@ -1,0 +1,20 @@
+// GGUF Q5_0, re-packed: per block 4 nibble words and 1 word of fifth bits; one scale d;
+// x = (q - 16) * d.
+@group(0) @binding(3) var<storage, read> wq: array<u32>;
+@group(0) @binding(4) var<storage, read> ws: array<f32>;
+
+struct Sc {
+    d: f32,
+    h: u32,
+}
+
+fn wscale(blk: u32) -> Sc {
+    return Sc(ws[blk], wq[blk * 5u + 4u]);
+}
+
+fn wpart(blk: u32, p: u32, s: Sc) -> Part {
+    let v = wq[blk * 5u + p];
+    let lo = vec4<i32>(nib_lo(v) | (bits_lo(s.h, p) << vec4<u32>(4u))) - vec4<i32>(16);
+    let hi = vec4<i32>(nib_hi(v) | (bits_hi(s.h, p) << vec4<u32>(4u))) - vec4<i32>(16);
+    return Part(vec4<f32>(lo) * s.d, vec4<f32>(hi) * s.d);
+}

@@ -1,0 +1,26 @@
+// GGUF Q5_K: like Q4_K (same scale record: d, dmin, 8 scale bytes, 8 min bytes) with a fifth
+// bit per element. Quants per 32-element block: 4 nibble words and 1 word of fifth bits.
+// x = q * (d * scale) - dmin * min.
+@group(0) @binding(3) var<storage, read> wq: array<u32>;
+@group(0) @binding(4) var<storage, read> ws: array<u32>;
+
+struct Sc {
+    d: f32,
+    m: f32,
+    h: u32,
+}
+
+fn wscale(blk: u32) -> Sc {
+    let r = (blk >> 3u) * 6u;
+    let j = blk & 7u;
+    let sc = ubyte(ws[r + 2u + j / 4u], j % 4u);
+    let mn = ubyte(ws[r + 4u + j / 4u], j % 4u);
+    return Sc(bitcast<f32>(ws[r]) * f32(sc), -(bitcast<f32>(ws[r + 1u]) * f32(mn)), wq[blk * 5u + 4u]);
+}
+
+fn wpart(blk: u32, p: u32, s: Sc) -> Part {
+    let v = wq[blk * 5u + p];
+    let lo = vec4<f32>(nib_lo(v) | (bits_lo(s.h, p) << vec4<u32>(4u)));
+    let hi = vec4<f32>(nib_hi(v) | (bits_hi(s.h, p) << vec4<u32>(4u)));
+    return Part(lo * s.d + s.m, hi * s.d + s.m);
+}

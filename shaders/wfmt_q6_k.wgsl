@@ -1,0 +1,29 @@
+// GGUF Q6_K: 256-element super-blocks, a signed 8-bit scale per 16 elements. Quants per
+// 32-element block: 4 nibble words (low 4 bits) and 2 pair words (high 2 bits). Scale record
+// per super-block (5 words): d (f32 bits), 16 signed scales as bytes.
+// x = (q - 32) * (d * scale); elements 0..16 and 16..32 of a block have their own scale.
+@group(0) @binding(3) var<storage, read> wq: array<u32>;
+@group(0) @binding(4) var<storage, read> ws: array<u32>;
+
+struct Sc {
+    dlo: f32,
+    dhi: f32,
+    e: vec2<u32>,
+}
+
+fn wscale(blk: u32) -> Sc {
+    let r = (blk >> 3u) * 5u;
+    let j = blk & 7u;
+    let d = bitcast<f32>(ws[r]);
+    let w = ws[r + 1u + j / 2u];
+    let b = 2u * (j % 2u);
+    return Sc(d * sbyte(w, b), d * sbyte(w, b + 1u), vec2<u32>(wq[blk * 6u + 4u], wq[blk * 6u + 5u]));
+}
+
+fn wpart(blk: u32, p: u32, s: Sc) -> Part {
+    let v = wq[blk * 6u + p];
+    let e = pair_bits(s.e, p);
+    let lo = vec4<i32>(nib_lo(v) | (pairs_lo(e) << vec4<u32>(4u))) - vec4<i32>(32);
+    let hi = vec4<i32>(nib_hi(v) | (pairs_hi(e) << vec4<u32>(4u))) - vec4<i32>(32);
+    return Part(vec4<f32>(lo) * s.dlo, vec4<f32>(hi) * s.dhi);
+}
