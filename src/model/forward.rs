@@ -6,7 +6,7 @@ use super::config::ModelConfig;
 use super::loader::HostModel;
 use super::tensor::QTensor;
 use crate::gpu::kernels::{
-    plan_x, window_entries, window_stride, Kernels, WFormat, XPlan, MATMUL_TILES, MATMUL_WG, MAX_TOP_LOGPROBS,
+    plan_x, window_entries, window_stride, Kernels, KvDtype, WFormat, XPlan, MATMUL_TILES, MATMUL_WG, MAX_TOP_LOGPROBS,
     SAMPLE_PARAMS_STRIDE, SAMPLE_RESULT_STRIDE,
 };
 use crate::gpu::Gpu;
@@ -78,6 +78,8 @@ pub struct StepLimits {
     pub cache_bytes: u64,
     /// Cap on one storage binding (tests lower it to exercise chunking); 0 = the device's.
     pub max_binding: u64,
+    /// Element type of the KV cache.
+    pub kv_dtype: KvDtype,
 }
 
 /// Per-row sampling parameters; `u` is a uniform draw in [0, 1) from the request's generator.
@@ -336,13 +338,20 @@ pub(crate) fn attn_params(heads: usize, kv_heads: usize, head_dim: usize, block_
     [heads as u32, kv_heads as u32, block_size as u32, qkv4, scale.to_bits(), 0, 0, 0]
 }
 
+/// Bytes of one KV block of one layer (K or V).
+pub fn kv_block_bytes(cfg: &ModelConfig, limits: &StepLimits) -> u64 {
+    (limits.block_size * cfg.kv_dim() * limits.kv_dtype.bytes()) as u64
+}
+
 /// KV blocks of one layer's cache: `cache_bytes` spread over every layer of the model (all
-/// stages of a pipeline agree), at most one storage binding (`max_binding`, 0 = no cap).
+/// stages of a pipeline agree).
 pub fn kv_blocks(cfg: &ModelConfig, limits: &StepLimits) -> usize {
-    let per_block = (limits.block_size * cfg.kv_dim() * 4) as u64;
-    let n = limits.cache_bytes / (per_block * 2 * cfg.layers as u64);
-    let cap = if limits.max_binding == 0 { u64::MAX } else { limits.max_binding / per_block };
-    n.min(cap) as usize
+    (limits.cache_bytes / (kv_block_bytes(cfg, limits) * 2 * cfg.layers as u64)) as usize
+}
+
+/// Threads of one rope_kv dispatch: one per (token, head, pair of rotated elements).
+pub(crate) fn rope_threads(n_tokens: usize, heads: usize, kv_heads: usize, head_dim: usize) -> u32 {
+    (n_tokens * (heads + 2 * kv_heads) * head_dim / 4) as u32
 }
 
 pub(crate) fn div_up(a: u32, b: u32) -> u32 {
@@ -376,7 +385,7 @@ impl Model {
         limits.max_seqs = limits.max_seqs.min(limits.max_tokens).max(1);
         let mb = limits.max_binding;
         let g = &*gpu;
-        let kernels = Kernels::new(g, &host.formats(), cfg.head_dim as u32)?;
+        let kernels = Kernels::new(g, &host.formats(), cfg.head_dim as u32, limits.kv_dtype)?;
         let (t_max, s_max) = (limits.max_tokens, limits.max_seqs);
         let max_blocks = limits.max_seq_len.div_ceil(limits.block_size);
 
@@ -404,17 +413,28 @@ impl Model {
         let meta_buf = g.storage("meta", (meta_len * 4) as u64);
         let step_buf = g.uniform_init("step", bytemuck::bytes_of(&header));
 
-        // KV cache: [blocks, block_size, kv_heads, head_dim] f32 per layer, K and V.
-        let per_block = (limits.block_size * cfg.kv_dim() * 4) as u64;
+        // KV cache: [blocks, block_size, kv_heads, head_dim] per layer, K and V, f16 or f32.
+        let per_block = kv_block_bytes(&cfg, &limits);
         let num_blocks = kv_blocks(&cfg, &limits);
         if num_blocks < max_blocks.min(2) || num_blocks == 0 {
             bail!(
-                "total_cache_size {} bytes holds only {num_blocks} KV blocks of {} tokens; raise it",
+                "total_cache_size {} bytes holds only {num_blocks} KV blocks of {} tokens ({} KV cache); raise it",
                 limits.cache_bytes,
-                limits.block_size
+                limits.block_size,
+                limits.kv_dtype.name()
             );
         }
         let kv_bytes = num_blocks as u64 * per_block;
+        if kv_bytes > mb {
+            // Never shrink the cache behind the user's back.
+            bail!(
+                "total_cache_size {} bytes gives each layer a {} KV cache of {kv_bytes} bytes for K (and as much for V), \
+                 above the device's max storage binding of {mb} bytes; lower total_cache_size to at most {} bytes",
+                limits.cache_bytes,
+                limits.kv_dtype.name(),
+                mb / per_block * per_block * 2 * cfg.layers as u64
+            );
+        }
         // Sized by the whole model's layer count, so every stage of a pipeline holds as many blocks.
         let kv = KvCache {
             k: layers.clone().map(|_| g.storage("k_cache", kv_bytes)).collect(),
@@ -846,7 +866,7 @@ impl Model {
                         (&self.kernels.rmsnorm, m, 1)
                     }
                     OpKind::RopeKv => {
-                        let threads = n * (cfg.heads + 2 * cfg.kv_heads) as u32 * (cfg.head_dim / 2) as u32;
+                        let threads = rope_threads(n as usize, cfg.heads, cfg.kv_heads, cfg.head_dim);
                         (&self.kernels.rope_kv, div_up(threads, 64), 1)
                     }
                     OpKind::Attention => (&self.kernels.attention, div_up(n * cfg.heads as u32, 32), 1),

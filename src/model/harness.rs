@@ -2,12 +2,12 @@
 //! (forward.rs) records the same pipelines with the same parameter layouts.
 
 use super::forward::{
-    attn_params, div_up, rope_params, rope_table, GpuMatrix, MatParams, SampleParams, Sampled, StepHeader,
-    MAT_ACCUMULATE, MAT_BIAS, MAT_SWIGLU_UP,
+    attn_params, div_up, rope_params, rope_table, rope_threads, GpuMatrix, MatParams, SampleParams, Sampled,
+    StepHeader, MAT_ACCUMULATE, MAT_BIAS, MAT_SWIGLU_UP,
 };
 use super::tensor::QTensor;
 use crate::gpu::kernels::{
-    plan_x, window_entries, window_stride, Kernels, XPlan, MATMUL_TILES, MATMUL_WG, SAMPLE_RESULT_STRIDE,
+    plan_x, window_entries, window_stride, Kernels, KvDtype, XPlan, MATMUL_TILES, MATMUL_WG, SAMPLE_RESULT_STRIDE,
 };
 use crate::gpu::Gpu;
 use anyhow::Result;
@@ -65,8 +65,19 @@ pub struct AttnRig {
 }
 
 impl Harness {
+    /// Every weight format, attention for `head_dim`, the default (f16) KV cache.
     pub fn new(gpu: Arc<Gpu>, head_dim: u32) -> Result<Harness> {
-        let kernels = Kernels::new(&gpu, &crate::gpu::kernels::WFormat::ALL, head_dim)?;
+        Self::with_kv(gpu, head_dim, KvDtype::default())
+    }
+
+    pub fn with_kv(gpu: Arc<Gpu>, head_dim: u32, kv: KvDtype) -> Result<Harness> {
+        let kernels = Kernels::new(&gpu, &crate::gpu::kernels::WFormat::ALL, head_dim, kv)?;
+        Ok(Harness { gpu, kernels })
+    }
+
+    /// For attention tests and benches: the matmuls of one weight format only (quicker to build).
+    pub fn attention_only(gpu: Arc<Gpu>, head_dim: u32, kv: KvDtype) -> Result<Harness> {
+        let kernels = Kernels::new(&gpu, &[crate::gpu::kernels::WFormat::F32], head_dim, kv)?;
         Ok(Harness { gpu, kernels })
     }
 
@@ -341,7 +352,7 @@ impl Harness {
         let AttnShape { heads, kv_heads, head_dim, block_size } = shape;
         let g = &*self.gpu;
         let cs = rope_table(theta, head_dim, max_pos);
-        let bytes = (num_blocks * block_size * kv_heads * head_dim * 4) as u64;
+        let bytes = (num_blocks * block_size * kv_heads * head_dim * self.kernels.kv.bytes()) as u64;
         AttnRig {
             heads,
             kv_heads,
@@ -410,7 +421,7 @@ impl Harness {
         let rb = k
             .rope_family
             .bind(g, &[(0, &step), (1, &rp), (2, &meta), (3, &rig.cos_sin), (4, &qkv_b), (5, &rig.k), (6, &rig.v)]);
-        let threads = (n * (rig.heads + 2 * rig.kv_heads) * rig.head_dim / 2) as u32;
+        let threads = rope_threads(n, rig.heads, rig.kv_heads, rig.head_dim);
         let ab = k
             .attn_family
             .bind(g, &[(0, &step), (1, &ap), (2, &meta), (3, &qkv_b), (4, &rig.k), (5, &rig.v), (6, &out)]);

@@ -464,6 +464,7 @@ pub fn step_limits(cfg: &EngineConfig, model: &ModelConfig) -> StepLimits {
         block_size: cfg.block_size,
         cache_bytes: cfg.total_cache_size,
         max_binding: 0,
+        kv_dtype: cfg.kv_cache_dtype,
     }
 }
 

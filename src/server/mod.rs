@@ -417,12 +417,14 @@ async fn serve(args: ServeArgs, cfg: EngineConfig, scfg: ServerConfig, model_pat
     let i = engine.info.clone();
     server.set_engine(engine);
     eprintln!(
-        "torus-wgpu serve: ready on http://{} | model {name:?} ({}) | adapter {} | KV cache {} blocks x {} tokens | max_sequence_length {} | max batch {} decode + {} prefill, {} tokens/step",
+        "torus-wgpu serve: ready on http://{} | model {name:?} ({}) | adapter {} | KV cache ({}) {} blocks x {} tokens = {} tokens | max_sequence_length {} | max batch {} decode + {} prefill, {} tokens/step",
         server.addr,
         model_path.display(),
         i.adapter,
+        cfg.kv_cache_dtype.name(),
         i.num_blocks,
         i.block_size,
+        i.num_blocks * i.block_size,
         i.max_seq_len,
         cfg.max_decode_batch_size,
         cfg.max_prefill_batch_size,

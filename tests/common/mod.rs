@@ -1,8 +1,10 @@
 //! Paths shared by the integration tests.
 #![allow(dead_code)]
 
+use serde_json::Value;
 use std::path::{Path, PathBuf};
 use torus_wgpu::engine::{Request, RequestParams, StopConditions};
+use torus_wgpu::model::forward::{Model, SampleParams, StepInput};
 
 pub fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures")
@@ -71,4 +73,43 @@ pub fn greedy_req(prompt: &[u32], n: usize) -> Request {
             ..Default::default()
         },
     }
+}
+
+/// A JSON array of token ids.
+pub fn ids(v: &Value) -> Vec<u32> {
+    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+}
+
+/// A JSON array of numbers.
+pub fn floats(v: &Value) -> Vec<f32> {
+    v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect()
+}
+
+/// Logits at the last prompt position and after each forced token (teacher forcing): one
+/// prefill step of the prompt, then one decode step per forced token.
+pub fn logits_steps(model: &mut Model, prompt: &[u32], forced: &[u32]) -> Vec<Vec<f32>> {
+    let bs = model.limits.block_size;
+    let total = prompt.len() + forced.len();
+    let table: Vec<u32> = (0..total.div_ceil(bs) as u32).collect();
+    let mut out = Vec::new();
+    let mut start = 0;
+    let all: Vec<u32> = prompt.iter().chain(forced).cloned().collect();
+    for end in std::iter::once(prompt.len()).chain(prompt.len() + 1..=total) {
+        let n = end - start;
+        let pos: Vec<u32> = (start as u32..end as u32).collect();
+        model
+            .step(&StepInput {
+                tokens: all[start..end].to_vec(),
+                positions: pos.clone(),
+                slots: pos,
+                seq_of_token: vec![0; n],
+                block_tables: vec![table.clone()],
+                sample_rows: vec![n as u32 - 1],
+                sampling: vec![SampleParams::default()],
+            })
+            .unwrap();
+        out.push(model.last_logits(1).unwrap());
+        start = end;
+    }
+    out
 }
