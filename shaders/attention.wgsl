@@ -10,7 +10,7 @@ struct AttnParams {
     block_size: u32,
     qkv_stride4: u32, // vec4s per qkv row
     scale: f32,
-    _p0: u32,
+    window: u32, // attend to the last `window` positions only (0: all)
     _p1: u32,
     _p2: u32,
 }
@@ -44,7 +44,9 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     }
     var mx = -3.0e38;
     var l = 0.0;
-    for (var j = 0u; j <= pos; j++) {
+    // Mistral's sliding window: keys pos - window + 1 ..= pos.
+    let j0 = select(0u, pos + 1u - p.window, p.window > 0u && pos + 1u > p.window);
+    for (var j = j0; j <= pos; j++) {
         let blk = md[table + j / p.block_size];
         let kb = ((blk * p.block_size + j % p.block_size) * p.n_kv_heads + kvh) * HD4;
         var s4 = vec4<f32>(0.0);

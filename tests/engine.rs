@@ -137,9 +137,9 @@ fn prefix_cache_on_equals_off_and_saves_prefill() {
 
 #[test]
 fn preemption_when_the_pool_is_too_small() {
-    // tiny-qwen2: one 16-token block of K+V over 2 layers = 2 * 2 * 16 * 32 * 4 bytes = 8 KiB.
+    // tiny-qwen2: one 16-token block of K+V over 2 layers = 2 * 2 * 16 * 32 * 2 bytes (f16) = 4 KiB.
     let e = engine(&tiny(), |c| {
-        c.total_cache_size = 14 * 8192;
+        c.total_cache_size = 14 * 4096;
         c.enable_prefix_cache = false;
     });
     assert_eq!(e.info.num_blocks, 14);

@@ -270,10 +270,14 @@ fn rope_ref(v: &mut [f32], pos: usize, theta: f64) {
 #[test]
 fn rope_and_paged_attention_with_gqa() {
     let theta = 10000.0;
-    for (kv, &(heads, kv_heads, head_dim)) in [KvDtype::F32, KvDtype::F16]
-        .into_iter()
-        .flat_map(|kv| [(4, 4, 16), (4, 2, 16), (8, 2, 64), (9, 3, 64), (6, 1, 32)].iter().map(move |s| (kv, s)))
-    {
+    let shapes = [(4, 4, 16), (4, 2, 16), (8, 2, 64), (9, 3, 64), (6, 1, 32)];
+    // (KV-cache dtype, sliding window (0: none), shape).
+    let cases = [KvDtype::F32, KvDtype::F16].into_iter().flat_map(|kv| shapes.iter().map(move |s| (kv, 0, s))).chain([
+        (KvDtype::F32, 6, &shapes[2]),
+        (KvDtype::F16, 3, &shapes[3]),
+        (KvDtype::F32, 1, &shapes[1]),
+    ]);
+    for (kv, window, &(heads, kv_heads, head_dim)) in cases {
         let h = Harness::attention_only(gpu(), head_dim as u32, kv).unwrap();
         // The cache stores K and V in its element type: the reference rounds them the same way.
         let stored = |v: Vec<f32>| -> Vec<f32> {
@@ -283,7 +287,8 @@ fn rope_and_paged_attention_with_gqa() {
             }
         };
         let bs = 4;
-        let rig = h.attn_rig(AttnShape { heads, kv_heads, head_dim, block_size: bs }, 12, 64, theta);
+        let mut rig = h.attn_rig(AttnShape { heads, kv_heads, head_dim, block_size: bs }, 12, 64, theta);
+        rig.window = window;
         let mut rng = Rng::new(5 + heads as u64);
         let tables = vec![vec![3u32, 0, 5, 7], vec![1u32, 6, 2]];
         let qkv_dim = (heads + 2 * kv_heads) * head_dim;
@@ -327,8 +332,10 @@ fn rope_and_paged_attention_with_gqa() {
                 for hh in 0..heads {
                     let kvh = hh / (heads / kv_heads);
                     let q = &qs[t][hh * head_dim..(hh + 1) * head_dim];
-                    let keys: Vec<&CachedKv> = all_k[seq].iter().filter(|e| e.0 <= pos).collect();
-                    assert_eq!(keys.len(), pos + 1);
+                    // Causal, and within the sliding window when there is one.
+                    let first = if window > 0 { (pos + 1).saturating_sub(window) } else { 0 };
+                    let keys: Vec<&CachedKv> = all_k[seq].iter().filter(|e| e.0 <= pos && e.0 >= first).collect();
+                    assert_eq!(keys.len(), pos + 1 - first);
                     let scores: Vec<f64> = keys
                         .iter()
                         .map(|(_, k, _)| {
@@ -347,8 +354,43 @@ fn rope_and_paged_attention_with_gqa() {
             }
             // f16: a key element rounded on the other side of a half-way point shifts a score.
             let tol = if kv == KvDtype::F16 { 2e-4 } else { 2e-5 };
-            assert_close(&out, &want, |_| tol, &format!("attention {kv:?} heads={heads} kv={kv_heads} d={head_dim}"));
+            let what = format!("attention {kv:?} window {window} heads={heads} kv={kv_heads} d={head_dim}");
+            assert_close(&out, &want, |_| tol, &what);
         }
+    }
+}
+
+/// Qwen3's per-head q/k RMSNorm: q heads and k heads normalised with their own weights, v
+/// untouched.
+#[test]
+fn head_norm_of_q_and_k_heads() {
+    let h = harness();
+    let mut rng = Rng::new(7);
+    for &(n, heads, kv_heads, head_dim) in &[(1, 4, 2, 16), (5, 14, 2, 64), (3, 8, 8, 128)] {
+        let qkv_dim = (heads + 2 * kv_heads) * head_dim;
+        let qkv = randn(&mut rng, n * qkv_dim, 3.0);
+        let w = randn(&mut rng, 2 * head_dim, 1.5);
+        let eps = 1e-6;
+        let got = h.head_norm(&qkv, heads, kv_heads, head_dim, &w, eps).unwrap();
+        let mut want = qkv.clone();
+        for t in 0..n {
+            for hh in 0..heads + kv_heads {
+                let b = t * qkv_dim + hh * head_dim;
+                let x = &qkv[b..b + head_dim];
+                let ms = x.iter().map(|v| (*v as f64).powi(2)).sum::<f64>() / head_dim as f64;
+                let r = 1.0 / (ms + eps as f64).sqrt();
+                let wo = if hh < heads { 0 } else { head_dim };
+                for d in 0..head_dim {
+                    want[b + d] = w[wo + d] * (x[d] as f64 * r) as f32;
+                }
+            }
+        }
+        assert_close(
+            &got,
+            &want,
+            |i| 1e-5 * (1.0 + want[i].abs()),
+            &format!("head norm n={n} heads={heads}/{kv_heads} d={head_dim}"),
+        );
     }
 }
 

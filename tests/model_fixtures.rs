@@ -7,7 +7,7 @@ use common::{floats, ids, logits_steps};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use torus_wgpu::config::EngineConfig;
+use torus_wgpu::config::{EngineConfig, KvDtype};
 use torus_wgpu::engine::{generate, load_model};
 use torus_wgpu::gpu::Gpu;
 use torus_wgpu::model::forward::{Model, SampleParams, StepInput};
@@ -23,10 +23,13 @@ fn json(name: &str) -> Value {
 
 fn load(path: &Path, max_tokens: usize) -> (Model, torus_wgpu::tokenizer::Tokenizer) {
     let gpu = Arc::new(Gpu::new(None).expect("a wgpu adapter (lavapipe in CI)"));
+    // An f32 KV cache: the references are float32 end to end (tests/qwen25_coder.rs checks the
+    // default f16 cache against a reference).
     let cfg = EngineConfig {
         max_num_batched_tokens: max_tokens,
         max_sequence_length: 512,
         total_cache_size: 64 << 20,
+        kv_cache_dtype: KvDtype::F32,
         ..Default::default()
     };
     load_model(path, &cfg, gpu, &|_, _| {}).unwrap()

@@ -331,8 +331,8 @@ fn pipelined_chunked_prefill_and_preemption_match_single_device() {
         let mut pcfg = pipeline_cfg(&cfg, &[(0, 1, None), (1, 2, None)]);
         pcfg.max_num_batched_tokens = budget;
         if blocks > 0 {
-            // 14 blocks x 16 tokens x 32 kv floats x 4 bytes x (K, V) x 2 layers.
-            pcfg.total_cache_size = 14 * 8192;
+            // 14 blocks x 16 tokens x 32 kv values x 2 bytes (f16) x (K, V) x 2 layers.
+            pcfg.total_cache_size = 14 * 4096;
         }
         let e = EngineHandle::start(build(&pcfg).unwrap(), load_tokenizer(&path).unwrap(), &pcfg);
         if blocks > 0 {

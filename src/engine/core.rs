@@ -40,6 +40,8 @@ pub struct SchedulerConfig {
     pub max_prefill_batch_size: usize,
     pub max_seq_len: usize,
     pub block_size: usize,
+    /// The model attends to the last `n` positions only: blocks that left the window are freed.
+    pub sliding_window: Option<usize>,
 }
 
 struct Seq {
@@ -53,6 +55,9 @@ struct Seq {
     /// earlier ones are still in the pipeline, as each stage runs its steps in order.
     scheduled: usize,
     table: Vec<BlockId>,
+    /// Leading table entries already released because they left the sliding window (their
+    /// ids stay as placeholders; attention never reads them).
+    released: usize,
     /// Prefix-cache keys of the table's full blocks, in order.
     keys: Vec<u64>,
     params: RequestParams,
@@ -271,6 +276,7 @@ impl EngineCore {
                     computed: 0,
                     scheduled: 0,
                     table: vec![],
+                    released: 0,
                     keys: vec![],
                     params: req.params,
                     max_tokens,
@@ -320,8 +326,9 @@ impl EngineCore {
 
     /// Ends a sequence that is in neither queue any more: frees its blocks, tells the caller.
     fn finish(&mut self, mut s: Seq, reason: FinishReason) {
-        self.bm.release(&s.table);
+        self.bm.release(&s.table[s.released..]);
         s.table.clear();
+        s.released = 0;
         let counter = match reason {
             FinishReason::Abort => &self.metrics.requests_aborted,
             FinishReason::Error(_) => &self.metrics.requests_failed,
@@ -342,8 +349,9 @@ impl EngineCore {
 
     /// Frees a sequence's blocks and puts it first in line, to be recomputed from its tokens.
     fn requeue(&mut self, mut s: Seq) {
-        self.bm.release(&s.table);
+        self.bm.release(&s.table[s.released..]);
         s.table.clear();
+        s.released = 0;
         s.keys.clear();
         s.computed = 0;
         s.scheduled = 0;
@@ -526,6 +534,16 @@ impl EngineCore {
                 let key = block_key(parent, &s.tokens[i * bs..(i + 1) * bs]);
                 self.bm.register(s.table[i], key);
                 s.keys.push(key);
+            }
+            // Sliding window: the next query (position `computed`) and every later one attend
+            // to positions >= computed + 1 - window only; whole blocks before that are freed
+            // (they stay in the prefix cache while unreferenced).
+            if let Some(w) = self.cfg.sliding_window {
+                let gone = (s.computed + 1).saturating_sub(w) / bs;
+                while s.released < gone.min(s.table.len()) {
+                    self.bm.release(&s.table[s.released..s.released + 1]);
+                    s.released += 1;
+                }
             }
         }
         let mut done: Vec<(u64, FinishReason)> = Vec::new();

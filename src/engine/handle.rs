@@ -127,6 +127,7 @@ impl EngineHandle {
             max_prefill_batch_size: cfg.max_prefill_batch_size,
             max_seq_len: limits.max_seq_len,
             block_size: limits.block_size,
+            sliding_window: limits.sliding_window,
         };
         let info = Arc::new(EngineInfo {
             max_seq_len: limits.max_seq_len,

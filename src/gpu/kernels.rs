@@ -326,6 +326,7 @@ pub fn plain_source(body: &str) -> String {
 
 pub const RMSNORM_WGSL: &str = include_str!("../../shaders/rmsnorm.wgsl");
 pub const SAMPLE_WGSL: &str = include_str!("../../shaders/sample.wgsl");
+pub const HEAD_NORM_WGSL: &str = include_str!("../../shaders/head_norm.wgsl");
 pub const LOGIT_ADJUST_WGSL: &str = include_str!("../../shaders/logit_adjust.wgsl");
 /// u32 words of per-row sampling parameters in the step metadata (see sample.wgsl).
 pub const SAMPLE_PARAMS_STRIDE: usize = 12;
@@ -351,6 +352,7 @@ pub fn all_sources(head_dims: &[u32]) -> Vec<(String, String)> {
         v.push((format!("rope_kv_{}", kv.name()), rope_kv_source(kv)));
     }
     v.push(("rmsnorm".into(), plain_source(RMSNORM_WGSL)));
+    v.push(("head_norm".into(), plain_source(HEAD_NORM_WGSL)));
     v.push(("sample".into(), plain_source(SAMPLE_WGSL)));
     v.push(("logit_adjust".into(), plain_source(LOGIT_ADJUST_WGSL)));
     v
@@ -497,6 +499,9 @@ pub struct Kernels {
     /// step(0) params(1) x(2) weight(3) meta(4) y(5)
     pub norm_family: Family,
     pub rmsnorm: wgpu::ComputePipeline,
+    /// step(0) params(1) weight(2) qkv(3)
+    pub head_norm_family: Family,
+    pub head_norm: wgpu::ComputePipeline,
     /// step(0) params(1) meta(2) cos_sin(3) qkv(4) k_cache(5) v_cache(6)
     pub rope_family: Family,
     pub rope_kv: wgpu::ComputePipeline,
@@ -562,6 +567,8 @@ impl Kernels {
         let norm_family =
             Family::new(gpu, &[(0, Uniform), (1, Uniform), (2, Read), (3, Read), (4, Read), (5, ReadWrite)]);
         let rmsnorm = norm_family.pipeline(gpu, "rmsnorm", &plain_source(RMSNORM_WGSL), "main")?;
+        let head_norm_family = Family::new(gpu, &[(0, Uniform), (1, Uniform), (2, Read), (3, ReadWrite)]);
+        let head_norm = head_norm_family.pipeline(gpu, "head_norm", &plain_source(HEAD_NORM_WGSL), "main")?;
         let rope_family = Family::new(
             gpu,
             &[(0, Uniform), (1, Uniform), (2, Read), (3, Read), (4, ReadWrite), (5, ReadWrite), (6, ReadWrite)],
@@ -579,6 +586,8 @@ impl Kernels {
             matmul,
             norm_family,
             rmsnorm,
+            head_norm_family,
+            head_norm,
             rope_family,
             rope_kv,
             attn_family,

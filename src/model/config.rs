@@ -8,6 +8,42 @@ use std::path::Path;
 pub enum Arch {
     Llama,
     Qwen2,
+    /// Llama's layers with an optional sliding attention window.
+    Mistral,
+    /// Qwen2 without q/k/v biases, with per-head RMSNorm of q and k before RoPE.
+    Qwen3,
+}
+
+/// Hugging Face architectures this engine runs.
+pub const SUPPORTED_HF_ARCHS: &str = "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM";
+
+/// How RoPE frequencies are scaled for long contexts.
+#[derive(Clone, Debug, PartialEq)]
+pub enum RopeScaling {
+    None,
+    /// Position interpolation: every frequency divided by `factor`.
+    Linear {
+        factor: f64,
+    },
+    /// Llama 3.x: low frequencies divided by `factor`, high ones kept, a smooth ramp between.
+    Llama3 {
+        factor: f64,
+        low_freq_factor: f64,
+        high_freq_factor: f64,
+        original_max: f64,
+    },
+    /// YaRN: interpolated and extrapolated frequencies blended over a ramp of dimensions, and
+    /// cos/sin scaled by `attention_factor`.
+    Yarn {
+        factor: f64,
+        original_max: f64,
+        beta_fast: f64,
+        beta_slow: f64,
+        attention_factor: f64,
+        truncate: bool,
+    },
+    /// Per-frequency divisors (GGUF's rope_freqs.weight, how llama.cpp stores Llama 3 scaling).
+    Freqs(Vec<f32>),
 }
 
 #[derive(Clone, Debug)]
@@ -25,6 +61,129 @@ pub struct ModelConfig {
     pub max_positions: usize,
     /// q/k/v projections carry a bias (Qwen2).
     pub qkv_bias: bool,
+    pub rope_scaling: RopeScaling,
+    /// Attention sees only the last `n` positions (Mistral's sliding window), when set.
+    pub sliding_window: Option<usize>,
+    /// Per-head RMSNorm of q and k before RoPE (Qwen3).
+    pub qk_norm: bool,
+}
+
+/// YaRN's attention scaling for a context extension `scale` (HF's get_mscale).
+pub fn yarn_mscale(scale: f64, mscale: f64) -> f64 {
+    if scale <= 1.0 {
+        1.0
+    } else {
+        0.1 * mscale * scale.ln() + 1.0
+    }
+}
+
+impl RopeScaling {
+    /// The inverse frequencies (head_dim / 2 of them) and the factor cos/sin are multiplied by,
+    /// computed as Hugging Face transformers does.
+    pub fn inv_freq(&self, theta: f64, head_dim: usize) -> (Vec<f64>, f64) {
+        let half = head_dim / 2;
+        let base: Vec<f64> = (0..half).map(|i| 1.0 / theta.powf((2 * i) as f64 / head_dim as f64)).collect();
+        match self {
+            RopeScaling::None => (base, 1.0),
+            RopeScaling::Linear { factor } => (base.iter().map(|f| f / factor).collect(), 1.0),
+            RopeScaling::Freqs(div) => (base.iter().zip(div).map(|(f, d)| f / *d as f64).collect(), 1.0),
+            RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max } => {
+                let low_wavelen = original_max / low_freq_factor;
+                let high_wavelen = original_max / high_freq_factor;
+                let f = base
+                    .iter()
+                    .map(|&f| {
+                        let wavelen = 2.0 * std::f64::consts::PI / f;
+                        if wavelen > low_wavelen {
+                            f / factor
+                        } else if wavelen < high_wavelen {
+                            f
+                        } else {
+                            let smooth =
+                                (original_max / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor);
+                            (1.0 - smooth) * f / factor + smooth * f
+                        }
+                    })
+                    .collect();
+                (f, 1.0)
+            }
+            RopeScaling::Yarn { factor, original_max, beta_fast, beta_slow, attention_factor, truncate } => {
+                let d = head_dim as f64;
+                let corr = |rot: f64| d * (original_max / (rot * 2.0 * std::f64::consts::PI)).ln() / (2.0 * theta.ln());
+                let (mut low, mut high) = (corr(*beta_fast), corr(*beta_slow));
+                if *truncate {
+                    low = low.floor();
+                    high = high.ceil();
+                }
+                let (low, mut high) = (low.max(0.0), high.min(d - 1.0));
+                if low == high {
+                    high += 0.001;
+                }
+                let f = base
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &extra)| {
+                        let ramp = ((i as f64 - low) / (high - low)).clamp(0.0, 1.0);
+                        let extrapolate = 1.0 - ramp;
+                        extra / factor * (1.0 - extrapolate) + extra * extrapolate
+                    })
+                    .collect();
+                (f, *attention_factor)
+            }
+        }
+    }
+
+    /// From a Hugging Face `rope_scaling` (or `rope_parameters`) object; `max_positions` is the
+    /// model's max_position_embeddings.
+    pub fn from_hf(v: Option<&serde_json::Map<String, Value>>, max_positions: f64, src: &str) -> Result<RopeScaling> {
+        let Some(v) = v else { return Ok(RopeScaling::None) };
+        let kind = v.get("rope_type").or_else(|| v.get("type")).and_then(|x| x.as_str()).unwrap_or("default");
+        let num = |k: &str| v.get(k).and_then(|x| x.as_f64());
+        let factor = || {
+            num("factor")
+                .filter(|f| *f > 0.0 && f.is_finite())
+                .ok_or_else(|| anyhow!("{src}: rope_scaling type '{kind}' needs a positive 'factor'"))
+        };
+        Ok(match kind {
+            "default" | "" => RopeScaling::None,
+            "linear" => RopeScaling::Linear { factor: factor()? },
+            "llama3" => {
+                let r = RopeScaling::Llama3 {
+                    factor: factor()?,
+                    low_freq_factor: num("low_freq_factor").unwrap_or(1.0),
+                    high_freq_factor: num("high_freq_factor").unwrap_or(4.0),
+                    original_max: num("original_max_position_embeddings").unwrap_or(8192.0),
+                };
+                if let RopeScaling::Llama3 { low_freq_factor, high_freq_factor, .. } = r {
+                    if !(high_freq_factor > low_freq_factor && low_freq_factor > 0.0) {
+                        bail!("{src}: rope_scaling llama3 needs 0 < low_freq_factor < high_freq_factor");
+                    }
+                }
+                r
+            }
+            "yarn" => {
+                let factor = factor()?;
+                let attention_factor = match (num("attention_factor"), num("mscale"), num("mscale_all_dim")) {
+                    (Some(a), _, _) => a,
+                    (None, Some(m), Some(all)) if m != 0.0 && all != 0.0 => {
+                        yarn_mscale(factor, m) / yarn_mscale(factor, all)
+                    }
+                    _ => yarn_mscale(factor, 1.0),
+                };
+                RopeScaling::Yarn {
+                    factor,
+                    original_max: num("original_max_position_embeddings").unwrap_or(max_positions),
+                    beta_fast: num("beta_fast").unwrap_or(32.0),
+                    beta_slow: num("beta_slow").unwrap_or(1.0),
+                    attention_factor,
+                    truncate: v.get("truncate").and_then(|x| x.as_bool()).unwrap_or(true),
+                }
+            }
+            other => {
+                bail!("{src}: rope_scaling type '{other}' is not supported (supported: default, linear, llama3, yarn)")
+            }
+        })
+    }
 }
 
 impl ModelConfig {
@@ -54,6 +213,14 @@ impl ModelConfig {
                 return bad(format!("{name} {v} must be a multiple of 32"));
             }
         }
+        if self.sliding_window == Some(0) {
+            return bad("sliding_window must be positive".into());
+        }
+        if let RopeScaling::Freqs(f) = &self.rope_scaling {
+            if f.len() != self.head_dim / 2 || f.iter().any(|x| !(*x > 0.0 && x.is_finite())) {
+                return bad(format!("rope_freqs must hold {} positive factors", self.head_dim / 2));
+            }
+        }
         if !self.q_dim().is_multiple_of(32) {
             return bad(format!("heads * head_dim = {} must be a multiple of 32", self.q_dim()));
         }
@@ -70,8 +237,10 @@ impl ModelConfig {
         let arch = match arch_name {
             "LlamaForCausalLM" => Arch::Llama,
             "Qwen2ForCausalLM" => Arch::Qwen2,
+            "MistralForCausalLM" => Arch::Mistral,
+            "Qwen3ForCausalLM" => Arch::Qwen3,
             "" => bail!("{src}: field 'architectures' is missing"),
-            other => bail!("{src}: unsupported architecture {other} (supported: LlamaForCausalLM, Qwen2ForCausalLM)"),
+            other => bail!("{src}: unsupported architecture {other} (supported: {SUPPORTED_HF_ARCHS})"),
         };
         let int = |k: &str| -> Result<usize> {
             v[k].as_u64().map(|x| x as usize).ok_or_else(|| anyhow!("{src}: field '{k}' is missing or not an integer"))
@@ -82,12 +251,24 @@ impl ModelConfig {
         let head_dim = v["head_dim"].as_u64().map(|x| x as usize).unwrap_or(hidden / heads.max(1));
         let rope_theta =
             v["rope_theta"].as_f64().or_else(|| v["rope_parameters"]["rope_theta"].as_f64()).unwrap_or(10000.0);
-        if let Some(t) = v["rope_scaling"].as_object() {
-            let kind = t.get("rope_type").or_else(|| t.get("type")).and_then(|x| x.as_str()).unwrap_or("");
-            if kind != "default" && !kind.is_empty() {
-                bail!("{src}: rope_scaling type '{kind}' is not supported");
+        let max_positions = v["max_position_embeddings"].as_u64().unwrap_or(4096) as usize;
+        // Newer transformers write `rope_parameters` (with rope_theta and rope_type), older
+        // `rope_scaling`; a non-default type in either counts.
+        let scaling_obj =
+            [&v["rope_scaling"], &v["rope_parameters"]].into_iter().filter_map(|x| x.as_object()).find(|o| {
+                o.get("rope_type").or_else(|| o.get("type")).and_then(|t| t.as_str()).is_some_and(|t| t != "default")
+            });
+        let rope_scaling = RopeScaling::from_hf(scaling_obj, max_positions as f64, &src)?;
+        // Qwen2 configs carry sliding-window fields that their models do not use unless
+        // use_sliding_window is set; Mistral's window applies whenever it is given.
+        let sliding_window = match arch {
+            Arch::Mistral => v["sliding_window"].as_u64(),
+            Arch::Qwen2 | Arch::Qwen3 if v["use_sliding_window"].as_bool() == Some(true) => {
+                bail!("{src}: use_sliding_window with per-layer windows (max_window_layers) is not supported")
             }
+            _ => None,
         }
+        .map(|w| w as usize);
         let cfg = ModelConfig {
             arch,
             hidden,
@@ -99,8 +280,11 @@ impl ModelConfig {
             vocab: int("vocab_size")?,
             rope_theta,
             rms_eps: v["rms_norm_eps"].as_f64().unwrap_or(1e-6) as f32,
-            max_positions: v["max_position_embeddings"].as_u64().unwrap_or(4096) as usize,
+            max_positions,
             qkv_bias: arch == Arch::Qwen2 || v["attention_bias"].as_bool().unwrap_or(false),
+            rope_scaling,
+            sliding_window,
+            qk_norm: arch == Arch::Qwen3,
         };
         cfg.validate(&src)?;
         Ok(cfg)

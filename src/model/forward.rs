@@ -2,7 +2,7 @@
 //! One `step` = upload the step's metadata, one compute pass with every layer's dispatches and
 //! the sampler, one submit, one small readback of (token id, logprob) per sampled row.
 
-use super::config::ModelConfig;
+use super::config::{ModelConfig, RopeScaling};
 use super::loader::HostModel;
 use super::tensor::QTensor;
 use crate::gpu::kernels::{
@@ -80,6 +80,9 @@ pub struct StepLimits {
     pub max_binding: u64,
     /// Element type of the KV cache.
     pub kv_dtype: KvDtype,
+    /// The model's sliding attention window (set from the model by `Model::new_stage` and
+    /// `pipeline::step_limits`): blocks that left it can be freed.
+    pub sliding_window: Option<usize>,
 }
 
 /// Per-row sampling parameters; `u` is a uniform draw in [0, 1) from the request's generator.
@@ -211,6 +214,8 @@ enum OpKind {
     Norm {
         sampled: bool,
     },
+    /// Per-head RMSNorm of q and k (Qwen3).
+    HeadNorm,
     RopeKv,
     Attention,
     LogitAdjust,
@@ -311,16 +316,19 @@ impl MatParams {
     }
 }
 
-/// cos/sin of pos * theta^(-2i/d) for every position below `max_pos` and i < d/2, with f32
-/// inverse frequencies as Hugging Face computes them: [pos][i] = (cos, sin).
-pub(crate) fn rope_table(theta: f64, head_dim: usize, max_pos: usize) -> Vec<f32> {
+/// cos/sin of pos * inv_freq[i] for every position below `max_pos` and i < d/2, with f32
+/// inverse frequencies (scaled as the model's rope scaling says) and f32 angles as Hugging Face
+/// computes them, times the scaling's attention factor (YaRN): [pos][i] = (cos, sin).
+pub(crate) fn rope_table(theta: f64, head_dim: usize, max_pos: usize, scaling: &RopeScaling) -> Vec<f32> {
     let half = head_dim / 2;
-    let inv: Vec<f32> = (0..half).map(|i| (1.0 / theta.powf((2 * i) as f64 / head_dim as f64)) as f32).collect();
+    let (inv, attn) = scaling.inv_freq(theta, head_dim);
+    let inv: Vec<f32> = inv.iter().map(|&f| f as f32).collect();
+    let attn = attn as f32;
     let mut cs = Vec::with_capacity(max_pos * half * 2);
     for pos in 0..max_pos {
         for f in &inv {
             let a = pos as f32 * f;
-            cs.extend([a.cos(), a.sin()]);
+            cs.extend([a.cos() * attn, a.sin() * attn]);
         }
     }
     cs
@@ -331,11 +339,24 @@ pub(crate) fn rope_params(heads: usize, kv_heads: usize, head_dim: usize) -> [u3
     [heads as u32, kv_heads as u32, head_dim as u32, ((heads + 2 * kv_heads) * head_dim) as u32]
 }
 
-/// Uniform words of attention.wgsl's AttnParams.
-pub(crate) fn attn_params(heads: usize, kv_heads: usize, head_dim: usize, block_size: usize) -> [u32; 8] {
+/// Uniform words of attention.wgsl's AttnParams; `window`: attend to the last `window`
+/// positions only (0: all).
+pub(crate) fn attn_params(
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    block_size: usize,
+    window: usize,
+) -> [u32; 8] {
     let scale = 1.0 / (head_dim as f32).sqrt();
     let qkv4 = ((heads + 2 * kv_heads) * head_dim / 4) as u32;
-    [heads as u32, kv_heads as u32, block_size as u32, qkv4, scale.to_bits(), 0, 0, 0]
+    [heads as u32, kv_heads as u32, block_size as u32, qkv4, scale.to_bits(), window as u32, 0, 0]
+}
+
+/// Uniform words of head_norm.wgsl's HeadNormParams.
+pub(crate) fn head_norm_params(heads: usize, kv_heads: usize, head_dim: usize, eps: f32) -> [u32; 8] {
+    let qkv_stride = ((heads + 2 * kv_heads) * head_dim) as u32;
+    [heads as u32, kv_heads as u32, head_dim as u32, qkv_stride, eps.to_bits(), 0, 0, 0]
 }
 
 /// Bytes of one KV block of one layer (K or V).
@@ -383,6 +404,7 @@ impl Model {
             limits.max_binding = gpu.max_binding;
         }
         limits.max_seqs = limits.max_seqs.min(limits.max_tokens).max(1);
+        limits.sliding_window = cfg.sliding_window;
         let mb = limits.max_binding;
         let g = &*gpu;
         let kernels = Kernels::new(g, &host.formats(), cfg.head_dim as u32, limits.kv_dtype)?;
@@ -466,7 +488,7 @@ impl Model {
             }
         }
 
-        let cs = rope_table(cfg.rope_theta, cfg.head_dim, limits.max_seq_len);
+        let cs = rope_table(cfg.rope_theta, cfg.head_dim, limits.max_seq_len, &cfg.rope_scaling);
         let cos_sin = g.storage_init("cos_sin", bytemuck::cast_slice(&cs));
         let dummy = g.storage("dummy", 16);
 
@@ -531,9 +553,16 @@ impl Model {
             g.uniform_init("norm_params", bytemuck::cast_slice(&v))
         };
         let rope_p = uni(&rope_params(cfg.heads, cfg.kv_heads, cfg.head_dim));
-        let attn_p = uni(&attn_params(cfg.heads, cfg.kv_heads, cfg.head_dim, limits.block_size));
+        let attn_p = uni(&attn_params(
+            cfg.heads,
+            cfg.kv_heads,
+            cfg.head_dim,
+            limits.block_size,
+            cfg.sliding_window.unwrap_or(0),
+        ));
+        let head_norm_p = uni(&head_norm_params(cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.rms_eps));
         let layer_norm_p = norm_params(false);
-        keep.extend([rope_p.clone(), attn_p.clone(), layer_norm_p.clone()]);
+        keep.extend([rope_p.clone(), attn_p.clone(), layer_norm_p.clone(), head_norm_p.clone()]);
 
         for (l, hl) in host.layer_slice(&layers).iter().enumerate() {
             let attn_norm = g.storage_init("attn_norm", bytemuck::cast_slice(&hl.attn_norm));
@@ -571,6 +600,15 @@ impl Model {
             for (m, col0) in &qkv_ms {
                 let out = (*col0, cfg.qkv_dim());
                 matmul_ops(&mut ops, &mut keep, m, &normed, &qkv, out, bias.as_ref(), bias_flag, false, false);
+            }
+            if let Some(w) = &hl.qk_norm {
+                let wb = g.storage_init("qk_norm", bytemuck::cast_slice(w));
+                ops.push(Op {
+                    kind: OpKind::HeadNorm,
+                    bind_u: None,
+                    bind: kernels.head_norm_family.bind(g, &[(0, &step_buf), (1, &head_norm_p), (2, &wb), (3, &qkv)]),
+                });
+                keep.push(wb);
             }
             ops.push(Op {
                 kind: OpKind::RopeKv,
@@ -864,6 +902,10 @@ impl Model {
                             continue;
                         }
                         (&self.kernels.rmsnorm, m, 1)
+                    }
+                    OpKind::HeadNorm => {
+                        let threads = n * (cfg.heads + cfg.kv_heads) as u32;
+                        (&self.kernels.head_norm, div_up(threads, 64), 1)
                     }
                     OpKind::RopeKv => {
                         let threads = rope_threads(n as usize, cfg.heads, cfg.kv_heads, cfg.head_dim);

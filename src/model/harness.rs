@@ -1,9 +1,10 @@
 //! Runs single kernels on host data: what the kernel tests and benches drive. The forward step
 //! (forward.rs) records the same pipelines with the same parameter layouts.
 
+use super::config::RopeScaling;
 use super::forward::{
-    attn_params, div_up, rope_params, rope_table, rope_threads, GpuMatrix, MatParams, SampleParams, Sampled,
-    StepHeader, MAT_ACCUMULATE, MAT_BIAS, MAT_SWIGLU_UP,
+    attn_params, div_up, head_norm_params, rope_params, rope_table, rope_threads, GpuMatrix, MatParams, SampleParams,
+    Sampled, StepHeader, MAT_ACCUMULATE, MAT_BIAS, MAT_SWIGLU_UP,
 };
 use super::tensor::QTensor;
 use crate::gpu::kernels::{
@@ -58,6 +59,8 @@ pub struct AttnRig {
     pub kv_heads: usize,
     pub head_dim: usize,
     pub block_size: usize,
+    /// Sliding attention window (0: none).
+    pub window: usize,
     pub k: wgpu::Buffer,
     pub v: wgpu::Buffer,
     cos_sin: wgpu::Buffer,
@@ -347,17 +350,41 @@ impl Harness {
         Ok(self.sample_iters(logits, vocab, params, iters.max(2))?.2)
     }
 
+    /// Per-head RMSNorm (Qwen3's q_norm/k_norm) of the q and k heads of qkv rows, in place;
+    /// `weight` = q weights then k weights (2 * head_dim). Returns the qkv rows.
+    #[allow(clippy::too_many_arguments)]
+    pub fn head_norm(
+        &self,
+        qkv: &[f32],
+        heads: usize,
+        kv_heads: usize,
+        head_dim: usize,
+        weight: &[f32],
+        eps: f32,
+    ) -> Result<Vec<f32>> {
+        let g = &*self.gpu;
+        let n = qkv.len() / ((heads + 2 * kv_heads) * head_dim);
+        let (step, _meta) = self.step_buffers(Self::header(n, 0), &[0]);
+        let pb = g.uniform_init("p", bytemuck::cast_slice(&head_norm_params(heads, kv_heads, head_dim, eps)));
+        let wb = g.storage_init("w", bytemuck::cast_slice(weight));
+        let qb = g.storage_init("qkv", bytemuck::cast_slice(qkv));
+        let bind = self.kernels.head_norm_family.bind(g, &[(0, &step), (1, &pb), (2, &wb), (3, &qb)]);
+        self.dispatch(&self.kernels.head_norm, &bind, div_up((n * (heads + kv_heads)) as u32, 64), 1)?;
+        g.download_f32(&qb, qkv.len())
+    }
+
     /// A KV cache of `num_blocks` blocks and a RoPE table for positions below `max_pos`.
     pub fn attn_rig(&self, shape: AttnShape, num_blocks: usize, max_pos: usize, theta: f64) -> AttnRig {
         let AttnShape { heads, kv_heads, head_dim, block_size } = shape;
         let g = &*self.gpu;
-        let cs = rope_table(theta, head_dim, max_pos);
+        let cs = rope_table(theta, head_dim, max_pos, &RopeScaling::None);
         let bytes = (num_blocks * block_size * kv_heads * head_dim * self.kernels.kv.bytes()) as u64;
         AttnRig {
             heads,
             kv_heads,
             head_dim,
             block_size,
+            window: 0,
             k: g.storage("k", bytes),
             v: g.storage("v", bytes),
             cos_sin: g.storage_init("cos_sin", bytemuck::cast_slice(&cs)),
@@ -415,7 +442,7 @@ impl Harness {
         let rp = g.uniform_init("rope", bytemuck::cast_slice(&rope_params(rig.heads, rig.kv_heads, rig.head_dim)));
         let ap = g.uniform_init(
             "attn",
-            bytemuck::cast_slice(&attn_params(rig.heads, rig.kv_heads, rig.head_dim, rig.block_size)),
+            bytemuck::cast_slice(&attn_params(rig.heads, rig.kv_heads, rig.head_dim, rig.block_size, rig.window)),
         );
         let k = &self.kernels;
         let rb = k

@@ -1,7 +1,7 @@
 //! Loads a model's weights on the host, in GPU layout, from a Hugging Face directory
 //! (config.json + safetensors) or a GGUF file.
 
-use super::config::{Arch, ModelConfig};
+use super::config::{Arch, ModelConfig, RopeScaling};
 use super::gguf::{GgmlType, GgufFile};
 use super::tensor::{unpermute_qk_rows, QTensor};
 use crate::gpu::kernels::WFormat;
@@ -16,6 +16,8 @@ pub struct HostLayer {
     pub v: QTensor,
     /// q, k and v biases concatenated (Qwen2), or None.
     pub qkv_bias: Option<Vec<f32>>,
+    /// Per-head RMSNorm weights of q then k ([2 * head_dim], Qwen3), or None.
+    pub qk_norm: Option<Vec<f32>>,
     pub o: QTensor,
     pub ffn_norm: Vec<f32>,
     pub gate: QTensor,
@@ -243,7 +245,15 @@ fn load_hf(dir: &Path, range: std::ops::Range<usize>, progress: &dyn Fn(usize, u
         } else {
             None
         };
+        let qk_norm = if cfg.qk_norm {
+            let mut n = w.vector(&format!("{p}.self_attn.q_norm.weight"), cfg.head_dim)?;
+            n.extend(w.vector(&format!("{p}.self_attn.k_norm.weight"), cfg.head_dim)?);
+            Some(n)
+        } else {
+            None
+        };
         layers.push(HostLayer {
+            qk_norm,
             attn_norm: w.vector(&format!("{p}.input_layernorm.weight"), h)?,
             q: w.matrix(&format!("{p}.self_attn.q_proj.weight"), q, h)?,
             k: w.matrix(&format!("{p}.self_attn.k_proj.weight"), kv, h)?,
@@ -279,7 +289,10 @@ fn gguf_config(g: &GgufFile) -> Result<ModelConfig> {
     let arch = match arch_name {
         "llama" => Arch::Llama,
         "qwen2" => Arch::Qwen2,
-        other => bail!("{src}: unsupported architecture '{other}' (supported: llama, qwen2)"),
+        "qwen3" => Arch::Qwen3,
+        other => {
+            bail!("{src}: unsupported architecture '{other}' (supported: llama (also Mistral's files), qwen2, qwen3)")
+        }
     };
     let key = |k: &str| format!("{arch_name}.{k}");
     let req = |k: &str| -> Result<usize> { Ok(g.require_u64(&key(k))? as usize) };
@@ -310,9 +323,58 @@ fn gguf_config(g: &GgufFile) -> Result<ModelConfig> {
         rms_eps: g.get_f32(&key("attention.layer_norm_rms_epsilon")).unwrap_or(1e-5),
         max_positions: g.get_u64(&key("context_length")).unwrap_or(4096) as usize,
         qkv_bias: arch == Arch::Qwen2,
+        rope_scaling: gguf_rope_scaling(g, arch_name)?,
+        sliding_window: g.get_u64(&key("attention.sliding_window")).filter(|&w| w > 0).map(|w| w as usize),
+        qk_norm: arch == Arch::Qwen3,
     };
     cfg.validate(&src)?;
     Ok(cfg)
+}
+
+/// RoPE scaling from GGUF metadata the way llama.cpp writes it: `rope_freqs.weight` (per-frequency
+/// divisors: Llama 3.x), `<arch>.rope.scaling.type` linear or yarn with `.factor` and
+/// `.original_context_length` (or the older `<arch>.rope.scale_linear`).
+fn gguf_rope_scaling(g: &GgufFile, arch: &str) -> Result<RopeScaling> {
+    let src = g.path.display();
+    let key = |k: &str| format!("{arch}.rope.{k}");
+    let kind = g.get_str(&key("scaling.type")).unwrap_or("none");
+    let factor = g.get_f32(&key("scaling.factor")).or_else(|| g.get_f32(&key("scale_linear"))).map(|f| f as f64);
+    let positive = |f: Option<f64>| {
+        f.filter(|f| *f > 0.0 && f.is_finite()).ok_or_else(|| {
+            anyhow!("{src}: {} must be a positive number for rope scaling '{kind}'", key("scaling.factor"))
+        })
+    };
+    if let Some(t) = g.tensor("rope_freqs.weight") {
+        if kind != "none" && kind != "linear" || factor.is_some_and(|f| f != 1.0) && kind == "linear" {
+            bail!("{src}: both rope_freqs.weight and rope scaling type '{kind}' are given");
+        }
+        if t.ggml_type != GgmlType::F32 || t.dims.len() != 1 {
+            bail!("{src}: tensor rope_freqs.weight must be a 1-d F32 tensor, found {} {:?}", t.ggml_type, t.dims);
+        }
+        return Ok(RopeScaling::Freqs(to_f32(safetensors::Dtype::F32, g.tensor_data(t))?));
+    }
+    Ok(match kind {
+        "none" => match factor {
+            Some(f) if f != 1.0 && g.get_f32(&key("scale_linear")).is_some() => RopeScaling::Linear { factor: positive(Some(f))? },
+            _ => RopeScaling::None,
+        },
+        "linear" => RopeScaling::Linear { factor: positive(factor)? },
+        "yarn" => {
+            let factor = positive(factor)?;
+            let ctx = g.get_f32(&key("scaling.original_context_length")).map(|v| v as f64);
+            RopeScaling::Yarn {
+                factor,
+                original_max: ctx.ok_or_else(|| anyhow!("{src}: {} is missing", key("scaling.original_context_length")))?,
+                beta_fast: g.get_f32(&key("scaling.yarn_beta_fast")).unwrap_or(32.0) as f64,
+                beta_slow: g.get_f32(&key("scaling.yarn_beta_slow")).unwrap_or(1.0) as f64,
+                // llama.cpp multiplies its attn_factor (default 1) into YaRN's own mscale.
+                attention_factor: g.get_f32(&key("scaling.attn_factor")).map_or(1.0, |v| v as f64)
+                    * super::config::yarn_mscale(factor, 1.0),
+                truncate: true,
+            }
+        }
+        other => bail!("{src}: rope scaling type '{other}' ({}) is not supported (supported: none, linear, yarn, rope_freqs.weight)", key("scaling.type")),
+    })
 }
 
 /// The GGUF tensor types a weight matrix may have.
@@ -400,7 +462,15 @@ pub fn load_gguf(g: &GgufFile, range: std::ops::Range<usize>, progress: &dyn Fn(
         } else {
             None
         };
+        let qk_norm = if cfg.qk_norm {
+            let mut n = gguf_vector(g, &format!("{p}.attn_q_norm.weight"), cfg.head_dim)?;
+            n.extend(gguf_vector(g, &format!("{p}.attn_k_norm.weight"), cfg.head_dim)?);
+            Some(n)
+        } else {
+            None
+        };
         layers.push(HostLayer {
+            qk_norm,
             attn_norm: gguf_vector(g, &format!("{p}.attn_norm.weight"), h)?,
             q: wq,
             k: wk,

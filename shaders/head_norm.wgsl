@@ -1,0 +1,40 @@
+// Per-head RMSNorm of this step's q and k heads (Qwen3's q_norm / k_norm), in place, before
+// RoPE: x = w * (x / sqrt(mean(x^2) + eps)) over each head's head_dim values. One thread per
+// (token, head of the n_heads q heads then n_kv_heads k heads).
+
+struct HeadNormParams {
+    n_heads: u32,
+    n_kv_heads: u32,
+    head_dim: u32,
+    qkv_stride: u32,
+    eps: f32,
+    _p0: u32,
+    _p1: u32,
+    _p2: u32,
+}
+
+@group(0) @binding(0) var<uniform> step: Step;
+@group(0) @binding(1) var<uniform> p: HeadNormParams;
+@group(0) @binding(2) var<storage, read> weight: array<f32>; // q weights, then k weights
+@group(0) @binding(3) var<storage, read_write> qkv: array<f32>;
+
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let heads = p.n_heads + p.n_kv_heads;
+    let h = gid.x % heads;
+    let t = gid.x / heads;
+    if (t >= step.n_tokens) {
+        return;
+    }
+    let base = t * p.qkv_stride + h * p.head_dim;
+    let w0 = select(0u, p.head_dim, h >= p.n_heads);
+    var ss = 0.0;
+    for (var d = 0u; d < p.head_dim; d++) {
+        let v = qkv[base + d];
+        ss += v * v;
+    }
+    let r = inverseSqrt(ss / f32(p.head_dim) + p.eps);
+    for (var d = 0u; d < p.head_dim; d++) {
+        qkv[base + d] = weight[w0 + d] * (qkv[base + d] * r);
+    }
+}
