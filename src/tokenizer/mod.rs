@@ -10,6 +10,7 @@
 //!   (`llama`), following llama.cpp's rules.
 
 mod chat;
+pub mod cli;
 mod gguf_bpe;
 mod gguf_common;
 mod gguf_spm;
