@@ -209,6 +209,14 @@ fn sentencepiece_follows_llama_cpp_around_special_tokens() {
     assert_eq!(tok.tokenize("", true, false).unwrap(), vec![tok.bos_token_id().unwrap()]);
     assert_eq!(tok.decode(&[tok.bos_token_id().unwrap()], true), "");
     assert!(tok.is_special(im_start) && !tok.is_special(think));
+    // One token on its own: decode drops the prefix space, token_text (logprobs) keeps it.
+    let ids = tok.tokenize("hello world", false, false).unwrap();
+    let first = ids[0];
+    assert!(tok.id_to_token(first).unwrap().starts_with('\u{2581}'), "{:?}", tok.id_to_token(first));
+    let alone = tok.decode(&[first], false);
+    assert!(!alone.starts_with(' ') && tok.token_text(first) == format!(" {alone}"));
+    let joined: String = ids.iter().map(|&i| tok.token_text(i)).collect();
+    assert_eq!(joined, " hello world");
 
     let noprefix = load("vocab/spm-llama-noprefix.gguf");
     assert!(!noprefix.add_bos(), "add_bos_token = false in the file");

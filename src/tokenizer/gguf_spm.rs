@@ -181,6 +181,11 @@ struct Symbol {
 }
 
 impl Spm {
+    /// Whether a space is put before the text (and so stripped again by the decoder).
+    pub fn add_space_prefix(&self) -> bool {
+        self.add_space_prefix
+    }
+
     /// Tokenize `text` (no BOS/EOS). See the module comment for the rules.
     pub fn encode(&self, text: &str, parse_special: bool) -> Result<Vec<u32>> {
         let mut out = Vec::new();

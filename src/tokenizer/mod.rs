@@ -304,6 +304,18 @@ impl Tokenizer {
         self.inner.decode(ids, skip_special).unwrap_or_default()
     }
 
+    /// The text one token adds in the middle of a longer text (for logprobs): like
+    /// `decode(&[id], false)`, except that a SentencePiece token keeps its leading space, which
+    /// `decode` strips at the start of a text (the space prefix added at encoding).
+    pub fn token_text(&self, id: u32) -> String {
+        let s = self.decode(&[id], false);
+        let strips = self.spm.as_ref().is_some_and(|spm| spm.add_space_prefix());
+        match self.inner.id_to_token(id) {
+            Some(t) if strips && (t.starts_with('\u{2581}') || t == "<0x20>") => format!(" {s}"),
+            _ => s,
+        }
+    }
+
     /// Render the model's chat template (variables `messages`, `add_generation_prompt`,
     /// `bos_token`, `eos_token`; function `raise_exception`; Python string/dict methods).
     pub fn apply_chat_template(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
