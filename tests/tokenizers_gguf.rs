@@ -230,6 +230,31 @@ fn sentencepiece_follows_llama_cpp_around_special_tokens() {
     assert!(!noprefix.id_to_token(a[0]).unwrap().starts_with('\u{2581}'), "no space prefix");
 }
 
+/// Streaming detokenization gives the same text as decoding all ids at once, for both
+/// SentencePiece files (prefix space stripped at the start only, byte-fallback runs held back
+/// until complete) and a byte-level one.
+#[test]
+fn incremental_decoder_matches_full_decode() {
+    use torus_wgpu::tokenizer::IncrementalDecoder;
+    for file in ["vocab/spm-llama.gguf", "vocab/spm-llama-noprefix.gguf", "vocab/bpe-llama-bpe.gguf"] {
+        let tok = load(file);
+        for (name, text) in hard_strings() {
+            let ids = tok.tokenize(&text, false, true).unwrap();
+            for skip_special in [false, true] {
+                let mut dec = IncrementalDecoder::new(skip_special);
+                let mut streamed = String::new();
+                for &id in &ids {
+                    let piece = dec.push(&tok, id);
+                    assert!(!piece.contains('\u{FFFD}'), "{file} {name}: broken character in {piece:?}");
+                    streamed.push_str(&piece);
+                }
+                streamed.push_str(&dec.finish(&tok));
+                assert_eq!(streamed, tok.decode(&ids, skip_special), "{file} {name} skip_special={skip_special}");
+            }
+        }
+    }
+}
+
 #[test]
 fn vocab_only_files_have_no_tensors() {
     for entry in std::fs::read_dir(fixtures().join("vocab")).expect("tests/fixtures/vocab") {
