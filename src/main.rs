@@ -1,4 +1,4 @@
-//! The `torus-wgpu` command line: serve, worker, bench, throughput, generate, adapters.
+//! The `torus-wgpu` command line: serve, worker, bench, throughput, generate, adapters, tokenize.
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -43,6 +43,9 @@ enum Cmd {
     },
     /// List every wgpu adapter with its features and limits.
     Adapters,
+    /// Print a text's token ids as a JSON array (or, with --decode, the text of ids); no GPU or
+    /// weights needed.
+    Tokenize(torus_wgpu::tokenizer::cli::TokenizeArgs),
     /// Serve the OpenAI-compatible API (default: the SmolLM2 model on 127.0.0.1:8000).
     Serve(Box<torus_wgpu::server::ServeArgs>),
     /// Benchmark any OpenAI-compatible endpoint (TTFT, TPOT, ITL, E2E latency, throughput).
@@ -135,6 +138,7 @@ fn run() -> Result<()> {
     match cli.cmd {
         Cmd::Serve(args) => torus_wgpu::server::run(*args)?,
         Cmd::Bench(args) => torus_wgpu::bench::run(*args)?,
+        Cmd::Tokenize(args) => torus_wgpu::tokenizer::cli::run(&args)?,
         Cmd::Throughput { engine, num_prompts, input_len, output_len, shared_prefix, seed } => {
             let cfg = engine.resolve()?;
             throughput(&cfg, num_prompts, input_len, output_len, shared_prefix, seed)?;

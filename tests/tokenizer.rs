@@ -631,9 +631,9 @@ fn gguf_tokenizer_from_handmade_metadata() {
     }
 
     // Unsupported model type and pre-tokenizer names are errors naming them and the file.
-    let path = tmp.write("llama.gguf", &tiny_tokenizer_gguf("llama", "default", None).build());
+    let path = tmp.write("bert.gguf", &tiny_tokenizer_gguf("bert", "default", None).build());
     let err = Tokenizer::from_gguf(&GgufFile::open(&path).unwrap()).unwrap_err().to_string();
-    assert!(err.contains("\"llama\"") && err.contains(&path.display().to_string()), "{err}");
+    assert!(err.contains("\"bert\"") && err.contains(&path.display().to_string()), "{err}");
     let path = tmp.write("pre.gguf", &tiny_tokenizer_gguf("gpt2", "mystery-pre", None).build());
     let err = Tokenizer::from_gguf(&GgufFile::open(&path).unwrap()).unwrap_err().to_string();
     assert!(err.contains("mystery-pre") && err.contains(&path.display().to_string()), "{err}");

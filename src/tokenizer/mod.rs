@@ -4,13 +4,19 @@
 //! Two sources:
 //! - a Hugging Face model directory ([`Tokenizer::from_hf_dir`]): `tokenizer.json`,
 //!   `tokenizer_config.json`, `chat_template.jinja`, `generation_config.json`, `config.json`;
-//! - a GGUF file ([`Tokenizer::from_gguf`]): the byte-level BPE tokenizer is rebuilt in code from
-//!   the `tokenizer.ggml.*` metadata.
+//! - a GGUF file ([`Tokenizer::from_gguf`]): the tokenizer is rebuilt in code from the
+//!   `tokenizer.ggml.*` metadata alone (no tensor is read, so vocab-only files work): byte-level
+//!   BPE (`gpt2`, with the pre-tokenizer named by `tokenizer.ggml.pre`) or SentencePiece BPE
+//!   (`llama`), following llama.cpp's rules.
 
 mod chat;
+pub mod cli;
 mod gguf_bpe;
+mod gguf_common;
+mod gguf_spm;
 
 use std::path::Path;
+use std::sync::OnceLock;
 
 use anyhow::{anyhow, Context, Result};
 use serde::{Deserialize, Serialize};
@@ -18,6 +24,10 @@ use serde_json::Value as Json;
 
 use crate::model::gguf::GgufFile;
 use chat::ChatTemplate;
+pub use gguf_bpe::supported_pre_tokenizers;
+
+/// The `tokenizer.ggml.model` values [`Tokenizer::from_gguf`] accepts.
+pub const SUPPORTED_GGUF_MODELS: &[&str] = &["gpt2", "llama"];
 
 /// One chat message as given to the chat template.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
@@ -36,6 +46,11 @@ impl ChatMessage {
 /// chat template. `Send + Sync`; share it behind an `Arc`.
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
+    /// `inner` with special-token parsing off (special-token text is tokenized as plain text;
+    /// user-defined tokens still match), made on first use.
+    plain: OnceLock<tokenizers::Tokenizer>,
+    /// SentencePiece encoder of a GGUF `llama` tokenizer (then `inner` only decodes).
+    spm: Option<gguf_spm::Spm>,
     /// Where it came from (a path), for error messages.
     source: String,
     bos_id: Option<u32>,
@@ -43,6 +58,9 @@ pub struct Tokenizer {
     eos_token: Option<String>,
     eos_ids: Vec<u32>,
     add_bos: bool,
+    /// The EOS appended by [`tokenize`](Self::tokenize) with `add_special` (when `add_eos`).
+    eos_id: Option<u32>,
+    add_eos: bool,
     vocab_size: usize,
     chat_template: Option<ChatTemplate>,
 }
@@ -55,6 +73,8 @@ impl std::fmt::Debug for Tokenizer {
             .field("bos_id", &self.bos_id)
             .field("eos_ids", &self.eos_ids)
             .field("add_bos", &self.add_bos)
+            .field("add_eos", &self.add_eos)
+            .field("sentencepiece", &self.spm.is_some())
             .field("has_chat_template", &self.chat_template.is_some())
             .finish()
     }
@@ -94,9 +114,11 @@ fn push_unique(v: &mut Vec<u32>, id: u32) {
 }
 
 impl Tokenizer {
-    /// Load from a Hugging Face model directory.
     /// The tokenizer of a model: a Hugging Face directory or a .gguf file.
     pub fn from_path(path: &Path) -> Result<Self> {
+        if !path.exists() {
+            anyhow::bail!("{}: no such file or directory", path.display());
+        }
         if path.is_dir() {
             Self::from_hf_dir(path)
         } else {
@@ -104,6 +126,7 @@ impl Tokenizer {
         }
     }
 
+    /// Load from a Hugging Face model directory.
     pub fn from_hf_dir(dir: &Path) -> Result<Self> {
         let tok_path = dir.join("tokenizer.json");
         let inner = tokenizers::Tokenizer::from_file(&tok_path)
@@ -151,46 +174,77 @@ impl Tokenizer {
             push_unique(&mut eos_ids, id);
         }
 
+        let eos_id = eos_token.as_deref().and_then(|t| inner.token_to_id(t));
+        let add_eos = cfg.get("add_eos_token").and_then(|v| v.as_bool()).unwrap_or(false) && eos_id.is_some();
         let bos_token = bos_token.or_else(|| bos_id.and_then(|id| inner.id_to_token(id)));
-        Self::assemble(inner, source, bos_id, bos_token, eos_token, eos_ids, add_bos, template_src)
+        let vocab_size = inner.get_vocab(true).values().copied().max().map_or(0, |m| m as usize + 1);
+        Ok(Tokenizer {
+            inner,
+            plain: OnceLock::new(),
+            spm: None,
+            source,
+            bos_id,
+            bos_token,
+            eos_token,
+            eos_ids,
+            add_bos,
+            eos_id,
+            add_eos,
+            vocab_size,
+            chat_template: template_src.map(ChatTemplate::new),
+        })
     }
 
-    /// Build the tokenizer described by a GGUF file's `tokenizer.ggml.*` metadata.
+    /// Build the tokenizer described by a GGUF file's `tokenizer.ggml.*` metadata (tensors are
+    /// not needed). `tokenizer.ggml.model` is `gpt2` (byte-level BPE) or `llama` (SentencePiece).
     pub fn from_gguf(g: &GgufFile) -> Result<Self> {
-        let built = gguf_bpe::build(g)?;
         let source = g.path.display().to_string();
-        let token_text = |id: Option<u32>| id.and_then(|id| built.tokens.get(id as usize).cloned());
-        let bos_id = g.get_u32("tokenizer.ggml.bos_token_id");
-        let eos_id = g.get_u32("tokenizer.ggml.eos_token_id");
-        let add_bos = g.get_bool("tokenizer.ggml.add_bos_token").unwrap_or(false) && bos_id.is_some();
+        let model = g.require_str("tokenizer.ggml.model")?;
+        let (inner, tokens, spm, bos_id, eos_id, add_bos_default) = match model {
+            "gpt2" => {
+                let b = gguf_bpe::build(g)?;
+                let in_range = |id: Option<u32>| id.filter(|&id| (id as usize) < b.tokens.len());
+                let bos = in_range(g.get_u32("tokenizer.ggml.bos_token_id"));
+                let eos = in_range(g.get_u32("tokenizer.ggml.eos_token_id"));
+                (b.inner, b.tokens, None, bos, eos, b.add_bos_default)
+            }
+            "llama" => {
+                let b = gguf_spm::build(g)?;
+                (b.inner, b.tokens, Some(b.spm), b.bos_id, b.eos_id, true)
+            }
+            other => anyhow::bail!(
+                "{source}: tokenizer model {other:?} (tokenizer.ggml.model) is not supported; supported: \
+                 \"gpt2\" (byte-level BPE), \"llama\" (SentencePiece BPE)"
+            ),
+        };
+        let token_text = |id: Option<u32>| id.and_then(|id| tokens.get(id as usize).cloned());
+        let add_bos = g.get_bool("tokenizer.ggml.add_bos_token").unwrap_or(add_bos_default) && bos_id.is_some();
+        let add_eos = g.get_bool("tokenizer.ggml.add_eos_token").unwrap_or(false) && eos_id.is_some();
         let mut eos_ids = Vec::new();
-        for key in ["tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"] {
+        eos_ids.extend(eos_id);
+        for key in ["tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"] {
             if let Some(id) = g.get_u32(key) {
-                if (id as usize) < built.tokens.len() {
+                if (id as usize) < tokens.len() {
                     push_unique(&mut eos_ids, id);
                 }
             }
         }
-        let template = g.get_str("tokenizer.chat_template").map(str::to_string);
-        let bos_token = token_text(bos_id);
-        let eos_token = token_text(eos_id);
-        Self::assemble(built.inner, source, bos_id, bos_token, eos_token, eos_ids, add_bos, template)
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn assemble(
-        inner: tokenizers::Tokenizer,
-        source: String,
-        bos_id: Option<u32>,
-        bos_token: Option<String>,
-        eos_token: Option<String>,
-        eos_ids: Vec<u32>,
-        add_bos: bool,
-        template: Option<String>,
-    ) -> Result<Self> {
-        let vocab_size = inner.get_vocab(true).values().copied().max().map_or(0, |m| m as usize + 1);
-        let chat_template = template.map(ChatTemplate::new);
-        Ok(Tokenizer { inner, source, bos_id, bos_token, eos_token, eos_ids, add_bos, vocab_size, chat_template })
+        let template = g.get_str("tokenizer.chat_template").map(|t| ChatTemplate::new(t.to_string()));
+        Ok(Tokenizer {
+            inner,
+            plain: OnceLock::new(),
+            spm,
+            source,
+            bos_id,
+            bos_token: token_text(bos_id),
+            eos_token: token_text(eos_id),
+            eos_ids,
+            add_bos,
+            eos_id,
+            add_eos,
+            vocab_size: tokens.len(),
+            chat_template: template,
+        })
     }
 
     /// Tokenize `text`. Special tokens written in the text (e.g. `<|im_start|>`) become their
@@ -206,15 +260,60 @@ impl Tokenizer {
         Ok(ids)
     }
 
-    /// Tokenize `text` without ever adding BOS (or any post-processor tokens).
+    /// Tokenize `text` without ever adding BOS (or any post-processor tokens); special tokens
+    /// written in the text become their ids.
     pub fn encode_raw(&self, text: &str) -> Result<Vec<u32>> {
-        let enc = self.inner.encode(text, false).map_err(|e| anyhow!("{}: tokenization failed: {e}", self.source))?;
-        Ok(enc.get_ids().to_vec())
+        self.tokenize(text, false, true)
+    }
+
+    /// Tokenize as llama.cpp's `llama_tokenize` does. `add_special`: prepend BOS when the model
+    /// adds one (`add_bos`) and append EOS when it adds one (`add_eos`), without looking at the
+    /// text. `parse_special`: control tokens written in the text (e.g. `<|im_start|>`) become
+    /// their ids; when off they are tokenized as plain text. User-defined tokens always match.
+    pub fn tokenize(&self, text: &str, add_special: bool, parse_special: bool) -> Result<Vec<u32>> {
+        let mut ids = Vec::new();
+        if add_special && self.add_bos {
+            ids.extend(self.bos_id);
+        }
+        match &self.spm {
+            Some(spm) => ids.extend(
+                spm.encode(text, parse_special).map_err(|e| anyhow!("{}: tokenization failed: {e}", self.source))?,
+            ),
+            None => {
+                let tok = if parse_special {
+                    &self.inner
+                } else {
+                    self.plain.get_or_init(|| {
+                        let mut t = self.inner.clone();
+                        t.set_encode_special_tokens(true);
+                        t
+                    })
+                };
+                let enc = tok.encode(text, false).map_err(|e| anyhow!("{}: tokenization failed: {e}", self.source))?;
+                ids.extend_from_slice(enc.get_ids());
+            }
+        }
+        if add_special && self.add_eos {
+            ids.extend(self.eos_id);
+        }
+        Ok(ids)
     }
 
     /// Detokenize. Unknown ids are skipped; invalid UTF-8 becomes U+FFFD.
     pub fn decode(&self, ids: &[u32], skip_special: bool) -> String {
         self.inner.decode(ids, skip_special).unwrap_or_default()
+    }
+
+    /// The text one token adds in the middle of a longer text (for logprobs): like
+    /// `decode(&[id], false)`, except that a SentencePiece token keeps its leading space, which
+    /// `decode` strips at the start of a text (the space prefix added at encoding).
+    pub fn token_text(&self, id: u32) -> String {
+        let s = self.decode(&[id], false);
+        let strips = self.spm.as_ref().is_some_and(|spm| spm.add_space_prefix());
+        match self.inner.id_to_token(id) {
+            Some(t) if strips && (t.starts_with('\u{2581}') || t == "<0x20>") => format!(" {s}"),
+            _ => s,
+        }
     }
 
     /// Render the model's chat template (variables `messages`, `add_generation_prompt`,
@@ -248,6 +347,11 @@ impl Tokenizer {
         self.add_bos
     }
 
+    /// Whether [`tokenize`](Self::tokenize) with `add_special` appends EOS.
+    pub fn add_eos(&self) -> bool {
+        self.add_eos
+    }
+
     /// One more than the largest token id (model vocabulary and added tokens).
     pub fn vocab_size(&self) -> usize {
         self.vocab_size
@@ -267,7 +371,8 @@ impl Tokenizer {
         self.inner.id_to_token(id).is_some_and(|t| self.inner.get_added_vocabulary().is_special_token(&t))
     }
 
-    /// The underlying `tokenizers` tokenizer.
+    /// The underlying `tokenizers` tokenizer. For a GGUF SentencePiece (`llama`) tokenizer it
+    /// holds the vocabulary, added tokens and decoder but does not encode like [`encode`](Self::encode).
     pub fn inner(&self) -> &tokenizers::Tokenizer {
         &self.inner
     }
