@@ -310,3 +310,38 @@ fn too_long_requests_are_rejected_before_taking_blocks() {
     // The engine still serves a good request.
     assert_eq!(e.submit(greedy_req(&[1, 2, 3], 3)).unwrap().collect_blocking().ids.len(), 3);
 }
+
+/// Mistral's sliding window through the engine: blocks that left the window are freed as the
+/// sequences advance, so a cache far too small for the whole sequences serves several at once
+/// (chunked prefill, continuous batching), with the reference's greedy tokens.
+#[test]
+fn sliding_window_frees_blocks_and_matches_reference() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    let reference: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("tiny-mistral-reference.json")).unwrap()).unwrap();
+    assert_eq!(reference["config"]["sliding_window"].as_u64(), Some(8));
+    let prompts: Vec<(Vec<u32>, Vec<u32>)> = reference["prompts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| (ids(&p["input_ids"]), ids(&p["greedy_ids"])))
+        .collect();
+    // Blocks of 4 tokens, 8-token steps: a sequence holds at most (8 + 8) / 4 + 1 = 5 blocks.
+    // 12 blocks (2 KiB each in f32: 4 tokens x 32 values x 4 bytes x K,V x 2 layers) hold
+    // 48 tokens; the longest prompt alone needs 110.
+    let e = engine(&dir.join("tiny-mistral"), |c| {
+        c.block_size = 4;
+        c.max_num_batched_tokens = 8;
+        c.kv_cache_dtype = torus_wgpu::config::KvDtype::F32;
+        c.total_cache_size = 12 * 2048;
+        c.enable_prefix_cache = false;
+    });
+    assert_eq!(e.info.num_blocks, 12);
+    let longest = prompts.iter().map(|(p, g)| p.len() + g.len()).max().unwrap();
+    assert!(longest.div_ceil(4) > 12, "the window must be what makes the requests fit");
+    let reqs: Vec<Request> = prompts.iter().map(|(p, g)| greedy_req(p, g.len())).collect();
+    let want: Vec<Vec<u32>> = prompts.iter().map(|(_, g)| g.clone()).collect();
+    assert_eq!(run_alone(&e, &reqs), want, "alone");
+    assert_eq!(run_together(&e, &reqs), want, "together");
+    assert_all_blocks_free(&e);
+}

@@ -407,7 +407,8 @@ fn gguf_valid_handmade_file() {
         .kv_bool("some.flag", true)
         .tensor("a", &[3, 2], 0, &f32_data)
         .tensor("q", &[32, 2], 8, &[7u8; 68])
-        .tensor("k4", &[256], 12, &[9u8; 144]); // Q4_K: unsupported here, but legal
+        .tensor("k4", &[256], 12, &[9u8; 144])
+        .tensor("iq", &[256], 16, &[5u8; 66]); // IQ2_XXS: unsupported here, but legal
     let path = tmp.write("valid.gguf", &b.build());
     let g = GgufFile::open(&path).unwrap();
     assert_eq!(g.architecture().unwrap(), "qwen2");
@@ -427,9 +428,12 @@ fn gguf_valid_handmade_file() {
     assert_eq!(q.offset % 64, 0);
     assert!(g.tensor_data(q).iter().all(|&x| x == 7));
     let k4 = g.tensor("k4").unwrap();
-    assert_eq!(k4.ggml_type, GgmlType::Other(12));
-    assert!(!k4.ggml_type.is_supported());
-    assert_eq!(k4.n_bytes, 144);
+    assert_eq!((k4.ggml_type, k4.n_bytes), (GgmlType::Q4_K, 144));
+    assert!(k4.ggml_type.is_supported());
+    let iq = g.tensor("iq").unwrap();
+    assert_eq!((iq.ggml_type, iq.n_bytes), (GgmlType::Other(16), 66));
+    assert!(!iq.ggml_type.is_supported());
+    assert_eq!(iq.ggml_type.name(), "IQ2_XXS");
 }
 
 #[test]
@@ -658,4 +662,42 @@ fn gguf_tokenizer_from_handmade_metadata() {
     let path = tmp.write("broken.gguf", &tiny_tokenizer_gguf("gpt2", "gpt2", Some("{% for %}")).build());
     let tok = Tokenizer::from_gguf(&GgufFile::open(&path).unwrap()).unwrap();
     assert!(tok.apply_chat_template(&[ChatMessage::new("user", "x")], true).is_err());
+}
+
+/// A model file whose tensors are of a type the engine cannot run (IQ*, TQ*, ...) fails at load
+/// naming the file, the tensor, the type and the supported list; so does an unknown architecture
+/// and a rope scaling type we do not implement.
+#[test]
+fn gguf_unsupported_tensor_type_architecture_and_rope_scaling() {
+    use torus_wgpu::model::loader::HostModel;
+    let tmp = TempDir::new("unsupported");
+    let (hidden, vocab) = (64u64, 32u64);
+    let model = |arch: &str, ty: u32, bytes: usize, extra: &dyn Fn(&mut GgufBuilder)| {
+        let mut b = GgufBuilder::new();
+        b.kv_str("general.architecture", arch)
+            .kv_u32(&format!("{arch}.embedding_length"), hidden as u32)
+            .kv_u32(&format!("{arch}.block_count"), 1)
+            .kv_u32(&format!("{arch}.attention.head_count"), 4)
+            .kv_u32(&format!("{arch}.feed_forward_length"), 128)
+            .tensor("token_embd.weight", &[hidden, vocab], ty, &vec![0u8; bytes]);
+        extra(&mut b);
+        b.build()
+    };
+    // IQ4_NL (type 20): 32-element blocks of 18 bytes.
+    let path = tmp.write("iq.gguf", &model("llama", 20, (hidden * vocab / 32 * 18) as usize, &|_| {}));
+    let err = HostModel::load(&path, &|_, _| {}).err().expect("IQ4_NL must be refused").to_string();
+    for needle in ["iq.gguf", "token_embd.weight", "IQ4_NL", "not supported", "Q4_K", "Q6_K"] {
+        assert!(err.contains(needle), "{needle:?} missing from: {err}");
+    }
+    let path = tmp.write("arch.gguf", &model("gpt-neox", 0, (hidden * vocab * 4) as usize, &|_| {}));
+    let err = HostModel::load(&path, &|_, _| {}).err().expect("unknown arch").to_string();
+    assert!(err.contains("gpt-neox") && err.contains("qwen3"), "{err}");
+    let path = tmp.write(
+        "rope.gguf",
+        &model("llama", 0, (hidden * vocab * 4) as usize, &|b| {
+            b.kv_str("llama.rope.scaling.type", "longrope");
+        }),
+    );
+    let err = HostModel::load(&path, &|_, _| {}).err().expect("longrope").to_string();
+    assert!(err.contains("longrope") && err.contains("yarn"), "{err}");
 }

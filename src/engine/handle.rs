@@ -21,6 +21,9 @@ pub struct EngineInfo {
     pub num_blocks: usize,
     pub vocab: usize,
     pub adapter: String,
+    /// Most KV blocks one sequence holds at once: all of its tokens' blocks, or with a sliding
+    /// window only those of the window and one step's tokens (the others are freed).
+    pub max_blocks_per_seq: Option<usize>,
 }
 
 #[derive(Clone)]
@@ -129,7 +132,10 @@ impl EngineHandle {
             block_size: limits.block_size,
             sliding_window: limits.sliding_window,
         };
+        let max_blocks_per_seq =
+            limits.sliding_window.map(|w| (w + sched.max_num_batched_tokens).div_ceil(limits.block_size) + 1);
         let info = Arc::new(EngineInfo {
+            max_blocks_per_seq,
             max_seq_len: limits.max_seq_len,
             block_size: limits.block_size,
             num_blocks: exec.num_blocks(),
@@ -181,12 +187,9 @@ impl EngineHandle {
                 info.max_seq_len
             ));
         }
-        if (n + max_tokens).div_ceil(info.block_size) > info.num_blocks {
-            return Err(format!(
-                "the request needs {} KV blocks, the cache has {}",
-                (n + max_tokens).div_ceil(info.block_size),
-                info.num_blocks
-            ));
+        let need = (n + max_tokens).div_ceil(info.block_size).min(info.max_blocks_per_seq.unwrap_or(usize::MAX));
+        if need > info.num_blocks {
+            return Err(format!("the request needs {need} KV blocks, the cache has {}", info.num_blocks));
         }
         if let Some(&t) = prompt.iter().find(|&&t| t as usize >= info.vocab) {
             return Err(format!("token id {t} is outside the vocabulary ({})", info.vocab));
