@@ -43,6 +43,33 @@ fn bench(c: &mut Criterion) {
             }
         }
     }
+    // Every GGUF format at shapes whose rows are whole K-quant super-blocks (Qwen2.5-0.5B's
+    // ffn_down 896x4864, and a 2048x1024 projection), random blocks: the K-quants and Q5 beside
+    // the legacy formats on equal terms.
+    let k_shapes = [("down05b", 896usize, 4864usize), ("proj", 2048, 1024)];
+    for format in [
+        WFormat::Q4_0,
+        WFormat::Q4_1,
+        WFormat::Q5_0,
+        WFormat::Q8_0,
+        WFormat::Q2_K,
+        WFormat::Q3_K,
+        WFormat::Q4_K,
+        WFormat::Q5_K,
+        WFormat::Q6_K,
+        WFormat::F16,
+    ] {
+        for &(name, n, k) in &k_shapes {
+            let w = QTensor::random_gguf(format, n, k, 7).unwrap();
+            for m in [1usize, 128] {
+                eprintln!("{:?} {name} m={m}: {} weight bytes per call", format, w.bytes());
+                g.throughput(Throughput::Elements((m * n * k) as u64));
+                g.bench_function(format!("matmul_{}_{name}_{n}x{k}_m{m}", format.name()), |b| {
+                    b.iter_custom(|iters| h.time_matmul(&w, None, m, true, iters).unwrap())
+                });
+            }
+        }
+    }
     // Paged attention, decode (1 query token) at several context lengths.
     let shape = AttnShape { heads: 9, kv_heads: 3, head_dim: 64, block_size: 16 };
     for ctx in [128usize, 512, 2048] {

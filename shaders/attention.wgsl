@@ -11,7 +11,7 @@ struct AttnParams {
     qkv_stride4: u32, // vec4s per qkv row
     scale: f32,
     window: u32, // attend to the last `window` positions only (0: all)
-    _p1: u32,
+    kv_chunk4: u32, // vec4s per KV-cache buffer of a layer (when the cache spans several)
     _p2: u32,
 }
 

@@ -10,6 +10,10 @@ struct RopeParams {
     n_kv_heads: u32,
     head_dim: u32,
     qkv_stride: u32,
+    kv_chunk: u32, // elements per KV-cache buffer of a layer (when the cache spans several)
+    _p0: u32,
+    _p1: u32,
+    _p2: u32,
 }
 
 @group(0) @binding(0) var<uniform> step: Step;

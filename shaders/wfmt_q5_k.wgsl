@@ -11,11 +11,8 @@ struct Sc {
 }
 
 fn wscale(blk: u32) -> Sc {
-    let r = (blk >> 3u) * 6u;
-    let j = blk & 7u;
-    let sc = ubyte(ws[r + 2u + j / 4u], j % 4u);
-    let mn = ubyte(ws[r + 4u + j / 4u], j % 4u);
-    return Sc(bitcast<f32>(ws[r]) * f32(sc), -(bitcast<f32>(ws[r + 1u]) * f32(mn)), wq[blk * 5u + 4u]);
+    let dm = k4_scale_min(blk);
+    return Sc(dm.x, dm.y, wq[blk * 5u + 4u]);
 }
 
 fn wpart(blk: u32, p: u32, s: Sc) -> Part {

@@ -12,12 +12,8 @@ struct Sc {
 }
 
 fn wscale(blk: u32) -> Sc {
-    let r = (blk >> 3u) * 5u;
-    let j = blk & 7u;
-    let d = bitcast<f32>(ws[r]);
-    let w = ws[r + 1u + j / 2u];
-    let b = 2u * (j % 2u);
-    return Sc(d * sbyte(w, b), d * sbyte(w, b + 1u), vec2<u32>(wq[blk * 6u + 4u], wq[blk * 6u + 5u]));
+    let d = k16_scales(blk);
+    return Sc(d.x, d.y, vec2<u32>(wq[blk * 6u + 4u], wq[blk * 6u + 5u]));
 }
 
 fn wpart(blk: u32, p: u32, s: Sc) -> Part {

@@ -122,6 +122,10 @@ fn qwen3_qk_norm() {
     let cfg = read_config(&dir().join("tiny-qwen3")).unwrap();
     assert!(cfg.qk_norm && cfg.arch == Arch::Qwen3 && cfg.head_dim * cfg.heads != cfg.hidden);
     check_model(&dir().join("tiny-qwen3"), "tiny-qwen3");
+    // llama.cpp's form (arch qwen3: attn_q_norm / attn_k_norm, rows not permuted, tied head).
+    let g = read_config(&dir().join("tiny-qwen3.gguf")).unwrap();
+    assert!(g.qk_norm && g.arch == Arch::Qwen3 && g.head_dim == cfg.head_dim);
+    check_model(&dir().join("tiny-qwen3.gguf"), "tiny-qwen3");
 }
 
 /// Config errors name the file and the problem.

@@ -271,14 +271,20 @@ fn rope_ref(v: &mut [f32], pos: usize, theta: f64) {
 fn rope_and_paged_attention_with_gqa() {
     let theta = 10000.0;
     let shapes = [(4, 4, 16), (4, 2, 16), (8, 2, 64), (9, 3, 64), (6, 1, 32)];
-    // (KV-cache dtype, sliding window (0: none), shape).
-    let cases = [KvDtype::F32, KvDtype::F16].into_iter().flat_map(|kv| shapes.iter().map(move |s| (kv, 0, s))).chain([
-        (KvDtype::F32, 6, &shapes[2]),
-        (KvDtype::F16, 3, &shapes[3]),
-        (KvDtype::F32, 1, &shapes[1]),
-    ]);
-    for (kv, window, &(heads, kv_heads, head_dim)) in cases {
-        let h = Harness::attention_only(gpu(), head_dim as u32, kv).unwrap();
+    // (KV-cache dtype, sliding window (0: none), KV buffers per layer, shape).
+    let cases =
+        [KvDtype::F32, KvDtype::F16].into_iter().flat_map(|kv| shapes.iter().map(move |s| (kv, 0, 1, s))).chain([
+            (KvDtype::F32, 6, 1, &shapes[2]),
+            (KvDtype::F16, 3, 1, &shapes[3]),
+            (KvDtype::F32, 1, 1, &shapes[1]),
+            // The cache of each layer split over several buffers (the block tables cross them).
+            (KvDtype::F32, 0, 3, &shapes[2]),
+            (KvDtype::F16, 0, 4, &shapes[3]),
+            (KvDtype::F16, 5, 2, &shapes[1]),
+        ]);
+    for (kv, window, chunks, &(heads, kv_heads, head_dim)) in cases {
+        let h = Harness::attention_only(gpu(), head_dim as u32, kv, chunks).unwrap();
+        assert_eq!(h.kernels.kv_chunks, chunks);
         // The cache stores K and V in its element type: the reference rounds them the same way.
         let stored = |v: Vec<f32>| -> Vec<f32> {
             match kv {
@@ -354,7 +360,8 @@ fn rope_and_paged_attention_with_gqa() {
             }
             // f16: a key element rounded on the other side of a half-way point shifts a score.
             let tol = if kv == KvDtype::F16 { 2e-4 } else { 2e-5 };
-            let what = format!("attention {kv:?} window {window} heads={heads} kv={kv_heads} d={head_dim}");
+            let what =
+                format!("attention {kv:?} window {window} chunks {chunks} heads={heads} kv={kv_heads} d={head_dim}");
             assert_close(&out, &want, |_| tol, &what);
         }
     }

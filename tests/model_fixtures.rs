@@ -77,6 +77,82 @@ fn tiny_qwen2_logits_and_greedy_match_reference() {
     }
 }
 
+/// Storage bindings capped at 64 KiB: every weight matrix is split into row chunks and each
+/// layer's KV cache (128 blocks of 2 KiB for K) over 4 buffers, in f32 and f16; logits and
+/// greedy tokens are still the reference's.
+#[test]
+fn tiny_qwen2_with_kv_cache_and_weights_split_over_bindings() {
+    use torus_wgpu::model::loader::HostModel;
+    let reference = json("tiny-qwen2-reference.json");
+    let host = HostModel::load(&fixtures().join("tiny-qwen2"), &|_, _| {}).unwrap();
+    let gpu = Arc::new(Gpu::new(None).expect("a wgpu adapter (lavapipe in CI)"));
+    for kv in [KvDtype::F32, KvDtype::F16] {
+        let cfg = EngineConfig {
+            max_num_batched_tokens: 32,
+            max_decode_batch_size: 8,
+            max_prefill_batch_size: 4,
+            max_sequence_length: 256,
+            total_cache_size: 128 * 2 * 2 * (16 * 32 * kv.bytes()) as u64,
+            kv_cache_dtype: kv,
+            ..Default::default()
+        };
+        let mut limits = torus_wgpu::pipeline::step_limits(&cfg, &host.cfg);
+        limits.max_binding = 64 << 10;
+        let mut model = Model::new(gpu.clone(), &host, limits).unwrap();
+        assert_eq!(model.kv.num_blocks, 128);
+        let chunks = model.kv.k[0].len();
+        assert_eq!(chunks, if kv == KvDtype::F32 { 4 } else { 2 }, "{kv:?}: KV buffers per layer");
+        for p in reference["prompts"].as_array().unwrap() {
+            let input = ids(&p["input_ids"]);
+            // Prompts longer than the step budget are prefilled in chunks by `greedy`.
+            let want_greedy = ids(&p["greedy_ids"]);
+            if input.len() <= 32 {
+                let got = last_logits(&mut model, &input);
+                let want = floats(&p["last_position_logits_full"]);
+                let d = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+                let tol = if kv == KvDtype::F32 { 1e-3 } else { 2e-2 };
+                assert!(d < tol, "{kv:?}: logits differ by {d}");
+            }
+            // Blocks scattered over the whole cache, so over all of its buffers.
+            let n = input.len() + want_greedy.len();
+            let table: Vec<u32> = (0..n.div_ceil(16) as u32).map(|b| (7 + b * 37) % 128).collect();
+            let got = greedy_with_table(&mut model, &input, want_greedy.len(), &table);
+            assert_eq!(got, want_greedy, "{kv:?}: greedy tokens");
+        }
+    }
+}
+
+/// Greedy decoding with the sequence's KV blocks at the given table (prefill in steps of at
+/// most the model's token budget).
+fn greedy_with_table(model: &mut Model, prompt: &[u32], n: usize, table: &[u32]) -> Vec<u32> {
+    let bs = model.limits.block_size as u32;
+    let budget = model.limits.max_tokens;
+    let mut tokens = prompt.to_vec();
+    let mut start = 0;
+    let mut out = Vec::new();
+    while out.len() < n {
+        let end = (start + budget).min(tokens.len());
+        let pos: Vec<u32> = (start as u32..end as u32).collect();
+        let r = model
+            .step(&StepInput {
+                tokens: tokens[start..end].to_vec(),
+                positions: pos.clone(),
+                slots: pos.iter().map(|&p| table[(p / bs) as usize] * bs + p % bs).collect(),
+                seq_of_token: vec![0; end - start],
+                block_tables: vec![table.to_vec()],
+                sample_rows: vec![(end - start) as u32 - 1],
+                sampling: vec![SampleParams::default()],
+            })
+            .unwrap();
+        start = end;
+        if end == tokens.len() {
+            out.push(r[0].id);
+            tokens.push(r[0].id);
+        }
+    }
+    out
+}
+
 /// The same prompt prefilled in chunks of 3 tokens (crossing KV blocks) gives the same tokens.
 #[test]
 fn tiny_qwen2_chunked_prefill_matches() {

@@ -90,8 +90,8 @@ impl WFormat {
         matches!(self, WFormat::Q2_K | WFormat::Q3_K | WFormat::Q4_K | WFormat::Q5_K | WFormat::Q6_K)
     }
 
-    fn snippet(self) -> &'static str {
-        match self {
+    fn snippet(self) -> String {
+        let own = match self {
             WFormat::F32 => include_str!("../../shaders/wfmt_f32.wgsl"),
             WFormat::F16 => include_str!("../../shaders/wfmt_f16.wgsl"),
             WFormat::Q8_0 => include_str!("../../shaders/wfmt_q8_0.wgsl"),
@@ -104,7 +104,14 @@ impl WFormat {
             WFormat::Q4_K => include_str!("../../shaders/wfmt_q4_k.wgsl"),
             WFormat::Q5_K => include_str!("../../shaders/wfmt_q5_k.wgsl"),
             WFormat::Q6_K => include_str!("../../shaders/wfmt_q6_k.wgsl"),
-        }
+        };
+        // The K-quants' scale records share their decoding.
+        let shared = if matches!(self, WFormat::Q3_K | WFormat::Q4_K | WFormat::Q5_K | WFormat::Q6_K) {
+            include_str!("../../shaders/wfmt_k_scales.wgsl")
+        } else {
+            ""
+        };
+        format!("{own}\n{shared}")
     }
 
     pub fn name(self) -> &'static str {
@@ -167,28 +174,63 @@ impl std::str::FromStr for KvDtype {
     }
 }
 
-/// The KV-cache bindings and accessors of rope_kv.wgsl (`write`) and attention.wgsl (read):
-/// elements 4i..4i+4 of a layer's cache are `load_k(i)` / `load_v(i)`; `store_k(e, v)` writes
-/// elements e, e+1 (e even).
-fn kv_snippet(kv: KvDtype, write: bool) -> String {
-    let (k, v) = if write { (5, 6) } else { (4, 5) };
+/// Binding of chunk c >= 1 of a layer's K cache (chunk 0 keeps the kernel's own binding); V
+/// chunks at KV_V_CHUNK_BINDING + c. A layer's cache larger than one storage binding spans
+/// several buffers of whole KV blocks.
+pub const KV_K_CHUNK_BINDING: u32 = 10;
+pub const KV_V_CHUNK_BINDING: u32 = 20;
+/// Most buffers one layer's K (or V) cache may span.
+pub const MAX_KV_CHUNKS: usize = 4;
+
+/// The KV-cache bindings and accessors of rope_kv.wgsl (`write`) and attention.wgsl (read), for
+/// a cache of `chunks` buffers per layer: elements 4i..4i+4 of a layer's cache are `load_k(i)` /
+/// `load_v(i)`; `store_k(e, v)` writes elements e, e+1 (e even). With several chunks, the
+/// kernel's params `p` carry the chunk length (`kv_chunk` elements, `kv_chunk4` vec4s).
+fn kv_snippet(kv: KvDtype, write: bool, chunks: usize) -> String {
+    let (k0, v0) = if write { (5, 6) } else { (4, 5) };
     let access = if write { "read_write" } else { "read" };
-    let (elem, load, store) = match kv {
-        KvDtype::F32 => (
-            if write { "f32" } else { "vec4<f32>" },
-            "fn load_k(i: u32) -> vec4<f32> {\n    return k_cache[i];\n}\n\nfn load_v(i: u32) -> vec4<f32> {\n    return v_cache[i];\n}",
-            "fn store_k(e: u32, v: vec2<f32>) {\n    k_cache[e] = v.x;\n    k_cache[e + 1u] = v.y;\n}\n\nfn store_v(e: u32, v: vec2<f32>) {\n    v_cache[e] = v.x;\n    v_cache[e + 1u] = v.y;\n}",
-        ),
-        KvDtype::F16 => (
-            if write { "u32" } else { "vec2<u32>" },
-            "fn load_k(i: u32) -> vec4<f32> {\n    let w = k_cache[i];\n    return vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y));\n}\n\nfn load_v(i: u32) -> vec4<f32> {\n    let w = v_cache[i];\n    return vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y));\n}",
-            "fn store_k(e: u32, v: vec2<f32>) {\n    k_cache[e / 2u] = pack2x16float(v);\n}\n\nfn store_v(e: u32, v: vec2<f32>) {\n    v_cache[e / 2u] = pack2x16float(v);\n}",
-        ),
+    let elem = match (kv, write) {
+        (KvDtype::F32, true) => "f32",
+        (KvDtype::F32, false) => "vec4<f32>",
+        (KvDtype::F16, true) => "u32",
+        (KvDtype::F16, false) => "vec2<u32>",
     };
-    format!(
-        "@group(0) @binding({k}) var<storage, {access}> k_cache: array<{elem}>;\n@group(0) @binding({v}) var<storage, {access}> v_cache: array<{elem}>;\n\n{}",
-        if write { store } else { load }
-    )
+    let mut out = String::new();
+    for c in 0..chunks as u32 {
+        let (kb, vb) = if c == 0 { (k0, v0) } else { (KV_K_CHUNK_BINDING + c, KV_V_CHUNK_BINDING + c) };
+        out += &format!("@group(0) @binding({kb}) var<storage, {access}> k_cache{c}: array<{elem}>;\n");
+        out += &format!("@group(0) @binding({vb}) var<storage, {access}> v_cache{c}: array<{elem}>;\n");
+    }
+    for name in ["k", "v"] {
+        // The access to chunk c at local index j.
+        let one = |c: usize| match (kv, write) {
+            (KvDtype::F32, true) => format!("{name}_cache{c}[j] = v.x;\n        {name}_cache{c}[j + 1u] = v.y;"),
+            (KvDtype::F16, true) => format!("{name}_cache{c}[j / 2u] = pack2x16float(v);"),
+            (KvDtype::F32, false) => format!("return {name}_cache{c}[j];"),
+            (KvDtype::F16, false) => format!(
+                "let w = {name}_cache{c}[j];\n        return vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y));"
+            ),
+        };
+        let (sig, unit) = if write {
+            (format!("fn store_{name}(e: u32, v: vec2<f32>)"), "p.kv_chunk")
+        } else {
+            (format!("fn load_{name}(i: u32) -> vec4<f32>"), "p.kv_chunk4")
+        };
+        let idx = if write { "e" } else { "i" };
+        out += &format!("\n{sig} {{\n");
+        if chunks == 1 {
+            out += &format!("    let j = {idx};\n    {{\n        {}\n    }}\n", one(0));
+        } else {
+            out += &format!("    let c = {idx} / {unit};\n    let j = {idx} - c * {unit};\n");
+            for c in 0..chunks - 1 {
+                out += &format!("    if (c == {c}u) {{\n        {}\n", one(c));
+                out += if write { "        return;\n    }\n" } else { "    }\n" };
+            }
+            out += &format!("    {{\n        {}\n    }}\n", one(chunks - 1));
+        }
+        out += "}\n";
+    }
+    out
 }
 
 const COMMON: &str = include_str!("../../shaders/common.wgsl");
@@ -308,15 +350,15 @@ pub fn embed_source(f: WFormat) -> String {
     format!("{COMMON}\n{}\n{}", f.snippet(), include_str!("../../shaders/embed.wgsl"))
 }
 
-pub fn attention_source(head_dim: u32, kv: KvDtype) -> String {
+pub fn attention_source(head_dim: u32, kv: KvDtype, kv_chunks: usize) -> String {
     let body = include_str!("../../shaders/attention.wgsl")
         .replace("{{HD4}}", &(head_dim / 4).to_string())
-        .replace("{{KV}}", &kv_snippet(kv, false));
+        .replace("{{KV}}", &kv_snippet(kv, false, kv_chunks));
     format!("{COMMON}\n{body}")
 }
 
-pub fn rope_kv_source(kv: KvDtype) -> String {
-    let body = include_str!("../../shaders/rope_kv.wgsl").replace("{{KV}}", &kv_snippet(kv, true));
+pub fn rope_kv_source(kv: KvDtype, kv_chunks: usize) -> String {
+    let body = include_str!("../../shaders/rope_kv.wgsl").replace("{{KV}}", &kv_snippet(kv, true, kv_chunks));
     format!("{COMMON}\n{body}")
 }
 
@@ -346,10 +388,12 @@ pub fn all_sources(head_dims: &[u32]) -> Vec<(String, String)> {
         v.push((format!("embed_{}", f.name()), embed_source(f)));
     }
     for kv in [KvDtype::F16, KvDtype::F32] {
-        for &d in head_dims {
-            v.push((format!("attention_hd{d}_{}", kv.name()), attention_source(d, kv)));
+        for chunks in 1..=MAX_KV_CHUNKS {
+            for &d in head_dims {
+                v.push((format!("attention_hd{d}_{}_x{chunks}", kv.name()), attention_source(d, kv, chunks)));
+            }
+            v.push((format!("rope_kv_{}_x{chunks}", kv.name()), rope_kv_source(kv, chunks)));
         }
-        v.push((format!("rope_kv_{}", kv.name()), rope_kv_source(kv)));
     }
     v.push(("rmsnorm".into(), plain_source(RMSNORM_WGSL)));
     v.push(("head_norm".into(), plain_source(HEAD_NORM_WGSL)));
@@ -515,10 +559,13 @@ pub struct Kernels {
     pub logit_adjust: wgpu::ComputePipeline,
     /// The KV-cache element type rope_kv and attention were built for.
     pub kv: KvDtype,
+    /// Buffers per layer's K (and V) cache they bind.
+    pub kv_chunks: usize,
 }
 
 impl Kernels {
-    pub fn new(gpu: &Gpu, formats: &[WFormat], head_dim: u32, kv: KvDtype) -> Result<Kernels> {
+    pub fn new(gpu: &Gpu, formats: &[WFormat], head_dim: u32, kv: KvDtype, kv_chunks: usize) -> Result<Kernels> {
+        let kv_chunks = kv_chunks.clamp(1, MAX_KV_CHUNKS);
         use Slot::*;
         let matmul_family =
             Family::new(gpu, &[(0, Uniform), (1, Uniform), (2, Read), (3, Read), (4, Read), (5, Read), (6, ReadWrite)]);
@@ -569,14 +616,20 @@ impl Kernels {
         let rmsnorm = norm_family.pipeline(gpu, "rmsnorm", &plain_source(RMSNORM_WGSL), "main")?;
         let head_norm_family = Family::new(gpu, &[(0, Uniform), (1, Uniform), (2, Read), (3, ReadWrite)]);
         let head_norm = head_norm_family.pipeline(gpu, "head_norm", &plain_source(HEAD_NORM_WGSL), "main")?;
-        let rope_family = Family::new(
-            gpu,
-            &[(0, Uniform), (1, Uniform), (2, Read), (3, Read), (4, ReadWrite), (5, ReadWrite), (6, ReadWrite)],
-        );
-        let rope_kv = rope_family.pipeline(gpu, "rope_kv", &rope_kv_source(kv), "main")?;
-        let attn_family =
-            Family::new(gpu, &[(0, Uniform), (1, Uniform), (2, Read), (3, Read), (4, Read), (5, Read), (6, ReadWrite)]);
-        let attention = attn_family.pipeline(gpu, "attention", &attention_source(head_dim, kv), "main")?;
+        // The KV cache's chunks beyond the first.
+        let chunk_slots = |s: Slot| {
+            (1..kv_chunks as u32).flat_map(move |c| [(KV_K_CHUNK_BINDING + c, s), (KV_V_CHUNK_BINDING + c, s)])
+        };
+        let mut rope_slots =
+            vec![(0, Uniform), (1, Uniform), (2, Read), (3, Read), (4, ReadWrite), (5, ReadWrite), (6, ReadWrite)];
+        rope_slots.extend(chunk_slots(ReadWrite));
+        let rope_family = Family::new(gpu, &rope_slots);
+        let rope_kv = rope_family.pipeline(gpu, "rope_kv", &rope_kv_source(kv, kv_chunks), "main")?;
+        let mut attn_slots =
+            vec![(0, Uniform), (1, Uniform), (2, Read), (3, Read), (4, Read), (5, Read), (6, ReadWrite)];
+        attn_slots.extend(chunk_slots(Read));
+        let attn_family = Family::new(gpu, &attn_slots);
+        let attention = attn_family.pipeline(gpu, "attention", &attention_source(head_dim, kv, kv_chunks), "main")?;
         let sample_family = Family::new(gpu, &[(0, Uniform), (1, Uniform), (2, Read), (3, Read), (4, ReadWrite)]);
         let sample = sample_family.pipeline(gpu, "sample", &plain_source(SAMPLE_WGSL), "main")?;
         let logit_adjust = sample_family.pipeline(gpu, "logit_adjust", &plain_source(LOGIT_ADJUST_WGSL), "main")?;
@@ -596,6 +649,7 @@ impl Kernels {
             sample,
             logit_adjust,
             kv,
+            kv_chunks,
         })
     }
 }

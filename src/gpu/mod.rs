@@ -130,7 +130,9 @@ impl Gpu {
         limits.max_storage_buffer_binding_size = al.max_storage_buffer_binding_size;
         limits.max_buffer_size = al.max_buffer_size;
         limits.max_uniform_buffer_binding_size = al.max_uniform_buffer_binding_size;
-        limits.max_storage_buffers_per_shader_stage = al.max_storage_buffers_per_shader_stage.min(8);
+        // 16 where the adapter allows (every native backend does): room for a KV cache split over
+        // several buffers per layer.
+        limits.max_storage_buffers_per_shader_stage = al.max_storage_buffers_per_shader_stage.min(16);
         limits.max_compute_workgroups_per_dimension = al.max_compute_workgroups_per_dimension;
         limits.max_compute_invocations_per_workgroup = al.max_compute_invocations_per_workgroup.min(256);
         limits.max_compute_workgroup_size_x = al.max_compute_workgroup_size_x.min(256);
@@ -143,6 +145,13 @@ impl Gpu {
         }))
         .with_context(|| format!("cannot open a device on adapter '{}'", info.name))?;
         Ok(Gpu { device, queue, info, max_binding: limits.max_storage_buffer_binding_size, memory })
+    }
+
+    /// Most buffers a layer's K (or V) cache may span on this device: the rope and attention
+    /// kernels bind 3 other storage buffers, and 2 per chunk.
+    pub fn kv_chunk_limit(&self) -> usize {
+        let n = self.device.limits().max_storage_buffers_per_shader_stage as usize;
+        (n.saturating_sub(3) / 2).clamp(1, kernels::MAX_KV_CHUNKS)
     }
 
     pub fn describe(&self) -> String {

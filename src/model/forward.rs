@@ -6,8 +6,8 @@ use super::config::{ModelConfig, RopeScaling};
 use super::loader::HostModel;
 use super::tensor::QTensor;
 use crate::gpu::kernels::{
-    plan_x, window_entries, window_stride, Kernels, KvDtype, WFormat, XPlan, MATMUL_TILES, MATMUL_WG, MAX_TOP_LOGPROBS,
-    SAMPLE_PARAMS_STRIDE, SAMPLE_RESULT_STRIDE,
+    plan_x, window_entries, window_stride, Kernels, KvDtype, WFormat, XPlan, KV_K_CHUNK_BINDING, KV_V_CHUNK_BINDING,
+    MATMUL_TILES, MATMUL_WG, MAX_TOP_LOGPROBS, SAMPLE_PARAMS_STRIDE, SAMPLE_RESULT_STRIDE,
 };
 use crate::gpu::Gpu;
 use anyhow::{bail, Result};
@@ -229,11 +229,27 @@ struct Op {
     bind_u: Option<wgpu::BindGroup>,
 }
 
+/// The KV cache of a stage's layers: per layer, K and V each in one or more buffers (chunks)
+/// of `blocks_per_chunk` whole blocks, so no binding exceeds the device's limit.
 pub struct KvCache {
-    pub k: Vec<wgpu::Buffer>,
-    pub v: Vec<wgpu::Buffer>,
+    pub k: Vec<Vec<wgpu::Buffer>>,
+    pub v: Vec<Vec<wgpu::Buffer>>,
     pub num_blocks: usize,
     pub block_size: usize,
+    pub blocks_per_chunk: usize,
+}
+
+/// Splits a layer's `num_blocks` KV blocks into at most `max_chunks` buffers of whole blocks no
+/// larger than `max_binding`: (blocks per chunk, chunks).
+pub fn kv_chunking(num_blocks: usize, per_block: u64, max_binding: u64, max_chunks: usize) -> Option<(usize, usize)> {
+    let fit = (max_binding / per_block) as usize;
+    if fit == 0 {
+        return None;
+    }
+    let chunks = num_blocks.div_ceil(fit).max(1);
+    // Balance the chunks.
+    let per_chunk = num_blocks.div_ceil(chunks);
+    (chunks <= max_chunks).then_some((per_chunk, chunks))
 }
 
 /// What one step of a stage returns: hidden states for the next stage ([tokens, hidden] f32,
@@ -334,23 +350,31 @@ pub(crate) fn rope_table(theta: f64, head_dim: usize, max_pos: usize, scaling: &
     cs
 }
 
-/// Uniform words of rope_kv.wgsl's RopeParams.
-pub(crate) fn rope_params(heads: usize, kv_heads: usize, head_dim: usize) -> [u32; 4] {
-    [heads as u32, kv_heads as u32, head_dim as u32, ((heads + 2 * kv_heads) * head_dim) as u32]
+/// Uniform words of rope_kv.wgsl's RopeParams; `kv_chunk`: elements per KV-cache buffer.
+pub(crate) fn rope_params(heads: usize, kv_heads: usize, head_dim: usize, kv_chunk: usize) -> [u32; 8] {
+    [
+        heads as u32,
+        kv_heads as u32,
+        head_dim as u32,
+        ((heads + 2 * kv_heads) * head_dim) as u32,
+        kv_chunk as u32,
+        0,
+        0,
+        0,
+    ]
 }
 
 /// Uniform words of attention.wgsl's AttnParams; `window`: attend to the last `window`
-/// positions only (0: all).
+/// positions only (0: all); `kv_chunk`: elements per KV-cache buffer.
 pub(crate) fn attn_params(
-    heads: usize,
-    kv_heads: usize,
-    head_dim: usize,
+    (heads, kv_heads, head_dim): (usize, usize, usize),
     block_size: usize,
     window: usize,
+    kv_chunk: usize,
 ) -> [u32; 8] {
     let scale = 1.0 / (head_dim as f32).sqrt();
     let qkv4 = ((heads + 2 * kv_heads) * head_dim / 4) as u32;
-    [heads as u32, kv_heads as u32, block_size as u32, qkv4, scale.to_bits(), window as u32, 0, 0]
+    [heads as u32, kv_heads as u32, block_size as u32, qkv4, scale.to_bits(), window as u32, (kv_chunk / 4) as u32, 0]
 }
 
 /// Uniform words of head_norm.wgsl's HeadNormParams.
@@ -373,6 +397,22 @@ pub fn kv_blocks(cfg: &ModelConfig, limits: &StepLimits) -> usize {
 /// Threads of one rope_kv dispatch: one per (token, head, pair of rotated elements).
 pub(crate) fn rope_threads(n_tokens: usize, heads: usize, kv_heads: usize, head_dim: usize) -> u32 {
     (n_tokens * (heads + 2 * kv_heads) * head_dim / 4) as u32
+}
+
+/// Bind entries plus a layer's KV-cache chunks: chunk 0 at `first` (K, V), chunk c >= 1 at
+/// KV_K_CHUNK_BINDING + c and KV_V_CHUNK_BINDING + c.
+pub(crate) fn kv_entries<'a>(
+    mut entries: Vec<(u32, &'a wgpu::Buffer)>,
+    first: (u32, u32),
+    k: &'a [wgpu::Buffer],
+    v: &'a [wgpu::Buffer],
+) -> Vec<(u32, &'a wgpu::Buffer)> {
+    for (c, (kb, vb)) in k.iter().zip(v).enumerate() {
+        let c = c as u32;
+        let (ki, vi) = if c == 0 { first } else { (KV_K_CHUNK_BINDING + c, KV_V_CHUNK_BINDING + c) };
+        entries.extend([(ki, kb), (vi, vb)]);
+    }
+    entries
 }
 
 pub(crate) fn div_up(a: u32, b: u32) -> u32 {
@@ -407,7 +447,7 @@ impl Model {
         limits.sliding_window = cfg.sliding_window;
         let mb = limits.max_binding;
         let g = &*gpu;
-        let kernels = Kernels::new(g, &host.formats(), cfg.head_dim as u32, limits.kv_dtype)?;
+
         let (t_max, s_max) = (limits.max_tokens, limits.max_seqs);
         let max_blocks = limits.max_seq_len.div_ceil(limits.block_size);
 
@@ -446,24 +486,38 @@ impl Model {
                 limits.kv_dtype.name()
             );
         }
-        let kv_bytes = num_blocks as u64 * per_block;
-        if kv_bytes > mb {
+        // A layer's cache larger than one storage binding spans several buffers (chunks).
+        let max_chunks = g.kv_chunk_limit();
+        let Some((blocks_per_chunk, kv_chunks)) = kv_chunking(num_blocks, per_block, mb, max_chunks) else {
             // Never shrink the cache behind the user's back.
             bail!(
-                "total_cache_size {} bytes gives each layer a {} KV cache of {kv_bytes} bytes for K (and as much for V), \
-                 above the device's max storage binding of {mb} bytes; lower total_cache_size to at most {} bytes",
+                "total_cache_size {} bytes gives each layer a {} KV cache of {} bytes for K (and as much for V), \
+                 more than {max_chunks} storage bindings of {mb} bytes; lower total_cache_size to at most {} bytes",
                 limits.cache_bytes,
                 limits.kv_dtype.name(),
-                mb / per_block * per_block * 2 * cfg.layers as u64
+                num_blocks as u64 * per_block,
+                (mb / per_block) * max_chunks as u64 * per_block * 2 * cfg.layers as u64
             );
-        }
+        };
         // Sized by the whole model's layer count, so every stage of a pipeline holds as many blocks.
+        let chunk_buffers = |name: &str| -> Vec<wgpu::Buffer> {
+            (0..kv_chunks)
+                .map(|c| {
+                    let blocks = blocks_per_chunk.min(num_blocks - c * blocks_per_chunk);
+                    g.storage(name, blocks as u64 * per_block)
+                })
+                .collect()
+        };
         let kv = KvCache {
-            k: layers.clone().map(|_| g.storage("k_cache", kv_bytes)).collect(),
-            v: layers.clone().map(|_| g.storage("v_cache", kv_bytes)).collect(),
+            k: layers.clone().map(|_| chunk_buffers("k_cache")).collect(),
+            v: layers.clone().map(|_| chunk_buffers("v_cache")).collect(),
             num_blocks,
             block_size: limits.block_size,
+            blocks_per_chunk,
         };
+        let kv_chunk_elems = blocks_per_chunk * limits.block_size * cfg.kv_dim();
+
+        let kernels = Kernels::new(g, &host.formats(), cfg.head_dim as u32, limits.kv_dtype, kv_chunks)?;
 
         // Activation scratch.
         let f = |n: usize| (n * 4) as u64;
@@ -552,13 +606,12 @@ impl Model {
             let v: [u32; 4] = [(cfg.hidden / 4) as u32, cfg.rms_eps.to_bits(), gather as u32, off_sample as u32];
             g.uniform_init("norm_params", bytemuck::cast_slice(&v))
         };
-        let rope_p = uni(&rope_params(cfg.heads, cfg.kv_heads, cfg.head_dim));
+        let rope_p = uni(&rope_params(cfg.heads, cfg.kv_heads, cfg.head_dim, kv_chunk_elems));
         let attn_p = uni(&attn_params(
-            cfg.heads,
-            cfg.kv_heads,
-            cfg.head_dim,
+            (cfg.heads, cfg.kv_heads, cfg.head_dim),
             limits.block_size,
             cfg.sliding_window.unwrap_or(0),
+            kv_chunk_elems,
         ));
         let head_norm_p = uni(&head_norm_params(cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.rms_eps));
         let layer_norm_p = norm_params(false);
@@ -615,15 +668,12 @@ impl Model {
                 bind_u: None,
                 bind: kernels.rope_family.bind(
                     g,
-                    &[
-                        (0, &step_buf),
-                        (1, &rope_p),
-                        (2, &meta_buf),
-                        (3, &cos_sin),
-                        (4, &qkv),
-                        (5, &kv.k[l]),
-                        (6, &kv.v[l]),
-                    ],
+                    &kv_entries(
+                        vec![(0, &step_buf), (1, &rope_p), (2, &meta_buf), (3, &cos_sin), (4, &qkv)],
+                        (5, 6),
+                        &kv.k[l],
+                        &kv.v[l],
+                    ),
                 ),
             });
             ops.push(Op {
@@ -631,15 +681,12 @@ impl Model {
                 bind_u: None,
                 bind: kernels.attn_family.bind(
                     g,
-                    &[
-                        (0, &step_buf),
-                        (1, &attn_p),
-                        (2, &meta_buf),
-                        (3, &qkv),
-                        (4, &kv.k[l]),
-                        (5, &kv.v[l]),
-                        (6, &attn),
-                    ],
+                    &kv_entries(
+                        vec![(0, &step_buf), (1, &attn_p), (2, &meta_buf), (3, &qkv), (6, &attn)],
+                        (4, 5),
+                        &kv.k[l],
+                        &kv.v[l],
+                    ),
                 ),
             });
             matmul_ops(&mut ops, &mut keep, &o_m, &attn, &hidden, (0, cfg.hidden), None, MAT_ACCUMULATE, false, false);

@@ -3,8 +3,8 @@
 
 use super::config::RopeScaling;
 use super::forward::{
-    attn_params, div_up, head_norm_params, rope_params, rope_table, rope_threads, GpuMatrix, MatParams, SampleParams,
-    Sampled, StepHeader, MAT_ACCUMULATE, MAT_BIAS, MAT_SWIGLU_UP,
+    attn_params, div_up, head_norm_params, kv_entries, rope_params, rope_table, rope_threads, GpuMatrix, MatParams,
+    SampleParams, Sampled, StepHeader, MAT_ACCUMULATE, MAT_BIAS, MAT_SWIGLU_UP,
 };
 use super::tensor::QTensor;
 use crate::gpu::kernels::{
@@ -61,8 +61,10 @@ pub struct AttnRig {
     pub block_size: usize,
     /// Sliding attention window (0: none).
     pub window: usize,
-    pub k: wgpu::Buffer,
-    pub v: wgpu::Buffer,
+    /// The cache's chunks (as many as the kernels were built for), `blocks_per_chunk` blocks each.
+    pub k: Vec<wgpu::Buffer>,
+    pub v: Vec<wgpu::Buffer>,
+    pub blocks_per_chunk: usize,
     cos_sin: wgpu::Buffer,
     max_pos: usize,
 }
@@ -74,13 +76,14 @@ impl Harness {
     }
 
     pub fn with_kv(gpu: Arc<Gpu>, head_dim: u32, kv: KvDtype) -> Result<Harness> {
-        let kernels = Kernels::new(&gpu, &crate::gpu::kernels::WFormat::ALL, head_dim, kv)?;
+        let kernels = Kernels::new(&gpu, &crate::gpu::kernels::WFormat::ALL, head_dim, kv, 1)?;
         Ok(Harness { gpu, kernels })
     }
 
-    /// For attention tests and benches: the matmuls of one weight format only (quicker to build).
-    pub fn attention_only(gpu: Arc<Gpu>, head_dim: u32, kv: KvDtype) -> Result<Harness> {
-        let kernels = Kernels::new(&gpu, &[crate::gpu::kernels::WFormat::F32], head_dim, kv)?;
+    /// For attention tests and benches: the matmuls of one weight format only (quicker to build),
+    /// the KV cache of each layer split over `kv_chunks` buffers.
+    pub fn attention_only(gpu: Arc<Gpu>, head_dim: u32, kv: KvDtype, kv_chunks: usize) -> Result<Harness> {
+        let kernels = Kernels::new(&gpu, &[crate::gpu::kernels::WFormat::F32], head_dim, kv, kv_chunks)?;
         Ok(Harness { gpu, kernels })
     }
 
@@ -378,15 +381,19 @@ impl Harness {
         let AttnShape { heads, kv_heads, head_dim, block_size } = shape;
         let g = &*self.gpu;
         let cs = rope_table(theta, head_dim, max_pos, &RopeScaling::None);
-        let bytes = (num_blocks * block_size * kv_heads * head_dim * self.kernels.kv.bytes()) as u64;
+        let per_block = (block_size * kv_heads * head_dim * self.kernels.kv.bytes()) as u64;
+        let chunks = self.kernels.kv_chunks;
+        let blocks_per_chunk = num_blocks.div_ceil(chunks);
+        let bytes = blocks_per_chunk as u64 * per_block;
         AttnRig {
+            blocks_per_chunk,
             heads,
             kv_heads,
             head_dim,
             block_size,
             window: 0,
-            k: g.storage("k", bytes),
-            v: g.storage("v", bytes),
+            k: (0..chunks).map(|_| g.storage("k", bytes)).collect(),
+            v: (0..chunks).map(|_| g.storage("v", bytes)).collect(),
             cos_sin: g.storage_init("cos_sin", bytemuck::cast_slice(&cs)),
             max_pos,
         }
@@ -439,19 +446,28 @@ impl Harness {
         let (step, meta) = self.step_buffers(header, &meta);
         let qkv_b = g.storage_init("qkv", bytemuck::cast_slice(qkv));
         let out = g.storage("out", (n * rig.heads * rig.head_dim * 4) as u64);
-        let rp = g.uniform_init("rope", bytemuck::cast_slice(&rope_params(rig.heads, rig.kv_heads, rig.head_dim)));
+        let chunk = rig.blocks_per_chunk * rig.block_size * rig.kv_heads * rig.head_dim;
+        let rp =
+            g.uniform_init("rope", bytemuck::cast_slice(&rope_params(rig.heads, rig.kv_heads, rig.head_dim, chunk)));
         let ap = g.uniform_init(
             "attn",
-            bytemuck::cast_slice(&attn_params(rig.heads, rig.kv_heads, rig.head_dim, rig.block_size, rig.window)),
+            bytemuck::cast_slice(&attn_params(
+                (rig.heads, rig.kv_heads, rig.head_dim),
+                rig.block_size,
+                rig.window,
+                chunk,
+            )),
         );
         let k = &self.kernels;
-        let rb = k
-            .rope_family
-            .bind(g, &[(0, &step), (1, &rp), (2, &meta), (3, &rig.cos_sin), (4, &qkv_b), (5, &rig.k), (6, &rig.v)]);
+        let rb = k.rope_family.bind(
+            g,
+            &kv_entries(vec![(0, &step), (1, &rp), (2, &meta), (3, &rig.cos_sin), (4, &qkv_b)], (5, 6), &rig.k, &rig.v),
+        );
         let threads = rope_threads(n, rig.heads, rig.kv_heads, rig.head_dim);
-        let ab = k
-            .attn_family
-            .bind(g, &[(0, &step), (1, &ap), (2, &meta), (3, &qkv_b), (4, &rig.k), (5, &rig.v), (6, &out)]);
+        let ab = k.attn_family.bind(
+            g,
+            &kv_entries(vec![(0, &step), (1, &ap), (2, &meta), (3, &qkv_b), (6, &out)], (4, 5), &rig.k, &rig.v),
+        );
         let attention = Call::new(&k.attention, ab, (div_up((n * rig.heads) as u32, 32), 1));
         self.run(&[Call::new(&k.rope_kv, rb, (div_up(threads, 64), 1)), attention.clone()], 1)?;
         let elapsed = if iters > 0 { self.run(&[attention], iters)? } else { Duration::ZERO };
