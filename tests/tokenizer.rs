@@ -700,4 +700,38 @@ fn gguf_unsupported_tensor_type_architecture_and_rope_scaling() {
     );
     let err = HostModel::load(&path, &|_, _| {}).err().expect("longrope").to_string();
     assert!(err.contains("longrope") && err.contains("yarn"), "{err}");
+
+    // The scalings llama.cpp writes as metadata are read as such.
+    use torus_wgpu::model::config::{yarn_mscale, RopeScaling};
+    use torus_wgpu::model::loader::read_config;
+    let f32kv = |b: &mut GgufBuilder, k: &str, v: f32| {
+        b.kv_raw(k, 6, v.to_le_bytes().to_vec());
+    };
+    let path = tmp.write(
+        "linear.gguf",
+        &model("llama", 0, (hidden * vocab * 4) as usize, &|b| {
+            b.kv_str("llama.rope.scaling.type", "linear");
+            f32kv(b, "llama.rope.scaling.factor", 4.0);
+        }),
+    );
+    let cfg = read_config(&path).unwrap();
+    assert_eq!(cfg.rope_scaling, RopeScaling::Linear { factor: 4.0 });
+    let (inv, attn) = cfg.rope_scaling.inv_freq(10000.0, 16);
+    let (plain, _) = RopeScaling::None.inv_freq(10000.0, 16);
+    assert!(inv.iter().zip(&plain).all(|(a, b)| (a * 4.0 - b).abs() < 1e-12) && attn == 1.0);
+    let path = tmp.write(
+        "yarn.gguf",
+        &model("llama", 0, (hidden * vocab * 4) as usize, &|b| {
+            b.kv_str("llama.rope.scaling.type", "yarn");
+            f32kv(b, "llama.rope.scaling.factor", 4.0);
+            f32kv(b, "llama.rope.scaling.original_context_length", 4096.0);
+        }),
+    );
+    match read_config(&path).unwrap().rope_scaling {
+        RopeScaling::Yarn { factor, original_max, attention_factor, .. } => {
+            assert_eq!((factor, original_max), (4.0, 4096.0));
+            assert!((attention_factor - yarn_mscale(4.0, 1.0)).abs() < 1e-12);
+        }
+        other => panic!("expected YaRN, got {other:?}"),
+    }
 }
