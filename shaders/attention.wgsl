@@ -26,9 +26,11 @@ const HD4: u32 = {{HD4}}u;
 {{KV}}
 
 @compute @workgroup_size(32)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let h = gid.x % p.n_heads;
-    let t = gid.x / p.n_heads;
+fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    // The grid may be folded into 2-D (see Gpu::fold): the linear invocation index.
+    let id = gid.x + gid.y * nwg.x * 32u;
+    let h = id % p.n_heads;
+    let t = id / p.n_heads;
     if (t >= step.n_tokens) {
         return;
     }

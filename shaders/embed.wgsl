@@ -14,9 +14,11 @@ struct EmbedParams {
 @group(0) @binding(6) var<storage, read_write> hidden: array<vec4<f32>>;
 
 @compute @workgroup_size(64)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let b = gid.x % p.k_blocks;
-    let t = gid.x / p.k_blocks;
+fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    // The grid may be folded into 2-D (see Gpu::fold): the linear invocation index.
+    let inv = gid.x + gid.y * nwg.x * 64u;
+    let b = inv % p.k_blocks;
+    let t = inv / p.k_blocks;
     if (t >= step.n_tokens) {
         return;
     }

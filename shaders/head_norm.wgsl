@@ -19,10 +19,12 @@ struct HeadNormParams {
 @group(0) @binding(3) var<storage, read_write> qkv: array<f32>;
 
 @compute @workgroup_size(64)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    // The grid may be folded into 2-D (see Gpu::fold): the linear invocation index.
+    let id = gid.x + gid.y * nwg.x * 64u;
     let heads = p.n_heads + p.n_kv_heads;
-    let h = gid.x % heads;
-    let t = gid.x / heads;
+    let h = id % heads;
+    let t = id / heads;
     if (t >= step.n_tokens) {
         return;
     }

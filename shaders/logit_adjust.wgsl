@@ -18,8 +18,13 @@ struct AdjustParams {
 @group(0) @binding(4) var<storage, read_write> logits: array<f32>;
 
 @compute @workgroup_size(64)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let r = wid.x;
+fn main(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+) {
+    // One workgroup per row; the grid may be folded into 2-D (see Gpu::fold).
+    let r = wid.x + wid.y * nwg.x;
     if (r >= step.n_sample) {
         return;
     }

@@ -20,8 +20,13 @@ const WG: u32 = 64u;
 var<workgroup> partial: array<f32, WG>;
 
 @compute @workgroup_size(64)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let r = wid.x;
+fn main(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+) {
+    // One workgroup per row; the grid may be folded into 2-D (see Gpu::fold).
+    let r = wid.x + wid.y * nwg.x;
     let m = select(step.n_tokens, step.n_sample, p.gather == 1u);
     if (r >= m) {
         return;

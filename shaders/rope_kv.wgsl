@@ -25,13 +25,15 @@ struct RopeParams {
 {{KV}}
 
 @compute @workgroup_size(64)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    // The grid may be folded into 2-D (see Gpu::fold): the linear invocation index.
+    let id = gid.x + gid.y * nwg.x * 64u;
     let half = p.head_dim / 2u;
     let quarter = p.head_dim / 4u;
     let heads = p.n_heads + 2u * p.n_kv_heads;
-    let i = 2u * (gid.x % quarter);
-    let h = (gid.x / quarter) % heads;
-    let t = gid.x / (quarter * heads);
+    let i = 2u * (id % quarter);
+    let h = (id / quarter) % heads;
+    let t = id / (quarter * heads);
     if (t >= step.n_tokens) {
         return;
     }

@@ -27,7 +27,11 @@ fn reference(name: &str) -> Value {
 }
 
 fn load(path: &Path) -> (Model, Tokenizer) {
-    let gpu = Arc::new(Gpu::new(None).expect("a wgpu adapter (lavapipe in CI)"));
+    load_on(Gpu::new(None).expect("a wgpu adapter (lavapipe in CI)"), path)
+}
+
+fn load_on(gpu: Gpu, path: &Path) -> (Model, Tokenizer) {
+    let gpu = Arc::new(gpu);
     let cfg = EngineConfig {
         max_num_batched_tokens: 128,
         max_sequence_length: 128,
@@ -46,8 +50,12 @@ fn max_diff(a: &[f32], b: &[f32]) -> f32 {
 /// Every prompt: tokenization, all logits at the last prompt position within 1e-3, and the 20
 /// greedy tokens (the smallest reference margin is above 0.03).
 fn check_model(path: &Path, name: &str) {
+    check_model_on(Gpu::new(None).expect("a wgpu adapter (lavapipe in CI)"), path, name)
+}
+
+fn check_model_on(gpu: Gpu, path: &Path, name: &str) {
     let r = reference(name);
-    let (mut model, tok) = load(path);
+    let (mut model, tok) = load_on(gpu, path);
     for p in r["prompts"].as_array().unwrap() {
         let what = format!("{} {}", path.display(), p["name"].as_str().unwrap());
         let input = ids(&p["input_ids"]);
@@ -126,6 +134,10 @@ fn qwen3_qk_norm() {
     let g = read_config(&dir().join("tiny-qwen3.gguf")).unwrap();
     assert!(g.qk_norm && g.arch == Arch::Qwen3 && g.head_dim == cfg.head_dim);
     check_model(&dir().join("tiny-qwen3.gguf"), "tiny-qwen3");
+    // Every 1-D grid (the head norm's included) folded into 2-D at 2 workgroups per dimension.
+    let mut gpu = Gpu::new(None).unwrap();
+    gpu.max_grid = 2;
+    check_model_on(gpu, &dir().join("tiny-qwen3"), "tiny-qwen3");
 }
 
 /// Config errors name the file and the problem.

@@ -282,8 +282,17 @@ fn rope_and_paged_attention_with_gqa() {
             (KvDtype::F16, 0, 4, &shapes[3]),
             (KvDtype::F16, 5, 2, &shapes[1]),
         ]);
-    for (kv, window, chunks, &(heads, kv_heads, head_dim)) in cases {
-        let h = Harness::attention_only(gpu(), head_dim as u32, kv, chunks).unwrap();
+    // A case again with its grids folded into 2-D at 1 workgroup in x.
+    let cases = cases.map(|c| (c, false)).chain([((KvDtype::F16, 5, 2, &shapes[3]), true)]);
+    for ((kv, window, chunks, &(heads, kv_heads, head_dim)), folded) in cases {
+        let gpu = if folded {
+            let mut g = Gpu::new(None).unwrap();
+            g.max_grid = 1;
+            Arc::new(g)
+        } else {
+            gpu()
+        };
+        let h = Harness::attention_only(gpu, head_dim as u32, kv, chunks).unwrap();
         assert_eq!(h.kernels.kv_chunks, chunks);
         // The cache stores K and V in its element type: the reference rounds them the same way.
         let stored = |v: Vec<f32>| -> Vec<f32> {

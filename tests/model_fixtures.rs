@@ -78,14 +78,17 @@ fn tiny_qwen2_logits_and_greedy_match_reference() {
 }
 
 /// Storage bindings capped at 64 KiB: every weight matrix is split into row chunks and each
-/// layer's KV cache (128 blocks of 2 KiB for K) over 4 buffers, in f32 and f16; logits and
-/// greedy tokens are still the reference's.
+/// layer's KV cache (128 blocks of 2 KiB for K) over 4 buffers, in f32 and f16; and every 1-D
+/// grid folded into 2-D at 3 workgroups per dimension; logits and greedy tokens are still the
+/// reference's.
 #[test]
-fn tiny_qwen2_with_kv_cache_and_weights_split_over_bindings() {
+fn tiny_qwen2_with_buffers_split_and_grids_folded() {
     use torus_wgpu::model::loader::HostModel;
     let reference = json("tiny-qwen2-reference.json");
     let host = HostModel::load(&fixtures().join("tiny-qwen2"), &|_, _| {}).unwrap();
-    let gpu = Arc::new(Gpu::new(None).expect("a wgpu adapter (lavapipe in CI)"));
+    let mut gpu = Gpu::new(None).expect("a wgpu adapter (lavapipe in CI)");
+    gpu.max_grid = 3;
+    let gpu = Arc::new(gpu);
     for kv in [KvDtype::F32, KvDtype::F16] {
         let cfg = EngineConfig {
             max_num_batched_tokens: 32,

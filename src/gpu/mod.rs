@@ -14,6 +14,9 @@ pub struct Gpu {
     pub max_binding: u64,
     /// Device-local memory, where the backend tells it (Vulkan); pipeline splits use it.
     pub memory: Option<u64>,
+    /// Largest workgroup count per grid dimension the dispatches use (the device's
+    /// max_compute_workgroups_per_dimension; tests lower it to exercise folding).
+    pub max_grid: u32,
 }
 
 /// What `torus-wgpu adapters` prints for each adapter.
@@ -144,7 +147,15 @@ impl Gpu {
             ..Default::default()
         }))
         .with_context(|| format!("cannot open a device on adapter '{}'", info.name))?;
-        Ok(Gpu { device, queue, info, max_binding: limits.max_storage_buffer_binding_size, memory })
+        let max_grid = limits.max_compute_workgroups_per_dimension;
+        Ok(Gpu { device, queue, info, max_binding: limits.max_storage_buffer_binding_size, memory, max_grid })
+    }
+
+    /// A 1-D grid of `groups` workgroups folded into 2-D within `max_grid` per dimension
+    /// (kernels rebuild the linear index from num_workgroups and skip the excess).
+    pub fn fold(&self, groups: u32) -> (u32, u32) {
+        let x = groups.clamp(1, self.max_grid.max(1));
+        (x, groups.div_ceil(x).max(1))
     }
 
     /// Most buffers a layer's K (or V) cache may span on this device: the rope and attention

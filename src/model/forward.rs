@@ -911,10 +911,15 @@ impl Model {
         {
             let mut pass = enc.begin_compute_pass(&Default::default());
             let cfg = &self.cfg;
+            // 1-D grids of workgroups, folded within the device's per-dimension limit.
+            let fold = |pipe, groups: u32| {
+                let (x, y) = g.fold(groups);
+                (pipe, x, y)
+            };
             for op in &self.ops {
                 let (pipe, x, y) = match op.kind {
                     OpKind::Embed { format, k_blocks } => {
-                        (&self.kernels.matmul[&format].embed, div_up(n * k_blocks, 64), 1)
+                        fold(&self.kernels.matmul[&format].embed, div_up(n * k_blocks, 64))
                     }
                     OpKind::Matmul { format, rows, x_vec4, sampled, swiglu } => {
                         let m = if sampled { ns } else { n };
@@ -948,28 +953,28 @@ impl Model {
                         if m == 0 {
                             continue;
                         }
-                        (&self.kernels.rmsnorm, m, 1)
+                        fold(&self.kernels.rmsnorm, m)
                     }
                     OpKind::HeadNorm => {
                         let threads = n * (cfg.heads + cfg.kv_heads) as u32;
-                        (&self.kernels.head_norm, div_up(threads, 64), 1)
+                        fold(&self.kernels.head_norm, div_up(threads, 64))
                     }
                     OpKind::RopeKv => {
                         let threads = rope_threads(n as usize, cfg.heads, cfg.kv_heads, cfg.head_dim);
-                        (&self.kernels.rope_kv, div_up(threads, 64), 1)
+                        fold(&self.kernels.rope_kv, div_up(threads, 64))
                     }
-                    OpKind::Attention => (&self.kernels.attention, div_up(n * cfg.heads as u32, 32), 1),
+                    OpKind::Attention => fold(&self.kernels.attention, div_up(n * cfg.heads as u32, 32)),
                     OpKind::LogitAdjust => {
                         if ns == 0 || !any_adjust {
                             continue;
                         }
-                        (&self.kernels.logit_adjust, ns, 1)
+                        fold(&self.kernels.logit_adjust, ns)
                     }
                     OpKind::Sample => {
                         if ns == 0 {
                             continue;
                         }
-                        (&self.kernels.sample, ns, 1)
+                        fold(&self.kernels.sample, ns)
                     }
                 };
                 pass.set_pipeline(pipe);

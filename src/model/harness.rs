@@ -94,8 +94,9 @@ impl Harness {
         )
     }
 
-    fn dispatch(&self, pipe: &wgpu::ComputePipeline, bind: &wgpu::BindGroup, x: u32, y: u32) -> Result<()> {
-        self.run(&[Call::new(pipe, bind.clone(), (x, y))], 1).map(|_| ())
+    /// One dispatch of a 1-D grid of `groups` workgroups, folded as the forward step folds it.
+    fn dispatch(&self, pipe: &wgpu::ComputePipeline, bind: &wgpu::BindGroup, groups: u32) -> Result<()> {
+        self.run(&[Call::new(pipe, bind.clone(), self.gpu.fold(groups))], 1).map(|_| ())
     }
 
     fn header(n_tokens: usize, n_sample: usize) -> StepHeader {
@@ -281,7 +282,7 @@ impl Harness {
                 .kernels
                 .matmul_family
                 .bind(g, &[(0, &step), (1, &pb), (2, &meta), (3, &c.q), (4, &c.s), (5, &dummy), (6, &out)]);
-            self.dispatch(&self.kernels.matmul[&table.format].embed, &bind, div_up(tokens.len() as u32 * kb, 64), 1)?;
+            self.dispatch(&self.kernels.matmul[&table.format].embed, &bind, div_up(tokens.len() as u32 * kb, 64))?;
         }
         g.download_f32(&out, tokens.len() * table.cols)
     }
@@ -299,7 +300,7 @@ impl Harness {
         let wb = g.storage_init("w", bytemuck::cast_slice(weight));
         let yb = g.storage("y", (rows * dim * 4) as u64);
         let bind = self.kernels.norm_family.bind(g, &[(0, &step), (1, &pb), (2, &xb), (3, &wb), (4, &meta), (5, &yb)]);
-        self.dispatch(&self.kernels.rmsnorm, &bind, rows as u32, 1)?;
+        self.dispatch(&self.kernels.rmsnorm, &bind, rows as u32)?;
         g.download_f32(&yb, rows * dim)
     }
 
@@ -328,8 +329,8 @@ impl Harness {
         let adj = self.kernels.sample_family.bind(g, &[(0, &step), (1, &pb), (2, &meta), (3, &ab), (4, &lb)]);
         let bind = self.kernels.sample_family.bind(g, &[(0, &step), (1, &pb), (2, &meta), (3, &lb), (4, &rb)]);
         let calls = [
-            Call::new(&self.kernels.logit_adjust, adj, (rows as u32, 1)),
-            Call::new(&self.kernels.sample, bind, (rows as u32, 1)),
+            Call::new(&self.kernels.logit_adjust, adj, self.gpu.fold(rows as u32)),
+            Call::new(&self.kernels.sample, bind, self.gpu.fold(rows as u32)),
         ];
         if iters > 1 {
             // Timing: the sampler alone (penalties would compound over repetitions).
@@ -372,7 +373,7 @@ impl Harness {
         let wb = g.storage_init("w", bytemuck::cast_slice(weight));
         let qb = g.storage_init("qkv", bytemuck::cast_slice(qkv));
         let bind = self.kernels.head_norm_family.bind(g, &[(0, &step), (1, &pb), (2, &wb), (3, &qb)]);
-        self.dispatch(&self.kernels.head_norm, &bind, div_up((n * (heads + kv_heads)) as u32, 64), 1)?;
+        self.dispatch(&self.kernels.head_norm, &bind, div_up((n * (heads + kv_heads)) as u32, 64))?;
         g.download_f32(&qb, qkv.len())
     }
 
@@ -468,8 +469,8 @@ impl Harness {
             g,
             &kv_entries(vec![(0, &step), (1, &ap), (2, &meta), (3, &qkv_b), (6, &out)], (4, 5), &rig.k, &rig.v),
         );
-        let attention = Call::new(&k.attention, ab, (div_up((n * rig.heads) as u32, 32), 1));
-        self.run(&[Call::new(&k.rope_kv, rb, (div_up(threads, 64), 1)), attention.clone()], 1)?;
+        let attention = Call::new(&k.attention, ab, g.fold(div_up((n * rig.heads) as u32, 32)));
+        self.run(&[Call::new(&k.rope_kv, rb, g.fold(div_up(threads, 64))), attention.clone()], 1)?;
         let elapsed = if iters > 0 { self.run(&[attention], iters)? } else { Duration::ZERO };
         Ok(((g.download_f32(&qkv_b, n * qkv_dim)?, g.download_f32(&out, n * rig.heads * rig.head_dim)?), elapsed))
     }
