@@ -219,3 +219,24 @@ fn smollm2_logits_and_greedy_match_reference() {
         assert!((l[0][*id as usize] - want).abs() < SMOLLM2_TOL, "top-20 id {id}");
     }
 }
+
+/// The memory plan: what the model allocates, checked against the device's memory before
+/// anything is allocated; a model that does not fit fails naming what to lower.
+#[test]
+fn memory_plan_is_reported_and_checked() {
+    use torus_wgpu::model::loader::HostModel;
+    let host = HostModel::load(&fixtures().join("tiny-qwen2"), &|_, _| {}).unwrap();
+    let cfg = EngineConfig { total_cache_size: 4 << 20, kv_cache_dtype: KvDtype::F16, ..Default::default() };
+    let limits = torus_wgpu::pipeline::step_limits(&cfg, &host.cfg);
+    let model = Model::new(Arc::new(Gpu::new(None).unwrap()), &host, limits).unwrap();
+    let plan = model.plan;
+    // tiny-qwen2: 2 layers x 32 KV values per token, f16: 4 MiB hold 4 MiB of K and V.
+    assert_eq!(plan.kv_cache, (model.kv.num_blocks * 16 * 32 * 2 * 2 * 2) as u64);
+    assert!(plan.kv_cache <= 4 << 20 && plan.kv_cache > (4 << 20) - 4096);
+    let weights: usize = host.layers.iter().map(|l| l.q.bytes() + l.k.bytes() + l.v.bytes()).sum();
+    assert!(plan.weights > weights as u64 && plan.scratch > 0);
+    let mut small = Gpu::new(None).unwrap();
+    small.memory_limit = Some(plan.total() - 1);
+    let err = Model::new(Arc::new(small), &host, limits).err().expect("must not fit").to_string();
+    assert!(err.contains("does not fit") && err.contains("total_cache_size") && err.contains("KV cache"), "{err}");
+}

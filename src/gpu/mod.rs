@@ -14,6 +14,10 @@ pub struct Gpu {
     pub max_binding: u64,
     /// Device-local memory, where the backend tells it (Vulkan); pipeline splits use it.
     pub memory: Option<u64>,
+    /// Memory the model's allocations are checked against before loading: the device-local
+    /// memory of a GPU; None for CPU adapters (llvmpipe's reported heap is host memory it does
+    /// not bound) and where unknown.
+    pub memory_limit: Option<u64>,
     /// Largest workgroup count per grid dimension the dispatches use (the device's
     /// max_compute_workgroups_per_dimension; tests lower it to exercise folding).
     pub max_grid: u32,
@@ -148,7 +152,16 @@ impl Gpu {
         }))
         .with_context(|| format!("cannot open a device on adapter '{}'", info.name))?;
         let max_grid = limits.max_compute_workgroups_per_dimension;
-        Ok(Gpu { device, queue, info, max_binding: limits.max_storage_buffer_binding_size, memory, max_grid })
+        let memory_limit = memory.filter(|_| info.device_type != wgpu::DeviceType::Cpu);
+        Ok(Gpu {
+            device,
+            queue,
+            info,
+            max_binding: limits.max_storage_buffer_binding_size,
+            memory,
+            memory_limit,
+            max_grid,
+        })
     }
 
     /// A 1-D grid of `groups` workgroups folded into 2-D within `max_grid` per dimension

@@ -239,6 +239,35 @@ pub struct KvCache {
     pub blocks_per_chunk: usize,
 }
 
+/// What a model (or stage) allocates on its device, in bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemoryPlan {
+    pub weights: u64,
+    pub kv_cache: u64,
+    /// Activations, logits, RoPE table, step metadata and logit adjustments.
+    pub scratch: u64,
+}
+
+impl MemoryPlan {
+    pub fn total(&self) -> u64 {
+        self.weights + self.kv_cache + self.scratch
+    }
+}
+
+impl std::fmt::Display for MemoryPlan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+        write!(
+            f,
+            "weights {:.1} MiB + KV cache {:.1} MiB + scratch {:.1} MiB = {:.1} MiB",
+            mib(self.weights),
+            mib(self.kv_cache),
+            mib(self.scratch),
+            mib(self.total())
+        )
+    }
+}
+
 /// Splits a layer's `num_blocks` KV blocks into at most `max_chunks` buffers of whole blocks no
 /// larger than `max_binding`: (blocks per chunk, chunks).
 pub fn kv_chunking(num_blocks: usize, per_block: u64, max_binding: u64, max_chunks: usize) -> Option<(usize, usize)> {
@@ -269,6 +298,8 @@ pub struct Model {
     pub layers: std::ops::Range<usize>,
     /// KV cache of this stage's layers only.
     pub kv: KvCache,
+    /// What this model (or stage) allocated on its device.
+    pub plan: MemoryPlan,
     kernels: Kernels,
     ops: Vec<Op>,
     step_buf: wgpu::Buffer,
@@ -500,6 +531,42 @@ impl Model {
             );
         };
         // Sized by the whole model's layer count, so every stage of a pipeline holds as many blocks.
+        // The memory plan, checked against the device's memory before anything is allocated.
+        let f = |n: usize| (n * 4) as u64;
+        let s_last = if last { s_max } else { 1 };
+        let stage_layers = host.layer_slice(&layers);
+        let weights: u64 = stage_layers
+            .iter()
+            .map(|l| {
+                let m = [&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down].iter().map(|t| t.bytes() as u64).sum::<u64>();
+                m + f(l.attn_norm.len() + l.ffn_norm.len())
+                    + l.qkv_bias.as_ref().map_or(0, |b| f(b.len()))
+                    + l.qk_norm.as_ref().map_or(0, |b| f(b.len()))
+            })
+            .sum::<u64>()
+            + host.embed.as_ref().filter(|_| first || (last && host.tied)).map_or(0, |e| e.bytes() as u64)
+            + host.lm_head.as_ref().filter(|_| last && !host.tied).map_or(0, |e| e.bytes() as u64)
+            + f(host.final_norm.len());
+        let plan = MemoryPlan {
+            weights,
+            kv_cache: num_blocks as u64 * per_block * 2 * layers.len() as u64,
+            scratch: f(t_max * (2 * cfg.hidden + cfg.qkv_dim() + cfg.q_dim() + cfg.intermediate))
+                + f(s_last * (cfg.vocab + cfg.hidden + SAMPLE_RESULT_STRIDE))
+                + f(limits.max_seq_len * cfg.head_dim)
+                + f(meta_len)
+                + if last { (adjust_cap * 16) as u64 } else { 0 },
+        };
+        if let Some(mem) = g.memory_limit.filter(|&m| plan.total() > m) {
+            let mib = |b: u64| b >> 20;
+            bail!(
+                "the model does not fit on {}: it needs {plan}, the device has {} MiB; lower total_cache_size \
+                 (the KV cache, now {} MiB) or max_num_batched_tokens / max_decode_batch_size (the scratch), use a \
+                 smaller quantization, or split the layers over pipeline stages",
+                g.describe(),
+                mib(mem),
+                mib(plan.kv_cache)
+            );
+        }
         let chunk_buffers = |name: &str| -> Vec<wgpu::Buffer> {
             (0..kv_chunks)
                 .map(|c| {
@@ -520,14 +587,12 @@ impl Model {
         let kernels = Kernels::new(g, &host.formats(), cfg.head_dim as u32, limits.kv_dtype, kv_chunks)?;
 
         // Activation scratch.
-        let f = |n: usize| (n * 4) as u64;
         let hidden = g.storage("hidden", f(t_max * cfg.hidden));
         let normed = g.activation("normed", f(t_max * cfg.hidden));
         let qkv = g.storage("qkv", f(t_max * cfg.qkv_dim()));
         let attn = g.activation("attn", f(t_max * cfg.q_dim()));
         let act = g.activation("act", f(t_max * cfg.intermediate));
         // Logits and sampler results only on the last stage; hidden states leave the others.
-        let s_last = if last { s_max } else { 1 };
         let final_normed = g.activation("final_normed", f(s_last * cfg.hidden));
         let logits = g.storage("logits", f(s_last * cfg.vocab));
         let result_bytes = (s_last * SAMPLE_RESULT_STRIDE * 4) as u64;
@@ -770,6 +835,7 @@ impl Model {
             limits,
             layers,
             kv,
+            plan,
             kernels,
             ops,
             step_buf,

@@ -327,7 +327,7 @@ impl Executor {
 
     pub fn describe(&self) -> String {
         match self {
-            Executor::Single { model, .. } => model.gpu.describe(),
+            Executor::Single { model, .. } => format!("{} (memory: {})", model.gpu.describe(), model.plan),
             Executor::Pipeline(p) => p.describe(),
         }
     }
