@@ -464,7 +464,7 @@ impl Family {
             module: &module,
             entry_point: Some(entry),
             compilation_options: Default::default(),
-            cache: None,
+            cache: gpu.pipeline_cache.as_ref(),
         }))
     }
 

@@ -18,6 +18,10 @@ pub struct Gpu {
     /// memory of a GPU; None for CPU adapters (llvmpipe's reported heap is host memory it does
     /// not bound) and where unknown.
     pub memory_limit: Option<u64>,
+    /// The driver's pipeline cache, kept on disk (see `pipeline_cache_path`), where the adapter
+    /// supports it: a restart skips shader compilation.
+    pub pipeline_cache: Option<wgpu::PipelineCache>,
+    pipeline_cache_path: Option<std::path::PathBuf>,
     /// Largest workgroup count per grid dimension the dispatches use (the device's
     /// max_compute_workgroups_per_dimension; tests lower it to exercise folding).
     pub max_grid: u32,
@@ -30,6 +34,22 @@ pub struct AdapterReport {
     pub features: wgpu::Features,
     pub limits: wgpu::Limits,
     pub memory: Option<u64>,
+}
+
+/// Where the pipeline cache of this adapter lives: `$TORUS_PIPELINE_CACHE_DIR` (`off` disables
+/// it), else `$XDG_CACHE_HOME/torus-wgpu/pipelines` or `~/.cache/torus-wgpu/pipelines`, one file
+/// per wgpu cache key (backend, vendor and device).
+fn pipeline_cache_path(info: &wgpu::AdapterInfo) -> Option<std::path::PathBuf> {
+    let key = wgpu::util::pipeline_cache_key(info)?;
+    let dir = match std::env::var_os("TORUS_PIPELINE_CACHE_DIR") {
+        Some(d) if d == "off" => return None,
+        Some(d) => std::path::PathBuf::from(d),
+        None => std::env::var_os("XDG_CACHE_HOME")
+            .map(std::path::PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".cache")))?
+            .join("torus-wgpu/pipelines"),
+    };
+    Some(dir.join(format!("{key}.bin")))
 }
 
 /// The largest device-local memory heap of a Vulkan adapter (wgpu itself does not report
@@ -144,14 +164,30 @@ impl Gpu {
         limits.max_compute_invocations_per_workgroup = al.max_compute_invocations_per_workgroup.min(256);
         limits.max_compute_workgroup_size_x = al.max_compute_workgroup_size_x.min(256);
         limits.max_compute_workgroup_storage_size = al.max_compute_workgroup_storage_size;
+        let cache_path =
+            pipeline_cache_path(&info).filter(|_| adapter.features().contains(wgpu::Features::PIPELINE_CACHE));
+        let features = if cache_path.is_some() { wgpu::Features::PIPELINE_CACHE } else { wgpu::Features::empty() };
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("torus-wgpu"),
-            required_features: wgpu::Features::empty(),
+            required_features: features,
             required_limits: limits.clone(),
             ..Default::default()
         }))
         .with_context(|| format!("cannot open a device on adapter '{}'", info.name))?;
         let max_grid = limits.max_compute_workgroups_per_dimension;
+        let pipeline_cache = cache_path.as_ref().map(|p| {
+            let data = std::fs::read(p).ok();
+            // SAFETY: the data was written by `save_pipeline_cache` from `PipelineCache::get_data`
+            // for an adapter with the same cache key (the file name); wgpu checks its header and,
+            // with `fallback`, starts an empty cache when the data does not fit this device.
+            unsafe {
+                device.create_pipeline_cache(&wgpu::PipelineCacheDescriptor {
+                    label: Some("torus-wgpu"),
+                    data: data.as_deref(),
+                    fallback: true,
+                })
+            }
+        });
         let memory_limit = memory.filter(|_| info.device_type != wgpu::DeviceType::Cpu);
         Ok(Gpu {
             device,
@@ -160,8 +196,24 @@ impl Gpu {
             max_binding: limits.max_storage_buffer_binding_size,
             memory,
             memory_limit,
+            pipeline_cache,
+            pipeline_cache_path: cache_path,
             max_grid,
         })
+    }
+
+    /// Writes the pipeline cache to disk (atomically), when there is one; errors are ignored
+    /// (the cache only saves time).
+    pub fn save_pipeline_cache(&self) {
+        let (Some(cache), Some(path)) = (&self.pipeline_cache, &self.pipeline_cache_path) else { return };
+        let Some(data) = cache.get_data() else { return };
+        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+        let ok = path.parent().is_some_and(|d| std::fs::create_dir_all(d).is_ok())
+            && std::fs::write(&tmp, &data).is_ok()
+            && std::fs::rename(&tmp, path).is_ok();
+        if !ok {
+            let _ = std::fs::remove_file(&tmp);
+        }
     }
 
     /// A 1-D grid of `groups` workgroups folded into 2-D within `max_grid` per dimension

@@ -1101,6 +1101,8 @@ impl Model {
             };
             self.run(&step, hidden.as_deref())?;
         }
+        // Every pipeline is compiled now: keep the driver's cache for the next start.
+        self.gpu.save_pipeline_cache();
         Ok(())
     }
 
