@@ -169,13 +169,7 @@ fn tiny_qwen2_chunked_prefill_matches() {
 }
 
 fn smollm2_path() -> Option<PathBuf> {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    if p.exists() {
-        Some(p)
-    } else {
-        eprintln!("SKIPPED: {} is missing (run scripts/fetch-model.sh)", p.display());
-        None
-    }
+    common::smollm2()
 }
 
 /// Absolute tolerance on SmolLM2 logits (reference: the same Q4_1/Q8_0 weights dequantized to
