@@ -168,10 +168,6 @@ fn tiny_qwen2_chunked_prefill_matches() {
     }
 }
 
-fn smollm2_path() -> Option<PathBuf> {
-    common::smollm2()
-}
-
 /// Absolute tolerance on SmolLM2 logits (reference: the same Q4_1/Q8_0 weights dequantized to
 /// f32 in PyTorch). Greedy tokens are compared until the first step whose reference top-1/top-2
 /// margin is below it.
@@ -179,7 +175,7 @@ const SMOLLM2_TOL: f32 = 1e-3;
 
 #[test]
 fn smollm2_logits_and_greedy_match_reference() {
-    let Some(path) = smollm2_path() else { return };
+    let path = common::smollm2();
     let reference = json("smollm2-reference.json");
     let (mut model, tok) = load(&path, 128);
     let mut worst = 0f32;

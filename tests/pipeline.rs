@@ -127,10 +127,10 @@ fn check_pipeline(path: &Path, p: &mut Pipeline, want: &[(Vec<u32>, Vec<Vec<f32>
 
 #[test]
 fn in_process_stages_match_single_device() {
-    let mut cases = vec![(tiny(), vec![vec![(0, 1), (1, 2)]])];
-    if let Some(s) = smollm2() {
-        cases.push((s, vec![vec![(0, 13), (13, 30)], vec![(0, 10), (10, 20), (20, 30)]]));
-    }
+    let cases = vec![
+        (tiny(), vec![vec![(0, 1), (1, 2)]]),
+        (smollm2(), vec![vec![(0, 13), (13, 30)], vec![(0, 10), (10, 20), (20, 30)]]),
+    ];
     for (path, splits) in cases {
         let cfg = base_cfg(&path);
         let want = single_reference(&path, &cfg, 6);
@@ -172,13 +172,12 @@ fn split_without_ranges_is_even_and_covers_every_layer() {
     assert!(e.contains("layers 0..1 were not loaded"), "{e}");
     let e = HostModel::load_layers(&tiny(), Some(1..3), &|_, _| {}).err().unwrap().to_string();
     assert!(e.contains("outside the model's 2 layers"), "{e}");
-    if let Some(s) = smollm2() {
-        // A middle stage reads neither the embedding nor the output projection.
-        let mid = HostModel::load_layers(&s, Some(10..20), &|_, _| {}).unwrap();
-        assert!(mid.embed.is_none() && mid.lm_head().is_none() && mid.layers.len() == 10);
-        let last = HostModel::load_layers(&s, Some(20..30), &|_, _| {}).unwrap();
-        assert!(last.tied && last.lm_head().is_some());
-    }
+    // A middle stage reads neither the embedding nor the output projection.
+    let s = smollm2();
+    let mid = HostModel::load_layers(&s, Some(10..20), &|_, _| {}).unwrap();
+    assert!(mid.embed.is_none() && mid.lm_head().is_none() && mid.layers.len() == 10);
+    let last = HostModel::load_layers(&s, Some(20..30), &|_, _| {}).unwrap();
+    assert!(last.tied && last.lm_head().is_some());
 }
 
 fn build_err(cfg: &EngineConfig) -> String {
@@ -298,10 +297,10 @@ fn single_engine_outputs(path: &Path, cfg: &EngineConfig, reqs: &[Request]) -> V
 
 #[test]
 fn engine_over_in_process_pipeline_matches_single_device() {
-    let mut cases = vec![(tiny(), vec![(0, 1, None), (1, 2, None)], 24)];
-    if let Some(s) = smollm2() {
-        cases.push((s, vec![(0, 10, None), (10, 20, None), (20, 30, None)], 12));
-    }
+    let cases = vec![
+        (tiny(), vec![(0, 1, None), (1, 2, None)], 24),
+        (smollm2(), vec![(0, 10, None), (10, 20, None), (20, 30, None)], 12),
+    ];
     for (path, stages, n) in cases {
         let cfg = base_cfg(&path);
         let reqs: Vec<Request> = engine_prompts(&path).iter().map(|p| greedy_req(p, n)).collect();
@@ -456,7 +455,7 @@ fn worker_processes_match_single_device() {
     check_pipeline(&path, &mut p, &want, 6);
     drop((p, w0, w1));
 
-    let Some(path) = smollm2() else { return };
+    let path = smollm2();
     let cfg = base_cfg(&path);
     let want = single_reference(&path, &cfg, 6);
     let (a, b) = (free_addr(), free_addr());

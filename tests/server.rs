@@ -833,7 +833,7 @@ fn raw_request(addr: std::net::SocketAddr, path: &str, body: &str) -> (std::net:
 /// full queue, on one server with prefill in small chunks.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn smollm2_answers_disconnects_abort_and_queue_limit() {
-    let Some(path) = smollm2() else { return };
+    let path = smollm2();
     let cfg = EngineConfig {
         max_num_batched_tokens: 16,
         max_sequence_length: 1024,

@@ -40,17 +40,12 @@ fn messages_of(v: &Value) -> Vec<ChatMessage> {
 }
 
 /// The default GGUF model and its tokenizer, or None (with a notice) when the file is absent.
-fn smollm2() -> Option<(GgufFile, Tokenizer)> {
+fn smollm2() -> (GgufFile, Tokenizer) {
     let path = model_path();
-    if !path.exists() {
-        // CI's set-up fetches the model: there a missing file is a failure, not a skip.
-        assert!(std::env::var_os("CI").is_none(), "{} is missing (scripts/setup.sh fetches it)", path.display());
-        eprintln!("SKIP: {} not found (fetch the default model first)", path.display());
-        return None;
-    }
+    assert!(path.exists(), "{} is missing: run scripts/setup.sh (or scripts/fetch-model.sh)", path.display());
     let g = GgufFile::open(&path).expect("open GGUF");
     let tok = Tokenizer::from_gguf(&g).expect("tokenizer from GGUF");
-    Some((g, tok))
+    (g, tok)
 }
 
 fn smollm2_reference() -> Value {
@@ -67,7 +62,7 @@ fn tokenizer_is_send_sync() {
 
 #[test]
 fn smollm2_prompts_match_reference() {
-    let Some((_g, tok)) = smollm2() else { return };
+    let (_g, tok) = smollm2();
     let reference = smollm2_reference();
     let prompts = reference["prompts"].as_array().expect("prompts");
     assert!(!prompts.is_empty());
@@ -93,7 +88,7 @@ fn smollm2_prompts_match_reference() {
 
 #[test]
 fn smollm2_edge_cases_match_reference() {
-    let Some((_g, tok)) = smollm2() else { return };
+    let (_g, tok) = smollm2();
     let reference = smollm2_reference();
     let cases = reference["tokenizer_edge_cases"].as_array().expect("edge cases");
     assert!(cases.len() >= 5);
@@ -109,7 +104,7 @@ fn smollm2_edge_cases_match_reference() {
 
 #[test]
 fn smollm2_special_tokens_and_ids() {
-    let Some((_g, tok)) = smollm2() else { return };
+    let (_g, tok) = smollm2();
     assert_eq!(tok.vocab_size(), 49152);
     assert_eq!(tok.eos_token_ids(), &[2]);
     assert!(tok.is_eos(2) && !tok.is_eos(1));
@@ -129,7 +124,7 @@ fn smollm2_special_tokens_and_ids() {
 
 #[test]
 fn smollm2_gguf_metadata_and_tensors() {
-    let Some((g, _tok)) = smollm2() else { return };
+    let (g, _tok) = smollm2();
     assert_eq!(g.version, 3);
     assert_eq!(g.architecture().unwrap(), "llama");
     assert_eq!(g.tensors.len(), 272);
@@ -214,7 +209,7 @@ fn tiny_qwen2_matches_reference() {
 
 #[test]
 fn incremental_decoder_holds_back_partial_utf8() {
-    let Some((_g, tok)) = smollm2() else { return };
+    let (_g, tok) = smollm2();
     let reference = smollm2_reference();
     let case = reference["tokenizer_edge_cases"]
         .as_array()
@@ -251,7 +246,7 @@ fn incremental_decoder_holds_back_partial_utf8() {
 
 #[test]
 fn incremental_decoder_matches_full_decode_on_chat_prompts() {
-    let Some((_g, tok)) = smollm2() else { return };
+    let (_g, tok) = smollm2();
     let reference = smollm2_reference();
     for p in reference["prompts"].as_array().unwrap() {
         let ids = ids_of(&p["input_ids"]);

@@ -15,23 +15,12 @@ pub fn tiny() -> PathBuf {
     fixtures().join("tiny-qwen2")
 }
 
-/// The default model, when scripts/fetch-model.sh has fetched it (None, with a note, otherwise).
-/// In CI (`CI` set) a missing model fails the test instead: CI's set-up fetches it.
-pub fn smollm2() -> Option<PathBuf> {
+/// The default model (scripts/setup.sh fetches it; a missing file fails the test).
+pub fn smollm2() -> PathBuf {
     let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    present_or_skip(p)
+    assert!(p.exists(), "{} is missing: run scripts/setup.sh (or scripts/fetch-model.sh)", p.display());
+    p
 }
-
-/// `p` if it exists; else None with a note, or a panic when `CI` is set.
-pub fn present_or_skip(p: PathBuf) -> Option<PathBuf> {
-    if p.exists() {
-        return Some(p);
-    }
-    assert!(std::env::var_os("CI").is_none(), "{} is missing (scripts/setup.sh fetches it)", p.display());
-    eprintln!("SKIPPED: {} missing (scripts/fetch-model.sh)", p.display());
-    None
-}
-
 /// Starts `cmd` with stderr piped and waits (up to `limit`) for a stderr line containing
 /// `ready`. Every line is echoed (prefixed with `tag`) and also sent on the returned receiver;
 /// the lines up to the ready one are returned.
