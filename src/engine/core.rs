@@ -539,10 +539,10 @@ impl EngineCore {
             // to positions >= computed + 1 - window only; whole blocks before that are freed
             // (they stay in the prefix cache while unreferenced).
             if let Some(w) = self.cfg.sliding_window {
-                let gone = (s.computed + 1).saturating_sub(w) / bs;
-                while s.released < gone.min(s.table.len()) {
-                    self.bm.release(&s.table[s.released..s.released + 1]);
-                    s.released += 1;
+                let gone = ((s.computed + 1).saturating_sub(w) / bs).min(s.table.len());
+                if gone > s.released {
+                    self.bm.release(&s.table[s.released..gone]);
+                    s.released = gone;
                 }
             }
         }

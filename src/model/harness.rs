@@ -152,14 +152,11 @@ impl Harness {
         uniform_x: bool,
         max_binding: u64,
     ) -> Result<Vec<f32>> {
-        let g = &*self.gpu;
-        let xb = self.x_buffer(x);
-        let yb = g.storage("y", (m * gate.rows * 4) as u64);
-        let bb = g.storage_init("bias", bytemuck::cast_slice(&[0f32]));
+        let (xb, yb, bb) = self.matmul_buffers(x, m * gate.rows);
         let mut calls = self.matmul_calls(gate, None, &xb, m, &bb, 0, &yb, tile, uniform_x, max_binding)?;
         calls.extend(self.matmul_calls(up, None, &xb, m, &bb, MAT_SWIGLU_UP, &yb, tile, uniform_x, max_binding)?);
         self.run(&calls, 1)?;
-        g.download_f32(&yb, m * gate.rows)
+        self.gpu.download_f32(&yb, m * gate.rows)
     }
 
     /// Wall time of `iters` repetitions of a matmul (weights uploaded once; one submit).
@@ -171,10 +168,7 @@ impl Harness {
         uniform_x: bool,
         iters: u64,
     ) -> Result<Duration> {
-        let g = &*self.gpu;
-        let xb = self.x_buffer(&vec![0.5f32; m * w.cols]);
-        let yb = g.storage("y", (m * w.rows * 4) as u64);
-        let bb = g.storage_init("bias", bytemuck::cast_slice(&[0f32]));
+        let (xb, yb, bb) = self.matmul_buffers(&vec![0.5f32; m * w.cols], m * w.rows);
         let tile = crate::gpu::kernels::tile_for_rows(m as u32);
         let calls = self.matmul_calls(w, up, &xb, m, &bb, 0, &yb, tile, uniform_x, self.gpu.max_binding)?;
         self.run(&calls, iters)
@@ -184,6 +178,12 @@ impl Harness {
         let xb = self.gpu.activation("x", (x.len() * 4) as u64);
         self.gpu.queue.write_buffer(&xb, 0, bytemuck::cast_slice(x));
         xb
+    }
+
+    /// x, a zeroed y of `y_len` floats and a placeholder bias, for a matmul without bias.
+    fn matmul_buffers(&self, x: &[f32], y_len: usize) -> (wgpu::Buffer, wgpu::Buffer, wgpu::Buffer) {
+        let g = &*self.gpu;
+        (self.x_buffer(x), g.storage("y", (y_len * 4) as u64), g.storage_init("bias", bytemuck::cast_slice(&[0f32])))
     }
 
     /// The dispatches of y (flags: MAT_*) = x W^T, m rows, as the forward step records them.
