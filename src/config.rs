@@ -4,7 +4,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
-pub use crate::gpu::kernels::KvDtype;
+pub use crate::gpu::kernels::{KernelProfile, KvDtype};
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
@@ -22,6 +22,8 @@ pub struct EngineConfig {
     pub block_size: usize,
     /// Element type of the KV cache: f16 (default, half the memory) or f32.
     pub kv_cache_dtype: KvDtype,
+    /// Kernel shapes: auto (by device type), cpu (software Vulkan) or gpu.
+    pub kernel_profile: KernelProfile,
     pub temperature: f32,
     pub top_p: f32,
     pub top_k: u32,
@@ -67,6 +69,7 @@ impl Default for EngineConfig {
             total_cache_size: 256 << 20,
             block_size: 16,
             kv_cache_dtype: KvDtype::F16,
+            kernel_profile: KernelProfile::Auto,
             temperature: 0.0,
             top_p: 1.0,
             top_k: 0,
@@ -192,6 +195,9 @@ pub struct EngineArgs {
     /// KV-cache element type: f16 (default) or f32.
     #[arg(long)]
     pub kv_cache_dtype: Option<KvDtype>,
+    /// Kernel shapes: auto (cpu on software adapters, gpu elsewhere), cpu or gpu.
+    #[arg(long)]
+    pub kernel_profile: Option<KernelProfile>,
     #[arg(long)]
     pub enable_prefix_cache: Option<bool>,
     /// Default temperature for requests that give none.
@@ -241,6 +247,7 @@ impl EngineArgs {
         c.total_cache_size = self.total_cache_size.unwrap_or(c.total_cache_size);
         c.block_size = self.block_size.unwrap_or(c.block_size);
         c.kv_cache_dtype = self.kv_cache_dtype.unwrap_or(c.kv_cache_dtype);
+        c.kernel_profile = self.kernel_profile.unwrap_or(c.kernel_profile);
         c.enable_prefix_cache = self.enable_prefix_cache.unwrap_or(c.enable_prefix_cache);
         c.temperature = self.temperature.unwrap_or(c.temperature);
         c.top_p = self.top_p.unwrap_or(c.top_p);

@@ -174,6 +174,49 @@ impl std::str::FromStr for KvDtype {
     }
 }
 
+/// Which kernel shapes a model runs: `cpu` (llvmpipe, SwiftShader: one invocation per output,
+/// no workgroup memory) or `gpu` (integrated and discrete GPUs: coalesced weight reads,
+/// workgroup reductions, split-key attention). `auto` picks by the adapter's device type.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KernelProfile {
+    #[default]
+    Auto,
+    Cpu,
+    Gpu,
+}
+
+impl KernelProfile {
+    pub fn name(self) -> &'static str {
+        match self {
+            KernelProfile::Auto => "auto",
+            KernelProfile::Cpu => "cpu",
+            KernelProfile::Gpu => "gpu",
+        }
+    }
+
+    /// The profile for an adapter: `auto` becomes `cpu` on CPU adapters, `gpu` elsewhere.
+    pub fn resolve(self, device_type: wgpu::DeviceType) -> KernelProfile {
+        match self {
+            KernelProfile::Auto if device_type == wgpu::DeviceType::Cpu => KernelProfile::Cpu,
+            KernelProfile::Auto => KernelProfile::Gpu,
+            p => p,
+        }
+    }
+}
+
+impl std::str::FromStr for KernelProfile {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "auto" => Ok(KernelProfile::Auto),
+            "cpu" => Ok(KernelProfile::Cpu),
+            "gpu" => Ok(KernelProfile::Gpu),
+            _ => Err(format!("unknown kernel profile '{s}' (expected auto, cpu or gpu)")),
+        }
+    }
+}
+
 /// Binding of chunk c >= 1 of a layer's K cache (chunk 0 keeps the kernel's own binding); V
 /// chunks at KV_V_CHUNK_BINDING + c. A layer's cache larger than one storage binding spans
 /// several buffers of whole KV blocks.

@@ -6,7 +6,7 @@ use super::config::{ModelConfig, RopeScaling};
 use super::loader::HostModel;
 use super::tensor::QTensor;
 use crate::gpu::kernels::{
-    plan_x, window_entries, window_stride, Kernels, KvDtype, WFormat, XPlan, KV_K_CHUNK_BINDING, KV_V_CHUNK_BINDING,
+    plan_x, window_entries, window_stride, KernelProfile, Kernels, KvDtype, WFormat, XPlan, KV_K_CHUNK_BINDING, KV_V_CHUNK_BINDING,
     MATMUL_TILES, MATMUL_WG, MAX_TOP_LOGPROBS, SAMPLE_PARAMS_STRIDE, SAMPLE_RESULT_STRIDE,
 };
 use crate::gpu::Gpu;
@@ -80,6 +80,8 @@ pub struct StepLimits {
     pub max_binding: u64,
     /// Element type of the KV cache.
     pub kv_dtype: KvDtype,
+    /// Kernel shapes; `Model::new_stage` resolves `auto` for its adapter.
+    pub profile: KernelProfile,
     /// The model's sliding attention window (set from the model by `Model::new_stage` and
     /// `pipeline::step_limits`): blocks that left it can be freed.
     pub sliding_window: Option<usize>,
@@ -476,6 +478,7 @@ impl Model {
         }
         limits.max_seqs = limits.max_seqs.min(limits.max_tokens).max(1);
         limits.sliding_window = cfg.sliding_window;
+        limits.profile = limits.profile.resolve(gpu.info.device_type);
         let mb = limits.max_binding;
         let g = &*gpu;
 

@@ -465,6 +465,7 @@ pub fn step_limits(cfg: &EngineConfig, model: &ModelConfig) -> StepLimits {
         cache_bytes: cfg.total_cache_size,
         max_binding: 0,
         kv_dtype: cfg.kv_cache_dtype,
+        profile: cfg.kernel_profile,
         sliding_window: model.sliding_window,
     }
 }
