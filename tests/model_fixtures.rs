@@ -230,3 +230,78 @@ fn memory_plan_is_reported_and_checked() {
     let err = Model::new(Arc::new(small), &host, limits).err().expect("must not fit").to_string();
     assert!(err.contains("does not fit") && err.contains("total_cache_size") && err.contains("KV cache"), "{err}");
 }
+
+/// Two sequences' prompts and then their decode steps, batched, with every row sampled and
+/// top-5 log-probabilities: (sampled tokens, top-5 per row) of each step.
+fn two_sequence_run(model: &mut Model, prompts: [&[u32]; 2], steps: usize) -> Vec<Vec<(u32, Vec<(u32, f32)>)>> {
+    let bs = model.limits.block_size as u32;
+    // Sequence s owns blocks s*4 .. s*4+4.
+    let tables: Vec<Vec<u32>> = (0..2u32).map(|s| (s * 4..s * 4 + 4).collect()).collect();
+    let mut seqs: Vec<Vec<u32>> = prompts.iter().map(|p| p.to_vec()).collect();
+    let mut done = [0usize; 2];
+    let mut out = Vec::new();
+    for _ in 0..steps {
+        let mut s = StepInput { block_tables: tables.clone(), ..Default::default() };
+        for (i, seq) in seqs.iter().enumerate() {
+            for p in done[i]..seq.len() {
+                s.tokens.push(seq[p]);
+                s.positions.push(p as u32);
+                s.slots.push(tables[i][p / bs as usize] * bs + p as u32 % bs);
+                s.seq_of_token.push(i as u32);
+            }
+            s.sample_rows.push(s.tokens.len() as u32 - 1);
+            s.sampling.push(SampleParams { n_top: 5, ..Default::default() });
+        }
+        let r = model.step(&s).unwrap();
+        for (i, seq) in seqs.iter_mut().enumerate() {
+            done[i] = seq.len();
+            seq.push(r[i].id);
+        }
+        out.push(r.into_iter().map(|x| (x.id, x.top)).collect());
+    }
+    out
+}
+
+/// Storage bindings so small that a 33-token step of two sequences runs as sub-steps of at most
+/// 16 tokens and one sampled row each: the sampled tokens and top-5 log-probabilities of every
+/// step are those of the unsplit model.
+#[test]
+fn tiny_qwen2_step_split_into_sub_steps_matches() {
+    use torus_wgpu::model::forward::sub_steps;
+    use torus_wgpu::model::loader::HostModel;
+    assert_eq!(sub_steps(&[19, 32], 33, 16, 1), vec![(0, 16), (16, 32), (32, 33)]);
+    assert_eq!(sub_steps(&[19, 22], 33, 16, 1), vec![(0, 16), (16, 22), (22, 33)]);
+    assert_eq!(sub_steps(&[0, 1, 2], 3, 16, 2), vec![(0, 2), (2, 3)]);
+    assert_eq!(sub_steps(&[], 40, 16, 1), vec![(0, 16), (16, 32), (32, 40)]);
+    let host = HostModel::load(&fixtures().join("tiny-qwen2"), &|_, _| {}).unwrap();
+    let gpu = Arc::new(Gpu::new(None).expect("a wgpu adapter (lavapipe in CI)"));
+    let cfg = EngineConfig {
+        max_num_batched_tokens: 64,
+        max_sequence_length: 64,
+        // 8 blocks of 16 tokens per layer.
+        total_cache_size: 8 * 2 * 2 * (16 * 32 * 4),
+        kv_cache_dtype: KvDtype::F32,
+        ..Default::default()
+    };
+    let limits = torus_wgpu::pipeline::step_limits(&cfg, &host.cfg);
+    let mut whole = Model::new(gpu.clone(), &host, limits).unwrap();
+    let mut small = limits;
+    // 8 KiB: 16 rows of the 128-wide FFN; one row of logits plus its adjustment entries.
+    small.max_binding = 8 << 10;
+    let mut split = Model::new(gpu, &host, small).unwrap();
+    assert_eq!(split.sub_step_limits(), (16, 1));
+    assert_eq!(whole.sub_step_limits(), (64, 64.min(limits.max_seqs)));
+    let a: Vec<u32> = (0..20).map(|i| (i * 37 + 11) % 500).collect();
+    let b: Vec<u32> = (0..13).map(|i| (i * 53 + 7) % 500).collect();
+    let want = two_sequence_run(&mut whole, [&a, &b], 6);
+    let got = two_sequence_run(&mut split, [&a, &b], 6);
+    for (s, (w, g)) in want.iter().zip(&got).enumerate() {
+        for (row, ((wid, wtop), (gid, gtop))) in w.iter().zip(g).enumerate() {
+            assert_eq!(wid, gid, "step {s} row {row}: sampled token");
+            for ((wi, wl), (gi, gl)) in wtop.iter().zip(gtop) {
+                assert_eq!(wi, gi, "step {s} row {row}: top-5 ids");
+                assert!((wl - gl).abs() < 1e-4, "step {s} row {row}: logprob {gl} vs {wl}");
+            }
+        }
+    }
+}

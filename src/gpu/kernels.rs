@@ -478,6 +478,17 @@ fn layout(gpu: &Gpu, slots: &[(u32, Slot)]) -> wgpu::BindGroupLayout {
     gpu.device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor { label: None, entries: &entries })
 }
 
+/// A buffer bound whole, or its first max-storage-binding bytes where it is larger (an
+/// activation buffer's padding for uniform windows; its rows were sized to fit).
+fn whole<'a>(gpu: &Gpu, buf: &'a wgpu::Buffer) -> wgpu::BindingResource<'a> {
+    let cap = gpu.device.limits().max_storage_buffer_binding_size & !15;
+    if buf.size() > cap && buf.usage().contains(wgpu::BufferUsages::STORAGE) {
+        wgpu::BindingResource::Buffer(wgpu::BufferBinding { buffer: buf, offset: 0, size: std::num::NonZeroU64::new(cap) })
+    } else {
+        buf.as_entire_binding()
+    }
+}
+
 /// A pipeline family sharing one bind group layout, so one bind group serves every variant.
 pub struct Family {
     pub layout: wgpu::BindGroupLayout,
@@ -530,7 +541,7 @@ impl Family {
             .iter()
             .map(|(b, buf)| wgpu::BindGroupEntry {
                 binding: *b,
-                resource: if *b == 2 { window(buf, UNIFORM_X_BYTES) } else { buf.as_entire_binding() },
+                resource: if *b == 2 { window(buf, UNIFORM_X_BYTES) } else { whole(gpu, buf) },
             })
             .chain(std::iter::once(wgpu::BindGroupEntry { binding: 7, resource: window(windows, 16) }))
             .collect();
@@ -542,10 +553,8 @@ impl Family {
     }
 
     pub fn bind(&self, gpu: &Gpu, entries: &[(u32, &wgpu::Buffer)]) -> wgpu::BindGroup {
-        let entries: Vec<wgpu::BindGroupEntry> = entries
-            .iter()
-            .map(|(b, buf)| wgpu::BindGroupEntry { binding: *b, resource: buf.as_entire_binding() })
-            .collect();
+        let entries: Vec<wgpu::BindGroupEntry> =
+            entries.iter().map(|(b, buf)| wgpu::BindGroupEntry { binding: *b, resource: whole(gpu, buf) }).collect();
         gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
             label: None,
             layout: &self.layout,

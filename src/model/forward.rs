@@ -315,6 +315,9 @@ pub struct Model {
     align: u32,
     win_stride: u32,
     header: StepHeader,
+    /// Most tokens and sampled rows of one sub-step (a step larger than that runs in several).
+    sub_tokens: usize,
+    sub_seqs: usize,
     off_sample: usize,
     off_params: usize,
     pub logits: wgpu::Buffer,
@@ -448,6 +451,28 @@ pub(crate) fn kv_entries<'a>(
     entries
 }
 
+/// Splits a step of `n` tokens into consecutive token ranges of at most `max_tokens` tokens
+/// and `max_sampled` of the `sample_rows`.
+pub fn sub_steps(sample_rows: &[u32], n: usize, max_tokens: usize, max_sampled: usize) -> Vec<(usize, usize)> {
+    let mut per_token = vec![0usize; n];
+    for &r in sample_rows {
+        if let Some(c) = per_token.get_mut(r as usize) {
+            *c += 1;
+        }
+    }
+    let mut out = Vec::new();
+    let (mut a, mut sampled) = (0, 0);
+    for (i, &c) in per_token.iter().enumerate() {
+        if i > a && (i - a == max_tokens || sampled + c > max_sampled) {
+            out.push((a, i));
+            (a, sampled) = (i, 0);
+        }
+        sampled += c;
+    }
+    out.push((a, n));
+    out
+}
+
 pub(crate) fn div_up(a: u32, b: u32) -> u32 {
     a.div_ceil(b)
 }
@@ -482,8 +507,25 @@ impl Model {
         let mb = limits.max_binding;
         let g = &*gpu;
 
-        let (t_max, s_max) = (limits.max_tokens, limits.max_seqs);
+        let (t_all, s_all) = (limits.max_tokens, limits.max_seqs);
         let max_blocks = limits.max_seq_len.div_ceil(limits.block_size);
+        // A step runs in sub-steps of at most `t_max` tokens and `s_max` sampled rows, sized so
+        // every activation, logits and adjustment buffer fits one storage binding (a 2048-token
+        // step of a 7B model's 18944-wide FFN does not). Sub-steps run in token order, so a
+        // token still sees every earlier token's K/V: the result is the whole step's.
+        let f = |n: usize| (n * 4) as u64;
+        let widest = cfg.hidden.max(cfg.qkv_dim()).max(cfg.q_dim()).max(cfg.intermediate);
+        let t_max = t_all.min((mb / f(widest)) as usize);
+        let per_sampled = f(cfg.vocab).max(((limits.max_seq_len + MAX_LOGIT_BIAS) * 16) as u64);
+        let s_max = s_all.min(t_max).min(if last { (mb / per_sampled) as usize } else { s_all });
+        if t_max == 0 || s_max == 0 {
+            bail!(
+                "one token's activations ({} bytes) or logits ({} bytes) exceed the device's max storage binding \
+                 ({mb} bytes)",
+                f(widest),
+                per_sampled
+            );
+        }
 
         // Metadata layout (u32 words): tokens, positions, slots, seq ids, sample rows,
         // sample params (SAMPLE_PARAMS_STRIDE per row), block tables.
@@ -500,7 +542,8 @@ impl Model {
         };
         let off_sample = 4 * t_max;
         let off_params = 4 * t_max + s_max;
-        let meta_len = 4 * t_max + (1 + ps) * s_max + s_max * max_blocks;
+        // Every sequence of the step has its block table in every sub-step.
+        let meta_len = 4 * t_max + (1 + ps) * s_max + s_all * max_blocks;
         // Logit adjustments: up to one entry per token of every sampled sequence, plus its
         // logit-bias entries.
         // Only the last stage samples: the others get placeholders for its buffers.
@@ -535,7 +578,6 @@ impl Model {
         };
         // Sized by the whole model's layer count, so every stage of a pipeline holds as many blocks.
         // The memory plan, checked against the device's memory before anything is allocated.
-        let f = |n: usize| (n * 4) as u64;
         let s_last = if last { s_max } else { 1 };
         let stage_layers = host.layer_slice(&layers);
         let weights: u64 = stage_layers
@@ -602,13 +644,6 @@ impl Model {
         let result = g.storage("result", result_bytes);
         let readback = g.readback("result_readback", result_bytes);
         let hidden_readback = (!last).then(|| g.readback("hidden_readback", f(t_max * cfg.hidden)));
-        for (name, bytes) in
-            [("activations", f(t_max * cfg.intermediate.max(cfg.qkv_dim()))), ("logits", f(s_max * cfg.vocab))]
-        {
-            if bytes > mb {
-                bail!("{name} scratch ({bytes} bytes) exceeds the max storage binding; lower max_num_batched_tokens");
-            }
-        }
 
         let cs = rope_table(cfg.rope_theta, cfg.head_dim, limits.max_seq_len, &cfg.rope_scaling);
         let cos_sin = g.storage_init("cos_sin", bytemuck::cast_slice(&cs));
@@ -850,6 +885,8 @@ impl Model {
             align,
             win_stride,
             header,
+            sub_tokens: t_max,
+            sub_seqs: s_max,
             off_sample,
             off_params,
             logits,
@@ -906,6 +943,11 @@ impl Model {
         Ok(())
     }
 
+    /// Most tokens and sampled rows one sub-step holds: a larger step runs as several.
+    pub fn sub_step_limits(&self) -> (usize, usize) {
+        (self.sub_tokens, self.sub_seqs)
+    }
+
     pub fn is_first(&self) -> bool {
         self.layers.start == 0
     }
@@ -927,6 +969,45 @@ impl Model {
     pub fn run(&mut self, s: &StepInput, hidden: Option<&[u8]>) -> Result<StageOutput> {
         self.check(s)?;
         let want = s.tokens.len() * self.cfg.hidden * 4;
+        if let Some(h) = hidden.filter(|h| h.len() != want) {
+            bail!("hidden states of {} bytes, expected {want} ({} tokens)", h.len(), s.tokens.len());
+        }
+        let ranges = sub_steps(&s.sample_rows, s.tokens.len(), self.sub_tokens, self.sub_seqs);
+        if ranges.len() == 1 {
+            return self.run_one(s, hidden);
+        }
+        // Sub-steps in token order; each samples the rows that fall in it.
+        let row = self.cfg.hidden * 4;
+        let mut hidden_out = Vec::new();
+        let mut sampled: Vec<(usize, Sampled)> = Vec::new();
+        for (a, b) in ranges {
+            let pick: Vec<usize> = (0..s.sample_rows.len())
+                .filter(|&i| (a..b).contains(&(s.sample_rows[i] as usize)))
+                .collect();
+            let sub = StepInput {
+                tokens: s.tokens[a..b].to_vec(),
+                positions: s.positions[a..b].to_vec(),
+                slots: s.slots[a..b].to_vec(),
+                seq_of_token: s.seq_of_token[a..b].to_vec(),
+                block_tables: s.block_tables.clone(),
+                sample_rows: pick.iter().map(|&i| s.sample_rows[i] - a as u32).collect(),
+                sampling: pick.iter().map(|&i| s.sampling[i].clone()).collect(),
+            };
+            match self.run_one(&sub, hidden.map(|h| &h[a * row..b * row]))? {
+                StageOutput::Hidden(h) => hidden_out.extend(h),
+                StageOutput::Sampled(r) => sampled.extend(pick.into_iter().zip(r)),
+            }
+        }
+        if !self.is_last() {
+            return Ok(StageOutput::Hidden(hidden_out));
+        }
+        sampled.sort_by_key(|(i, _)| *i);
+        Ok(StageOutput::Sampled(sampled.into_iter().map(|(_, r)| r).collect()))
+    }
+
+    /// One sub-step: at most `sub_tokens` tokens and `sub_seqs` sampled rows.
+    fn run_one(&mut self, s: &StepInput, hidden: Option<&[u8]>) -> Result<StageOutput> {
+        let want = s.tokens.len() * self.cfg.hidden * 4;
         match (self.is_first(), hidden) {
             (true, None) => {}
             (false, Some(h)) if h.len() == want => self.gpu.queue.write_buffer(&self.hidden, 0, h),
@@ -944,7 +1025,7 @@ impl Model {
         let h = self.header;
         // Reused every step: no per-step allocation of the metadata or adjustment words.
         let meta = &mut self.meta_scratch;
-        let t = self.limits.max_tokens;
+        let t = self.sub_tokens;
         meta[..n as usize].copy_from_slice(&s.tokens);
         meta[t..t + n as usize].copy_from_slice(&s.positions);
         meta[2 * t..2 * t + n as usize].copy_from_slice(&s.slots);
@@ -1109,7 +1190,8 @@ impl Model {
         Ok(())
     }
 
-    /// The logits of the last step's sampled rows, [n_sample, vocab] (tests and tools).
+    /// The logits of the last step's sampled rows, [n_sample, vocab] (tests and tools); of a step
+    /// run in sub-steps, those of the last sub-step's rows.
     pub fn last_logits(&self, n_sample: usize) -> Result<Vec<f32>> {
         self.gpu.download_f32(&self.logits, n_sample * self.cfg.vocab)
     }
