@@ -2,7 +2,7 @@
 //! cross 32-element blocks, KV blocks and weight chunks, several GQA ratios, each weight format.
 
 use std::sync::{Arc, OnceLock};
-use torus_wgpu::gpu::kernels::{all_sources, KvDtype, WFormat};
+use torus_wgpu::gpu::kernels::{all_sources, KernelProfile, KvDtype, WFormat};
 use torus_wgpu::gpu::kernels::{plan_x, XPlan, MATMUL_TILES, UNIFORM_X_VEC4};
 use torus_wgpu::gpu::{validate_wgsl, Gpu};
 use torus_wgpu::model::forward::{Adjust, SampleParams};
@@ -53,11 +53,28 @@ fn dot_tol(x: &[f32], m: usize, w: &QTensor) -> Vec<f32> {
     tol
 }
 
-/// Every tile with storage x, and the uniform-x plan (one window, or several when m rows of x
-/// exceed UNIFORM_X_VEC4 vec4s).
-fn variants() -> Vec<(usize, bool)> {
-    (0..MATMUL_TILES.len()).map(|t| (t, false)).chain([(0, true)]).collect()
+/// cpu profile: every tile with storage x, and the uniform-x plan (one window, or several when
+/// m rows of x exceed UNIFORM_X_VEC4 vec4s).
+fn variants() -> Vec<(Option<usize>, bool)> {
+    (0..MATMUL_TILES.len()).map(|t| (Some(t), false)).chain([(None, true)]).collect()
 }
+
+/// The gpu profile: with subgroup reductions (lavapipe has subgroups) and through workgroup
+/// memory only.
+fn gpu_harnesses() -> &'static [Harness; 2] {
+    static H: OnceLock<[Harness; 2]> = OnceLock::new();
+    H.get_or_init(|| {
+        let mut plain = Gpu::new(None).unwrap();
+        assert!(plain.subgroups, "lavapipe offers subgroups: the subgroup reduction must be tested");
+        plain.subgroups = false;
+        let hs = [gpu(), Arc::new(plain)].map(|g| Harness::with_profile(g, 64, 1, KernelProfile::Gpu).unwrap());
+        assert!(hs.iter().all(|h| h.kernels.gpu.is_some()), "the gpu profile's kernels are built");
+        hs
+    })
+}
+
+/// The gpu profile picks its kernel by rows: 1, 2, 4 and 8-token decode variants, tiles beyond.
+const GPU_ROWS: [usize; 7] = [1, 2, 3, 6, 8, 9, 70];
 
 #[test]
 fn uniform_x_plans_cover_every_row_once() {
@@ -111,13 +128,32 @@ fn row_bytes(format: WFormat, k: usize) -> u64 {
 
 #[test]
 fn matmul_every_format_and_variant() {
-    let h = harness();
+    let legacy = [(1, 37, 64), (3, 130, 96), (5, 67, 160), (33, 45, 64), (20, 9, 288), (9, 20, 2048), (70, 13, 576)];
+    let k_quant = [(1, 37, 256), (3, 130, 512), (33, 45, 256), (9, 20, 2048), (70, 13, 768)];
+    check_matmuls(harness(), &variants(), &legacy, &k_quant);
+}
+
+#[test]
+fn gpu_profile_matmul_every_format() {
+    // Odd row counts (ragged workgroups and tiles), K across several blocks and super-blocks.
+    let ks = [(64, 256), (160, 512), (96, 256), (2048, 2048), (288, 768), (96, 256), (576, 768)];
+    let ns = [37, 130, 67, 20, 9, 45, 13];
+    let legacy: Vec<_> = GPU_ROWS.iter().zip(ns).zip(ks).map(|((&m, n), (k, _))| (m, n, k)).collect();
+    let k_quant: Vec<_> = GPU_ROWS.iter().zip(ns).zip(ks).map(|((&m, n), (_, k))| (m, n, k)).collect();
+    for h in gpu_harnesses() {
+        check_matmuls(h, &[(None, false)], &legacy, &k_quant);
+    }
+}
+
+fn check_matmuls(
+    h: &Harness,
+    variants: &[(Option<usize>, bool)],
+    legacy: &[(usize, usize, usize)],
+    k_quant: &[(usize, usize, usize)],
+) {
     let mut rng = Rng::new(1);
     for format in WFormat::ALL {
-        let legacy =
-            [(1, 37, 64), (3, 130, 96), (5, 67, 160), (33, 45, 64), (20, 9, 288), (9, 20, 2048), (70, 13, 576)];
-        let k_quant = [(1, 37, 256), (3, 130, 512), (33, 45, 256), (9, 20, 2048), (70, 13, 768)];
-        for (m, n, k) in shapes(format, &legacy, &k_quant) {
+        for (m, n, k) in shapes(format, legacy, k_quant) {
             let w = weights(format, n, k, &mut rng, 1.0);
             let x = randn(&mut rng, m * k, 1.0);
             let bias = randn(&mut rng, n, 1.0);
@@ -125,11 +161,11 @@ fn matmul_every_format_and_variant() {
             let base = matmul_ref(&x, m, &w);
             let tol = dot_tol(&x, m, &w);
             // Chunks of about 16 rows, so several chunks (and a ragged last one) are used.
-            for (variant, ux) in variants() {
+            for &(variant, ux) in variants {
                 for max_binding in [1 << 27, 16 * row_bytes(format, k)] {
                     let what = format!(
                         "{format:?} tile {:?} uniform-x {ux} m={m} n={n} k={k} binding={max_binding}",
-                        MATMUL_TILES[variant]
+                        variant.map(|v| MATMUL_TILES[v])
                     );
                     let got = h.matmul(&w, None, &x, m, None, None, variant, ux, max_binding).unwrap();
                     assert_close(&got, &base, |i| tol[i], &what);
@@ -149,12 +185,29 @@ fn matmul_every_format_and_variant() {
 
 #[test]
 fn swiglu_matmul_every_format() {
-    let h = harness();
+    let legacy = [(1, 41, 64), (7, 130, 96), (19, 33, 128)];
+    let k_quant = [(1, 41, 256), (7, 130, 512), (19, 33, 256)];
+    check_swiglu(harness(), &variants(), &legacy, &k_quant);
+}
+
+#[test]
+fn gpu_profile_swiglu_every_format() {
+    let legacy = [(1, 41, 64), (2, 3, 96), (5, 130, 96), (8, 33, 128), (40, 67, 96)];
+    let k_quant = [(1, 41, 256), (3, 130, 512), (8, 33, 256), (40, 67, 256)];
+    for h in gpu_harnesses() {
+        check_swiglu(h, &[(None, false)], &legacy, &k_quant);
+    }
+}
+
+fn check_swiglu(
+    h: &Harness,
+    variants: &[(Option<usize>, bool)],
+    legacy: &[(usize, usize, usize)],
+    k_quant: &[(usize, usize, usize)],
+) {
     let mut rng = Rng::new(2);
     for format in WFormat::ALL {
-        let legacy = [(1, 41, 64), (7, 130, 96), (19, 33, 128)];
-        let k_quant = [(1, 41, 256), (7, 130, 512), (19, 33, 256)];
-        for (m, n, k) in shapes(format, &legacy, &k_quant) {
+        for (m, n, k) in shapes(format, legacy, k_quant) {
             let gate = weights(format, n, k, &mut rng, 0.5);
             let up = weights(format, n, k, &mut rng, 0.5);
             // K-quant test weights are larger: keep the gate's inputs to silu moderate.
@@ -164,12 +217,12 @@ fn swiglu_matmul_every_format() {
             let want: Vec<f32> = g.iter().zip(&u).map(|(a, b)| a / (1.0 + (-a).exp()) * b).collect();
             let (tg, tu) = (dot_tol(&x, m, &gate), dot_tol(&x, m, &up));
             let tol = |i: usize| 2.0 * (tg[i] * u[i].abs() + tu[i] * g[i].abs()) + 1e-5 * (1.0 + want[i].abs());
-            for (variant, ux) in variants() {
+            for &(variant, ux) in variants {
                 for max_binding in [1 << 27, 2 * 10 * row_bytes(format, k)] {
                     let got = h.matmul(&gate, Some(&up), &x, m, None, None, variant, ux, max_binding).unwrap();
                     let what = format!(
                         "swiglu {format:?} tile {:?} uniform-x {ux} m={m} n={n} k={k} binding={max_binding}",
-                        MATMUL_TILES[variant]
+                        variant.map(|v| MATMUL_TILES[v])
                     );
                     assert_close(&got, &want, tol, &what);
                 }
@@ -182,19 +235,25 @@ fn swiglu_matmul_every_format() {
 /// the up matmul's SwiGLU epilogue.
 #[test]
 fn swiglu_unfused_mixed_formats() {
-    let h = harness();
+    check_swiglu_unfused(harness(), &variants());
+    for h in gpu_harnesses() {
+        check_swiglu_unfused(h, &[(None, false)]);
+    }
+}
+
+fn check_swiglu_unfused(h: &Harness, variants: &[(Option<usize>, bool)]) {
     let mut rng = Rng::new(21);
     for (fg, fu) in [(WFormat::Q4_K, WFormat::Q6_K), (WFormat::Q5_0, WFormat::Q8_0), (WFormat::Q2_K, WFormat::F16)] {
-        for (m, n, k) in [(1, 41, 256), (9, 70, 512)] {
+        for (m, n, k) in [(1, 41, 256), (9, 70, 512), (4, 67, 256)] {
             let gate = weights(fg, n, k, &mut rng, 0.5);
             let up = weights(fu, n, k, &mut rng, 0.5);
             let x = randn(&mut rng, m * k, 0.02);
             let (g, u) = (matmul_ref(&x, m, &gate), matmul_ref(&x, m, &up));
             let want: Vec<f32> = g.iter().zip(&u).map(|(a, b)| a / (1.0 + (-a).exp()) * b).collect();
             let (tg, tu) = (dot_tol(&x, m, &gate), dot_tol(&x, m, &up));
-            for (variant, ux) in variants() {
+            for &(variant, ux) in variants {
                 let got = h.swiglu_unfused(&gate, &up, &x, m, variant, ux, 1 << 27).unwrap();
-                let what = format!("unfused swiglu {fg:?}/{fu:?} tile {variant} uniform-x {ux} m={m}");
+                let what = format!("unfused swiglu {fg:?}/{fu:?} tile {variant:?} uniform-x {ux} m={m}");
                 assert_close(
                     &got,
                     &want,
@@ -284,7 +343,12 @@ fn rope_and_paged_attention_with_gqa() {
         ]);
     // A case again with its grids folded into 2-D at 1 workgroup in x.
     let cases = cases.map(|c| (c, false)).chain([((KvDtype::F16, 5, 2, &shapes[3]), true)]);
-    for ((kv, window, chunks, &(heads, kv_heads, head_dim)), folded) in cases {
+    // The cpu profile's attention, and the gpu profile's split attention with as many key
+    // ranges as the forward step picks, 3 ranges, and 5 (more than some tokens have keys).
+    let profiles = [(KernelProfile::Cpu, None), (KernelProfile::Gpu, None), (KernelProfile::Gpu, Some(3)), (KernelProfile::Gpu, Some(5))];
+    for (((kv, window, chunks, &(heads, kv_heads, head_dim)), folded), (profile, splits)) in
+        cases.flat_map(|c| profiles.map(|p| (c, p)))
+    {
         let gpu = if folded {
             let mut g = Gpu::new(None).unwrap();
             g.max_grid = 1;
@@ -292,7 +356,8 @@ fn rope_and_paged_attention_with_gqa() {
         } else {
             gpu()
         };
-        let h = Harness::attention_only(gpu, head_dim as u32, kv, chunks).unwrap();
+        let group = (heads / kv_heads) as u32;
+        let h = Harness::attention_only(gpu, (head_dim as u32, group), kv, chunks, profile).unwrap();
         assert_eq!(h.kernels.kv_chunks, chunks);
         // The cache stores K and V in its element type: the reference rounds them the same way.
         let stored = |v: Vec<f32>| -> Vec<f32> {
@@ -304,6 +369,7 @@ fn rope_and_paged_attention_with_gqa() {
         let bs = 4;
         let mut rig = h.attn_rig(AttnShape { heads, kv_heads, head_dim, block_size: bs }, 12, 64, theta);
         rig.window = window;
+        rig.splits = splits;
         let mut rng = Rng::new(5 + heads as u64);
         let tables = vec![vec![3u32, 0, 5, 7], vec![1u32, 6, 2]];
         let qkv_dim = (heads + 2 * kv_heads) * head_dim;
@@ -369,8 +435,10 @@ fn rope_and_paged_attention_with_gqa() {
             }
             // f16: a key element rounded on the other side of a half-way point shifts a score.
             let tol = if kv == KvDtype::F16 { 2e-4 } else { 2e-5 };
-            let what =
-                format!("attention {kv:?} window {window} chunks {chunks} heads={heads} kv={kv_heads} d={head_dim}");
+            let what = format!(
+                "attention {profile:?} splits {splits:?} {kv:?} window {window} chunks {chunks} heads={heads} \
+                 kv={kv_heads} d={head_dim}"
+            );
             assert_close(&out, &want, |_| tol, &what);
         }
     }

@@ -389,6 +389,81 @@ pub fn matmul_source(f: WFormat, tm: u32, tn: u32, uniform_x: bool) -> String {
     format!("{COMMON}\n{}\n{body}", f.snippet())
 }
 
+/// Reduction of matmul_gpu.wgsl's partial sums: subgroupAdd, then one value per subgroup
+/// through workgroup memory.
+const REDUCE_SUBGROUP: &str = "    for (var k = 0u; k < NV; k++) {
+        let v = subgroupAdd(acc[k]);
+        if (sid == 0u) {
+            red[k * WG + sg] = v;
+        }
+    }
+    workgroupBarrier();
+    if (lid < NV) {
+        var s = 0.0;
+        for (var j = 0u; j < nsg; j++) {
+            s += red[lid * WG + j];
+        }
+        red[lid * WG] = s;
+    }";
+
+/// The same through workgroup memory only (adapters without subgroups): a tree over the WG
+/// invocations.
+const REDUCE_WORKGROUP: &str = "    for (var k = 0u; k < NV; k++) {
+        red[k * WG + lid] = acc[k];
+    }
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s = s / 2u) {
+        if (lid < s) {
+            for (var k = 0u; k < NV; k++) {
+                red[k * WG + lid] += red[k * WG + lid + s];
+            }
+        }
+        workgroupBarrier();
+    }";
+
+/// Tokens per workgroup of the gpu profile's decode matmul variants (matmul_gpu.wgsl): a step
+/// of m <= 8 rows uses the first TM >= m; larger steps use the tiled kernel.
+pub const GPU_DECODE_TM: [u32; 4] = [1, 2, 4, 8];
+/// Weight rows per workgroup of the decode kernel (gate+up rows for SwiGLU: half as many outputs).
+pub const GPU_DECODE_NR: u32 = 4;
+/// Tokens x weight rows of one tiled-kernel workgroup (matmul_tiled.wgsl).
+pub const GPU_TILE: (u32, u32) = (32, 64);
+
+/// The gpu profile's decode-sized matmul (see matmul_gpu.wgsl); `subgroups`: reduce with
+/// subgroupAdd.
+pub fn matmul_gpu_source(f: WFormat, tm: u32, swiglu: bool, subgroups: bool) -> String {
+    let (args, reduce) = if subgroups {
+        (
+            "@builtin(subgroup_invocation_id) sid: u32,\n    @builtin(subgroup_id) sg: u32,\n    @builtin(num_subgroups) nsg: u32,",
+            REDUCE_SUBGROUP,
+        )
+    } else {
+        ("", REDUCE_WORKGROUP)
+    };
+    let body = include_str!("../../shaders/matmul_gpu.wgsl")
+        .replace("{{TM}}", &tm.to_string())
+        .replace("{{SWIGLU}}", if swiglu { "true" } else { "false" })
+        .replace("{{SG_ARGS}}", args)
+        .replace("{{REDUCE}}", reduce);
+    format!("{COMMON}\n{}\n{body}", f.snippet())
+}
+
+/// The gpu profile's prefill-sized matmul (see matmul_tiled.wgsl).
+pub fn matmul_tiled_source(f: WFormat, swiglu: bool) -> String {
+    let body =
+        include_str!("../../shaders/matmul_tiled.wgsl").replace("{{SWIGLU}}", if swiglu { "true" } else { "false" });
+    format!("{COMMON}\n{}\n{body}", f.snippet())
+}
+
+/// The gpu profile's split-key attention for `group` query heads per KV head.
+pub fn attention_split_source(head_dim: u32, group: u32, kv: KvDtype, kv_chunks: usize) -> String {
+    let body = include_str!("../../shaders/attention_split.wgsl")
+        .replace("{{HD4}}", &(head_dim / 4).to_string())
+        .replace("{{G}}", &group.to_string())
+        .replace("{{KV}}", &kv_snippet(kv, false, kv_chunks));
+    format!("{COMMON}\n{body}")
+}
+
 pub fn embed_source(f: WFormat) -> String {
     format!("{COMMON}\n{}\n{}", f.snippet(), include_str!("../../shaders/embed.wgsl"))
 }
@@ -429,6 +504,24 @@ pub fn all_sources(head_dims: &[u32]) -> Vec<(String, String)> {
             v.push((format!("matmul_{}_{tm}x{tn}_ux", f.name()), matmul_source(f, tm, tn, true)));
         }
         v.push((format!("embed_{}", f.name()), embed_source(f)));
+        for swiglu in [false, true] {
+            for tm in GPU_DECODE_TM {
+                for sg in [false, true] {
+                    v.push((format!("matmul_gpu_{}_{tm}_{swiglu}_{sg}", f.name()), matmul_gpu_source(f, tm, swiglu, sg)));
+                }
+            }
+            v.push((format!("matmul_tiled_{}_{swiglu}", f.name()), matmul_tiled_source(f, swiglu)));
+        }
+    }
+    for &d in head_dims {
+        for group in [1, 3, 7, 8] {
+            for chunks in [1, MAX_KV_CHUNKS] {
+                v.push((
+                    format!("attention_split_hd{d}_g{group}_x{chunks}"),
+                    attention_split_source(d, group, KvDtype::F16, chunks),
+                ));
+            }
+        }
     }
     for kv in [KvDtype::F16, KvDtype::F32] {
         for chunks in 1..=MAX_KV_CHUNKS {
@@ -585,6 +678,35 @@ impl MatmulPipelines {
     }
 }
 
+/// The gpu profile's matmuls of one weight format.
+pub struct GpuMatmulPipelines {
+    /// Decode-sized, one per GPU_DECODE_TM entry: [plain, swiglu].
+    pub decode: Vec<[wgpu::ComputePipeline; 2]>,
+    /// Prefill-sized tiles: [plain, swiglu].
+    pub tiled: [wgpu::ComputePipeline; 2],
+}
+
+/// The gpu profile's kernels (built only for models that run it).
+pub struct GpuPipelines {
+    pub matmul: BTreeMap<WFormat, GpuMatmulPipelines>,
+    /// Split-key attention and the merge of its splits (attn_family).
+    pub attention: wgpu::ComputePipeline,
+    pub combine: wgpu::ComputePipeline,
+}
+
+/// What a set of kernels is built for.
+#[derive(Clone, Debug)]
+pub struct KernelSpec {
+    pub formats: Vec<WFormat>,
+    pub head_dim: u32,
+    /// Query heads per KV head (the split attention is built for it).
+    pub group: u32,
+    pub kv: KvDtype,
+    pub kv_chunks: usize,
+    /// `cpu` or `gpu` (`auto` counts as `cpu`).
+    pub profile: KernelProfile,
+}
+
 /// All pipelines of one model: the weight-format-specific ones for the formats it uses.
 pub struct Kernels {
     /// step(0) params(1) x(2) wq(3) ws(4) bias(5) y(6)
@@ -613,10 +735,13 @@ pub struct Kernels {
     pub kv: KvDtype,
     /// Buffers per layer's K (and V) cache they bind.
     pub kv_chunks: usize,
+    /// The gpu profile's kernels, when built for it.
+    pub gpu: Option<GpuPipelines>,
 }
 
 impl Kernels {
-    pub fn new(gpu: &Gpu, formats: &[WFormat], head_dim: u32, kv: KvDtype, kv_chunks: usize) -> Result<Kernels> {
+    pub fn new(gpu: &Gpu, spec: &KernelSpec) -> Result<Kernels> {
+        let KernelSpec { ref formats, head_dim, group, kv, kv_chunks, profile } = *spec;
         let kv_chunks = kv_chunks.clamp(1, MAX_KV_CHUNKS);
         use Slot::*;
         let matmul_family =
@@ -635,7 +760,7 @@ impl Kernels {
             ],
         );
         let mut matmul = BTreeMap::new();
-        for &f in formats {
+        for &f in formats.iter() {
             if matmul.contains_key(&f) {
                 continue;
             }
@@ -678,13 +803,45 @@ impl Kernels {
         let rope_family = Family::new(gpu, &rope_slots);
         let rope_kv = rope_family.pipeline(gpu, "rope_kv", &rope_kv_source(kv, kv_chunks), "main")?;
         let mut attn_slots =
-            vec![(0, Uniform), (1, Uniform), (2, Read), (3, Read), (4, Read), (5, Read), (6, ReadWrite)];
+            vec![(0, Uniform), (1, Uniform), (2, Read), (3, Read), (4, Read), (5, Read), (6, ReadWrite), (7, ReadWrite)];
         attn_slots.extend(chunk_slots(Read));
         let attn_family = Family::new(gpu, &attn_slots);
         let attention = attn_family.pipeline(gpu, "attention", &attention_source(head_dim, kv, kv_chunks), "main")?;
         let sample_family = Family::new(gpu, &[(0, Uniform), (1, Uniform), (2, Read), (3, Read), (4, ReadWrite)]);
         let sample = sample_family.pipeline(gpu, "sample", &plain_source(SAMPLE_WGSL), "main")?;
         let logit_adjust = sample_family.pipeline(gpu, "logit_adjust", &plain_source(LOGIT_ADJUST_WGSL), "main")?;
+        let gpu_kernels = if profile == KernelProfile::Gpu {
+            let mut matmul = BTreeMap::new();
+            for &f in formats.iter() {
+                if matmul.contains_key(&f) {
+                    continue;
+                }
+                let n = f.name();
+                let both = |make: &dyn Fn(bool) -> (String, String)| -> Result<[wgpu::ComputePipeline; 2]> {
+                    let (l0, s0) = make(false);
+                    let (l1, s1) = make(true);
+                    Ok([matmul_family.pipeline(gpu, &l0, &s0, "main")?, matmul_family.pipeline(gpu, &l1, &s1, "main")?])
+                };
+                let decode = GPU_DECODE_TM
+                    .iter()
+                    .map(|&tm| {
+                        both(&|sw| {
+                            (format!("matmul_gpu_{n}_{tm}_{sw}"), matmul_gpu_source(f, tm, sw, gpu.subgroups))
+                        })
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                let tiled = both(&|sw| (format!("matmul_tiled_{n}_{sw}"), matmul_tiled_source(f, sw)))?;
+                matmul.insert(f, GpuMatmulPipelines { decode, tiled });
+            }
+            let src = attention_split_source(head_dim, group.max(1), kv, kv_chunks);
+            Some(GpuPipelines {
+                matmul,
+                attention: attn_family.pipeline(gpu, "attention_split", &src, "main")?,
+                combine: attn_family.pipeline(gpu, "attention_combine", &src, "combine")?,
+            })
+        } else {
+            None
+        };
         Ok(Kernels {
             matmul_family,
             matmul_u_family,
@@ -702,6 +859,7 @@ impl Kernels {
             logit_adjust,
             kv,
             kv_chunks,
+            gpu: gpu_kernels,
         })
     }
 }

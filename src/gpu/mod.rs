@@ -25,6 +25,9 @@ pub struct Gpu {
     /// Largest workgroup count per grid dimension the dispatches use (the device's
     /// max_compute_workgroups_per_dimension; tests lower it to exercise folding).
     pub max_grid: u32,
+    /// Whether the device was opened with subgroup operations (the gpu profile's matmuls reduce
+    /// with subgroupAdd then; tests turn it off to check the workgroup-memory reduction).
+    pub subgroups: bool,
 }
 
 /// What `torus-wgpu adapters` prints for each adapter.
@@ -166,7 +169,12 @@ impl Gpu {
         limits.max_compute_workgroup_storage_size = al.max_compute_workgroup_storage_size;
         let cache_path =
             pipeline_cache_path(&info).filter(|_| adapter.features().contains(wgpu::Features::PIPELINE_CACHE));
-        let features = if cache_path.is_some() { wgpu::Features::PIPELINE_CACHE } else { wgpu::Features::empty() };
+        let mut features = if cache_path.is_some() { wgpu::Features::PIPELINE_CACHE } else { wgpu::Features::empty() };
+        // Subgroup operations for the gpu profile's reductions, where the adapter has them.
+        let subgroups = adapter.features().contains(wgpu::Features::SUBGROUP);
+        if subgroups {
+            features |= wgpu::Features::SUBGROUP;
+        }
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("torus-wgpu"),
             required_features: features,
@@ -199,6 +207,7 @@ impl Gpu {
             pipeline_cache,
             pipeline_cache_path: cache_path,
             max_grid,
+            subgroups,
         })
     }
 
@@ -223,11 +232,11 @@ impl Gpu {
         (x, groups.div_ceil(x).max(1))
     }
 
-    /// Most buffers a layer's K (or V) cache may span on this device: the rope and attention
-    /// kernels bind 3 other storage buffers, and 2 per chunk.
+    /// Most buffers a layer's K (or V) cache may span on this device: the attention kernels
+    /// bind 4 other storage buffers, and 2 per chunk.
     pub fn kv_chunk_limit(&self) -> usize {
         let n = self.device.limits().max_storage_buffers_per_shader_stage as usize;
-        (n.saturating_sub(3) / 2).clamp(1, kernels::MAX_KV_CHUNKS)
+        (n.saturating_sub(4) / 2).clamp(1, kernels::MAX_KV_CHUNKS)
     }
 
     pub fn describe(&self) -> String {
@@ -328,7 +337,7 @@ pub fn validate_wgsl(label: &str, source: &str) -> Result<()> {
         naga::front::wgsl::parse_str(source).map_err(|e| anyhow!("shader {label}: {}", e.emit_to_string(source)))?;
     naga::valid::Validator::new(
         naga::valid::ValidationFlags::all(),
-        naga::valid::Capabilities::SHADER_FLOAT16_IN_FLOAT32,
+        naga::valid::Capabilities::SHADER_FLOAT16_IN_FLOAT32 | naga::valid::Capabilities::SUBGROUP,
     )
     .validate(&module)
     .map_err(|e| anyhow!("shader {label}: {}", e.emit_to_string(source)))?;

@@ -6,9 +6,10 @@ use super::config::{ModelConfig, RopeScaling};
 use super::loader::HostModel;
 use super::tensor::QTensor;
 use crate::gpu::kernels::{
-    plan_x, window_entries, window_stride, KernelProfile, Kernels, KvDtype, WFormat, XPlan, KV_K_CHUNK_BINDING, KV_V_CHUNK_BINDING,
-    MATMUL_TILES, MATMUL_WG, MAX_TOP_LOGPROBS, SAMPLE_PARAMS_STRIDE, SAMPLE_RESULT_STRIDE,
+    window_entries, window_stride, KernelProfile, KernelSpec, Kernels, KvDtype, WFormat, KV_K_CHUNK_BINDING,
+    KV_V_CHUNK_BINDING, MATMUL_TILES, MAX_TOP_LOGPROBS, SAMPLE_PARAMS_STRIDE, SAMPLE_RESULT_STRIDE,
 };
+use super::ops::{attention_splits, Op, OpKind, Recorder, StepShape};
 use crate::gpu::Gpu;
 use anyhow::{bail, Result};
 use bytemuck::{Pod, Zeroable};
@@ -198,37 +199,9 @@ pub(crate) struct StepHeader {
     pub(crate) off_slot: u32,
     pub(crate) off_seq: u32,
     pub(crate) off_table: u32,
-}
-
-enum OpKind {
-    Embed {
-        format: WFormat,
-        k_blocks: u32,
-    },
-    /// `rows` weight rows in this chunk, `x_vec4` vec4s per activation row.
-    Matmul {
-        format: WFormat,
-        rows: u32,
-        x_vec4: u32,
-        sampled: bool,
-        swiglu: bool,
-    },
-    Norm {
-        sampled: bool,
-    },
-    /// Per-head RMSNorm of q and k (Qwen3).
-    HeadNorm,
-    RopeKv,
-    Attention,
-    LogitAdjust,
-    Sample,
-}
-
-struct Op {
-    kind: OpKind,
-    bind: wgpu::BindGroup,
-    /// Matmuls: the bind group of the uniform-x variant, when the device allows it.
-    bind_u: Option<wgpu::BindGroup>,
+    /// Key ranges per (token, KV head) of the split attention (gpu profile).
+    pub(crate) n_splits: u32,
+    pub(crate) _pad: [u32; 3],
 }
 
 /// The KV cache of a stage's layers: per layer, K and V each in one or more buffers (chunks)
@@ -311,9 +284,8 @@ pub struct Model {
     adjust_scratch: Vec<u32>,
     adjust_buf: wgpu::Buffer,
     adjust_cap: usize,
-    /// Dynamic uniform offset alignment and window-entry stride (uniform-x matmuls).
-    align: u32,
-    win_stride: u32,
+    /// vec4s of the split attention's partial results (gpu profile; 0 on the cpu profile).
+    part_vec4: usize,
     header: StepHeader,
     /// Most tokens and sampled rows of one sub-step (a step larger than that runs in several).
     sub_tokens: usize,
@@ -473,9 +445,6 @@ pub fn sub_steps(sample_rows: &[u32], n: usize, max_tokens: usize, max_sampled: 
     out
 }
 
-pub(crate) fn div_up(a: u32, b: u32) -> u32 {
-    a.div_ceil(b)
-}
 
 impl Model {
     /// The whole model on one device.
@@ -539,6 +508,8 @@ impl Model {
             off_slot: 2 * t_max as u32,
             off_seq: 3 * t_max as u32,
             off_table: (4 * t_max + (1 + ps) * s_max) as u32,
+            n_splits: 1,
+            _pad: [0; 3],
         };
         let off_sample = 4 * t_max;
         let off_params = 4 * t_max + s_max;
@@ -592,6 +563,14 @@ impl Model {
             + host.embed.as_ref().filter(|_| first || (last && host.tied)).map_or(0, |e| e.bytes() as u64)
             + host.lm_head.as_ref().filter(|_| last && !host.tied).map_or(0, |e| e.bytes() as u64)
             + f(host.final_norm.len());
+        // The split attention's partial results (gpu profile): up to 32 key ranges of every
+        // head of every sampled row (decode-sized steps split most).
+        let part_vec4 = if limits.profile == KernelProfile::Gpu {
+            let want = s_max * cfg.heads * 32 * (cfg.head_dim / 4 + 1);
+            want.min((mb / 16) as usize)
+        } else {
+            0
+        };
         let plan = MemoryPlan {
             weights,
             kv_cache: num_blocks as u64 * per_block * 2 * layers.len() as u64,
@@ -599,6 +578,7 @@ impl Model {
                 + f(s_last * (cfg.vocab + cfg.hidden + SAMPLE_RESULT_STRIDE))
                 + f(limits.max_seq_len * cfg.head_dim)
                 + f(meta_len)
+                + part_vec4 as u64 * 16
                 + if last { (adjust_cap * 16) as u64 } else { 0 },
         };
         if let Some(mem) = g.memory_limit.filter(|&m| plan.total() > m) {
@@ -629,7 +609,18 @@ impl Model {
         };
         let kv_chunk_elems = blocks_per_chunk * limits.block_size * cfg.kv_dim();
 
-        let kernels = Kernels::new(g, &host.formats(), cfg.head_dim as u32, limits.kv_dtype, kv_chunks)?;
+        let kernels = Kernels::new(
+            g,
+            &KernelSpec {
+                formats: host.formats(),
+                head_dim: cfg.head_dim as u32,
+                group: (cfg.heads / cfg.kv_heads.max(1)) as u32,
+                kv: limits.kv_dtype,
+                kv_chunks,
+                profile: limits.profile,
+            },
+        )?;
+        let part = g.storage("attn_partials", part_vec4 as u64 * 16);
 
         // Activation scratch.
         let hidden = g.storage("hidden", f(t_max * cfg.hidden));
@@ -656,7 +647,7 @@ impl Model {
 
         // TORUS_NO_UNIFORM_X=1 turns the uniform-x matmul variant off (for comparisons).
         let uniform_x = g.uniform_x_ok() && std::env::var_os("TORUS_NO_UNIFORM_X").is_none();
-        let (align, win_stride) = (g.device.limits().min_uniform_buffer_offset_alignment, window_stride(g));
+        let win_stride = window_stride(g);
         let windows = g.uniform_init("windows", bytemuck::cast_slice(&window_entries(t_max + 1, win_stride)));
         let tied = host.tied;
         let embed = match (&host.embed, first || (last && tied)) {
@@ -760,14 +751,14 @@ impl Model {
             if let Some(w) = &hl.qk_norm {
                 let wb = g.storage_init("qk_norm", bytemuck::cast_slice(w));
                 ops.push(Op {
-                    kind: OpKind::HeadNorm,
+                    kind: OpKind::HeadNorm { heads: (cfg.heads + cfg.kv_heads) as u32 },
                     bind_u: None,
                     bind: kernels.head_norm_family.bind(g, &[(0, &step_buf), (1, &head_norm_p), (2, &wb), (3, &qkv)]),
                 });
                 keep.push(wb);
             }
             ops.push(Op {
-                kind: OpKind::RopeKv,
+                kind: OpKind::RopeKv { threads: rope_threads(1, cfg.heads, cfg.kv_heads, cfg.head_dim) },
                 bind_u: None,
                 bind: kernels.rope_family.bind(
                     g,
@@ -780,12 +771,16 @@ impl Model {
                 ),
             });
             ops.push(Op {
-                kind: OpKind::Attention,
+                kind: OpKind::Attention {
+                    heads: cfg.heads as u32,
+                    kv_heads: cfg.kv_heads as u32,
+                    hd4: (cfg.head_dim / 4) as u32,
+                },
                 bind_u: None,
                 bind: kernels.attn_family.bind(
                     g,
                     &kv_entries(
-                        vec![(0, &step_buf), (1, &attn_p), (2, &meta_buf), (3, &qkv), (6, &attn)],
+                        vec![(0, &step_buf), (1, &attn_p), (2, &meta_buf), (3, &qkv), (6, &attn), (7, &part)],
                         (4, 5),
                         &kv.k[l],
                         &kv.v[l],
@@ -865,7 +860,7 @@ impl Model {
         } else {
             matrices.extend(embed);
         }
-        keep.extend([dummy, final_normed, windows, adjust_buf.clone()]);
+        keep.extend([dummy, final_normed, windows, part, adjust_buf.clone()]);
 
         Ok(Model {
             cfg,
@@ -882,8 +877,7 @@ impl Model {
             adjust_scratch: Vec::new(),
             adjust_buf,
             adjust_cap,
-            align,
-            win_stride,
+            part_vec4,
             header,
             sub_tokens: t_max,
             sub_seqs: s_max,
@@ -1022,6 +1016,16 @@ impl Model {
         self.header.n_tokens = n;
         self.header.n_sample = ns;
         self.header.n_seqs = s.block_tables.len() as u32;
+        let cfg = &self.cfg;
+        // Keys the longest-reaching token attends to (its window, with a sliding window).
+        let max_keys = s.positions.iter().max().map_or(1, |&p| p as usize + 1);
+        let max_keys = cfg.sliding_window.map_or(max_keys, |w| max_keys.min(w.max(1)));
+        self.header.n_splits = attention_splits(
+            n as usize,
+            max_keys,
+            (cfg.heads, cfg.kv_heads, cfg.head_dim / 4),
+            self.part_vec4,
+        );
         let h = self.header;
         // Reused every step: no per-step allocation of the metadata or adjustment words.
         let meta = &mut self.meta_scratch;
@@ -1060,76 +1064,14 @@ impl Model {
         let mut enc = g.device.create_command_encoder(&Default::default());
         {
             let mut pass = enc.begin_compute_pass(&Default::default());
-            let cfg = &self.cfg;
-            // 1-D grids of workgroups, folded within the device's per-dimension limit.
-            let fold = |pipe, groups: u32| {
-                let (x, y) = g.fold(groups);
-                (pipe, x, y)
-            };
+            let rec = Recorder::new(&self.kernels, g);
+            let shape = StepShape { n_tokens: n, n_sample: ns, n_splits: h.n_splits, any_adjust };
+            let mut calls = Vec::new();
             for op in &self.ops {
-                let (pipe, x, y) = match op.kind {
-                    OpKind::Embed { format, k_blocks } => {
-                        fold(&self.kernels.matmul[&format].embed, div_up(n * k_blocks, 64))
-                    }
-                    OpKind::Matmul { format, rows, x_vec4, sampled, swiglu } => {
-                        let m = if sampled { ns } else { n };
-                        if m == 0 {
-                            continue;
-                        }
-                        let k = &self.kernels.matmul[&format];
-                        match (plan_x(m, x_vec4, op.bind_u.is_some(), self.align, self.win_stride), &op.bind_u) {
-                            (XPlan::Uniform { tile, windows }, Some(bind_u)) => {
-                                // x read through uniform windows: one dispatch per window.
-                                let (tm, tn) = MATMUL_TILES[tile];
-                                pass.set_pipeline(k.get(tile, swiglu, true));
-                                for (x_off, win_off, rows_w) in windows {
-                                    pass.set_bind_group(0, bind_u, &[x_off, win_off]);
-                                    pass.dispatch_workgroups(
-                                        div_up(div_up(rows, tn), MATMUL_WG),
-                                        div_up(rows_w, tm),
-                                        1,
-                                    );
-                                }
-                                continue;
-                            }
-                            (XPlan::Storage { tile }, _) | (XPlan::Uniform { tile, .. }, None) => {
-                                let (tm, tn) = MATMUL_TILES[tile];
-                                (k.get(tile, swiglu, false), div_up(div_up(rows, tn), MATMUL_WG), div_up(m, tm))
-                            }
-                        }
-                    }
-                    OpKind::Norm { sampled } => {
-                        let m = if sampled { ns } else { n };
-                        if m == 0 {
-                            continue;
-                        }
-                        fold(&self.kernels.rmsnorm, m)
-                    }
-                    OpKind::HeadNorm => {
-                        let threads = n * (cfg.heads + cfg.kv_heads) as u32;
-                        fold(&self.kernels.head_norm, div_up(threads, 64))
-                    }
-                    OpKind::RopeKv => {
-                        let threads = rope_threads(n as usize, cfg.heads, cfg.kv_heads, cfg.head_dim);
-                        fold(&self.kernels.rope_kv, div_up(threads, 64))
-                    }
-                    OpKind::Attention => fold(&self.kernels.attention, div_up(n * cfg.heads as u32, 32)),
-                    OpKind::LogitAdjust => {
-                        if ns == 0 || !any_adjust {
-                            continue;
-                        }
-                        fold(&self.kernels.logit_adjust, ns)
-                    }
-                    OpKind::Sample => {
-                        if ns == 0 {
-                            continue;
-                        }
-                        fold(&self.kernels.sample, ns)
-                    }
-                };
-                pass.set_pipeline(pipe);
-                pass.set_bind_group(0, &op.bind, &[]);
-                pass.dispatch_workgroups(x, y, 1);
+                op.dispatches(&rec, &shape, &mut calls);
+            }
+            for c in &calls {
+                c.record(&mut pass);
             }
         }
         if let Some(rb) = &self.hidden_readback {

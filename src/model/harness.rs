@@ -3,12 +3,13 @@
 
 use super::config::RopeScaling;
 use super::forward::{
-    attn_params, div_up, head_norm_params, kv_entries, rope_params, rope_table, rope_threads, GpuMatrix, MatParams,
+    attn_params, head_norm_params, kv_entries, rope_params, rope_table, rope_threads, GpuMatrix, MatParams,
     SampleParams, Sampled, StepHeader, MAT_ACCUMULATE, MAT_BIAS, MAT_SWIGLU_UP,
 };
 use super::tensor::QTensor;
+use super::ops::{attention_splits, Op, OpKind, Recorder, StepShape};
 use crate::gpu::kernels::{
-    plan_x, window_entries, window_stride, Kernels, KvDtype, XPlan, MATMUL_TILES, MATMUL_WG, SAMPLE_RESULT_STRIDE,
+    window_entries, window_stride, KernelProfile, KernelSpec, Kernels, KvDtype, WFormat, SAMPLE_RESULT_STRIDE,
 };
 use crate::gpu::Gpu;
 use anyhow::Result;
@@ -38,11 +39,6 @@ pub struct Call {
     pub grid: (u32, u32),
 }
 
-impl Call {
-    fn new(pipe: &wgpu::ComputePipeline, bind: wgpu::BindGroup, grid: (u32, u32)) -> Call {
-        Call { pipe: pipe.clone(), bind, offsets: vec![], grid }
-    }
-}
 
 /// Head counts and sizes of an attention test.
 #[derive(Clone, Copy, Debug)]
@@ -61,6 +57,8 @@ pub struct AttnRig {
     pub block_size: usize,
     /// Sliding attention window (0: none).
     pub window: usize,
+    /// gpu profile: key ranges per (token, KV head) to force (None: as the forward step picks).
+    pub splits: Option<u32>,
     /// The cache's chunks (as many as the kernels were built for), `blocks_per_chunk` blocks each.
     pub k: Vec<wgpu::Buffer>,
     pub v: Vec<wgpu::Buffer>,
@@ -70,21 +68,70 @@ pub struct AttnRig {
 }
 
 impl Harness {
-    /// Every weight format, attention for `head_dim`, the default (f16) KV cache.
+    /// Every weight format, attention for `head_dim`, the default (f16) KV cache; cpu profile.
     pub fn new(gpu: Arc<Gpu>, head_dim: u32) -> Result<Harness> {
         Self::with_kv(gpu, head_dim, KvDtype::default())
     }
 
     pub fn with_kv(gpu: Arc<Gpu>, head_dim: u32, kv: KvDtype) -> Result<Harness> {
-        let kernels = Kernels::new(&gpu, &crate::gpu::kernels::WFormat::ALL, head_dim, kv, 1)?;
-        Ok(Harness { gpu, kernels })
+        Self::build(gpu, WFormat::ALL.to_vec(), head_dim, 1, kv, 1, KernelProfile::Cpu)
+    }
+
+    /// Every weight format in the given profile; the split attention (gpu) for `group` query
+    /// heads per KV head.
+    pub fn with_profile(gpu: Arc<Gpu>, head_dim: u32, group: u32, profile: KernelProfile) -> Result<Harness> {
+        Self::build(gpu, WFormat::ALL.to_vec(), head_dim, group, KvDtype::default(), 1, profile)
     }
 
     /// For attention tests and benches: the matmuls of one weight format only (quicker to build),
-    /// the KV cache of each layer split over `kv_chunks` buffers.
-    pub fn attention_only(gpu: Arc<Gpu>, head_dim: u32, kv: KvDtype, kv_chunks: usize) -> Result<Harness> {
-        let kernels = Kernels::new(&gpu, &[crate::gpu::kernels::WFormat::F32], head_dim, kv, kv_chunks)?;
+    /// the KV cache of each layer split over `kv_chunks` buffers, `group` query heads per KV head.
+    pub fn attention_only(
+        gpu: Arc<Gpu>,
+        (head_dim, group): (u32, u32),
+        kv: KvDtype,
+        kv_chunks: usize,
+        profile: KernelProfile,
+    ) -> Result<Harness> {
+        Self::build(gpu, vec![WFormat::F32], head_dim, group, kv, kv_chunks, profile)
+    }
+
+    fn build(
+        gpu: Arc<Gpu>,
+        formats: Vec<WFormat>,
+        head_dim: u32,
+        group: u32,
+        kv: KvDtype,
+        kv_chunks: usize,
+        profile: KernelProfile,
+    ) -> Result<Harness> {
+        let spec = KernelSpec { formats, head_dim, group, kv, kv_chunks, profile };
+        let kernels = Kernels::new(&gpu, &spec)?;
         Ok(Harness { gpu, kernels })
+    }
+
+    /// The ops' dispatches for a step of `shape`, as the forward step records them; `tile`:
+    /// the cpu profile's storage-x matmul tile to force.
+    fn calls(&self, ops: &[Op], shape: StepShape, tile: Option<usize>) -> Vec<Call> {
+        let mut rec = Recorder::new(&self.kernels, &self.gpu);
+        rec.tile_override = tile;
+        let mut ds = Vec::new();
+        for op in ops {
+            op.dispatches(&rec, &shape, &mut ds);
+        }
+        ds.into_iter()
+            .map(|d| Call {
+                pipe: d.pipe.clone(),
+                bind: d.bind.clone(),
+                offsets: d.offsets.map_or(vec![], |o| o.to_vec()),
+                grid: d.grid,
+            })
+            .collect()
+    }
+
+    /// Runs one op over a step of `n` tokens and `ns` sampled rows.
+    fn run_op(&self, kind: OpKind, bind: wgpu::BindGroup, n: usize, ns: usize) -> Result<()> {
+        let shape = StepShape { n_tokens: n as u32, n_sample: ns as u32, n_splits: 1, any_adjust: true };
+        self.run(&self.calls(&[Op { kind, bind, bind_u: None }], shape, None), 1).map(|_| ())
     }
 
     fn step_buffers(&self, header: StepHeader, meta: &[u32]) -> (wgpu::Buffer, wgpu::Buffer) {
@@ -92,11 +139,6 @@ impl Harness {
             self.gpu.uniform_init("step", bytemuck::bytes_of(&header)),
             self.gpu.storage_init("meta", bytemuck::cast_slice(meta)),
         )
-    }
-
-    /// One dispatch of a 1-D grid of `groups` workgroups, folded as the forward step folds it.
-    fn dispatch(&self, pipe: &wgpu::ComputePipeline, bind: &wgpu::BindGroup, groups: u32) -> Result<()> {
-        self.run(&[Call::new(pipe, bind.clone(), self.gpu.fold(groups))], 1).map(|_| ())
     }
 
     fn header(n_tokens: usize, n_sample: usize) -> StepHeader {
@@ -109,12 +151,15 @@ impl Harness {
             off_slot: 0,
             off_seq: 0,
             off_table: 0,
+            n_splits: 1,
+            _pad: [0; 3],
         }
     }
 
-    /// y = x W^T (+ bias) (+ y_init), for m rows of x, with the storage-x matmul variant of
-    /// MATMUL_TILES[tile], or with `uniform_x` the uniform windows the forward step plans, and W split
-    /// into chunks no larger than `max_binding` bytes. With `up`, runs the fused SwiGLU: silu(x G^T) * (x U^T).
+    /// y = x W^T (+ bias) (+ y_init), for m rows of x, dispatched as the forward step does
+    /// (cpu profile: with `tile`, the storage-x variant of MATMUL_TILES[tile]; with `uniform_x`
+    /// the uniform windows the forward step plans), W split into chunks no larger than
+    /// `max_binding` bytes. With `up`, runs the fused SwiGLU: silu(x G^T) * (x U^T).
     #[allow(clippy::too_many_arguments)]
     pub fn matmul(
         &self,
@@ -124,7 +169,7 @@ impl Harness {
         m: usize,
         bias: Option<&[f32]>,
         y_init: Option<&[f32]>,
-        tile: usize,
+        tile: Option<usize>,
         uniform_x: bool,
         max_binding: u64,
     ) -> Result<Vec<f32>> {
@@ -148,7 +193,7 @@ impl Harness {
         up: &QTensor,
         x: &[f32],
         m: usize,
-        tile: usize,
+        tile: Option<usize>,
         uniform_x: bool,
         max_binding: u64,
     ) -> Result<Vec<f32>> {
@@ -169,8 +214,7 @@ impl Harness {
         iters: u64,
     ) -> Result<Duration> {
         let (xb, yb, bb) = self.matmul_buffers(&vec![0.5f32; m * w.cols], m * w.rows);
-        let tile = crate::gpu::kernels::tile_for_rows(m as u32);
-        let calls = self.matmul_calls(w, up, &xb, m, &bb, 0, &yb, tile, uniform_x, self.gpu.max_binding)?;
+        let calls = self.matmul_calls(w, up, &xb, m, &bb, 0, &yb, None, uniform_x, self.gpu.max_binding)?;
         self.run(&calls, iters)
     }
 
@@ -197,55 +241,35 @@ impl Harness {
         bb: &wgpu::Buffer,
         flags: u32,
         yb: &wgpu::Buffer,
-        tile: usize,
+        tile: Option<usize>,
         uniform_x: bool,
         max_binding: u64,
     ) -> Result<Vec<Call>> {
         let g = &*self.gpu;
         let mat = GpuMatrix::upload(g, "w", w, up, max_binding)?;
         let (step, _meta) = self.step_buffers(Self::header(m, 0), &[0]);
-        let k = &self.kernels.matmul[&w.format];
-        let win_stride = window_stride(g);
-        let windows = g.uniform_init("windows", bytemuck::cast_slice(&window_entries(m + 1, win_stride)));
-        let align = g.device.limits().min_uniform_buffer_offset_alignment;
-        // Uniform x: the windows the forward step would use; storage x: the tile asked for.
-        let plan = if uniform_x {
-            plan_x(m as u32, (w.cols / 4) as u32, true, align, win_stride)
-        } else {
-            XPlan::Storage { tile }
-        };
-        let mut calls = Vec::new();
-        for c in &mat.chunks {
-            let p = MatParams::new(w.cols, c, 0, w.rows, false, flags);
-            let pb = g.uniform_init("p", bytemuck::bytes_of(&p));
-            let entries = [(0, &step), (1, &pb), (2, xb), (3, &c.q), (4, &c.s), (5, bb), (6, yb)];
-            let groups = |tn: u32| div_up(div_up(c.rows as u32, tn), MATMUL_WG);
-            match &plan {
-                XPlan::Storage { tile } => {
-                    let (tm, tn) = MATMUL_TILES[*tile];
-                    calls.push(Call {
-                        pipe: k.get(*tile, up.is_some(), false).clone(),
-                        bind: self.kernels.matmul_family.bind(g, &entries),
-                        offsets: vec![],
-                        grid: (groups(tn), div_up(m as u32, tm)),
-                    });
-                }
-                XPlan::Uniform { tile, windows: wins } => {
-                    let (tm, tn) = MATMUL_TILES[*tile];
-                    let bind = self.kernels.matmul_u_family.bind_uniform_x(g, &entries, &windows);
-                    for &(x_off, win_off, rows) in wins {
-                        calls.push(Call {
-                            pipe: k.get(*tile, up.is_some(), true).clone(),
-                            bind: bind.clone(),
-                            offsets: vec![x_off, win_off],
-                            grid: (groups(tn), div_up(rows, tm)),
-                        });
-                    }
-                }
-            }
-        }
+        let windows = g.uniform_init("windows", bytemuck::cast_slice(&window_entries(m + 1, window_stride(g))));
+        let ops: Vec<Op> = mat
+            .chunks
+            .iter()
+            .map(|c| {
+                let p = MatParams::new(w.cols, c, 0, w.rows, false, flags);
+                let pb = g.uniform_init("p", bytemuck::bytes_of(&p));
+                let entries = [(0, &step), (1, &pb), (2, xb), (3, &c.q), (4, &c.s), (5, bb), (6, yb)];
+                let kind = OpKind::Matmul {
+                    format: w.format,
+                    rows: c.rows as u32,
+                    x_vec4: (w.cols / 4) as u32,
+                    sampled: false,
+                    swiglu: up.is_some(),
+                };
+                let bind_u = uniform_x.then(|| self.kernels.matmul_u_family.bind_uniform_x(g, &entries, &windows));
+                Op { kind, bind: self.kernels.matmul_family.bind(g, &entries), bind_u }
+            })
+            .collect();
+        let shape = StepShape { n_tokens: m as u32, n_sample: 0, n_splits: 1, any_adjust: false };
         // The weights stay alive through the bind groups.
-        Ok(calls)
+        Ok(self.calls(&ops, shape, tile))
     }
 
     /// Records `calls` `iters` times in one compute pass, submits, waits; returns the wall time.
@@ -282,7 +306,7 @@ impl Harness {
                 .kernels
                 .matmul_family
                 .bind(g, &[(0, &step), (1, &pb), (2, &meta), (3, &c.q), (4, &c.s), (5, &dummy), (6, &out)]);
-            self.dispatch(&self.kernels.matmul[&table.format].embed, &bind, div_up(tokens.len() as u32 * kb, 64))?;
+            self.run_op(OpKind::Embed { format: table.format, k_blocks: kb }, bind, tokens.len(), 0)?;
         }
         g.download_f32(&out, tokens.len() * table.cols)
     }
@@ -300,7 +324,7 @@ impl Harness {
         let wb = g.storage_init("w", bytemuck::cast_slice(weight));
         let yb = g.storage("y", (rows * dim * 4) as u64);
         let bind = self.kernels.norm_family.bind(g, &[(0, &step), (1, &pb), (2, &xb), (3, &wb), (4, &meta), (5, &yb)]);
-        self.dispatch(&self.kernels.rmsnorm, &bind, rows as u32)?;
+        self.run_op(OpKind::Norm { sampled: gather.is_some() }, bind, m, rows)?;
         g.download_f32(&yb, rows * dim)
     }
 
@@ -328,10 +352,9 @@ impl Harness {
         let rb = g.storage("result", bytes);
         let adj = self.kernels.sample_family.bind(g, &[(0, &step), (1, &pb), (2, &meta), (3, &ab), (4, &lb)]);
         let bind = self.kernels.sample_family.bind(g, &[(0, &step), (1, &pb), (2, &meta), (3, &lb), (4, &rb)]);
-        let calls = [
-            Call::new(&self.kernels.logit_adjust, adj, self.gpu.fold(rows as u32)),
-            Call::new(&self.kernels.sample, bind, self.gpu.fold(rows as u32)),
-        ];
+        let shape = StepShape { n_tokens: rows as u32, n_sample: rows as u32, n_splits: 1, any_adjust: true };
+        let ops = [Op { kind: OpKind::LogitAdjust, bind: adj, bind_u: None }, Op { kind: OpKind::Sample, bind, bind_u: None }];
+        let calls = self.calls(&ops, shape, None);
         if iters > 1 {
             // Timing: the sampler alone (penalties would compound over repetitions).
             return Ok((vec![], vec![], self.run(&calls[1..], iters)?));
@@ -373,7 +396,7 @@ impl Harness {
         let wb = g.storage_init("w", bytemuck::cast_slice(weight));
         let qb = g.storage_init("qkv", bytemuck::cast_slice(qkv));
         let bind = self.kernels.head_norm_family.bind(g, &[(0, &step), (1, &pb), (2, &wb), (3, &qb)]);
-        self.dispatch(&self.kernels.head_norm, &bind, div_up((n * (heads + kv_heads)) as u32, 64))?;
+        self.run_op(OpKind::HeadNorm { heads: (heads + kv_heads) as u32 }, bind, n, 0)?;
         g.download_f32(&qb, qkv.len())
     }
 
@@ -393,6 +416,7 @@ impl Harness {
             head_dim,
             block_size,
             window: 0,
+            splits: None,
             k: (0..chunks).map(|_| g.storage("k", bytes)).collect(),
             v: (0..chunks).map(|_| g.storage("v", bytes)).collect(),
             cos_sin: g.storage_init("cos_sin", bytemuck::cast_slice(&cs)),
@@ -443,7 +467,14 @@ impl Harness {
             off_slot: n as u32,
             off_seq: 2 * n as u32,
             off_table: 3 * n as u32,
+            n_splits: 1,
+            _pad: [0; 3],
         };
+        let dims = (rig.heads, rig.kv_heads, rig.head_dim / 4);
+        let max_keys = s.positions.iter().max().map_or(1, |&p| p as usize + 1);
+        let splits = rig.splits.unwrap_or_else(|| attention_splits(n, max_keys, dims, 1 << 24));
+        let header = StepHeader { n_splits: splits, ..header };
+        let part = g.storage("part", (n * rig.heads * splits as usize * (dims.2 + 1) * 16) as u64);
         let (step, meta) = self.step_buffers(header, &meta);
         let qkv_b = g.storage_init("qkv", bytemuck::cast_slice(qkv));
         let out = g.storage("out", (n * rig.heads * rig.head_dim * 4) as u64);
@@ -464,14 +495,30 @@ impl Harness {
             g,
             &kv_entries(vec![(0, &step), (1, &rp), (2, &meta), (3, &rig.cos_sin), (4, &qkv_b)], (5, 6), &rig.k, &rig.v),
         );
-        let threads = rope_threads(n, rig.heads, rig.kv_heads, rig.head_dim);
         let ab = k.attn_family.bind(
             g,
-            &kv_entries(vec![(0, &step), (1, &ap), (2, &meta), (3, &qkv_b), (6, &out)], (4, 5), &rig.k, &rig.v),
+            &kv_entries(
+                vec![(0, &step), (1, &ap), (2, &meta), (3, &qkv_b), (6, &out), (7, &part)],
+                (4, 5),
+                &rig.k,
+                &rig.v,
+            ),
         );
-        let attention = Call::new(&k.attention, ab, g.fold(div_up((n * rig.heads) as u32, 32)));
-        self.run(&[Call::new(&k.rope_kv, rb, g.fold(div_up(threads, 64))), attention.clone()], 1)?;
-        let elapsed = if iters > 0 { self.run(&[attention], iters)? } else { Duration::ZERO };
+        let shape = StepShape { n_tokens: n as u32, n_sample: 0, n_splits: splits, any_adjust: false };
+        let rope = Op {
+            kind: OpKind::RopeKv { threads: rope_threads(1, rig.heads, rig.kv_heads, rig.head_dim) },
+            bind: rb,
+            bind_u: None,
+        };
+        let attention = Op {
+            kind: OpKind::Attention { heads: rig.heads as u32, kv_heads: rig.kv_heads as u32, hd4: dims.2 as u32 },
+            bind: ab,
+            bind_u: None,
+        };
+        self.run(&self.calls(&[rope], shape, None), 1)?;
+        let attention = self.calls(&[attention], shape, None);
+        self.run(&attention, 1)?;
+        let elapsed = if iters > 0 { self.run(&attention, iters)? } else { Duration::ZERO };
         Ok(((g.download_f32(&qkv_b, n * qkv_dim)?, g.download_f32(&out, n * rig.heads * rig.head_dim)?), elapsed))
     }
 }

@@ -1,0 +1,202 @@
+//! The GPU ops of a forward step: each op is a typed value (what it computes, its sizes, its
+//! bind groups) that turns a step's sizes into its dispatches: pipeline, bind group, dynamic
+//! offsets and a grid folded within the device's per-dimension limit. The forward step
+//! (forward.rs) and the kernel harness (harness.rs) both record ops through `Op::dispatches`,
+//! so the kernel tests run the dispatch code that runs in production.
+
+use crate::gpu::kernels::{
+    plan_x, KernelProfile, Kernels, WFormat, XPlan, GPU_DECODE_NR, GPU_DECODE_TM, GPU_TILE, MATMUL_TILES,
+    MATMUL_WG,
+};
+use crate::gpu::Gpu;
+
+/// What an op computes, with the sizes its grid depends on.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum OpKind {
+    /// Embedding rows of the step's tokens from one row-chunk of the table.
+    Embed { format: WFormat, k_blocks: u32 },
+    /// One row-chunk of a weight matrix: `rows` weight rows (gate rows for `swiglu`),
+    /// `x_vec4` vec4s per activation row; over the sampled rows when `sampled`.
+    Matmul { format: WFormat, rows: u32, x_vec4: u32, sampled: bool, swiglu: bool },
+    /// RMSNorm of every token row, or of the sampled rows.
+    Norm { sampled: bool },
+    /// Per-head RMSNorm of q and k (Qwen3): `heads` = query + KV heads.
+    HeadNorm { heads: u32 },
+    /// RoPE and the KV-cache write: `threads` invocations per token.
+    RopeKv { threads: u32 },
+    /// Paged attention.
+    Attention { heads: u32, kv_heads: u32, hd4: u32 },
+    LogitAdjust,
+    Sample,
+}
+
+/// An op with its bind groups.
+pub struct Op {
+    pub kind: OpKind,
+    pub bind: wgpu::BindGroup,
+    /// Matmuls of the cpu profile: the bind group of the uniform-x variant, when the device
+    /// allows it.
+    pub bind_u: Option<wgpu::BindGroup>,
+}
+
+/// The sizes of one step that grids depend on.
+#[derive(Clone, Copy, Debug)]
+pub struct StepShape {
+    pub n_tokens: u32,
+    pub n_sample: u32,
+    /// Key ranges per (token, KV head) of the split attention (see `attention_splits`).
+    pub n_splits: u32,
+    /// Whether any sampled row has logit adjustments.
+    pub any_adjust: bool,
+}
+
+/// One dispatch.
+pub struct Dispatch<'a> {
+    pub pipe: &'a wgpu::ComputePipeline,
+    pub bind: &'a wgpu::BindGroup,
+    /// Dynamic offsets (uniform-x matmuls: x's window and its window entry).
+    pub offsets: Option<[u32; 2]>,
+    pub grid: (u32, u32),
+}
+
+impl Dispatch<'_> {
+    pub fn record(&self, pass: &mut wgpu::ComputePass<'_>) {
+        pass.set_pipeline(self.pipe);
+        pass.set_bind_group(0, self.bind, self.offsets.as_ref().map_or(&[][..], |o| &o[..]));
+        pass.dispatch_workgroups(self.grid.0, self.grid.1, 1);
+    }
+}
+
+/// What ops need to choose their pipelines and grids: the kernels, the device and the
+/// uniform-window parameters of the cpu profile's uniform-x matmuls.
+pub struct Recorder<'a> {
+    pub kernels: &'a Kernels,
+    pub gpu: &'a Gpu,
+    /// Dynamic uniform offset alignment and window-entry stride.
+    pub align: u32,
+    pub win_stride: u32,
+    /// Tests: the cpu profile's storage-x matmuls use this MATMUL_TILES entry whatever the step's
+    /// rows (so every tile can be checked on small inputs).
+    pub tile_override: Option<usize>,
+}
+
+impl<'a> Recorder<'a> {
+    pub fn new(kernels: &'a Kernels, gpu: &'a Gpu) -> Recorder<'a> {
+        Recorder {
+            kernels,
+            gpu,
+            align: gpu.device.limits().min_uniform_buffer_offset_alignment,
+            win_stride: crate::gpu::kernels::window_stride(gpu),
+            tile_override: None,
+        }
+    }
+
+    /// The profile the kernels were built for.
+    pub fn profile(&self) -> KernelProfile {
+        if self.kernels.gpu.is_some() {
+            KernelProfile::Gpu
+        } else {
+            KernelProfile::Cpu
+        }
+    }
+
+    fn folded<'b>(&self, pipe: &'b wgpu::ComputePipeline, bind: &'b wgpu::BindGroup, groups: u32) -> Dispatch<'b> {
+        Dispatch { pipe, bind, offsets: None, grid: self.gpu.fold(groups) }
+    }
+}
+
+/// Key ranges per (token, KV head) of the split attention: enough workgroups to fill a GPU
+/// (about 512), at least 32 keys per range, at most 32 ranges, and partial results that fit
+/// `part_vec4` vec4s (one range writes the output directly).
+pub fn attention_splits(n_tokens: usize, max_keys: usize, (heads, kv_heads, hd4): (usize, usize, usize), part_vec4: usize) -> u32 {
+    let want = 512usize.div_ceil((n_tokens * kv_heads).max(1));
+    let by_keys = max_keys.div_ceil(32);
+    let by_buffer = part_vec4 / (n_tokens * heads * (hd4 + 1)).max(1);
+    want.min(by_keys).min(by_buffer).clamp(1, 32) as u32
+}
+
+fn div_up(a: u32, b: u32) -> u32 {
+    a.div_ceil(b)
+}
+
+impl Op {
+    /// Appends this op's dispatches for a step of shape `s` (none where it has no rows).
+    pub fn dispatches<'a>(&'a self, r: &Recorder<'a>, s: &StepShape, out: &mut Vec<Dispatch<'a>>) {
+        let k = r.kernels;
+        let (n, ns) = (s.n_tokens, s.n_sample);
+        match self.kind {
+            OpKind::Embed { format, k_blocks } => {
+                out.push(r.folded(&k.matmul[&format].embed, &self.bind, div_up(n * k_blocks, 64)));
+            }
+            OpKind::Matmul { format, rows, x_vec4, sampled, swiglu } => {
+                let m = if sampled { ns } else { n };
+                if m == 0 {
+                    return;
+                }
+                if let Some(gk) = &k.gpu {
+                    let p = &gk.matmul[&format];
+                    let sw = swiglu as usize;
+                    let (pipe, tm, outs) = match GPU_DECODE_TM.iter().position(|&t| t >= m) {
+                        Some(i) => (&p.decode[i][sw], GPU_DECODE_TM[i], GPU_DECODE_NR),
+                        None => (&p.tiled[sw], GPU_TILE.0, GPU_TILE.1),
+                    };
+                    let outs = if swiglu { outs / 2 } else { outs };
+                    out.push(r.folded(pipe, &self.bind, div_up(rows, outs) * div_up(m, tm)));
+                    return;
+                }
+                let mk = &k.matmul[&format];
+                match (plan_x(m, x_vec4, self.bind_u.is_some(), r.align, r.win_stride), &self.bind_u) {
+                    (XPlan::Uniform { tile, windows }, Some(bind_u)) => {
+                        // x read through uniform windows: one dispatch per window.
+                        let (tm, tn) = MATMUL_TILES[tile];
+                        for (x_off, win_off, rows_w) in windows {
+                            out.push(Dispatch {
+                                pipe: mk.get(tile, swiglu, true),
+                                bind: bind_u,
+                                offsets: Some([x_off, win_off]),
+                                grid: (div_up(div_up(rows, tn), MATMUL_WG), div_up(rows_w, tm)),
+                            });
+                        }
+                    }
+                    (XPlan::Storage { tile }, _) | (XPlan::Uniform { tile, .. }, None) => {
+                        let tile = r.tile_override.unwrap_or(tile);
+                        let (tm, tn) = MATMUL_TILES[tile];
+                        out.push(Dispatch {
+                            pipe: mk.get(tile, swiglu, false),
+                            bind: &self.bind,
+                            offsets: None,
+                            grid: (div_up(div_up(rows, tn), MATMUL_WG), div_up(m, tm)),
+                        });
+                    }
+                }
+            }
+            OpKind::Norm { sampled } => {
+                let m = if sampled { ns } else { n };
+                if m > 0 {
+                    out.push(r.folded(&k.rmsnorm, &self.bind, m));
+                }
+            }
+            OpKind::HeadNorm { heads } => out.push(r.folded(&k.head_norm, &self.bind, div_up(n * heads, 64))),
+            OpKind::RopeKv { threads } => out.push(r.folded(&k.rope_kv, &self.bind, div_up(n * threads, 64))),
+            OpKind::Attention { heads, kv_heads, hd4 } => match &k.gpu {
+                Some(gk) => {
+                    out.push(r.folded(&gk.attention, &self.bind, n * kv_heads * s.n_splits));
+                    if s.n_splits > 1 {
+                        out.push(r.folded(&gk.combine, &self.bind, div_up(n * heads * hd4, 64)));
+                    }
+                }
+                None => out.push(r.folded(&k.attention, &self.bind, div_up(n * heads, 32))),
+            },
+            OpKind::LogitAdjust => {
+                if ns > 0 && s.any_adjust {
+                    out.push(r.folded(&k.logit_adjust, &self.bind, ns));
+                }
+            }
+            OpKind::Sample => {
+                if ns > 0 {
+                    out.push(r.folded(&k.sample, &self.bind, ns));
+                }
+            }
+        }
+    }
+}
