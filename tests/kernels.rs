@@ -345,7 +345,12 @@ fn rope_and_paged_attention_with_gqa() {
     let cases = cases.map(|c| (c, false)).chain([((KvDtype::F16, 5, 2, &shapes[3]), true)]);
     // The cpu profile's attention, and the gpu profile's split attention with as many key
     // ranges as the forward step picks, 3 ranges, and 5 (more than some tokens have keys).
-    let profiles = [(KernelProfile::Cpu, None), (KernelProfile::Gpu, None), (KernelProfile::Gpu, Some(3)), (KernelProfile::Gpu, Some(5))];
+    let profiles = [
+        (KernelProfile::Cpu, None),
+        (KernelProfile::Gpu, None),
+        (KernelProfile::Gpu, Some(3)),
+        (KernelProfile::Gpu, Some(5)),
+    ];
     for (((kv, window, chunks, &(heads, kv_heads, head_dim)), folded), (profile, splits)) in
         cases.flat_map(|c| profiles.map(|p| (c, p)))
     {

@@ -7,7 +7,7 @@ use common::{floats, ids, logits_steps};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use torus_wgpu::config::{EngineConfig, KvDtype};
+use torus_wgpu::config::{EngineConfig, KernelProfile, KvDtype};
 use torus_wgpu::engine::{generate, load_model};
 use torus_wgpu::gpu::Gpu;
 use torus_wgpu::model::forward::{Model, SampleParams, StepInput};
@@ -22,6 +22,14 @@ fn json(name: &str) -> Value {
 }
 
 fn load(path: &Path, max_tokens: usize) -> (Model, torus_wgpu::tokenizer::Tokenizer) {
+    load_profile(path, max_tokens, KernelProfile::Auto)
+}
+
+/// Both kernel profiles: lavapipe's own (`auto` picks `cpu` there) and `gpu` forced, which
+/// must reproduce the same references.
+const PROFILES: [KernelProfile; 2] = [KernelProfile::Cpu, KernelProfile::Gpu];
+
+fn load_profile(path: &Path, max_tokens: usize, profile: KernelProfile) -> (Model, torus_wgpu::tokenizer::Tokenizer) {
     let gpu = Arc::new(Gpu::new(None).expect("a wgpu adapter (lavapipe in CI)"));
     // An f32 KV cache: the references are float32 end to end (tests/qwen25_coder.rs checks the
     // default f16 cache against a reference).
@@ -30,9 +38,12 @@ fn load(path: &Path, max_tokens: usize) -> (Model, torus_wgpu::tokenizer::Tokeni
         max_sequence_length: 512,
         total_cache_size: 64 << 20,
         kv_cache_dtype: KvDtype::F32,
+        kernel_profile: profile,
         ..Default::default()
     };
-    load_model(path, &cfg, gpu, &|_, _| {}).unwrap()
+    let (model, tok) = load_model(path, &cfg, gpu, &|_, _| {}).unwrap();
+    assert_eq!(model.limits.profile == KernelProfile::Gpu, profile == KernelProfile::Gpu);
+    (model, tok)
 }
 
 /// Logits at the last prompt position: one prefill step that samples only that row.
@@ -60,7 +71,14 @@ fn greedy(model: &mut Model, prompt: &[u32], n: usize) -> Vec<u32> {
 #[test]
 fn tiny_qwen2_logits_and_greedy_match_reference() {
     let reference = json("tiny-qwen2-reference.json");
-    let (mut model, tok) = load(&fixtures().join("tiny-qwen2"), 128);
+    for profile in PROFILES {
+        let (mut model, tok) = load_profile(&fixtures().join("tiny-qwen2"), 128, profile);
+        tiny_qwen2_check(&reference, &mut model, &tok);
+    }
+}
+
+fn tiny_qwen2_check(reference: &Value, model: &mut Model, tok: &torus_wgpu::tokenizer::Tokenizer) {
+    let model = &mut *model;
     for p in reference["prompts"].as_array().unwrap() {
         let name = p["name"].as_str().unwrap();
         let input = ids(&p["input_ids"]);
@@ -68,12 +86,13 @@ fn tiny_qwen2_logits_and_greedy_match_reference() {
             assert_eq!(tok.encode(text).unwrap(), input, "{name}: tokenization");
         }
         let want = floats(&p["last_position_logits_full"]);
-        let got = last_logits(&mut model, &input);
+        let got = last_logits(model, &input);
         assert_eq!(got.len(), want.len());
         let max_diff = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
-        assert!(max_diff < 1e-3, "{name}: last-position logits differ by {max_diff}");
+        let profile = model.limits.profile;
+        assert!(max_diff < 1e-3, "{profile:?} {name}: last-position logits differ by {max_diff}");
         let want_greedy = ids(&p["greedy_ids"]);
-        assert_eq!(greedy(&mut model, &input, want_greedy.len()), want_greedy, "{name}: greedy tokens");
+        assert_eq!(greedy(model, &input, want_greedy.len()), want_greedy, "{profile:?} {name}: greedy tokens");
     }
 }
 
@@ -177,7 +196,15 @@ const SMOLLM2_TOL: f32 = 1e-3;
 fn smollm2_logits_and_greedy_match_reference() {
     let path = common::smollm2();
     let reference = json("smollm2-reference.json");
-    let (mut model, tok) = load(&path, 128);
+    for profile in PROFILES {
+        let (mut model, tok) = load_profile(&path, 128, profile);
+        eprintln!("kernel profile {profile:?}");
+        smollm2_check(&reference, &mut model, &tok);
+    }
+}
+
+fn smollm2_check(reference: &Value, model: &mut Model, tok: &torus_wgpu::tokenizer::Tokenizer) {
+    let mut model = model;
     let mut worst = 0f32;
     for p in reference["prompts"].as_array().unwrap() {
         let name = p["name"].as_str().unwrap();

@@ -507,7 +507,10 @@ pub fn all_sources(head_dims: &[u32]) -> Vec<(String, String)> {
         for swiglu in [false, true] {
             for tm in GPU_DECODE_TM {
                 for sg in [false, true] {
-                    v.push((format!("matmul_gpu_{}_{tm}_{swiglu}_{sg}", f.name()), matmul_gpu_source(f, tm, swiglu, sg)));
+                    v.push((
+                        format!("matmul_gpu_{}_{tm}_{swiglu}_{sg}", f.name()),
+                        matmul_gpu_source(f, tm, swiglu, sg),
+                    ));
                 }
             }
             v.push((format!("matmul_tiled_{}_{swiglu}", f.name()), matmul_tiled_source(f, swiglu)));
@@ -576,7 +579,11 @@ fn layout(gpu: &Gpu, slots: &[(u32, Slot)]) -> wgpu::BindGroupLayout {
 fn whole<'a>(gpu: &Gpu, buf: &'a wgpu::Buffer) -> wgpu::BindingResource<'a> {
     let cap = gpu.device.limits().max_storage_buffer_binding_size & !15;
     if buf.size() > cap && buf.usage().contains(wgpu::BufferUsages::STORAGE) {
-        wgpu::BindingResource::Buffer(wgpu::BufferBinding { buffer: buf, offset: 0, size: std::num::NonZeroU64::new(cap) })
+        wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+            buffer: buf,
+            offset: 0,
+            size: std::num::NonZeroU64::new(cap),
+        })
     } else {
         buf.as_entire_binding()
     }
@@ -802,8 +809,16 @@ impl Kernels {
         rope_slots.extend(chunk_slots(ReadWrite));
         let rope_family = Family::new(gpu, &rope_slots);
         let rope_kv = rope_family.pipeline(gpu, "rope_kv", &rope_kv_source(kv, kv_chunks), "main")?;
-        let mut attn_slots =
-            vec![(0, Uniform), (1, Uniform), (2, Read), (3, Read), (4, Read), (5, Read), (6, ReadWrite), (7, ReadWrite)];
+        let mut attn_slots = vec![
+            (0, Uniform),
+            (1, Uniform),
+            (2, Read),
+            (3, Read),
+            (4, Read),
+            (5, Read),
+            (6, ReadWrite),
+            (7, ReadWrite),
+        ];
         attn_slots.extend(chunk_slots(Read));
         let attn_family = Family::new(gpu, &attn_slots);
         let attention = attn_family.pipeline(gpu, "attention", &attention_source(head_dim, kv, kv_chunks), "main")?;
@@ -825,9 +840,7 @@ impl Kernels {
                 let decode = GPU_DECODE_TM
                     .iter()
                     .map(|&tm| {
-                        both(&|sw| {
-                            (format!("matmul_gpu_{n}_{tm}_{sw}"), matmul_gpu_source(f, tm, sw, gpu.subgroups))
-                        })
+                        both(&|sw| (format!("matmul_gpu_{n}_{tm}_{sw}"), matmul_gpu_source(f, tm, sw, gpu.subgroups)))
                     })
                     .collect::<Result<Vec<_>>>()?;
                 let tiled = both(&|sw| (format!("matmul_tiled_{n}_{sw}"), matmul_tiled_source(f, sw)))?;

@@ -4,12 +4,12 @@
 
 use super::config::{ModelConfig, RopeScaling};
 use super::loader::HostModel;
+use super::ops::{attention_splits, Op, OpKind, Recorder, StepShape};
 use super::tensor::QTensor;
 use crate::gpu::kernels::{
     window_entries, window_stride, KernelProfile, KernelSpec, Kernels, KvDtype, WFormat, KV_K_CHUNK_BINDING,
     KV_V_CHUNK_BINDING, MATMUL_TILES, MAX_TOP_LOGPROBS, SAMPLE_PARAMS_STRIDE, SAMPLE_RESULT_STRIDE,
 };
-use super::ops::{attention_splits, Op, OpKind, Recorder, StepShape};
 use crate::gpu::Gpu;
 use anyhow::{bail, Result};
 use bytemuck::{Pod, Zeroable};
@@ -444,7 +444,6 @@ pub fn sub_steps(sample_rows: &[u32], n: usize, max_tokens: usize, max_sampled: 
     out.push((a, n));
     out
 }
-
 
 impl Model {
     /// The whole model on one device.
@@ -975,9 +974,8 @@ impl Model {
         let mut hidden_out = Vec::new();
         let mut sampled: Vec<(usize, Sampled)> = Vec::new();
         for (a, b) in ranges {
-            let pick: Vec<usize> = (0..s.sample_rows.len())
-                .filter(|&i| (a..b).contains(&(s.sample_rows[i] as usize)))
-                .collect();
+            let pick: Vec<usize> =
+                (0..s.sample_rows.len()).filter(|&i| (a..b).contains(&(s.sample_rows[i] as usize))).collect();
             let sub = StepInput {
                 tokens: s.tokens[a..b].to_vec(),
                 positions: s.positions[a..b].to_vec(),
@@ -1020,12 +1018,8 @@ impl Model {
         // Keys the longest-reaching token attends to (its window, with a sliding window).
         let max_keys = s.positions.iter().max().map_or(1, |&p| p as usize + 1);
         let max_keys = cfg.sliding_window.map_or(max_keys, |w| max_keys.min(w.max(1)));
-        self.header.n_splits = attention_splits(
-            n as usize,
-            max_keys,
-            (cfg.heads, cfg.kv_heads, cfg.head_dim / 4),
-            self.part_vec4,
-        );
+        self.header.n_splits =
+            attention_splits(n as usize, max_keys, (cfg.heads, cfg.kv_heads, cfg.head_dim / 4), self.part_vec4);
         let h = self.header;
         // Reused every step: no per-step allocation of the metadata or adjustment words.
         let meta = &mut self.meta_scratch;

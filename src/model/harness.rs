@@ -6,8 +6,8 @@ use super::forward::{
     attn_params, head_norm_params, kv_entries, rope_params, rope_table, rope_threads, GpuMatrix, MatParams,
     SampleParams, Sampled, StepHeader, MAT_ACCUMULATE, MAT_BIAS, MAT_SWIGLU_UP,
 };
-use super::tensor::QTensor;
 use super::ops::{attention_splits, Op, OpKind, Recorder, StepShape};
+use super::tensor::QTensor;
 use crate::gpu::kernels::{
     window_entries, window_stride, KernelProfile, KernelSpec, Kernels, KvDtype, WFormat, SAMPLE_RESULT_STRIDE,
 };
@@ -38,7 +38,6 @@ pub struct Call {
     pub offsets: Vec<u32>,
     pub grid: (u32, u32),
 }
-
 
 /// Head counts and sizes of an attention test.
 #[derive(Clone, Copy, Debug)]
@@ -353,7 +352,10 @@ impl Harness {
         let adj = self.kernels.sample_family.bind(g, &[(0, &step), (1, &pb), (2, &meta), (3, &ab), (4, &lb)]);
         let bind = self.kernels.sample_family.bind(g, &[(0, &step), (1, &pb), (2, &meta), (3, &lb), (4, &rb)]);
         let shape = StepShape { n_tokens: rows as u32, n_sample: rows as u32, n_splits: 1, any_adjust: true };
-        let ops = [Op { kind: OpKind::LogitAdjust, bind: adj, bind_u: None }, Op { kind: OpKind::Sample, bind, bind_u: None }];
+        let ops = [
+            Op { kind: OpKind::LogitAdjust, bind: adj, bind_u: None },
+            Op { kind: OpKind::Sample, bind, bind_u: None },
+        ];
         let calls = self.calls(&ops, shape, None);
         if iters > 1 {
             // Timing: the sampler alone (penalties would compound over repetitions).

@@ -5,8 +5,7 @@
 //! so the kernel tests run the dispatch code that runs in production.
 
 use crate::gpu::kernels::{
-    plan_x, KernelProfile, Kernels, WFormat, XPlan, GPU_DECODE_NR, GPU_DECODE_TM, GPU_TILE, MATMUL_TILES,
-    MATMUL_WG,
+    plan_x, KernelProfile, Kernels, WFormat, XPlan, GPU_DECODE_NR, GPU_DECODE_TM, GPU_TILE, MATMUL_TILES, MATMUL_WG,
 };
 use crate::gpu::Gpu;
 
@@ -14,18 +13,37 @@ use crate::gpu::Gpu;
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum OpKind {
     /// Embedding rows of the step's tokens from one row-chunk of the table.
-    Embed { format: WFormat, k_blocks: u32 },
+    Embed {
+        format: WFormat,
+        k_blocks: u32,
+    },
     /// One row-chunk of a weight matrix: `rows` weight rows (gate rows for `swiglu`),
     /// `x_vec4` vec4s per activation row; over the sampled rows when `sampled`.
-    Matmul { format: WFormat, rows: u32, x_vec4: u32, sampled: bool, swiglu: bool },
+    Matmul {
+        format: WFormat,
+        rows: u32,
+        x_vec4: u32,
+        sampled: bool,
+        swiglu: bool,
+    },
     /// RMSNorm of every token row, or of the sampled rows.
-    Norm { sampled: bool },
+    Norm {
+        sampled: bool,
+    },
     /// Per-head RMSNorm of q and k (Qwen3): `heads` = query + KV heads.
-    HeadNorm { heads: u32 },
+    HeadNorm {
+        heads: u32,
+    },
     /// RoPE and the KV-cache write: `threads` invocations per token.
-    RopeKv { threads: u32 },
+    RopeKv {
+        threads: u32,
+    },
     /// Paged attention.
-    Attention { heads: u32, kv_heads: u32, hd4: u32 },
+    Attention {
+        heads: u32,
+        kv_heads: u32,
+        hd4: u32,
+    },
     LogitAdjust,
     Sample,
 }
@@ -108,7 +126,12 @@ impl<'a> Recorder<'a> {
 /// Key ranges per (token, KV head) of the split attention: enough workgroups to fill a GPU
 /// (about 512), at least 32 keys per range, at most 32 ranges, and partial results that fit
 /// `part_vec4` vec4s (one range writes the output directly).
-pub fn attention_splits(n_tokens: usize, max_keys: usize, (heads, kv_heads, hd4): (usize, usize, usize), part_vec4: usize) -> u32 {
+pub fn attention_splits(
+    n_tokens: usize,
+    max_keys: usize,
+    (heads, kv_heads, hd4): (usize, usize, usize),
+    part_vec4: usize,
+) -> u32 {
     let want = 512usize.div_ceil((n_tokens * kv_heads).max(1));
     let by_keys = max_keys.div_ceil(32);
     let by_buffer = part_vec4 / (n_tokens * heads * (hd4 + 1)).max(1);
