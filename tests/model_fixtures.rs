@@ -204,7 +204,6 @@ fn smollm2_logits_and_greedy_match_reference() {
 }
 
 fn smollm2_check(reference: &Value, model: &mut Model, tok: &torus_wgpu::tokenizer::Tokenizer) {
-    let mut model = model;
     let mut worst = 0f32;
     for p in reference["prompts"].as_array().unwrap() {
         let name = p["name"].as_str().unwrap();
@@ -213,7 +212,7 @@ fn smollm2_check(reference: &Value, model: &mut Model, tok: &torus_wgpu::tokeniz
         let want_ids = ids(&p["greedy"]["generated_ids"]);
         let margins = floats(&p["greedy"]["argmax_margins"]);
         let steps = p["first_decode_steps_top5"].as_array().unwrap();
-        let logits = logits_steps(&mut model, &input, &want_ids[..steps.len() - 1]);
+        let logits = logits_steps(model, &input, &want_ids[..steps.len() - 1]);
         for (s, st) in steps.iter().enumerate() {
             let top_ids = ids(&st["top5_ids"]);
             let top_logits = floats(&st["top5_logits"]);
@@ -223,7 +222,7 @@ fn smollm2_check(reference: &Value, model: &mut Model, tok: &torus_wgpu::tokeniz
                 assert!((got - want).abs() < SMOLLM2_TOL, "{name} step {s} id {id}: logit {got} vs {want}");
             }
         }
-        let got_ids = greedy(&mut model, &input, want_ids.len());
+        let got_ids = greedy(model, &input, want_ids.len());
         let trusted = margins.iter().position(|&m| m < SMOLLM2_TOL).unwrap_or(margins.len());
         assert_eq!(got_ids[..trusted], want_ids[..trusted], "{name}: greedy tokens (first {trusted} steps)");
         eprintln!("{name}: {trusted} greedy tokens compared");
@@ -231,7 +230,7 @@ fn smollm2_check(reference: &Value, model: &mut Model, tok: &torus_wgpu::tokeniz
     eprintln!("max |logit diff| over the top-5 of the first 4 steps: {worst}");
     // The plain prompt's top-20 at its last position.
     let last = &reference["plain_prompt_last_position_logits"];
-    let l = logits_steps(&mut model, &ids(&last["input_ids"]), &[]);
+    let l = logits_steps(model, &ids(&last["input_ids"]), &[]);
     for (id, want) in ids(&last["top20_ids"]).iter().zip(floats(&last["top20_logits"])) {
         assert!((l[0][*id as usize] - want).abs() < SMOLLM2_TOL, "top-20 id {id}");
     }
@@ -260,7 +259,10 @@ fn memory_plan_is_reported_and_checked() {
 
 /// Two sequences' prompts and then their decode steps, batched, with every row sampled and
 /// top-5 log-probabilities: (sampled tokens, top-5 per row) of each step.
-fn two_sequence_run(model: &mut Model, prompts: [&[u32]; 2], steps: usize) -> Vec<Vec<(u32, Vec<(u32, f32)>)>> {
+/// Per step, per row: the sampled token and its top log-probabilities.
+type StepRows = Vec<Vec<(u32, Vec<(u32, f32)>)>>;
+
+fn two_sequence_run(model: &mut Model, prompts: [&[u32]; 2], steps: usize) -> StepRows {
     let bs = model.limits.block_size as u32;
     // Sequence s owns blocks s*4 .. s*4+4.
     let tables: Vec<Vec<u32>> = (0..2u32).map(|s| (s * 4..s * 4 + 4).collect()).collect();
