@@ -5,4 +5,5 @@ pub mod forward;
 pub mod gguf;
 pub mod harness;
 pub mod loader;
+pub mod synth;
 pub mod tensor;
