@@ -186,12 +186,22 @@ pub fn sized_config(
 }
 
 /// Loads the model `cfg` names onto `gpu` (weights only: no tokenizer), compiles every pipeline.
+/// Prints how long reading the file and building the model on the device took.
 pub fn load_model(cfg: &EngineConfig, gpu: Arc<Gpu>) -> Result<(Model, HostModel)> {
     let path = cfg.model_path();
+    let t = Instant::now();
     let host = HostModel::load(&path, &|_, _| {}).with_context(|| format!("loading {}", path.display()))?;
+    let read_s = t.elapsed().as_secs_f64();
+    let t = Instant::now();
     let limits = crate::pipeline::step_limits(cfg, &host.cfg);
     let mut model = Model::new(gpu, &host, limits).with_context(|| format!("loading {}", path.display()))?;
     model.warm_up()?;
+    eprintln!(
+        "loaded {}: read {read_s:.1} s, on the device {:.1} s: {}",
+        path.display(),
+        t.elapsed().as_secs_f64(),
+        model.plan
+    );
     Ok((model, host))
 }
 
@@ -353,11 +363,9 @@ pub fn bench_model(args: &BenchModelArgs) -> Result<BenchModelReport> {
     let cfg = sized_config(&args.engine, &mcfg, max_batch, decode_len.max(args.prefill_tokens), step_tokens, &blocks)?;
     let gpu = Arc::new(Gpu::new(cfg.adapter.as_deref())?);
     eprintln!("adapter: {}", gpu.describe());
-    let t = Instant::now();
     let (mut model, host) = load_model(&cfg, gpu.clone())?;
     let model_summary = ModelSummary::of(&path, &host, model.plan.weights);
     drop(host);
-    eprintln!("loaded {} in {:.1} s: {}", path.display(), t.elapsed().as_secs_f64(), model.plan);
     let mut rng = XorShift64::new(args.seed);
     let mut decode = Vec::new();
     for &b in &args.batches {

@@ -31,6 +31,9 @@ pub struct CheckProfilesArgs {
     /// Seed of the random prompt.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Write the adapter, model, verdict and every step as JSON here.
+    #[arg(long)]
+    pub json: Option<std::path::PathBuf>,
 }
 
 /// How one step's profiles compared.
@@ -223,6 +226,18 @@ pub fn run(args: &CheckProfilesArgs) -> Result<()> {
             ""
         }
     );
+    if let Some(p) = &args.json {
+        let doc = serde_json::json!({
+            "adapter": a,
+            "model": path.display().to_string(),
+            "prompt_tokens": args.prompt_tokens,
+            "passed": check.passed(),
+            "failures": check.failures(),
+            "steps": check.steps,
+        });
+        let text = serde_json::to_string_pretty(&doc)? + "\n";
+        std::fs::write(p, text).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?;
+    }
     if !check.passed() {
         bail!("the cpu and gpu kernel profiles disagree on {} step(s)", check.failures());
     }
