@@ -1,4 +1,5 @@
-//! The `torus-wgpu` command line: serve, worker, bench, throughput, generate, adapters, tokenize.
+//! The `torus-wgpu` command line: serve, worker, bench, throughput, generate, adapters, tokenize,
+//! and the GPU check's tools: synth-model, bench-model, check-profiles.
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -74,6 +75,31 @@ enum Cmd {
         #[arg(long, default_value_t = 0)]
         seed: u64,
     },
+    /// Write a synthetic GGUF model (random weights, real shape and tokenizer) for speed and
+    /// correctness checks on machines without model files.
+    SynthModel {
+        /// Model shape: smollm2-135m, qwen2.5-0.5b, qwen2.5-7b or llama-3-8b.
+        #[arg(long)]
+        shape: String,
+        /// Weight format of the matrices: f32, f16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k,
+        /// q4_k, q5_k, q6_k (K-quants fall back as llama.cpp's where a row is not a multiple of 256).
+        #[arg(long, default_value = "q4_k")]
+        format: String,
+        /// Layers (default: the shape's own count).
+        #[arg(long)]
+        layers: Option<usize>,
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// The .gguf file to write.
+        #[arg(long)]
+        out: std::path::PathBuf,
+    },
+    /// Measure decode (at several batch sizes) and prefill speed of a model, straight on `Model`
+    /// (no server, no scheduler).
+    BenchModel(Box<torus_wgpu::bench::model::BenchModelArgs>),
+    /// Run a prompt and greedy decoding through the cpu and gpu kernel profiles and compare them
+    /// step by step; exits non-zero when they disagree.
+    CheckProfiles(Box<torus_wgpu::bench::profiles::CheckProfilesArgs>),
 }
 
 fn throughput(
@@ -139,6 +165,26 @@ fn run() -> Result<()> {
         Cmd::Serve(args) => torus_wgpu::server::run(*args)?,
         Cmd::Bench(args) => torus_wgpu::bench::run(*args)?,
         Cmd::Tokenize(args) => torus_wgpu::tokenizer::cli::run(&args)?,
+        Cmd::SynthModel { shape, format, layers, seed, out } => {
+            use torus_wgpu::model::synth;
+            let s = synth::synth_shape(&shape).ok_or_else(|| {
+                anyhow::anyhow!("unknown shape '{shape}' (known: {})", synth::SYNTH_SHAPES.join(", "))
+            })?;
+            let f = synth::parse_format(&format)?;
+            let t = std::time::Instant::now();
+            let bytes = synth::write_synthetic_gguf(&out, &s, f, layers, seed)?;
+            eprintln!(
+                "wrote {}: {} {} with {} layers, {:.1} MiB in {:.1} s",
+                out.display(),
+                s.name,
+                f.name(),
+                layers.unwrap_or(s.layers),
+                bytes as f64 / (1u64 << 20) as f64,
+                t.elapsed().as_secs_f64()
+            );
+        }
+        Cmd::BenchModel(args) => torus_wgpu::bench::model::run(&args)?,
+        Cmd::CheckProfiles(args) => torus_wgpu::bench::profiles::run(&args)?,
         Cmd::Throughput { engine, num_prompts, input_len, output_len, shared_prefix, seed } => {
             let cfg = engine.resolve()?;
             throughput(&cfg, num_prompts, input_len, output_len, shared_prefix, seed)?;

@@ -3,6 +3,8 @@
 //! and reports throughput and TTFT / TPOT / ITL / E2E latency with vLLM's definitions.
 
 pub mod metrics;
+pub mod model;
+pub mod profiles;
 
 use anyhow::{anyhow, bail, Context, Result};
 use futures_util::StreamExt;

@@ -397,6 +397,25 @@ pub fn block_format(t: GgmlType) -> Option<WFormat> {
     })
 }
 
+/// The GGUF tensor type that stores a weight format (the inverse of `block_format`, plus the
+/// float formats).
+pub fn gguf_type(f: WFormat) -> GgmlType {
+    match f {
+        WFormat::F32 => GgmlType::F32,
+        WFormat::F16 => GgmlType::F16,
+        WFormat::Q8_0 => GgmlType::Q8_0,
+        WFormat::Q4_0 => GgmlType::Q4_0,
+        WFormat::Q4_1 => GgmlType::Q4_1,
+        WFormat::Q5_0 => GgmlType::Q5_0,
+        WFormat::Q5_1 => GgmlType::Q5_1,
+        WFormat::Q2_K => GgmlType::Q2_K,
+        WFormat::Q3_K => GgmlType::Q3_K,
+        WFormat::Q4_K => GgmlType::Q4_K,
+        WFormat::Q5_K => GgmlType::Q5_K,
+        WFormat::Q6_K => GgmlType::Q6_K,
+    }
+}
+
 fn gguf_matrix(g: &GgufFile, name: &str, rows: usize, cols: usize) -> Result<QTensor> {
     let src = g.path.display().to_string();
     let t = g.tensor(name).ok_or_else(|| anyhow!("{src}: tensor {name} is missing"))?;

@@ -6,4 +6,5 @@ pub mod gguf;
 pub mod harness;
 pub mod loader;
 pub mod ops;
+pub mod synth;
 pub mod tensor;

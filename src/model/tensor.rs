@@ -53,6 +53,162 @@ fn bytes_word(b: &[u8]) -> u32 {
     u32::from_le_bytes([b[0], b[1], b[2], b[3]])
 }
 
+/// The inverse of `k4_scales`: eight 6-bit scales and eight 6-bit mins -> GGUF's twelve bytes.
+fn k4_pack_scales(d: &[u8; 8], m: &[u8; 8]) -> [u8; 12] {
+    let mut sc = [0u8; 12];
+    for j in 0..4 {
+        sc[j] = (d[j] & 63) | (d[j + 4] >> 4) << 6;
+        sc[j + 4] = (m[j] & 63) | (m[j + 4] >> 4) << 6;
+        sc[j + 8] = (d[j + 4] & 15) | (m[j + 4] & 15) << 4;
+    }
+    sc
+}
+
+/// The inverse of Q3_K's scale unpacking in `decode_block`: sixteen signed scales in -32..32
+/// -> GGUF's twelve bytes (low nibbles in bytes 0..8, the two high bits in bytes 8..12).
+fn q3_pack_scales(scales: &[i8; 16]) -> [u8; 12] {
+    let mut sc = [0u8; 12];
+    for (i, &v) in scales.iter().enumerate() {
+        let v = (v as i32 + 32).clamp(0, 63) as u8;
+        sc[i % 8] |= (v & 15) << (4 * (i / 8));
+        sc[8 + i % 4] |= (v >> 4) << (2 * (i / 4));
+    }
+    sc
+}
+
+/// Byte offsets of a GGUF block's f16 scale fields (d, and the min or dmin where the format
+/// has one).
+fn gguf_scale_fields(format: WFormat) -> &'static [usize] {
+    match format {
+        WFormat::Q8_0 | WFormat::Q4_0 | WFormat::Q5_0 => &[0],
+        WFormat::Q4_1 | WFormat::Q5_1 | WFormat::Q4_K | WFormat::Q5_K => &[0, 2],
+        WFormat::Q2_K => &[80, 82],
+        WFormat::Q3_K => &[108],
+        WFormat::Q6_K => &[208],
+        WFormat::F32 | WFormat::F16 => &[],
+    }
+}
+
+/// xorshift64: the fast, seeded generator of random weights (tests, benches, synthetic
+/// models). The same sequence on every platform for a given seed.
+#[derive(Clone, Debug)]
+pub struct XorShift64(u64);
+
+impl XorShift64 {
+    pub fn new(seed: u64) -> XorShift64 {
+        XorShift64(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.0 = x;
+        x
+    }
+
+    /// Uniform in [0, 1), with 24 bits so it is exact in f32.
+    pub fn unit(&mut self) -> f32 {
+        (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32
+    }
+
+    /// Uniform in [lo, hi] (inclusive).
+    pub fn range(&mut self, lo: u32, hi: u32) -> u32 {
+        lo + (self.next_u64() >> 32) as u32 % (hi - lo + 1)
+    }
+
+    /// Random bytes, eight per step of the generator.
+    pub fn fill_bytes(&mut self, out: &mut [u8]) {
+        let mut chunks = out.chunks_exact_mut(8);
+        for c in &mut chunks {
+            c.copy_from_slice(&self.next_u64().to_le_bytes());
+        }
+        let rest = chunks.into_remainder();
+        let last = self.next_u64().to_le_bytes();
+        let n = rest.len();
+        rest.copy_from_slice(&last[..n]);
+    }
+}
+
+/// Standard deviation of a code drawn uniformly from `n` consecutive integers.
+fn uniform_code_std(n: u32) -> f32 {
+    (((n * n - 1) as f32) / 12.0).sqrt()
+}
+
+/// Fills one GGUF block of `format` with random codes and scales chosen so that its values
+/// have mean about 0 and standard deviation about `std` (synthetic models: with `std` about
+/// 1/sqrt(row length), activations stay O(1) through any number of layers). Symmetric formats
+/// get scales of random sign; formats with a min get min = -(mean code) * scale.
+pub fn fill_centered_block(format: WFormat, b: &mut [u8], rng: &mut XorShift64, std: f32) {
+    rng.fill_bytes(b);
+    let put = |b: &mut [u8], at: usize, v: f32| b[at..at + 2].copy_from_slice(&f16::from_f32(v).to_le_bytes());
+    // A scale of magnitude std / code_std, jittered by +-25%, with a random sign when `signed`.
+    let scale = |rng: &mut XorShift64, code_std: f32, signed: bool| {
+        let d = std / code_std * (0.75 + 0.5 * rng.unit());
+        if signed && rng.next_u64() & 1 == 1 {
+            -d
+        } else {
+            d
+        }
+    };
+    match format {
+        WFormat::Q8_0 => put(b, 0, scale(rng, uniform_code_std(256), true)),
+        WFormat::Q4_0 => put(b, 0, scale(rng, uniform_code_std(16), true)),
+        WFormat::Q5_0 => put(b, 0, scale(rng, uniform_code_std(32), true)),
+        WFormat::Q4_1 | WFormat::Q5_1 => {
+            let levels = if format == WFormat::Q4_1 { 16 } else { 32 };
+            let d = f16::from_f32(scale(rng, uniform_code_std(levels), true)).to_f32();
+            put(b, 0, d);
+            put(b, 2, -d * (levels - 1) as f32 / 2.0);
+        }
+        WFormat::Q4_K | WFormat::Q5_K => {
+            // value = d * sc * code - dmin * m, sc in 32..=63; dmin = d * levels / 2 so that
+            // m = round(mean code * sc * d / dmin) fits six bits.
+            let levels = if format == WFormat::Q4_K { 16 } else { 32 };
+            let d = scale(rng, uniform_code_std(levels) * 47.5, false);
+            let dmin = d * (levels / 2) as f32;
+            let (mut sc, mut mn) = ([0u8; 8], [0u8; 8]);
+            for j in 0..8 {
+                sc[j] = rng.range(32, 63) as u8;
+                mn[j] = ((levels - 1) as f32 / 2.0 * sc[j] as f32 / (levels / 2) as f32).round() as u8;
+            }
+            put(b, 0, d);
+            put(b, 2, dmin);
+            b[4..16].copy_from_slice(&k4_pack_scales(&sc, &mn));
+        }
+        WFormat::Q6_K => {
+            // value = d * sc * (code - 32), sc signed in +-(32..=127).
+            put(b, 208, scale(rng, uniform_code_std(64) * 79.5, false));
+            for s in &mut b[192..208] {
+                let v = rng.range(32, 127) as i8;
+                *s = if rng.next_u64() & 1 == 1 { -v } else { v } as u8;
+            }
+        }
+        WFormat::Q3_K => {
+            // value = d * sc * (code - 4), sc signed in +-(8..=31).
+            put(b, 108, scale(rng, uniform_code_std(8) * 19.5, false));
+            let mut sc = [0i8; 16];
+            for s in &mut sc {
+                let v = rng.range(8, 31) as i8;
+                *s = if rng.next_u64() & 1 == 1 { -v } else { v };
+            }
+            b[96..108].copy_from_slice(&q3_pack_scales(&sc));
+        }
+        WFormat::Q2_K => {
+            // value = d * sc * code - dmin * m, sc in 8..=15, dmin = 2 d, m = round(0.75 sc).
+            let d = scale(rng, uniform_code_std(4) * 11.5, false);
+            put(b, 80, d);
+            put(b, 82, 2.0 * d);
+            for s in &mut b[..16] {
+                let sc = rng.range(8, 15) as u8;
+                *s = sc | ((0.75 * sc as f32).round() as u8) << 4;
+            }
+        }
+        WFormat::F32 | WFormat::F16 => unreachable!("not a block format"),
+    }
+}
+
 /// Q4_K/Q5_K's twelve bytes of 6-bit scales and mins -> (scales, mins), eight each.
 fn k4_scales(sc: &[u8]) -> ([u8; 8], [u8; 8]) {
     let (mut d, mut m) = ([0u8; 8], [0u8; 8]);
@@ -384,14 +540,8 @@ impl QTensor {
     /// Random GGUF blocks of `format` (random codes; finite f16 scales of random sign and
     /// magnitude 1e-3..0.1), for tests and benches of formats this crate cannot quantize to.
     pub fn random_gguf(format: WFormat, rows: usize, cols: usize, seed: u64) -> Result<QTensor> {
-        let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        let mut next = move || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state
-        };
-        let mut unit = || (next() >> 40) as f32 / (1u64 << 24) as f32;
+        let mut rng = XorShift64::new(seed);
+        let mut unit = || rng.unit();
         match format {
             WFormat::F32 => {
                 return Self::from_f32(rows, cols, &(0..rows * cols).map(|_| unit() * 2.0 - 1.0).collect::<Vec<_>>())
@@ -409,17 +559,8 @@ impl QTensor {
         check_cols(cols, block_elems, "random_gguf")?;
         let n = rows * cols / block_elems;
         let mut bytes: Vec<u8> = (0..n * block_bytes).map(|_| (unit() * 256.0) as u8).collect();
-        // Offsets of the f16 scale fields in each block.
-        let fields: &[usize] = match format {
-            WFormat::Q8_0 | WFormat::Q4_0 | WFormat::Q5_0 => &[0],
-            WFormat::Q4_1 | WFormat::Q5_1 | WFormat::Q4_K | WFormat::Q5_K => &[0, 2],
-            WFormat::Q2_K => &[80, 82],
-            WFormat::Q3_K => &[108],
-            WFormat::Q6_K => &[208],
-            WFormat::F32 | WFormat::F16 => unreachable!(),
-        };
         for b in bytes.chunks_exact_mut(block_bytes) {
-            for &o in fields {
+            for &o in gguf_scale_fields(format) {
                 let mag = 1e-3 + unit() * 0.099;
                 let v = if unit() < 0.5 { -mag } else { mag };
                 b[o..o + 2].copy_from_slice(&f16::from_f32(v).to_le_bytes());

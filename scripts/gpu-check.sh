@@ -1,0 +1,154 @@
+#!/usr/bin/env bash
+# The GPU check: correctness and speed of the kernel profiles at real model sizes, on a machine
+# where only this working tree and a release binary were copied (no Rust toolchain, no network,
+# no model files). For each shape it writes a synthetic model (random weights, the real shape
+# and a tokenizer; `torus-wgpu synth-model`) into a temp dir, runs `check-profiles` (cpu vs gpu
+# kernel profiles, step by step), then `bench-model` once per profile, and deletes the model.
+# The out dir gets four files: summary.txt, log.txt, checks.json and bench.json. It goes on after a failed shape and exits 1 at the end if any check
+# failed.
+#
+#   scripts/gpu-check.sh [--shapes smollm2-135m,qwen2.5-0.5b,qwen2.5-7b,llama-3-8b] [--format q4_k]
+#       [--layers N] [--out DIR (./gpu-check-out)] [--tmp DIR ($TMPDIR or /tmp)]
+#       [--batches 1,8,32] [--decode-steps 32] [--prefill-tokens 512] [--quick]
+#
+# --quick (for lavapipe): 2 layers, batches 1,8, 4 decode steps, a 64-token prefill, a shorter
+# profile check. The 7B/8B shapes at full depth need about 5 GB of disk and GPU memory each.
+#
+# The binary: $TORUS_BIN, else target/release/torus-wgpu, else $CARGO_TARGET_DIR/release/torus-wgpu.
+#
+# Vulkan: the binary opens libvulkan.so.1 at run time. Where `ldconfig -p | grep libvulkan`
+# prints nothing, bring Debian's libvulkan1 package along (`apt-get download libvulkan1` on a
+# machine with apt) and unpack it there: `dpkg -x libvulkan1_*.deb / && ldconfig`, or
+# `dpkg -x libvulkan1_*.deb DIR` and LD_LIBRARY_PATH=DIR/usr/lib/x86_64-linux-gnu. Where the
+# loader then finds no driver (`torus-wgpu adapters` lists only llvmpipe or nothing), point it
+# at the vendor's ICD file, e.g. VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+# (NVIDIA containers; elsewhere /usr/share/vulkan/icd.d/nvidia_icd.json).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+shapes="smollm2-135m,qwen2.5-0.5b,qwen2.5-7b,llama-3-8b"
+format="q4_k"
+layers=""
+out="gpu-check-out"
+tmp="${TMPDIR:-/tmp}"
+batches="1,8,32"
+decode_steps=32
+warmup_steps=2
+prefill_tokens=512
+check_prompt=64
+check_steps=16
+quick=0
+
+usage() { sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --shapes) shapes="$2"; shift 2 ;;
+        --format) format="$2"; shift 2 ;;
+        --layers) layers="$2"; shift 2 ;;
+        --out) out="$2"; shift 2 ;;
+        --tmp) tmp="$2"; shift 2 ;;
+        --batches) batches="$2"; shift 2 ;;
+        --decode-steps) decode_steps="$2"; shift 2 ;;
+        --prefill-tokens) prefill_tokens="$2"; shift 2 ;;
+        --quick) quick=1; shift ;;
+        -h|--help) usage; exit 0 ;;
+        *) echo "gpu-check: unknown argument $1 (see --help)" >&2; exit 2 ;;
+    esac
+done
+if [ "$quick" = 1 ]; then
+    # Only values still at their defaults change.
+    [ -z "$layers" ] && layers=2
+    [ "$batches" = "1,8,32" ] && batches="1,8"
+    [ "$decode_steps" = 32 ] && decode_steps=4
+    [ "$prefill_tokens" = 512 ] && prefill_tokens=64
+    warmup_steps=1
+    check_prompt=16
+    check_steps=4
+fi
+
+bin="${TORUS_BIN:-}"
+if [ -z "$bin" ]; then
+    for b in target/release/torus-wgpu "${CARGO_TARGET_DIR:-target}/release/torus-wgpu"; do
+        [ -x "$b" ] && bin="$b" && break
+    done
+fi
+if [ -z "$bin" ] || [ ! -x "$bin" ]; then
+    echo "gpu-check: no torus-wgpu binary (set TORUS_BIN, or build with cargo build --release)" >&2
+    exit 2
+fi
+mkdir -p "$out" || exit 2
+out="$(cd "$out" && pwd)"
+work="$(mktemp -d "$tmp/torus-gpu-check.XXXXXX")" || exit 2
+trap 'rm -rf "$work"' EXIT
+# Four files come out: summary.txt (verdicts and speed tables), log.txt (every command's
+# output), checks.json and bench.json (arrays of check-profiles' and bench-model's reports).
+summary="$out/summary.txt"
+log="$out/log.txt"
+: >"$summary"
+: >"$log"
+failed=0
+say() { echo "$*" | tee -a "$summary"; }
+# Runs a command, its output to the terminal and log.txt; its exit status is the command's.
+run() {
+    echo "\$ $*" >>"$log"
+    "$@" 2>&1 | tee -a "$log"
+}
+# Joins JSON documents (files) into one array.
+json_array() {
+    local first=1
+    echo "["
+    for f in "$@"; do
+        [ -f "$f" ] || continue
+        [ "$first" = 1 ] || echo ","
+        cat "$f"
+        first=0
+    done
+    echo "]"
+}
+
+say "gpu-check: $(date -u +%Y-%m-%dT%H:%M:%SZ) binary $bin, format $format, shapes $shapes${layers:+, $layers layers}"
+run "$bin" adapters | tee -a "$summary" || { say "FAIL: torus-wgpu adapters"; failed=1; }
+
+n=0
+for shape in ${shapes//,/ }; do
+    n=$((n + 1))
+    model="$work/$shape-$format.gguf"
+    say ""
+    say "== $shape ($format${layers:+, $layers layers})"
+    if ! run "$bin" synth-model --shape "$shape" --format "$format" ${layers:+--layers "$layers"} --out "$model"; then
+        say "FAIL: $shape: synth-model"
+        failed=1
+        continue
+    fi
+    tail -n 1 "$log" >>"$summary"
+    if run "$bin" check-profiles --model "$model" --prompt-tokens "$check_prompt" --steps "$check_steps" \
+        --json "$work/check-$n.json"; then
+        say "PASS: $shape: check-profiles ($(tail -n 1 "$log"))"
+    else
+        say "FAIL: $shape: check-profiles ($(tail -n 1 "$log"))"
+        failed=1
+    fi
+    for profile in cpu gpu; do
+        if run "$bin" bench-model --model "$model" --kernel-profile "$profile" --batches "$batches" \
+            --decode-steps "$decode_steps" --warmup-steps "$warmup_steps" --prefill-tokens "$prefill_tokens" \
+            --json "$work/bench-$n-$profile.json" >"$work/bench.out"; then
+            cat "$work/bench.out"
+            say "bench-model, kernel profile $profile:"
+            grep -v -e '^adapter:' -e '^loaded ' -e '^batch [0-9]*:' -e '^wrote ' "$work/bench.out" >>"$summary"
+        else
+            say "FAIL: $shape: bench-model --kernel-profile $profile ($(tail -n 1 "$log"))"
+            failed=1
+        fi
+    done
+    rm -f "$model"
+done
+
+json_array "$work"/check-*.json >"$out/checks.json"
+json_array "$work"/bench-*.json >"$out/bench.json"
+say ""
+if [ "$failed" = 0 ]; then
+    say "gpu-check: all checks passed; reports in $out"
+else
+    say "gpu-check: some checks FAILED; reports in $out"
+fi
+exit "$failed"

@@ -1,0 +1,443 @@
+//! `torus-wgpu bench-model`: the speed of `Model` itself, with no server and no scheduler.
+//! Decode tokens/s at several batch sizes (B sequences, each decoding one token per step after a
+//! short prompt) and the weight bytes read per second that implies, and the prefill tokens/s of
+//! one long prompt. Made for synthetic models (`torus-wgpu synth-model`) on machines with a GPU
+//! but no model files; any model file works.
+
+use crate::config::{EngineArgs, EngineConfig};
+use crate::gpu::Gpu;
+use crate::model::config::ModelConfig;
+use crate::model::forward::{Model, SampleParams, StepInput};
+use crate::model::loader::{read_config, HostModel};
+use crate::model::tensor::XorShift64;
+use anyhow::{anyhow, bail, Context, Result};
+use serde::Serialize;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+#[derive(clap::Args, Clone, Debug)]
+pub struct BenchModelArgs {
+    /// Engine settings (--model, --adapter, --kernel-profile, ...). max_decode_batch_size,
+    /// max_num_batched_tokens, max_sequence_length and total_cache_size are sized for the
+    /// requested runs unless given as flags.
+    #[command(flatten)]
+    pub engine: EngineArgs,
+    /// Decode batch sizes to measure, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,8,32")]
+    pub batches: Vec<usize>,
+    /// Timed decode steps per batch size.
+    #[arg(long, default_value_t = 32)]
+    pub decode_steps: usize,
+    /// Untimed decode steps before the timed ones.
+    #[arg(long, default_value_t = 2)]
+    pub warmup_steps: usize,
+    /// Prompt tokens of each decoding sequence.
+    #[arg(long, default_value_t = 16)]
+    pub prompt_tokens: usize,
+    /// Tokens of the prefill measurement's prompt (0: no prefill measurement), in steps of at
+    /// most max_num_batched_tokens.
+    #[arg(long, default_value_t = 512)]
+    pub prefill_tokens: usize,
+    /// Write the report as JSON here.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Seed of the random prompt tokens.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
+/// The adapter a measurement ran on.
+#[derive(Clone, Debug, Serialize)]
+pub struct AdapterSummary {
+    pub name: String,
+    pub backend: String,
+    pub device_type: String,
+    pub driver: String,
+    pub driver_info: String,
+}
+
+impl AdapterSummary {
+    pub fn of(gpu: &Gpu) -> AdapterSummary {
+        let i = &gpu.info;
+        AdapterSummary {
+            name: i.name.clone(),
+            backend: format!("{:?}", i.backend),
+            device_type: format!("{:?}", i.device_type),
+            driver: i.driver.clone(),
+            driver_info: i.driver_info.clone(),
+        }
+    }
+}
+
+/// The model a measurement ran.
+#[derive(Clone, Debug, Serialize)]
+pub struct ModelSummary {
+    pub file: String,
+    /// `general.name` of a GGUF file (e.g. "synthetic qwen2.5-7b q4_k"), when it has one.
+    pub name: Option<String>,
+    pub arch: String,
+    pub layers: usize,
+    pub hidden: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub intermediate: usize,
+    pub vocab: usize,
+    /// Weight formats of the matrices.
+    pub formats: Vec<String>,
+    /// Bytes of weights on the device (`Model::plan.weights`).
+    pub weight_bytes: u64,
+}
+
+impl ModelSummary {
+    fn of(path: &Path, host: &HostModel, weight_bytes: u64) -> ModelSummary {
+        let c = &host.cfg;
+        let name = match path.is_dir() {
+            true => None,
+            false => crate::model::gguf::GgufFile::open(path)
+                .ok()
+                .and_then(|g| g.get_str("general.name").map(str::to_string)),
+        };
+        ModelSummary {
+            file: path.display().to_string(),
+            name,
+            arch: format!("{:?}", c.arch).to_lowercase(),
+            layers: c.layers,
+            hidden: c.hidden,
+            heads: c.heads,
+            kv_heads: c.kv_heads,
+            head_dim: c.head_dim,
+            intermediate: c.intermediate,
+            vocab: c.vocab,
+            formats: host.formats().iter().map(|f| f.name().to_string()).collect(),
+            weight_bytes,
+        }
+    }
+}
+
+/// Decode speed at one batch size.
+#[derive(Clone, Debug, Serialize)]
+pub struct DecodeResult {
+    pub batch: usize,
+    /// Timed steps (each decodes one token of every sequence).
+    pub steps: usize,
+    pub seconds: f64,
+    /// batch * steps / seconds.
+    pub tok_s: f64,
+    /// Weight bytes read per second if every step reads every weight once: weight_bytes *
+    /// steps / seconds, in 1e9 bytes.
+    pub weight_gb_s: f64,
+}
+
+/// Prefill speed of one prompt.
+#[derive(Clone, Debug, Serialize)]
+pub struct PrefillResult {
+    pub tokens: usize,
+    /// Steps the prompt took (at most max_num_batched_tokens tokens each).
+    pub steps: usize,
+    pub seconds: f64,
+    pub tok_s: f64,
+}
+
+/// What `bench-model` measured (also its JSON document).
+#[derive(Clone, Debug, Serialize)]
+pub struct BenchModelReport {
+    pub adapter: AdapterSummary,
+    /// The kernel profile the model ran with (auto resolved for the adapter).
+    pub kernel_profile: String,
+    pub model: ModelSummary,
+    pub kv_cache_dtype: String,
+    pub max_num_batched_tokens: usize,
+    pub decode: Vec<DecodeResult>,
+    pub prefill: Option<PrefillResult>,
+}
+
+/// Sizes the engine settings `args` leaves unset for a run: max_decode_batch_size (the
+/// largest batch), max_num_batched_tokens (the largest step), max_sequence_length (the longest
+/// sequence) and total_cache_size (exactly `cache_blocks(block_size)` KV blocks). Flags the
+/// user gave are kept (a run that does not fit them fails, naming the limit).
+pub fn sized_config(
+    args: &EngineArgs,
+    model: &ModelConfig,
+    max_batch: usize,
+    max_len: usize,
+    step_tokens: usize,
+    cache_blocks: &dyn Fn(usize) -> usize,
+) -> Result<EngineConfig> {
+    let mut cfg = args.resolve()?;
+    if args.max_decode_batch_size.is_none() {
+        cfg.max_decode_batch_size = max_batch.max(1);
+    }
+    if args.max_num_batched_tokens.is_none() {
+        cfg.max_num_batched_tokens = step_tokens.max(max_batch).max(1);
+    }
+    if args.max_sequence_length.is_none() {
+        cfg.max_sequence_length = max_len.next_multiple_of(cfg.block_size).max(cfg.block_size);
+    }
+    if args.total_cache_size.is_none() {
+        // One spare block: a model needs at least two.
+        let blocks = (cache_blocks(cfg.block_size) + 1) as u64;
+        let per_block = (cfg.block_size * model.kv_dim() * cfg.kv_cache_dtype.bytes()) as u64;
+        cfg.total_cache_size = blocks * per_block * 2 * model.layers as u64;
+    }
+    cfg.validate()?;
+    Ok(cfg)
+}
+
+/// Loads the model `cfg` names onto `gpu` (weights only: no tokenizer), compiles every pipeline.
+/// Prints how long reading the file and building the model on the device took.
+pub fn load_model(cfg: &EngineConfig, gpu: Arc<Gpu>) -> Result<(Model, HostModel)> {
+    let path = cfg.model_path();
+    let t = Instant::now();
+    let host = HostModel::load(&path, &|_, _| {}).with_context(|| format!("loading {}", path.display()))?;
+    let read_s = t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    let limits = crate::pipeline::step_limits(cfg, &host.cfg);
+    let mut model = Model::new(gpu, &host, limits).with_context(|| format!("loading {}", path.display()))?;
+    model.warm_up()?;
+    eprintln!(
+        "loaded {}: read {read_s:.1} s, on the device {:.1} s: {}",
+        path.display(),
+        t.elapsed().as_secs_f64(),
+        model.plan
+    );
+    Ok((model, host))
+}
+
+/// `n` random token ids below `vocab`.
+pub fn random_tokens(rng: &mut XorShift64, n: usize, vocab: usize) -> Vec<u32> {
+    (0..n).map(|_| (rng.next_u64() % vocab as u64) as u32).collect()
+}
+
+/// The KV slot of position `pos` of a sequence with block table `table`.
+fn slot(table: &[u32], pos: usize, block_size: usize) -> u32 {
+    table[pos / block_size] * block_size as u32 + (pos % block_size) as u32
+}
+
+/// Runs `seqs` (their tokens from `start` on, each through its block table) as prefill steps of
+/// whole sequences packed up to the model's token and sequence limits; returns the greedy token
+/// sampled after each sequence's last token.
+fn prefill_packed(model: &mut Model, seqs: &[(Vec<u32>, Vec<u32>)]) -> Result<Vec<u32>> {
+    let lim = model.limits;
+    let mut out = Vec::with_capacity(seqs.len());
+    let mut i = 0;
+    while i < seqs.len() {
+        let mut step = StepInput::default();
+        while i < seqs.len()
+            && step.block_tables.len() < lim.max_seqs
+            && step.tokens.len() + seqs[i].0.len() <= lim.max_tokens
+        {
+            let (tokens, table) = &seqs[i];
+            let s = step.block_tables.len() as u32;
+            for (pos, &t) in tokens.iter().enumerate() {
+                step.tokens.push(t);
+                step.positions.push(pos as u32);
+                step.slots.push(slot(table, pos, lim.block_size));
+                step.seq_of_token.push(s);
+            }
+            step.sample_rows.push(step.tokens.len() as u32 - 1);
+            step.sampling.push(SampleParams::default());
+            step.block_tables.push(table.clone());
+            i += 1;
+        }
+        if step.block_tables.is_empty() {
+            bail!("a prompt of {} tokens does not fit max_num_batched_tokens {}", seqs[i].0.len(), lim.max_tokens);
+        }
+        out.extend(model.step(&step)?.iter().map(|r| r.id));
+    }
+    Ok(out)
+}
+
+/// Decode speed with `batch` sequences: each gets a prompt of `prompt_tokens` random tokens,
+/// then `warmup` untimed and `steps` timed greedy decode steps of one token per sequence.
+pub fn measure_decode(
+    model: &mut Model,
+    batch: usize,
+    prompt_tokens: usize,
+    warmup: usize,
+    steps: usize,
+    rng: &mut XorShift64,
+) -> Result<DecodeResult> {
+    let lim = model.limits;
+    if batch == 0 || batch > lim.max_seqs {
+        bail!("batch {batch} is outside 1..={} (max_decode_batch_size)", lim.max_seqs);
+    }
+    let len = prompt_tokens.max(1) + warmup + steps;
+    if len > lim.max_seq_len {
+        bail!("{len} tokens per sequence exceed max_sequence_length {}", lim.max_seq_len);
+    }
+    let per_seq = len.div_ceil(lim.block_size);
+    if batch * per_seq > model.kv.num_blocks {
+        bail!(
+            "batch {batch} needs {} KV blocks, the cache holds {} (raise total_cache_size)",
+            batch * per_seq,
+            model.kv.num_blocks
+        );
+    }
+    let vocab = model.cfg.vocab;
+    let seqs: Vec<(Vec<u32>, Vec<u32>)> = (0..batch)
+        .map(|i| {
+            let table = ((i * per_seq) as u32..((i + 1) * per_seq) as u32).collect();
+            (random_tokens(rng, prompt_tokens.max(1), vocab), table)
+        })
+        .collect();
+    let mut last = prefill_packed(model, &seqs)?;
+    let tables: Vec<Vec<u32>> = seqs.iter().map(|s| s.1.clone()).collect();
+    let mut t0 = Instant::now();
+    for s in 0..warmup + steps {
+        if s == warmup {
+            t0 = Instant::now();
+        }
+        let pos = prompt_tokens.max(1) + s;
+        let step = StepInput {
+            tokens: last.clone(),
+            positions: vec![pos as u32; batch],
+            slots: tables.iter().map(|t| slot(t, pos, lim.block_size)).collect(),
+            seq_of_token: (0..batch as u32).collect(),
+            block_tables: tables.clone(),
+            sample_rows: (0..batch as u32).collect(),
+            sampling: vec![SampleParams::default(); batch],
+        };
+        last = model.step(&step)?.iter().map(|r| r.id).collect();
+    }
+    let seconds = t0.elapsed().as_secs_f64().max(1e-9);
+    Ok(DecodeResult {
+        batch,
+        steps,
+        seconds,
+        tok_s: (batch * steps) as f64 / seconds,
+        weight_gb_s: model.plan.weights as f64 * steps as f64 / seconds / 1e9,
+    })
+}
+
+/// Prefill speed of one prompt of `tokens` random tokens, in steps of at most
+/// max_num_batched_tokens tokens (the last samples one token).
+pub fn measure_prefill(model: &mut Model, tokens: usize, rng: &mut XorShift64) -> Result<PrefillResult> {
+    let lim = model.limits;
+    if tokens == 0 || tokens > lim.max_seq_len {
+        bail!("a prefill of {tokens} tokens is outside 1..={} (max_sequence_length)", lim.max_seq_len);
+    }
+    let blocks = tokens.div_ceil(lim.block_size);
+    if blocks > model.kv.num_blocks {
+        bail!("a prefill of {tokens} tokens needs {blocks} KV blocks, the cache holds {}", model.kv.num_blocks);
+    }
+    let table: Vec<u32> = (0..blocks as u32).collect();
+    let prompt = random_tokens(rng, tokens, model.cfg.vocab);
+    let t0 = Instant::now();
+    let mut steps = 0;
+    for c0 in (0..tokens).step_by(lim.max_tokens) {
+        let c1 = (c0 + lim.max_tokens).min(tokens);
+        let pos: Vec<u32> = (c0 as u32..c1 as u32).collect();
+        let is_last = c1 == tokens;
+        model.step(&StepInput {
+            tokens: prompt[c0..c1].to_vec(),
+            slots: pos.clone(),
+            positions: pos,
+            seq_of_token: vec![0; c1 - c0],
+            block_tables: vec![table.clone()],
+            sample_rows: if is_last { vec![(c1 - c0) as u32 - 1] } else { vec![] },
+            sampling: if is_last { vec![SampleParams::default()] } else { vec![] },
+        })?;
+        steps += 1;
+    }
+    let seconds = t0.elapsed().as_secs_f64().max(1e-9);
+    Ok(PrefillResult { tokens, steps, seconds, tok_s: tokens as f64 / seconds })
+}
+
+/// Loads the model and measures everything `args` asks for.
+pub fn bench_model(args: &BenchModelArgs) -> Result<BenchModelReport> {
+    if args.batches.is_empty() || args.batches.contains(&0) {
+        bail!("--batches must list positive batch sizes");
+    }
+    if args.decode_steps == 0 {
+        bail!("--decode-steps must be positive");
+    }
+    let path = args.engine.resolve()?.model_path();
+    let mcfg = read_config(&path)?;
+    let max_batch = args.batches.iter().copied().max().unwrap_or(1);
+    let decode_len = args.prompt_tokens.max(1) + args.warmup_steps + args.decode_steps;
+    let step_tokens = (max_batch * args.prompt_tokens.max(1)).max(args.prefill_tokens).min(512);
+    // The largest batch's sequences, or the prefill's one.
+    let blocks = |bs: usize| (max_batch * decode_len.div_ceil(bs)).max(args.prefill_tokens.div_ceil(bs));
+    let cfg = sized_config(&args.engine, &mcfg, max_batch, decode_len.max(args.prefill_tokens), step_tokens, &blocks)?;
+    let gpu = Arc::new(Gpu::new(cfg.adapter.as_deref())?);
+    eprintln!("adapter: {}", gpu.describe());
+    let (mut model, host) = load_model(&cfg, gpu.clone())?;
+    let model_summary = ModelSummary::of(&path, &host, model.plan.weights);
+    drop(host);
+    let mut rng = XorShift64::new(args.seed);
+    let mut decode = Vec::new();
+    for &b in &args.batches {
+        let r = measure_decode(&mut model, b, args.prompt_tokens, args.warmup_steps, args.decode_steps, &mut rng)
+            .with_context(|| format!("decode at batch {b}"))?;
+        eprintln!("batch {b}: {:.2} tok/s", r.tok_s);
+        decode.push(r);
+    }
+    let prefill = match args.prefill_tokens {
+        0 => None,
+        n => Some(measure_prefill(&mut model, n, &mut rng).context("prefill")?),
+    };
+    Ok(BenchModelReport {
+        adapter: AdapterSummary::of(&gpu),
+        kernel_profile: model.limits.profile.name().to_string(),
+        model: model_summary,
+        kv_cache_dtype: cfg.kv_cache_dtype.name().to_string(),
+        max_num_batched_tokens: model.limits.max_tokens,
+        decode,
+        prefill,
+    })
+}
+
+/// The report as a readable table.
+pub fn format_report(r: &BenchModelReport) -> String {
+    let m = &r.model;
+    let a = &r.adapter;
+    let mut t = String::new();
+    t.push_str(&format!(
+        "adapter: {} ({}, {}; driver {} {})\n",
+        a.name, a.backend, a.device_type, a.driver, a.driver_info
+    ));
+    t.push_str(&format!("kernel profile: {}   KV cache: {}\n", r.kernel_profile, r.kv_cache_dtype));
+    t.push_str(&format!(
+        "model: {}{}\n       {} layers {}, hidden {}, heads {}/{} x {}, ffn {}, vocab {}, weights {:.1} MiB ({})\n",
+        m.file,
+        m.name.as_ref().map_or(String::new(), |n| format!(" ({n})")),
+        m.arch,
+        m.layers,
+        m.hidden,
+        m.heads,
+        m.kv_heads,
+        m.head_dim,
+        m.intermediate,
+        m.vocab,
+        m.weight_bytes as f64 / (1u64 << 20) as f64,
+        m.formats.join(", ")
+    ));
+    t.push_str(&format!("{:>8} {:>8} {:>10} {:>12} {:>14}\n", "batch", "steps", "seconds", "tok/s", "weight GB/s"));
+    for d in &r.decode {
+        t.push_str(&format!(
+            "{:>8} {:>8} {:>10.3} {:>12.2} {:>14.2}\n",
+            d.batch, d.steps, d.seconds, d.tok_s, d.weight_gb_s
+        ));
+    }
+    if let Some(p) = &r.prefill {
+        t.push_str(&format!(
+            "prefill: {} tokens in {} steps (max {} tokens each): {:.3} s, {:.2} tok/s\n",
+            p.tokens, p.steps, r.max_num_batched_tokens, p.seconds, p.tok_s
+        ));
+    }
+    t
+}
+
+/// `torus-wgpu bench-model`.
+pub fn run(args: &BenchModelArgs) -> Result<()> {
+    let report = bench_model(args)?;
+    print!("{}", format_report(&report));
+    if let Some(p) = &args.json {
+        let text = serde_json::to_string_pretty(&report)?;
+        std::fs::write(p, text + "\n").map_err(|e| anyhow!("{}: {e}", p.display()))?;
+        eprintln!("wrote {}", p.display());
+    }
+    Ok(())
+}
