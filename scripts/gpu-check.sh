@@ -4,8 +4,8 @@
 # no model files). For each shape it writes a synthetic model (random weights, the real shape
 # and a tokenizer; `torus-wgpu synth-model`) into a temp dir, runs `check-profiles` (cpu vs gpu
 # kernel profiles, step by step), then `bench-model` once per profile, and deletes the model.
-# The out dir gets four files: summary.txt, log.txt, checks.json and bench.json. It goes on after a failed shape and exits 1 at the end if any check
-# failed.
+# The out dir gets four files: summary.txt, log.txt, checks.json and bench.json. It goes on
+# after a failed shape and exits 1 at the end if any check failed.
 #
 #   scripts/gpu-check.sh [--shapes smollm2-135m,qwen2.5-0.5b,qwen2.5-7b,llama-3-8b] [--format q4_k]
 #       [--layers N] [--out DIR (./gpu-check-out)] [--tmp DIR ($TMPDIR or /tmp)]

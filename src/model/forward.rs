@@ -3,7 +3,7 @@
 //! the sampler, one submit, one small readback of (token id, logprob) per sampled row.
 
 use super::config::{ModelConfig, RopeScaling};
-use super::loader::HostModel;
+use super::loader::{HostLayer, HostModel};
 use super::ops::{attention_splits, Op, OpKind, Recorder, StepShape};
 use super::tensor::QTensor;
 use crate::gpu::kernels::{
@@ -445,13 +445,505 @@ pub fn sub_steps(sample_rows: &[u32], n: usize, max_tokens: usize, max_sampled: 
     out
 }
 
+/// The step metadata layout and the rows of one sub-step: at most `t_max` tokens and `s_max`
+/// sampled rows, so every activation, logits and adjustment buffer fits one storage binding.
+struct StepLayout {
+    t_max: usize,
+    s_max: usize,
+    header: StepHeader,
+    off_sample: usize,
+    off_params: usize,
+    meta_len: usize,
+    /// Logit adjustments: up to one entry per token of every sampled sequence, plus its
+    /// logit-bias entries.
+    adjust_cap: usize,
+}
+
+impl StepLayout {
+    fn new(cfg: &ModelConfig, limits: &StepLimits, last: bool) -> Result<StepLayout> {
+        let mb = limits.max_binding;
+        let (t_all, s_all) = (limits.max_tokens, limits.max_seqs);
+        let max_blocks = limits.max_seq_len.div_ceil(limits.block_size);
+        // A step runs in sub-steps of at most `t_max` tokens and `s_max` sampled rows (a
+        // 2048-token step of a 7B model's 18944-wide FFN does not fit one binding). Sub-steps
+        // run in token order, so a token still sees every earlier token's K/V: the result is
+        // the whole step's.
+        let f = |n: usize| (n * 4) as u64;
+        let widest = cfg.hidden.max(cfg.qkv_dim()).max(cfg.q_dim()).max(cfg.intermediate);
+        let t_max = t_all.min((mb / f(widest)) as usize);
+        let per_sampled = f(cfg.vocab).max(((limits.max_seq_len + MAX_LOGIT_BIAS) * 16) as u64);
+        let s_max = s_all.min(t_max).min(if last { (mb / per_sampled) as usize } else { s_all });
+        if t_max == 0 || s_max == 0 {
+            bail!(
+                "one token's activations ({} bytes) or logits ({} bytes) exceed the device's max storage binding \
+                 ({mb} bytes)",
+                f(widest),
+                per_sampled
+            );
+        }
+        // Metadata layout (u32 words): tokens, positions, slots, seq ids, sample rows,
+        // sample params (SAMPLE_PARAMS_STRIDE per row), block tables.
+        let ps = SAMPLE_PARAMS_STRIDE;
+        let header = StepHeader {
+            n_tokens: 0,
+            n_sample: 0,
+            n_seqs: 0,
+            max_blocks: max_blocks as u32,
+            off_pos: t_max as u32,
+            off_slot: 2 * t_max as u32,
+            off_seq: 3 * t_max as u32,
+            off_table: (4 * t_max + (1 + ps) * s_max) as u32,
+            n_splits: 1,
+            _pad: [0; 3],
+        };
+        Ok(StepLayout {
+            t_max,
+            s_max,
+            header,
+            off_sample: 4 * t_max,
+            off_params: 4 * t_max + s_max,
+            // Every sequence of the step has its block table in every sub-step.
+            meta_len: 4 * t_max + (1 + ps) * s_max + s_all * max_blocks,
+            adjust_cap: s_max * (limits.max_seq_len + MAX_LOGIT_BIAS),
+        })
+    }
+}
+
+/// The KV cache's size: blocks per layer ([block_size, kv_heads, head_dim] each, K and V, f16 or
+/// f32), spread over `chunks` buffers of `blocks_per_chunk` whole blocks within the binding limit.
+struct KvPlan {
+    per_block: u64,
+    num_blocks: usize,
+    blocks_per_chunk: usize,
+    chunks: usize,
+}
+
+impl KvPlan {
+    fn new(cfg: &ModelConfig, limits: &StepLimits, max_chunks: usize, max_blocks: usize) -> Result<KvPlan> {
+        let mb = limits.max_binding;
+        let per_block = kv_block_bytes(cfg, limits);
+        // Sized by the whole model's layer count, so every stage of a pipeline holds as many blocks.
+        let num_blocks = kv_blocks(cfg, limits);
+        if num_blocks < max_blocks.min(2) || num_blocks == 0 {
+            bail!(
+                "total_cache_size {} bytes holds only {num_blocks} KV blocks of {} tokens ({} KV cache); raise it",
+                limits.cache_bytes,
+                limits.block_size,
+                limits.kv_dtype.name()
+            );
+        }
+        // A layer's cache larger than one storage binding spans several buffers (chunks).
+        let Some((blocks_per_chunk, chunks)) = kv_chunking(num_blocks, per_block, mb, max_chunks) else {
+            // Never shrink the cache behind the user's back.
+            bail!(
+                "total_cache_size {} bytes gives each layer a {} KV cache of {} bytes for K (and as much for V), \
+                 more than {max_chunks} storage bindings of {mb} bytes; lower total_cache_size to at most {} bytes",
+                limits.cache_bytes,
+                limits.kv_dtype.name(),
+                num_blocks as u64 * per_block,
+                (mb / per_block) * max_chunks as u64 * per_block * 2 * cfg.layers as u64
+            );
+        };
+        Ok(KvPlan { per_block, num_blocks, blocks_per_chunk, chunks })
+    }
+
+    fn bytes_per_layer(&self) -> u64 {
+        self.num_blocks as u64 * self.per_block * 2
+    }
+
+    /// Elements of one chunk buffer.
+    fn chunk_elems(&self, cfg: &ModelConfig, block_size: usize) -> usize {
+        self.blocks_per_chunk * block_size * cfg.kv_dim()
+    }
+
+    fn allocate(&self, g: &Gpu, layers: usize, block_size: usize) -> KvCache {
+        let chunk_buffers = |name: &str| -> Vec<wgpu::Buffer> {
+            (0..self.chunks)
+                .map(|c| {
+                    let blocks = self.blocks_per_chunk.min(self.num_blocks - c * self.blocks_per_chunk);
+                    g.storage(name, blocks as u64 * self.per_block)
+                })
+                .collect()
+        };
+        KvCache {
+            k: (0..layers).map(|_| chunk_buffers("k_cache")).collect(),
+            v: (0..layers).map(|_| chunk_buffers("v_cache")).collect(),
+            num_blocks: self.num_blocks,
+            block_size,
+            blocks_per_chunk: self.blocks_per_chunk,
+        }
+    }
+}
+
+/// Bytes of a stage's weights on the device: its layers, and the embedding / final norm / LM
+/// head where the stage holds them.
+fn stage_weight_bytes(host: &HostModel, layers: &std::ops::Range<usize>) -> u64 {
+    let f = |n: usize| (n * 4) as u64;
+    let (first, last) = (layers.start == 0, layers.end == host.cfg.layers);
+    host.layer_slice(layers)
+        .iter()
+        .map(|l| {
+            let m = [&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down].iter().map(|t| t.bytes() as u64).sum::<u64>();
+            m + f(l.attn_norm.len() + l.ffn_norm.len())
+                + l.qkv_bias.as_ref().map_or(0, |b| f(b.len()))
+                + l.qk_norm.as_ref().map_or(0, |b| f(b.len()))
+        })
+        .sum::<u64>()
+        + host.embed.as_ref().filter(|_| first || (last && host.tied)).map_or(0, |e| e.bytes() as u64)
+        + host.lm_head.as_ref().filter(|_| last && !host.tied).map_or(0, |e| e.bytes() as u64)
+        + f(host.final_norm.len())
+}
+
+/// Sizes of the scratch buffers (bytes, except where named).
+struct ScratchPlan {
+    /// Sampled rows with logits: the sub-step's on the last stage, none elsewhere (1 as a
+    /// placeholder).
+    s_last: usize,
+    /// vec4s of the split attention's partial results (gpu profile; 0 on the cpu profile).
+    part_vec4: usize,
+    bytes: u64,
+}
+
+impl ScratchPlan {
+    fn new(cfg: &ModelConfig, limits: &StepLimits, layout: &StepLayout, last: bool) -> ScratchPlan {
+        let f = |n: usize| (n * 4) as u64;
+        let (t_max, s_max) = (layout.t_max, layout.s_max);
+        let s_last = if last { s_max } else { 1 };
+        // Up to 32 key ranges of every head of every sampled row (decode-sized steps split most).
+        let part_vec4 = if limits.profile == KernelProfile::Gpu {
+            (s_max * cfg.heads * 32 * (cfg.head_dim / 4 + 1)).min((limits.max_binding / 16) as usize)
+        } else {
+            0
+        };
+        let bytes = f(t_max * (2 * cfg.hidden + cfg.qkv_dim() + cfg.q_dim() + cfg.intermediate))
+            + f(s_last * (cfg.vocab + cfg.hidden + SAMPLE_RESULT_STRIDE))
+            + f(limits.max_seq_len * cfg.head_dim)
+            + f(layout.meta_len)
+            + part_vec4 as u64 * 16
+            + if last { (layout.adjust_cap * 16) as u64 } else { 0 };
+        ScratchPlan { s_last, part_vec4, bytes }
+    }
+
+    fn bytes(&self) -> u64 {
+        self.bytes
+    }
+}
+
+/// The step's buffers: metadata, activations, logits and sampler results, hidden states for
+/// the next stage, the RoPE table and the split attention's partials.
+struct Scratch {
+    step_buf: wgpu::Buffer,
+    meta_buf: wgpu::Buffer,
+    adjust_buf: wgpu::Buffer,
+    hidden: wgpu::Buffer,
+    normed: wgpu::Buffer,
+    qkv: wgpu::Buffer,
+    attn: wgpu::Buffer,
+    act: wgpu::Buffer,
+    final_normed: wgpu::Buffer,
+    logits: wgpu::Buffer,
+    result: wgpu::Buffer,
+    readback: wgpu::Buffer,
+    hidden_readback: Option<wgpu::Buffer>,
+    part: wgpu::Buffer,
+    cos_sin: wgpu::Buffer,
+    /// Bound where a kernel's binding is unused (no bias).
+    dummy: wgpu::Buffer,
+    /// Window entries of the uniform-x matmuls.
+    windows: wgpu::Buffer,
+    /// Buffers only the bind groups use.
+    keep: Vec<wgpu::Buffer>,
+}
+
+impl Scratch {
+    fn new(
+        g: &Gpu,
+        cfg: &ModelConfig,
+        limits: &StepLimits,
+        layout: &StepLayout,
+        plan: &ScratchPlan,
+        last: bool,
+    ) -> Scratch {
+        let f = |n: usize| (n * 4) as u64;
+        let t_max = layout.t_max;
+        // Only the last stage samples: the others get placeholders for its buffers.
+        let result_bytes = (plan.s_last * SAMPLE_RESULT_STRIDE * 4) as u64;
+        let cs = rope_table(cfg.rope_theta, cfg.head_dim, limits.max_seq_len, &cfg.rope_scaling);
+        let s = Scratch {
+            step_buf: g.uniform_init("step", bytemuck::bytes_of(&layout.header)),
+            meta_buf: g.storage("meta", (layout.meta_len * 4) as u64),
+            adjust_buf: g.storage("adjust", if last { (layout.adjust_cap * 16) as u64 } else { 16 }),
+            hidden: g.storage("hidden", f(t_max * cfg.hidden)),
+            normed: g.activation("normed", f(t_max * cfg.hidden)),
+            qkv: g.storage("qkv", f(t_max * cfg.qkv_dim())),
+            attn: g.activation("attn", f(t_max * cfg.q_dim())),
+            act: g.activation("act", f(t_max * cfg.intermediate)),
+            // Logits and sampler results only on the last stage; hidden states leave the others.
+            final_normed: g.activation("final_normed", f(plan.s_last * cfg.hidden)),
+            logits: g.storage("logits", f(plan.s_last * cfg.vocab)),
+            result: g.storage("result", result_bytes),
+            readback: g.readback("result_readback", result_bytes),
+            hidden_readback: (!last).then(|| g.readback("hidden_readback", f(t_max * cfg.hidden))),
+            part: g.storage("attn_partials", plan.part_vec4 as u64 * 16),
+            cos_sin: g.storage_init("cos_sin", bytemuck::cast_slice(&cs)),
+            dummy: g.storage("dummy", 16),
+            windows: g.uniform_init("windows", bytemuck::cast_slice(&window_entries(t_max + 1, window_stride(g)))),
+            keep: Vec::new(),
+        };
+        let keep = vec![
+            s.normed.clone(),
+            s.qkv.clone(),
+            s.attn.clone(),
+            s.act.clone(),
+            s.final_normed.clone(),
+            s.part.clone(),
+            s.cos_sin.clone(),
+            s.dummy.clone(),
+            s.windows.clone(),
+        ];
+        Scratch { keep, ..s }
+    }
+}
+
+/// Per-layer uniform parameters, shared by every layer's ops.
+struct LayerParams {
+    norm: wgpu::Buffer,
+    rope: wgpu::Buffer,
+    attn: wgpu::Buffer,
+    head_norm: wgpu::Buffer,
+    /// The final norm's (gathers the sampled rows).
+    final_norm: wgpu::Buffer,
+}
+
+impl LayerParams {
+    fn new(b: &mut OpBuilder, limits: &StepLimits, kv: &KvPlan, off_sample: usize) -> LayerParams {
+        let cfg = b.cfg;
+        let chunk = kv.chunk_elems(cfg, limits.block_size);
+        let norm = |gather: bool| [(cfg.hidden / 4) as u32, cfg.rms_eps.to_bits(), gather as u32, off_sample as u32];
+        LayerParams {
+            norm: b.uniform(&norm(false)),
+            rope: b.uniform(&rope_params(cfg.heads, cfg.kv_heads, cfg.head_dim, chunk)),
+            attn: b.uniform(&attn_params(
+                (cfg.heads, cfg.kv_heads, cfg.head_dim),
+                limits.block_size,
+                cfg.sliding_window.unwrap_or(0),
+                chunk,
+            )),
+            head_norm: b.uniform(&head_norm_params(cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.rms_eps)),
+            final_norm: b.uniform(&norm(true)),
+        }
+    }
+}
+
+/// Builds a stage's ops: uploads weights, creates parameter buffers and bind groups.
+struct OpBuilder<'a> {
+    g: &'a Gpu,
+    cfg: &'a ModelConfig,
+    kernels: &'a Kernels,
+    s: &'a Scratch,
+    /// Max storage binding (weights are split into row chunks within it).
+    mb: u64,
+    uniform_x: bool,
+    ops: Vec<Op>,
+    /// Parameter and weight buffers the bind groups use.
+    keep: Vec<wgpu::Buffer>,
+    matrices: Vec<GpuMatrix>,
+}
+
+impl OpBuilder<'_> {
+    fn uniform(&mut self, words: &[u32]) -> wgpu::Buffer {
+        let b = self.g.uniform_init("params", bytemuck::cast_slice(words));
+        self.keep.push(b.clone());
+        b
+    }
+
+    fn storage(&mut self, label: &str, v: &[f32]) -> wgpu::Buffer {
+        let b = self.g.storage_init(label, bytemuck::cast_slice(v));
+        self.keep.push(b.clone());
+        b
+    }
+
+    fn push(&mut self, kind: OpKind, bind: wgpu::BindGroup) {
+        self.ops.push(Op { kind, bind, bind_u: None });
+    }
+
+    fn upload(&self, label: &str, t: &QTensor, pair: Option<&QTensor>) -> Result<GpuMatrix> {
+        GpuMatrix::upload(self.g, label, t, pair, self.mb)
+    }
+
+    /// The embedding lookup, one op per row-chunk of the table.
+    fn embed(&mut self, e: &GpuMatrix) {
+        let kb = (self.cfg.hidden / 32) as u32;
+        for c in &e.chunks {
+            let p = self.uniform(&[kb, c.rows as u32, c.row0 as u32, 0]);
+            let s = self.s;
+            let bind = self.kernels.matmul_family.bind(
+                self.g,
+                &[(0, &s.step_buf), (1, &p), (2, &s.meta_buf), (3, &c.q), (4, &c.s), (5, &s.dummy), (6, &s.hidden)],
+            );
+            self.push(OpKind::Embed { format: e.format, k_blocks: kb }, bind);
+        }
+    }
+
+    /// Matmul ops for every chunk of `m`, reading x into columns col0.. of y (rows of y_stride
+    /// floats); `flags`: MAT_* (MAT_BIAS needs `bias`).
+    #[allow(clippy::too_many_arguments)]
+    fn matmul(
+        &mut self,
+        m: &GpuMatrix,
+        x: &wgpu::Buffer,
+        y: &wgpu::Buffer,
+        (col0, y_stride): (usize, usize),
+        bias: Option<&wgpu::Buffer>,
+        flags: u32,
+        sampled: bool,
+        swiglu: bool,
+    ) {
+        let (g, s) = (self.g, self.s);
+        for c in &m.chunks {
+            let p = MatParams::new(m.cols, c, col0, y_stride, sampled, flags);
+            let pb = g.uniform_init("matmul_params", bytemuck::bytes_of(&p));
+            // A chunked bias is bound whole; the chunk's row0 offsets into it.
+            let entries =
+                [(0, &s.step_buf), (1, &pb), (2, x), (3, &c.q), (4, &c.s), (5, bias.unwrap_or(&s.dummy)), (6, y)];
+            let bind = self.kernels.matmul_family.bind(g, &entries);
+            let bind_u = self.uniform_x.then(|| self.kernels.matmul_u_family.bind_uniform_x(g, &entries, &s.windows));
+            let (rows, x_vec4) = (c.rows as u32, (m.cols / 4) as u32);
+            self.ops.push(Op {
+                kind: OpKind::Matmul { format: m.format, rows, x_vec4, sampled, swiglu },
+                bind,
+                bind_u,
+            });
+            self.keep.push(pb);
+        }
+    }
+
+    /// One transformer layer: RMSNorm, q/k/v (one matmul, or one per format), Qwen3's q/k norm,
+    /// RoPE + KV write, attention, output projection with the residual add, RMSNorm, SwiGLU
+    /// (fused, or gate then up), down projection with the residual add.
+    fn layer(&mut self, hl: &HostLayer, lp: &LayerParams, k: &[wgpu::Buffer], v: &[wgpu::Buffer]) -> Result<()> {
+        let (g, cfg, s, kern) = (self.g, self.cfg, self.s, self.kernels);
+        let attn_norm = self.storage("attn_norm", &hl.attn_norm);
+        let ffn_norm = self.storage("ffn_norm", &hl.ffn_norm);
+        // q, k and v in one matmul when they share a format (K-quant files often store v in
+        // another), else three writing their columns of the qkv rows.
+        let qkv_ms: Vec<(GpuMatrix, usize)> = if hl.q.format == hl.k.format && hl.k.format == hl.v.format {
+            vec![(self.upload("qkv", &QTensor::concat_rows(&[&hl.q, &hl.k, &hl.v])?, None)?, 0)]
+        } else {
+            vec![
+                (self.upload("q_proj", &hl.q, None)?, 0),
+                (self.upload("k_proj", &hl.k, None)?, cfg.q_dim()),
+                (self.upload("v_proj", &hl.v, None)?, cfg.q_dim() + cfg.kv_dim()),
+            ]
+        };
+        let o_m = self.upload("o_proj", &hl.o, None)?;
+        // Gate and up fused into one SwiGLU matmul when they share a format; else the gate is
+        // written to act and the up projection's epilogue applies silu(gate) * up.
+        let (gu_m, up_m) = if hl.gate.format == hl.up.format {
+            (self.upload("gate_up", &hl.gate, Some(&hl.up))?, None)
+        } else {
+            (self.upload("gate", &hl.gate, None)?, Some(self.upload("up", &hl.up, None)?))
+        };
+        let down_m = self.upload("down", &hl.down, None)?;
+        let bias = hl.qkv_bias.as_ref().map(|b| self.storage("qkv_bias", b));
+
+        let bind_norm = |w: &wgpu::Buffer, out: &wgpu::Buffer| {
+            kern.norm_family
+                .bind(g, &[(0, &s.step_buf), (1, &lp.norm), (2, &s.hidden), (3, w), (4, &s.meta_buf), (5, out)])
+        };
+        self.push(OpKind::Norm { sampled: false }, bind_norm(&attn_norm, &s.normed));
+        let bias_flag = if bias.is_some() { MAT_BIAS } else { 0 };
+        for (m, col0) in &qkv_ms {
+            self.matmul(m, &s.normed, &s.qkv, (*col0, cfg.qkv_dim()), bias.as_ref(), bias_flag, false, false);
+        }
+        if let Some(w) = &hl.qk_norm {
+            let wb = self.storage("qk_norm", w);
+            let bind = kern.head_norm_family.bind(g, &[(0, &s.step_buf), (1, &lp.head_norm), (2, &wb), (3, &s.qkv)]);
+            self.push(OpKind::HeadNorm { heads: (cfg.heads + cfg.kv_heads) as u32 }, bind);
+        }
+        let rope_bind = kern.rope_family.bind(
+            g,
+            &kv_entries(
+                vec![(0, &s.step_buf), (1, &lp.rope), (2, &s.meta_buf), (3, &s.cos_sin), (4, &s.qkv)],
+                (5, 6),
+                k,
+                v,
+            ),
+        );
+        self.push(OpKind::RopeKv { threads: rope_threads(1, cfg.heads, cfg.kv_heads, cfg.head_dim) }, rope_bind);
+        let attn_bind = kern.attn_family.bind(
+            g,
+            &kv_entries(
+                vec![(0, &s.step_buf), (1, &lp.attn), (2, &s.meta_buf), (3, &s.qkv), (6, &s.attn), (7, &s.part)],
+                (4, 5),
+                k,
+                v,
+            ),
+        );
+        let (heads, kv_heads, hd4) = (cfg.heads as u32, cfg.kv_heads as u32, (cfg.head_dim / 4) as u32);
+        self.push(OpKind::Attention { heads, kv_heads, hd4 }, attn_bind);
+        self.matmul(&o_m, &s.attn, &s.hidden, (0, cfg.hidden), None, MAT_ACCUMULATE, false, false);
+        self.push(OpKind::Norm { sampled: false }, bind_norm(&ffn_norm, &s.normed));
+        let ffn = (0, cfg.intermediate);
+        match &up_m {
+            None => self.matmul(&gu_m, &s.normed, &s.act, ffn, None, 0, false, true),
+            Some(up) => {
+                self.matmul(&gu_m, &s.normed, &s.act, ffn, None, 0, false, false);
+                self.matmul(up, &s.normed, &s.act, ffn, None, MAT_SWIGLU_UP, false, false);
+            }
+        }
+        self.matmul(&down_m, &s.act, &s.hidden, (0, cfg.hidden), None, MAT_ACCUMULATE, false, false);
+        self.matrices.extend(qkv_ms.into_iter().map(|(m, _)| m));
+        self.matrices.extend([o_m, gu_m, down_m]);
+        self.matrices.extend(up_m);
+        Ok(())
+    }
+
+    /// The last stage's head: the final norm of the sampled rows, the LM head (the embedding
+    /// when tied), the logit adjustments and the sampler.
+    fn head(&mut self, host: &HostModel, embed: Option<GpuMatrix>, lp: &LayerParams, off_params: usize) -> Result<()> {
+        let (g, cfg, s, kern) = (self.g, self.cfg, self.s, self.kernels);
+        let final_norm = self.storage("final_norm", &host.final_norm);
+        let bind = kern.norm_family.bind(
+            g,
+            &[
+                (0, &s.step_buf),
+                (1, &lp.final_norm),
+                (2, &s.hidden),
+                (3, &final_norm),
+                (4, &s.meta_buf),
+                (5, &s.final_normed),
+            ],
+        );
+        self.push(OpKind::Norm { sampled: true }, bind);
+        let lm = match (&host.lm_head, embed) {
+            (Some(t), _) if !host.tied => self.upload("lm_head", t, None)?,
+            (_, Some(e)) if host.tied => e,
+            _ => bail!("the output projection was not loaded from {}", host.source.display()),
+        };
+        self.matmul(&lm, &s.final_normed, &s.logits, (0, cfg.vocab), None, 0, true, false);
+        let sp = self.uniform(&[cfg.vocab as u32, off_params as u32, 0, 0]);
+        let adjust = kern
+            .sample_family
+            .bind(g, &[(0, &s.step_buf), (1, &sp), (2, &s.meta_buf), (3, &s.adjust_buf), (4, &s.logits)]);
+        self.push(OpKind::LogitAdjust, adjust);
+        let sample =
+            kern.sample_family.bind(g, &[(0, &s.step_buf), (1, &sp), (2, &s.meta_buf), (3, &s.logits), (4, &s.result)]);
+        self.push(OpKind::Sample, sample);
+        self.matrices.push(lm);
+        Ok(())
+    }
+}
+
 impl Model {
     /// The whole model on one device.
     pub fn new(gpu: Arc<Gpu>, host: &HostModel, limits: StepLimits) -> Result<Model> {
         Model::new_stage(gpu, host, limits, 0..host.cfg.layers)
     }
 
-    /// Layers `layers` of `host` on one device (a pipeline stage).
+    /// Layers `layers` of `host` on one device (a pipeline stage): the step layout and its
+    /// binding limits, the KV cache, the memory plan (checked before anything is allocated), the
+    /// scratch buffers, then the ops of the embedding, every layer and the head.
     pub fn new_stage(
         gpu: Arc<Gpu>,
         host: &HostModel,
@@ -472,113 +964,15 @@ impl Model {
         limits.max_seqs = limits.max_seqs.min(limits.max_tokens).max(1);
         limits.sliding_window = cfg.sliding_window;
         limits.profile = limits.profile.resolve(gpu.info.device_type);
-        let mb = limits.max_binding;
         let g = &*gpu;
 
-        let (t_all, s_all) = (limits.max_tokens, limits.max_seqs);
-        let max_blocks = limits.max_seq_len.div_ceil(limits.block_size);
-        // A step runs in sub-steps of at most `t_max` tokens and `s_max` sampled rows, sized so
-        // every activation, logits and adjustment buffer fits one storage binding (a 2048-token
-        // step of a 7B model's 18944-wide FFN does not). Sub-steps run in token order, so a
-        // token still sees every earlier token's K/V: the result is the whole step's.
-        let f = |n: usize| (n * 4) as u64;
-        let widest = cfg.hidden.max(cfg.qkv_dim()).max(cfg.q_dim()).max(cfg.intermediate);
-        let t_max = t_all.min((mb / f(widest)) as usize);
-        let per_sampled = f(cfg.vocab).max(((limits.max_seq_len + MAX_LOGIT_BIAS) * 16) as u64);
-        let s_max = s_all.min(t_max).min(if last { (mb / per_sampled) as usize } else { s_all });
-        if t_max == 0 || s_max == 0 {
-            bail!(
-                "one token's activations ({} bytes) or logits ({} bytes) exceed the device's max storage binding \
-                 ({mb} bytes)",
-                f(widest),
-                per_sampled
-            );
-        }
-
-        // Metadata layout (u32 words): tokens, positions, slots, seq ids, sample rows,
-        // sample params (SAMPLE_PARAMS_STRIDE per row), block tables.
-        let ps = SAMPLE_PARAMS_STRIDE;
-        let header = StepHeader {
-            n_tokens: 0,
-            n_sample: 0,
-            n_seqs: 0,
-            max_blocks: max_blocks as u32,
-            off_pos: t_max as u32,
-            off_slot: 2 * t_max as u32,
-            off_seq: 3 * t_max as u32,
-            off_table: (4 * t_max + (1 + ps) * s_max) as u32,
-            n_splits: 1,
-            _pad: [0; 3],
-        };
-        let off_sample = 4 * t_max;
-        let off_params = 4 * t_max + s_max;
-        // Every sequence of the step has its block table in every sub-step.
-        let meta_len = 4 * t_max + (1 + ps) * s_max + s_all * max_blocks;
-        // Logit adjustments: up to one entry per token of every sampled sequence, plus its
-        // logit-bias entries.
-        // Only the last stage samples: the others get placeholders for its buffers.
-        let adjust_cap = s_max * (limits.max_seq_len + MAX_LOGIT_BIAS);
-        let adjust_buf = g.storage("adjust", if last { (adjust_cap * 16) as u64 } else { 16 });
-        let meta_buf = g.storage("meta", (meta_len * 4) as u64);
-        let step_buf = g.uniform_init("step", bytemuck::bytes_of(&header));
-
-        // KV cache: [blocks, block_size, kv_heads, head_dim] per layer, K and V, f16 or f32.
-        let per_block = kv_block_bytes(&cfg, &limits);
-        let num_blocks = kv_blocks(&cfg, &limits);
-        if num_blocks < max_blocks.min(2) || num_blocks == 0 {
-            bail!(
-                "total_cache_size {} bytes holds only {num_blocks} KV blocks of {} tokens ({} KV cache); raise it",
-                limits.cache_bytes,
-                limits.block_size,
-                limits.kv_dtype.name()
-            );
-        }
-        // A layer's cache larger than one storage binding spans several buffers (chunks).
-        let max_chunks = g.kv_chunk_limit();
-        let Some((blocks_per_chunk, kv_chunks)) = kv_chunking(num_blocks, per_block, mb, max_chunks) else {
-            // Never shrink the cache behind the user's back.
-            bail!(
-                "total_cache_size {} bytes gives each layer a {} KV cache of {} bytes for K (and as much for V), \
-                 more than {max_chunks} storage bindings of {mb} bytes; lower total_cache_size to at most {} bytes",
-                limits.cache_bytes,
-                limits.kv_dtype.name(),
-                num_blocks as u64 * per_block,
-                (mb / per_block) * max_chunks as u64 * per_block * 2 * cfg.layers as u64
-            );
-        };
-        // Sized by the whole model's layer count, so every stage of a pipeline holds as many blocks.
-        // The memory plan, checked against the device's memory before anything is allocated.
-        let s_last = if last { s_max } else { 1 };
-        let stage_layers = host.layer_slice(&layers);
-        let weights: u64 = stage_layers
-            .iter()
-            .map(|l| {
-                let m = [&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down].iter().map(|t| t.bytes() as u64).sum::<u64>();
-                m + f(l.attn_norm.len() + l.ffn_norm.len())
-                    + l.qkv_bias.as_ref().map_or(0, |b| f(b.len()))
-                    + l.qk_norm.as_ref().map_or(0, |b| f(b.len()))
-            })
-            .sum::<u64>()
-            + host.embed.as_ref().filter(|_| first || (last && host.tied)).map_or(0, |e| e.bytes() as u64)
-            + host.lm_head.as_ref().filter(|_| last && !host.tied).map_or(0, |e| e.bytes() as u64)
-            + f(host.final_norm.len());
-        // The split attention's partial results (gpu profile): up to 32 key ranges of every
-        // head of every sampled row (decode-sized steps split most).
-        let part_vec4 = if limits.profile == KernelProfile::Gpu {
-            let want = s_max * cfg.heads * 32 * (cfg.head_dim / 4 + 1);
-            want.min((mb / 16) as usize)
-        } else {
-            0
-        };
+        let layout = StepLayout::new(&cfg, &limits, last)?;
+        let kv_plan = KvPlan::new(&cfg, &limits, g.kv_chunk_limit(), layout.header.max_blocks as usize)?;
+        let scratch_plan = ScratchPlan::new(&cfg, &limits, &layout, last);
         let plan = MemoryPlan {
-            weights,
-            kv_cache: num_blocks as u64 * per_block * 2 * layers.len() as u64,
-            scratch: f(t_max * (2 * cfg.hidden + cfg.qkv_dim() + cfg.q_dim() + cfg.intermediate))
-                + f(s_last * (cfg.vocab + cfg.hidden + SAMPLE_RESULT_STRIDE))
-                + f(limits.max_seq_len * cfg.head_dim)
-                + f(meta_len)
-                + part_vec4 as u64 * 16
-                + if last { (adjust_cap * 16) as u64 } else { 0 },
+            weights: stage_weight_bytes(host, &layers),
+            kv_cache: kv_plan.bytes_per_layer() * layers.len() as u64,
+            scratch: scratch_plan.bytes(),
         };
         if let Some(mem) = g.memory_limit.filter(|&m| plan.total() > m) {
             let mib = |b: u64| b >> 20;
@@ -591,23 +985,7 @@ impl Model {
                 mib(plan.kv_cache)
             );
         }
-        let chunk_buffers = |name: &str| -> Vec<wgpu::Buffer> {
-            (0..kv_chunks)
-                .map(|c| {
-                    let blocks = blocks_per_chunk.min(num_blocks - c * blocks_per_chunk);
-                    g.storage(name, blocks as u64 * per_block)
-                })
-                .collect()
-        };
-        let kv = KvCache {
-            k: layers.clone().map(|_| chunk_buffers("k_cache")).collect(),
-            v: layers.clone().map(|_| chunk_buffers("v_cache")).collect(),
-            num_blocks,
-            block_size: limits.block_size,
-            blocks_per_chunk,
-        };
-        let kv_chunk_elems = blocks_per_chunk * limits.block_size * cfg.kv_dim();
-
+        let kv = kv_plan.allocate(g, layers.len(), limits.block_size);
         let kernels = Kernels::new(
             g,
             &KernelSpec {
@@ -615,251 +993,42 @@ impl Model {
                 head_dim: cfg.head_dim as u32,
                 group: (cfg.heads / cfg.kv_heads.max(1)) as u32,
                 kv: limits.kv_dtype,
-                kv_chunks,
+                kv_chunks: kv_plan.chunks,
                 profile: limits.profile,
             },
         )?;
-        let part = g.storage("attn_partials", part_vec4 as u64 * 16);
+        let scratch = Scratch::new(g, &cfg, &limits, &layout, &scratch_plan, last);
 
-        // Activation scratch.
-        let hidden = g.storage("hidden", f(t_max * cfg.hidden));
-        let normed = g.activation("normed", f(t_max * cfg.hidden));
-        let qkv = g.storage("qkv", f(t_max * cfg.qkv_dim()));
-        let attn = g.activation("attn", f(t_max * cfg.q_dim()));
-        let act = g.activation("act", f(t_max * cfg.intermediate));
-        // Logits and sampler results only on the last stage; hidden states leave the others.
-        let final_normed = g.activation("final_normed", f(s_last * cfg.hidden));
-        let logits = g.storage("logits", f(s_last * cfg.vocab));
-        let result_bytes = (s_last * SAMPLE_RESULT_STRIDE * 4) as u64;
-        let result = g.storage("result", result_bytes);
-        let readback = g.readback("result_readback", result_bytes);
-        let hidden_readback = (!last).then(|| g.readback("hidden_readback", f(t_max * cfg.hidden)));
-
-        let cs = rope_table(cfg.rope_theta, cfg.head_dim, limits.max_seq_len, &cfg.rope_scaling);
-        let cos_sin = g.storage_init("cos_sin", bytemuck::cast_slice(&cs));
-        let dummy = g.storage("dummy", 16);
-
-        let mut keep = vec![hidden.clone(), normed.clone(), qkv.clone(), attn.clone(), act.clone(), cos_sin.clone()];
-        let mut matrices = Vec::new();
-        let mut ops = Vec::new();
-        let uni = |v: &[u32]| g.uniform_init("params", bytemuck::cast_slice(v));
-
-        // TORUS_NO_UNIFORM_X=1 turns the uniform-x matmul variant off (for comparisons).
-        let uniform_x = g.uniform_x_ok() && std::env::var_os("TORUS_NO_UNIFORM_X").is_none();
-        let win_stride = window_stride(g);
-        let windows = g.uniform_init("windows", bytemuck::cast_slice(&window_entries(t_max + 1, win_stride)));
-        let tied = host.tied;
-        let embed = match (&host.embed, first || (last && tied)) {
-            (Some(t), true) => Some(GpuMatrix::upload(g, "embed", t, None, mb)?),
+        let mut b = OpBuilder {
+            g,
+            cfg: &cfg,
+            kernels: &kernels,
+            s: &scratch,
+            mb: limits.max_binding,
+            // TORUS_NO_UNIFORM_X=1 turns the uniform-x matmul variant off (for comparisons).
+            uniform_x: g.uniform_x_ok() && std::env::var_os("TORUS_NO_UNIFORM_X").is_none(),
+            ops: Vec::new(),
+            keep: Vec::new(),
+            matrices: Vec::new(),
+        };
+        let embed = match (&host.embed, first || (last && host.tied)) {
+            (Some(t), true) => Some(GpuMatrix::upload(g, "embed", t, None, limits.max_binding)?),
             (None, true) => bail!("the embedding was not loaded from {}", host.source.display()),
             (_, false) => None,
         };
-        let embed_format = embed.as_ref().map_or(WFormat::F32, |e| e.format);
-        let kb_h = (cfg.hidden / 32) as u32;
-        for c in embed.iter().filter(|_| first).flat_map(|e| &e.chunks) {
-            let p = uni(&[kb_h, c.rows as u32, c.row0 as u32, 0]);
-            ops.push(Op {
-                kind: OpKind::Embed { format: embed_format, k_blocks: kb_h },
-                bind_u: None,
-                bind: kernels.matmul_family.bind(
-                    g,
-                    &[(0, &step_buf), (1, &p), (2, &meta_buf), (3, &c.q), (4, &c.s), (5, &dummy), (6, &hidden)],
-                ),
-            });
-            keep.push(p);
+        if let Some(e) = embed.as_ref().filter(|_| first) {
+            b.embed(e);
         }
-
-        // Matmul ops for every chunk of `m`, reading x (rows of x_width floats) into columns
-        // col0.. of y (rows of y_stride floats); `flags`: MAT_* (MAT_BIAS needs `bias`).
-        let matmul_ops = |ops: &mut Vec<Op>,
-                          keep: &mut Vec<wgpu::Buffer>,
-                          m: &GpuMatrix,
-                          x: &wgpu::Buffer,
-                          y: &wgpu::Buffer,
-                          (col0, y_stride): (usize, usize),
-                          bias: Option<&wgpu::Buffer>,
-                          flags: u32,
-                          sampled: bool,
-                          swiglu: bool| {
-            for c in &m.chunks {
-                let p = MatParams::new(m.cols, c, col0, y_stride, sampled, flags);
-                let pb = g.uniform_init("matmul_params", bytemuck::bytes_of(&p));
-                // A chunked bias is bound whole; the chunk's row0 offsets into it.
-                let entries =
-                    [(0, &step_buf), (1, &pb), (2, x), (3, &c.q), (4, &c.s), (5, bias.unwrap_or(&dummy)), (6, y)];
-                let bind = kernels.matmul_family.bind(g, &entries);
-                let bind_u = uniform_x.then(|| kernels.matmul_u_family.bind_uniform_x(g, &entries, &windows));
-                let (rows, x_vec4) = (c.rows as u32, (m.cols / 4) as u32);
-                ops.push(Op { kind: OpKind::Matmul { format: m.format, rows, x_vec4, sampled, swiglu }, bind, bind_u });
-                keep.push(pb);
-            }
-        };
-
-        let norm_params = |gather: bool| -> wgpu::Buffer {
-            let v: [u32; 4] = [(cfg.hidden / 4) as u32, cfg.rms_eps.to_bits(), gather as u32, off_sample as u32];
-            g.uniform_init("norm_params", bytemuck::cast_slice(&v))
-        };
-        let rope_p = uni(&rope_params(cfg.heads, cfg.kv_heads, cfg.head_dim, kv_chunk_elems));
-        let attn_p = uni(&attn_params(
-            (cfg.heads, cfg.kv_heads, cfg.head_dim),
-            limits.block_size,
-            cfg.sliding_window.unwrap_or(0),
-            kv_chunk_elems,
-        ));
-        let head_norm_p = uni(&head_norm_params(cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.rms_eps));
-        let layer_norm_p = norm_params(false);
-        keep.extend([rope_p.clone(), attn_p.clone(), layer_norm_p.clone(), head_norm_p.clone()]);
-
+        let lp = LayerParams::new(&mut b, &limits, &kv_plan, layout.off_sample);
         for (l, hl) in host.layer_slice(&layers).iter().enumerate() {
-            let attn_norm = g.storage_init("attn_norm", bytemuck::cast_slice(&hl.attn_norm));
-            let ffn_norm = g.storage_init("ffn_norm", bytemuck::cast_slice(&hl.ffn_norm));
-            // q, k and v in one matmul when they share a format (K-quant files often store v
-            // in another), else three writing their columns of the qkv rows.
-            let qkv_ms: Vec<(GpuMatrix, usize)> = if hl.q.format == hl.k.format && hl.k.format == hl.v.format {
-                let qkv_w = QTensor::concat_rows(&[&hl.q, &hl.k, &hl.v])?;
-                vec![(GpuMatrix::upload(g, "qkv", &qkv_w, None, mb)?, 0)]
-            } else {
-                vec![
-                    (GpuMatrix::upload(g, "q_proj", &hl.q, None, mb)?, 0),
-                    (GpuMatrix::upload(g, "k_proj", &hl.k, None, mb)?, cfg.q_dim()),
-                    (GpuMatrix::upload(g, "v_proj", &hl.v, None, mb)?, cfg.q_dim() + cfg.kv_dim()),
-                ]
-            };
-            let o_m = GpuMatrix::upload(g, "o_proj", &hl.o, None, mb)?;
-            // Gate and up fused into one SwiGLU matmul when they share a format; else the gate
-            // is written to act and the up projection's epilogue applies silu(gate) * up.
-            let (gu_m, gate_up_split) = if hl.gate.format == hl.up.format {
-                (GpuMatrix::upload(g, "gate_up", &hl.gate, Some(&hl.up), mb)?, None)
-            } else {
-                (GpuMatrix::upload(g, "gate", &hl.gate, None, mb)?, Some(GpuMatrix::upload(g, "up", &hl.up, None, mb)?))
-            };
-            let down_m = GpuMatrix::upload(g, "down", &hl.down, None, mb)?;
-            let bias = hl.qkv_bias.as_ref().map(|b| g.storage_init("qkv_bias", bytemuck::cast_slice(b)));
-
-            let bind_norm = |w: &wgpu::Buffer, out: &wgpu::Buffer| {
-                kernels
-                    .norm_family
-                    .bind(g, &[(0, &step_buf), (1, &layer_norm_p), (2, &hidden), (3, w), (4, &meta_buf), (5, out)])
-            };
-            ops.push(Op { kind: OpKind::Norm { sampled: false }, bind: bind_norm(&attn_norm, &normed), bind_u: None });
-            let bias_flag = if bias.is_some() { MAT_BIAS } else { 0 };
-            for (m, col0) in &qkv_ms {
-                let out = (*col0, cfg.qkv_dim());
-                matmul_ops(&mut ops, &mut keep, m, &normed, &qkv, out, bias.as_ref(), bias_flag, false, false);
-            }
-            if let Some(w) = &hl.qk_norm {
-                let wb = g.storage_init("qk_norm", bytemuck::cast_slice(w));
-                ops.push(Op {
-                    kind: OpKind::HeadNorm { heads: (cfg.heads + cfg.kv_heads) as u32 },
-                    bind_u: None,
-                    bind: kernels.head_norm_family.bind(g, &[(0, &step_buf), (1, &head_norm_p), (2, &wb), (3, &qkv)]),
-                });
-                keep.push(wb);
-            }
-            ops.push(Op {
-                kind: OpKind::RopeKv { threads: rope_threads(1, cfg.heads, cfg.kv_heads, cfg.head_dim) },
-                bind_u: None,
-                bind: kernels.rope_family.bind(
-                    g,
-                    &kv_entries(
-                        vec![(0, &step_buf), (1, &rope_p), (2, &meta_buf), (3, &cos_sin), (4, &qkv)],
-                        (5, 6),
-                        &kv.k[l],
-                        &kv.v[l],
-                    ),
-                ),
-            });
-            ops.push(Op {
-                kind: OpKind::Attention {
-                    heads: cfg.heads as u32,
-                    kv_heads: cfg.kv_heads as u32,
-                    hd4: (cfg.head_dim / 4) as u32,
-                },
-                bind_u: None,
-                bind: kernels.attn_family.bind(
-                    g,
-                    &kv_entries(
-                        vec![(0, &step_buf), (1, &attn_p), (2, &meta_buf), (3, &qkv), (6, &attn), (7, &part)],
-                        (4, 5),
-                        &kv.k[l],
-                        &kv.v[l],
-                    ),
-                ),
-            });
-            matmul_ops(&mut ops, &mut keep, &o_m, &attn, &hidden, (0, cfg.hidden), None, MAT_ACCUMULATE, false, false);
-            ops.push(Op { kind: OpKind::Norm { sampled: false }, bind: bind_norm(&ffn_norm, &normed), bind_u: None });
-            let ffn = (0, cfg.intermediate);
-            match &gate_up_split {
-                None => matmul_ops(&mut ops, &mut keep, &gu_m, &normed, &act, ffn, None, 0, false, true),
-                Some(up_m) => {
-                    matmul_ops(&mut ops, &mut keep, &gu_m, &normed, &act, ffn, None, 0, false, false);
-                    matmul_ops(&mut ops, &mut keep, up_m, &normed, &act, ffn, None, MAT_SWIGLU_UP, false, false);
-                }
-            }
-            matmul_ops(
-                &mut ops,
-                &mut keep,
-                &down_m,
-                &act,
-                &hidden,
-                (0, cfg.hidden),
-                None,
-                MAT_ACCUMULATE,
-                false,
-                false,
-            );
-            keep.extend([attn_norm, ffn_norm]);
-            keep.extend(bias);
-            matrices.extend(qkv_ms.into_iter().map(|(m, _)| m));
-            matrices.extend([o_m, gu_m, down_m]);
-            matrices.extend(gate_up_split);
+            b.layer(hl, &lp, &kv.k[l], &kv.v[l])?;
         }
-
         if last {
-            let final_norm = g.storage_init("final_norm", bytemuck::cast_slice(&host.final_norm));
-            let final_p = norm_params(true);
-            ops.push(Op {
-                kind: OpKind::Norm { sampled: true },
-                bind_u: None,
-                bind: kernels.norm_family.bind(
-                    g,
-                    &[
-                        (0, &step_buf),
-                        (1, &final_p),
-                        (2, &hidden),
-                        (3, &final_norm),
-                        (4, &meta_buf),
-                        (5, &final_normed),
-                    ],
-                ),
-            });
-            let lm = match (&host.lm_head, embed) {
-                (Some(t), _) if !tied => GpuMatrix::upload(g, "lm_head", t, None, mb)?,
-                (_, Some(e)) if tied => e,
-                _ => bail!("the output projection was not loaded from {}", host.source.display()),
-            };
-            matmul_ops(&mut ops, &mut keep, &lm, &final_normed, &logits, (0, cfg.vocab), None, 0, true, false);
-            let sp = uni(&[cfg.vocab as u32, off_params as u32, 0, 0]);
-            ops.push(Op {
-                kind: OpKind::LogitAdjust,
-                bind_u: None,
-                bind: kernels
-                    .sample_family
-                    .bind(g, &[(0, &step_buf), (1, &sp), (2, &meta_buf), (3, &adjust_buf), (4, &logits)]),
-            });
-            ops.push(Op {
-                kind: OpKind::Sample,
-                bind_u: None,
-                bind: kernels
-                    .sample_family
-                    .bind(g, &[(0, &step_buf), (1, &sp), (2, &meta_buf), (3, &logits), (4, &result)]),
-            });
-            keep.extend([final_norm, final_p, sp]);
-            matrices.push(lm);
+            b.head(host, embed, &lp, layout.off_params)?;
         } else {
-            matrices.extend(embed);
+            b.matrices.extend(embed);
         }
-        keep.extend([dummy, final_normed, windows, part, adjust_buf.clone()]);
+        let OpBuilder { ops, keep, matrices, .. } = b;
 
         Ok(Model {
             cfg,
@@ -870,24 +1039,24 @@ impl Model {
             plan,
             kernels,
             ops,
-            step_buf,
-            meta_buf,
-            meta_scratch: vec![0; meta_len],
+            meta_scratch: vec![0; layout.meta_len],
             adjust_scratch: Vec::new(),
-            adjust_buf,
-            adjust_cap,
-            part_vec4,
-            header,
-            sub_tokens: t_max,
-            sub_seqs: s_max,
-            off_sample,
-            off_params,
-            logits,
-            result,
-            readback,
-            hidden,
-            hidden_readback,
-            _keep: keep,
+            adjust_cap: layout.adjust_cap,
+            part_vec4: scratch_plan.part_vec4,
+            header: layout.header,
+            sub_tokens: layout.t_max,
+            sub_seqs: layout.s_max,
+            off_sample: layout.off_sample,
+            off_params: layout.off_params,
+            step_buf: scratch.step_buf,
+            meta_buf: scratch.meta_buf,
+            adjust_buf: scratch.adjust_buf,
+            logits: scratch.logits,
+            result: scratch.result,
+            readback: scratch.readback,
+            hidden: scratch.hidden,
+            hidden_readback: scratch.hidden_readback,
+            _keep: [keep, scratch.keep].concat(),
             _matrices: matrices,
         })
     }

@@ -327,7 +327,12 @@ impl Executor {
 
     pub fn describe(&self) -> String {
         match self {
-            Executor::Single { model, .. } => format!("{} (memory: {})", model.gpu.describe(), model.plan),
+            Executor::Single { model, .. } => format!(
+                "{} (kernel profile {}; memory: {})",
+                model.gpu.describe(),
+                model.limits.profile.name(),
+                model.plan
+            ),
             Executor::Pipeline(p) => p.describe(),
         }
     }
