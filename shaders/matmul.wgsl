@@ -5,46 +5,12 @@
 // no workgroup memory (fast on llvmpipe, still fine on real GPUs for decode).
 // TM, TN and WG are substituted when the pipeline is built: TM = 1 for decode-sized steps.
 
-struct MatParams {
-    k_blocks: u32,  // K / 32
-    n_rows: u32,    // rows of this chunk (for swiglu: rows of the gate half)
-    row0: u32,      // first output column written by this chunk
-    y_stride: u32,  // floats per output row
-    x_stride4: u32, // vec4s per input row
-    m_src: u32,     // 0: the step's n_tokens rows, 1: its n_sample rows
-    flags: u32,     // 1: add bias, 2: accumulate into y, 4: y = silu(y) * result (SwiGLU's up half)
-    _pad: u32,
-}
-
-@group(0) @binding(0) var<uniform> step: Step;
-@group(0) @binding(1) var<uniform> p: MatParams;
 @group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;
-@group(0) @binding(5) var<storage, read> bias: array<f32>;
-@group(0) @binding(6) var<storage, read_write> y: array<f32>;
 
 const TM: u32 = {{TM}}u;
 const TN: u32 = {{TN}}u;
 
-fn rows_m() -> u32 {
-    return select(step.n_tokens, step.n_sample, p.m_src == 1u);
-}
-
 {{WINDOW}}
-
-fn store(t: u32, n: u32, v: f32) {
-    var r = v;
-    if ((p.flags & 1u) != 0u) {
-        r += bias[p.row0 + n];
-    }
-    let idx = t * p.y_stride + p.row0 + n;
-    if ((p.flags & 2u) != 0u) {
-        r += y[idx];
-    }
-    if ((p.flags & 4u) != 0u) {
-        r = silu(y[idx]) * r;
-    }
-    y[idx] = r;
-}
 
 @compute @workgroup_size({{WG}})
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -85,10 +51,6 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
             }
         }
     }
-}
-
-fn silu(v: f32) -> f32 {
-    return v / (1.0 + exp(-v));
 }
 
 // Gate and up projections in one chunk (gate rows first, then up rows, n_rows each);

@@ -6,22 +6,7 @@
 // invocation's 4 rows are (gate c, gate c+1, up c, up c+1), and y = silu(gate . x) * (up . x).
 // The weight format's wfmt_*.wgsl (wq, ws, Sc, wscale, wpart) is prepended.
 
-struct MatParams {
-    k_blocks: u32,
-    n_rows: u32,
-    row0: u32,
-    y_stride: u32,
-    x_stride4: u32,
-    m_src: u32,
-    flags: u32,
-    _pad: u32,
-}
-
-@group(0) @binding(0) var<uniform> step: Step;
-@group(0) @binding(1) var<uniform> p: MatParams;
 @group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;
-@group(0) @binding(5) var<storage, read> bias: array<f32>;
-@group(0) @binding(6) var<storage, read_write> y: array<f32>;
 
 const BM: u32 = 32u; // tokens per tile
 const BN: u32 = 64u; // weight rows per tile
@@ -32,29 +17,6 @@ const SWIGLU: bool = {{SWIGLU}};
 var<workgroup> xt: array<vec4<f32>, 256>;
 // wt[k * (BN / 4) + n4]: W[n, k] for tile rows 4 n4 .. 4 n4 + 4.
 var<workgroup> wt: array<vec4<f32>, 512>;
-
-fn rows_m() -> u32 {
-    return select(step.n_tokens, step.n_sample, p.m_src == 1u);
-}
-
-fn silu(v: f32) -> f32 {
-    return v / (1.0 + exp(-v));
-}
-
-fn store(t: u32, n: u32, v: f32) {
-    var r = v;
-    if ((p.flags & 1u) != 0u) {
-        r += bias[p.row0 + n];
-    }
-    let idx = t * p.y_stride + p.row0 + n;
-    if ((p.flags & 2u) != 0u) {
-        r += y[idx];
-    }
-    if ((p.flags & 4u) != 0u) {
-        r = silu(y[idx]) * r;
-    }
-    y[idx] = r;
-}
 
 // The weight row of tile row `r` of the tile starting at output column n0.
 fn weight_row(n0: u32, r: u32) -> u32 {

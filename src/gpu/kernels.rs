@@ -278,6 +278,17 @@ fn kv_snippet(kv: KvDtype, write: bool, chunks: usize) -> String {
 
 const COMMON: &str = include_str!("../../shaders/common.wgsl");
 
+/// What every shader starts with: the shared declarations (src/gpu/shared.rs) and common.wgsl.
+fn common() -> String {
+    format!("{}\n{COMMON}", super::shared::wgsl_common())
+}
+
+/// The matmul shaders' shared part after the weight format: MatParams, its flags, bindings and
+/// epilogue.
+fn matmul_common() -> String {
+    format!("{}\n{}", super::shared::wgsl_matmul(), include_str!("../../shaders/matmul_common.wgsl"))
+}
+
 /// Register tiles (tokens x weight rows per thread) of the matmul variants: decode-sized steps
 /// use the small ones, prefill the last. A step of m rows uses the first tile with TM >= m
 /// (the last for larger steps), so each weight is loaded once per TM tokens.
@@ -386,7 +397,7 @@ pub fn matmul_source(f: WFormat, tm: u32, tn: u32, uniform_x: bool) -> String {
         .replace("{{TM}}", &tm.to_string())
         .replace("{{TN}}", &tn.to_string())
         .replace("{{WG}}", &MATMUL_WG.to_string());
-    format!("{COMMON}\n{}\n{body}", f.snippet())
+    format!("{}\n{}\n{}\n{body}", common(), f.snippet(), matmul_common())
 }
 
 /// Reduction of matmul_gpu.wgsl's partial sums: subgroupAdd, then one value per subgroup
@@ -445,14 +456,14 @@ pub fn matmul_gpu_source(f: WFormat, tm: u32, swiglu: bool, subgroups: bool) -> 
         .replace("{{SWIGLU}}", if swiglu { "true" } else { "false" })
         .replace("{{SG_ARGS}}", args)
         .replace("{{REDUCE}}", reduce);
-    format!("{COMMON}\n{}\n{body}", f.snippet())
+    format!("{}\n{}\n{}\n{body}", common(), f.snippet(), matmul_common())
 }
 
 /// The gpu profile's prefill-sized matmul (see matmul_tiled.wgsl).
 pub fn matmul_tiled_source(f: WFormat, swiglu: bool) -> String {
     let body =
         include_str!("../../shaders/matmul_tiled.wgsl").replace("{{SWIGLU}}", if swiglu { "true" } else { "false" });
-    format!("{COMMON}\n{}\n{body}", f.snippet())
+    format!("{}\n{}\n{}\n{body}", common(), f.snippet(), matmul_common())
 }
 
 /// The gpu profile's split-key attention for `group` query heads per KV head.
@@ -461,27 +472,27 @@ pub fn attention_split_source(head_dim: u32, group: u32, kv: KvDtype, kv_chunks:
         .replace("{{HD4}}", &(head_dim / 4).to_string())
         .replace("{{G}}", &group.to_string())
         .replace("{{KV}}", &kv_snippet(kv, false, kv_chunks));
-    format!("{COMMON}\n{body}")
+    format!("{}\n{body}", common())
 }
 
 pub fn embed_source(f: WFormat) -> String {
-    format!("{COMMON}\n{}\n{}", f.snippet(), include_str!("../../shaders/embed.wgsl"))
+    format!("{}\n{}\n{}", common(), f.snippet(), include_str!("../../shaders/embed.wgsl"))
 }
 
 pub fn attention_source(head_dim: u32, kv: KvDtype, kv_chunks: usize) -> String {
     let body = include_str!("../../shaders/attention.wgsl")
         .replace("{{HD4}}", &(head_dim / 4).to_string())
         .replace("{{KV}}", &kv_snippet(kv, false, kv_chunks));
-    format!("{COMMON}\n{body}")
+    format!("{}\n{body}", common())
 }
 
 pub fn rope_kv_source(kv: KvDtype, kv_chunks: usize) -> String {
     let body = include_str!("../../shaders/rope_kv.wgsl").replace("{{KV}}", &kv_snippet(kv, true, kv_chunks));
-    format!("{COMMON}\n{body}")
+    format!("{}\n{body}", common())
 }
 
 pub fn plain_source(body: &str) -> String {
-    format!("{COMMON}\n{body}")
+    format!("{}\n{body}", common())
 }
 
 pub const RMSNORM_WGSL: &str = include_str!("../../shaders/rmsnorm.wgsl");

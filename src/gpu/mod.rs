@@ -1,6 +1,7 @@
 //! wgpu device and adapter choice, buffers, shader assembly and the pipelines of every kernel.
 
 pub mod kernels;
+pub mod shared;
 
 use anyhow::{anyhow, Context, Result};
 use wgpu::util::DeviceExt;

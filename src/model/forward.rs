@@ -10,9 +10,9 @@ use crate::gpu::kernels::{
     window_entries, window_stride, KernelProfile, KernelSpec, Kernels, KvDtype, WFormat, KV_K_CHUNK_BINDING,
     KV_V_CHUNK_BINDING, MATMUL_TILES, MAX_TOP_LOGPROBS, SAMPLE_PARAMS_STRIDE, SAMPLE_RESULT_STRIDE,
 };
+pub(crate) use crate::gpu::shared::{MatParams, StepHeader, MAT_ACCUMULATE, MAT_BIAS, MAT_SWIGLU_UP};
 use crate::gpu::Gpu;
 use anyhow::{bail, Result};
-use bytemuck::{Pod, Zeroable};
 use std::sync::Arc;
 
 /// A weight matrix on the GPU, split by rows into chunks that each fit one storage binding.
@@ -188,22 +188,6 @@ pub struct StepInput {
     pub sampling: Vec<SampleParams>,
 }
 
-#[repr(C)]
-#[derive(Clone, Copy, Pod, Zeroable)]
-pub(crate) struct StepHeader {
-    pub(crate) n_tokens: u32,
-    pub(crate) n_sample: u32,
-    pub(crate) n_seqs: u32,
-    pub(crate) max_blocks: u32,
-    pub(crate) off_pos: u32,
-    pub(crate) off_slot: u32,
-    pub(crate) off_seq: u32,
-    pub(crate) off_table: u32,
-    /// Key ranges per (token, KV head) of the split attention (gpu profile).
-    pub(crate) n_splits: u32,
-    pub(crate) _pad: [u32; 3],
-}
-
 /// The KV cache of a stage's layers: per layer, K and V each in one or more buffers (chunks)
 /// of `blocks_per_chunk` whole blocks, so no binding exceeds the device's limit.
 pub struct KvCache {
@@ -303,26 +287,6 @@ pub struct Model {
     _matrices: Vec<GpuMatrix>,
 }
 
-#[repr(C)]
-#[derive(Clone, Copy, Pod, Zeroable)]
-pub(crate) struct MatParams {
-    pub(crate) k_blocks: u32,
-    pub(crate) n_rows: u32,
-    pub(crate) row0: u32,
-    pub(crate) y_stride: u32,
-    pub(crate) x_stride4: u32,
-    pub(crate) m_src: u32,
-    pub(crate) flags: u32,
-    pub(crate) _pad: u32,
-}
-
-/// MatParams flag: add the bias.
-pub(crate) const MAT_BIAS: u32 = 1;
-/// MatParams flag: add into y.
-pub(crate) const MAT_ACCUMULATE: u32 = 2;
-/// MatParams flag: y = silu(y) * result (the up half of an unfused SwiGLU; y holds the gate).
-pub(crate) const MAT_SWIGLU_UP: u32 = 4;
-
 impl MatParams {
     /// Parameters of one row-chunk's matmul (see matmul.wgsl), writing output columns from
     /// `col0` + the chunk's first row.
@@ -335,7 +299,7 @@ impl MatParams {
             x_stride4: (cols / 4) as u32,
             m_src: sampled as u32,
             flags,
-            _pad: 0,
+            ..Default::default()
         }
     }
 }
@@ -494,7 +458,7 @@ impl StepLayout {
             off_seq: 3 * t_max as u32,
             off_table: (4 * t_max + (1 + ps) * s_max) as u32,
             n_splits: 1,
-            _pad: [0; 3],
+            ..Default::default()
         };
         Ok(StepLayout {
             t_max,

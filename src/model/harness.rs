@@ -151,7 +151,7 @@ impl Harness {
             off_seq: 0,
             off_table: 0,
             n_splits: 1,
-            _pad: [0; 3],
+            ..Default::default()
         }
     }
 
@@ -470,7 +470,7 @@ impl Harness {
             off_seq: 2 * n as u32,
             off_table: 3 * n as u32,
             n_splits: 1,
-            _pad: [0; 3],
+            ..Default::default()
         };
         let dims = (rig.heads, rig.kv_heads, rig.head_dim / 4);
         let max_keys = s.positions.iter().max().map_or(1, |&p| p as usize + 1);
