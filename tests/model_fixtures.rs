@@ -334,3 +334,38 @@ fn tiny_qwen2_step_split_into_sub_steps_matches() {
         }
     }
 }
+
+/// Batched steps under both kernel profiles: two sequences' prompts in one step (the gpu
+/// profile's tiled matmuls and split attention over two block tables), then batched decode
+/// (its multi-row decode matmuls): the same tokens and top-5 log-probabilities per row.
+#[test]
+fn tiny_qwen2_batched_steps_agree_across_profiles() {
+    use torus_wgpu::model::loader::HostModel;
+    let host = HostModel::load(&fixtures().join("tiny-qwen2"), &|_, _| {}).unwrap();
+    let gpu = Arc::new(Gpu::new(None).expect("a wgpu adapter (lavapipe in CI)"));
+    let run = |profile: KernelProfile| {
+        let cfg = EngineConfig {
+            max_num_batched_tokens: 64,
+            max_sequence_length: 64,
+            total_cache_size: 8 * 2 * 2 * (16 * 32 * 4),
+            kv_cache_dtype: KvDtype::F32,
+            kernel_profile: profile,
+            ..Default::default()
+        };
+        let mut model = Model::new(gpu.clone(), &host, torus_wgpu::pipeline::step_limits(&cfg, &host.cfg)).unwrap();
+        assert_eq!(model.limits.profile, profile);
+        let a: Vec<u32> = (0..20).map(|i| (i * 37 + 11) % 500).collect();
+        let b: Vec<u32> = (0..13).map(|i| (i * 53 + 7) % 500).collect();
+        two_sequence_run(&mut model, [&a, &b], 8)
+    };
+    let (want, got) = (run(KernelProfile::Cpu), run(KernelProfile::Gpu));
+    for (s, (w, g)) in want.iter().zip(&got).enumerate() {
+        for (row, ((wid, wtop), (gid, gtop))) in w.iter().zip(g).enumerate() {
+            assert_eq!(wid, gid, "step {s} row {row}: sampled token");
+            for ((wi, wl), (gi, gl)) in wtop.iter().zip(gtop) {
+                assert_eq!(wi, gi, "step {s} row {row}: top-5 ids");
+                assert!((wl - gl).abs() < 1e-4, "step {s} row {row}: logprob {gl} vs {wl}");
+            }
+        }
+    }
+}
