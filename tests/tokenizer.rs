@@ -1,7 +1,7 @@
 //! Tokenizer, chat template, incremental detokenizer and GGUF reader tests.
 //!
 //! Reference data: `../shared/fixtures/` (see its README). Tests that need the default GGUF
-//! model skip with a notice when `models/SmolLM2-135M-Instruct.Q4_1.gguf` is absent.
+//! model fail when `models/SmolLM2-135M-Instruct.Q4_1.gguf` is absent (scripts/setup.sh fetches it).
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
