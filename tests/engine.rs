@@ -135,6 +135,38 @@ fn prefix_cache_on_equals_off_and_saves_prefill() {
     assert_all_blocks_free(&off);
 }
 
+/// `cache_salt`: requests share cached blocks only with requests of the same salt; the
+/// prefix-cache counters count each admitted request's look-up exactly once.
+#[test]
+fn cache_salt_separates_tenants_and_counters_are_exact() {
+    let e = engine(&tiny(), |c| c.enable_prefix_cache = true);
+    let prompt: Vec<u32> = (0..50).map(|i| (i * 11 % 500) as u32).collect();
+    let req = |salt: Option<&str>| {
+        let mut r = greedy_req(&prompt, 4);
+        r.params.cache_salt = salt.map(str::to_string);
+        r
+    };
+    // 50 tokens, the last always computed: 3 full blocks of 16 are looked up per request.
+    let mut want_tokens = None;
+    for (i, (salt, hits)) in
+        [(Some("a"), 0), (Some("b"), 0), (Some("a"), 3), (None, 0), (None, 3), (Some("b"), 3)].into_iter().enumerate()
+    {
+        let c = e.submit(req(salt)).unwrap().collect_blocking();
+        assert_eq!(c.usage.cached_tokens, hits * 16, "request {i} ({salt:?})");
+        // Same prompt, same greedy tokens, whatever the salt.
+        assert_eq!(want_tokens.get_or_insert(c.ids.clone()), &c.ids);
+        let t = Instant::now();
+        let want_queries = 3 * (i as u64 + 1);
+        while e.metrics.snapshot().prefix_queries < want_queries {
+            assert!(t.elapsed() < Duration::from_secs(20), "{:?}", e.metrics.snapshot());
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+    let m = e.metrics.snapshot();
+    assert_eq!((m.prefix_queries, m.prefix_hits), (18, 9), "{m:?}");
+    assert_all_blocks_free(&e);
+}
+
 #[test]
 fn preemption_when_the_pool_is_too_small() {
     // tiny-qwen2: one 16-token block of K+V over 2 layers = 2 * 2 * 16 * 32 * 2 bytes (f16) = 4 KiB.

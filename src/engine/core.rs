@@ -10,7 +10,7 @@
 
 use super::metrics::EngineMetrics;
 use super::request::{Event, FinishReason, Request, RequestParams, Usage};
-use crate::kv::{block_key, BlockId, BlockManager};
+use crate::kv::{root_key, BlockId, BlockKey, BlockManager};
 use crate::model::forward::{Adjust, SampleParams, Sampled, StepInput};
 use crate::pipeline::{Executor, StageFailure, StepResult};
 use crate::sampling::Rng;
@@ -23,7 +23,7 @@ use tokio::sync::mpsc::UnboundedSender;
 pub(crate) enum Command {
     Submit {
         id: u64,
-        req: Request,
+        req: Box<Request>,
         out: UnboundedSender<Event>,
     },
     Abort(u64),
@@ -59,7 +59,9 @@ struct Seq {
     /// ids stay as placeholders; attention never reads them).
     released: usize,
     /// Prefix-cache keys of the table's full blocks, in order.
-    keys: Vec<u64>,
+    keys: Vec<BlockKey>,
+    /// The parent key of the first block: one per cache salt.
+    root: BlockKey,
     params: RequestParams,
     max_tokens: usize,
     rng: Rng,
@@ -278,6 +280,7 @@ impl EngineCore {
                     table: vec![],
                     released: 0,
                     keys: vec![],
+                    root: root_key(req.params.cache_salt.as_deref()),
                     params: req.params,
                     max_tokens,
                     rng: seed.map(Rng::new).unwrap_or_else(Rng::from_entropy),
@@ -425,16 +428,20 @@ impl EngineCore {
         while budget > 0 && n_prefill < self.cfg.max_prefill_batch_size && plan.len() < max_seqs {
             let Some(s) = self.waiting.front() else { break };
             // Reuse cached full blocks, but always compute the last token (its logits are needed).
-            let (hits, keys) = self.bm.lookup_prefix(&s.tokens, s.tokens.len() - 1);
-            let computed = hits.len() * bs;
+            let hit = self.bm.lookup_prefix(&s.tokens, s.tokens.len() - 1, &s.root);
+            let computed = hit.blocks.len() * bs;
             let len = (s.tokens.len() - computed).min(budget);
-            let need = (computed + len).div_ceil(bs) - hits.len();
+            let need = (computed + len).div_ceil(bs) - hit.blocks.len();
             if self.bm.available() < need {
-                self.bm.release(&hits);
+                self.bm.release(&hit.blocks);
                 break;
             }
+            // Counted once per admitted request (a request waiting for room is looked up again
+            // every step).
+            self.bm.count_lookup(hit.queried, hit.blocks.len());
+            let keys = hit.keys;
             let mut s = self.waiting.pop_front().expect("front exists");
-            s.table = hits;
+            s.table = hit.blocks;
             for _ in 0..need {
                 s.table.push(self.bm.allocate().expect("checked available"));
             }
@@ -530,9 +537,8 @@ impl EngineCore {
             let full = s.computed / bs;
             while s.keys.len() < full {
                 let i = s.keys.len();
-                let parent = if i == 0 { 0 } else { s.keys[i - 1] };
-                let key = block_key(parent, &s.tokens[i * bs..(i + 1) * bs]);
-                self.bm.register(s.table[i], key);
+                let parent = if i == 0 { s.root } else { s.keys[i - 1] };
+                let key = self.bm.register(s.table[i], &parent, &s.tokens[i * bs..(i + 1) * bs]);
                 s.keys.push(key);
             }
             // Sliding window: the next query (position `computed`) and every later one attend

@@ -28,6 +28,9 @@ pub struct RequestParams {
     /// Some(n): return the chosen token's logprob and the n most likely alternatives (n <= 20).
     pub logprobs: Option<u32>,
     pub stop: StopConditions,
+    /// Prefix-cache salt (vLLM's `cache_salt`): requests share cached blocks only with requests
+    /// of the same salt (None: the shared cache).
+    pub cache_salt: Option<String>,
 }
 
 impl Default for RequestParams {
@@ -40,6 +43,7 @@ impl Default for RequestParams {
             logit_bias: vec![],
             logprobs: None,
             stop: StopConditions::default(),
+            cache_salt: None,
         }
     }
 }

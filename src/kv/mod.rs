@@ -1,39 +1,62 @@
 //! Paged KV-cache bookkeeping: a pool of fixed-size blocks, ref-counted, with an automatic
-//! prefix cache. Every full block is keyed by a hash chained from its parent block's key and its
-//! token ids; a new sequence reuses the longest run of cached blocks. Blocks nobody references
-//! stay cached (and reusable) until memory is needed, then are evicted least-recently-used first.
+//! prefix cache. Every full block is keyed by SHA-256 of (parent block's key, its token ids),
+//! chained from a root key that a request's `cache_salt` changes; a hit also compares the
+//! cached block's parent key and token ids, so even a key collision never shares a block. A new
+//! sequence reuses the longest run of cached blocks. Blocks nobody references stay cached (and
+//! reusable) until memory is needed, then are evicted least-recently-used first.
 //! The GPU side (the cache buffers) lives in model::forward; this is host-side state only.
 
+use sha2::{Digest, Sha256};
 use std::collections::{BTreeMap, HashMap};
 
 pub type BlockId = u32;
 
-/// Key of a full block: hash of (parent key, the block's token ids).
-pub fn block_key(parent: u64, tokens: &[u32]) -> u64 {
-    // FNV-1a over the parent key and tokens, then a final mix; stable across runs and platforms.
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    let mut eat = |x: u64| {
-        for b in x.to_le_bytes() {
-            h ^= b as u64;
-            h = h.wrapping_mul(0x0000_0100_0000_01b3);
-        }
-    };
-    eat(parent);
+/// Key of a full block in the prefix cache.
+pub type BlockKey = [u8; 32];
+
+/// Key of a full block: SHA-256 of (parent key, the block's token ids as little-endian u32s).
+pub fn block_key(parent: &BlockKey, tokens: &[u32]) -> BlockKey {
+    let mut h = Sha256::new();
+    h.update(parent);
     for &t in tokens {
-        eat(t as u64);
+        h.update(t.to_le_bytes());
     }
-    h ^= h >> 33;
-    h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
-    h ^ (h >> 33)
+    h.finalize().into()
 }
+
+/// The parent key of a sequence's first block: one per cache salt (None: the shared cache).
+pub fn root_key(salt: Option<&str>) -> BlockKey {
+    let mut h = Sha256::new();
+    h.update(b"torus-wgpu prefix cache v1\0");
+    if let Some(salt) = salt {
+        h.update([1u8]);
+        h.update(salt.as_bytes());
+    }
+    h.finalize().into()
+}
+
+/// How block keys are computed (tests swap in a weak one to force collisions).
+pub type KeyFn = fn(&BlockKey, &[u32]) -> BlockKey;
 
 #[derive(Clone, Debug, Default)]
 struct Block {
     refs: u32,
-    /// Prefix-cache key once the block is full and registered.
-    key: Option<u64>,
+    /// Prefix-cache key once the block is full and registered, with what it was computed from:
+    /// the parent key and the block's token ids (compared on every hit).
+    key: Option<BlockKey>,
+    parent: BlockKey,
+    tokens: Vec<u32>,
     /// LRU stamp while evictable (refs == 0 and key set).
     stamp: u64,
+}
+
+/// What a prefix look-up found: the cached blocks (each retained), their keys, and how many
+/// full blocks were looked up.
+#[derive(Clone, Debug, Default)]
+pub struct PrefixHit {
+    pub blocks: Vec<BlockId>,
+    pub keys: Vec<BlockKey>,
+    pub queried: usize,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -53,7 +76,8 @@ pub struct BlockManager {
     pub enable_prefix_cache: bool,
     blocks: Vec<Block>,
     free: Vec<BlockId>,
-    cache: HashMap<u64, BlockId>,
+    cache: HashMap<BlockKey, BlockId>,
+    key_fn: KeyFn,
     /// Evictable blocks by LRU stamp.
     lru: BTreeMap<u64, BlockId>,
     clock: u64,
@@ -69,10 +93,17 @@ impl BlockManager {
             // Pop from the end: lowest ids first.
             free: (0..num_blocks as BlockId).rev().collect(),
             cache: HashMap::new(),
+            key_fn: block_key,
             lru: BTreeMap::new(),
             clock: 0,
             stats: KvStats::default(),
         }
+    }
+
+    /// The same with another key function (tests: a weak hash that collides on purpose).
+    pub fn with_key_fn(mut self, key_fn: KeyFn) -> BlockManager {
+        self.key_fn = key_fn;
+        self
     }
 
     /// Blocks that can be handed out now (free, or cached and evictable).
@@ -112,6 +143,7 @@ impl BlockManager {
         debug_assert_eq!(b.refs, 0);
         b.refs = 1;
         b.key = None;
+        b.tokens.clear();
         Some(id)
     }
 
@@ -143,41 +175,54 @@ impl BlockManager {
         }
     }
 
-    /// Longest run of cached full blocks for `tokens` (at most `max_tokens` tokens' worth),
-    /// each retained. Returns the blocks and their chained keys.
-    pub fn lookup_prefix(&mut self, tokens: &[u32], max_tokens: usize) -> (Vec<BlockId>, Vec<u64>) {
-        let mut blocks = Vec::new();
-        let mut keys = Vec::new();
+    /// Longest run of cached full blocks for `tokens` (at most `max_tokens` tokens' worth) under
+    /// the root key `root`, each retained. A block counts only when its parent key and token ids
+    /// are the ones asked for, whatever its key. The look-up is not counted: the engine counts a
+    /// request once, when it is admitted (`count_lookup`).
+    pub fn lookup_prefix(&mut self, tokens: &[u32], max_tokens: usize, root: &BlockKey) -> PrefixHit {
+        let mut hit = PrefixHit::default();
         if !self.enable_prefix_cache {
-            return (blocks, keys);
+            return hit;
         }
         let full = max_tokens.min(tokens.len()) / self.block_size;
-        let mut parent = 0u64;
+        hit.queried = full;
+        let mut parent = *root;
         for i in 0..full {
-            let key = block_key(parent, &tokens[i * self.block_size..(i + 1) * self.block_size]);
-            self.stats.prefix_queries += 1;
-            match self.cache.get(&key) {
-                Some(&id) => {
-                    self.stats.prefix_hits += 1;
-                    self.retain(id);
-                    blocks.push(id);
-                    keys.push(key);
-                    parent = key;
-                }
-                None => break,
+            let toks = &tokens[i * self.block_size..(i + 1) * self.block_size];
+            let key = (self.key_fn)(&parent, toks);
+            let Some(&id) = self.cache.get(&key) else { break };
+            let b = &self.blocks[id as usize];
+            if b.parent != parent || b.tokens != toks {
+                break;
             }
+            self.retain(id);
+            hit.blocks.push(id);
+            hit.keys.push(key);
+            parent = key;
         }
-        (blocks, keys)
+        hit
     }
 
-    /// Registers a full block under `key` so later sequences can reuse it. If another block
-    /// already holds that key, the existing entry stays and this block remains private.
-    pub fn register(&mut self, id: BlockId, key: u64) {
+    /// Counts one admitted request's look-up: `queried` full blocks, `hits` of them cached.
+    pub fn count_lookup(&mut self, queried: usize, hits: usize) {
+        self.stats.prefix_queries += queried as u64;
+        self.stats.prefix_hits += hits as u64;
+    }
+
+    /// Registers full block `id`, holding `tokens` after the block keyed `parent`, so later
+    /// sequences can reuse it; returns its key. If another block already holds that key, the
+    /// existing entry stays and this block remains private.
+    pub fn register(&mut self, id: BlockId, parent: &BlockKey, tokens: &[u32]) -> BlockKey {
+        let key = (self.key_fn)(parent, tokens);
         if !self.enable_prefix_cache || self.cache.contains_key(&key) {
-            return;
+            return key;
         }
         self.cache.insert(key, id);
-        self.blocks[id as usize].key = Some(key);
+        let b = &mut self.blocks[id as usize];
+        b.key = Some(key);
+        b.parent = *parent;
+        b.tokens = tokens.to_vec();
+        key
     }
 
     /// Forgets every cached block (their contents are gone, e.g. a pipeline stage restarted).
@@ -202,13 +247,15 @@ impl BlockManager {
 mod tests {
     use super::*;
 
-    fn keys_of(bm: &BlockManager, tokens: &[u32]) -> Vec<u64> {
-        let mut parent = 0;
+    /// Registers `tokens`' full blocks (after the unsalted root) on fresh blocks.
+    fn fill(bm: &mut BlockManager, tokens: &[u32], root: &BlockKey) -> Vec<BlockId> {
+        let mut parent = *root;
         tokens
             .chunks_exact(bm.block_size)
             .map(|c| {
-                parent = block_key(parent, c);
-                parent
+                let id = bm.allocate().unwrap();
+                parent = bm.register(id, &parent, c);
+                id
             })
             .collect()
     }
@@ -216,17 +263,15 @@ mod tests {
     #[test]
     fn reuse_longest_prefix_then_evict_lru() {
         let mut bm = BlockManager::new(4, 2, true);
-        let a = [1, 2, 3, 4, 5];
-        let t: Vec<BlockId> = (0..3).map(|_| bm.allocate().unwrap()).collect();
-        for (id, k) in t.iter().zip(keys_of(&bm, &a)) {
-            bm.register(*id, k);
-        }
+        let root = root_key(None);
+        let mut t = fill(&mut bm, &[1, 2, 3, 4], &root);
+        t.push(bm.allocate().unwrap());
         bm.release(&t);
         assert_eq!(bm.stats().cached_idle, 2);
         assert_eq!(bm.stats().free, 2);
         // Same first block, different second block: one hit.
-        let (hit, _) = bm.lookup_prefix(&[1, 2, 9, 9, 7], 4);
-        assert_eq!(hit, vec![t[0]]);
+        let hit = bm.lookup_prefix(&[1, 2, 9, 9, 7], 4, &root);
+        assert_eq!((hit.blocks.clone(), hit.queried), (vec![t[0]], 2));
         assert_eq!(bm.refs(t[0]), 1);
         // Exhaust: free blocks first, then the LRU cached block (t[1]) is evicted.
         let x = bm.allocate().unwrap();
@@ -236,7 +281,7 @@ mod tests {
         assert!(bm.allocate().is_none());
         assert_eq!(bm.stats().evictions, 1);
         bm.release(&[x, y, z]);
-        bm.release(&hit);
+        bm.release(&hit.blocks);
         let s = bm.stats();
         assert_eq!(s.in_use, 0);
         assert_eq!(s.free + s.cached_idle, 4);
@@ -245,10 +290,55 @@ mod tests {
     #[test]
     fn prefix_cache_off_never_hits() {
         let mut bm = BlockManager::new(4, 2, false);
+        let root = root_key(None);
         let id = bm.allocate().unwrap();
-        bm.register(id, block_key(0, &[1, 2]));
+        bm.register(id, &root, &[1, 2]);
         bm.release(&[id]);
-        assert!(bm.lookup_prefix(&[1, 2, 3], 3).0.is_empty());
+        assert!(bm.lookup_prefix(&[1, 2, 3], 3, &root).blocks.is_empty());
         assert_eq!(bm.stats().free, 4);
+    }
+
+    /// Every block gets the same key: a hit must still compare tokens and parent.
+    fn colliding(_: &BlockKey, _: &[u32]) -> BlockKey {
+        [7; 32]
+    }
+
+    #[test]
+    fn colliding_keys_never_share_blocks() {
+        let mut bm = BlockManager::new(8, 2, true).with_key_fn(colliding);
+        let root = root_key(None);
+        let a = fill(&mut bm, &[1, 2, 3, 4], &root);
+        bm.release(&a);
+        // Another prompt, same (forced) keys: no hit.
+        assert!(bm.lookup_prefix(&[5, 6, 7, 8, 9], 4, &root).blocks.is_empty());
+        // The same prompt still hits its first block (its second has the same key as the first,
+        // so the cache holds only the first).
+        assert_eq!(bm.lookup_prefix(&[1, 2, 3, 4, 9], 4, &root).blocks, vec![a[0]]);
+    }
+
+    #[test]
+    fn salted_requests_never_hit_each_others_blocks() {
+        let mut bm = BlockManager::new(8, 2, true);
+        let (none, t1, t2) = (root_key(None), root_key(Some("tenant-1")), root_key(Some("tenant-2")));
+        assert!(none != t1 && t1 != t2 && root_key(Some("")) != none);
+        let a = fill(&mut bm, &[1, 2, 3, 4], &t1);
+        bm.release(&a);
+        assert!(bm.lookup_prefix(&[1, 2, 3, 4, 5], 4, &t2).blocks.is_empty());
+        assert!(bm.lookup_prefix(&[1, 2, 3, 4, 5], 4, &none).blocks.is_empty());
+        let hit = bm.lookup_prefix(&[1, 2, 3, 4, 5], 4, &t1);
+        assert_eq!(hit.blocks, a);
+        // Look-ups count nothing until the engine counts an admitted request.
+        assert_eq!((bm.stats().prefix_queries, bm.stats().prefix_hits), (0, 0));
+        bm.count_lookup(hit.queried, hit.blocks.len());
+        assert_eq!((bm.stats().prefix_queries, bm.stats().prefix_hits), (2, 2));
+    }
+
+    #[test]
+    fn block_keys_are_sha256_chains() {
+        let root = root_key(None);
+        let k = block_key(&root, &[1, 2]);
+        assert_ne!(k, block_key(&root, &[2, 1]));
+        assert_ne!(block_key(&k, &[3]), block_key(&root, &[3]));
+        assert_eq!(k, block_key(&root, &[1, 2]));
     }
 }

@@ -120,6 +120,8 @@ pub struct Limits {
 #[derive(Clone, Debug)]
 pub struct Common {
     pub model: Option<String>,
+    /// Prefix-cache salt (see RequestParams::cache_salt).
+    pub cache_salt: Option<String>,
     pub max_tokens: Option<usize>,
     pub n: usize,
     pub stream: bool,
@@ -181,6 +183,14 @@ impl Common {
             Some(v) => token_ids(v, "stop_token_ids", lim.vocab)?,
         };
         let ignore_eos = f.bool("ignore_eos")?.unwrap_or(false);
+        // vLLM's prefix-cache salt: only requests with the same salt share cached blocks.
+        let cache_salt = f.string("cache_salt")?.map(str::to_string);
+        if cache_salt.as_ref().is_some_and(|s| s.is_empty() || s.len() > 1024) {
+            return Err(ApiError::invalid(
+                "cache_salt",
+                "`cache_salt` must be a non-empty string of at most 1024 bytes",
+            ));
+        }
         if let Some(tools) = f.get("tools") {
             if tools.as_array().is_none_or(|a| !a.is_empty()) {
                 return Err(ApiError::invalid("tools", "tool calling is not supported by this server"));
@@ -209,6 +219,7 @@ impl Common {
             stop,
             stop_token_ids,
             ignore_eos,
+            cache_salt,
         })
     }
 
@@ -232,6 +243,7 @@ impl Common {
                 stop: self.stop.clone(),
                 ignore_eos: self.ignore_eos,
             },
+            cache_salt: self.cache_salt.clone(),
         }
     }
 }
@@ -408,6 +420,11 @@ mod tests {
     #[test]
     fn defaults_come_from_the_config() {
         let c = common(json!({})).unwrap();
+        assert_eq!(c.cache_salt, None);
+        assert_eq!(
+            common(json!({"cache_salt": "t1"})).unwrap().request_params(0, 4, None).cache_salt.as_deref(),
+            Some("t1")
+        );
         assert_eq!((c.sampling.temperature, c.sampling.top_p, c.sampling.top_k), (0.5, 0.9, 7));
         assert_eq!((c.n, c.max_tokens, c.stream), (1, None, false));
         let c = common(json!({"temperature": null, "top_k": -1, "max_tokens": 5, "max_completion_tokens": 3})).unwrap();
@@ -433,6 +450,9 @@ mod tests {
             (json!({"presence_penalty": -3}), "presence_penalty"),
             (json!({"seed": "x"}), "seed"),
             (json!({"tools": [{"type": "function"}]}), "tools"),
+            (json!({"cache_salt": 5}), "cache_salt"),
+            (json!({"cache_salt": ""}), "cache_salt"),
+            (json!({"cache_salt": "x".repeat(1025)}), "cache_salt"),
         ] {
             let e = common(body.clone()).unwrap_err();
             assert_eq!(e.param.as_deref(), Some(param), "{body}: {e}");
