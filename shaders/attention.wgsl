@@ -4,16 +4,7 @@
 // HD4 (head_dim / 4) and the KV cache's bindings and loads (the KV snippet: load_k / load_v return
 // elements 4i..4i+4, whether the cache holds f32 or f16) are substituted when the pipeline is built.
 
-struct AttnParams {
-    n_heads: u32,
-    n_kv_heads: u32,
-    block_size: u32,
-    qkv_stride4: u32, // vec4s per qkv row
-    scale: f32,
-    window: u32, // attend to the last `window` positions only (0: all)
-    kv_chunk4: u32, // vec4s per KV-cache buffer of a layer (when the cache spans several)
-    _p2: u32,
-}
+// AttnParams (src/gpu/shared.rs) is prepended.
 
 @group(0) @binding(0) var<uniform> step: Step;
 @group(0) @binding(1) var<uniform> p: AttnParams;

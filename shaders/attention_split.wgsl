@@ -8,16 +8,7 @@
 // each writes (unnormalised acc, max, sum) to `part` and `combine` merges them.
 // HD4, G and the KV snippet (load_k / load_v) are substituted when the pipeline is built.
 
-struct AttnParams {
-    n_heads: u32,
-    n_kv_heads: u32,
-    block_size: u32,
-    qkv_stride4: u32,
-    scale: f32,
-    window: u32,
-    kv_chunk4: u32,
-    _p2: u32,
-}
+// AttnParams (src/gpu/shared.rs) is prepended.
 
 @group(0) @binding(0) var<uniform> step: Step;
 @group(0) @binding(1) var<uniform> p: AttnParams;

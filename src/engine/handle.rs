@@ -221,7 +221,9 @@ impl EngineHandle {
         self.validate(&req)?;
         let id = self.next_id.fetch_add(1, Relaxed);
         let (out, rx) = unbounded_channel();
-        self.tx.send(Command::Submit { id, req: Box::new(req), out }).map_err(|_| "the engine has stopped".to_string())?;
+        self.tx
+            .send(Command::Submit { id, req: Box::new(req), out })
+            .map_err(|_| "the engine has stopped".to_string())?;
         Ok(RequestStream { id, rx, tx: self.tx.clone(), finished: false })
     }
 

@@ -472,7 +472,7 @@ pub fn attention_split_source(head_dim: u32, group: u32, kv: KvDtype, kv_chunks:
         .replace("{{HD4}}", &(head_dim / 4).to_string())
         .replace("{{G}}", &group.to_string())
         .replace("{{KV}}", &kv_snippet(kv, false, kv_chunks));
-    format!("{}\n{body}", common())
+    format!("{}\n{}\n{body}", common(), super::shared::AttnParams::WGSL)
 }
 
 pub fn embed_source(f: WFormat) -> String {
@@ -483,7 +483,7 @@ pub fn attention_source(head_dim: u32, kv: KvDtype, kv_chunks: usize) -> String 
     let body = include_str!("../../shaders/attention.wgsl")
         .replace("{{HD4}}", &(head_dim / 4).to_string())
         .replace("{{KV}}", &kv_snippet(kv, false, kv_chunks));
-    format!("{}\n{body}", common())
+    format!("{}\n{}\n{body}", common(), super::shared::AttnParams::WGSL)
 }
 
 pub fn rope_kv_source(kv: KvDtype, kv_chunks: usize) -> String {

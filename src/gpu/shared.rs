@@ -76,6 +76,25 @@ gpu_struct! {
     }
 }
 
+gpu_struct! {
+    /// Parameters of the attention kernels (attention.wgsl, attention_split.wgsl; WGSL
+    /// `AttnParams`).
+    wgsl AttnParams;
+    pub struct AttnParams {
+        pub n_heads: u32,
+        pub n_kv_heads: u32,
+        pub block_size: u32,
+        /// vec4s per qkv row.
+        pub qkv_stride4: u32,
+        pub scale: f32,
+        /// Attend to the last `window` positions only (0: all).
+        pub window: u32,
+        /// vec4s per KV-cache buffer of a layer (when the cache spans several).
+        pub kv_chunk4: u32,
+        pub _p2: u32,
+    }
+}
+
 /// MatParams flag: add the bias.
 pub const MAT_BIAS: u32 = 1;
 /// MatParams flag: add into y.

@@ -4,7 +4,7 @@
 
 use super::config::{ModelConfig, RopeScaling};
 use super::loader::{HostLayer, HostModel};
-use super::ops::{attention_splits, Op, OpKind, Recorder, StepShape};
+use super::ops::{attention_splits, Op, OpKind, RecordParams, Recorder, StepShape};
 use super::tensor::QTensor;
 use crate::gpu::kernels::{
     window_entries, window_stride, KernelProfile, KernelSpec, Kernels, KvDtype, WFormat, KV_K_CHUNK_BINDING,
@@ -270,6 +270,8 @@ pub struct Model {
     adjust_cap: usize,
     /// vec4s of the split attention's partial results (gpu profile; 0 on the cpu profile).
     part_vec4: usize,
+    /// The device's uniform-offset alignment and window stride (read once, not every step).
+    record: RecordParams,
     header: StepHeader,
     /// Most tokens and sampled rows of one sub-step (a step larger than that runs in several).
     sub_tokens: usize,
@@ -336,7 +338,7 @@ pub(crate) fn rope_params(heads: usize, kv_heads: usize, head_dim: usize, kv_chu
     ]
 }
 
-/// Uniform words of attention.wgsl's AttnParams; `window`: attend to the last `window`
+/// Uniform words of the attention kernels' AttnParams (gpu::shared); `window`: attend to the last `window`
 /// positions only (0: all); `kv_chunk`: elements per KV-cache buffer.
 pub(crate) fn attn_params(
     (heads, kv_heads, head_dim): (usize, usize, usize),
@@ -344,9 +346,16 @@ pub(crate) fn attn_params(
     window: usize,
     kv_chunk: usize,
 ) -> [u32; 8] {
-    let scale = 1.0 / (head_dim as f32).sqrt();
-    let qkv4 = ((heads + 2 * kv_heads) * head_dim / 4) as u32;
-    [heads as u32, kv_heads as u32, block_size as u32, qkv4, scale.to_bits(), window as u32, (kv_chunk / 4) as u32, 0]
+    bytemuck::cast(crate::gpu::shared::AttnParams {
+        n_heads: heads as u32,
+        n_kv_heads: kv_heads as u32,
+        block_size: block_size as u32,
+        qkv_stride4: ((heads + 2 * kv_heads) * head_dim / 4) as u32,
+        scale: 1.0 / (head_dim as f32).sqrt(),
+        window: window as u32,
+        kv_chunk4: (kv_chunk / 4) as u32,
+        _p2: 0,
+    })
 }
 
 /// Uniform words of head_norm.wgsl's HeadNormParams.
@@ -1007,6 +1016,7 @@ impl Model {
             adjust_scratch: Vec::new(),
             adjust_cap: layout.adjust_cap,
             part_vec4: scratch_plan.part_vec4,
+            record: RecordParams::new(g),
             header: layout.header,
             sub_tokens: layout.t_max,
             sub_seqs: layout.s_max,
@@ -1191,14 +1201,11 @@ impl Model {
         let mut enc = g.device.create_command_encoder(&Default::default());
         {
             let mut pass = enc.begin_compute_pass(&Default::default());
-            let rec = Recorder::new(&self.kernels, g);
+            let RecordParams { align, win_stride } = self.record;
+            let rec = Recorder { kernels: &self.kernels, gpu: g, align, win_stride, tile_override: None };
             let shape = StepShape { n_tokens: n, n_sample: ns, n_splits: h.n_splits, any_adjust };
-            let mut calls = Vec::new();
             for op in &self.ops {
-                op.dispatches(&rec, &shape, &mut calls);
-            }
-            for c in &calls {
-                c.record(&mut pass);
+                op.dispatches(&rec, &shape, |d| d.record(&mut pass));
             }
         }
         if let Some(rb) = &self.hidden_readback {

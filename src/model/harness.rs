@@ -6,7 +6,7 @@ use super::forward::{
     attn_params, head_norm_params, kv_entries, rope_params, rope_table, rope_threads, GpuMatrix, MatParams,
     SampleParams, Sampled, StepHeader, MAT_ACCUMULATE, MAT_BIAS, MAT_SWIGLU_UP,
 };
-use super::ops::{attention_splits, Op, OpKind, Recorder, StepShape};
+use super::ops::{attention_splits, Op, OpKind, RecordParams, Recorder, StepShape};
 use super::tensor::QTensor;
 use crate::gpu::kernels::{
     window_entries, window_stride, KernelProfile, KernelSpec, Kernels, KvDtype, WFormat, SAMPLE_RESULT_STRIDE,
@@ -111,20 +111,20 @@ impl Harness {
     /// The ops' dispatches for a step of `shape`, as the forward step records them; `tile`:
     /// the cpu profile's storage-x matmul tile to force.
     fn calls(&self, ops: &[Op], shape: StepShape, tile: Option<usize>) -> Vec<Call> {
-        let mut rec = Recorder::new(&self.kernels, &self.gpu);
-        rec.tile_override = tile;
-        let mut ds = Vec::new();
+        let RecordParams { align, win_stride } = RecordParams::new(&self.gpu);
+        let rec = Recorder { kernels: &self.kernels, gpu: &self.gpu, align, win_stride, tile_override: tile };
+        let mut calls = Vec::new();
         for op in ops {
-            op.dispatches(&rec, &shape, &mut ds);
+            op.dispatches(&rec, &shape, |d| {
+                calls.push(Call {
+                    pipe: d.pipe.clone(),
+                    bind: d.bind.clone(),
+                    offsets: d.offsets.map_or(vec![], |o| o.to_vec()),
+                    grid: d.grid,
+                })
+            });
         }
-        ds.into_iter()
-            .map(|d| Call {
-                pipe: d.pipe.clone(),
-                bind: d.bind.clone(),
-                offsets: d.offsets.map_or(vec![], |o| o.to_vec()),
-                grid: d.grid,
-            })
-            .collect()
+        calls
     }
 
     /// Runs one op over a step of `n` tokens and `ns` sampled rows.

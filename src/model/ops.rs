@@ -85,12 +85,28 @@ impl Dispatch<'_> {
     }
 }
 
+/// The device's uniform-window parameters of the cpu profile's uniform-x matmuls.
+#[derive(Clone, Copy, Debug)]
+pub struct RecordParams {
+    /// Dynamic uniform offset alignment and window-entry stride.
+    pub align: u32,
+    pub win_stride: u32,
+}
+
+impl RecordParams {
+    pub fn new(gpu: &Gpu) -> RecordParams {
+        RecordParams {
+            align: gpu.device.limits().min_uniform_buffer_offset_alignment,
+            win_stride: crate::gpu::kernels::window_stride(gpu),
+        }
+    }
+}
+
 /// What ops need to choose their pipelines and grids: the kernels, the device and the
-/// uniform-window parameters of the cpu profile's uniform-x matmuls.
+/// uniform-window parameters.
 pub struct Recorder<'a> {
     pub kernels: &'a Kernels,
     pub gpu: &'a Gpu,
-    /// Dynamic uniform offset alignment and window-entry stride.
     pub align: u32,
     pub win_stride: u32,
     /// Tests: the cpu profile's storage-x matmuls use this MATMUL_TILES entry whatever the step's
@@ -99,16 +115,6 @@ pub struct Recorder<'a> {
 }
 
 impl<'a> Recorder<'a> {
-    pub fn new(kernels: &'a Kernels, gpu: &'a Gpu) -> Recorder<'a> {
-        Recorder {
-            kernels,
-            gpu,
-            align: gpu.device.limits().min_uniform_buffer_offset_alignment,
-            win_stride: crate::gpu::kernels::window_stride(gpu),
-            tile_override: None,
-        }
-    }
-
     /// The profile the kernels were built for.
     pub fn profile(&self) -> KernelProfile {
         if self.kernels.gpu.is_some() {
@@ -143,13 +149,15 @@ fn div_up(a: u32, b: u32) -> u32 {
 }
 
 impl Op {
-    /// Appends this op's dispatches for a step of shape `s` (none where it has no rows).
-    pub fn dispatches<'a>(&'a self, r: &Recorder<'a>, s: &StepShape, out: &mut Vec<Dispatch<'a>>) {
+    /// Hands this op's dispatches for a step of shape `s` to `out` (none where it has no rows):
+    /// the forward step records them straight into its compute pass, with no per-step
+    /// allocation.
+    pub fn dispatches<'a>(&'a self, r: &Recorder<'a>, s: &StepShape, mut out: impl FnMut(Dispatch<'a>)) {
         let k = r.kernels;
         let (n, ns) = (s.n_tokens, s.n_sample);
         match self.kind {
             OpKind::Embed { format, k_blocks } => {
-                out.push(r.folded(&k.matmul[&format].embed, &self.bind, div_up(n * k_blocks, 64)));
+                out(r.folded(&k.matmul[&format].embed, &self.bind, div_up(n * k_blocks, 64)));
             }
             OpKind::Matmul { format, rows, x_vec4, sampled, swiglu } => {
                 let m = if sampled { ns } else { n };
@@ -164,7 +172,7 @@ impl Op {
                         None => (&p.tiled[sw], GPU_TILE.0, GPU_TILE.1),
                     };
                     let outs = if swiglu { outs / 2 } else { outs };
-                    out.push(r.folded(pipe, &self.bind, div_up(rows, outs) * div_up(m, tm)));
+                    out(r.folded(pipe, &self.bind, div_up(rows, outs) * div_up(m, tm)));
                     return;
                 }
                 let mk = &k.matmul[&format];
@@ -173,7 +181,7 @@ impl Op {
                         // x read through uniform windows: one dispatch per window.
                         let (tm, tn) = MATMUL_TILES[tile];
                         for (x_off, win_off, rows_w) in windows {
-                            out.push(Dispatch {
+                            out(Dispatch {
                                 pipe: mk.get(tile, swiglu, true),
                                 bind: bind_u,
                                 offsets: Some([x_off, win_off]),
@@ -184,7 +192,7 @@ impl Op {
                     (XPlan::Storage { tile }, _) | (XPlan::Uniform { tile, .. }, None) => {
                         let tile = r.tile_override.unwrap_or(tile);
                         let (tm, tn) = MATMUL_TILES[tile];
-                        out.push(Dispatch {
+                        out(Dispatch {
                             pipe: mk.get(tile, swiglu, false),
                             bind: &self.bind,
                             offsets: None,
@@ -196,28 +204,28 @@ impl Op {
             OpKind::Norm { sampled } => {
                 let m = if sampled { ns } else { n };
                 if m > 0 {
-                    out.push(r.folded(&k.rmsnorm, &self.bind, m));
+                    out(r.folded(&k.rmsnorm, &self.bind, m));
                 }
             }
-            OpKind::HeadNorm { heads } => out.push(r.folded(&k.head_norm, &self.bind, div_up(n * heads, 64))),
-            OpKind::RopeKv { threads } => out.push(r.folded(&k.rope_kv, &self.bind, div_up(n * threads, 64))),
+            OpKind::HeadNorm { heads } => out(r.folded(&k.head_norm, &self.bind, div_up(n * heads, 64))),
+            OpKind::RopeKv { threads } => out(r.folded(&k.rope_kv, &self.bind, div_up(n * threads, 64))),
             OpKind::Attention { heads, kv_heads, hd4 } => match &k.gpu {
                 Some(gk) => {
-                    out.push(r.folded(&gk.attention, &self.bind, n * kv_heads * s.n_splits));
+                    out(r.folded(&gk.attention, &self.bind, n * kv_heads * s.n_splits));
                     if s.n_splits > 1 {
-                        out.push(r.folded(&gk.combine, &self.bind, div_up(n * heads * hd4, 64)));
+                        out(r.folded(&gk.combine, &self.bind, div_up(n * heads * hd4, 64)));
                     }
                 }
-                None => out.push(r.folded(&k.attention, &self.bind, div_up(n * heads, 32))),
+                None => out(r.folded(&k.attention, &self.bind, div_up(n * heads, 32))),
             },
             OpKind::LogitAdjust => {
                 if ns > 0 && s.any_adjust {
-                    out.push(r.folded(&k.logit_adjust, &self.bind, ns));
+                    out(r.folded(&k.logit_adjust, &self.bind, ns));
                 }
             }
             OpKind::Sample => {
                 if ns > 0 {
-                    out.push(r.folded(&k.sample, &self.bind, ns));
+                    out(r.folded(&k.sample, &self.bind, ns));
                 }
             }
         }
