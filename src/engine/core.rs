@@ -12,7 +12,8 @@ use super::metrics::EngineMetrics;
 use super::request::{Event, FinishReason, Request, RequestParams, Usage};
 use crate::kv::{root_key, BlockId, BlockKey, BlockManager};
 use crate::model::forward::{Adjust, SampleParams, Sampled, StepInput};
-use crate::pipeline::{Executor, StageFailure, StepResult};
+use crate::gpu::GpuFault;
+use crate::pipeline::{Executor, Fault, StageFailure, StepResult};
 use crate::sampling::Rng;
 use crate::tokenizer::{IncrementalDecoder, Tokenizer};
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -31,6 +32,8 @@ pub(crate) enum Command {
     Shutdown {
         drain: bool,
     },
+    /// Test-only: arm a fault (see `pipeline::Fault`).
+    Fault(Fault),
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -150,6 +153,8 @@ pub(crate) struct EngineCore {
     running: Vec<Seq>,
     metrics: Arc<EngineMetrics>,
     draining: bool,
+    /// Test-only: the next result is taken as another step's.
+    mismatch_next: bool,
 }
 
 /// Longest suffix of `s` that is a proper prefix of one of `stops` (bytes, on a char boundary).
@@ -189,6 +194,7 @@ impl EngineCore {
             running: Vec::new(),
             metrics,
             draining: false,
+            mismatch_next: false,
         };
         core.publish();
         core
@@ -260,12 +266,14 @@ impl EngineCore {
     fn handle(&mut self, cmd: Command) -> bool {
         match cmd {
             Command::Submit { id, req, out } => {
-                if self.draining {
-                    let _ = out.send(Event::Done {
-                        text: String::new(),
-                        reason: FinishReason::Error("the engine is shutting down".into()),
-                        usage: Usage::default(),
-                    });
+                let refuse = if self.draining {
+                    Some("the engine is shutting down".to_string())
+                } else {
+                    self.metrics.down().map(|why| format!("the engine cannot serve: {why}"))
+                };
+                if let Some(msg) = refuse {
+                    self.metrics.requests_failed.fetch_add(1, Relaxed);
+                    let _ = out.send(Event::Done { text: String::new(), reason: FinishReason::Error(msg), usage: Usage::default() });
                     return true;
                 }
                 let prompt_len = req.prompt.len();
@@ -304,6 +312,11 @@ impl EngineCore {
                 }
                 self.draining = true;
             }
+            Command::Fault(f) => match f {
+                Fault::EnginePanic => panic!("injected fault: the engine thread panics"),
+                Fault::StepIdMismatch => self.mismatch_next = true,
+                f => self.exec.inject(f),
+            },
         }
         true
     }
@@ -491,10 +504,16 @@ impl EngineCore {
     /// Applies the oldest step's result.
     fn complete(&mut self, r: StepResult) {
         let Some(step) = self.in_flight.pop_front() else { return };
-        debug_assert_eq!(step.id, r.id, "steps finish in submission order");
         if step.epoch != self.epoch {
             // Submitted before a stage failure: its sequences were already failed or requeued,
             // and `busy` was reset then (it may count their new steps by now).
+            return;
+        }
+        let got = if std::mem::take(&mut self.mismatch_next) { r.id.wrapping_add(1) } else { r.id };
+        if got != step.id {
+            // Results must come back in submission order; one that does not could hand tokens to
+            // the wrong sequences, so nothing of it is applied.
+            self.fault_all(&format!("engine step {} returned the result of step {got}", step.id));
             return;
         }
         for p in &step.plan {
@@ -512,7 +531,14 @@ impl EngineCore {
                     self.stage_failed(f);
                     return;
                 }
-                tracing::error!("step failed: {e:#}");
+                if let Some(GpuFault::Lost(_)) = e.downcast_ref::<GpuFault>() {
+                    self.device_lost(&format!("{e:#}"));
+                    return;
+                }
+                tracing::error!("step {} failed: {e:#}", step.id);
+                self.metrics.step_failures.fetch_add(1, Relaxed);
+                // Only this step's sequences end; what they wrote of this step is in their own
+                // (now freed, never registered) blocks, so the others and the prefix cache are intact.
                 let msg = format!("engine step failed: {e:#}");
                 for p in &step.plan {
                     if let Some(i) = self.running.iter().position(|s| s.id == p.id) {
@@ -565,6 +591,30 @@ impl EngineCore {
                 let s = self.running.remove(i);
                 self.finish(s, reason);
             }
+        }
+    }
+
+    /// A step's result cannot be trusted to belong to its sequences: every running sequence is
+    /// failed, steps still in flight are discarded, and the prefix cache is dropped (their K/V
+    /// may have been written for other positions). Waiting requests are served afterwards.
+    fn fault_all(&mut self, msg: &str) {
+        tracing::error!("{msg}");
+        self.metrics.step_failures.fetch_add(1, Relaxed);
+        self.epoch += 1;
+        self.busy.clear();
+        for s in std::mem::take(&mut self.running) {
+            self.finish(s, FinishReason::Error(msg.to_string()));
+        }
+        self.bm.drop_prefix_cache();
+    }
+
+    /// The device is gone: every request fails, /health answers 503 from now on, and new
+    /// requests are refused (an orchestrator restarts the server).
+    fn device_lost(&mut self, msg: &str) {
+        self.metrics.set_down(msg.to_string());
+        self.fault_all(msg);
+        for s in std::mem::take(&mut self.waiting) {
+            self.finish(s, FinishReason::Error(msg.to_string()));
         }
     }
 

@@ -6,7 +6,7 @@ use super::metrics::EngineMetrics;
 use super::request::{Event, FinishReason, Request, RequestParams, Usage};
 use crate::config::EngineConfig;
 use crate::gpu::kernels::MAX_TOP_LOGPROBS;
-use crate::pipeline::{Executor, StageHealth};
+use crate::pipeline::{panic_message, Executor, Fault, StageHealth};
 use crate::tokenizer::Tokenizer;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::mpsc::Sender;
@@ -36,6 +36,8 @@ pub struct EngineHandle {
     pub info: Arc<EngineInfo>,
     /// Pipeline stages' liveness (None for a single device).
     pub stages: Option<Arc<Vec<Arc<StageHealth>>>>,
+    /// The single device's fault record (a lost device shows in `health` at once).
+    gpu_faults: Option<Arc<crate::gpu::GpuFaults>>,
 }
 
 /// A request's output. Ends with `Event::Done`.
@@ -143,13 +145,27 @@ impl EngineHandle {
             adapter: exec.describe(),
         });
         let stages = exec.health();
+        let gpu_faults = exec.gpu_faults();
         let tokenizer = Arc::new(tokenizer);
         let metrics = Arc::new(EngineMetrics::default());
         let core = EngineCore::new(exec, tokenizer.clone(), sched, cfg.enable_prefix_cache, metrics.clone());
         let (tx, rx) = std::sync::mpsc::channel();
+        let m = metrics.clone();
         let thread = std::thread::Builder::new()
             .name("torus-engine".into())
-            .spawn(move || core.run(rx))
+            .spawn(move || {
+                // However the loop ends, the engine is down from then on (/health 503). A panic
+                // drops the core, and with it every request's channel: their streams end.
+                let why = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || core.run(rx))) {
+                    Ok(()) => "the engine has stopped".to_string(),
+                    Err(p) => {
+                        let why = format!("the engine thread panicked: {}", panic_message(&*p));
+                        tracing::error!("{why}");
+                        why
+                    }
+                };
+                m.set_down(why);
+            })
             .expect("spawn the engine thread");
         EngineHandle {
             tx,
@@ -159,7 +175,26 @@ impl EngineHandle {
             tokenizer,
             info,
             stages,
+            gpu_faults,
         }
+    }
+
+    /// Ok while the engine serves; otherwise why not (its thread stopped or panicked, or its
+    /// device was lost).
+    pub fn health(&self) -> Result<(), String> {
+        if let Some(why) = self.metrics.down() {
+            return Err(why);
+        }
+        match self.gpu_faults.as_ref().and_then(|f| f.lost()) {
+            Some(why) => Err(format!("the GPU device was lost: {why}")),
+            None => Ok(()),
+        }
+    }
+
+    /// Test-only: arms a fault in the engine (see `pipeline::Fault`).
+    #[doc(hidden)]
+    pub fn inject_fault(&self, f: Fault) {
+        let _ = self.tx.send(Command::Fault(f));
     }
 
     /// Checks a request against the engine's limits; the error says what is wrong.

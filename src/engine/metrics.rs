@@ -22,6 +22,11 @@ pub struct EngineMetrics {
     pub stage_failures: AtomicU64,
     /// Steps submitted while another was still in flight (pipeline overlap).
     pub steps_overlapped: AtomicU64,
+    /// Steps that failed (a panic, a GPU error, a result under the wrong step id): their
+    /// requests ended with an error, the engine went on.
+    pub step_failures: AtomicU64,
+    /// Why the engine can no longer serve (its thread stopped, or its device was lost).
+    down: std::sync::Mutex<Option<String>>,
 }
 
 /// A plain copy of the counters at one moment.
@@ -43,6 +48,9 @@ pub struct MetricsSnapshot {
     pub requests_failed: u64,
     pub stage_failures: u64,
     pub steps_overlapped: u64,
+    pub step_failures: u64,
+    /// False once the engine can no longer serve (see `EngineMetrics::down`).
+    pub healthy: bool,
 }
 
 impl EngineMetrics {
@@ -64,6 +72,19 @@ impl EngineMetrics {
             requests_failed: self.requests_failed.load(Relaxed),
             stage_failures: self.stage_failures.load(Relaxed),
             steps_overlapped: self.steps_overlapped.load(Relaxed),
+            step_failures: self.step_failures.load(Relaxed),
+            healthy: self.down().is_none(),
         }
+    }
+
+    /// Marks the engine as unable to serve (the first reason is kept).
+    pub fn set_down(&self, why: String) {
+        let mut g = self.down.lock().unwrap_or_else(|p| p.into_inner());
+        g.get_or_insert(why);
+    }
+
+    /// Why the engine cannot serve, once it cannot.
+    pub fn down(&self) -> Option<String> {
+        self.down.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 }

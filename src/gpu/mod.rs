@@ -29,6 +29,50 @@ pub struct Gpu {
     /// Whether the device was opened with subgroup operations (the gpu profile's matmuls reduce
     /// with subgroupAdd then; tests turn it off to check the workgroup-memory reduction).
     pub subgroups: bool,
+    /// What the device-lost and uncaptured-error handlers saw.
+    pub faults: std::sync::Arc<GpuFaults>,
+}
+
+/// A GPU failure of one step (`Error`) or of the whole device (`Lost`): the engine fails the
+/// step's requests for the first, and stops serving (health 503) for the second.
+#[derive(Debug, thiserror::Error)]
+pub enum GpuFault {
+    #[error("the GPU device was lost: {0}")]
+    Lost(String),
+    #[error("GPU error: {0}")]
+    Error(String),
+}
+
+/// Filled by the handlers wgpu calls from any thread: the device-lost callback and the
+/// handler for errors raised outside an error scope.
+#[derive(Debug, Default)]
+pub struct GpuFaults {
+    lost: std::sync::Mutex<Option<String>>,
+    uncaptured: std::sync::Mutex<Vec<String>>,
+}
+
+impl GpuFaults {
+    /// Why the device was lost, once it was.
+    pub fn lost(&self) -> Option<String> {
+        self.lost.lock().map(|g| g.clone()).unwrap_or_else(|p| p.into_inner().clone())
+    }
+
+    fn set_lost(&self, why: String) {
+        let mut g = self.lost.lock().unwrap_or_else(|p| p.into_inner());
+        g.get_or_insert(why);
+    }
+
+    /// Errors raised outside any error scope since the last call (at most 16 kept).
+    pub fn take_uncaptured(&self) -> Vec<String> {
+        std::mem::take(&mut *self.uncaptured.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    fn push_uncaptured(&self, e: String) {
+        let mut g = self.uncaptured.lock().unwrap_or_else(|p| p.into_inner());
+        if g.len() < 16 {
+            g.push(e);
+        }
+    }
 }
 
 /// What `torus-wgpu adapters` prints for each adapter.
@@ -198,6 +242,17 @@ impl Gpu {
             }
         });
         let memory_limit = memory.filter(|_| info.device_type != wgpu::DeviceType::Cpu);
+        let faults = std::sync::Arc::new(GpuFaults::default());
+        let f = faults.clone();
+        device.set_device_lost_callback(move |reason, message| {
+            tracing::error!("GPU device lost ({reason:?}): {message}");
+            f.set_lost(format!("{reason:?}: {message}"));
+        });
+        let f = faults.clone();
+        device.on_uncaptured_error(std::sync::Arc::new(move |e: wgpu::Error| {
+            tracing::error!("GPU error outside a step: {e}");
+            f.push_uncaptured(e.to_string());
+        }));
         Ok(Gpu {
             device,
             queue,
@@ -209,7 +264,47 @@ impl Gpu {
             pipeline_cache_path: cache_path,
             max_grid,
             subgroups,
+            faults,
         })
+    }
+
+    /// Runs `f` (work submitted to this device) inside error scopes for validation, out-of-memory
+    /// and internal errors: any error wgpu reports for it, or one raised outside a scope
+    /// meanwhile, fails the call with `GpuFault::Error`; a lost device with `GpuFault::Lost`.
+    /// Error scopes are per thread: `f` must not hand GPU work to another thread.
+    pub fn scoped<T>(&self, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        if let Some(why) = self.faults.lost() {
+            return Err(GpuFault::Lost(why).into());
+        }
+        let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let validation = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let internal = self.device.push_error_scope(wgpu::ErrorFilter::Internal);
+        let r = f();
+        // Popped in reverse order; with wgpu-core the futures are ready at once.
+        let errors: Vec<String> = [internal.pop(), validation.pop(), oom.pop()]
+            .into_iter()
+            .filter_map(pollster::block_on)
+            .map(|e| e.to_string())
+            .chain(self.faults.take_uncaptured())
+            .collect();
+        if let Some(why) = self.faults.lost() {
+            return Err(GpuFault::Lost(why).into());
+        }
+        if !errors.is_empty() {
+            return Err(GpuFault::Error(errors.join("; ")).into());
+        }
+        r
+    }
+
+    /// Test-only fault: records a copy that wgpu's validation rejects (an unaligned size), as a
+    /// driver or shader bug would, so the error-scope path can be exercised.
+    #[doc(hidden)]
+    pub fn provoke_validation_error(&self) {
+        let a = self.storage("fault-src", 16);
+        let b = self.storage("fault-dst", 16);
+        let mut enc = self.device.create_command_encoder(&Default::default());
+        enc.copy_buffer_to_buffer(&a, 0, &b, 0, 3);
+        self.queue.submit([enc.finish()]);
     }
 
     /// Writes the pipeline cache to disk (atomically), when there is one; errors are ignored

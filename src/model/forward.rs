@@ -251,6 +251,9 @@ pub enum StageOutput {
 /// The model, or one pipeline stage of it: layers `layers` of `cfg.layers`. The first stage
 /// also embeds tokens; the last also applies the final norm, the LM head and the sampler.
 pub struct Model {
+    /// Test-only (`pipeline::Fault::StepGpuError`): the next step raises a wgpu validation error.
+    #[doc(hidden)]
+    pub provoke_gpu_error: bool,
     pub cfg: ModelConfig,
     pub gpu: Arc<Gpu>,
     pub limits: StepLimits,
@@ -1032,6 +1035,7 @@ impl Model {
             hidden_readback: scratch.hidden_readback,
             _keep: [keep, scratch.keep].concat(),
             _matrices: matrices,
+            provoke_gpu_error: false,
         })
     }
 
@@ -1102,8 +1106,21 @@ impl Model {
 
     /// Runs this stage's part of one step. `hidden` is the previous stage's output ([tokens,
     /// hidden] f32 bytes), required unless this is the first stage.
+    ///
+    /// Checked before anything is written; the GPU work runs inside error scopes, so a wgpu
+    /// error or a lost device fails this call (`GpuFault`) instead of passing unnoticed.
     pub fn run(&mut self, s: &StepInput, hidden: Option<&[u8]>) -> Result<StageOutput> {
         self.check(s)?;
+        let gpu = self.gpu.clone();
+        gpu.scoped(|| {
+            if std::mem::take(&mut self.provoke_gpu_error) {
+                gpu.provoke_validation_error();
+            }
+            self.run_checked(s, hidden)
+        })
+    }
+
+    fn run_checked(&mut self, s: &StepInput, hidden: Option<&[u8]>) -> Result<StageOutput> {
         let want = s.tokens.len() * self.cfg.hidden * 4;
         if let Some(h) = hidden.filter(|h| h.len() != want) {
             bail!("hidden states of {} bytes, expected {want} ({} tokens)", h.len(), s.tokens.len());

@@ -169,14 +169,7 @@ impl Pipeline {
                         // like any other stage error instead of taking the pipeline down.
                         let r =
                             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| stage.run(input, hidden, want)))
-                                .unwrap_or_else(|p| {
-                                    let what = p
-                                        .downcast_ref::<String>()
-                                        .cloned()
-                                        .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
-                                        .unwrap_or_default();
-                                    Err(anyhow!("the stage panicked: {what}"))
-                                });
+                                .unwrap_or_else(|p| Err(anyhow!("the stage panicked: {}", panic_message(&*p))));
                         match r {
                             Ok((StageOutput::Hidden(hd), _)) if !last => job.hidden = Some(hd),
                             Ok((StageOutput::Sampled(sampled), logits)) if last => {
@@ -285,15 +278,37 @@ impl Drop for Pipeline {
     }
 }
 
+/// The text of a caught panic's payload.
+pub fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
+    p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_default()
+}
+
+/// Test-only faults, injected through `EngineHandle::inject_fault` to exercise the paths that
+/// real failures take (tests/faults.rs). The step faults apply to a single-device executor.
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// The next step panics inside the executor.
+    StepPanic,
+    /// The next step's GPU work raises a wgpu validation error (caught by its error scope).
+    StepGpuError,
+    /// The device is destroyed before the next step (the device-lost handler runs).
+    DeviceLost,
+    /// The next step's result comes back under the wrong step id.
+    StepIdMismatch,
+    /// The engine thread panics.
+    EnginePanic,
+}
+
 /// What runs the engine's steps: one model on one device, or a pipeline of stages.
 pub enum Executor {
-    Single { model: Box<Model>, done: VecDeque<StepResult> },
+    Single { model: Box<Model>, done: VecDeque<StepResult>, fault: Option<Fault> },
     Pipeline(Pipeline),
 }
 
 impl From<Model> for Executor {
     fn from(model: Model) -> Executor {
-        Executor::Single { model: Box::new(model), done: VecDeque::new() }
+        Executor::Single { model: Box::new(model), done: VecDeque::new(), fault: None }
     }
 }
 
@@ -354,11 +369,41 @@ impl Executor {
 
     pub fn submit(&mut self, id: u64, input: StepInput) {
         match self {
-            Executor::Single { model, done } => {
-                let result = model.step(&input).map(|sampled| StepOutput { sampled, logits: None });
+            Executor::Single { model, done, fault } => {
+                let fault = fault.take();
+                // A panic in the step (a bug, a driver failure surfacing as one) fails this step's
+                // requests; the engine goes on with the next.
+                let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    match fault {
+                        Some(Fault::StepPanic) => panic!("injected fault: a panic in the step"),
+                        Some(Fault::StepGpuError) => model.provoke_gpu_error = true,
+                        Some(Fault::DeviceLost) => model.gpu.device.destroy(),
+                        _ => {}
+                    }
+                    model.step(&input)
+                }))
+                .unwrap_or_else(|p| Err(anyhow!("the step panicked: {}", panic_message(&*p))))
+                .map(|sampled| StepOutput { sampled, logits: None });
                 done.push_back(StepResult { id, result });
             }
             Executor::Pipeline(p) => p.submit(id, input, false),
+        }
+    }
+
+    /// Arms a test-only step fault for the next step (single device only; ignored otherwise).
+    #[doc(hidden)]
+    pub fn inject(&mut self, f: Fault) {
+        if let Executor::Single { fault, .. } = self {
+            *fault = Some(f);
+        }
+    }
+
+    /// The device's fault record (single device; a pipeline reports through its stages'
+    /// health), so /health sees a device lost while no step runs.
+    pub fn gpu_faults(&self) -> Option<Arc<crate::gpu::GpuFaults>> {
+        match self {
+            Executor::Single { model, .. } => Some(model.gpu.faults.clone()),
+            Executor::Pipeline(_) => None,
         }
     }
 

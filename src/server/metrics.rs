@@ -126,6 +126,12 @@ impl ServerMetrics {
             u8::from(engine.is_some()).to_string(),
         );
         metric(
+            "torus_engine_healthy",
+            "gauge",
+            "1 while the engine serves; 0 while the model loads and once its thread or device is gone.",
+            u8::from(engine.is_some_and(|m| m.healthy)).to_string(),
+        );
+        metric(
             "torus_queued_requests",
             "gauge",
             "Sequences accepted by the server that have not produced their first token yet.",
@@ -203,6 +209,12 @@ impl ServerMetrics {
             );
             metric("torus_sampled_tokens_total", "counter", "Tokens the engine sampled.", m.decode_tokens.to_string());
             metric("torus_engine_steps_total", "counter", "Engine steps (GPU submissions).", m.steps.to_string());
+            metric(
+                "torus_engine_step_failures_total",
+                "counter",
+                "Steps that failed (panic, GPU error, mismatched result); their requests got an error.",
+                m.step_failures.to_string(),
+            );
             metric(
                 "torus_pipeline_stage_failures_total",
                 "counter",
