@@ -58,11 +58,12 @@ fn bench(c: &mut Criterion) {
         let step = StepInput {
             tokens: vec![42; batch],
             positions: vec![pos as u32; batch],
-            slots: (0..batch as u32).map(|i| (40 + i) * 16).collect(),
+            // Each sequence's position `pos` lies in its own block 40 + i, after the shared ones.
+            slots: (0..batch as u32).map(|i| (40 + i) * 16 + pos as u32 % 16).collect(),
             seq_of_token: (0..batch as u32).collect(),
             block_tables: (0..batch)
                 .map(|i| {
-                    let mut t = table[..21].to_vec();
+                    let mut t = table[..pos / 16].to_vec();
                     t.push(40 + i as u32);
                     t
                 })

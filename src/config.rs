@@ -38,6 +38,42 @@ pub struct EngineConfig {
     pub stages: Vec<StageConfig>,
     /// Longest a remote stage may take to answer one step before it counts as failed.
     pub stage_timeout_s: f64,
+    /// Shared secret between a scheduler and its workers: a worker refuses every call that
+    /// does not carry it, the scheduler sends it on every call. `TORUS_WORKER_TOKEN` in the
+    /// environment (or `--worker-token`) overrides the file, so the secret need not be stored
+    /// in a config.
+    pub worker_token: Option<Secret>,
+    /// PEM certificate chain and private key. A worker serves TLS with them; a scheduler
+    /// presents them to workers that require client certificates.
+    pub tls_cert: Option<String>,
+    pub tls_key: Option<String>,
+    /// PEM CA certificate(s). A worker requires (and verifies) client certificates signed by
+    /// it; a scheduler connects to its workers over TLS and verifies them against it.
+    pub tls_ca: Option<String>,
+    /// The name a scheduler expects in its workers' certificates (default: the host part of
+    /// each stage's address).
+    pub tls_domain: Option<String>,
+    /// A worker keeps serving the scheduler that claimed it (its first step) and refuses
+    /// steps of any other; after this many idle seconds another scheduler may take it over
+    /// (the worker then starts a new cache instance, which the old scheduler detects).
+    pub worker_lease_s: f64,
+}
+
+/// A secret string (the worker token): serialized as a plain string, never printed by Debug.
+#[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Secret(pub String);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(<redacted>)")
+    }
+}
+
+impl Secret {
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
 }
 
 /// One pipeline stage: in this process on an adapter, or a worker at `address`.
@@ -81,6 +117,12 @@ impl Default for EngineConfig {
             stage_end_layer: None,
             stages: vec![],
             stage_timeout_s: 600.0,
+            worker_token: None,
+            tls_cert: None,
+            tls_key: None,
+            tls_ca: None,
+            tls_domain: None,
+            worker_lease_s: 60.0,
         }
     }
 }
@@ -121,6 +163,18 @@ impl EngineConfig {
         }
         if !(self.stage_timeout_s > 0.0 && self.stage_timeout_s.is_finite()) {
             bail!("stage_timeout_s must be a positive number of seconds");
+        }
+        if let Some(t) = &self.worker_token {
+            // It travels as an HTTP/2 header value.
+            if t.0.is_empty() || !t.0.bytes().all(|b| b.is_ascii_graphic()) {
+                bail!("worker_token must be non-empty printable ASCII without spaces");
+            }
+        }
+        if self.tls_cert.is_some() != self.tls_key.is_some() {
+            bail!("give both tls_cert and tls_key, or neither");
+        }
+        if !(self.worker_lease_s > 0.0 && self.worker_lease_s.is_finite()) {
+            bail!("worker_lease_s must be a positive number of seconds");
         }
         if !self.stages.is_empty() {
             if !self.enable_pipeline_parallel {
@@ -225,6 +279,25 @@ pub struct EngineArgs {
     /// Seconds a remote stage may take for one step.
     #[arg(long)]
     pub stage_timeout_s: Option<f64>,
+    /// Shared secret between the scheduler and its workers (overrides worker_token).
+    #[arg(long, env = "TORUS_WORKER_TOKEN", hide_env_values = true)]
+    pub worker_token: Option<String>,
+    /// PEM certificate chain: a worker's TLS identity, or a scheduler's client certificate.
+    #[arg(long)]
+    pub tls_cert: Option<String>,
+    /// PEM private key of --tls-cert.
+    #[arg(long)]
+    pub tls_key: Option<String>,
+    /// PEM CA: a worker requires client certificates signed by it; a scheduler uses TLS to its
+    /// workers and verifies them against it.
+    #[arg(long)]
+    pub tls_ca: Option<String>,
+    /// Name a scheduler expects in its workers' certificates (default: each address's host).
+    #[arg(long)]
+    pub tls_domain: Option<String>,
+    /// Idle seconds after which another scheduler may take a worker over.
+    #[arg(long)]
+    pub worker_lease_s: Option<f64>,
 }
 
 impl EngineArgs {
@@ -262,6 +335,20 @@ impl EngineArgs {
         c.stage_start_layer = self.stage_start_layer.or(c.stage_start_layer);
         c.stage_end_layer = self.stage_end_layer.or(c.stage_end_layer);
         c.stage_timeout_s = self.stage_timeout_s.unwrap_or(c.stage_timeout_s);
+        if let Some(t) = &self.worker_token {
+            c.worker_token = Some(Secret(t.clone()));
+        }
+        for (key, arg) in [
+            (&mut c.tls_cert, &self.tls_cert),
+            (&mut c.tls_key, &self.tls_key),
+            (&mut c.tls_ca, &self.tls_ca),
+            (&mut c.tls_domain, &self.tls_domain),
+        ] {
+            if arg.is_some() {
+                *key = arg.clone();
+            }
+        }
+        c.worker_lease_s = self.worker_lease_s.unwrap_or(c.worker_lease_s);
         c.validate()?;
         Ok(c)
     }

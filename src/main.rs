@@ -58,6 +58,9 @@ enum Cmd {
         /// Address to listen on, e.g. 127.0.0.1:50051.
         #[arg(long)]
         listen: String,
+        /// Serve on a non-loopback address without a worker_token (no authentication at all).
+        #[arg(long)]
+        insecure: bool,
     },
     /// Offline throughput: many requests submitted at once to the engine (no HTTP).
     Throughput {
@@ -222,9 +225,9 @@ fn run() -> Result<()> {
                 }
             }
         }
-        Cmd::Worker { engine, listen } => {
+        Cmd::Worker { engine, listen, insecure } => {
             let cfg = engine.resolve()?;
-            torus_wgpu::pipeline::remote::run_worker(&cfg, &listen)?;
+            torus_wgpu::pipeline::remote::run_worker(&cfg, &listen, insecure)?;
         }
         Cmd::Generate { engine, prompt, chat, max_tokens, temperature, top_p, top_k, seed, ignore_eos } => {
             let cfg = engine.resolve()?;

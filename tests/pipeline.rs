@@ -542,7 +542,9 @@ fn killed_and_restarted_workers() {
     let m = settled(&e);
     assert_eq!(m.stage_failures, failures + 1, "the restart went unnoticed: {m:?}");
     assert!(m.preemptions >= 1, "the request was not recomputed: {m:?}");
-    // A worker serving other layers than the config says is refused by name.
+    // A worker serves one scheduler at a time: the first engine releases its workers when it
+    // shuts down. A worker serving other layers than the config says is refused by name.
+    e.shutdown(false);
     let a2 = free_addr();
     let _wrong = WorkerProc::start(&cfg, (0, 1), &a2);
     let bad = pipeline_cfg(&cfg, &[(0, 1, Some(&a0)), (1, 2, Some(&a2))]);
@@ -550,7 +552,6 @@ fn killed_and_restarted_workers() {
     let c = collect_within(&e2, greedy_req(&prompt, 4), limit);
     assert!(matches!(&c.reason, FinishReason::Error(m) if m.contains("serves layers 0..1")), "{:?}", c.reason);
     e2.shutdown(false);
-    e.shutdown(false);
 }
 
 /// tiny-qwen2 as a worker for layer 0 and an address with nothing behind it for layer 1.

@@ -188,6 +188,125 @@ pub struct StepInput {
     pub sampling: Vec<SampleParams>,
 }
 
+/// What one step may hold on a model (or stage): its step budget and its own KV cache. A step
+/// that passes `check` writes K/V only into the blocks its own sequences' tables name, and
+/// reads and writes no buffer out of bounds; the engine's steps always pass.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StepBounds {
+    pub max_tokens: usize,
+    pub max_seqs: usize,
+    pub max_seq_len: usize,
+    pub block_size: usize,
+    /// Blocks of the KV cache.
+    pub num_blocks: usize,
+    /// Longest block table.
+    pub max_blocks: usize,
+    /// Most logit adjustments in one step.
+    pub adjust_cap: usize,
+    pub vocab: usize,
+    pub hidden: usize,
+    /// The first stage takes token ids; every other stage hidden states.
+    pub first: bool,
+}
+
+impl StepBounds {
+    /// Checks every count, index and length of a step (and the byte length of the hidden
+    /// states entering it, when given) against these bounds.
+    pub fn check(&self, s: &StepInput, hidden_bytes: Option<usize>) -> Result<()> {
+        let n = s.tokens.len();
+        if n == 0 || n > self.max_tokens {
+            bail!("step has {n} tokens (1..={} allowed)", self.max_tokens);
+        }
+        if s.positions.len() != n || s.slots.len() != n || s.seq_of_token.len() != n {
+            bail!(
+                "step metadata lengths disagree with its {n} tokens ({} positions, {} slots, {} sequence indices)",
+                s.positions.len(),
+                s.slots.len(),
+                s.seq_of_token.len()
+            );
+        }
+        if s.sample_rows.len() != s.sampling.len() || s.sample_rows.len() > self.max_seqs {
+            bail!(
+                "step samples {} rows with {} parameter sets ({} allowed)",
+                s.sample_rows.len(),
+                s.sampling.len(),
+                self.max_seqs
+            );
+        }
+        if s.block_tables.is_empty() || s.block_tables.len() > self.max_seqs {
+            bail!("step has {} sequences (1..={} allowed)", s.block_tables.len(), self.max_seqs);
+        }
+        for (j, t) in s.block_tables.iter().enumerate() {
+            if t.len() > self.max_blocks {
+                bail!("sequence {j}: block table of {} blocks (at most {})", t.len(), self.max_blocks);
+            }
+            if let Some(b) = t.iter().find(|&&b| b as usize >= self.num_blocks) {
+                bail!("sequence {j}: block {b} is outside the KV cache ({} blocks)", self.num_blocks);
+            }
+        }
+        let bs = self.block_size;
+        let mut prev_seq = 0;
+        for i in 0..n {
+            let seq = s.seq_of_token[i] as usize;
+            let pos = s.positions[i] as usize;
+            if seq >= s.block_tables.len() {
+                bail!("token {i}: sequence {seq} of a step with {} sequences", s.block_tables.len());
+            }
+            // The engine lists each sequence's tokens together, in sequence order.
+            if seq < prev_seq {
+                bail!("token {i}: sequence {seq} after sequence {prev_seq} (sequence indices must not decrease)");
+            }
+            prev_seq = seq;
+            if pos >= self.max_seq_len {
+                bail!("token {i}: position {pos} is beyond max_sequence_length {}", self.max_seq_len);
+            }
+            let table = &s.block_tables[seq];
+            let Some(&block) = table.get(pos / bs) else {
+                bail!(
+                    "token {i}: position {pos} of sequence {seq} is outside its block table ({} blocks)",
+                    table.len()
+                );
+            };
+            // A token's K/V go where its own sequence's table puts its position, nowhere else.
+            let want = block as u64 * bs as u64 + (pos % bs) as u64;
+            if s.slots[i] as u64 != want {
+                bail!(
+                    "token {i}: slot {} is not position {pos}'s slot {want} in sequence {seq}'s block table",
+                    s.slots[i]
+                );
+            }
+            if self.first && s.tokens[i] as usize >= self.vocab {
+                bail!("token id {} is outside the vocabulary ({})", s.tokens[i], self.vocab);
+            }
+        }
+        if let Some(r) = s.sample_rows.iter().find(|&&r| r as usize >= n) {
+            bail!("sample row {r} of a step with {n} tokens");
+        }
+        let adj: usize = s.sampling.iter().map(|p| p.adjust.len()).sum();
+        if adj > self.adjust_cap {
+            bail!("{adj} logit adjustments (at most {})", self.adjust_cap);
+        }
+        for p in &s.sampling {
+            if let Some(a) = p.adjust.iter().find(|a| a.id as usize >= self.vocab || a.bias.is_nan()) {
+                bail!("logit adjustment of token {} (bias {}) is out of range", a.id, a.bias);
+            }
+            let floats = [p.temperature, p.top_p, p.u, p.repetition_penalty, p.frequency_penalty, p.presence_penalty];
+            if floats.iter().any(|f| !f.is_finite()) {
+                bail!("sampling parameters must be finite numbers");
+            }
+        }
+        let want = n * self.hidden * 4;
+        match (self.first, hidden_bytes) {
+            (true, None) => {}
+            (false, Some(h)) if h == want => {}
+            (false, Some(h)) => bail!("hidden states of {h} bytes, expected {want} ({n} tokens)"),
+            (false, None) => bail!("this stage needs the previous stage's hidden states"),
+            (true, Some(_)) => bail!("the first stage embeds tokens itself; it takes no hidden states"),
+        }
+        Ok(())
+    }
+}
+
 /// The KV cache of a stage's layers: per layer, K and V each in one or more buffers (chunks)
 /// of `blocks_per_chunk` whole blocks, so no binding exceeds the device's limit.
 pub struct KvCache {
@@ -1039,48 +1158,20 @@ impl Model {
         })
     }
 
-    fn check(&self, s: &StepInput) -> Result<()> {
-        let n = s.tokens.len();
-        let lim = &self.limits;
-        if n == 0 || n > lim.max_tokens {
-            bail!("step has {n} tokens (1..={} allowed)", lim.max_tokens);
+    /// What a step given to this model may hold.
+    pub fn bounds(&self) -> StepBounds {
+        StepBounds {
+            max_tokens: self.limits.max_tokens,
+            max_seqs: self.limits.max_seqs,
+            max_seq_len: self.limits.max_seq_len,
+            block_size: self.limits.block_size,
+            num_blocks: self.kv.num_blocks,
+            max_blocks: self.header.max_blocks as usize,
+            adjust_cap: self.adjust_cap,
+            vocab: self.cfg.vocab,
+            hidden: self.cfg.hidden,
+            first: self.is_first(),
         }
-        if s.positions.len() != n || s.slots.len() != n || s.seq_of_token.len() != n {
-            bail!("step metadata lengths disagree with its {n} tokens");
-        }
-        if s.sample_rows.len() != s.sampling.len() || s.sample_rows.len() > lim.max_seqs {
-            bail!("step samples {} rows ({} allowed)", s.sample_rows.len(), lim.max_seqs);
-        }
-        if s.block_tables.is_empty() || s.block_tables.len() > lim.max_seqs {
-            bail!("step has {} sequences (1..={} allowed)", s.block_tables.len(), lim.max_seqs);
-        }
-        let max_blocks = self.header.max_blocks as usize;
-        for t in &s.block_tables {
-            if t.len() > max_blocks || t.iter().any(|&b| b as usize >= self.kv.num_blocks) {
-                bail!("block table out of range");
-            }
-        }
-        for i in 0..n {
-            let seq = s.seq_of_token[i] as usize;
-            let pos = s.positions[i] as usize;
-            if seq >= s.block_tables.len()
-                || pos >= lim.max_seq_len
-                || pos / lim.block_size >= s.block_tables[seq].len()
-            {
-                bail!("token {i}: position {pos} of sequence {seq} is outside its block table");
-            }
-            if self.is_first() && s.tokens[i] as usize >= self.cfg.vocab {
-                bail!("token id {} is outside the vocabulary ({})", s.tokens[i], self.cfg.vocab);
-            }
-        }
-        if s.sample_rows.iter().any(|&r| r as usize >= n) {
-            bail!("sample row out of range");
-        }
-        let adj: usize = s.sampling.iter().map(|p| p.adjust.len()).sum();
-        if adj > self.adjust_cap || s.sampling.iter().flat_map(|p| &p.adjust).any(|a| a.id as usize >= self.cfg.vocab) {
-            bail!("logit adjustments out of range");
-        }
-        Ok(())
     }
 
     /// Most tokens and sampled rows one sub-step holds: a larger step runs as several.
@@ -1110,7 +1201,9 @@ impl Model {
     /// Checked before anything is written; the GPU work runs inside error scopes, so a wgpu
     /// error or a lost device fails this call (`GpuFault`) instead of passing unnoticed.
     pub fn run(&mut self, s: &StepInput, hidden: Option<&[u8]>) -> Result<StageOutput> {
-        self.check(s)?;
+        // Nothing reaches the device before the whole step is known to stay inside this
+        // model's cache and buffers.
+        self.bounds().check(s, hidden.map(<[u8]>::len))?;
         let gpu = self.gpu.clone();
         gpu.scoped(|| {
             if std::mem::take(&mut self.provoke_gpu_error) {
@@ -1121,10 +1214,6 @@ impl Model {
     }
 
     fn run_checked(&mut self, s: &StepInput, hidden: Option<&[u8]>) -> Result<StageOutput> {
-        let want = s.tokens.len() * self.cfg.hidden * 4;
-        if let Some(h) = hidden.filter(|h| h.len() != want) {
-            bail!("hidden states of {} bytes, expected {want} ({} tokens)", h.len(), s.tokens.len());
-        }
         let ranges = sub_steps(&s.sample_rows, s.tokens.len(), self.sub_tokens, self.sub_seqs);
         if ranges.len() == 1 {
             return self.run_one(s, hidden);

@@ -51,6 +51,8 @@ pub struct StageHealth {
     pub name: String,
     /// host:port of a remote stage.
     pub address: Option<String>,
+    /// How to reach the remote stage (its token and TLS settings).
+    pub link: remote::Link,
     pub layers: Range<usize>,
     ok: AtomicBool,
     error: Mutex<String>,
@@ -58,7 +60,15 @@ pub struct StageHealth {
 
 impl StageHealth {
     pub fn new(stage: usize, name: String, address: Option<String>, layers: Range<usize>) -> StageHealth {
-        StageHealth { stage, name, address, layers, ok: AtomicBool::new(true), error: Mutex::new(String::new()) }
+        StageHealth {
+            stage,
+            name,
+            address,
+            link: remote::Link::default(),
+            layers,
+            ok: AtomicBool::new(true),
+            error: Mutex::new(String::new()),
+        }
     }
 
     pub fn set(&self, r: std::result::Result<(), String>) {
@@ -571,6 +581,11 @@ pub fn build(
     if num_blocks == 0 {
         bail!("total_cache_size {} holds no KV block; raise it", cfg.total_cache_size);
     }
+    // The worker token and TLS settings, when any stage is a worker.
+    let link = match stages.iter().any(|s| s.address.is_some()) {
+        true => remote::Link::from_config(cfg)?,
+        false => remote::Link::default(),
+    };
     let mut built: Vec<Stage> = Vec::new();
     for (i, ((st, range), l)) in stages.iter().zip(&ranges).zip(local).enumerate() {
         if let Some(l) = l {
@@ -589,8 +604,9 @@ pub fn build(
             num_blocks,
             timeout: std::time::Duration::from_secs_f64(cfg.stage_timeout_s),
         };
-        let h = Arc::new(StageHealth::new(i, format!("worker {addr}"), Some(addr.clone()), range.clone()));
-        built.push((Box::new(remote::RemoteStage::new(&addr, want)?), h));
+        let mut h = StageHealth::new(i, format!("worker {addr}"), Some(addr.clone()), range.clone());
+        h.link = link.clone();
+        built.push((Box::new(remote::RemoteStage::new(&addr, want, link.clone())?), Arc::new(h)));
     }
     Pipeline::new(built, limits, num_blocks, mcfg.vocab)
 }
