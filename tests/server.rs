@@ -1098,6 +1098,8 @@ async fn smollm2_request_timeout_aborts_and_frees_blocks() {
     let v = srv.ok("/v1/completions", &json!({"prompt": [1, 2, 3], "max_tokens": 2, "ignore_eos": true})).await;
     assert_eq!(v["usage"]["completion_tokens"], 2);
     assert_eq!(srv.metric("torus_requests_timed_out_total").await, 3.0);
+    // The engine publishes its gauges after each step: wait for the one after the last.
+    srv.wait_idle().await;
     assert_eq!(srv.metric("torus_kv_cache_blocks_used").await, 0.0);
 }
 
@@ -1197,4 +1199,29 @@ async fn connection_cap_holds_further_connections_back() {
     let r = client().get(format!("http://{addr}/metrics")).send().await.unwrap();
     assert_eq!(r.status(), StatusCode::OK);
     handle.shutdown().await;
+}
+
+/// Shutdown does not wait for connections that have not sent a whole request (none sent
+/// here: no header-read timeout would ever close them); they are closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_closes_connections_without_a_request() {
+    let handle = serve_bare(|s| s.header_read_timeout = None).await;
+    let addr = handle.addr;
+    let mut silent = std::net::TcpStream::connect(addr).unwrap();
+    let mut half = std::net::TcpStream::connect(addr).unwrap();
+    half.write_all(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n").unwrap();
+    let t = Instant::now();
+    while handle.metrics().connections.load(std::sync::atomic::Ordering::Relaxed) < 2 {
+        assert!(t.elapsed() < Duration::from_secs(30), "connections not accepted");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::time::timeout(Duration::from_secs(30), handle.shutdown()).await.expect("shutdown waits for idle clients");
+    tokio::task::spawn_blocking(move || {
+        for sock in [&mut silent, &mut half] {
+            read_to_close(sock, Duration::from_secs(30)).expect("connection left open after shutdown");
+        }
+    })
+    .await
+    .unwrap();
+    assert!(tokio::net::TcpStream::connect(addr).await.is_err(), "still accepting after shutdown");
 }

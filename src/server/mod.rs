@@ -246,19 +246,22 @@ fn is_connection_error(e: &std::io::Error) -> bool {
 /// Accepts connections while fewer than `max_connections` are open (the others wait in the
 /// kernel's listen backlog) and serves each with HTTP/1.1, closing those that take longer than
 /// `header_read_timeout` to send a request's headers. On `stopped`: stops accepting, closes
-/// idle connections, and returns once every in-flight response has been sent.
+/// connections that are idle or have not sent a whole request yet, and returns once every
+/// in-flight response has been sent.
 async fn accept_loop(
     listener: tokio::net::TcpListener,
     app: Router,
     st: Arc<AppState>,
     stopped: tokio::sync::oneshot::Receiver<()>,
 ) -> std::io::Result<()> {
+    use hyper::service::Service;
     use hyper_util::rt::{TokioIo, TokioTimer};
-    use hyper_util::server::graceful::GracefulShutdown;
     use hyper_util::service::TowerToHyperService;
+    use std::sync::atomic::AtomicBool;
 
-    let permits = Arc::new(tokio::sync::Semaphore::new(st.cfg.max_connections.max(1)));
-    let graceful = GracefulShutdown::new();
+    let max = st.cfg.max_connections.clamp(1, tokio::sync::Semaphore::MAX_PERMITS.min(u32::MAX as usize));
+    let permits = Arc::new(tokio::sync::Semaphore::new(max));
+    let (stopping, _) = tokio::sync::watch::channel(false);
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new()).header_read_timeout(st.cfg.header_read_timeout);
     let mut stopped = std::pin::pin!(stopped);
@@ -283,11 +286,34 @@ async fn accept_loop(
             },
         };
         let _ = sock.set_nodelay(true);
-        let conn = graceful.watch(http.serve_connection(TokioIo::new(sock), TowerToHyperService::new(app.clone())));
+        // Whether a whole request head has arrived on this connection.
+        let started = Arc::new(AtomicBool::new(false));
+        let svc = {
+            let (router, started) = (TowerToHyperService::new(app.clone()), started.clone());
+            hyper::service::service_fn(move |req| {
+                started.store(true, Relaxed);
+                router.call(req)
+            })
+        };
+        let conn = http.serve_connection(TokioIo::new(sock), svc);
+        let mut stop = stopping.subscribe();
         let st = st.clone();
         st.metrics.connections.fetch_add(1, Relaxed);
         tokio::spawn(async move {
-            if let Err(e) = conn.await {
+            let mut conn = std::pin::pin!(conn);
+            let r = tokio::select! {
+                r = conn.as_mut() => r,
+                _ = async { stop.wait_for(|s| *s).await.map(|_| ()) } => {
+                    if started.load(Relaxed) {
+                        // Finish the response in flight (if any), then close.
+                        conn.as_mut().graceful_shutdown();
+                        conn.await
+                    } else {
+                        Ok(())
+                    }
+                }
+            };
+            if let Err(e) = r {
                 tracing::debug!("connection: {e}");
             }
             st.metrics.connections.fetch_sub(1, Relaxed);
@@ -295,7 +321,9 @@ async fn accept_loop(
         });
     }
     drop(listener);
-    graceful.shutdown().await;
+    let _ = stopping.send(true);
+    // Every connection has ended once all the places are free again.
+    let _ = permits.acquire_many(max as u32).await;
     Ok(())
 }
 
