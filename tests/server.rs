@@ -582,6 +582,14 @@ async fn bad_requests_get_openai_errors() {
         (chat, json!({"messages": m(), "logit_bias": [1]}), Some("logit_bias")),
         (chat, json!({"messages": m(), "stop": 5}), Some("stop")),
         (chat, json!({"messages": m(), "stop": [""]}), Some("stop")),
+        (chat, json!({"messages": m(), "stop": vec!["x"; 17]}), Some("stop")),
+        (chat, json!({"messages": m(), "stop": "y".repeat(1025)}), Some("stop")),
+        (chat, json!({"messages": m(), "stop_token_ids": vec![1; 65]}), Some("stop_token_ids")),
+        (chat, json!({"messages": m(), "stop_token_ids": [-1]}), Some("stop_token_ids")),
+        (chat, json!({"messages": m(), "seed": 1e30}), Some("seed")),
+        (chat, json!({"messages": m(), "max_tokens": 1e300}), Some("max_tokens")),
+        (chat, json!({"messages": m(), "request_timeout_s": 601}), Some("request_timeout_s")),
+        (chat, json!({"messages": m(), "request_timeout_s": 0}), Some("request_timeout_s")),
         (chat, json!({"messages": m(), "presence_penalty": 3}), Some("presence_penalty")),
         (chat, json!({"messages": m(), "frequency_penalty": -2.5}), Some("frequency_penalty")),
         (chat, json!({"messages": m(), "seed": "x"}), Some("seed")),
@@ -602,6 +610,8 @@ async fn bad_requests_get_openai_errors() {
         (comp, json!({"prompt": "x", "echo": true, "logprobs": 1}), Some("echo")),
         (comp, json!({"prompt": "x", "best_of": 3}), Some("best_of")),
         (comp, json!({"prompt": "x", "suffix": "y"}), Some("suffix")),
+        (comp, json!({"prompt": "x", "stop": ["a", "b".repeat(2000)]}), Some("stop")),
+        (comp, json!({"prompt": "x", "stop_token_ids": vec![0; 100]}), Some("stop_token_ids")),
         (comp, json!({"prompt": vec!["a"; 20], "n": 16}), Some("prompt")),
     ];
     let normal = json!({"messages": user("still fine?"), "max_tokens": 3, "ignore_eos": true});
@@ -617,9 +627,26 @@ async fn bad_requests_get_openai_errors() {
     let too_long = srv.post(comp, &json!({"prompt": long_prompt})).await;
     assert_eq!(too_long.1["error"]["code"], "context_length_exceeded");
 
-    // Raw bodies: malformed JSON, not an object, invalid UTF-8, empty, too large (declared
-    // and chunked).
+    // Raw bodies: malformed JSON, not an object, invalid UTF-8, empty, nesting past serde_json's
+    // depth limit, lone surrogates and bad escapes, numbers past f64, too large (declared and
+    // chunked).
+    let deep = |n: usize| format!("{{\"messages\": {}{}}}", "[".repeat(n), "]".repeat(n)).into_bytes();
     let raw: Vec<(Vec<u8>, StatusCode)> = vec![
+        (deep(200), StatusCode::BAD_REQUEST),
+        (deep(100_000), StatusCode::BAD_REQUEST),
+        (format!("{}{}", "{\"a\":".repeat(5000), "}".repeat(5000)).into_bytes(), StatusCode::BAD_REQUEST),
+        (br#"{"messages": [{"role": "user", "content": "\ud800"}]}"#.to_vec(), StatusCode::BAD_REQUEST),
+        (br#"{"messages": [{"role": "user", "content": "\udc00\ud800"}]}"#.to_vec(), StatusCode::BAD_REQUEST),
+        (br#"{"messages": [{"role": "user", "content": "\uZZZZ"}]}"#.to_vec(), StatusCode::BAD_REQUEST),
+        (
+            br#"{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1e400}"#.to_vec(),
+            StatusCode::BAD_REQUEST,
+        ),
+        (br#"{"messages": [{"role": "user", "content": "hi"}], "temperature": NaN}"#.to_vec(), StatusCode::BAD_REQUEST),
+        (
+            br#"{"max_tokens": 2, "max_tokens": "x", "messages": [{"role": "user", "content": "hi"}]}"#.to_vec(),
+            StatusCode::BAD_REQUEST,
+        ),
         (b"{\"messages\": [".to_vec(), StatusCode::BAD_REQUEST),
         (b"[1, 2]".to_vec(), StatusCode::BAD_REQUEST),
         (b"{\"messages\": [{\"role\": \"user\", \"content\": \"\xff\xfe\"}]}".to_vec(), StatusCode::BAD_REQUEST),
@@ -649,8 +676,16 @@ async fn bad_requests_get_openai_errors() {
     assert_error(s, &serde_json::from_str(&body).unwrap(), StatusCode::NOT_FOUND, "unknown route");
     let (s, body) = srv.get(chat).await;
     assert_error(s, &serde_json::from_str(&body).unwrap(), StatusCode::METHOD_NOT_ALLOWED, "GET on a POST route");
+    let (s, body) = srv.get("/v1/models/%ff%fe").await;
+    assert_error(s, &serde_json::from_str(&body).unwrap(), StatusCode::NOT_FOUND, "model path that is not UTF-8");
     srv.ok(chat, &normal).await;
     assert!(srv.metric("torus_requests_total{status=\"400\"}").await >= cases.len() as f64);
+    // Duplicate keys: the last one counts (as in Python's json).
+    let dup =
+        br#"{"max_tokens": "x", "messages": [{"role": "user", "content": "hi"}], "ignore_eos": true, "max_tokens": 2}"#;
+    let r = srv.http.post(format!("{}{chat}", srv.base)).body(dup.to_vec()).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(r.json::<Value>().await.unwrap()["usage"]["completion_tokens"], 2);
     srv.wait_idle().await;
 }
 
@@ -997,4 +1032,196 @@ async fn openai_python_client() {
     assert!(out.status.success(), "openai_e2e.py failed ({:?})\nstdout:\n{so}\nstderr:\n{se}", out.status);
     assert!(so.contains("openai_e2e: all checks passed"), "{so}");
     srv.wait_idle().await;
+}
+
+/// SmolLM2 (~10 tokens/s on lavapipe) under a 2 s `request_timeout_s`: a long non-streaming
+/// request is answered 408, a long stream ends with finish reason `abort`, an error event and
+/// `[DONE]`; both engine requests are aborted and their KV blocks freed, and a short request
+/// still succeeds. A request's own `request_timeout_s` may shorten the limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn smollm2_request_timeout_aborts_and_frees_blocks() {
+    let path = smollm2();
+    let cfg = EngineConfig {
+        max_num_batched_tokens: 64,
+        max_sequence_length: 1024,
+        total_cache_size: 64 << 20,
+        max_decode_batch_size: 4,
+        max_prefill_batch_size: 2,
+        ..Default::default()
+    };
+    let srv = serve_with(&path, cfg, |s| s.request_timeout = Some(Duration::from_secs(2))).await;
+    let long = json!({"messages": user("Count from one to a thousand."), "max_tokens": 900, "ignore_eos": true});
+
+    // Non-streaming: 408 in OpenAI's error shape.
+    let before = srv.snapshot();
+    let (s, v) = srv.post("/v1/chat/completions", &long).await;
+    assert_error(s, &v, StatusCode::REQUEST_TIMEOUT, "non-streaming past the limit");
+    assert_eq!(v["error"]["code"], "request_timeout", "{v}");
+    assert_eq!(v["error"]["type"], "timeout_error", "{v}");
+    srv.wait_until("abort", |m| m.requests_aborted > before.requests_aborted).await;
+    let m = srv.wait_idle().await;
+    assert_eq!(m.requests_aborted, before.requests_aborted + 1, "{m:?}");
+    assert_eq!(m.requests_finished, before.requests_finished, "{m:?}");
+    assert_eq!(m.kv_blocks_used, 0);
+
+    // Streaming (legacy completions, n = 2): some text, then each choice finishes with
+    // `abort`, then the error event, then [DONE].
+    let before = m;
+    let mut body = json!({"prompt": "Once upon a time", "max_tokens": 900, "ignore_eos": true, "n": 2});
+    body["stream"] = json!(true);
+    let r = srv.http.post(format!("{}/v1/completions", srv.base)).json(&body).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let text = r.text().await.unwrap();
+    let events: Vec<&str> = text.split("\n\n").filter(|e| !e.trim().is_empty()).collect();
+    assert_eq!(events.last().copied(), Some("data: [DONE]"), "{text}");
+    let err: Value = serde_json::from_str(events[events.len() - 2].strip_prefix("data: ").unwrap()).unwrap();
+    assert_eq!(err["error"]["code"], "request_timeout", "{text}");
+    let chunks: Vec<Value> =
+        events[..events.len() - 2].iter().map(|e| serde_json::from_str(&e["data: ".len()..]).unwrap()).collect();
+    let (texts, reasons) = stream_texts(&chunks, 2);
+    assert_eq!(reasons, vec!["abort", "abort"], "{text}");
+    assert!(texts.iter().any(|t| !t.is_empty()), "no text before the limit: {text}");
+    srv.wait_until("abort", |m| m.requests_aborted >= before.requests_aborted + 2).await;
+    let m = srv.wait_idle().await;
+    assert_eq!(m.requests_aborted, before.requests_aborted + 2, "{m:?}");
+    assert_eq!(m.kv_blocks_used, 0);
+
+    // A request's own, shorter limit.
+    let mut short = long.clone();
+    short["request_timeout_s"] = json!(0.5);
+    let (s, v) = srv.post("/v1/chat/completions", &short).await;
+    assert_error(s, &v, StatusCode::REQUEST_TIMEOUT, "per-request limit");
+    assert!(v["error"]["message"].as_str().unwrap().contains("0.5 s"), "{v}");
+    srv.wait_idle().await;
+
+    // The next request runs normally.
+    let v = srv.ok("/v1/completions", &json!({"prompt": [1, 2, 3], "max_tokens": 2, "ignore_eos": true})).await;
+    assert_eq!(v["usage"]["completion_tokens"], 2);
+    assert_eq!(srv.metric("torus_requests_timed_out_total").await, 3.0);
+    // The engine publishes its gauges after each step: wait for the one after the last.
+    srv.wait_idle().await;
+    assert_eq!(srv.metric("torus_kv_cache_blocks_used").await, 0.0);
+}
+
+/// A server without a model (no engine needed for connection handling).
+async fn serve_bare(f: impl FnOnce(&mut ServerConfig)) -> ServerHandle {
+    let mut scfg = ServerConfig::new("none", &tiny_cfg());
+    f(&mut scfg);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    start(listener, scfg, None).unwrap()
+}
+
+/// Reads until the peer closes (Ok) or `limit` passes without a byte (Err); returns what came.
+fn read_to_close(sock: &mut std::net::TcpStream, limit: Duration) -> Result<Vec<u8>, std::io::Error> {
+    sock.set_read_timeout(Some(limit)).unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match std::io::Read::read(sock, &mut buf) {
+            Ok(0) => return Ok(got),
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return Ok(got),
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// A client that sends half a request head, or nothing, is disconnected after the header-read
+/// timeout; complete requests are unaffected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn header_read_timeout_closes_stalled_connections() {
+    let handle = serve_bare(|s| s.header_read_timeout = Some(Duration::from_secs(1))).await;
+    let addr = handle.addr;
+    let http = client();
+    let metrics = format!("http://{addr}/metrics");
+    assert_eq!(http.get(&metrics).send().await.unwrap().status(), StatusCode::OK);
+    tokio::task::spawn_blocking(move || {
+        let mut half = std::net::TcpStream::connect(addr).unwrap();
+        half.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nUser-Agent: slow").unwrap();
+        let mut silent = std::net::TcpStream::connect(addr).unwrap();
+        let t = Instant::now();
+        for (what, sock) in [("half a head", &mut half), ("nothing", &mut silent)] {
+            let got = read_to_close(sock, Duration::from_secs(30))
+                .unwrap_or_else(|e| panic!("a client that sent {what} was not disconnected: {e}"));
+            let head = String::from_utf8_lossy(&got);
+            assert!(got.is_empty() || head.starts_with("HTTP/1.1 408"), "{what}: {head}");
+        }
+        assert!(t.elapsed() >= Duration::from_millis(900), "closed before the timeout: {:?}", t.elapsed());
+    })
+    .await
+    .unwrap();
+    let r = http.get(&metrics).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    assert!(r.text().await.unwrap().contains("torus_http_connections"));
+    handle.shutdown().await;
+}
+
+/// With `max_connections` 2, a third connection is not served while two are open, and is
+/// served as soon as one of them closes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connection_cap_holds_further_connections_back() {
+    let handle = serve_bare(|s| s.max_connections = 2).await;
+    let addr = handle.addr;
+    let open = || handle.metrics().connections.load(std::sync::atomic::Ordering::Relaxed);
+    let held: Vec<std::net::TcpStream> = (0..2).map(|_| std::net::TcpStream::connect(addr).unwrap()).collect();
+    let t = Instant::now();
+    while open() < 2 {
+        assert!(t.elapsed() < Duration::from_secs(30), "the first two connections were not accepted");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let mut third = std::net::TcpStream::connect(addr).unwrap();
+    third.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+    let (third, held) = tokio::task::spawn_blocking(move || {
+        let e = read_to_close(&mut third, Duration::from_secs(1)).expect_err("served over the connection cap");
+        assert!(matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut), "{e}");
+        (third, held)
+    })
+    .await
+    .unwrap();
+    assert_eq!(open(), 2);
+    let mut held = held;
+    drop(held.pop());
+    let got = tokio::task::spawn_blocking(move || {
+        let mut third = third;
+        read_to_close(&mut third, Duration::from_secs(30)).expect("not served after a connection closed")
+    })
+    .await
+    .unwrap();
+    // No model loaded: /health answers 503, which is the point (it was served).
+    let head = String::from_utf8_lossy(&got);
+    assert!(head.starts_with("HTTP/1.1 503"), "{head}");
+    drop(held);
+    let t = Instant::now();
+    while open() > 0 {
+        assert!(t.elapsed() < Duration::from_secs(30), "connections left open: {}", open());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let r = client().get(format!("http://{addr}/metrics")).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    handle.shutdown().await;
+}
+
+/// Shutdown does not wait for connections that have not sent a whole request (none sent
+/// here: no header-read timeout would ever close them); they are closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_closes_connections_without_a_request() {
+    let handle = serve_bare(|s| s.header_read_timeout = None).await;
+    let addr = handle.addr;
+    let mut silent = std::net::TcpStream::connect(addr).unwrap();
+    let mut half = std::net::TcpStream::connect(addr).unwrap();
+    half.write_all(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n").unwrap();
+    let t = Instant::now();
+    while handle.metrics().connections.load(std::sync::atomic::Ordering::Relaxed) < 2 {
+        assert!(t.elapsed() < Duration::from_secs(30), "connections not accepted");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::time::timeout(Duration::from_secs(30), handle.shutdown()).await.expect("shutdown waits for idle clients");
+    tokio::task::spawn_blocking(move || {
+        for sock in [&mut silent, &mut half] {
+            read_to_close(sock, Duration::from_secs(30)).expect("connection left open after shutdown");
+        }
+    })
+    .await
+    .unwrap();
+    assert!(tokio::net::TcpStream::connect(addr).await.is_err(), "still accepting after shutdown");
 }

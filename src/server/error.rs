@@ -67,6 +67,19 @@ impl ApiError {
         e
     }
 
+    /// 408: the request ran past its time limit (`request_timeout_s`) and was aborted.
+    pub fn timed_out(limit: std::time::Duration) -> ApiError {
+        ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "timeout_error",
+            format!(
+                "the request did not finish within its time limit of {} s (request_timeout_s) and was aborted",
+                limit.as_secs_f64()
+            ),
+        )
+        .code("request_timeout")
+    }
+
     pub fn internal(message: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", message)
     }

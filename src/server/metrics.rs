@@ -66,6 +66,10 @@ pub struct ServerMetrics {
     pub queued: AtomicU64,
     /// Requests turned away because the queue was full.
     pub rejected_overloaded: AtomicU64,
+    /// Requests cut off at their time limit (`request_timeout_s`).
+    pub timed_out: AtomicU64,
+    /// Open HTTP connections.
+    pub connections: AtomicU64,
 }
 
 impl Default for ServerMetrics {
@@ -79,6 +83,8 @@ impl Default for ServerMetrics {
             generation_tokens: AtomicU64::new(0),
             queued: AtomicU64::new(0),
             rejected_overloaded: AtomicU64::new(0),
+            timed_out: AtomicU64::new(0),
+            connections: AtomicU64::new(0),
         }
     }
 }
@@ -142,6 +148,18 @@ impl ServerMetrics {
             "counter",
             "Requests answered 503 because the queue was full.",
             self.rejected_overloaded.load(Relaxed).to_string(),
+        );
+        metric(
+            "torus_requests_timed_out_total",
+            "counter",
+            "Requests aborted at their time limit (request_timeout_s).",
+            self.timed_out.load(Relaxed).to_string(),
+        );
+        metric(
+            "torus_http_connections",
+            "gauge",
+            "Open HTTP connections (at most max_connections).",
+            self.connections.load(Relaxed).to_string(),
         );
         metric(
             "torus_prompt_tokens_total",

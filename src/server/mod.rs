@@ -31,9 +31,16 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 /// Most choices (`n`) per request, by default.
 pub const DEFAULT_MAX_N: usize = 16;
+/// Default `--request-timeout-s`.
+pub const DEFAULT_REQUEST_TIMEOUT_S: u64 = 600;
+/// Default `--header-read-timeout-s`.
+pub const DEFAULT_HEADER_READ_TIMEOUT_S: u64 = 30;
+/// Default `--max-connections` (below the usual 1024 open-file limit).
+pub const DEFAULT_MAX_CONNECTIONS: usize = 512;
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct ServeArgs {
@@ -57,6 +64,17 @@ pub struct ServeArgs {
     /// Largest accepted request body in bytes (larger: 413).
     #[arg(long, default_value_t = 4 << 20)]
     pub max_request_body_bytes: usize,
+    /// Time limit of each completion request in seconds, from its arrival to its last byte
+    /// (0: none). Past it the request is aborted: 408, or a streamed `abort` finish and error.
+    #[arg(long, default_value_t = DEFAULT_REQUEST_TIMEOUT_S)]
+    pub request_timeout_s: u64,
+    /// Seconds a connection may take to send a request's headers; also how long an idle
+    /// keep-alive connection stays open (0: no limit).
+    #[arg(long, default_value_t = DEFAULT_HEADER_READ_TIMEOUT_S)]
+    pub header_read_timeout_s: u64,
+    /// Most open HTTP connections; further ones wait in the listen backlog until one closes.
+    #[arg(long, default_value_t = DEFAULT_MAX_CONNECTIONS)]
+    pub max_connections: usize,
 }
 
 /// How the HTTP side behaves (the engine has its own config).
@@ -75,6 +93,13 @@ pub struct ServerConfig {
     /// With n > 1 (and a prompt longer than a block), prefill the prompt once, then start the
     /// other choices on its cached blocks. Set from `enable_prefix_cache`.
     pub share_prompt_prefill: bool,
+    /// Time limit of each completion request (None: none); a request may ask for less.
+    pub request_timeout: Option<Duration>,
+    /// How long a connection may take to send a request's headers, and how long an idle
+    /// keep-alive connection stays open (None: no limit).
+    pub header_read_timeout: Option<Duration>,
+    /// Most open connections (at least 1).
+    pub max_connections: usize,
 }
 
 impl ServerConfig {
@@ -90,6 +115,9 @@ impl ServerConfig {
             default_top_p: cfg.top_p,
             default_top_k: cfg.top_k,
             share_prompt_prefill: cfg.enable_prefix_cache,
+            request_timeout: Some(Duration::from_secs(DEFAULT_REQUEST_TIMEOUT_S)),
+            header_read_timeout: Some(Duration::from_secs(DEFAULT_HEADER_READ_TIMEOUT_S)),
+            max_connections: DEFAULT_MAX_CONNECTIONS,
         }
     }
 }
@@ -166,8 +194,9 @@ impl ServerHandle {
         &self.state.metrics
     }
 
-    /// Graceful stop: no new connections, in-flight requests (streams included) run to their
-    /// end, then the engine drains and its thread exits.
+    /// Graceful stop: no new connections (those waiting in the backlog are dropped), idle
+    /// keep-alive connections close, in-flight requests (streams included) run to their end,
+    /// then the engine drains and its thread exits.
     pub async fn shutdown(mut self) {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
@@ -206,14 +235,98 @@ pub fn start(
     }
     let app = router(state.clone());
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async move {
-                let _ = stopped.await;
-            })
-            .await
-    });
+    let task = tokio::spawn(accept_loop(listener, app, state.clone(), stopped));
     Ok(ServerHandle { addr, state, stop: Some(stop), task: Some(task) })
+}
+
+/// Errors of one connection (it went away before it was accepted), not of the listener.
+fn is_connection_error(e: &std::io::Error) -> bool {
+    use std::io::ErrorKind::*;
+    matches!(e.kind(), ConnectionRefused | ConnectionAborted | ConnectionReset)
+}
+
+/// Accepts connections while fewer than `max_connections` are open (the others wait in the
+/// kernel's listen backlog) and serves each with HTTP/1.1, closing those that take longer than
+/// `header_read_timeout` to send a request's headers. On `stopped`: stops accepting, closes
+/// connections that are idle or have not sent a whole request yet, and returns once every
+/// in-flight response has been sent.
+async fn accept_loop(
+    listener: tokio::net::TcpListener,
+    app: Router,
+    st: Arc<AppState>,
+    stopped: tokio::sync::oneshot::Receiver<()>,
+) -> std::io::Result<()> {
+    use hyper::service::Service;
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    use hyper_util::service::TowerToHyperService;
+    use std::sync::atomic::AtomicBool;
+
+    let max = st.cfg.max_connections.clamp(1, tokio::sync::Semaphore::MAX_PERMITS.min(u32::MAX as usize));
+    let permits = Arc::new(tokio::sync::Semaphore::new(max));
+    let (stopping, _) = tokio::sync::watch::channel(false);
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new()).header_read_timeout(st.cfg.header_read_timeout);
+    let mut stopped = std::pin::pin!(stopped);
+    loop {
+        let permit = tokio::select! {
+            biased;
+            _ = &mut stopped => break,
+            p = permits.clone().acquire_owned() => p.expect("the semaphore is never closed"),
+        };
+        let sock = tokio::select! {
+            biased;
+            _ = &mut stopped => break,
+            r = listener.accept() => match r {
+                Ok((sock, _)) => sock,
+                Err(e) if is_connection_error(&e) => continue,
+                Err(e) => {
+                    // Out of file descriptors, say: wait rather than spin.
+                    tracing::warn!("accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    continue;
+                }
+            },
+        };
+        let _ = sock.set_nodelay(true);
+        // Whether a whole request head has arrived on this connection.
+        let started = Arc::new(AtomicBool::new(false));
+        let svc = {
+            let (router, started) = (TowerToHyperService::new(app.clone()), started.clone());
+            hyper::service::service_fn(move |req| {
+                started.store(true, Relaxed);
+                router.call(req)
+            })
+        };
+        let conn = http.serve_connection(TokioIo::new(sock), svc);
+        let mut stop = stopping.subscribe();
+        let st = st.clone();
+        st.metrics.connections.fetch_add(1, Relaxed);
+        tokio::spawn(async move {
+            let mut conn = std::pin::pin!(conn);
+            let r = tokio::select! {
+                r = conn.as_mut() => r,
+                _ = async { stop.wait_for(|s| *s).await.map(|_| ()) } => {
+                    if started.load(Relaxed) {
+                        // Finish the response in flight (if any), then close.
+                        conn.as_mut().graceful_shutdown();
+                        conn.await
+                    } else {
+                        Ok(())
+                    }
+                }
+            };
+            if let Err(e) = r {
+                tracing::debug!("connection: {e}");
+            }
+            st.metrics.connections.fetch_sub(1, Relaxed);
+            drop(permit);
+        });
+    }
+    drop(listener);
+    let _ = stopping.send(true);
+    // Every connection has ended once all the places are free again.
+    let _ = permits.acquire_many(max as u32).await;
+    Ok(())
 }
 
 fn router(state: Arc<AppState>) -> Router {
@@ -345,7 +458,12 @@ async fn list_models(State(st): State<Arc<AppState>>) -> Response {
     Json(json!({"object": "list", "data": [model_card(&st)]})).into_response()
 }
 
-async fn get_model(State(st): State<Arc<AppState>>, UrlPath(model): UrlPath<String>) -> Response {
+async fn get_model(
+    State(st): State<Arc<AppState>>,
+    model: Result<UrlPath<String>, axum::extract::rejection::PathRejection>,
+) -> Response {
+    // A path that does not decode (invalid UTF-8 in percent escapes) names no model.
+    let Ok(UrlPath(model)) = model else { return ApiError::not_found("no such model").into_response() };
     match st.check_model(Some(&model)) {
         Ok(()) => Json(model_card(&st)).into_response(),
         Err(e) => e.into_response(),
@@ -369,11 +487,21 @@ pub fn run(args: ServeArgs) -> Result<()> {
     if args.max_queued_requests == 0 {
         anyhow::bail!("--max-queued-requests must be positive");
     }
+    if args.max_connections == 0 {
+        anyhow::bail!("--max-connections must be positive");
+    }
+    if args.header_read_timeout_s > 86_400 {
+        anyhow::bail!("--header-read-timeout-s must be at most 86400 (a day), or 0 for no limit");
+    }
     let mut scfg =
         ServerConfig::new(args.served_model_name.clone().unwrap_or_else(|| model_id_for_path(&model_path)), &cfg);
     scfg.api_key = args.api_key.clone().filter(|k| !k.is_empty());
     scfg.max_queued_requests = args.max_queued_requests;
     scfg.max_request_body_bytes = args.max_request_body_bytes;
+    let secs = |s: u64| (s > 0).then(|| Duration::from_secs(s));
+    scfg.request_timeout = secs(args.request_timeout_s);
+    scfg.header_read_timeout = secs(args.header_read_timeout_s);
+    scfg.max_connections = args.max_connections;
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().thread_name("torus-http").build()?;
     rt.block_on(serve(args, cfg, scfg, model_path))
 }

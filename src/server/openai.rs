@@ -15,10 +15,12 @@ use axum::Json;
 use futures_util::stream::{self, BoxStream, SelectAll};
 use futures_util::StreamExt;
 use serde_json::{json, Map, Value};
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::convert::Infallible;
+use std::future::Future;
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Most sequences (prompts x n) one completions request may ask for.
 const MAX_CHOICES: usize = 256;
@@ -29,11 +31,39 @@ const COMPLETIONS_DEFAULT_MAX_TOKENS: usize = 16;
 const DRAIN_CAP: usize = 64 << 20;
 
 pub(crate) async fn chat_completions(State(st): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
-    chat(st, headers, body).await.unwrap_or_else(IntoResponse::into_response)
+    let t0 = Instant::now();
+    let limit = st.cfg.request_timeout;
+    within(&st, t0, limit, chat(st.clone(), headers, body, t0)).await.unwrap_or_else(IntoResponse::into_response)
 }
 
 pub(crate) async fn completions(State(st): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
-    complete(st, headers, body).await.unwrap_or_else(IntoResponse::into_response)
+    let t0 = Instant::now();
+    let limit = st.cfg.request_timeout;
+    within(&st, t0, limit, complete(st.clone(), headers, body, t0)).await.unwrap_or_else(IntoResponse::into_response)
+}
+
+/// A time limit counted from `t0`, and its deadline (None: no limit, or one too far to count).
+fn deadline(t0: Instant, limit: Option<Duration>) -> Option<(Duration, tokio::time::Instant)> {
+    let limit = limit?;
+    Some((limit, t0.checked_add(limit)?.into()))
+}
+
+/// `fut`, or a 408 once `limit` has passed since `t0`. Cutting `fut` off drops what it holds,
+/// so its engine requests are aborted and their KV blocks freed.
+async fn within<T>(
+    st: &AppState,
+    t0: Instant,
+    limit: Option<Duration>,
+    fut: impl Future<Output = Result<T, ApiError>>,
+) -> Result<T, ApiError> {
+    let Some((limit, at)) = deadline(t0, limit) else { return fut.await };
+    match tokio::time::timeout_at(at, fut).await {
+        Ok(r) => r,
+        Err(_) => {
+            st.metrics.timed_out.fetch_add(1, Relaxed);
+            Err(ApiError::timed_out(limit))
+        }
+    }
 }
 
 /// The body as a JSON object: 413 over `limit` bytes, 400 for invalid UTF-8 or JSON.
@@ -84,6 +114,7 @@ fn limits(st: &AppState, e: &EngineHandle) -> Limits {
         default_temperature: st.cfg.default_temperature,
         default_top_p: st.cfg.default_top_p,
         default_top_k: st.cfg.default_top_k,
+        request_timeout: st.cfg.request_timeout,
     }
 }
 
@@ -92,8 +123,7 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> 
     tokio::task::spawn_blocking(f).await.map_err(|e| ApiError::internal(format!("tokenizer task failed: {e}")))
 }
 
-async fn chat(st: Arc<AppState>, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
-    let t0 = Instant::now();
+async fn chat(st: Arc<AppState>, headers: HeaderMap, body: Body, t0: Instant) -> Result<Response, ApiError> {
     let engine = st.engine()?.clone();
     let obj = read_json(&headers, body, st.cfg.max_request_body_bytes).await?;
     let f = Fields(&obj);
@@ -115,7 +145,7 @@ async fn chat(st: Arc<AppState>, headers: HeaderMap, body: Body) -> Result<Respo
     .map_err(|e| ApiError::invalid("messages", format!("{e:#}")))?;
     let max_tokens = check_context(&engine.info, prompt.len(), c.max_tokens, "messages")?;
     let plan = Planned { prompt, choices: (0..c.n).map(|j| c.request_params(j, max_tokens, lp)).collect() };
-    let choices = submit(&st, &engine, vec![plan], t0).await?;
+    let choices = within(&st, t0, c.timeout, submit(&st, &engine, vec![plan], t0)).await?;
     let out = Output {
         id: st.new_id("chatcmpl"),
         created: unix_now(),
@@ -125,12 +155,13 @@ async fn chat(st: Arc<AppState>, headers: HeaderMap, body: Body) -> Result<Respo
         logprobs: lp.is_some(),
         include_usage: c.include_usage,
         echo: vec![],
+        deadline: deadline(t0, c.timeout),
+        st: st.clone(),
     };
-    Ok(if c.stream { out.stream(choices) } else { out.whole(choices).await? })
+    Ok(if c.stream { out.stream(choices) } else { within(&st, t0, c.timeout, out.whole(choices)).await? })
 }
 
-async fn complete(st: Arc<AppState>, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
-    let t0 = Instant::now();
+async fn complete(st: Arc<AppState>, headers: HeaderMap, body: Body, t0: Instant) -> Result<Response, ApiError> {
     let engine = st.engine()?.clone();
     let obj = read_json(&headers, body, st.cfg.max_request_body_bytes).await?;
     let f = Fields(&obj);
@@ -177,7 +208,7 @@ async fn complete(st: Arc<AppState>, headers: HeaderMap, body: Body) -> Result<R
         plans.push(Planned { prompt, choices: (0..c.n).map(|j| c.request_params(j, m, lp)).collect() });
         echoes.push(if echo { text } else { String::new() });
     }
-    let choices = submit(&st, &engine, plans, t0).await?;
+    let choices = within(&st, t0, c.timeout, submit(&st, &engine, plans, t0)).await?;
     let out = Output {
         id: st.new_id("cmpl"),
         created: unix_now(),
@@ -187,8 +218,10 @@ async fn complete(st: Arc<AppState>, headers: HeaderMap, body: Body) -> Result<R
         logprobs: lp.is_some(),
         include_usage: c.include_usage,
         echo: echoes,
+        deadline: deadline(t0, c.timeout),
+        st: st.clone(),
     };
-    Ok(if c.stream { out.stream(choices) } else { out.whole(choices).await? })
+    Ok(if c.stream { out.stream(choices) } else { within(&st, t0, c.timeout, out.whole(choices)).await? })
 }
 
 /// The error a finish reason stands for (None for stop and length).
@@ -264,6 +297,9 @@ struct Output {
     include_usage: bool,
     /// Completions with `echo`: each prompt's text (empty otherwise).
     echo: Vec<String>,
+    /// The request's time limit and when it passes (streams end there).
+    deadline: Option<(Duration, tokio::time::Instant)>,
+    st: Arc<AppState>,
 }
 
 impl Output {
@@ -362,6 +398,7 @@ impl Output {
             merged: stream::select_all(Vec::<BoxStream<'static, (usize, usize, Event)>>::new()),
             usage: vec![],
             offsets: HashMap::new(),
+            open: choices.iter().map(|c| c.index).collect(),
             finished: false,
             out: self,
         };
@@ -389,7 +426,17 @@ impl Output {
                 if s.finished {
                     return None;
                 }
-                match s.merged.next().await {
+                let next = match s.out.deadline {
+                    None => s.merged.next().await,
+                    Some((limit, at)) => match tokio::time::timeout_at(at, s.merged.next()).await {
+                        Ok(next) => next,
+                        Err(_) => {
+                            s.time_out(limit);
+                            continue;
+                        }
+                    },
+                };
+                match next {
                     Some((index, prompt_index, e)) => s.on_event(index, prompt_index, e),
                     None => s.finish(),
                 }
@@ -413,6 +460,8 @@ struct SseState {
     usage: Vec<(usize, usize, Usage)>,
     /// Legacy logprobs: each choice's text offset so far.
     offsets: HashMap<usize, usize>,
+    /// Choices not finished yet.
+    open: BTreeSet<usize>,
     finished: bool,
 }
 
@@ -452,6 +501,7 @@ impl SseState {
                 }
             }
             Event::Done { text, reason, usage } => {
+                self.open.remove(&index);
                 if let Some(err) = error_of(&reason) {
                     self.tail.push_back(sse(&err.body()));
                     self.tail.push_back(Bytes::from_static(b"data: [DONE]\n\n"));
@@ -472,6 +522,23 @@ impl SseState {
                 }
             }
         }
+    }
+
+    /// The time limit passed: every unfinished choice ends with finish reason `abort` (its
+    /// engine request aborted), then an error event (408's body) and `[DONE]`.
+    fn time_out(&mut self, limit: Duration) {
+        self.merged = stream::select_all(Vec::new());
+        for index in std::mem::take(&mut self.open) {
+            if self.out.chat {
+                self.push_choice(json!({"index": index, "delta": {}, "logprobs": null, "finish_reason": "abort"}));
+            } else {
+                self.push_choice(json!({"index": index, "text": "", "logprobs": null, "finish_reason": "abort"}));
+            }
+        }
+        self.out.st.metrics.timed_out.fetch_add(1, Relaxed);
+        self.tail.push_back(sse(&ApiError::timed_out(limit).body()));
+        self.tail.push_back(Bytes::from_static(b"data: [DONE]\n\n"));
+        self.finished = true;
     }
 
     /// Every choice is done: the usage chunk (with include_usage), then `[DONE]`.

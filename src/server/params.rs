@@ -7,11 +7,16 @@ use crate::engine::{RequestParams, StopConditions};
 use crate::sampling::SamplingParams;
 use crate::tokenizer::ChatMessage;
 use serde_json::{Map, Value};
+use std::time::Duration;
 
 /// Most `logit_bias` entries per request.
 pub const MAX_LOGIT_BIAS: usize = crate::model::forward::MAX_LOGIT_BIAS;
 /// Most stop strings per request.
 pub const MAX_STOP: usize = 16;
+/// Longest stop string, in bytes.
+pub const MAX_STOP_BYTES: usize = 1024;
+/// Most `stop_token_ids` per request.
+pub const MAX_STOP_TOKEN_IDS: usize = 64;
 /// Most top logprobs per token (the engine's limit).
 pub const MAX_TOP_LOGPROBS: u32 = crate::gpu::kernels::MAX_TOP_LOGPROBS as u32;
 
@@ -31,6 +36,14 @@ fn type_name(v: &Value) -> &'static str {
 
 fn wrong_type(param: &str, want: &str, got: &Value) -> ApiError {
     ApiError::invalid(param, format!("`{param}` must be {want}, got {}", type_name(got)))
+}
+
+/// The error for a value that is not an integer (or one too large to be meant).
+fn not_an_int(param: &str, v: &Value) -> ApiError {
+    match v {
+        Value::Number(n) => ApiError::invalid(param, format!("`{param}` must be an integer, got {n}")),
+        _ => wrong_type(param, "an integer", v),
+    }
 }
 
 /// An integer from a JSON number (2.0 counts; 2.5 does not).
@@ -71,7 +84,7 @@ impl<'a> Fields<'a> {
     pub fn int(&self, k: &str) -> Result<Option<i64>, ApiError> {
         match self.get(k) {
             None => Ok(None),
-            Some(v) => as_int(v).map(Some).ok_or_else(|| wrong_type(k, "an integer", v)),
+            Some(v) => as_int(v).map(Some).ok_or_else(|| not_an_int(k, v)),
         }
     }
 
@@ -114,6 +127,8 @@ pub struct Limits {
     pub default_temperature: f32,
     pub default_top_p: f32,
     pub default_top_k: u32,
+    /// The server's `request_timeout_s` (None: no limit).
+    pub request_timeout: Option<Duration>,
 }
 
 /// The sampling and stopping fields both endpoints share.
@@ -134,6 +149,9 @@ pub struct Common {
     pub stop: Vec<String>,
     pub stop_token_ids: Vec<u32>,
     pub ignore_eos: bool,
+    /// The request's time limit: its own `request_timeout_s` (at most the server's), or the
+    /// server's.
+    pub timeout: Option<Duration>,
 }
 
 impl Common {
@@ -172,7 +190,16 @@ impl Common {
                 k as u32
             }
         });
-        let seed = f.int("seed")?.map(|s| s as u64);
+        // Any 64-bit integer, signed or not (a negative seed wraps).
+        let seed = match f.get("seed") {
+            None => None,
+            Some(v @ Value::Number(n)) => Some(
+                n.as_u64()
+                    .or_else(|| as_int(v).map(|s| s as u64))
+                    .ok_or_else(|| ApiError::invalid("seed", format!("`seed` must be a 64-bit integer, got {n}")))?,
+            ),
+            Some(v) => return Err(wrong_type("seed", "an integer", v)),
+        };
         let frequency_penalty = f.float_in("frequency_penalty", -2.0, 2.0, false)?.unwrap_or(0.0);
         let presence_penalty = f.float_in("presence_penalty", -2.0, 2.0, false)?.unwrap_or(0.0);
         let repetition_penalty = f.float_in("repetition_penalty", 0.0, 10.0, true)?.unwrap_or(1.0);
@@ -180,6 +207,12 @@ impl Common {
         let stop = parse_stop(f.get("stop"))?;
         let stop_token_ids = match f.get("stop_token_ids") {
             None => vec![],
+            Some(Value::Array(a)) if a.len() > MAX_STOP_TOKEN_IDS => {
+                return Err(ApiError::invalid(
+                    "stop_token_ids",
+                    format!("`stop_token_ids` may hold at most {MAX_STOP_TOKEN_IDS} token ids, got {}", a.len()),
+                ))
+            }
             Some(v) => token_ids(v, "stop_token_ids", lim.vocab)?,
         };
         let ignore_eos = f.bool("ignore_eos")?.unwrap_or(false);
@@ -191,6 +224,29 @@ impl Common {
                 "`cache_salt` must be a non-empty string of at most 1024 bytes",
             ));
         }
+        let timeout = match f.number("request_timeout_s")? {
+            None => lim.request_timeout,
+            Some(x) => {
+                let d = Duration::try_from_secs_f64(x).ok().filter(|d| !d.is_zero()).ok_or_else(|| {
+                    ApiError::invalid(
+                        "request_timeout_s",
+                        format!("`request_timeout_s` must be a positive number of seconds, got {x}"),
+                    )
+                })?;
+                match lim.request_timeout {
+                    Some(max) if d > max => {
+                        return Err(ApiError::invalid(
+                            "request_timeout_s",
+                            format!(
+                                "`request_timeout_s` may be at most the server's limit of {} s, got {x}",
+                                max.as_secs_f64()
+                            ),
+                        ))
+                    }
+                    _ => Some(d),
+                }
+            }
+        };
         if let Some(tools) = f.get("tools") {
             if tools.as_array().is_none_or(|a| !a.is_empty()) {
                 return Err(ApiError::invalid("tools", "tool calling is not supported by this server"));
@@ -220,6 +276,7 @@ impl Common {
             stop_token_ids,
             ignore_eos,
             cache_salt,
+            timeout,
         })
     }
 
@@ -286,12 +343,19 @@ fn parse_stop(v: Option<&Value>) -> Result<Vec<String>, ApiError> {
         Some(v) => return Err(wrong_type("stop", "a string or an array of strings", v)),
     };
     if list.len() > MAX_STOP {
-        return Err(ApiError::invalid("stop", format!("`stop` may hold at most {MAX_STOP} strings")));
+        return Err(ApiError::invalid(
+            "stop",
+            format!("`stop` may hold at most {MAX_STOP} strings, got {}", list.len()),
+        ));
     }
     list.into_iter()
         .map(|s| match s {
-            Value::String(s) if !s.is_empty() => Ok(s.clone()),
-            Value::String(_) => Err(ApiError::invalid("stop", "`stop` strings must not be empty")),
+            Value::String(s) if s.is_empty() => Err(ApiError::invalid("stop", "`stop` strings must not be empty")),
+            Value::String(s) if s.len() > MAX_STOP_BYTES => Err(ApiError::invalid(
+                "stop",
+                format!("`stop` strings may be at most {MAX_STOP_BYTES} bytes long, got one of {} bytes", s.len()),
+            )),
+            Value::String(s) => Ok(s.clone()),
             v => Err(wrong_type("stop", "a string or an array of strings", v)),
         })
         .collect()
@@ -410,7 +474,14 @@ mod tests {
     use serde_json::json;
 
     fn lim() -> Limits {
-        Limits { vocab: 100, max_n: 4, default_temperature: 0.5, default_top_p: 0.9, default_top_k: 7 }
+        Limits {
+            vocab: 100,
+            max_n: 4,
+            default_temperature: 0.5,
+            default_top_p: 0.9,
+            default_top_k: 7,
+            request_timeout: Some(Duration::from_secs(10)),
+        }
     }
 
     fn common(v: Value) -> Result<Common, ApiError> {
@@ -453,11 +524,48 @@ mod tests {
             (json!({"cache_salt": 5}), "cache_salt"),
             (json!({"cache_salt": ""}), "cache_salt"),
             (json!({"cache_salt": "x".repeat(1025)}), "cache_salt"),
+            (json!({"stop": vec!["a"; MAX_STOP + 1]}), "stop"),
+            (json!({"stop": "x".repeat(MAX_STOP_BYTES + 1)}), "stop"),
+            (json!({"stop": ["ok", "é".repeat(MAX_STOP_BYTES / 2 + 1)]}), "stop"),
+            (json!({"stop_token_ids": vec![1; MAX_STOP_TOKEN_IDS + 1]}), "stop_token_ids"),
+            (json!({"stop_token_ids": [100]}), "stop_token_ids"),
+            (json!({"stop_token_ids": 3}), "stop_token_ids"),
+            (json!({"n": 1e20}), "n"),
+            (json!({"max_tokens": -1e300}), "max_tokens"),
+            (json!({"seed": 1.5}), "seed"),
+            (json!({"seed": 1e20}), "seed"),
+            (json!({"seed": [1]}), "seed"),
+            (json!({"top_k": 1e19}), "top_k"),
+            (json!({"request_timeout_s": 0}), "request_timeout_s"),
+            (json!({"request_timeout_s": -1}), "request_timeout_s"),
+            (json!({"request_timeout_s": 11}), "request_timeout_s"),
+            (json!({"request_timeout_s": 1e300}), "request_timeout_s"),
+            (json!({"request_timeout_s": "5"}), "request_timeout_s"),
         ] {
             let e = common(body.clone()).unwrap_err();
             assert_eq!(e.param.as_deref(), Some(param), "{body}: {e}");
             assert_eq!(e.status, 400);
         }
+    }
+
+    #[test]
+    fn limits_accept_their_bounds() {
+        let c = common(json!({
+            "stop": vec!["s".repeat(MAX_STOP_BYTES); MAX_STOP],
+            "stop_token_ids": vec![99; MAX_STOP_TOKEN_IDS],
+            "seed": u64::MAX,
+            "request_timeout_s": 0.25,
+        }))
+        .unwrap();
+        assert_eq!((c.stop.len(), c.stop_token_ids.len()), (MAX_STOP, MAX_STOP_TOKEN_IDS));
+        assert_eq!(c.sampling.seed, Some(u64::MAX));
+        assert_eq!(c.timeout, Some(Duration::from_millis(250)));
+        assert_eq!(common(json!({"seed": -1})).unwrap().sampling.seed, Some(u64::MAX));
+        assert_eq!(common(json!({})).unwrap().timeout, Some(Duration::from_secs(10)));
+        let unlimited = Limits { request_timeout: None, ..lim() };
+        let f = json!({"request_timeout_s": 1e6});
+        let c = Common::parse(&Fields(f.as_object().unwrap()), &unlimited, &["max_tokens"]).unwrap();
+        assert_eq!(c.timeout, Some(Duration::from_secs(1_000_000)));
     }
 
     #[test]
