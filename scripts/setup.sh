@@ -13,6 +13,13 @@ if ! dpkg -s mesa-vulkan-drivers >/dev/null 2>&1; then
     echo "note: install a Vulkan driver (or Mesa's lavapipe) for your system" >&2
   fi
 fi
+# A C compiler: the linker rustc calls, and `ring` (TLS for pipeline workers) builds C and assembly.
+if ! command -v cc >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO=sudo
+  $SUDO apt-get update
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y gcc libc6-dev
+fi
 ./scripts/fetch-model.sh all
 # The official OpenAI Python client, used by the end-to-end server test.
 python3 -c 'import openai' 2>/dev/null || python3 -m pip install --quiet openai
