@@ -42,8 +42,28 @@ impl Rng {
 }
 
 const WORDS: &[&str] = &[
-    "the", "cache", "river", "GPU", "kernel", "why", "seven", "blue", "tell", "me", "about", "a", "story", "of",
-    "paged", "attention", "and", "bread", "42", "é", "日本", "🙂",
+    "the",
+    "cache",
+    "river",
+    "GPU",
+    "kernel",
+    "why",
+    "seven",
+    "blue",
+    "tell",
+    "me",
+    "about",
+    "a",
+    "story",
+    "of",
+    "paged",
+    "attention",
+    "and",
+    "bread",
+    "42",
+    "é",
+    "日本",
+    "🙂",
 ];
 const STOPS: &[&str] = &["e", "the", " a", "\n", ".", "an", "ing", "🙂", "xyz"];
 
@@ -63,11 +83,7 @@ fn job(r: &mut Rng) -> Job {
     let words = 1 + r.below(40) as usize;
     let text: Vec<&str> = (0..words).map(|_| WORDS[r.below(WORDS.len() as u64) as usize]).collect();
     let text = text.join(" ");
-    let mut b = if chat {
-        json!({"messages": [{"role": "user", "content": text}]})
-    } else {
-        json!({"prompt": text})
-    };
+    let mut b = if chat { json!({"messages": [{"role": "user", "content": text}]}) } else { json!({"prompt": text}) };
     b["n"] = json!(n);
     b["max_tokens"] = json!(1 + r.below(if disconnect { 64 } else { 24 }));
     b["stream"] = json!(stream);
@@ -191,7 +207,9 @@ fn rss_kib(pid: u32) -> u64 {
 
 fn gauge(metrics: &str, name: &str) -> u64 {
     let line = metrics.lines().find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '));
-    line.and_then(|l| l.split_whitespace().nth(1)).and_then(|v| v.parse::<f64>().ok()).map(|v| v as u64)
+    line.and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse::<f64>().ok())
+        .map(|v| v as u64)
         .unwrap_or_else(|| panic!("{name} missing from /metrics"))
 }
 
@@ -206,7 +224,8 @@ async fn soak_random_requests_at_concurrency_32() {
     cmd.args(["serve", "--port", "0", "--max-decode-batch-size", "32", "--max-sequence-length", "512"])
         .args(["--total-cache-size", &(64u64 << 20).to_string(), "--model"])
         .arg(&model);
-    let (mut child, log, lines) = spawn_until_ready(&mut cmd, "soak-server", "listening on http://", Duration::from_secs(60));
+    let (mut child, log, lines) =
+        spawn_until_ready(&mut cmd, "soak-server", "listening on http://", Duration::from_secs(60));
     // Keep draining the server's log so it never blocks on a full pipe.
     std::thread::spawn(move || for _ in lines {});
     let line = log.last().unwrap();

@@ -10,9 +10,9 @@
 
 use super::metrics::EngineMetrics;
 use super::request::{Event, FinishReason, Request, RequestParams, Usage};
+use crate::gpu::GpuFault;
 use crate::kv::{root_key, BlockId, BlockKey, BlockManager};
 use crate::model::forward::{Adjust, SampleParams, Sampled, StepInput};
-use crate::gpu::GpuFault;
 use crate::pipeline::{Executor, Fault, StageFailure, StepResult};
 use crate::sampling::Rng;
 use crate::tokenizer::{IncrementalDecoder, Tokenizer};
@@ -273,7 +273,11 @@ impl EngineCore {
                 };
                 if let Some(msg) = refuse {
                     self.metrics.requests_failed.fetch_add(1, Relaxed);
-                    let _ = out.send(Event::Done { text: String::new(), reason: FinishReason::Error(msg), usage: Usage::default() });
+                    let _ = out.send(Event::Done {
+                        text: String::new(),
+                        reason: FinishReason::Error(msg),
+                        usage: Usage::default(),
+                    });
                     return true;
                 }
                 let prompt_len = req.prompt.len();

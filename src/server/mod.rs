@@ -147,8 +147,10 @@ pub(crate) fn unix_now() -> u64 {
 impl AppState {
     /// The engine, or 503 while the model loads or once the engine cannot serve.
     pub fn engine(&self) -> Result<&EngineHandle, ApiError> {
-        let e = self.engine.get().ok_or_else(|| ApiError::unavailable("the model is still loading", "model_loading"))?;
-        e.health().map_err(|why| ApiError::unavailable(format!("the engine cannot serve: {why}"), "engine_unavailable"))?;
+        let e =
+            self.engine.get().ok_or_else(|| ApiError::unavailable("the model is still loading", "model_loading"))?;
+        e.health()
+            .map_err(|why| ApiError::unavailable(format!("the engine cannot serve: {why}"), "engine_unavailable"))?;
         Ok(e)
     }
 

@@ -239,7 +239,9 @@ fn error_of(reason: &FinishReason) -> Option<ApiError> {
             Some(ApiError::unavailable(m.clone(), "stage_unavailable"))
         }
         // The device is gone (engine::core): /health says 503 too, until a restart.
-        FinishReason::Error(m) if m.starts_with("the engine cannot serve") || m.starts_with("the GPU device was lost") => {
+        FinishReason::Error(m)
+            if m.starts_with("the engine cannot serve") || m.starts_with("the GPU device was lost") =>
+        {
             Some(ApiError::unavailable(m.clone(), "engine_unavailable"))
         }
         FinishReason::Error(m) => Some(ApiError::internal(m.clone())),
