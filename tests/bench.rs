@@ -134,10 +134,8 @@ async fn read_request(s: &mut TcpStream) -> bool {
     loop {
         if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
             let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
-            let len: usize = head
-                .lines()
-                .find_map(|l| l.strip_prefix("content-length:"))
-                .map_or(0, |v| v.trim().parse().unwrap());
+            let len: usize =
+                head.lines().find_map(|l| l.strip_prefix("content-length:")).map_or(0, |v| v.trim().parse().unwrap());
             if buf.len() >= end + 4 + len {
                 return true;
             }
@@ -244,7 +242,9 @@ async fn closed_keep_alive_connections_are_retried_on_a_fresh_one() {
         assert_eq!(v["records"][0]["retries"], report.records[0].retries);
         let table = format_table(&report);
         assert!(
-            table.lines().any(|l| l.starts_with("Retries on a fresh connection:") && l.ends_with(&s.retries.to_string())),
+            table
+                .lines()
+                .any(|l| l.starts_with("Retries on a fresh connection:") && l.ends_with(&s.retries.to_string())),
             "{table}"
         );
     }
@@ -258,7 +258,11 @@ async fn failures_after_a_response_began_are_not_retried() {
     let report = run_bench(&conn_args(base)).await.unwrap();
     assert_eq!((report.summary.completed, report.summary.failed, report.summary.retries), (0, 32, 0));
     assert_eq!(seen.load(SeqCst), 32);
-    assert!(report.records.iter().all(|r| r.error.as_deref().unwrap().contains("stream broke")), "{:?}", report.records[0]);
+    assert!(
+        report.records.iter().all(|r| r.error.as_deref().unwrap().contains("stream broke")),
+        "{:?}",
+        report.records[0]
+    );
 
     let (base, seen) = test_server(Conn::NeverAnswer).await;
     let mut a = conn_args(base);
