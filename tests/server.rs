@@ -444,6 +444,36 @@ async fn stop_strings_end_the_text() {
     srv.wait_idle().await;
 }
 
+/// min_p = 1 keeps only the most likely token: sampling at temperature 1 is greedy (chat and
+/// completions), while min_p = 0 at temperature 1 is not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn min_p_one_samples_greedily() {
+    let srv = serve_tiny().await;
+    let chat = ("/v1/chat/completions", "messages", user("Tell me a story"));
+    let comp = ("/v1/completions", "prompt", json!("Once upon a time"));
+    for (path, key, prompt) in [chat, comp] {
+        let text = |v: &Value| match key {
+            "messages" => content(v, 0),
+            _ => v["choices"][0]["text"].as_str().unwrap().to_string(),
+        };
+        let mut greedy = json!({"max_tokens": 16, "temperature": 0, "ignore_eos": true});
+        greedy[key] = prompt;
+        let want = text(&srv.ok(path, &greedy).await);
+        let mut sampled = greedy.clone();
+        sampled["temperature"] = json!(1.0);
+        let mut differs = false;
+        for seed in [1, 2, 3] {
+            sampled["seed"] = json!(seed);
+            sampled["min_p"] = json!(1.0);
+            assert_eq!(text(&srv.ok(path, &sampled).await), want, "{path} seed {seed}: min_p 1 is not greedy");
+            sampled["min_p"] = json!(0.0);
+            differs |= text(&srv.ok(path, &sampled).await) != want;
+        }
+        assert!(differs, "{path}: temperature 1 without min_p was greedy for three seeds");
+    }
+    srv.wait_idle().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn seeds_reproduce_sampling() {
     let srv = serve_tiny().await;
@@ -567,6 +597,9 @@ async fn bad_requests_get_openai_errors() {
         (chat, json!({"messages": m(), "temperature": "hot"}), Some("temperature")),
         (chat, json!({"messages": m(), "top_p": 0}), Some("top_p")),
         (chat, json!({"messages": m(), "top_p": 1.5}), Some("top_p")),
+        (chat, json!({"messages": m(), "min_p": -0.1}), Some("min_p")),
+        (chat, json!({"messages": m(), "min_p": 1.01}), Some("min_p")),
+        (comp, json!({"prompt": "x", "min_p": "0.1"}), Some("min_p")),
         (chat, json!({"messages": m(), "n": 0}), Some("n")),
         (chat, json!({"messages": m(), "n": 17}), Some("n")),
         (chat, json!({"messages": m(), "n": 1.5}), Some("n")),
