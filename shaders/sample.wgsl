@@ -1,10 +1,13 @@
 // Sampling, one workgroup per logits row. Per-row parameters live in md at
 // off_params + PARAMS_STRIDE * r: temperature (f32 bits), top_p (f32 bits), top_k (u32), u (f32
 // bits, a uniform draw in [0, 1) made on the host from the request's seeded generator), three
-// penalty words (used by logit_adjust.wgsl), n_top (top log-probabilities wanted, <= MAX_TOP).
+// penalty words (used by logit_adjust.wgsl), n_top (top log-probabilities wanted, <= MAX_TOP),
+// two adjustment words (logit_adjust.wgsl), min_p (f32 bits; word 10).
 // temperature <= 0 is greedy (argmax, lowest id on ties). Otherwise the candidates are the
-// top_k largest logits (0 = all), then the smallest top set whose probability reaches top_p;
-// thresholds are found by bisection on the logit value, so no sort is needed.
+// top_k largest logits (0 = all) whose probability at this temperature is at least min_p times
+// the largest (0 = off; the logit threshold max + temperature * ln(min_p)), then the smallest top
+// set of those whose probability reaches top_p; thresholds are found by bisection on the logit
+// value, so no sort is needed.
 // Writes per row, RESULT_STRIDE words: token id, its log-probability (log-softmax of the row's
 // logits after penalties and bias, before temperature and filtering), then n_top (id, logprob)
 // pairs of the most likely tokens, most likely first (ties: lower id first).
@@ -101,6 +104,7 @@ fn main(
     let top_p = bitcast<f32>(md[pb + 1u]);
     let top_k = md[pb + 2u];
     let u = bitcast<f32>(md[pb + 3u]);
+    let min_p = bitcast<f32>(md[pb + 10u]);
     let n_top = min(md[pb + 7u], MAX_TOP);
 
     let chunk = (p.vocab + WG - 1u) / WG;
@@ -135,7 +139,7 @@ fn main(
     if (temperature <= 0.0) {
         picked = gargmax;
     } else {
-        draw(lid, base, lo, hi, gmin, gmax, gargmax, temperature, top_p, top_k, u);
+        draw(lid, base, lo, hi, gmin, gmax, gargmax, temperature, top_p, top_k, min_p, u);
     }
     workgroupBarrier();
     let pick = picked;
@@ -170,9 +174,9 @@ fn main(
     }
 }
 
-// Temperature / top-k / top-p draw; leaves the chosen id in `picked` (set by one thread).
+// Temperature / top-k / min-p / top-p draw; leaves the chosen id in `picked` (set by one thread).
 fn draw(lid: u32, base: u32, lo: u32, hi: u32, gmin: f32, gmax: f32, gargmax: u32, temperature: f32,
-        top_p: f32, top_k: u32, u: f32) {
+        top_p: f32, top_k: u32, min_p: f32, u: f32) {
     let inv_t = 1.0 / temperature;
 
     // Top-k: the largest threshold with at least k logits at or above it.
@@ -193,6 +197,11 @@ fn draw(lid: u32, base: u32, lo: u32, hi: u32, gmin: f32, gmax: f32, gargmax: u3
             }
         }
         thr = a;
+    }
+
+    // Min-p: exp((v - gmax) / T) >= min_p  <=>  v >= gmax + T ln(min_p). The argmax always stays.
+    if (min_p > 0.0) {
+        thr = max(thr, gmax + temperature * log(min(min_p, 1.0)));
     }
 
     // Top-p: the largest threshold whose kept probability mass reaches top_p.

@@ -36,6 +36,9 @@ enum Cmd {
         top_p: Option<f32>,
         #[arg(long)]
         top_k: Option<u32>,
+        /// Drop tokens less likely than min_p times the most likely one (0 = off).
+        #[arg(long, default_value_t = 0.0)]
+        min_p: f32,
         #[arg(long)]
         seed: Option<u64>,
         /// Keep going past end-of-sequence tokens (benchmarks).
@@ -229,7 +232,7 @@ fn run() -> Result<()> {
             let cfg = engine.resolve()?;
             torus_wgpu::pipeline::remote::run_worker(&cfg, &listen, insecure)?;
         }
-        Cmd::Generate { engine, prompt, chat, max_tokens, temperature, top_p, top_k, seed, ignore_eos } => {
+        Cmd::Generate { engine, prompt, chat, max_tokens, temperature, top_p, top_k, min_p, seed, ignore_eos } => {
             let cfg = engine.resolve()?;
             let (exec, tok) = load_configured(&cfg)?;
             let torus_wgpu::pipeline::Executor::Single { mut model, .. } = exec else {
@@ -241,6 +244,7 @@ fn run() -> Result<()> {
                 temperature: temperature.unwrap_or(cfg.temperature),
                 top_p: top_p.unwrap_or(cfg.top_p),
                 top_k: top_k.unwrap_or(cfg.top_k),
+                min_p,
                 seed,
             };
             let mut dec = IncrementalDecoder::new(true);

@@ -1,7 +1,14 @@
-//! The benchmark client: metric math on synthetic timelines with known answers, and goodput/SLO
-//! parsing. (The end-to-end run against a live server is in tests/server_bench.rs.)
+//! The benchmark client: metric math on synthetic timelines with known answers, goodput/SLO
+//! parsing, and connection handling against tiny raw-TCP servers that close connections (resends
+//! on a fresh connection before any response byte, never after). (The end-to-end run against a
+//! live torus-wgpu server is in tests/server_bench.rs.)
 
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::sync::Arc;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
 use torus_wgpu::bench::metrics::{percentile, summarize, RequestRecord, Slo, Stats};
+use torus_wgpu::bench::{format_table, run_bench, BenchArgs, Endpoint, SEND_ATTEMPTS};
 
 fn rec(send: f64, chunks: &[f64], end: f64, out: usize) -> RequestRecord {
     RequestRecord {
@@ -12,6 +19,7 @@ fn rec(send: f64, chunks: &[f64], end: f64, out: usize) -> RequestRecord {
         output_tokens: out,
         success: true,
         error: None,
+        retries: 0,
     }
 }
 
@@ -91,4 +99,179 @@ fn slo_parsing_rejects_bad_items() {
     assert!(Slo::parse(&["ttft:-1".into()]).is_err());
     let s = Slo::parse(&["ttft:1 tpot:2".into(), "e2el:3".into()]).unwrap();
     assert_eq!((s.ttft_ms, s.tpot_ms, s.e2el_ms), (Some(1.0), Some(2.0), Some(3.0)));
+}
+
+/// What the test server does with each connection.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Conn {
+    /// Answers one request, then closes the socket at once (no `connection: close` header).
+    CloseAfterResponse,
+    /// Answers one request and keeps the socket until the next request arrives on it, then
+    /// closes it unanswered: the client's pooled connection is dead when it reuses it, always.
+    CloseOnSecondRequest,
+    /// Sends the response head and the first event, then closes mid-response.
+    CloseMidResponse,
+    /// Reads each request and closes without a byte of response.
+    NeverAnswer,
+}
+
+/// One streamed chat completion: two text chunks, usage, [DONE].
+fn sse_body() -> String {
+    let events = [
+        r#"{"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}"#,
+        r#"{"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"Hello"}}]}"#,
+        r#"{"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":" world"},"finish_reason":"length"}]}"#,
+        r#"{"id":"c","object":"chat.completion.chunk","choices":[],"usage":{"prompt_tokens":4,"completion_tokens":2,"total_tokens":6}}"#,
+        "[DONE]",
+    ];
+    events.iter().map(|e| format!("data: {e}\n\n")).collect()
+}
+
+/// Reads one HTTP/1.1 request (head and content-length body); false at end of stream.
+async fn read_request(s: &mut TcpStream) -> bool {
+    let mut buf = Vec::new();
+    let mut tmp = [0u8; 4096];
+    loop {
+        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+            let len: usize =
+                head.lines().find_map(|l| l.strip_prefix("content-length:")).map_or(0, |v| v.trim().parse().unwrap());
+            if buf.len() >= end + 4 + len {
+                return true;
+            }
+        }
+        match s.read(&mut tmp).await {
+            Ok(0) | Err(_) => return false,
+            Ok(n) => buf.extend_from_slice(&tmp[..n]),
+        }
+    }
+}
+
+/// A server on 127.0.0.1 behaving as `mode`; returns its address and the count of requests it
+/// read.
+async fn test_server(mode: Conn) -> (String, Arc<AtomicUsize>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let seen = Arc::new(AtomicUsize::new(0));
+    let seen2 = seen.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut s, _)) = listener.accept().await else { return };
+            let seen = seen2.clone();
+            tokio::spawn(async move {
+                if !read_request(&mut s).await {
+                    return;
+                }
+                seen.fetch_add(1, SeqCst);
+                let body = sse_body();
+                let head = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: {}\r\nconnection: keep-alive\r\n\r\n",
+                    body.len()
+                );
+                match mode {
+                    Conn::NeverAnswer => return,
+                    Conn::CloseMidResponse => {
+                        let first = body.find("\n\n").unwrap() + 2;
+                        let _ = s.write_all(format!("{head}{}", &body[..first]).as_bytes()).await;
+                        let _ = s.flush().await;
+                        return;
+                    }
+                    Conn::CloseAfterResponse | Conn::CloseOnSecondRequest => {
+                        let _ = s.write_all(format!("{head}{body}").as_bytes()).await;
+                        let _ = s.flush().await;
+                    }
+                }
+                if mode == Conn::CloseOnSecondRequest && read_request(&mut s).await {
+                    seen.fetch_add(1, SeqCst);
+                }
+                // Dropping the socket closes it.
+            });
+        }
+    });
+    (format!("http://{addr}"), seen)
+}
+
+fn conn_args(base_url: String) -> BenchArgs {
+    BenchArgs {
+        base_url,
+        model: Some("m".into()),
+        endpoint: Endpoint::Chat,
+        num_prompts: 32,
+        concurrency: Some(1),
+        request_rate: None,
+        input_len: 4,
+        output_len: 2,
+        dataset: None,
+        ignore_eos: true,
+        seed: 1,
+        temperature: 0.0,
+        goodput: vec![],
+        json_out: None,
+        tokenizer: None,
+        api_key: None,
+        timeout: 30.0,
+        quiet: true,
+    }
+}
+
+/// A server that closes every connection after one response: no request fails; requests that
+/// found their pooled connection dead are resent on a fresh one and counted as retries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closed_keep_alive_connections_are_retried_on_a_fresh_one() {
+    for mode in [Conn::CloseOnSecondRequest, Conn::CloseAfterResponse] {
+        let (base, seen) = test_server(mode).await;
+        let report = run_bench(&conn_args(base)).await.unwrap();
+        let s = &report.summary;
+        assert_eq!((s.completed, s.failed), (32, 0), "{mode:?}: {:?}", report.records.iter().find(|r| !r.success));
+        assert!(report.records.iter().all(|r| r.output_tokens == 2 && r.chunks.len() == 2), "{mode:?}");
+        assert_eq!(s.retries, report.records.iter().map(|r| r.retries).sum::<usize>());
+        if mode == Conn::CloseAfterResponse {
+            // Attempts on a dead connection never reach the server: it answers each request once
+            // (whether the client ever reuses a dead connection here is a race).
+            assert_eq!(seen.load(SeqCst), 32, "{mode:?}");
+        } else {
+            // The server reads each failed attempt (then closes): requests plus counted resends.
+            assert_eq!(seen.load(SeqCst), 32 + s.retries, "{mode:?}");
+            // Every reuse of a pooled connection meets a dead one: about every other request.
+            assert!(s.retries >= 8, "{mode:?}: {} retries", s.retries);
+            assert!(report.records.iter().all(|r| r.retries <= 1), "one fresh connection is enough");
+        }
+        // The count is in the JSON document and in the text report.
+        let v = serde_json::to_value(&report).unwrap();
+        assert_eq!(v["summary"]["retries"], s.retries);
+        assert_eq!(v["records"][0]["retries"], report.records[0].retries);
+        let table = format_table(&report);
+        assert!(
+            table
+                .lines()
+                .any(|l| l.starts_with("Retries on a fresh connection:") && l.ends_with(&s.retries.to_string())),
+            "{table}"
+        );
+    }
+}
+
+/// A connection that closes after the response began is a failure of the server, never resent;
+/// one that never answers is resent a bounded number of times and then fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failures_after_a_response_began_are_not_retried() {
+    let (base, seen) = test_server(Conn::CloseMidResponse).await;
+    let report = run_bench(&conn_args(base)).await.unwrap();
+    assert_eq!((report.summary.completed, report.summary.failed, report.summary.retries), (0, 32, 0));
+    assert_eq!(seen.load(SeqCst), 32);
+    assert!(
+        report.records.iter().all(|r| r.error.as_deref().unwrap().contains("stream broke")),
+        "{:?}",
+        report.records[0]
+    );
+
+    let (base, seen) = test_server(Conn::NeverAnswer).await;
+    let mut a = conn_args(base);
+    a.num_prompts = 4;
+    let report = run_bench(&a).await.unwrap();
+    assert_eq!((report.summary.completed, report.summary.failed), (0, 4));
+    assert!(report.records.iter().all(|r| r.retries == SEND_ATTEMPTS - 1), "{:?}", report.records);
+    assert_eq!(report.summary.retries, 4 * (SEND_ATTEMPTS - 1));
+    assert_eq!(seen.load(SeqCst), 4 * SEND_ATTEMPTS);
+    let e = report.records[0].error.as_deref().unwrap();
+    assert!(e.contains(&format!("{SEND_ATTEMPTS} attempts")), "{e}");
 }

@@ -238,7 +238,7 @@ fn seeded_sampling_is_reproducible_in_a_busy_batch() {
     let seeded = |seed| Request {
         prompt: prompt.clone(),
         params: RequestParams {
-            sampling: SamplingParams { temperature: 0.9, top_p: 0.95, top_k: 50, seed: Some(seed) },
+            sampling: SamplingParams { temperature: 0.9, top_p: 0.95, top_k: 50, min_p: 0.0, seed: Some(seed) },
             stop: StopConditions { max_tokens: Some(24), ignore_eos: true, ..Default::default() },
             ..Default::default()
         },

@@ -382,7 +382,7 @@ async fn send(srv: &Server, c: &Case) -> Result<u16, TestCaseError> {
         )?;
     } else if sse {
         check(text.ends_with("data: [DONE]\n\n"), || format!("{}: stream without [DONE]: {text}", what()))?;
-        for ev in text.split("\n\n").filter(|e| !e.is_empty() && *e != "data: [DONE]") {
+        for ev in text.split("\n\n").filter(|e| !e.is_empty() && *e != "data: [DONE]" && !e.starts_with(':')) {
             let data = ev.strip_prefix("data: ").unwrap_or(ev);
             let v: Value = serde_json::from_str(data)
                 .map_err(|e| TestCaseError::fail(format!("{}: bad event {ev:?}: {e}", what())))?;

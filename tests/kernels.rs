@@ -514,7 +514,7 @@ fn greedy_sampling_picks_lowest_argmax_with_logprob() {
 
 /// Inverse-CDF sampling: sweeping u over a fine grid must reproduce the filtered distribution.
 #[test]
-fn temperature_top_k_top_p_follow_the_distribution() {
+fn temperature_top_k_min_p_top_p_follow_the_distribution() {
     let h = harness();
     let vocab = 300;
     let mut rng = Rng::new(7);
@@ -522,14 +522,31 @@ fn temperature_top_k_top_p_follow_the_distribution() {
     let mut order: Vec<usize> = (0..vocab).collect();
     order.sort_by(|&a, &b| logits[b].partial_cmp(&logits[a]).unwrap());
     let grid = 2000;
-    for &(temp, top_k, top_p) in &[(1.0f32, 0u32, 1.0f32), (0.7, 10, 1.0), (1.3, 0, 0.8), (1.0, 20, 0.5)] {
-        // Expected distribution: softmax(l / T) over the top_k, then the smallest top set whose
+    for &(temp, top_k, top_p, min_p) in &[
+        (1.0f32, 0u32, 1.0f32, 0.0f32),
+        (0.7, 10, 1.0, 0.0),
+        (1.3, 0, 0.8, 0.0),
+        (1.0, 20, 0.5, 0.0),
+        (1.0, 0, 1.0, 0.05),
+        (0.6, 0, 1.0, 0.2),
+        (1.5, 0, 0.9, 0.1),
+        (0.3, 5, 1.0, 0.8),
+        (2.0, 30, 0.7, 0.8),
+    ] {
+        // Expected distribution (vLLM's order): softmax(l / T) over the top_k, without tokens
+        // whose probability is below min_p times the largest, then the smallest top set whose
         // mass reaches top_p, renormalised.
         let mut keep: Vec<usize> = order.clone();
         if top_k > 0 {
             keep.truncate(top_k as usize);
         }
-        let w: Vec<f64> = keep.iter().map(|&i| ((logits[i] - logits[order[0]]) as f64 / temp as f64).exp()).collect();
+        let w_of = |i: usize| ((logits[i] - logits[order[0]]) as f64 / temp as f64).exp();
+        if min_p > 0.0 {
+            let before = keep.len();
+            keep.retain(|&i| w_of(i) >= min_p as f64);
+            assert!(keep.len() < before, "min_p {min_p} at T={temp} cuts nothing: a useless case");
+        }
+        let w: Vec<f64> = keep.iter().map(|&i| w_of(i)).collect();
         let z: f64 = w.iter().sum();
         let mut n_keep = keep.len();
         if top_p < 1.0 {
@@ -548,6 +565,7 @@ fn temperature_top_k_top_p_follow_the_distribution() {
                 temperature: temp,
                 top_p,
                 top_k,
+                min_p,
                 u: (i as f32 + 0.5) / grid as f32,
                 ..Default::default()
             })
@@ -560,16 +578,65 @@ fn temperature_top_k_top_p_follow_the_distribution() {
             counts[id as usize] += 1;
             assert!((lp as f64 - log_softmax(&logits)[id as usize]).abs() < 1e-4);
         }
+        let what = format!("T={temp} k={top_k} p={top_p} min_p={min_p}");
         for (j, &i) in keep.iter().enumerate() {
             let p = if j < n_keep { w[j] / zk } else { 0.0 };
             let f = counts[i] as f64 / grid as f64;
-            assert!(
-                (f - p).abs() <= 1.5 / grid as f64 + 1e-3,
-                "T={temp} k={top_k} p={top_p}: id {i} freq {f} want {p}"
-            );
+            assert!((f - p).abs() <= 1.5 / grid as f64 + 1e-3, "{what}: id {i} freq {f} want {p}");
         }
-        let outside: usize = order[keep.len().min(n_keep)..].iter().map(|&i| counts[i]).sum();
-        assert_eq!(outside, 0, "T={temp} k={top_k} p={top_p}: sampled outside the candidate set");
+        let candidates = &keep[..n_keep];
+        let outside: usize = (0..vocab).filter(|i| !candidates.contains(i)).map(|i| counts[i]).sum();
+        assert_eq!(outside, 0, "{what}: sampled outside the candidate set");
+    }
+}
+
+/// Properties of min_p on random rows (random vocabularies, temperatures, cuts and draws): the
+/// sampled token's probability is at least min_p times the largest; min_p near 1 at
+/// temperature 1 is greedy whenever the runner-up is less likely than min_p times the best;
+/// min_p = 1 is greedy outright.
+#[test]
+fn min_p_keeps_only_tokens_near_the_most_likely() {
+    let h = harness();
+    let mut rng = Rng::new(11);
+    for vocab in [7usize, 1000, 49152] {
+        let rows = 96;
+        let mut logits = randn(&mut rng, rows * vocab, 6.0);
+        let mut params = Vec::with_capacity(rows);
+        for r in 0..rows {
+            let row = &mut logits[r * vocab..(r + 1) * vocab];
+            let u = rng.uniform();
+            let p = match r % 3 {
+                // Anything goes.
+                0 => SampleParams {
+                    temperature: 0.2 + 1.8 * rng.uniform(),
+                    top_k: [0, 1, 5, 50][(r / 3) % 4],
+                    top_p: [1.0, 0.9, 0.5][(r / 3) % 3],
+                    min_p: rng.uniform(),
+                    u,
+                    ..Default::default()
+                },
+                // min_p near 1, temperature 1.
+                1 => SampleParams { temperature: 1.0, min_p: 0.999, u, ..Default::default() },
+                // min_p = 1 at a high temperature.
+                _ => SampleParams { temperature: 2.0, min_p: 1.0, u, ..Default::default() },
+            };
+            if r % 3 == 1 {
+                // Keep the runner-up below min_p times the best (exp(-0.01) < 0.999).
+                let best = (0..vocab).fold(0, |bi, i| if row[i] > row[bi] { i } else { bi });
+                row[best] += 0.01;
+            }
+            params.push(p);
+        }
+        let got = h.sample(&logits, vocab, &params).unwrap().0;
+        for (r, (s, p)) in got.iter().zip(&params).enumerate() {
+            let row = &logits[r * vocab..(r + 1) * vocab];
+            let best = (0..vocab).fold(0, |bi, i| if row[i] > row[bi] { i } else { bi });
+            let ratio = ((row[s.id as usize] - row[best]) as f64 / p.temperature as f64).exp();
+            assert!(ratio >= p.min_p as f64 * (1.0 - 1e-5), "vocab {vocab} row {r} {p:?}: ratio {ratio}");
+            if r % 3 != 0 {
+                assert_eq!(s.id as usize, best, "vocab {vocab} row {r} {p:?}: not greedy");
+            }
+        }
     }
 }
 

@@ -66,9 +66,10 @@ fn client() -> reqwest::Client {
     reqwest::Client::builder().no_proxy().build().unwrap()
 }
 
-/// A parsed SSE body: the JSON of every `data:` event before `[DONE]`.
+/// A parsed SSE body: the JSON of every `data:` event before `[DONE]` (comments, such as the
+/// keep-alive ones before the first token, are skipped).
 fn parse_sse(text: &str) -> Vec<Value> {
-    let events: Vec<&str> = text.split("\n\n").filter(|e| !e.trim().is_empty()).collect();
+    let events: Vec<&str> = text.split("\n\n").filter(|e| !e.trim().is_empty() && !e.starts_with(':')).collect();
     assert_eq!(events.last().copied(), Some("data: [DONE]"), "stream must end with [DONE]: {text}");
     assert!(text.ends_with("data: [DONE]\n\n"), "{text:?}");
     events[..events.len() - 1]
@@ -444,6 +445,86 @@ async fn stop_strings_end_the_text() {
     srv.wait_idle().await;
 }
 
+/// min_p = 1 keeps only the most likely token: sampling at temperature 1 is greedy (chat and
+/// completions), while min_p = 0 at temperature 1 is not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn min_p_one_samples_greedily() {
+    let srv = serve_tiny().await;
+    let chat = ("/v1/chat/completions", "messages", user("Tell me a story"));
+    let comp = ("/v1/completions", "prompt", json!("Once upon a time"));
+    for (path, key, prompt) in [chat, comp] {
+        let text = |v: &Value| match key {
+            "messages" => content(v, 0),
+            _ => v["choices"][0]["text"].as_str().unwrap().to_string(),
+        };
+        let mut greedy = json!({"max_tokens": 16, "temperature": 0, "ignore_eos": true});
+        greedy[key] = prompt;
+        let want = text(&srv.ok(path, &greedy).await);
+        let mut sampled = greedy.clone();
+        sampled["temperature"] = json!(1.0);
+        let mut differs = false;
+        for seed in [1, 2, 3] {
+            sampled["seed"] = json!(seed);
+            sampled["min_p"] = json!(1.0);
+            assert_eq!(text(&srv.ok(path, &sampled).await), want, "{path} seed {seed}: min_p 1 is not greedy");
+            sampled["min_p"] = json!(0.0);
+            differs |= text(&srv.ok(path, &sampled).await) != want;
+        }
+        assert!(differs, "{path}: temperature 1 without min_p was greedy for three seeds");
+    }
+    srv.wait_idle().await;
+}
+
+/// While a streamed request waits for its first token, the server sends SSE keep-alive
+/// comments, and none after; the stream is otherwise what it would be. The wait here: a prompt
+/// of about 450 tokens prefilled 8 tokens a step (some 60 steps, each a GPU submission and
+/// read-back: tens of milliseconds on lavapipe), against a 2 ms interval.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sse_keepalive_comments_precede_the_first_token() {
+    let cfg = EngineConfig { max_num_batched_tokens: 8, max_decode_batch_size: 4, ..tiny_cfg() };
+    let srv = serve_with(&tiny(), cfg, |s| s.sse_keepalive = Some(Duration::from_millis(2))).await;
+    let prompt: Vec<u32> = (0..480).map(|i| (i * 7) % 500).collect();
+    let chat = ("/v1/chat/completions", json!({"messages": user(&"lorem ipsum dolor ".repeat(30))}));
+    let comp = ("/v1/completions", json!({"prompt": prompt}));
+    for (path, mut body) in [comp, chat] {
+        body["max_tokens"] = json!(8);
+        body["temperature"] = json!(0);
+        body["ignore_eos"] = json!(true);
+        // Streamed first: the prompt is not in the prefix cache yet.
+        let mut sbody = body.clone();
+        sbody["stream"] = json!(true);
+        let t = Instant::now();
+        let r = srv.http.post(format!("{}{path}", srv.base)).json(&sbody).send().await.unwrap();
+        assert_eq!(r.status(), StatusCode::OK);
+        let text = r.text().await.unwrap();
+        eprintln!("{path}: {:?} for the stream", t.elapsed());
+        let events: Vec<&str> = text.split("\n\n").filter(|e| !e.is_empty()).collect();
+        let comments: Vec<usize> = (0..events.len()).filter(|&i| events[i].starts_with(':')).collect();
+        assert!(!comments.is_empty(), "{path}: no keep-alive comment: {text}");
+        assert!(comments.iter().all(|&i| events[i] == ": keep-alive"), "{path}: {text}");
+        // The first event that carries generated text comes after every comment.
+        let first_token = events
+            .iter()
+            .position(|e| {
+                let Some(v) = e.strip_prefix("data: ").and_then(|d| serde_json::from_str::<Value>(d).ok()) else {
+                    return false;
+                };
+                let c = &v["choices"][0];
+                c["text"].as_str().or(c["delta"]["content"].as_str()).is_some_and(|t| !t.is_empty())
+            })
+            .unwrap_or_else(|| panic!("{path}: no text: {text}"));
+        assert!(comments.iter().all(|&i| i < first_token), "{path}: a comment after the first token: {text}");
+        let (texts, _) = stream_texts(&parse_sse(&text), 1);
+        let whole = srv.ok(path, &body).await;
+        let want = match path {
+            "/v1/completions" => whole["choices"][0]["text"].as_str().unwrap().to_string(),
+            _ => content(&whole, 0),
+        };
+        assert_eq!(texts[0], want, "{path}: the stream's text");
+    }
+    srv.wait_idle().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn seeds_reproduce_sampling() {
     let srv = serve_tiny().await;
@@ -567,6 +648,9 @@ async fn bad_requests_get_openai_errors() {
         (chat, json!({"messages": m(), "temperature": "hot"}), Some("temperature")),
         (chat, json!({"messages": m(), "top_p": 0}), Some("top_p")),
         (chat, json!({"messages": m(), "top_p": 1.5}), Some("top_p")),
+        (chat, json!({"messages": m(), "min_p": -0.1}), Some("min_p")),
+        (chat, json!({"messages": m(), "min_p": 1.01}), Some("min_p")),
+        (comp, json!({"prompt": "x", "min_p": "0.1"}), Some("min_p")),
         (chat, json!({"messages": m(), "n": 0}), Some("n")),
         (chat, json!({"messages": m(), "n": 17}), Some("n")),
         (chat, json!({"messages": m(), "n": 1.5}), Some("n")),
@@ -1072,7 +1156,7 @@ async fn smollm2_request_timeout_aborts_and_frees_blocks() {
     let r = srv.http.post(format!("{}/v1/completions", srv.base)).json(&body).send().await.unwrap();
     assert_eq!(r.status(), StatusCode::OK);
     let text = r.text().await.unwrap();
-    let events: Vec<&str> = text.split("\n\n").filter(|e| !e.trim().is_empty()).collect();
+    let events: Vec<&str> = text.split("\n\n").filter(|e| !e.trim().is_empty() && !e.starts_with(':')).collect();
     assert_eq!(events.last().copied(), Some("data: [DONE]"), "{text}");
     let err: Value = serde_json::from_str(events[events.len() - 2].strip_prefix("data: ").unwrap()).unwrap();
     assert_eq!(err["error"]["code"], "request_timeout", "{text}");

@@ -178,7 +178,7 @@ async fn run(http: &reqwest::Client, base: &str, j: Job) -> Result<Outcome, Stri
         return Err(format!("stream does not end with [DONE]: {text:?}"));
     }
     let mut finished = vec![false; j.n];
-    for ev in text.split("\n\n").filter(|e| !e.is_empty() && *e != "data: [DONE]") {
+    for ev in text.split("\n\n").filter(|e| !e.is_empty() && *e != "data: [DONE]" && !e.starts_with(':')) {
         let data = ev.strip_prefix("data: ").ok_or_else(|| format!("not a data event: {ev:?}"))?;
         let v: Value = serde_json::from_str(data).map_err(|e| format!("bad event {data:?}: {e}"))?;
         if let Some(m) = v["error"]["message"].as_str() {

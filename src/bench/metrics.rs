@@ -19,6 +19,11 @@ pub struct RequestRecord {
     pub output_tokens: usize,
     pub success: bool,
     pub error: Option<String>,
+    /// Times the request was sent again on a fresh connection because an attempt failed
+    /// before any response arrived (a pooled keep-alive connection the server had closed, a
+    /// refused connection).
+    #[serde(default)]
+    pub retries: usize,
 }
 
 impl RequestRecord {
@@ -132,6 +137,9 @@ impl Stats {
 pub struct Summary {
     pub completed: usize,
     pub failed: usize,
+    /// Resends on a fresh connection, over all requests (see RequestRecord::retries).
+    #[serde(default)]
+    pub retries: usize,
     pub duration_s: f64,
     pub total_input_tokens: usize,
     pub total_output_tokens: usize,
@@ -155,6 +163,7 @@ pub fn summarize(records: &[RequestRecord], duration: f64, slo: &Slo) -> Summary
     Summary {
         completed: ok.len(),
         failed: records.len() - ok.len(),
+        retries: records.iter().map(|r| r.retries).sum(),
         duration_s: duration,
         total_input_tokens: total_in,
         total_output_tokens: total_out,

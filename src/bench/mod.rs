@@ -1,6 +1,9 @@
 //! `torus-wgpu bench`: a load generator for any OpenAI-compatible endpoint (torus-wgpu,
 //! llama.cpp's llama-server, vLLM, ...). Streams every request, records each chunk's arrival,
 //! and reports throughput and TTFT / TPOT / ITL / E2E latency with vLLM's definitions.
+//! A request whose send fails before any response arrived (a keep-alive connection the server
+//! had closed) is resent on a fresh connection and counted in `retries`; its timeline still
+//! starts at the first attempt.
 
 pub mod metrics;
 pub mod model;
@@ -198,8 +201,77 @@ fn chunk_text(endpoint: Endpoint, v: &Value) -> Option<String> {
     (!t.is_empty()).then(|| t.to_string())
 }
 
+/// Attempts at sending one request: the first on the shared connection pool, each further one
+/// on a fresh connection, and only after an attempt that failed before any response arrived.
+pub const SEND_ATTEMPTS: usize = 3;
+
+/// Whether a failed send never got a response: the connection could not be made, or it closed
+/// before the response's head arrived, typically a pooled keep-alive connection the server had
+/// already closed (llama.cpp's llama-server closes idle ones). Such a request is sent again on a
+/// fresh connection. A timeout is not retried (the server may be working on the request); an
+/// error once the response has begun never reaches this test (it fails the request).
+pub fn failed_before_response(e: &reqwest::Error) -> bool {
+    if e.is_timeout() {
+        return false;
+    }
+    if e.is_connect() {
+        return true;
+    }
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        if let Some(h) = s.downcast_ref::<hyper::Error>() {
+            // "connection closed before message completed", or canceled before it was sent.
+            if h.is_incomplete_message() || h.is_canceled() {
+                return true;
+            }
+        }
+        if let Some(io) = s.downcast_ref::<std::io::Error>() {
+            use std::io::ErrorKind::*;
+            if matches!(io.kind(), ConnectionReset | ConnectionAborted | BrokenPipe | UnexpectedEof) {
+                return true;
+            }
+        }
+        source = s.source();
+    }
+    false
+}
+
+/// Sends one request: on `client`, then on `fresh` (a client that keeps no idle connections)
+/// while attempts fail before any response arrived; counts those resends in `retries`.
+async fn send_with_retries(
+    client: &reqwest::Client,
+    fresh: &reqwest::Client,
+    a: &BenchArgs,
+    url: &str,
+    body: &Value,
+    retries: &mut usize,
+) -> Result<reqwest::Response> {
+    let mut attempt = 1;
+    loop {
+        let mut req = if attempt == 1 { client } else { fresh }.post(url).json(body);
+        if let Some(k) = &a.api_key {
+            req = req.bearer_auth(k);
+        }
+        match req.send().await {
+            Ok(resp) => return Ok(resp),
+            Err(e) if attempt < SEND_ATTEMPTS && failed_before_response(&e) => {
+                attempt += 1;
+                *retries += 1;
+            }
+            Err(e) => {
+                let what = match attempt {
+                    1 => "request failed".to_string(),
+                    n => format!("request failed ({n} attempts)"),
+                };
+                return Err(anyhow::Error::new(e).context(what));
+            }
+        }
+    }
+}
+
 async fn one_request(
     client: &reqwest::Client,
+    fresh: &reqwest::Client,
     a: &BenchArgs,
     url: &str,
     body: Value,
@@ -209,11 +281,7 @@ async fn one_request(
     let mut rec =
         RequestRecord { send: t0.elapsed().as_secs_f64(), prompt_tokens: p.prompt_tokens, ..Default::default() };
     let result: Result<()> = async {
-        let mut req = client.post(url).json(&body);
-        if let Some(k) = &a.api_key {
-            req = req.bearer_auth(k);
-        }
-        let resp = req.send().await.map_err(|e| anyhow!("request failed: {e}"))?;
+        let resp = send_with_retries(client, fresh, a, url, &body, &mut rec.retries).await?;
         let status = resp.status();
         if !status.is_success() {
             let text = resp.text().await.unwrap_or_default();
@@ -298,6 +366,12 @@ pub async fn run_bench(a: &BenchArgs) -> Result<BenchReport> {
         .timeout(Duration::from_secs_f64(a.timeout))
         .build()
         .map_err(|e| anyhow!("HTTP client: {e}"))?;
+    // For resends: no idle connections kept, so every request opens its own.
+    let fresh = reqwest::Client::builder()
+        .timeout(Duration::from_secs_f64(a.timeout))
+        .pool_max_idle_per_host(0)
+        .build()
+        .map_err(|e| anyhow!("HTTP client: {e}"))?;
     let model = served_model(&client, a).await?;
     let path = match a.endpoint {
         Endpoint::Chat => "/v1/chat/completions",
@@ -325,10 +399,10 @@ pub async fn run_bench(a: &BenchArgs) -> Result<BenchReport> {
             next_send += -(1.0 - rng.uniform() as f64).ln() / rate;
         }
         let permit = limit.clone().acquire_owned().await.map_err(|e| anyhow!("{e}"))?;
-        let (client, a2, url, bar) = (client.clone(), a.clone(), url.clone(), bar.clone());
+        let (client, fresh, a2, url, bar) = (client.clone(), fresh.clone(), a.clone(), url.clone(), bar.clone());
         let body = request_body(a, &model, &p);
         tasks.push(tokio::spawn(async move {
-            let r = one_request(&client, &a2, &url, body, &p, t0).await;
+            let r = one_request(&client, &fresh, &a2, &url, body, &p, t0).await;
             drop(permit);
             bar.inc(1);
             r
@@ -352,6 +426,7 @@ pub fn format_table(r: &BenchReport) -> String {
     t.push_str(&format!("{:=^52}\n", " Serving Benchmark Result "));
     line(&mut t, "Successful requests:", s.completed.to_string());
     line(&mut t, "Failed requests:", s.failed.to_string());
+    line(&mut t, "Retries on a fresh connection:", s.retries.to_string());
     line(&mut t, "Benchmark duration (s):", format!("{:.2}", s.duration_s));
     line(&mut t, "Total input tokens:", s.total_input_tokens.to_string());
     line(&mut t, "Total generated tokens:", s.total_output_tokens.to_string());

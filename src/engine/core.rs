@@ -110,6 +110,7 @@ impl Seq {
             temperature: p.sampling.temperature,
             top_p: p.sampling.top_p,
             top_k: p.sampling.top_k,
+            min_p: p.sampling.min_p,
             u: self.rng.uniform(),
             repetition_penalty: p.repetition_penalty,
             frequency_penalty: p.frequency_penalty,

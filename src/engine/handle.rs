@@ -245,6 +245,9 @@ impl EngineHandle {
         if !(s.top_p > 0.0 && s.top_p <= 1.0) {
             return Err("top_p must be in (0, 1]".into());
         }
+        if !(s.min_p >= 0.0 && s.min_p <= 1.0) {
+            return Err("min_p must be in [0, 1]".into());
+        }
         if !(params.repetition_penalty > 0.0 && params.repetition_penalty.is_finite()) {
             return Err("repetition_penalty must be > 0".into());
         }

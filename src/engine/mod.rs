@@ -47,6 +47,9 @@ pub fn generate(
     if prompt.is_empty() {
         bail!("the prompt is empty");
     }
+    if !(0.0..=1.0).contains(&params.min_p) {
+        bail!("min_p must be in [0, 1]");
+    }
     if prompt.len() + max_new > lim.max_seq_len {
         bail!(
             "prompt of {} tokens plus {max_new} new tokens exceeds max_sequence_length {}",
@@ -65,6 +68,7 @@ pub fn generate(
         temperature: params.temperature,
         top_p: params.top_p,
         top_k: params.top_k,
+        min_p: params.min_p,
         u: rng.uniform(),
         ..Default::default()
     };

@@ -94,6 +94,9 @@ pub struct SampleParams {
     pub temperature: f32,
     pub top_p: f32,
     pub top_k: u32,
+    /// 0 = off; otherwise tokens whose probability (after temperature) is below min_p times the
+    /// largest are dropped before top-p.
+    pub min_p: f32,
     pub u: f32,
     /// 1.0 = off. Divides positive (multiplies negative) logits of tokens seen in prompt or output.
     pub repetition_penalty: f32,
@@ -113,6 +116,7 @@ impl Default for SampleParams {
             temperature: 0.0,
             top_p: 1.0,
             top_k: 0,
+            min_p: 0.0,
             u: 0.0,
             repetition_penalty: 1.0,
             frequency_penalty: 0.0,
@@ -137,7 +141,7 @@ impl SampleParams {
             self.n_top.min(MAX_TOP_LOGPROBS as u32),
             adj_start,
             self.adjust.len() as u32,
-            0,
+            self.min_p.to_bits(),
             0,
         ]
     }
@@ -290,7 +294,8 @@ impl StepBounds {
             if let Some(a) = p.adjust.iter().find(|a| a.id as usize >= self.vocab || a.bias.is_nan()) {
                 bail!("logit adjustment of token {} (bias {}) is out of range", a.id, a.bias);
             }
-            let floats = [p.temperature, p.top_p, p.u, p.repetition_penalty, p.frequency_penalty, p.presence_penalty];
+            let floats =
+                [p.temperature, p.top_p, p.min_p, p.u, p.repetition_penalty, p.frequency_penalty, p.presence_penalty];
             if floats.iter().any(|f| !f.is_finite()) {
                 bail!("sampling parameters must be finite numbers");
             }
@@ -1358,6 +1363,7 @@ impl Model {
                     temperature: 1.0,
                     top_p: 0.9,
                     top_k: 5,
+                    min_p: 0.05,
                     u: 0.5,
                     n_top: 2,
                     adjust: vec![Adjust { id: 1, count: 1, in_prompt: true, bias: 0.5 }],

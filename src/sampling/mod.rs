@@ -8,12 +8,15 @@ pub struct SamplingParams {
     pub top_p: f32,
     /// 0 = no top-k cut.
     pub top_k: u32,
+    /// After temperature, drop tokens whose probability is below min_p times the largest
+    /// (vLLM's and llama.cpp's min_p); 0 = off.
+    pub min_p: f32,
     pub seed: Option<u64>,
 }
 
 impl Default for SamplingParams {
     fn default() -> Self {
-        SamplingParams { temperature: 0.0, top_p: 1.0, top_k: 0, seed: None }
+        SamplingParams { temperature: 0.0, top_p: 1.0, top_k: 0, min_p: 0.0, seed: None }
     }
 }
 

@@ -37,6 +37,8 @@ use std::time::Duration;
 pub const DEFAULT_MAX_N: usize = 16;
 /// Default `--request-timeout-s`.
 pub const DEFAULT_REQUEST_TIMEOUT_S: u64 = 600;
+/// Default seconds between SSE keep-alive comments before a stream's first token.
+pub const DEFAULT_SSE_KEEPALIVE_S: f64 = 15.0;
 /// Default `--header-read-timeout-s`.
 pub const DEFAULT_HEADER_READ_TIMEOUT_S: u64 = 30;
 /// Default `--max-connections` (below the usual 1024 open-file limit).
@@ -68,6 +70,10 @@ pub struct ServeArgs {
     /// (0: none). Past it the request is aborted: 408, or a streamed `abort` finish and error.
     #[arg(long, default_value_t = DEFAULT_REQUEST_TIMEOUT_S)]
     pub request_timeout_s: u64,
+    /// Seconds between SSE comments (`: keep-alive`) a streamed request sends while it waits
+    /// for its first token, so proxies keep it open through queueing and long prefills (0: none).
+    #[arg(long, default_value_t = DEFAULT_SSE_KEEPALIVE_S)]
+    pub sse_keepalive_s: f64,
     /// Seconds a connection may take to send a request's headers; also how long an idle
     /// keep-alive connection stays open (0: no limit).
     #[arg(long, default_value_t = DEFAULT_HEADER_READ_TIMEOUT_S)]
@@ -95,6 +101,8 @@ pub struct ServerConfig {
     pub share_prompt_prefill: bool,
     /// Time limit of each completion request (None: none); a request may ask for less.
     pub request_timeout: Option<Duration>,
+    /// Interval of SSE keep-alive comments before a stream's first token (None: none).
+    pub sse_keepalive: Option<Duration>,
     /// How long a connection may take to send a request's headers, and how long an idle
     /// keep-alive connection stays open (None: no limit).
     pub header_read_timeout: Option<Duration>,
@@ -116,6 +124,7 @@ impl ServerConfig {
             default_top_k: cfg.top_k,
             share_prompt_prefill: cfg.enable_prefix_cache,
             request_timeout: Some(Duration::from_secs(DEFAULT_REQUEST_TIMEOUT_S)),
+            sse_keepalive: Some(Duration::from_secs_f64(DEFAULT_SSE_KEEPALIVE_S)),
             header_read_timeout: Some(Duration::from_secs(DEFAULT_HEADER_READ_TIMEOUT_S)),
             max_connections: DEFAULT_MAX_CONNECTIONS,
         }
@@ -502,6 +511,11 @@ pub fn run(args: ServeArgs) -> Result<()> {
     scfg.max_request_body_bytes = args.max_request_body_bytes;
     let secs = |s: u64| (s > 0).then(|| Duration::from_secs(s));
     scfg.request_timeout = secs(args.request_timeout_s);
+    let ka = args.sse_keepalive_s;
+    if ka != 0.0 && !(0.01..=86_400.0).contains(&ka) {
+        anyhow::bail!("--sse-keepalive-s must be 0 (off) or between 0.01 and 86400 seconds");
+    }
+    scfg.sse_keepalive = (ka > 0.0).then(|| Duration::from_secs_f64(ka));
     scfg.header_read_timeout = secs(args.header_read_timeout_s);
     scfg.max_connections = args.max_connections;
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().thread_name("torus-http").build()?;

@@ -402,6 +402,7 @@ impl Output {
             offsets: HashMap::new(),
             open: choices.iter().map(|c| c.index).collect(),
             finished: false,
+            started: false,
             out: self,
         };
         for c in &choices {
@@ -428,19 +429,30 @@ impl Output {
                 if s.finished {
                     return None;
                 }
-                let next = match s.out.deadline {
-                    None => s.merged.next().await,
-                    Some((limit, at)) => match tokio::time::timeout_at(at, s.merged.next()).await {
-                        Ok(next) => next,
-                        Err(_) => {
-                            s.time_out(limit);
-                            continue;
-                        }
-                    },
+                // Until the first engine event, a comment every `sse_keepalive` keeps proxies
+                // from closing a stream that waits in the queue or on a long prefill.
+                let keepalive = if s.started { None } else { s.out.st.cfg.sse_keepalive };
+                let far = tokio::time::Instant::now() + Duration::from_secs(86_400);
+                let deadline_at = s.out.deadline.map_or(far, |(_, at)| at);
+                let keepalive_at = keepalive.map_or(far, |d| tokio::time::Instant::now() + d);
+                let wake = tokio::select! {
+                    biased;
+                    next = s.merged.next() => Wake::Next(next),
+                    _ = tokio::time::sleep_until(deadline_at), if s.out.deadline.is_some() => Wake::Deadline,
+                    _ = tokio::time::sleep_until(keepalive_at), if keepalive.is_some() => Wake::KeepAlive,
                 };
-                match next {
-                    Some((index, prompt_index, e)) => s.on_event(index, prompt_index, e),
-                    None => s.finish(),
+                match wake {
+                    Wake::Next(Some((index, prompt_index, e))) => {
+                        s.started = true;
+                        s.on_event(index, prompt_index, e)
+                    }
+                    Wake::Next(None) => s.finish(),
+                    Wake::Deadline => {
+                        if let Some((limit, _)) = s.out.deadline {
+                            s.time_out(limit);
+                        }
+                    }
+                    Wake::KeepAlive => s.tail.push_back(Bytes::from_static(SSE_KEEPALIVE)),
                 }
             }
         });
@@ -450,6 +462,16 @@ impl Output {
         h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
         r
     }
+}
+
+/// An SSE comment: clients (the openai package, EventSource) ignore it.
+pub const SSE_KEEPALIVE: &[u8] = b": keep-alive\n\n";
+
+/// What ended a wait of a streaming response.
+enum Wake {
+    Next(Option<(usize, usize, Event)>),
+    Deadline,
+    KeepAlive,
 }
 
 /// A streaming response in progress; dropping it (client gone) drops every choice's stream.
@@ -465,6 +487,8 @@ struct SseState {
     /// Choices not finished yet.
     open: BTreeSet<usize>,
     finished: bool,
+    /// Whether an engine event arrived (no more keep-alive comments after it).
+    started: bool,
 }
 
 fn sse(v: &Value) -> Bytes {

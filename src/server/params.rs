@@ -182,6 +182,8 @@ impl Common {
         };
         let temperature = f.float_in("temperature", 0.0, 2.0, false)?.unwrap_or(lim.default_temperature);
         let top_p = f.float_in("top_p", 0.0, 1.0, true)?.unwrap_or(lim.default_top_p);
+        // vLLM's and llama.cpp's min_p: 0 (the default) is off.
+        let min_p = f.float_in("min_p", 0.0, 1.0, false)?.unwrap_or(0.0);
         // -1, 0 and anything from the vocabulary size up mean no top-k cut.
         let top_k = f.int_in("top_k", -1, i64::MAX)?.map_or(lim.default_top_k, |k| {
             if k <= 0 || k >= lim.vocab as i64 {
@@ -267,7 +269,7 @@ impl Common {
             n,
             stream,
             include_usage,
-            sampling: SamplingParams { temperature, top_p, top_k, seed },
+            sampling: SamplingParams { temperature, top_p, top_k, min_p, seed },
             repetition_penalty,
             frequency_penalty,
             presence_penalty,
@@ -500,6 +502,10 @@ mod tests {
         assert_eq!((c.n, c.max_tokens, c.stream), (1, None, false));
         let c = common(json!({"temperature": null, "top_k": -1, "max_tokens": 5, "max_completion_tokens": 3})).unwrap();
         assert_eq!((c.sampling.temperature, c.sampling.top_k, c.max_tokens), (0.5, 0, Some(3)));
+        assert_eq!(c.sampling.min_p, 0.0, "min_p is off by default");
+        for x in [0.0, 0.05, 1.0] {
+            assert_eq!(common(json!({ "min_p": x })).unwrap().request_params(0, 4, None).sampling.min_p, x as f32);
+        }
     }
 
     #[test]
@@ -508,6 +514,9 @@ mod tests {
             (json!({"temperature": 2.5}), "temperature"),
             (json!({"temperature": "hot"}), "temperature"),
             (json!({"top_p": 0}), "top_p"),
+            (json!({"min_p": -0.1}), "min_p"),
+            (json!({"min_p": 1.5}), "min_p"),
+            (json!({"min_p": "0.1"}), "min_p"),
             (json!({"n": 5}), "n"),
             (json!({"n": 1.5}), "n"),
             (json!({"max_tokens": 0}), "max_tokens"),
