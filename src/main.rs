@@ -13,8 +13,37 @@ use torus_wgpu::tokenizer::{ChatMessage, IncrementalDecoder};
 #[derive(Parser)]
 #[command(name = "torus-wgpu", version, about = "LLM inference on any GPU through wgpu and WGSL")]
 struct Cli {
+    /// Log line format on stderr: `text`, or `json` (one JSON object per line, fields at the
+    /// top level). Filter with RUST_LOG; without it, errors and the server's access log
+    /// (target torus_wgpu::access) are written.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
     #[command(subcommand)]
     cmd: Cmd,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+/// The process's tracing subscriber, writing to stderr.
+fn init_logging(format: LogFormat) {
+    use tracing_subscriber::EnvFilter;
+    let filter = match std::env::var(EnvFilter::DEFAULT_ENV) {
+        Ok(s) if !s.trim().is_empty() => EnvFilter::new(s),
+        _ => EnvFilter::new(format!("error,{}=info", torus_wgpu::server::access::ACCESS_TARGET)),
+    };
+    use std::io::IsTerminal;
+    let fmt = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal());
+    match format {
+        LogFormat::Text => fmt.init(),
+        LogFormat::Json => fmt.json().flatten_event(true).init(),
+    }
 }
 
 #[derive(Subcommand)]
@@ -165,8 +194,7 @@ fn throughput(
     Ok(())
 }
 
-fn run() -> Result<()> {
-    let cli = Cli::parse();
+fn run(cli: Cli) -> Result<()> {
     match cli.cmd {
         Cmd::Serve(args) => torus_wgpu::server::run(*args)?,
         Cmd::Bench(args) => torus_wgpu::bench::run(*args)?,
@@ -273,11 +301,9 @@ fn run() -> Result<()> {
 }
 
 fn main() {
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_writer(std::io::stderr)
-        .init();
-    if let Err(e) = run() {
+    let cli = Cli::parse();
+    init_logging(cli.log_format);
+    if let Err(e) = run(cli) {
         eprintln!("error: {e:#}");
         std::process::exit(1);
     }

@@ -1,10 +1,11 @@
 //! Property-based fuzzing of the HTTP server (proptest): batches of random requests to every
-//! route (valid-ish request skeletons with random fields of wrong types, huge, negative and
-//! fractional numbers, long strings, big arrays and maps; raw bodies with deep nesting, invalid
-//! escapes and lone surrogates, duplicate keys, invalid UTF-8, truncation, garbage; wrong
-//! methods, content types and paths). Every answer must be a 2xx or 4xx, or a 503, with a 4xx
-//! and 503 in OpenAI's error shape; after each batch a known-good request still succeeds; at
-//! the end the engine is idle with every KV block free.
+//! route (generation, /tokenize, /detokenize and the GET routes: valid-ish request skeletons
+//! with random fields of wrong types, huge, negative and fractional numbers, long strings, big
+//! arrays and maps; raw bodies with deep nesting, invalid escapes and lone surrogates, duplicate
+//! keys, invalid UTF-8, truncation, garbage; wrong methods, content types and paths). Every
+//! answer must be a 2xx or 4xx, or a 503, with a 4xx and 503 in OpenAI's error shape, and carry
+//! an `x-request-id`; after each batch a known-good request still succeeds; at the end the
+//! engine is idle with every KV block free.
 //!
 //! One server (tiny-qwen2, short context) serves every case. The run is deterministic (fixed
 //! seed, no failure file); `TORUS_FUZZ_SEED=N` picks another seed, `PROPTEST_CASES=N` sets the
@@ -27,6 +28,10 @@ use torus_wgpu::server::{start, ServerConfig, ServerHandle};
 
 const CHAT: &str = "/v1/chat/completions";
 const COMPLETIONS: &str = "/v1/completions";
+const TOKENIZE: &str = "/tokenize";
+const DETOKENIZE: &str = "/detokenize";
+/// Every route, by the name the statistics use.
+const ROUTES: &[&str] = &[CHAT, COMPLETIONS, TOKENIZE, DETOKENIZE, "/v1/models", "/health", "/metrics", "/version"];
 
 /// Request fields the server reads (and some it does not).
 const FIELDS: &[&str] = &[
@@ -59,6 +64,11 @@ const FIELDS: &[&str] = &[
     "best_of",
     "user",
     "request_timeout_s",
+    "tokens",
+    "add_special_tokens",
+    "add_generation_prompt",
+    "continue_final_message",
+    "return_token_strs",
 ];
 
 /// Escapes that are not valid JSON string content, or decode to lone surrogates (and a few
@@ -227,6 +237,40 @@ fn generation_body() -> impl Strategy<Value = (bool, Vec<u8>)> {
         })
 }
 
+/// A JSON body for /tokenize (a prompt or messages) or /detokenize (token ids): a good request,
+/// some fields set to random values or removed, then raw-text tweaks.
+fn tokenizer_body() -> impl Strategy<Value = (&'static str, Vec<u8>)> {
+    let edit = (prop::sample::select(FIELDS), prop::option::weighted(0.85, value()));
+    (
+        0u8..3,
+        prop::collection::vec(0u32..520, 0..40),
+        prop::collection::vec(edit, 0..4),
+        prop::collection::vec(tweak(), 0..3),
+        prop::bool::weighted(0.5),
+    )
+        .prop_map(|(kind, ids, edits, tweaks, tweak_it)| {
+            let (path, mut v) = match kind {
+                0 => (TOKENIZE, json!({"prompt": "hi", "return_token_strs": true})),
+                1 => (TOKENIZE, json!({"messages": [{"role": "user", "content": "hi"}], "add_generation_prompt": true})),
+                _ => (DETOKENIZE, json!({"tokens": ids, "prompt": "hi"})),
+            };
+            let o = v.as_object_mut().unwrap();
+            for (k, val) in edits {
+                match val {
+                    Some(val) => o.insert(k.to_string(), val),
+                    None => o.remove(k),
+                };
+            }
+            let mut body = serde_json::to_vec(&v).unwrap();
+            if tweak_it {
+                for t in &tweaks {
+                    body = apply(body, t);
+                }
+            }
+            (path, body)
+        })
+}
+
 fn apply(mut body: Vec<u8>, t: &Tweak) -> Vec<u8> {
     match t {
         Tweak::Splice(k, raw) => {
@@ -275,8 +319,14 @@ fn case() -> impl Strategy<Value = Case> {
         content_type: ct,
         body,
     });
+    let tokenizer = (tokenizer_body(), content_type.clone()).prop_map(|((path, body), ct)| Case {
+        method: Method::POST,
+        path: path.into(),
+        content_type: ct,
+        body,
+    });
     let raw_post = (
-        prop::sample::select(vec![CHAT, COMPLETIONS]),
+        prop::sample::select(vec![CHAT, COMPLETIONS, TOKENIZE, DETOKENIZE]),
         prop_oneof![
             prop::collection::vec(any::<u8>(), 0..300),
             deep().prop_map(String::into_bytes),
@@ -292,19 +342,38 @@ fn case() -> impl Strategy<Value = Case> {
     )
         .prop_map(|(path, body, ct)| Case { method: Method::POST, path: path.into(), content_type: ct, body });
     let gets = prop_oneof![
-        prop::sample::select(vec!["/v1/models", "/health", "/metrics", "/v1/models/tiny-qwen2", "/", "/v1"])
+        prop::sample::select(vec!["/v1/models", "/health", "/metrics", "/version", "/v1/models/tiny-qwen2", "/", "/v1"])
             .prop_map(str::to_string),
         "[a-zA-Z0-9%._~-]{0,24}".prop_map(|s| format!("/v1/models/{s}")),
         "[a-zA-Z0-9%._~/-]{0,24}".prop_map(|s| format!("/{s}")),
     ];
     let other = (
-        prop::sample::select(vec![Method::GET, Method::POST, Method::PUT, Method::DELETE, Method::PATCH, Method::HEAD]),
-        prop::sample::select(vec![CHAT, COMPLETIONS, "/v1/models", "/health", "/metrics", "/v1/models/x"]),
+        prop::sample::select(vec![
+            Method::GET,
+            Method::POST,
+            Method::PUT,
+            Method::DELETE,
+            Method::PATCH,
+            Method::HEAD,
+            Method::OPTIONS
+        ]),
+        prop::sample::select(vec![
+            CHAT,
+            COMPLETIONS,
+            TOKENIZE,
+            DETOKENIZE,
+            "/v1/models",
+            "/health",
+            "/metrics",
+            "/version",
+            "/v1/models/x"
+        ]),
         prop::collection::vec(any::<u8>(), 0..64),
     )
         .prop_map(|(method, path, body)| Case { method, path: path.into(), content_type: None, body });
     prop_oneof![
         6 => generation,
+        2 => tokenizer,
         2 => raw_post,
         1 => gets.prop_map(|path| Case { method: Method::GET, path, content_type: None, body: vec![] }),
         1 => other,
@@ -361,6 +430,7 @@ async fn send(srv: &Server, c: &Case) -> Result<u16, TestCaseError> {
     let what = || format!("{} {} {:?}", c.method, c.path, String::from_utf8_lossy(&c.body[..c.body.len().min(300)]));
     let r = req.send().await.map_err(|e| TestCaseError::fail(format!("{}: no response: {e}", what())))?;
     let status = r.status();
+    check(r.headers().contains_key("x-request-id"), || format!("{}: no x-request-id", what()))?;
     let sse = r.headers().get("content-type").is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
     let text = r.text().await.map_err(|e| TestCaseError::fail(format!("{}: body cut: {e}", what())))?;
     check(!status.is_server_error() || status == StatusCode::SERVICE_UNAVAILABLE, || {
@@ -431,7 +501,7 @@ fn random_requests_never_break_the_server() {
                 .collect()
                 .await;
             for (path, r) in results {
-                let route = if [CHAT, COMPLETIONS, "/v1/models", "/health", "/metrics"].contains(&path.as_str()) {
+                let route = if ROUTES.contains(&path.as_str()) {
                     path
                 } else {
                     "other".into()
@@ -456,6 +526,7 @@ fn random_requests_never_break_the_server() {
     // The mutations leave enough requests valid that generation runs, not only validation.
     if batches >= 100 {
         assert!(count(CHAT, 200) >= 5 && count(COMPLETIONS, 200) >= 5, "too few requests generated: {statuses:?}");
+        assert!(count(TOKENIZE, 200) >= 5 && count(DETOKENIZE, 200) >= 5, "too few (de)tokenized: {statuses:?}");
     }
     // Nothing leaked: the engine goes idle with every KV block free.
     let engine = srv.handle.engine().unwrap().clone();

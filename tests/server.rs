@@ -793,9 +793,19 @@ async fn api_key_is_required_on_v1() {
     assert_eq!(r.status(), StatusCode::OK);
     let r = srv.http.get(format!("{}/v1/models", srv.base)).send().await.unwrap();
     assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
-    // Health and metrics stay open (for probes and scrapers).
+    // /tokenize and /detokenize are outside /v1 but need the key too (as vLLM's).
+    for (path, body) in [("/tokenize", json!({"prompt": "hi"})), ("/detokenize", json!({"tokens": [1, 2]}))] {
+        let url = format!("{}{path}", srv.base);
+        let r = srv.http.post(&url).json(&body).send().await.unwrap();
+        let s = r.status();
+        assert_error(s, &r.json().await.unwrap(), StatusCode::UNAUTHORIZED, path);
+        let r = srv.http.post(&url).bearer_auth("sekrit").json(&body).send().await.unwrap();
+        assert_eq!(r.status(), StatusCode::OK, "{path}");
+    }
+    // Health, metrics and version stay open (for probes and scrapers).
     assert_eq!(srv.get("/health").await.0, StatusCode::OK);
     assert_eq!(srv.get("/metrics").await.0, StatusCode::OK);
+    assert_eq!(srv.get("/version").await.0, StatusCode::OK);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1034,11 +1044,12 @@ async fn smollm2_answers_disconnects_abort_and_queue_limit() {
 }
 
 /// `torus-wgpu serve` as a process: starts on port 0, logs where it listens, and on SIGTERM
-/// finishes the in-flight stream and exits 0.
+/// finishes the in-flight stream and exits 0. With `--log-format json` the stream's access line
+/// is JSON, written when the stream ended.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn binary_serves_and_drains_on_sigterm() {
     let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_torus-wgpu"));
-    cmd.args(["serve", "--model"]).arg(tiny()).args([
+    cmd.env_remove("RUST_LOG").args(["--log-format", "json", "serve", "--model"]).arg(tiny()).args([
         "--port",
         "0",
         "--total-cache-size",
@@ -1053,6 +1064,7 @@ async fn binary_serves_and_drains_on_sigterm() {
     let http = client();
     let r = http
         .post(format!("http://{addr}/v1/chat/completions"))
+        .header("x-request-id", "sigterm-stream")
         .json(&json!({"messages": user("hi"), "max_tokens": 400, "ignore_eos": true, "stream": true,
                       "stream_options": {"include_usage": true}}))
         .send()
@@ -1075,9 +1087,21 @@ async fn binary_serves_and_drains_on_sigterm() {
         assert!(t.elapsed() < Duration::from_secs(60), "server did not exit after SIGTERM");
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
-    log.extend(rx.try_iter());
+    // Until stderr closes.
+    while let Ok(l) = rx.recv_timeout(Duration::from_secs(10)) {
+        log.push(l);
+    }
     assert_eq!(status.code(), Some(0), "{log:?}");
     assert!(!log.iter().any(|l| l.contains("panicked")), "{log:?}");
+    let access: Vec<Value> = log
+        .iter()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v["target"] == "torus_wgpu::access" && v["request_id"] == "sigterm-stream")
+        .collect();
+    assert_eq!(access.len(), 1, "{log:?}");
+    let a = &access[0];
+    assert_eq!((a["status"].as_u64(), a["completion_tokens"].as_u64()), (Some(200), Some(400)), "{a}");
+    assert_eq!(a["finish_reasons"], "length", "{a}");
 }
 
 /// Drives the server with the official `openai` Python package (tests/openai_e2e.py).
@@ -1308,4 +1332,232 @@ async fn shutdown_closes_connections_without_a_request() {
     .await
     .unwrap();
     assert!(tokio::net::TcpStream::connect(addr).await.is_err(), "still accepting after shutdown");
+}
+
+/// An OPTIONS preflight for /v1/chat/completions from `origin`.
+async fn preflight(http: &reqwest::Client, base: &str, origin: &str) -> reqwest::Response {
+    http.request(reqwest::Method::OPTIONS, format!("{base}/v1/chat/completions"))
+        .header("origin", origin)
+        .header("access-control-request-method", "POST")
+        .header("access-control-request-headers", "authorization,content-type")
+        .send()
+        .await
+        .unwrap()
+}
+
+fn header<'a>(r: &'a reqwest::Response, name: &str) -> Option<&'a str> {
+    r.headers().get(name).map(|v| v.to_str().unwrap())
+}
+
+fn cors_headers(r: &reqwest::Response) -> Vec<String> {
+    r.headers().keys().map(|k| k.as_str().to_string()).filter(|k| k.starts_with("access-control-")).collect()
+}
+
+/// CORS (--allowed-origins): a preflight from an allowed origin is answered with the
+/// Access-Control-Allow-* headers, one from another origin gets no Allow-Origin; `*` allows
+/// any; by default no CORS header at all, and a preflight is a 4xx in OpenAI's shape, not a 5xx.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cors_preflight_and_allowed_origins() {
+    let http = client();
+    let handle =
+        serve_bare(|s| s.allowed_origins = vec!["http://app.test:3000".into(), "https://other.test".into()]).await;
+    let base = format!("http://{}", handle.addr);
+    for origin in ["http://app.test:3000", "https://other.test"] {
+        let r = preflight(&http, &base, origin).await;
+        assert!(r.status().is_success(), "{}", r.status());
+        assert_eq!(header(&r, "access-control-allow-origin"), Some(origin));
+        let methods = header(&r, "access-control-allow-methods").unwrap().to_ascii_uppercase();
+        assert!(["GET", "POST", "OPTIONS"].iter().all(|m| methods.contains(m)), "{methods}");
+        let headers = header(&r, "access-control-allow-headers").unwrap().to_ascii_lowercase();
+        assert!(headers.contains("authorization") && headers.contains("content-type"), "{headers}");
+    }
+    let r = preflight(&http, &base, "http://evil.test").await;
+    assert_eq!(header(&r, "access-control-allow-origin"), None, "{:?}", r.headers());
+    // Actual requests (here a 503: no model) carry the headers for allowed origins only, and
+    // expose the request id to scripts.
+    let r = http.get(format!("{base}/health")).header("origin", "http://app.test:3000").send().await.unwrap();
+    assert_eq!(header(&r, "access-control-allow-origin"), Some("http://app.test:3000"));
+    assert!(header(&r, "access-control-expose-headers").unwrap().contains("x-request-id"));
+    let r = http.get(format!("{base}/health")).header("origin", "http://evil.test").send().await.unwrap();
+    assert_eq!(header(&r, "access-control-allow-origin"), None);
+    handle.shutdown().await;
+
+    let handle = serve_bare(|s| s.allowed_origins = vec!["*".into()]).await;
+    let r = preflight(&http, &format!("http://{}", handle.addr), "http://anything.test").await;
+    assert!(r.status().is_success());
+    assert_eq!(header(&r, "access-control-allow-origin"), Some("*"));
+    handle.shutdown().await;
+
+    // Default: no CORS.
+    let handle = serve_bare(|_| {}).await;
+    let base = format!("http://{}", handle.addr);
+    let r = preflight(&http, &base, "http://app.test:3000").await;
+    let status = r.status();
+    assert!(cors_headers(&r).is_empty(), "{:?}", r.headers());
+    assert_error(status, &r.json().await.unwrap(), StatusCode::METHOD_NOT_ALLOWED, "preflight without CORS");
+    let r = http.get(format!("{base}/health")).header("origin", "http://app.test:3000").send().await.unwrap();
+    assert!(cors_headers(&r).is_empty(), "{:?}", r.headers());
+    handle.shutdown().await;
+
+    // Origins that are not origins are refused at start.
+    for bad in ["app.test", "http://app.test/", "ftp://app.test", "http://a b"] {
+        let mut scfg = ServerConfig::new("none", &tiny_cfg());
+        scfg.allowed_origins = vec![bad.into()];
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        assert!(start(listener, scfg, None).is_err(), "{bad}");
+    }
+}
+
+/// `x-request-id`: a client's own id (visible ASCII, at most 128 characters) comes back;
+/// otherwise the server makes one (32 hex digits), on every route and status.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_ids_echoed_or_generated() {
+    let handle = serve_bare(|_| {}).await;
+    let base = format!("http://{}", handle.addr);
+    let http = client();
+    let get = |path: &'static str, id: Option<String>| {
+        let mut req = http.get(format!("{base}{path}"));
+        if let Some(id) = id {
+            req = req.header("x-request-id", id);
+        }
+        async move { header(&req.send().await.unwrap(), "x-request-id").unwrap().to_string() }
+    };
+    let long = "r".repeat(128);
+    for id in ["client-id-42", "a:b/c.d~e_f", long.as_str()] {
+        assert_eq!(get("/health", Some(id.to_string())).await, id);
+        assert_eq!(get("/no/such/route", Some(id.to_string())).await, id);
+    }
+    let is_generated = |s: &str| s.len() == 32 && s.bytes().all(|b| b.is_ascii_hexdigit());
+    let mut seen = std::collections::HashSet::new();
+    for id in [None, Some("has space".to_string()), Some("r".repeat(129)), Some(String::new())] {
+        let got = get("/health", id.clone()).await;
+        assert!(is_generated(&got), "{id:?} -> {got}");
+        assert!(seen.insert(got), "ids repeat");
+    }
+    let r = http.post(format!("{base}/v1/chat/completions")).body("{").send().await.unwrap();
+    assert!(is_generated(header(&r, "x-request-id").unwrap()));
+    handle.shutdown().await;
+}
+
+/// Several served model names: any is accepted in `model`, /v1/models lists all, responses
+/// report the first (as vLLM's).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn served_model_name_aliases() {
+    let srv = serve_with(&tiny(), tiny_cfg(), |s| {
+        s.served_model_name = "first".into();
+        s.model_aliases = vec!["second".into(), "org/third".into()];
+    })
+    .await;
+    let (s, body) = srv.get("/v1/models").await;
+    assert_eq!(s, StatusCode::OK);
+    let v: Value = serde_json::from_str(&body).unwrap();
+    let ids: Vec<&str> = v["data"].as_array().unwrap().iter().map(|m| m["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["first", "second", "org/third"]);
+    for name in ["first", "second", "org/third"] {
+        let (s, body) = srv.get(&format!("/v1/models/{name}")).await;
+        assert_eq!(s, StatusCode::OK, "{body}");
+        assert_eq!(serde_json::from_str::<Value>(&body).unwrap()["id"], name);
+        let v = srv.ok("/v1/chat/completions", &json!({"model": name, "messages": user("hi"), "max_tokens": 2})).await;
+        assert_eq!(v["model"], "first", "{v}");
+        let v = srv.ok("/v1/completions", &json!({"model": name, "prompt": "hi", "max_tokens": 2})).await;
+        assert_eq!(v["model"], "first", "{v}");
+        srv.ok("/tokenize", &json!({"model": name, "prompt": "hi"})).await;
+    }
+    let chunks = srv
+        .stream("/v1/chat/completions", &json!({"model": "second", "messages": user("hi"), "max_tokens": 2, "stream": true}))
+        .await;
+    assert!(chunks.iter().all(|c| c["model"] == "first"));
+    let (s, v) = srv.post("/v1/chat/completions", &json!({"model": "fourth", "messages": user("hi")})).await;
+    assert_eq!((s, v["error"]["code"].as_str()), (StatusCode::NOT_FOUND, Some("model_not_found")));
+    assert_eq!(srv.get("/v1/models/fourth").await.0, StatusCode::NOT_FOUND);
+}
+
+/// /tokenize and /detokenize (vLLM's shapes) on SmolLM2: a round trip restores the text; a
+/// prompt tokenizes as /v1/completions counts it and messages as /v1/chat/completions counts
+/// them; bad input is a 400 in OpenAI's shape naming the field. Also GET /version.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn smollm2_tokenize_detokenize() {
+    let path = smollm2();
+    let cfg = EngineConfig {
+        max_num_batched_tokens: 64,
+        max_sequence_length: 1024,
+        total_cache_size: 32 << 20,
+        max_decode_batch_size: 2,
+        max_prefill_batch_size: 1,
+        ..Default::default()
+    };
+    let srv = serve_with(&path, cfg, |_| {}).await;
+    let tok = Tokenizer::from_path(&path).unwrap();
+    let text = "The quick brown fox jumps over the lazy dog.\nÜnïcödé ✓ 12345 <|im_start|>  tabs\tand  spaces";
+
+    let v = srv.ok("/tokenize", &json!({"prompt": text, "add_special_tokens": false, "return_token_strs": true})).await;
+    let tokens = common::ids(&v["tokens"]);
+    assert_eq!(tokens, tok.encode_raw(text).unwrap());
+    assert!(tokens.len() > 20, "{v}");
+    assert_eq!(v["count"], tokens.len());
+    assert_eq!(v["max_model_len"], 1024);
+    let strs: Vec<String> = v["token_strs"].as_array().unwrap().iter().map(|s| s.as_str().unwrap().into()).collect();
+    assert_eq!(strs.len(), tokens.len());
+    assert_eq!(strs[0], tok.id_to_token(tokens[0]).unwrap());
+    assert!(strs.contains(&"<|im_start|>".to_string()), "{strs:?}");
+    let d = srv.ok("/detokenize", &json!({"tokens": tokens})).await;
+    assert_eq!(d["prompt"], text);
+    assert_eq!(srv.ok("/detokenize", &json!({"tokens": []})).await["prompt"], "");
+
+    // A prompt, as /v1/completions counts it (add_special_tokens defaults to true).
+    let t = srv.ok("/tokenize", &json!({"prompt": text})).await;
+    assert!(t.get("token_strs").is_none(), "{t}");
+    let c = srv.ok("/v1/completions", &json!({"prompt": text, "max_tokens": 1})).await;
+    assert_eq!(t["count"], c["usage"]["prompt_tokens"], "{t} {c}");
+    assert_eq!(common::ids(&t["tokens"]), tok.encode(text).unwrap());
+
+    // Messages, as /v1/chat/completions counts them.
+    let messages = json!([{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "What is 2+2?"}]);
+    let t = srv.ok("/tokenize", &json!({"model": model_id_for_path(&path), "messages": messages})).await;
+    let c = srv.ok("/v1/chat/completions", &json!({"messages": messages, "max_tokens": 1})).await;
+    assert_eq!(t["count"], c["usage"]["prompt_tokens"], "{t} {c}");
+    let msgs = [ChatMessage::new("system", "Answer briefly."), ChatMessage::new("user", "What is 2+2?")];
+    assert_eq!(common::ids(&t["tokens"]), tok.encode(&tok.apply_chat_template(&msgs, true).unwrap()).unwrap());
+    let no_gen = srv.ok("/tokenize", &json!({"messages": messages, "add_generation_prompt": false})).await;
+    let (with, without) = (common::ids(&t["tokens"]), common::ids(&no_gen["tokens"]));
+    assert!(without.len() < with.len() && with.starts_with(&without), "{with:?} {without:?}");
+    let d = srv.ok("/detokenize", &json!({"tokens": with})).await;
+    assert!(d["prompt"].as_str().unwrap().ends_with("<|im_start|>assistant\n"), "{d}");
+
+    let vocab = tok.vocab_size();
+    let bad: Vec<(&str, Value, &str)> = vec![
+        ("/tokenize", json!({}), "prompt"),
+        ("/tokenize", json!({"prompt": 5}), "prompt"),
+        ("/tokenize", json!({"prompt": ["a"]}), "prompt"),
+        ("/tokenize", json!({"prompt": "a", "messages": messages}), "messages"),
+        ("/tokenize", json!({"messages": []}), "messages"),
+        ("/tokenize", json!({"messages": [{"role": "nobody", "content": "x"}]}), "messages[0].role"),
+        ("/tokenize", json!({"messages": messages, "continue_final_message": true}), "continue_final_message"),
+        ("/tokenize", json!({"messages": messages, "tools": [{"type": "function"}]}), "tools"),
+        ("/tokenize", json!({"prompt": "a", "add_special_tokens": "yes"}), "add_special_tokens"),
+        ("/tokenize", json!({"prompt": "a", "return_token_strs": 1}), "return_token_strs"),
+        ("/detokenize", json!({}), "tokens"),
+        ("/detokenize", json!({"tokens": "1, 2"}), "tokens"),
+        ("/detokenize", json!({"tokens": [1, -1]}), "tokens"),
+        ("/detokenize", json!({"tokens": [1.5]}), "tokens"),
+        ("/detokenize", json!({"tokens": [vocab]}), "tokens"),
+        ("/detokenize", json!({"tokens": [1, "2"]}), "tokens"),
+        ("/detokenize", json!({"tokens": [u64::MAX]}), "tokens"),
+    ];
+    for (route, body, param) in bad {
+        let (s, v) = srv.post(route, &body).await;
+        assert_error(s, &v, StatusCode::BAD_REQUEST, &format!("{route} {body}"));
+        assert_eq!(v["error"]["param"], param, "{route} {body}: {v}");
+    }
+    for route in ["/tokenize", "/detokenize"] {
+        let r = srv.http.post(format!("{}{route}", srv.base)).body("{\"prompt\": ").send().await.unwrap();
+        let s = r.status();
+        assert_error(s, &r.json().await.unwrap(), StatusCode::BAD_REQUEST, route);
+        let (s, v) = srv.post(route, &json!({"model": "nope", "prompt": "a", "tokens": [1]})).await;
+        assert_eq!((s, v["error"]["code"].as_str()), (StatusCode::NOT_FOUND, Some("model_not_found")));
+        assert_eq!(srv.get(route).await.0, StatusCode::METHOD_NOT_ALLOWED);
+    }
+    let (s, body) = srv.get("/version").await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(serde_json::from_str::<Value>(&body).unwrap(), json!({"version": env!("CARGO_PKG_VERSION")}));
 }

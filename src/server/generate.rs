@@ -5,6 +5,7 @@
 //! Everything here is owned by the handler future or by the response body, so a client that
 //! goes away drops its `RequestStream`s, which aborts the requests and frees their KV blocks.
 
+use super::access::AccessRecord;
 use super::error::ApiError;
 use super::AppState;
 use crate::engine::handle::EngineInfo;
@@ -92,6 +93,7 @@ pub(crate) struct Choice {
     t0: Instant,
     last: Option<Instant>,
     done: bool,
+    log: AccessRecord,
 }
 
 impl Choice {
@@ -108,18 +110,23 @@ impl Choice {
         match e {
             Some(Event::Token { .. }) => {
                 match self.last {
-                    None => m.observe_ttft(now - self.t0),
+                    None => {
+                        m.observe_ttft(now - self.t0);
+                        self.log.first_token(now - self.t0);
+                    }
                     Some(prev) => m.observe_itl(now - prev),
                 }
                 self.last = Some(now);
                 e
             }
-            Some(Event::Done { usage, .. }) => {
+            Some(Event::Done { usage, ref reason, .. }) => {
                 self.done = true;
                 // A sequence whose only token ended it (eos) still had a first token.
                 if self.last.is_none() && usage.completion_tokens > 0 {
                     m.observe_ttft(now - self.t0);
+                    self.log.first_token(now - self.t0);
                 }
+                self.log.done(self.index, usage, reason);
                 m.prompt_tokens.fetch_add(usage.prompt_tokens as u64, Relaxed);
                 m.generation_tokens.fetch_add(usage.completion_tokens as u64, Relaxed);
                 m.observe_e2e(now - self.t0);
@@ -127,6 +134,7 @@ impl Choice {
             }
             None => {
                 self.done = true;
+                self.log.done(self.index, Usage::default(), &FinishReason::Error(String::new()));
                 Some(Event::Done {
                     text: String::new(),
                     reason: FinishReason::Error("the engine stopped".into()),
@@ -156,6 +164,7 @@ struct Submitter<'a> {
     st: &'a Arc<AppState>,
     engine: &'a EngineHandle,
     t0: Instant,
+    log: &'a AccessRecord,
 }
 
 impl Submitter<'_> {
@@ -170,6 +179,7 @@ impl Submitter<'_> {
             .engine
             .submit(Request { prompt: prompt.to_vec(), params })
             .map_err(|e| ApiError::unavailable(format!("the engine refused the request: {e}"), "engine_unavailable"))?;
+        self.log.choice(index, prompt_index);
         Ok(Choice {
             index,
             prompt_index,
@@ -180,6 +190,7 @@ impl Submitter<'_> {
             t0: self.t0,
             last: None,
             done: false,
+            log: self.log.clone(),
         })
     }
 }
@@ -193,6 +204,7 @@ pub(crate) async fn submit(
     engine: &EngineHandle,
     plans: Vec<Planned>,
     t0: Instant,
+    log: &AccessRecord,
 ) -> Result<Vec<Choice>, ApiError> {
     for p in &plans {
         for params in &p.choices {
@@ -202,7 +214,7 @@ pub(crate) async fn submit(
     let total: usize = plans.iter().map(|p| p.choices.len()).sum();
     let mut slots = reserve(st, total)?;
     let block_size = engine.info.block_size;
-    let sub = &Submitter { st, engine, t0 };
+    let sub = &Submitter { st, engine, t0, log };
     let mut base = 0;
     let mut jobs = Vec::with_capacity(plans.len());
     for (pi, plan) in plans.into_iter().enumerate() {

@@ -3,16 +3,19 @@
 //!
 //! The listener is bound before the model loads: while it loads, `GET /health` and every API
 //! route answer 503 (with `Retry-After`), and `/metrics` reports `torus_model_loaded 0`.
-//! `/health` and `/metrics` never need the API key; every `/v1/...` route does when one is set.
+//! `/health`, `/metrics` and `/version` never need the API key; every `/v1/...` route,
+//! `/tokenize` and `/detokenize` do when one is set.
 //!
 //! Tests and embedders run the server in-process with [`start`] on a listener of their own
 //! (port 0 for an ephemeral port) and stop it with [`ServerHandle::shutdown`].
 
+pub mod access;
 mod error;
 mod generate;
 pub mod metrics;
 mod openai;
 mod params;
+mod tokenize;
 
 pub use error::ApiError;
 pub use metrics::ServerMetrics;
@@ -53,13 +56,19 @@ pub struct ServeArgs {
     /// Port to listen on (0: any free port; the address is logged).
     #[arg(long, default_value_t = 8000)]
     pub port: u16,
-    /// Require `Authorization: Bearer KEY` on /v1 routes (also from TORUS_API_KEY).
+    /// Require `Authorization: Bearer KEY` on /v1 routes, /tokenize and /detokenize (also from
+    /// TORUS_API_KEY).
     #[arg(long, env = "TORUS_API_KEY")]
     pub api_key: Option<String>,
     /// The model id clients send and /v1/models lists (default: the model file's stem or the
-    /// model directory's name).
-    #[arg(long)]
-    pub served_model_name: Option<String>,
+    /// model directory's name). Several names (repeat the flag, or separate them with commas or
+    /// spaces) are aliases: a request may name any of them; responses report the first.
+    #[arg(long, num_args = 1.., value_delimiter = ',')]
+    pub served_model_name: Vec<String>,
+    /// Origins allowed to call the API from a browser (CORS): repeat the flag or separate them
+    /// with commas; `*` allows any origin. None (the default): no CORS headers.
+    #[arg(long, value_delimiter = ',')]
+    pub allowed_origins: Vec<String>,
     /// Answer 503 (Retry-After) while this many sequences wait for their first token.
     #[arg(long, default_value_t = 256)]
     pub max_queued_requests: usize,
@@ -86,7 +95,12 @@ pub struct ServeArgs {
 /// How the HTTP side behaves (the engine has its own config).
 #[derive(Clone, Debug)]
 pub struct ServerConfig {
+    /// The model id responses report (and /v1/models lists first).
     pub served_model_name: String,
+    /// Further names a request may give for the model (listed by /v1/models after the first).
+    pub model_aliases: Vec<String>,
+    /// Origins allowed by CORS (`*`: any); empty: no CORS headers at all.
+    pub allowed_origins: Vec<String>,
     pub api_key: Option<String>,
     pub max_queued_requests: usize,
     pub max_request_body_bytes: usize,
@@ -115,6 +129,8 @@ impl ServerConfig {
     pub fn new(served_model_name: impl Into<String>, cfg: &EngineConfig) -> ServerConfig {
         ServerConfig {
             served_model_name: served_model_name.into(),
+            model_aliases: Vec::new(),
+            allowed_origins: Vec::new(),
             api_key: None,
             max_queued_requests: 256,
             max_request_body_bytes: 4 << 20,
@@ -171,10 +187,23 @@ impl AppState {
         format!("{prefix}-{a:016x}{:08x}", b as u32)
     }
 
+    /// A fresh request id (32 hex digits) for the `x-request-id` header and the access log.
+    pub fn new_request_id(&self) -> String {
+        let n = self.next_id.fetch_add(1, Relaxed);
+        let a = crate::sampling::Rng::new(self.id_salt ^ n.rotate_left(29)).next_u64();
+        let b = crate::sampling::Rng::new(a ^ n).next_u64();
+        format!("{a:016x}{b:016x}")
+    }
+
+    /// Every name of the served model: the primary one, then the aliases.
+    pub fn model_names(&self) -> impl Iterator<Item = &str> {
+        std::iter::once(self.cfg.served_model_name.as_str()).chain(self.cfg.model_aliases.iter().map(String::as_str))
+    }
+
     /// 404 for a request naming another model (no model named: the served one).
     pub fn check_model(&self, model: Option<&str>) -> Result<(), ApiError> {
         match model {
-            Some(m) if m != self.cfg.served_model_name => Err(ApiError::model_not_found(m)),
+            Some(m) if !self.model_names().any(|n| n == m) => Err(ApiError::model_not_found(m)),
             _ => Ok(()),
         }
     }
@@ -233,6 +262,7 @@ pub fn start(
     engine: Option<EngineHandle>,
 ) -> std::io::Result<ServerHandle> {
     let addr = listener.local_addr()?;
+    let cors = cors_layer(&cfg.allowed_origins).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
     let state = Arc::new(AppState {
         cfg,
         engine: OnceLock::new(),
@@ -244,7 +274,7 @@ pub fn start(
     if let Some(e) = engine {
         let _ = state.engine.set(e);
     }
-    let app = router(state.clone());
+    let app = router(state.clone(), cors);
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let task = tokio::spawn(accept_loop(listener, app, state.clone(), stopped));
     Ok(ServerHandle { addr, state, stop: Some(stop), task: Some(task) })
@@ -340,22 +370,70 @@ async fn accept_loop(
     Ok(())
 }
 
-fn router(state: Arc<AppState>) -> Router {
+/// The CORS layer for `origins` (None when empty): GET, POST and OPTIONS with the
+/// `Authorization`, `Content-Type` and `x-request-id` headers; `x-request-id` readable by
+/// scripts. Preflight requests (OPTIONS) are answered by the layer itself.
+pub fn cors_layer(origins: &[String]) -> Result<Option<tower_http::cors::CorsLayer>, String> {
+    use axum::http::Method;
+    use tower_http::cors::{AllowOrigin, CorsLayer};
+    let origins: Vec<&str> = origins.iter().map(|o| o.trim()).filter(|o| !o.is_empty()).collect();
+    if origins.is_empty() {
+        return Ok(None);
+    }
+    let allow = if origins.contains(&"*") {
+        AllowOrigin::any()
+    } else {
+        let mut list = Vec::new();
+        for o in origins {
+            let host = o.strip_prefix("http://").or_else(|| o.strip_prefix("https://"));
+            let ok = o == "null"
+                || host.is_some_and(|h| {
+                    !h.is_empty() && h.bytes().all(|b| b.is_ascii_graphic() && !b"/?#@\\".contains(&b))
+                });
+            let v = HeaderValue::from_str(o).ok().filter(|_| ok).ok_or_else(|| {
+                format!("--allowed-origins: {o:?} is not an origin (scheme://host[:port], no path; or `*`)")
+            })?;
+            list.push(v);
+        }
+        AllowOrigin::list(list)
+    };
+    Ok(Some(
+        CorsLayer::new()
+            .allow_origin(allow)
+            .allow_methods([Method::GET, Method::POST, Method::OPTIONS])
+            .allow_headers([header::AUTHORIZATION, header::CONTENT_TYPE, access::REQUEST_ID])
+            .expose_headers([access::REQUEST_ID]),
+    ))
+}
+
+fn router(state: Arc<AppState>, cors: Option<tower_http::cors::CorsLayer>) -> Router {
     let api = Router::new()
         .route("/v1/chat/completions", post(openai::chat_completions))
         .route("/v1/completions", post(openai::completions))
         .route("/v1/models", get(list_models))
         .route("/v1/models/{*model}", get(get_model))
+        .route("/tokenize", post(tokenize::tokenize))
+        .route("/detokenize", post(tokenize::detokenize))
         .route_layer(from_fn_with_state(state.clone(), require_api_key));
-    Router::new()
+    let mut app = Router::new()
         .merge(api)
         .route("/health", get(health))
         .route("/metrics", get(prometheus))
+        .route("/version", get(version))
         .fallback(|| async { ApiError::not_found("no such route") })
-        .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
-        .layer(from_fn_with_state(state.clone(), count_status))
+        .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() });
+    // Innermost first: CORS (answers preflights), the status counter, the access log.
+    if let Some(cors) = cors {
+        app = app.layer(cors);
+    }
+    app.layer(from_fn_with_state(state.clone(), count_status))
+        .layer(from_fn_with_state(state.clone(), access::access_log))
         .layer(DefaultBodyLimit::disable())
         .with_state(state)
+}
+
+async fn version() -> Response {
+    Json(json!({"version": env!("CARGO_PKG_VERSION")})).into_response()
 }
 
 /// Byte-wise comparison whose time does not depend on where the inputs differ.
@@ -452,9 +530,9 @@ async fn prometheus(State(st): State<Arc<AppState>>) -> Response {
     r
 }
 
-fn model_card(st: &AppState) -> serde_json::Value {
+fn model_card(st: &AppState, name: &str) -> serde_json::Value {
     let mut card = json!({
-        "id": st.cfg.served_model_name,
+        "id": name,
         "object": "model",
         "created": st.started,
         "owned_by": "torus-wgpu",
@@ -466,7 +544,8 @@ fn model_card(st: &AppState) -> serde_json::Value {
 }
 
 async fn list_models(State(st): State<Arc<AppState>>) -> Response {
-    Json(json!({"object": "list", "data": [model_card(&st)]})).into_response()
+    let data: Vec<serde_json::Value> = st.model_names().map(|n| model_card(&st, n)).collect();
+    Json(json!({"object": "list", "data": data})).into_response()
 }
 
 async fn get_model(
@@ -476,7 +555,7 @@ async fn get_model(
     // A path that does not decode (invalid UTF-8 in percent escapes) names no model.
     let Ok(UrlPath(model)) = model else { return ApiError::not_found("no such model").into_response() };
     match st.check_model(Some(&model)) {
-        Ok(()) => Json(model_card(&st)).into_response(),
+        Ok(()) => Json(model_card(&st, &model)).into_response(),
         Err(e) => e.into_response(),
     }
 }
@@ -504,8 +583,22 @@ pub fn run(args: ServeArgs) -> Result<()> {
     if args.header_read_timeout_s > 86_400 {
         anyhow::bail!("--header-read-timeout-s must be at most 86400 (a day), or 0 for no limit");
     }
-    let mut scfg =
-        ServerConfig::new(args.served_model_name.clone().unwrap_or_else(|| model_id_for_path(&model_path)), &cfg);
+    let mut names: Vec<String> = Vec::new();
+    for n in args.served_model_name.iter().map(|n| n.trim()) {
+        if n.is_empty() {
+            anyhow::bail!("--served-model-name: empty model name");
+        }
+        if !names.iter().any(|m| m == n) {
+            names.push(n.to_string());
+        }
+    }
+    if names.is_empty() {
+        names.push(model_id_for_path(&model_path));
+    }
+    let mut scfg = ServerConfig::new(names.remove(0), &cfg);
+    scfg.model_aliases = names;
+    cors_layer(&args.allowed_origins).map_err(anyhow::Error::msg)?;
+    scfg.allowed_origins = args.allowed_origins.clone();
     scfg.api_key = args.api_key.clone().filter(|k| !k.is_empty());
     scfg.max_queued_requests = args.max_queued_requests;
     scfg.max_request_body_bytes = args.max_request_body_bytes;
@@ -526,7 +619,8 @@ async fn serve(args: ServeArgs, cfg: EngineConfig, scfg: ServerConfig, model_pat
     let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
         .await
         .with_context(|| format!("cannot listen on {}:{}", args.host, args.port))?;
-    let auth = if scfg.api_key.is_some() { "API key required on /v1" } else { "no API key" };
+    let auth =
+        if scfg.api_key.is_some() { "API key required on /v1, /tokenize and /detokenize" } else { "no API key" };
     let name = scfg.served_model_name.clone();
     let server = start(listener, scfg, None)?;
     eprintln!(

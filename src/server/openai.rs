@@ -1,6 +1,7 @@
 //! `POST /v1/chat/completions` and `POST /v1/completions`: request bodies to engine requests,
 //! engine events to OpenAI's response objects or SSE chunks (`data: {...}`, `data: [DONE]`).
 
+use super::access::AccessRecord;
 use super::error::ApiError;
 use super::generate::{check_context, submit, total_usage, Choice, Collected, Planned, TokenOut};
 use super::params::{parse_messages, parse_prompts, Common, Fields, Limits, Prompt, MAX_TOP_LOGPROBS};
@@ -8,7 +9,7 @@ use super::{unix_now, AppState};
 use crate::engine::{EngineHandle, Event, FinishReason, Usage};
 use crate::tokenizer::Tokenizer;
 use axum::body::{Body, Bytes};
-use axum::extract::State;
+use axum::extract::{Extension, State};
 use axum::http::{header, HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -30,16 +31,28 @@ const COMPLETIONS_DEFAULT_MAX_TOKENS: usize = 16;
 /// 413 instead of a reset connection.
 const DRAIN_CAP: usize = 64 << 20;
 
-pub(crate) async fn chat_completions(State(st): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
+/// The access log's record of this request (a detached one outside the middleware).
+type Log = Option<Extension<AccessRecord>>;
+
+pub(crate) async fn chat_completions(
+    State(st): State<Arc<AppState>>,
+    log: Log,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
     let t0 = Instant::now();
     let limit = st.cfg.request_timeout;
-    within(&st, t0, limit, chat(st.clone(), headers, body, t0)).await.unwrap_or_else(IntoResponse::into_response)
+    let log = log.map(|l| l.0).unwrap_or_default();
+    within(&st, t0, limit, chat(st.clone(), headers, body, t0, log)).await.unwrap_or_else(IntoResponse::into_response)
 }
 
-pub(crate) async fn completions(State(st): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
+pub(crate) async fn completions(State(st): State<Arc<AppState>>, log: Log, headers: HeaderMap, body: Body) -> Response {
     let t0 = Instant::now();
     let limit = st.cfg.request_timeout;
-    within(&st, t0, limit, complete(st.clone(), headers, body, t0)).await.unwrap_or_else(IntoResponse::into_response)
+    let log = log.map(|l| l.0).unwrap_or_default();
+    within(&st, t0, limit, complete(st.clone(), headers, body, t0, log))
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
 }
 
 /// A time limit counted from `t0`, and its deadline (None: no limit, or one too far to count).
@@ -67,7 +80,7 @@ async fn within<T>(
 }
 
 /// The body as a JSON object: 413 over `limit` bytes, 400 for invalid UTF-8 or JSON.
-async fn read_json(headers: &HeaderMap, body: Body, limit: usize) -> Result<Map<String, Value>, ApiError> {
+pub(crate) async fn read_json(headers: &HeaderMap, body: Body, limit: usize) -> Result<Map<String, Value>, ApiError> {
     let declared =
         headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.trim().parse::<u64>().ok());
     let mut chunks = body.into_data_stream();
@@ -119,11 +132,17 @@ fn limits(st: &AppState, e: &EngineHandle) -> Limits {
 }
 
 /// Runs tokenizer work off the async threads.
-async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T, ApiError> {
+pub(crate) async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T, ApiError> {
     tokio::task::spawn_blocking(f).await.map_err(|e| ApiError::internal(format!("tokenizer task failed: {e}")))
 }
 
-async fn chat(st: Arc<AppState>, headers: HeaderMap, body: Body, t0: Instant) -> Result<Response, ApiError> {
+async fn chat(
+    st: Arc<AppState>,
+    headers: HeaderMap,
+    body: Body,
+    t0: Instant,
+    log: AccessRecord,
+) -> Result<Response, ApiError> {
     let engine = st.engine()?.clone();
     let obj = read_json(&headers, body, st.cfg.max_request_body_bytes).await?;
     let f = Fields(&obj);
@@ -145,7 +164,7 @@ async fn chat(st: Arc<AppState>, headers: HeaderMap, body: Body, t0: Instant) ->
     .map_err(|e| ApiError::invalid("messages", format!("{e:#}")))?;
     let max_tokens = check_context(&engine.info, prompt.len(), c.max_tokens, "messages")?;
     let plan = Planned { prompt, choices: (0..c.n).map(|j| c.request_params(j, max_tokens, lp)).collect() };
-    let choices = within(&st, t0, c.timeout, submit(&st, &engine, vec![plan], t0)).await?;
+    let choices = within(&st, t0, c.timeout, submit(&st, &engine, vec![plan], t0, &log)).await?;
     let out = Output {
         id: st.new_id("chatcmpl"),
         created: unix_now(),
@@ -161,7 +180,13 @@ async fn chat(st: Arc<AppState>, headers: HeaderMap, body: Body, t0: Instant) ->
     Ok(if c.stream { out.stream(choices) } else { within(&st, t0, c.timeout, out.whole(choices)).await? })
 }
 
-async fn complete(st: Arc<AppState>, headers: HeaderMap, body: Body, t0: Instant) -> Result<Response, ApiError> {
+async fn complete(
+    st: Arc<AppState>,
+    headers: HeaderMap,
+    body: Body,
+    t0: Instant,
+    log: AccessRecord,
+) -> Result<Response, ApiError> {
     let engine = st.engine()?.clone();
     let obj = read_json(&headers, body, st.cfg.max_request_body_bytes).await?;
     let f = Fields(&obj);
@@ -208,7 +233,7 @@ async fn complete(st: Arc<AppState>, headers: HeaderMap, body: Body, t0: Instant
         plans.push(Planned { prompt, choices: (0..c.n).map(|j| c.request_params(j, m, lp)).collect() });
         echoes.push(if echo { text } else { String::new() });
     }
-    let choices = within(&st, t0, c.timeout, submit(&st, &engine, plans, t0)).await?;
+    let choices = within(&st, t0, c.timeout, submit(&st, &engine, plans, t0, &log)).await?;
     let out = Output {
         id: st.new_id("cmpl"),
         created: unix_now(),
