@@ -251,7 +251,9 @@ fn tokenizer_body() -> impl Strategy<Value = (&'static str, Vec<u8>)> {
         .prop_map(|(kind, ids, edits, tweaks, tweak_it)| {
             let (path, mut v) = match kind {
                 0 => (TOKENIZE, json!({"prompt": "hi", "return_token_strs": true})),
-                1 => (TOKENIZE, json!({"messages": [{"role": "user", "content": "hi"}], "add_generation_prompt": true})),
+                1 => {
+                    (TOKENIZE, json!({"messages": [{"role": "user", "content": "hi"}], "add_generation_prompt": true}))
+                }
                 _ => (DETOKENIZE, json!({"tokens": ids, "prompt": "hi"})),
             };
             let o = v.as_object_mut().unwrap();
@@ -342,8 +344,16 @@ fn case() -> impl Strategy<Value = Case> {
     )
         .prop_map(|(path, body, ct)| Case { method: Method::POST, path: path.into(), content_type: ct, body });
     let gets = prop_oneof![
-        prop::sample::select(vec!["/v1/models", "/health", "/metrics", "/version", "/v1/models/tiny-qwen2", "/", "/v1"])
-            .prop_map(str::to_string),
+        prop::sample::select(vec![
+            "/v1/models",
+            "/health",
+            "/metrics",
+            "/version",
+            "/v1/models/tiny-qwen2",
+            "/",
+            "/v1"
+        ])
+        .prop_map(str::to_string),
         "[a-zA-Z0-9%._~-]{0,24}".prop_map(|s| format!("/v1/models/{s}")),
         "[a-zA-Z0-9%._~/-]{0,24}".prop_map(|s| format!("/{s}")),
     ];
@@ -355,7 +365,7 @@ fn case() -> impl Strategy<Value = Case> {
             Method::DELETE,
             Method::PATCH,
             Method::HEAD,
-            Method::OPTIONS
+            Method::OPTIONS,
         ]),
         prop::sample::select(vec![
             CHAT,
@@ -366,7 +376,7 @@ fn case() -> impl Strategy<Value = Case> {
             "/health",
             "/metrics",
             "/version",
-            "/v1/models/x"
+            "/v1/models/x",
         ]),
         prop::collection::vec(any::<u8>(), 0..64),
     )
@@ -501,11 +511,7 @@ fn random_requests_never_break_the_server() {
                 .collect()
                 .await;
             for (path, r) in results {
-                let route = if ROUTES.contains(&path.as_str()) {
-                    path
-                } else {
-                    "other".into()
-                };
+                let route = if ROUTES.contains(&path.as_str()) { path } else { "other".into() };
                 *statuses.lock().unwrap().entry((route, r?)).or_insert(0) += 1;
             }
             good(&srv).await

@@ -1464,7 +1464,10 @@ async fn served_model_name_aliases() {
         srv.ok("/tokenize", &json!({"model": name, "prompt": "hi"})).await;
     }
     let chunks = srv
-        .stream("/v1/chat/completions", &json!({"model": "second", "messages": user("hi"), "max_tokens": 2, "stream": true}))
+        .stream(
+            "/v1/chat/completions",
+            &json!({"model": "second", "messages": user("hi"), "max_tokens": 2, "stream": true}),
+        )
         .await;
     assert!(chunks.iter().all(|c| c["model"] == "first"));
     let (s, v) = srv.post("/v1/chat/completions", &json!({"model": "fourth", "messages": user("hi")})).await;
@@ -1512,7 +1515,8 @@ async fn smollm2_tokenize_detokenize() {
     assert_eq!(common::ids(&t["tokens"]), tok.encode(text).unwrap());
 
     // Messages, as /v1/chat/completions counts them.
-    let messages = json!([{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "What is 2+2?"}]);
+    let messages =
+        json!([{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "What is 2+2?"}]);
     let t = srv.ok("/tokenize", &json!({"model": model_id_for_path(&path), "messages": messages})).await;
     let c = srv.ok("/v1/chat/completions", &json!({"messages": messages, "max_tokens": 1})).await;
     assert_eq!(t["count"], c["usage"]["prompt_tokens"], "{t} {c}");

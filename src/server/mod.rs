@@ -262,7 +262,8 @@ pub fn start(
     engine: Option<EngineHandle>,
 ) -> std::io::Result<ServerHandle> {
     let addr = listener.local_addr()?;
-    let cors = cors_layer(&cfg.allowed_origins).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+    let cors =
+        cors_layer(&cfg.allowed_origins).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
     let state = Arc::new(AppState {
         cfg,
         engine: OnceLock::new(),
@@ -619,8 +620,7 @@ async fn serve(args: ServeArgs, cfg: EngineConfig, scfg: ServerConfig, model_pat
     let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
         .await
         .with_context(|| format!("cannot listen on {}:{}", args.host, args.port))?;
-    let auth =
-        if scfg.api_key.is_some() { "API key required on /v1, /tokenize and /detokenize" } else { "no API key" };
+    let auth = if scfg.api_key.is_some() { "API key required on /v1, /tokenize and /detokenize" } else { "no API key" };
     let name = scfg.served_model_name.clone();
     let server = start(listener, scfg, None)?;
     eprintln!(
