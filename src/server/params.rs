@@ -303,6 +303,7 @@ impl Common {
                 ignore_eos: self.ignore_eos,
             },
             cache_salt: self.cache_salt.clone(),
+            skip_special_tokens: true,
         }
     }
 }
