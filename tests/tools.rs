@@ -331,4 +331,37 @@ async fn qwen_tool_call_round_trip() {
     let v = srv.ok("/v1/chat/completions", &fbody).await;
     eprintln!("follow-up: {v}");
     assert!(v["choices"][0]["message"]["content"].is_string(), "{v}");
+
+    // The official openai client: tool_choice "required", streamed and not, arguments valid
+    // against the schema, and the follow-up turn (tests/openai_e2e.py --tool-model).
+    openai_python(&srv.base).await;
+}
+
+async fn openai_python(base: &str) {
+    let has_openai =
+        std::process::Command::new("python3").args(["-c", "import openai"]).output().is_ok_and(|o| o.status.success());
+    if !has_openai {
+        if std::env::var("TORUS_SKIP_PYTHON").as_deref() == Ok("1") {
+            eprintln!("SKIPPED: the `openai` Python package is not installed (TORUS_SKIP_PYTHON=1)");
+            return;
+        }
+        panic!("python3 cannot import the `openai` package; install it, or set TORUS_SKIP_PYTHON=1 to skip");
+    }
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/openai_e2e.py");
+    let base = format!("{base}/v1");
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new("python3")
+            .arg(script)
+            .arg(base)
+            .arg("--tool-model")
+            .env("NO_PROXY", "127.0.0.1,localhost")
+            .env("no_proxy", "127.0.0.1,localhost")
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let (so, se) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "openai_e2e.py --tool-model failed ({:?})\nstdout:\n{so}\nstderr:\n{se}", out.status);
+    assert!(so.contains("openai_e2e: all checks passed"), "{so}");
 }
