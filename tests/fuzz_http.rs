@@ -56,6 +56,8 @@ const FIELDS: &[&str] = &[
     "ignore_eos",
     "cache_salt",
     "tools",
+    "tool_choice",
+    "parallel_tool_calls",
     "response_format",
     "logprobs",
     "top_logprobs",

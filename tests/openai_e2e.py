@@ -1,15 +1,20 @@
 #!/usr/bin/env python3
 """Drives a running `torus-wgpu serve` with the official `openai` Python package.
 
-Usage: python3 tests/openai_e2e.py [BASE_URL]   (default: $TORUS_BASE_URL, else
-http://127.0.0.1:8000/v1). Set TORUS_API_KEY when the server requires a key.
+Usage: python3 tests/openai_e2e.py [BASE_URL] [--tool-model]   (default: $TORUS_BASE_URL,
+else http://127.0.0.1:8000/v1). Set TORUS_API_KEY when the server requires a key.
 
 Checks chat (non-streaming and streaming with usage), completions (non-streaming and
-streaming), n > 1, logprobs, the model list, and that errors come back as the client's typed
-exceptions. Responses are parsed with the client's strict validation where it offers it.
-Exits 0 when every check passes; otherwise prints what failed and exits 1.
+streaming), n > 1, logprobs, the model list, tool-calling requests (shapes, a follow-up turn
+with a `tool` message), and that errors come back as the client's typed exceptions. Responses
+are parsed with the client's strict validation where it offers it. With --tool-model (a model
+that answers the weather question below with a call, e.g. Qwen2.5-Coder-0.5B-Instruct), only
+the tool checks run, and the call itself is checked: streamed and not, with arguments valid
+against the tool's JSON schema. Exits 0 when every check passes; otherwise prints what failed
+and exits 1.
 """
 
+import json
 import os
 import sys
 
@@ -34,14 +39,117 @@ def check(cond: bool, what: str) -> None:
         raise AssertionError(what)
 
 
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the current weather in a given city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "description": "The city name"}},
+            "required": ["city"],
+        },
+    },
+}
+
+
+def validate_arguments(arguments: str, schema: dict) -> None:
+    args = json.loads(arguments)
+    check(isinstance(args, dict), f"arguments are an object: {arguments!r}")
+    try:
+        import jsonschema
+    except ImportError:
+        for k in schema.get("required", []):
+            check(k in args, f"required argument {k!r} in {arguments!r}")
+        return
+    jsonschema.validate(args, schema)
+
+
+def check_tools(client: OpenAI, model: str, tool_model: bool) -> None:
+    """Tool-calling requests. With a model that calls tools (tool_model), the call itself."""
+    schema = WEATHER_TOOL["function"]["parameters"]
+    # A random-weights test model has a short context (tiny-qwen2: 512 tokens): short texts there.
+    tool = WEATHER_TOOL if tool_model else {"type": "function", "function": {"name": "get_weather"}}
+    ask = "What is the weather in Paris? Use the get_weather tool." if tool_model else "Paris?"
+    question = [{"role": "user", "content": ask}]
+    kwargs = dict(model=model, messages=question, tools=[tool], temperature=0, max_tokens=48 if tool_model else 4)
+    # tool_choice "required" (not yet enforced by a grammar: the model must choose to call).
+    chat = client.chat.completions.create(tool_choice="required", **kwargs)
+    msg = chat.choices[0].message
+    if tool_model:
+        check(chat.choices[0].finish_reason == "tool_calls", f"finish_reason: {chat.choices[0].finish_reason}")
+        check(msg.content is None, f"content: {msg.content!r}")
+        check(msg.tool_calls is not None and len(msg.tool_calls) == 1, f"tool_calls: {msg.tool_calls}")
+        call = msg.tool_calls[0]
+        check(call.type == "function" and call.id.startswith("call_"), f"call: {call}")
+        check(call.function.name == "get_weather", f"name: {call.function.name}")
+        validate_arguments(call.function.arguments, schema)
+    else:
+        check(chat.choices[0].finish_reason in ("stop", "length", "tool_calls"), "finish_reason")
+
+    # Streamed: the deltas merge (by tool-call index) into the same call.
+    stream = client.chat.completions.create(tool_choice="required", stream=True, **kwargs)
+    calls, content, reasons = {}, "", []
+    for chunk in stream:
+        for c in chunk.choices:
+            content += c.delta.content or ""
+            for tc in c.delta.tool_calls or []:
+                entry = calls.setdefault(tc.index, {"id": tc.id, "name": "", "arguments": ""})
+                if tc.function is not None:
+                    entry["name"] += tc.function.name or ""
+                    entry["arguments"] += tc.function.arguments or ""
+            if c.finish_reason:
+                reasons.append(c.finish_reason)
+    check(reasons == [chat.choices[0].finish_reason], f"streamed finish reasons: {reasons}")
+    if tool_model:
+        check(content == "", f"streamed content: {content!r}")
+        check(list(calls) == [0], f"streamed calls: {calls}")
+        check(calls[0]["name"] == "get_weather" and calls[0]["id"].startswith("call_"), f"{calls}")
+        check(calls[0]["arguments"] == msg.tool_calls[0].function.arguments, f"{calls} vs {msg.tool_calls}")
+        validate_arguments(calls[0]["arguments"], schema)
+    else:
+        check(content == (msg.content or ""), f"streamed {content!r} != {msg.content!r}")
+
+    # The follow-up turn: the assistant's call (content null) and the tool's result.
+    call_id = msg.tool_calls[0].id if msg.tool_calls else "call_0"
+    follow = question + [
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": call_id, "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": call_id, "content": '{"temperature_c": 18}'},
+    ]
+    after = client.chat.completions.create(model=model, messages=follow, tools=[tool], temperature=0, max_tokens=4)
+    check(after.choices[0].message.role == "assistant", "follow-up answered")
+
+    # A tool_choice naming an undefined function is refused, naming the field.
+    try:
+        client.chat.completions.create(
+            model=model, messages=question, tools=[tool], tool_choice={"type": "function", "function": {"name": "nope"}}
+        )
+        raise AssertionError("a tool_choice naming an undefined function was accepted")
+    except openai.BadRequestError as e:
+        check(e.status_code == 400 and e.param == "tool_choice", f"status {e.status_code}, param {e.param}")
+
+
 def main() -> int:
-    base_url = sys.argv[1] if len(sys.argv) > 1 else os.environ.get("TORUS_BASE_URL", "http://127.0.0.1:8000/v1")
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    tool_model = "--tool-model" in sys.argv[1:]
+    base_url = args[0] if args else os.environ.get("TORUS_BASE_URL", "http://127.0.0.1:8000/v1")
     client = make_client(base_url)
 
     models = client.models.list()
     ids = [m.id for m in models.data]
     check(len(ids) == 1, f"one served model, got {ids}")
     model = ids[0]
+    if tool_model:
+        check_tools(client, model, tool_model=True)
+        print("openai_e2e: all checks passed")
+        return 0
+    check_tools(client, model, tool_model=False)
     check(client.models.retrieve(model).id == model, "models.retrieve returns the served model")
 
     messages = [{"role": "user", "content": "Say hello."}]

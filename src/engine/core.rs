@@ -284,6 +284,7 @@ impl EngineCore {
                 let prompt_len = req.prompt.len();
                 let max_tokens = req.params.stop.max_tokens.unwrap_or(self.cfg.max_seq_len - prompt_len);
                 let seed = req.params.sampling.seed;
+                let skip_special = req.params.skip_special_tokens;
                 self.waiting.push_back(Seq {
                     id,
                     tokens: req.prompt,
@@ -298,7 +299,7 @@ impl EngineCore {
                     max_tokens,
                     rng: seed.map(Rng::new).unwrap_or_else(Rng::from_entropy),
                     out,
-                    detok: IncrementalDecoder::new(true),
+                    detok: IncrementalDecoder::new(skip_special),
                     pending: String::new(),
                     counts: HashMap::new(),
                     cached_tokens: None,

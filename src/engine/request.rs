@@ -31,6 +31,9 @@ pub struct RequestParams {
     /// Prefix-cache salt (vLLM's `cache_salt`): requests share cached blocks only with requests
     /// of the same salt (None: the shared cache).
     pub cache_salt: Option<String>,
+    /// Leave special tokens out of the text (vLLM's `skip_special_tokens`; default true). Tool
+    /// calling turns it off: some models' `<tool_call>` tags are special tokens.
+    pub skip_special_tokens: bool,
 }
 
 impl Default for RequestParams {
@@ -44,6 +47,7 @@ impl Default for RequestParams {
             logprobs: None,
             stop: StopConditions::default(),
             cache_salt: None,
+            skip_special_tokens: true,
         }
     }
 }

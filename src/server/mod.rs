@@ -16,6 +16,7 @@ pub mod metrics;
 mod openai;
 mod params;
 mod tokenize;
+mod tools;
 
 pub use error::ApiError;
 pub use metrics::ServerMetrics;

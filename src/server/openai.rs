@@ -5,6 +5,7 @@ use super::access::AccessRecord;
 use super::error::ApiError;
 use super::generate::{check_context, submit, total_usage, Choice, Collected, Planned, TokenOut};
 use super::params::{parse_messages, parse_prompts, Common, Fields, Limits, Prompt, MAX_TOP_LOGPROBS};
+use super::tools::{self, Piece, ToolCallParser, ToolRequest};
 use super::{unix_now, AppState};
 use crate::engine::{EngineHandle, Event, FinishReason, Usage};
 use crate::tokenizer::Tokenizer;
@@ -155,15 +156,27 @@ async fn chat(
         return Err(ApiError::invalid("top_logprobs", "`top_logprobs` requires `logprobs` to be true"));
     }
     let lp = logprobs.then(|| top.unwrap_or(0) as u32);
+    let tool_req = ToolRequest::parse(&f)?;
     let tok = engine.tokenizer.clone();
+    let for_prompt = tool_req.clone();
     let prompt = blocking(move || -> anyhow::Result<Vec<u32>> {
-        let text = tok.apply_chat_template(&messages, true)?;
+        let text = tools::render_prompt(&tok, &messages, for_prompt.as_ref(), true)?;
         tok.encode(&text)
     })
     .await?
     .map_err(|e| ApiError::invalid("messages", format!("{e:#}")))?;
     let max_tokens = check_context(&engine.info, prompt.len(), c.max_tokens, "messages")?;
-    let plan = Planned { prompt, choices: (0..c.n).map(|j| c.request_params(j, max_tokens, lp)).collect() };
+    let mut params: Vec<_> = (0..c.n).map(|j| c.request_params(j, max_tokens, lp)).collect();
+    if tool_req.as_ref().is_some_and(ToolRequest::parses_output) {
+        // As vLLM's Hermes parser: the tags may be special tokens (Qwen2.5's GGUF marks them so).
+        params.iter_mut().for_each(|p| p.skip_special_tokens = false);
+    }
+    if let Some(constraint) = tool_req.as_ref().and_then(ToolRequest::constraint) {
+        for p in &mut params {
+            tools::apply_constraint(&constraint, p)?;
+        }
+    }
+    let plan = Planned { prompt, choices: params };
     let choices = within(&st, t0, c.timeout, submit(&st, &engine, vec![plan], t0, &log)).await?;
     let out = Output {
         id: st.new_id("chatcmpl"),
@@ -175,6 +188,7 @@ async fn chat(
         include_usage: c.include_usage,
         echo: vec![],
         deadline: deadline(t0, c.timeout),
+        tools: tool_req.filter(ToolRequest::parses_output),
         st: st.clone(),
     };
     Ok(if c.stream { out.stream(choices) } else { within(&st, t0, c.timeout, out.whole(choices)).await? })
@@ -193,6 +207,9 @@ async fn complete(
     let c = Common::parse(&f, &limits(&st, &engine), &["max_tokens"])?;
     st.check_model(c.model.as_deref())?;
     let prompts = parse_prompts(f.get("prompt"), engine.info.vocab)?;
+    if f.get("tools").is_some_and(|t| t.as_array().is_none_or(|a| !a.is_empty())) {
+        return Err(ApiError::invalid("tools", "`tools` is only supported on /v1/chat/completions"));
+    }
     let echo = f.bool("echo")?.unwrap_or(false);
     let lp = f.int_in("logprobs", 0, MAX_TOP_LOGPROBS as i64)?.map(|n| n as u32);
     if echo && lp.is_some() {
@@ -244,6 +261,7 @@ async fn complete(
         include_usage: c.include_usage,
         echo: echoes,
         deadline: deadline(t0, c.timeout),
+        tools: None,
         st: st.clone(),
     };
     Ok(if c.stream { out.stream(choices) } else { within(&st, t0, c.timeout, out.whole(choices)).await? })
@@ -326,10 +344,27 @@ struct Output {
     echo: Vec<String>,
     /// The request's time limit and when it passes (streams end there).
     deadline: Option<(Duration, tokio::time::Instant)>,
+    /// Chat with tools (tool_choice other than `none`): the output is parsed for tool calls.
+    tools: Option<ToolRequest>,
     st: Arc<AppState>,
 }
 
+/// `tool_calls` as the finish reason of a choice that stopped after calling tools.
+fn tool_calls_reason(reason: &FinishReason, openai: Value) -> Value {
+    if matches!(reason, FinishReason::Stop) {
+        json!("tool_calls")
+    } else {
+        openai
+    }
+}
+
 impl Output {
+    /// A fresh tool-call id, `call_` and 24 hex digits.
+    fn call_id(&self) -> String {
+        let id = self.st.new_id("call");
+        format!("call_{}", id.strip_prefix("call-").unwrap_or(&id))
+    }
+
     fn envelope(&self, chunk: bool, choices: Vec<Value>) -> Value {
         let object = match (self.chat, chunk) {
             (true, false) => "chat.completion",
@@ -396,9 +431,21 @@ impl Output {
                 let reason = c.reason.as_openai();
                 if self.chat {
                     let lp = if self.logprobs { self.chat_logprobs(&c.tokens) } else { Value::Null };
+                    let mut message = json!({"role": "assistant", "content": c.text, "refusal": null});
+                    let mut reason = json!(reason);
+                    if let Some(t) = &self.tools {
+                        let (content, calls) = tools::parse_output(t, &c.text);
+                        message["content"] = json!(content);
+                        if !calls.is_empty() {
+                            let calls: Vec<Value> =
+                                calls.iter().map(|k| tools::call_json(&self.call_id(), k)).collect();
+                            message["tool_calls"] = Value::Array(calls);
+                            reason = tool_calls_reason(&c.reason, reason);
+                        }
+                    }
                     json!({
                         "index": c.index,
-                        "message": {"role": "assistant", "content": c.text, "refusal": null},
+                        "message": message,
                         "logprobs": lp,
                         "finish_reason": reason,
                     })
@@ -425,6 +472,7 @@ impl Output {
             merged: stream::select_all(Vec::<BoxStream<'static, (usize, usize, Event)>>::new()),
             usage: vec![],
             offsets: HashMap::new(),
+            parsers: HashMap::new(),
             open: choices.iter().map(|c| c.index).collect(),
             finished: false,
             started: false,
@@ -509,6 +557,8 @@ struct SseState {
     usage: Vec<(usize, usize, Usage)>,
     /// Legacy logprobs: each choice's text offset so far.
     offsets: HashMap<usize, usize>,
+    /// Chat with tools: each choice's tool-call parser.
+    parsers: HashMap<usize, ToolCallParser>,
     /// Choices not finished yet.
     open: BTreeSet<usize>,
     finished: bool,
@@ -521,6 +571,33 @@ fn sse(v: &Value) -> Bytes {
 }
 
 impl SseState {
+    fn parser(&mut self, index: usize) -> &mut ToolCallParser {
+        let tools = &self.out.tools;
+        self.parsers.entry(index).or_insert_with(|| ToolCallParser::new(tools.clone().expect("a tools request")))
+    }
+
+    /// Chunks for parsed output: content deltas, and each call as one `delta.tool_calls` chunk
+    /// (id, type, name and the whole arguments). `lp` (a token's logprobs) goes on the first
+    /// chunk, or on an empty content delta when the token's text is held back.
+    fn push_pieces(&mut self, index: usize, pieces: Vec<Piece>, mut lp: Value) {
+        if pieces.is_empty() && !lp.is_null() {
+            self.push_choice(json!({"index": index, "delta": {"content": ""}, "logprobs": lp, "finish_reason": null}));
+            return;
+        }
+        for piece in pieces {
+            let delta = match piece {
+                Piece::Content(text) => json!({"content": text}),
+                Piece::Call(c) => {
+                    let mut call = tools::call_json(&self.out.call_id(), &c);
+                    call["index"] = json!(c.index);
+                    json!({"tool_calls": [call]})
+                }
+            };
+            let lp = std::mem::take(&mut lp);
+            self.push_choice(json!({"index": index, "delta": delta, "logprobs": lp, "finish_reason": null}));
+        }
+    }
+
     fn push_choice(&mut self, choice: Value) {
         let mut v = self.out.envelope(true, vec![choice]);
         if self.out.include_usage {
@@ -538,6 +615,11 @@ impl SseState {
                 let toks = [TokenOut { id, logprob, top }];
                 if self.out.chat {
                     let lp = if self.out.logprobs { self.out.chat_logprobs(&toks) } else { Value::Null };
+                    if self.out.tools.is_some() {
+                        let pieces = self.parser(index).push(&text);
+                        self.push_pieces(index, pieces, lp);
+                        return;
+                    }
                     self.push_choice(
                         json!({"index": index, "delta": {"content": text}, "logprobs": lp, "finish_reason": null}),
                     );
@@ -551,17 +633,26 @@ impl SseState {
                     self.push_choice(json!({"index": index, "text": text, "logprobs": lp, "finish_reason": null}));
                 }
             }
-            Event::Done { text, reason, usage } => {
+            Event::Done { text, reason: finish, usage } => {
                 self.open.remove(&index);
-                if let Some(err) = error_of(&reason) {
+                if let Some(err) = error_of(&finish) {
                     self.tail.push_back(sse(&err.body()));
                     self.tail.push_back(Bytes::from_static(b"data: [DONE]\n\n"));
                     self.finished = true;
                     return;
                 }
                 self.usage.push((index, prompt_index, usage));
-                let reason = reason.as_openai();
-                if self.out.chat {
+                let mut reason = json!(finish.as_openai());
+                if self.out.chat && self.out.tools.is_some() {
+                    let parser = self.parser(index);
+                    let mut pieces = parser.push(&text);
+                    pieces.extend(parser.finish());
+                    if parser.calls() > 0 {
+                        reason = tool_calls_reason(&finish, reason);
+                    }
+                    self.push_pieces(index, pieces, Value::Null);
+                    self.push_choice(json!({"index": index, "delta": {}, "logprobs": null, "finish_reason": reason}));
+                } else if self.out.chat {
                     if !text.is_empty() {
                         self.push_choice(
                             json!({"index": index, "delta": {"content": text}, "logprobs": null, "finish_reason": null}),

@@ -249,11 +249,6 @@ impl Common {
                 }
             }
         };
-        if let Some(tools) = f.get("tools") {
-            if tools.as_array().is_none_or(|a| !a.is_empty()) {
-                return Err(ApiError::invalid("tools", "tool calling is not supported by this server"));
-            }
-        }
         if let Some(rf) = f.get("response_format") {
             let kind = rf.get("type").and_then(Value::as_str);
             if kind != Some("text") {
@@ -303,6 +298,7 @@ impl Common {
                 ignore_eos: self.ignore_eos,
             },
             cache_salt: self.cache_salt.clone(),
+            skip_special_tokens: true,
         }
     }
 }
@@ -380,7 +376,8 @@ fn token_ids(v: &Value, param: &str, vocab: usize) -> Result<Vec<u32>, ApiError>
         .collect()
 }
 
-/// Chat messages: `role` and `content` (a string, null, or a list of text parts).
+/// Chat messages: `role` and `content` (a string, null, or a list of text parts), and the
+/// tool-calling fields (`tool_calls`, `tool_call_id`, `name`; see `tools::parse_history_fields`).
 pub fn parse_messages(v: Option<&Value>) -> Result<Vec<ChatMessage>, ApiError> {
     let Some(v) = v else { return Err(ApiError::invalid("messages", "`messages` is required")) };
     let Value::Array(list) = v else { return Err(wrong_type("messages", "an array", v)) };
@@ -428,7 +425,9 @@ pub fn parse_messages(v: Option<&Value>) -> Result<Vec<ChatMessage>, ApiError> {
                 }
                 Some(v) => return Err(wrong_type(&pc, "a string or an array of text parts", v)),
             };
-            Ok(ChatMessage::new(role, content))
+            let mut msg = ChatMessage::new(role, content);
+            super::tools::parse_history_fields(&f, &p, &mut msg)?;
+            Ok(msg)
         })
         .collect()
 }
@@ -529,7 +528,6 @@ mod tests {
             (json!({"stream": true, "stream_options": {"include_usage": 1}}), "stream_options.include_usage"),
             (json!({"presence_penalty": -3}), "presence_penalty"),
             (json!({"seed": "x"}), "seed"),
-            (json!({"tools": [{"type": "function"}]}), "tools"),
             (json!({"cache_salt": 5}), "cache_salt"),
             (json!({"cache_salt": ""}), "cache_salt"),
             (json!({"cache_salt": "x".repeat(1025)}), "cache_salt"),

@@ -3,7 +3,8 @@
 //! - `/tokenize` with `prompt` (a string; `add_special_tokens`, default true, adds BOS as a
 //!   completion's prompt gets it) or `messages` (rendered through the chat template as for a
 //!   chat completion; `add_generation_prompt`, default true; `add_special_tokens`, default
-//!   false: true adds the model's BOS/EOS on top of what the template writes). Answers
+//!   false: true adds the model's BOS/EOS on top of what the template writes; `tools` and
+//!   `tool_choice` are rendered as for a chat completion). Answers
 //!   `{"count", "max_model_len", "tokens"}`, plus `token_strs` (vocabulary strings) with
 //!   `return_token_strs`.
 //! - `/detokenize` with `tokens` (ids below the vocabulary size): `{"prompt": text}`.
@@ -11,6 +12,7 @@
 use super::error::ApiError;
 use super::openai::{blocking, read_json};
 use super::params::{parse_messages, Fields};
+use super::tools::{render_prompt, ToolRequest};
 use super::AppState;
 use axum::body::Body;
 use axum::extract::State;
@@ -54,12 +56,10 @@ async fn tokenize_body(st: Arc<AppState>, headers: HeaderMap, body: Body) -> Res
             if f.bool("continue_final_message")?.unwrap_or(false) {
                 return Err(ApiError::invalid("continue_final_message", "`continue_final_message` is not supported"));
             }
-            if f.get("tools").is_some_and(|t| t.as_array().is_none_or(|a| !a.is_empty())) {
-                return Err(ApiError::invalid("tools", "tool calling is not supported by this server"));
-            }
+            let tools = ToolRequest::parse(&f)?;
             let add = add_special.unwrap_or(false);
             blocking(move || -> anyhow::Result<Vec<u32>> {
-                let text = tok.apply_chat_template(&messages, generation_prompt)?;
+                let text = render_prompt(&tok, &messages, tools.as_ref(), generation_prompt)?;
                 // As a chat completion's prompt (BOS only where the model wants it and the
                 // template did not write it), or with every special token the model adds.
                 if add {

@@ -6,7 +6,9 @@ use std::collections::BTreeMap;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::{anyhow, Result};
+use minijinja::value::Kwargs;
 use minijinja::{Environment, Error, ErrorKind, Value};
+use serde_json::Value as Json;
 
 use super::ChatMessage;
 
@@ -17,6 +19,8 @@ pub(super) struct ChatTemplate {
     /// Set when the template failed to compile; reported on use so that a model with a broken
     /// template still loads for plain completions.
     compile_error: Option<String>,
+    /// Whether the source mentions `tools` (it renders tool definitions itself).
+    pub(super) mentions_tools: bool,
 }
 
 impl ChatTemplate {
@@ -27,16 +31,19 @@ impl ChatTemplate {
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
+        env.add_filter("tojson", tojson);
+        let mentions_tools = source.contains("tools");
         let compile_error = env
             .add_template_owned(NAME, source)
             .err()
             .map(|e| format!("cannot compile the chat template: {}", one_line(&e)));
-        ChatTemplate { env, compile_error }
+        ChatTemplate { env, compile_error, mentions_tools }
     }
 
     pub(super) fn render(
         &self,
         messages: &[ChatMessage],
+        tools: Option<&[Json]>,
         add_generation_prompt: bool,
         bos_token: Option<&str>,
         eos_token: Option<&str>,
@@ -50,6 +57,9 @@ impl ChatTemplate {
         let mut ctx: BTreeMap<&str, Value> = BTreeMap::new();
         ctx.insert("messages", Value::from_serialize(messages));
         ctx.insert("add_generation_prompt", Value::from(add_generation_prompt));
+        if let Some(t) = tools {
+            ctx.insert("tools", Value::from_serialize(t));
+        }
         if let Some(b) = bos_token {
             ctx.insert("bos_token", Value::from(b));
         }
@@ -69,6 +79,64 @@ fn one_line(e: &Error) -> String {
         src = inner.source();
     }
     s.replace('\n', " ")
+}
+
+/// Hugging Face's `tojson`: Python's `json.dumps(value, ensure_ascii=False, indent=indent)`,
+/// so `", "` and `": "` separators (or `indent` spaces per level) and no HTML escaping, which
+/// minijinja's own filter does. Keys come out sorted.
+fn tojson(value: &Value, indent: Option<Value>, kwargs: Kwargs) -> Result<Value, Error> {
+    let indent = match kwargs.get::<Option<Value>>("indent")?.or(indent) {
+        Some(v) if v.is_none() || v.is_undefined() => None,
+        Some(v) => Some(usize::try_from(v.clone()).map_err(|_| {
+            Error::new(ErrorKind::InvalidOperation, format!("tojson: indent must be a non-negative integer, got {v}"))
+        })?),
+        None => None,
+    };
+    kwargs.assert_all_used()?;
+    let json: Json = serde_json::to_value(value)
+        .map_err(|e| Error::new(ErrorKind::InvalidOperation, format!("tojson: cannot serialize: {e}")))?;
+    let mut out = String::new();
+    python_json(&json, indent, 0, &mut out);
+    Ok(Value::from_safe_string(out))
+}
+
+fn python_json(v: &Json, indent: Option<usize>, depth: usize, out: &mut String) {
+    let newline = |out: &mut String, depth: usize| {
+        if let Some(n) = indent {
+            out.push('\n');
+            out.push_str(&" ".repeat(n * depth));
+        }
+    };
+    let sep = if indent.is_some() { "," } else { ", " };
+    match v {
+        Json::Array(a) if !a.is_empty() => {
+            out.push('[');
+            for (i, x) in a.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(sep);
+                }
+                newline(out, depth + 1);
+                python_json(x, indent, depth + 1, out);
+            }
+            newline(out, depth);
+            out.push(']');
+        }
+        Json::Object(o) if !o.is_empty() => {
+            out.push('{');
+            for (i, (k, x)) in o.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(sep);
+                }
+                newline(out, depth + 1);
+                out.push_str(&Json::String(k.clone()).to_string());
+                out.push_str(": ");
+                python_json(x, indent, depth + 1, out);
+            }
+            newline(out, depth);
+            out.push('}');
+        }
+        other => out.push_str(&other.to_string()),
+    }
 }
 
 fn raise_exception(msg: String) -> Result<Value, Error> {
@@ -164,6 +232,27 @@ fn format_time(secs: i64, fmt: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tojson_is_pythons_json_dumps() {
+        let t = ChatTemplate::new(
+            "{{ tools | tojson }}|{{ tools[0] | tojson(indent=2) }}|{{ 'a<b' | tojson }}|{{ [] | tojson }}".into(),
+        );
+        let tools =
+            [serde_json::json!({"type": "function", "function": {"name": "f", "parameters": {}, "d": [1, "é"]}})];
+        let out = t.render(&[], Some(&tools), false, None, None).unwrap();
+        assert_eq!(
+            out,
+            "[{\"function\": {\"d\": [1, \"é\"], \"name\": \"f\", \"parameters\": {}}, \"type\": \"function\"}]|{\n  \
+             \"function\": {\n    \"d\": [\n      1,\n      \"é\"\n    ],\n    \"name\": \"f\",\n    \"parameters\": {}\n  },\n  \
+             \"type\": \"function\"\n}|\"a<b\"|[]"
+        );
+        assert!(t.mentions_tools);
+        assert!(!ChatTemplate::new("{{ messages }}".into()).mentions_tools);
+        // Without tools, `tools` is undefined.
+        let t = ChatTemplate::new("{% if tools %}yes{% else %}no{% endif %}".into());
+        assert_eq!(t.render(&[], None, false, None, None).unwrap(), "no");
+    }
 
     #[test]
     fn dates() {

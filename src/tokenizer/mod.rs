@@ -29,16 +29,25 @@ pub use gguf_bpe::supported_pre_tokenizers;
 /// The `tokenizer.ggml.model` values [`Tokenizer::from_gguf`] accepts.
 pub const SUPPORTED_GGUF_MODELS: &[&str] = &["gpt2", "llama"];
 
-/// One chat message as given to the chat template.
+/// One chat message as given to the chat template. The optional fields carry tool calling's
+/// history: an assistant message's `tool_calls` (OpenAI's shape, with `function.arguments` as a
+/// JSON object, as Hugging Face templates expect) and a `tool` message's `tool_call_id` and
+/// `name`; absent ones are left out of the template's view (undefined, not none).
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 pub struct ChatMessage {
     pub role: String,
     pub content: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<Json>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
 }
 
 impl ChatMessage {
     pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
-        ChatMessage { role: role.into(), content: content.into() }
+        ChatMessage { role: role.into(), content: content.into(), tool_calls: None, tool_call_id: None, name: None }
     }
 }
 
@@ -319,14 +328,31 @@ impl Tokenizer {
     /// Render the model's chat template (variables `messages`, `add_generation_prompt`,
     /// `bos_token`, `eos_token`; function `raise_exception`; Python string/dict methods).
     pub fn apply_chat_template(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
+        self.apply_chat_template_with_tools(messages, None, add_generation_prompt)
+    }
+
+    /// [`apply_chat_template`](Self::apply_chat_template) with the template variable `tools`
+    /// (a list of OpenAI tool objects) set when `tools` is given.
+    pub fn apply_chat_template_with_tools(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&[Json]>,
+        add_generation_prompt: bool,
+    ) -> Result<String> {
         let t =
             self.chat_template.as_ref().ok_or_else(|| anyhow!("{}: the model has no chat template", self.source))?;
-        t.render(messages, add_generation_prompt, self.bos_token.as_deref(), self.eos_token.as_deref())
+        t.render(messages, tools, add_generation_prompt, self.bos_token.as_deref(), self.eos_token.as_deref())
             .with_context(|| format!("{}: chat template", self.source))
     }
 
     pub fn has_chat_template(&self) -> bool {
         self.chat_template.is_some()
+    }
+
+    /// Whether the chat template renders tool definitions itself: its source mentions the
+    /// `tools` variable (Qwen2.5's, Llama 3.1's, Hermes' do; SmolLM2's does not).
+    pub fn chat_template_supports_tools(&self) -> bool {
+        self.chat_template.as_ref().is_some_and(|t| t.mentions_tools)
     }
 
     /// Token ids that end generation (eos, and end-of-turn tokens where the model names them).
