@@ -2,7 +2,10 @@
 // logits before sampling. One workgroup per row; the row's entries (unique token ids) are
 // adj[start .. start + len], each (id, generated count, 1 if in the prompt, bias f32 bits).
 // Per-row words in md at off_params + 12 * r: [4] repetition penalty, [5] frequency penalty,
-// [6] presence penalty (f32 bits), [8] start, [9] len.
+// [6] presence penalty (f32 bits), [8] start, [9] len, [11] the row's token mask (structured
+// outputs): NO_MASK, or the entry where its vocab.div_ceil(32) words start in adj (bit i % 32 of
+// word i / 32 allows token i). Tokens the mask does not allow get MASKED_LOGIT, after the
+// adjustments, so no penalty or bias can lift them.
 
 struct AdjustParams {
     vocab: u32,
@@ -44,5 +47,25 @@ fn main(
         l -= freq * f32(a.y) + select(0.0, pres, a.y > 0u);
         l += bitcast<f32>(a.w);
         logits[idx] = l;
+    }
+    // The mask below may write the logits another thread adjusted above.
+    storageBarrier();
+    let moff = md[pb + 11u];
+    if (moff == NO_MASK) {
+        return;
+    }
+    let words = (p.vocab + 31u) / 32u;
+    let row = r * p.vocab;
+    for (var w = lid; w < words; w += 64u) {
+        let bits = adj[moff + w / 4u][w % 4u];
+        if (bits != 0xffffffffu) {
+            let t0 = w * 32u;
+            let nb = min(32u, p.vocab - t0);
+            for (var b = 0u; b < nb; b++) {
+                if (((bits >> b) & 1u) == 0u) {
+                    logits[row + t0 + b] = MASKED_LOGIT;
+                }
+            }
+        }
     }
 }

@@ -1,6 +1,7 @@
 //! What callers submit to the engine and what they get back.
 
 use crate::sampling::SamplingParams;
+use crate::structured::Constraint;
 
 /// When a request stops.
 #[derive(Clone, Debug, Default)]
@@ -31,6 +32,9 @@ pub struct RequestParams {
     /// Prefix-cache salt (vLLM's `cache_salt`): requests share cached blocks only with requests
     /// of the same salt (None: the shared cache).
     pub cache_salt: Option<String>,
+    /// Structured outputs: every sampled token keeps the output inside this grammar, and the
+    /// request stops when the grammar is complete (see [`crate::structured`]).
+    pub constraint: Option<Constraint>,
 }
 
 impl Default for RequestParams {
@@ -44,6 +48,7 @@ impl Default for RequestParams {
             logprobs: None,
             stop: StopConditions::default(),
             cache_salt: None,
+            constraint: None,
         }
     }
 }

@@ -340,7 +340,7 @@ impl Harness {
         let mut adjust = Vec::new();
         for p in params {
             meta.extend(p.words((adjust.len() / 4) as u32));
-            adjust.extend(p.adjust.iter().flat_map(|a| a.words()));
+            p.push_adjust(&mut adjust);
         }
         adjust.extend([0u32; 4]);
         let (step, meta) = self.step_buffers(Self::header(rows, rows), &meta);

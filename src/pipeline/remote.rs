@@ -74,6 +74,7 @@ impl MessageLimits {
             + packed(s)
             + s * sample_params
             + adjustments * adjust
+            + s * packed(vocab.div_ceil(32))
             + tensor(t * hidden * 4)
             + 2;
         let sampled = field + (1 + v32) + 5 + MAX_TOP_LOGPROBS * (2 + (1 + v32) + 5);
@@ -414,6 +415,7 @@ impl From<&SampleParams> for proto::SampleParams {
             presence_penalty: p.presence_penalty,
             n_top: p.n_top,
             adjust: p.adjust.iter().map(proto::Adjust::from).collect(),
+            mask: p.mask.clone().unwrap_or_default(),
         }
     }
 }
@@ -431,6 +433,7 @@ impl From<proto::SampleParams> for SampleParams {
             presence_penalty: p.presence_penalty,
             n_top: p.n_top,
             adjust: p.adjust.into_iter().map(Adjust::from).collect(),
+            mask: (!p.mask.is_empty()).then_some(p.mask),
         }
     }
 }
