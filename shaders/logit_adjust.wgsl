@@ -54,18 +54,13 @@ fn main(
     if (moff == NO_MASK) {
         return;
     }
-    let words = (p.vocab + 31u) / 32u;
+    // One token per thread per iteration, neighbouring lanes on neighbouring tokens (they
+    // share the mask word). Every lane stores (the logit or MASKED_LOGIT): on llvmpipe a store
+    // under a partial lane mask is much slower than a load and a full store.
     let row = r * p.vocab;
-    for (var w = lid; w < words; w += 64u) {
-        let bits = adj[moff + w / 4u][w % 4u];
-        if (bits != 0xffffffffu) {
-            let t0 = w * 32u;
-            let nb = min(32u, p.vocab - t0);
-            for (var b = 0u; b < nb; b++) {
-                if (((bits >> b) & 1u) == 0u) {
-                    logits[row + t0 + b] = MASKED_LOGIT;
-                }
-            }
-        }
+    for (var t = lid; t < p.vocab; t += 64u) {
+        let bits = adj[moff + t / 128u][(t / 32u) % 4u];
+        let i = row + t;
+        logits[i] = select(logits[i], MASKED_LOGIT, ((bits >> (t % 32u)) & 1u) == 0u);
     }
 }

@@ -746,7 +746,7 @@ fn token_mask_is_never_crossed() {
                     mask[other / 32] |= 1 << (other % 32);
                 }
                 // Bits past the vocabulary are ignored.
-                if vocab % 32 != 0 {
+                if !vocab.is_multiple_of(32) {
                     mask[words - 1] |= !0u32 << (vocab % 32);
                 }
                 // A huge bias on a forbidden token does not lift it.

@@ -322,7 +322,7 @@ impl StepBounds {
                     bail!("a token mask of {} words (the vocabulary of {} takes {words})", m.len(), self.vocab);
                 }
                 // The sampler must have a token to pick: bits past the vocabulary do not count.
-                let tail = if self.vocab % 32 == 0 { u32::MAX } else { (1u32 << (self.vocab % 32)) - 1 };
+                let tail = if self.vocab.is_multiple_of(32) { u32::MAX } else { (1u32 << (self.vocab % 32)) - 1 };
                 if m[..words - 1].iter().all(|&w| w == 0) && m[words - 1] & tail == 0 {
                     bail!("a token mask that allows no token");
                 }

@@ -810,3 +810,24 @@ pub async fn probe(addr: &str, link: &Link, timeout: Duration) -> Result<proto::
     let r = c.info(proto::InfoRequest {}).await.map_err(|s| anyhow!(status_text(&s)))?;
     Ok(r.into_inner())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The sampling parameters cross the wire whole, token mask included (and no mask stays none).
+    #[test]
+    fn sample_params_round_trip_with_and_without_a_mask() {
+        let with = SampleParams {
+            temperature: 0.7,
+            top_k: 5,
+            adjust: vec![Adjust { id: 3, count: 1, in_prompt: true, bias: -1.0 }],
+            mask: Some(vec![0b1011, 0, u32::MAX]),
+            ..Default::default()
+        };
+        for p in [with, SampleParams::default()] {
+            let wire = proto::SampleParams::from(&p);
+            assert_eq!(SampleParams::from(wire), p);
+        }
+    }
+}

@@ -209,7 +209,7 @@ impl Constraint {
         out[..n].copy_from_slice(&src[..n]);
         // The library's last word may carry bits past its vocabulary.
         let vocab = self.vocab.min(words * 32);
-        if vocab % 32 != 0 && vocab / 32 < words {
+        if !vocab.is_multiple_of(32) && vocab / 32 < words {
             out[vocab / 32] &= (1u32 << (vocab % 32)) - 1;
             out[vocab / 32 + 1..].fill(0);
         }
