@@ -318,3 +318,27 @@ async fn openai_fields_over_http() {
     assert_eq!(v["choices"][0]["finish_reason"], "length", "{v}");
     handle.shutdown().await;
 }
+
+/// A Lark grammar with an inline JSON schema (the shape a tool call takes): the tokens of a
+/// matching text are all allowed in turn and complete the grammar; a stray token is refused.
+#[test]
+fn lark_grammar_with_inline_json() {
+    let tok = Tokenizer::from_path(&smollm2()).unwrap();
+    let g = Grammars::new(&tok).unwrap();
+    let lark = r#"start: "<tool_call>\n" call "\n</tool_call>"
+call: %json {"type": "object", "properties": {"name": {"const": "get_weather"}, "arguments": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}, "required": ["name", "arguments"], "additionalProperties": false}"#;
+    let spec = ConstraintSpec::Lark(lark.into());
+    let text = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
+    let words = tok.vocab_size().div_ceil(32);
+    let mut c = g.compile(&spec).unwrap();
+    for id in tok.encode_raw(text).unwrap() {
+        let mask = c.mask(words).unwrap();
+        assert!(mask[id as usize / 32] >> (id % 32) & 1 == 1, "token {id} ({:?}) refused", tok.decode(&[id], false));
+        c.accept(id).unwrap();
+    }
+    assert!(c.is_accepting() || c.is_stopped());
+    let mut c = g.compile(&spec).unwrap();
+    let bad = tok.encode_raw("{").unwrap()[0];
+    let mask = c.mask(words).unwrap();
+    assert!(mask[bad as usize / 32] >> (bad % 32) & 1 == 0, "`{{` allowed before <tool_call>");
+}
