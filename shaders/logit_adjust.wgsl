@@ -2,7 +2,10 @@
 // logits before sampling. One workgroup per row; the row's entries (unique token ids) are
 // adj[start .. start + len], each (id, generated count, 1 if in the prompt, bias f32 bits).
 // Per-row words in md at off_params + 12 * r: [4] repetition penalty, [5] frequency penalty,
-// [6] presence penalty (f32 bits), [8] start, [9] len.
+// [6] presence penalty (f32 bits), [8] start, [9] len, [11] the row's token mask (structured
+// outputs): NO_MASK, or the entry where its vocab.div_ceil(32) words start in adj (bit i % 32 of
+// word i / 32 allows token i). Tokens the mask does not allow get MASKED_LOGIT, after the
+// adjustments, so no penalty or bias can lift them.
 
 struct AdjustParams {
     vocab: u32,
@@ -44,5 +47,20 @@ fn main(
         l -= freq * f32(a.y) + select(0.0, pres, a.y > 0u);
         l += bitcast<f32>(a.w);
         logits[idx] = l;
+    }
+    // The mask below may write the logits another thread adjusted above.
+    storageBarrier();
+    let moff = md[pb + 11u];
+    if (moff == NO_MASK) {
+        return;
+    }
+    // One token per thread per iteration, neighbouring lanes on neighbouring tokens (they
+    // share the mask word). Every lane stores (the logit or MASKED_LOGIT): on llvmpipe a store
+    // under a partial lane mask is much slower than a load and a full store.
+    let row = r * p.vocab;
+    for (var t = lid; t < p.vocab; t += 64u) {
+        let bits = adj[moff + t / 128u][(t / 32u) % 4u];
+        let i = row + t;
+        logits[i] = select(logits[i], MASKED_LOGIT, ((bits >> (t % 32u)) & 1u) == 0u);
     }
 }

@@ -2,7 +2,10 @@
 // off_params + PARAMS_STRIDE * r: temperature (f32 bits), top_p (f32 bits), top_k (u32), u (f32
 // bits, a uniform draw in [0, 1) made on the host from the request's seeded generator), three
 // penalty words (used by logit_adjust.wgsl), n_top (top log-probabilities wanted, <= MAX_TOP),
-// two adjustment words (logit_adjust.wgsl), min_p (f32 bits; word 10).
+// two adjustment words (logit_adjust.wgsl), min_p (f32 bits; word 10), the token mask (word 11,
+// applied by logit_adjust.wgsl: tokens it does not allow hold MASKED_LOGIT, which the minimum
+// below skips so the top-k/top-p bisections span the allowed tokens only, and which no draw or
+// argmax picks while any token is allowed).
 // temperature <= 0 is greedy (argmax, lowest id on ties). Otherwise the candidates are the
 // top_k largest logits (0 = all) whose probability at this temperature is at least min_p times
 // the largest (0 = off; the logit threshold max + temperature * ln(min_p)), then the smallest top
@@ -122,7 +125,9 @@ fn main(
             mx = v;
             am = i;
         }
-        mn = min(mn, v);
+        if (v > MASKED_LOGIT) {
+            mn = min(mn, v);
+        }
     }
     let best = argmax_all(lid, mx, am);
     let gmax = best.value;

@@ -1,7 +1,8 @@
 //! torus-wgpu: an LLM inference engine whose GPU work is WGSL compute shaders run through wgpu.
 //!
 //! Layers, from the bottom: `gpu` (device, buffers, pipelines), `model` (weights, loaders,
-//! forward pass), `tokenizer` (tokenizers + chat templates), `sampling`, `engine` (generation),
+//! forward pass), `tokenizer` (tokenizers + chat templates), `sampling`, `structured` (grammar
+//! constraints for structured outputs, over the tokenizer), `engine` (generation),
 //! `pipeline` (layer stages across adapters and worker processes), `server` (OpenAI API).
 //! A module uses the ones below it: server -> engine -> pipeline -> model/kv -> gpu.
 
@@ -15,4 +16,5 @@ pub mod pipeline;
 pub mod sampling;
 pub mod server;
 pub mod shutdown;
+pub mod structured;
 pub mod tokenizer;

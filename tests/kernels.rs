@@ -690,3 +690,104 @@ fn penalties_bias_and_top_logprobs() {
     // The second row had no adjustments: its logits are untouched.
     assert_close(&adjusted[vocab..], &logits, |_| 0.0, "unadjusted row");
 }
+
+fn mask_allows(mask: &[u32], id: usize) -> bool {
+    mask[id / 32] >> (id % 32) & 1 == 1
+}
+
+/// Structured outputs: a row's token mask. Whatever the sampling mode (greedy, temperature with
+/// top-k / top-p / min-p, a bias of +100 on a forbidden token, one allowed token, the argmax
+/// forbidden), the sampler picks an allowed token; greedy picks the best allowed one (the CPU
+/// reference); forbidden logits become MASKED_LOGIT and allowed ones stay; rows without a mask
+/// sample exactly as they do with no masked row beside them.
+#[test]
+fn token_mask_is_never_crossed() {
+    use torus_wgpu::gpu::kernels::MASKED_LOGIT;
+    let h = harness();
+    let mut rng = Rng::new(13);
+    for vocab in [7usize, 1000, 49152 + 13] {
+        let words = vocab.div_ceil(32);
+        let rows = 48;
+        let logits = randn(&mut rng, rows * vocab, 6.0);
+        let mut params = Vec::with_capacity(rows);
+        for r in 0..rows {
+            let row = &logits[r * vocab..(r + 1) * vocab];
+            let best = (0..vocab).fold(0, |bi, i| if row[i] > row[bi] { i } else { bi });
+            let mut p = match r % 4 {
+                0 => SampleParams::default(),
+                1 => SampleParams { temperature: 0.3 + 1.5 * rng.uniform(), u: rng.uniform(), ..Default::default() },
+                2 => SampleParams {
+                    temperature: 1.0,
+                    top_k: [1, 5, 50][(r / 4) % 3],
+                    top_p: [1.0, 0.9, 0.5][(r / 4) % 3],
+                    min_p: [0.0, 0.1][(r / 4) % 2],
+                    u: rng.uniform(),
+                    n_top: 3,
+                    ..Default::default()
+                },
+                // No mask: a free row among constrained ones.
+                _ => SampleParams { temperature: 0.8, u: rng.uniform(), ..Default::default() },
+            };
+            if r % 4 != 3 {
+                let mut mask = vec![0u32; words];
+                let density = [0.0, 0.01, 0.3, 0.9][(r / 4) % 4];
+                for i in 0..vocab {
+                    if rng.uniform() < density {
+                        mask[i / 32] |= 1 << (i % 32);
+                    }
+                }
+                // Never the argmax; always at least one token.
+                mask[best / 32] &= !(1 << (best % 32));
+                let one = (best + 1 + r) % vocab;
+                if one != best {
+                    mask[one / 32] |= 1 << (one % 32);
+                } else if vocab > 1 {
+                    let other = (best + 1) % vocab;
+                    mask[other / 32] |= 1 << (other % 32);
+                }
+                // Bits past the vocabulary are ignored.
+                if !vocab.is_multiple_of(32) {
+                    mask[words - 1] |= !0u32 << (vocab % 32);
+                }
+                // A huge bias on a forbidden token does not lift it.
+                let forbidden = (0..vocab).find(|&i| !mask_allows(&mask, i)).unwrap();
+                p.adjust = vec![Adjust { id: forbidden as u32, count: 0, in_prompt: false, bias: 100.0 }];
+                p.mask = Some(mask);
+            }
+            params.push(p);
+        }
+        let (got, adjusted) = h.sample(&logits, vocab, &params).unwrap_or_else(|e| panic!("{e}"));
+        for (r, (s, p)) in got.iter().zip(&params).enumerate() {
+            let row = &logits[r * vocab..(r + 1) * vocab];
+            let adj = &adjusted[r * vocab..(r + 1) * vocab];
+            let Some(mask) = &p.mask else { continue };
+            let id = s.id as usize;
+            assert!(id < vocab && mask_allows(mask, id), "vocab {vocab} row {r}: picked forbidden token {id}");
+            for i in 0..vocab {
+                let want = if !mask_allows(mask, i) {
+                    MASKED_LOGIT
+                } else if p.adjust.iter().any(|a| a.id as usize == i) {
+                    row[i] + 100.0
+                } else {
+                    row[i]
+                };
+                assert_eq!(adj[i], want, "vocab {vocab} row {r}: logit {i}");
+            }
+            if p.temperature == 0.0 {
+                let best = (0..vocab).filter(|&i| mask_allows(mask, i)).fold(None, |b: Option<usize>, i| match b {
+                    Some(b) if row[b] >= row[i] => Some(b),
+                    _ => Some(i),
+                });
+                assert_eq!(Some(id), best, "vocab {vocab} row {r}: greedy must pick the best allowed token");
+            }
+        }
+        // The free rows, sampled with no masked neighbour, pick the same tokens.
+        let free: Vec<usize> = (0..rows).filter(|r| params[*r].mask.is_none()).collect();
+        let alone_logits: Vec<f32> = free.iter().flat_map(|&r| logits[r * vocab..(r + 1) * vocab].to_vec()).collect();
+        let alone_params: Vec<SampleParams> = free.iter().map(|&r| params[r].clone()).collect();
+        let alone = h.sample(&alone_logits, vocab, &alone_params).unwrap().0;
+        for (k, &r) in free.iter().enumerate() {
+            assert_eq!(got[r], alone[k], "vocab {vocab} free row {r} changed by its masked neighbours");
+        }
+    }
+}

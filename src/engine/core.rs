@@ -74,6 +74,8 @@ struct Seq {
     pending: String,
     counts: HashMap<u32, u32>,
     cached_tokens: Option<usize>,
+    /// Structured outputs: why the grammar could not give a mask (the sequence then fails).
+    constraint_error: Option<String>,
 }
 
 impl Seq {
@@ -89,7 +91,20 @@ impl Seq {
         }
     }
 
-    fn sample_params(&mut self) -> SampleParams {
+    /// This row's sampling parameters; `mask_words`: the model vocabulary's mask length.
+    fn sample_params(&mut self, mask_words: usize) -> SampleParams {
+        // Structured outputs: the grammar's allowed tokens (computed here, while no step of
+        // this sequence is in flight; see BENCHMARKS.md for its cost).
+        let mask = match self.params.constraint.as_mut() {
+            Some(c) if self.constraint_error.is_none() => match c.mask(mask_words) {
+                Ok(m) => Some(m),
+                Err(e) => {
+                    self.constraint_error = Some(e);
+                    None
+                }
+            },
+            _ => None,
+        };
         let p = &self.params;
         let mut adj: BTreeMap<u32, Adjust> = BTreeMap::new();
         let penalties = p.repetition_penalty != 1.0 || p.frequency_penalty != 0.0 || p.presence_penalty != 0.0;
@@ -117,6 +132,7 @@ impl Seq {
             presence_penalty: p.presence_penalty,
             n_top: p.logprobs.unwrap_or(0),
             adjust: adj.into_values().collect(),
+            mask,
         }
     }
 }
@@ -303,6 +319,7 @@ impl EngineCore {
                     pending: String::new(),
                     counts: HashMap::new(),
                     cached_tokens: None,
+                    constraint_error: None,
                 });
             }
             Command::Abort(id) => self.abort(id),
@@ -478,6 +495,7 @@ impl EngineCore {
 
     fn submit_step(&mut self, plan: Vec<Planned>) {
         let bs = self.cfg.block_size as u32;
+        let mask_words = self.exec.vocab().div_ceil(32);
         let index: HashMap<u64, usize> = self.running.iter().enumerate().map(|(i, s)| (s.id, i)).collect();
         let mut input = StepInput::default();
         let mut sampled = Vec::new();
@@ -492,7 +510,7 @@ impl EngineCore {
             input.block_tables.push(s.table.clone());
             if p.start + p.len == s.tokens.len() {
                 input.sample_rows.push(input.tokens.len() as u32 - 1);
-                input.sampling.push(s.sample_params());
+                input.sampling.push(s.sample_params(mask_words));
                 sampled.push(p.id);
             }
             s.scheduled = p.start + p.len;
@@ -649,11 +667,23 @@ impl EngineCore {
     /// Appends a sampled token, streams its text, and says whether the sequence is finished.
     fn accept(tok: &Tokenizer, s: &mut Seq, r: Sampled, max_seq_len: usize) -> Option<FinishReason> {
         let id = r.id;
+        if let Some(e) = s.constraint_error.take() {
+            return Some(FinishReason::Error(e));
+        }
         s.tokens.push(id);
         *s.counts.entry(id).or_insert(0) += 1;
         let stop = &s.params.stop;
         if (!stop.ignore_eos && tok.is_eos(id)) || stop.stop_token_ids.contains(&id) {
             return Some(FinishReason::Stop);
+        }
+        // Structured outputs: advance the grammar; once it is complete the request stops (the
+        // token's text is still sent below).
+        let mut grammar_done = false;
+        if let Some(c) = s.params.constraint.as_mut() {
+            if let Err(e) = c.accept(id) {
+                return Some(FinishReason::Error(e));
+            }
+            grammar_done = c.is_stopped();
         }
         s.pending.push_str(&s.detok.push(tok, id));
         let mut reason = None;
@@ -671,6 +701,9 @@ impl EngineCore {
         };
         if s.out.send(Event::Token { id, text, logprob: r.logprob, top: r.top }).is_err() {
             return Some(FinishReason::Abort);
+        }
+        if grammar_done {
+            reason.get_or_insert(FinishReason::Stop);
         }
         if reason.is_none() && (s.generated() >= s.max_tokens || s.tokens.len() >= max_seq_len) {
             reason = Some(FinishReason::Length);

@@ -7,10 +7,11 @@ use super::request::{Event, FinishReason, Request, RequestParams, Usage};
 use crate::config::EngineConfig;
 use crate::gpu::kernels::MAX_TOP_LOGPROBS;
 use crate::pipeline::{panic_message, Executor, Fault, StageHealth};
+use crate::structured::Grammars;
 use crate::tokenizer::Tokenizer;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::mpsc::Sender;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 /// Facts about the running engine (for logs, /v1/models, validation).
@@ -38,6 +39,8 @@ pub struct EngineHandle {
     pub stages: Option<Arc<Vec<Arc<StageHealth>>>>,
     /// The single device's fault record (a lost device shows in `health` at once).
     gpu_faults: Option<Arc<crate::gpu::GpuFaults>>,
+    /// Structured outputs' grammar compiler for this tokenizer, built at first use.
+    grammars: Arc<OnceLock<Result<Arc<Grammars>, String>>>,
 }
 
 /// A request's output. Ends with `Event::Done`.
@@ -176,7 +179,14 @@ impl EngineHandle {
             info,
             stages,
             gpu_faults,
+            grammars: Arc::new(OnceLock::new()),
         }
+    }
+
+    /// The grammar compiler of structured outputs (built on first use from the tokenizer's
+    /// vocabulary; blocking, tens of milliseconds), or why this tokenizer cannot have one.
+    pub fn grammars(&self) -> Result<Arc<Grammars>, String> {
+        self.grammars.get_or_init(|| Grammars::new(&self.tokenizer).map(Arc::new).map_err(|e| format!("{e:#}"))).clone()
     }
 
     /// Ok while the engine serves; otherwise why not (its thread stopped or panicked, or its

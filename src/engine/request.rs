@@ -1,6 +1,7 @@
 //! What callers submit to the engine and what they get back.
 
 use crate::sampling::SamplingParams;
+use crate::structured::Constraint;
 
 /// When a request stops.
 #[derive(Clone, Debug, Default)]
@@ -34,6 +35,9 @@ pub struct RequestParams {
     /// Leave special tokens out of the text (vLLM's `skip_special_tokens`; default true). Tool
     /// calling turns it off: some models' `<tool_call>` tags are special tokens.
     pub skip_special_tokens: bool,
+    /// Structured outputs: every sampled token keeps the output inside this grammar, and the
+    /// request stops when the grammar is complete (see [`crate::structured`]).
+    pub constraint: Option<Constraint>,
 }
 
 impl Default for RequestParams {
@@ -48,6 +52,7 @@ impl Default for RequestParams {
             stop: StopConditions::default(),
             cache_salt: None,
             skip_special_tokens: true,
+            constraint: None,
         }
     }
 }

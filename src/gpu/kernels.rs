@@ -501,6 +501,17 @@ pub const HEAD_NORM_WGSL: &str = include_str!("../../shaders/head_norm.wgsl");
 pub const LOGIT_ADJUST_WGSL: &str = include_str!("../../shaders/logit_adjust.wgsl");
 /// u32 words of per-row sampling parameters in the step metadata (see sample.wgsl).
 pub const SAMPLE_PARAMS_STRIDE: usize = 12;
+/// The logit a token mask gives every token it does not allow (structured outputs): below any
+/// real logit, so neither the argmax nor a draw ever picks it (its probability is exp(-3e38)).
+pub const MASKED_LOGIT: f32 = -3.0e38;
+/// Word 11 of a row's sampling parameters when the row has no token mask.
+pub const NO_MASK: u32 = u32::MAX;
+
+/// The sampler's shaders (sample.wgsl, logit_adjust.wgsl) with the constants they share with Rust.
+pub fn sampler_source(body: &str) -> String {
+    plain_source(&format!("const MASKED_LOGIT: f32 = {MASKED_LOGIT:e};\nconst NO_MASK: u32 = {NO_MASK}u;\n{body}"))
+}
+
 /// Most top log-probabilities the sampler returns per row.
 pub const MAX_TOP_LOGPROBS: usize = 20;
 /// u32 words the sampler writes per row: id, logprob, MAX_TOP_LOGPROBS (id, logprob) pairs.
@@ -547,8 +558,8 @@ pub fn all_sources(head_dims: &[u32]) -> Vec<(String, String)> {
     }
     v.push(("rmsnorm".into(), plain_source(RMSNORM_WGSL)));
     v.push(("head_norm".into(), plain_source(HEAD_NORM_WGSL)));
-    v.push(("sample".into(), plain_source(SAMPLE_WGSL)));
-    v.push(("logit_adjust".into(), plain_source(LOGIT_ADJUST_WGSL)));
+    v.push(("sample".into(), sampler_source(SAMPLE_WGSL)));
+    v.push(("logit_adjust".into(), sampler_source(LOGIT_ADJUST_WGSL)));
     v
 }
 
@@ -834,8 +845,8 @@ impl Kernels {
         let attn_family = Family::new(gpu, &attn_slots);
         let attention = attn_family.pipeline(gpu, "attention", &attention_source(head_dim, kv, kv_chunks), "main")?;
         let sample_family = Family::new(gpu, &[(0, Uniform), (1, Uniform), (2, Read), (3, Read), (4, ReadWrite)]);
-        let sample = sample_family.pipeline(gpu, "sample", &plain_source(SAMPLE_WGSL), "main")?;
-        let logit_adjust = sample_family.pipeline(gpu, "logit_adjust", &plain_source(LOGIT_ADJUST_WGSL), "main")?;
+        let sample = sample_family.pipeline(gpu, "sample", &sampler_source(SAMPLE_WGSL), "main")?;
+        let logit_adjust = sample_family.pipeline(gpu, "logit_adjust", &sampler_source(LOGIT_ADJUST_WGSL), "main")?;
         let gpu_kernels = if profile == KernelProfile::Gpu {
             let mut matmul = BTreeMap::new();
             for &f in formats.iter() {

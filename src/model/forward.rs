@@ -8,7 +8,7 @@ use super::ops::{attention_splits, Op, OpKind, RecordParams, Recorder, StepShape
 use super::tensor::QTensor;
 use crate::gpu::kernels::{
     window_entries, window_stride, KernelProfile, KernelSpec, Kernels, KvDtype, WFormat, KV_K_CHUNK_BINDING,
-    KV_V_CHUNK_BINDING, MATMUL_TILES, MAX_TOP_LOGPROBS, SAMPLE_PARAMS_STRIDE, SAMPLE_RESULT_STRIDE,
+    KV_V_CHUNK_BINDING, MATMUL_TILES, MAX_TOP_LOGPROBS, NO_MASK, SAMPLE_PARAMS_STRIDE, SAMPLE_RESULT_STRIDE,
 };
 pub(crate) use crate::gpu::shared::{MatParams, StepHeader, MAT_ACCUMULATE, MAT_BIAS, MAT_SWIGLU_UP};
 use crate::gpu::Gpu;
@@ -108,6 +108,10 @@ pub struct SampleParams {
     pub n_top: u32,
     /// Tokens whose logits the penalties or a bias change; each id at most once.
     pub adjust: Vec<Adjust>,
+    /// Structured outputs: the tokens this row may pick, one bit per vocabulary id (bit `i % 32`
+    /// of word `i / 32`; `vocab.div_ceil(32)` words). Every other token's logit becomes
+    /// [`MASKED_LOGIT`] before sampling (greedy too), so it is never picked. None: no mask.
+    pub mask: Option<Vec<u32>>,
 }
 
 impl Default for SampleParams {
@@ -123,12 +127,30 @@ impl Default for SampleParams {
             presence_penalty: 0.0,
             n_top: 0,
             adjust: vec![],
+            mask: None,
         }
     }
 }
 
 impl SampleParams {
+    /// Entries (16 bytes each) this row takes in the adjustment buffer: its logit adjustments,
+    /// then its token mask padded to whole entries.
+    pub(crate) fn adjust_entries(&self) -> usize {
+        self.adjust.len() + self.mask.as_ref().map_or(0, |m| m.len().div_ceil(4))
+    }
+
+    /// Appends this row's entries to the adjustment buffer's words; `words()` takes the start.
+    pub(crate) fn push_adjust(&self, adjust: &mut Vec<u32>) {
+        adjust.extend(self.adjust.iter().flat_map(|a| a.words()));
+        if let Some(m) = &self.mask {
+            adjust.extend_from_slice(m);
+            adjust.resize(adjust.len().div_ceil(4) * 4, 0);
+        }
+    }
+
     /// The per-row words of the step metadata (layout in sample.wgsl / logit_adjust.wgsl).
+    /// `adj_start`: the entry where this row's adjustments start in the adjustment buffer (its
+    /// mask, if any, follows them).
     pub(crate) fn words(&self, adj_start: u32) -> [u32; SAMPLE_PARAMS_STRIDE] {
         [
             self.temperature.to_bits(),
@@ -142,7 +164,10 @@ impl SampleParams {
             adj_start,
             self.adjust.len() as u32,
             self.min_p.to_bits(),
-            0,
+            match self.mask {
+                Some(_) => adj_start + self.adjust.len() as u32,
+                None => NO_MASK,
+            },
         ]
     }
 }
@@ -286,11 +311,22 @@ impl StepBounds {
         if let Some(r) = s.sample_rows.iter().find(|&&r| r as usize >= n) {
             bail!("sample row {r} of a step with {n} tokens");
         }
-        let adj: usize = s.sampling.iter().map(|p| p.adjust.len()).sum();
+        let adj: usize = s.sampling.iter().map(|p| p.adjust_entries()).sum();
         if adj > self.adjust_cap {
-            bail!("{adj} logit adjustments (at most {})", self.adjust_cap);
+            bail!("{adj} logit adjustment entries (at most {})", self.adjust_cap);
         }
         for p in &s.sampling {
+            if let Some(m) = &p.mask {
+                let words = self.vocab.div_ceil(32);
+                if m.len() != words {
+                    bail!("a token mask of {} words (the vocabulary of {} takes {words})", m.len(), self.vocab);
+                }
+                // The sampler must have a token to pick: bits past the vocabulary do not count.
+                let tail = if self.vocab.is_multiple_of(32) { u32::MAX } else { (1u32 << (self.vocab % 32)) - 1 };
+                if m[..words - 1].iter().all(|&w| w == 0) && m[words - 1] & tail == 0 {
+                    bail!("a token mask that allows no token");
+                }
+            }
             if let Some(a) = p.adjust.iter().find(|a| a.id as usize >= self.vocab || a.bias.is_nan()) {
                 bail!("logit adjustment of token {} (bias {}) is out of range", a.id, a.bias);
             }
@@ -545,6 +581,12 @@ pub fn sub_steps(sample_rows: &[u32], n: usize, max_tokens: usize, max_sampled: 
     out
 }
 
+/// Adjustment entries one sampled row may take: one per token of its sequence (penalties), its
+/// logit-bias entries, and its token mask (four words per entry).
+fn adjust_per_row(vocab: usize, limits: &StepLimits) -> usize {
+    limits.max_seq_len + MAX_LOGIT_BIAS + vocab.div_ceil(32).div_ceil(4)
+}
+
 /// The step metadata layout and the rows of one sub-step: at most `t_max` tokens and `s_max`
 /// sampled rows, so every activation, logits and adjustment buffer fits one storage binding.
 struct StepLayout {
@@ -571,7 +613,7 @@ impl StepLayout {
         let f = |n: usize| (n * 4) as u64;
         let widest = cfg.hidden.max(cfg.qkv_dim()).max(cfg.q_dim()).max(cfg.intermediate);
         let t_max = t_all.min((mb / f(widest)) as usize);
-        let per_sampled = f(cfg.vocab).max(((limits.max_seq_len + MAX_LOGIT_BIAS) * 16) as u64);
+        let per_sampled = f(cfg.vocab).max((adjust_per_row(cfg.vocab, limits) * 16) as u64);
         let s_max = s_all.min(t_max).min(if last { (mb / per_sampled) as usize } else { s_all });
         if t_max == 0 || s_max == 0 {
             bail!(
@@ -604,7 +646,7 @@ impl StepLayout {
             off_params: 4 * t_max + s_max,
             // Every sequence of the step has its block table in every sub-step.
             meta_len: 4 * t_max + (1 + ps) * s_max + s_all * max_blocks,
-            adjust_cap: s_max * (limits.max_seq_len + MAX_LOGIT_BIAS),
+            adjust_cap: s_max * adjust_per_row(cfg.vocab, limits),
         })
     }
 }
@@ -1290,7 +1332,7 @@ impl Model {
             for (i, p) in s.sampling.iter().enumerate() {
                 let b = self.off_params + SAMPLE_PARAMS_STRIDE * i;
                 meta[b..b + SAMPLE_PARAMS_STRIDE].copy_from_slice(&p.words((adjust.len() / 4) as u32));
-                adjust.extend(p.adjust.iter().flat_map(|a| a.words()));
+                p.push_adjust(adjust);
             }
         }
         let mb = h.max_blocks as usize;

@@ -333,6 +333,7 @@ impl Harness {
         vocab: usize,
         params: &[SampleParams],
         iters: u64,
+        with_adjust: bool,
     ) -> Result<(Vec<Sampled>, Vec<f32>, Duration)> {
         let g = &*self.gpu;
         let rows = params.len();
@@ -340,7 +341,7 @@ impl Harness {
         let mut adjust = Vec::new();
         for p in params {
             meta.extend(p.words((adjust.len() / 4) as u32));
-            adjust.extend(p.adjust.iter().flat_map(|a| a.words()));
+            p.push_adjust(&mut adjust);
         }
         adjust.extend([0u32; 4]);
         let (step, meta) = self.step_buffers(Self::header(rows, rows), &meta);
@@ -358,8 +359,10 @@ impl Harness {
         ];
         let calls = self.calls(&ops, shape, None);
         if iters > 1 {
-            // Timing: the sampler alone (penalties would compound over repetitions).
-            return Ok((vec![], vec![], self.run(&calls[1..], iters)?));
+            // Timing: the sampler alone (penalties would compound over repetitions), or with
+            // the adjustment kernel (token masks only: repeating them changes nothing).
+            let from = if with_adjust { 0 } else { 1 };
+            return Ok((vec![], vec![], self.run(&calls[from..], iters)?));
         }
         self.run(&calls, 1)?;
         let words: Vec<u32> = bytemuck::pod_collect_to_vec(&g.download(&rb, bytes)?);
@@ -370,13 +373,28 @@ impl Harness {
     /// Applies penalties/bias (logit_adjust) and samples one token per logits row (vocab wide).
     /// Also returns the adjusted logits.
     pub fn sample(&self, logits: &[f32], vocab: usize, params: &[SampleParams]) -> Result<(Vec<Sampled>, Vec<f32>)> {
-        let (s, l, _) = self.sample_iters(logits, vocab, params, 1)?;
+        let (s, l, _) = self.sample_iters(logits, vocab, params, 1, false)?;
         Ok((s, l))
     }
 
     /// Wall time of `iters` sampler runs over these rows (one submit).
     pub fn time_sample(&self, logits: &[f32], vocab: usize, params: &[SampleParams], iters: u64) -> Result<Duration> {
-        Ok(self.sample_iters(logits, vocab, params, iters.max(2))?.2)
+        Ok(self.sample_iters(logits, vocab, params, iters.max(2), false)?.2)
+    }
+
+    /// Wall time of `iters` runs of the adjustment kernel and the sampler (one submit): for rows
+    /// whose only adjustment is a token mask (penalties would compound over repetitions).
+    pub fn time_masked_sample(
+        &self,
+        logits: &[f32],
+        vocab: usize,
+        params: &[SampleParams],
+        iters: u64,
+    ) -> Result<Duration> {
+        if params.iter().any(|p| !p.adjust.is_empty()) {
+            anyhow::bail!("time_masked_sample takes rows without penalties or bias");
+        }
+        Ok(self.sample_iters(logits, vocab, params, iters.max(2), true)?.2)
     }
 
     /// Per-head RMSNorm (Qwen3's q_norm/k_norm) of the q and k heads of qkv rows, in place;

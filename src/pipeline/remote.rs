@@ -74,6 +74,7 @@ impl MessageLimits {
             + packed(s)
             + s * sample_params
             + adjustments * adjust
+            + s * packed(vocab.div_ceil(32))
             + tensor(t * hidden * 4)
             + 2;
         let sampled = field + (1 + v32) + 5 + MAX_TOP_LOGPROBS * (2 + (1 + v32) + 5);
@@ -414,6 +415,7 @@ impl From<&SampleParams> for proto::SampleParams {
             presence_penalty: p.presence_penalty,
             n_top: p.n_top,
             adjust: p.adjust.iter().map(proto::Adjust::from).collect(),
+            mask: p.mask.clone().unwrap_or_default(),
         }
     }
 }
@@ -431,6 +433,7 @@ impl From<proto::SampleParams> for SampleParams {
             presence_penalty: p.presence_penalty,
             n_top: p.n_top,
             adjust: p.adjust.into_iter().map(Adjust::from).collect(),
+            mask: (!p.mask.is_empty()).then_some(p.mask),
         }
     }
 }
@@ -806,4 +809,25 @@ pub async fn probe(addr: &str, link: &Link, timeout: Duration) -> Result<proto::
     let mut c = link.client(ch);
     let r = c.info(proto::InfoRequest {}).await.map_err(|s| anyhow!(status_text(&s)))?;
     Ok(r.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The sampling parameters cross the wire whole, token mask included (and no mask stays none).
+    #[test]
+    fn sample_params_round_trip_with_and_without_a_mask() {
+        let with = SampleParams {
+            temperature: 0.7,
+            top_k: 5,
+            adjust: vec![Adjust { id: 3, count: 1, in_prompt: true, bias: -1.0 }],
+            mask: Some(vec![0b1011, 0, u32::MAX]),
+            ..Default::default()
+        };
+        for p in [with, SampleParams::default()] {
+            let wire = proto::SampleParams::from(&p);
+            assert_eq!(SampleParams::from(wire), p);
+        }
+    }
 }

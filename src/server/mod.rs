@@ -15,6 +15,7 @@ mod generate;
 pub mod metrics;
 mod openai;
 mod params;
+mod structured;
 mod tokenize;
 mod tools;
 

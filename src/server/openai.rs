@@ -6,7 +6,7 @@ use super::error::ApiError;
 use super::generate::{check_context, submit, total_usage, Choice, Collected, Planned, TokenOut};
 use super::params::{parse_messages, parse_prompts, Common, Fields, Limits, Prompt, MAX_TOP_LOGPROBS};
 use super::tools::{self, Piece, ToolCallParser, ToolRequest};
-use super::{unix_now, AppState};
+use super::{structured, unix_now, AppState};
 use crate::engine::{EngineHandle, Event, FinishReason, Usage};
 use crate::tokenizer::Tokenizer;
 use axum::body::{Body, Bytes};
@@ -147,8 +147,9 @@ async fn chat(
     let engine = st.engine()?.clone();
     let obj = read_json(&headers, body, st.cfg.max_request_body_bytes).await?;
     let f = Fields(&obj);
-    let c = Common::parse(&f, &limits(&st, &engine), &["max_completion_tokens", "max_tokens"])?;
+    let mut c = Common::parse(&f, &limits(&st, &engine), &["max_completion_tokens", "max_tokens"])?;
     st.check_model(c.model.as_deref())?;
+    c.compiled = structured::compile(&engine, c.constraint.take()).await?;
     let messages = parse_messages(f.get("messages"))?;
     let logprobs = f.bool("logprobs")?.unwrap_or(false);
     let top = f.int_in("top_logprobs", 0, MAX_TOP_LOGPROBS as i64)?;
@@ -204,8 +205,9 @@ async fn complete(
     let engine = st.engine()?.clone();
     let obj = read_json(&headers, body, st.cfg.max_request_body_bytes).await?;
     let f = Fields(&obj);
-    let c = Common::parse(&f, &limits(&st, &engine), &["max_tokens"])?;
+    let mut c = Common::parse(&f, &limits(&st, &engine), &["max_tokens"])?;
     st.check_model(c.model.as_deref())?;
+    c.compiled = structured::compile(&engine, c.constraint.take()).await?;
     let prompts = parse_prompts(f.get("prompt"), engine.info.vocab)?;
     if f.get("tools").is_some_and(|t| t.as_array().is_none_or(|a| !a.is_empty())) {
         return Err(ApiError::invalid("tools", "`tools` is only supported on /v1/chat/completions"));

@@ -152,6 +152,10 @@ pub struct Common {
     /// The request's time limit: its own `request_timeout_s` (at most the server's), or the
     /// server's.
     pub timeout: Option<Duration>,
+    /// Structured outputs: the constraint asked for, and once compiled, the compiled one (each
+    /// choice gets its own copy).
+    pub constraint: Option<super::structured::Requested>,
+    pub compiled: Option<crate::structured::Constraint>,
 }
 
 impl Common {
@@ -249,15 +253,8 @@ impl Common {
                 }
             }
         };
-        if let Some(rf) = f.get("response_format") {
-            let kind = rf.get("type").and_then(Value::as_str);
-            if kind != Some("text") {
-                return Err(ApiError::invalid(
-                    "response_format",
-                    "only `{\"type\": \"text\"}` is supported as `response_format`",
-                ));
-            }
-        }
+        // Structured outputs: compiled later (`structured::compile`), off the async threads.
+        let constraint = super::structured::parse(f)?;
         Ok(Common {
             model,
             max_tokens,
@@ -274,6 +271,8 @@ impl Common {
             ignore_eos,
             cache_salt,
             timeout,
+            constraint,
+            compiled: None,
         })
     }
 
@@ -299,6 +298,7 @@ impl Common {
             },
             cache_salt: self.cache_salt.clone(),
             skip_special_tokens: true,
+            constraint: self.compiled.clone(),
         }
     }
 }

@@ -11,6 +11,8 @@
 
 mod chat;
 pub mod cli;
+pub use bytes::SPECIAL_TOKEN_MARKER;
+mod bytes;
 mod gguf_bpe;
 mod gguf_common;
 mod gguf_spm;
