@@ -221,11 +221,11 @@ async fn validation_and_generic_rendering() {
     let body = json!({"messages": history(json!("{\"city\": \"Paris\"}")), "tools": [w]});
     let text = srv.rendered(&body).await;
     assert!(text.starts_with("<|im_start|>system\n# Tools\n\nYou may call one or more functions"), "{text}");
-    assert!(text.contains("<tools>\n{\"function\":{\"description\":\"Get the current weather"), "{text}");
+    assert!(text.contains("<tools>\n{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"description\":\"Get the current weather"), "{text}");
     assert!(text.contains("<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call>"));
     assert!(
         text.contains(
-            "<|im_start|>assistant\n<tool_call>\n{\"arguments\":{\"city\":\"Paris\"},\"name\":\"get_weather\"}\n\
+            "<|im_start|>assistant\n<tool_call>\n{\"name\":\"get_weather\",\"arguments\":{\"city\":\"Paris\"}}\n\
              </tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\n18 C\n</tool_response><|im_end|>"
         ),
         "{text}"

@@ -784,12 +784,12 @@ mod tests {
         assert_eq!(out.len(), 4);
         assert_eq!(out[0].role, "system");
         assert!(
-            out[0].content.contains("<tools>\n{\"function\":{\"description\":\"Weather of a city\""),
+            out[0].content.contains("<tools>\n{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"description\":\"Weather of a city\""),
             "{}",
             out[0].content
         );
         assert!(out[0].content.contains("<tool_call>\n{\"name\": <function-name>"), "{}", out[0].content);
-        assert_eq!(out[2].content, "<tool_call>\n{\"arguments\":{},\"name\":\"time\"}\n</tool_call>");
+        assert_eq!(out[2].content, "<tool_call>\n{\"name\":\"time\",\"arguments\":{}}\n</tool_call>");
         assert_eq!(out[3], ChatMessage::new("user", "<tool_response>\n12:00\n</tool_response>"));
         // An existing system message is extended.
         let out = generic_messages(&[ChatMessage::new("system", "Be brief.")], Some(&t.specs()));

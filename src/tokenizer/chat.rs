@@ -83,7 +83,7 @@ fn one_line(e: &Error) -> String {
 
 /// Hugging Face's `tojson`: Python's `json.dumps(value, ensure_ascii=False, indent=indent)`,
 /// so `", "` and `": "` separators (or `indent` spaces per level) and no HTML escaping, which
-/// minijinja's own filter does. Keys come out sorted.
+/// minijinja's own filter does. Keys keep their order (serde_json with `preserve_order`, as Python dicts do).
 fn tojson(value: &Value, indent: Option<Value>, kwargs: Kwargs) -> Result<Value, Error> {
     let indent = match kwargs.get::<Option<Value>>("indent")?.or(indent) {
         Some(v) if v.is_none() || v.is_undefined() => None,
