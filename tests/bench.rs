@@ -156,7 +156,7 @@ async fn test_server(mode: Conn) -> (String, Arc<AtomicUsize>) {
     let seen2 = seen.clone();
     tokio::spawn(async move {
         loop {
-            let Ok((mut s, _)) = listener.accept().await else { return };
+            let (mut s, _) = listener.accept().await.expect("the test server accepts a connection");
             let seen = seen2.clone();
             tokio::spawn(async move {
                 if !read_request(&mut s).await {

@@ -23,7 +23,7 @@ pub const MAX_TOP_LOGPROBS: u32 = crate::gpu::kernels::MAX_TOP_LOGPROBS as u32;
 /// The fields of one JSON object.
 pub struct Fields<'a>(pub &'a Map<String, Value>);
 
-fn type_name(v: &Value) -> &'static str {
+pub(crate) fn type_name(v: &Value) -> &'static str {
     match v {
         Value::Null => "null",
         Value::Bool(_) => "a boolean",

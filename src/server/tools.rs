@@ -58,22 +58,13 @@ pub enum ToolChoice {
 }
 
 /// A request's tools and how they may be used.
+use super::params::type_name;
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct ToolRequest {
     pub tools: Vec<Tool>,
     pub choice: ToolChoice,
     pub parallel: bool,
-}
-
-fn type_name(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
 }
 
 fn valid_name(n: &str) -> bool {
