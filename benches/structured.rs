@@ -56,6 +56,7 @@ fn run(e: &EngineHandle, g: &Grammars, spec: Option<&ConstraintSpec>) -> (f64, V
                             ids.push(id);
                         }
                         Event::Done { .. } => break,
+                        Event::PromptLogprobs(_) => {}
                     }
                 }
                 (times, ids)

@@ -1,7 +1,7 @@
 // Repetition / frequency / presence penalties and logit bias, applied to the sampled rows'
 // logits before sampling. One workgroup per row; the row's entries (unique token ids) are
 // adj[start .. start + len], each (id, generated count, 1 if in the prompt, bias f32 bits).
-// Per-row words in md at off_params + 12 * r: [4] repetition penalty, [5] frequency penalty,
+// Per-row words in md at off_params + PARAMS_STRIDE * r: [4] repetition penalty, [5] frequency penalty,
 // [6] presence penalty (f32 bits), [8] start, [9] len, [11] the row's token mask (structured
 // outputs): NO_MASK, or the entry where its vocab.div_ceil(32) words start in adj (bit i % 32 of
 // word i / 32 allows token i). Tokens the mask does not allow get MASKED_LOGIT, after the
@@ -31,7 +31,7 @@ fn main(
     if (r >= step.n_sample) {
         return;
     }
-    let pb = p.off_params + 12u * r;
+    let pb = p.off_params + PARAMS_STRIDE * r;
     let rep = bitcast<f32>(md[pb + 4u]);
     let freq = bitcast<f32>(md[pb + 5u]);
     let pres = bitcast<f32>(md[pb + 6u]);

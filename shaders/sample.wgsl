@@ -5,7 +5,9 @@
 // two adjustment words (logit_adjust.wgsl), min_p (f32 bits; word 10), the token mask (word 11,
 // applied by logit_adjust.wgsl: tokens it does not allow hold MASKED_LOGIT, which the minimum
 // below skips so the top-k/top-p bisections span the allowed tokens only, and which no draw or
-// argmax picks while any token is allowed).
+// argmax picks while any token is allowed), the forced token (word 12: NO_FORCE, or a token id
+// the row reports instead of sampling, for prompt log-probabilities). PARAMS_STRIDE, NO_MASK,
+// NO_FORCE and MASKED_LOGIT are prepended from Rust (kernels::sampler_source).
 // temperature <= 0 is greedy (argmax, lowest id on ties). Otherwise the candidates are the
 // top_k largest logits (0 = all) whose probability at this temperature is at least min_p times
 // the largest (0 = off; the logit threshold max + temperature * ln(min_p)), then the smallest top
@@ -29,7 +31,6 @@ struct SampleParams {
 @group(0) @binding(4) var<storage, read_write> result: array<u32>;
 
 const WG: u32 = 64u;
-const PARAMS_STRIDE: u32 = 12u;
 const MAX_TOP: u32 = 20u;
 const RESULT_STRIDE: u32 = 42u;
 const BISECT_STEPS: u32 = 32u;
@@ -141,7 +142,10 @@ fn main(
     }
     let lse = gmax + log(sum_all(lid, se));
 
-    if (temperature <= 0.0) {
+    let force = md[pb + 12u];
+    if (force != NO_FORCE) {
+        picked = min(force, p.vocab - 1u);
+    } else if (temperature <= 0.0) {
         picked = gargmax;
     } else {
         draw(lid, base, lo, hi, gmin, gmax, gargmax, temperature, top_p, top_k, min_p, u);

@@ -9,8 +9,8 @@ use serde_json::Value;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use torus_wgpu::config::EngineConfig;
-use torus_wgpu::engine::{load_model, EngineHandle, FinishReason, Request, RequestParams, StopConditions};
+use torus_wgpu::config::{EngineConfig, KvDtype};
+use torus_wgpu::engine::{load_model, Completion, EngineHandle, FinishReason, Request, RequestParams, StopConditions};
 use torus_wgpu::gpu::Gpu;
 use torus_wgpu::sampling::SamplingParams;
 
@@ -367,4 +367,98 @@ fn sliding_window_frees_blocks_and_matches_reference() {
     assert_eq!(run_alone(&e, &reqs), want, "alone");
     assert_eq!(run_together(&e, &reqs), want, "together");
     assert_all_blocks_free(&e);
+}
+
+fn log_softmax(row: &[f32]) -> Vec<f64> {
+    let m = row.iter().fold(f32::MIN, |a, &b| a.max(b)) as f64;
+    let lse = m + row.iter().map(|&x| (x as f64 - m).exp()).sum::<f64>().ln();
+    row.iter().map(|&x| x as f64 - lse).collect()
+}
+
+/// Prompt logprobs (what `echo` with `logprobs` returns on /v1/completions): each fixture prompt
+/// is extended by its first 4 reference greedy tokens, so the prompt logprobs at positions
+/// n-1..n+2 are the reference's decode steps 0..3. They match the reference (the token's logprob
+/// at n-1 against the log-softmax of the full reference logits; at each step the top-5 ids and
+/// their logprob differences against the reference top-5 logits), every prompt token but the
+/// first gets one, in order, and the numbers do not depend on how the prompt is scheduled:
+/// alone, chunked into 5-token pieces with at most 3 sample rows per step, after the same
+/// prompt filled the prefix cache, or in a batch with other requests (whose tokens stay those
+/// they get alone). The generated tokens are those of a plain request.
+#[test]
+fn prompt_logprobs_match_reference_and_scheduling() {
+    let reference: Value =
+        serde_json::from_str(&std::fs::read_to_string(fixtures().join("tiny-qwen2-reference.json")).unwrap()).unwrap();
+    // An f32 KV cache, as the reference computes; 4-token blocks, so that the short prompts
+    // fill prefix-cache blocks.
+    let big = engine(&tiny(), |c| {
+        c.kv_cache_dtype = KvDtype::F32;
+        c.block_size = 4;
+    });
+    let small = engine(&tiny(), |c| {
+        c.kv_cache_dtype = KvDtype::F32;
+        c.max_num_batched_tokens = 5;
+        c.max_decode_batch_size = 2;
+        c.max_prefill_batch_size = 1;
+    });
+    let others: Vec<Request> = tiny_prompts(5).iter().map(|p| greedy_req(p, 12)).collect();
+    let others_alone = run_alone(&big, &others);
+    for p in reference["prompts"].as_array().unwrap() {
+        let name = p["name"].as_str().unwrap();
+        let (input, greedy) = (ids(&p["input_ids"]), ids(&p["greedy_ids"]));
+        let n = input.len();
+        let prompt: Vec<u32> = input.iter().chain(&greedy[..4]).copied().collect();
+        let mut req = greedy_req(&prompt, 3);
+        req.params.prompt_logprobs = Some(5);
+        let plain = big.submit(greedy_req(&prompt, 3)).unwrap().collect_blocking();
+
+        let alone = big.submit(req.clone()).unwrap().collect_blocking();
+        let lps = &alone.prompt_logprobs;
+        assert_eq!(lps.iter().map(|l| l.id).collect::<Vec<_>>(), prompt[1..], "{name}");
+        assert_eq!(alone.ids, plain.ids, "{name}: generated tokens");
+        // Against the reference.
+        let full: Vec<f32> = p["last_position_logits_full"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect();
+        let want = log_softmax(&full)[greedy[0] as usize];
+        // lps[k] is prompt token k + 1, predicted at position k.
+        let got = lps[n - 1].logprob as f64;
+        assert!((got - want).abs() < 1e-3, "{name}: logprob of the first greedy token {got} vs {want}");
+        for (s, step) in p["first_decode_steps_top5"].as_array().unwrap().iter().enumerate() {
+            let (rids, rlog) = (ids(&step["top5_ids"]), step["top5_logits"].as_array().unwrap());
+            let top = &lps[n - 1 + s].top;
+            assert_eq!(top.len(), 5);
+            for j in 0..5 {
+                let want = rlog[j].as_f64().unwrap() - rlog[0].as_f64().unwrap();
+                let got = (top[j].1 - top[0].1) as f64;
+                // (Each logit within ~1e-3 of the reference: a difference of two within 2e-3.)
+                assert!((got - want).abs() < 2e-3, "{name} step {s} top {j}: {got} vs {want}");
+                // Ids only where the reference order is clear.
+                let gap = |a: usize, b: usize| (rlog[a].as_f64().unwrap() - rlog[b].as_f64().unwrap()).abs();
+                let clear = (j == 0 || gap(j - 1, j) > 1e-3) && (j == 4 || gap(j, j + 1) > 1e-3);
+                if clear {
+                    assert_eq!(top[j].0, rids[j], "{name} step {s} top {j}");
+                }
+            }
+        }
+
+        let same = |what: &str, c: &Completion| {
+            assert_eq!(c.ids, alone.ids, "{name} {what}: tokens");
+            assert_eq!(c.prompt_logprobs.len(), lps.len(), "{name} {what}");
+            for (a, b) in c.prompt_logprobs.iter().zip(lps) {
+                assert_eq!((a.id, a.top.iter().map(|t| t.0).collect::<Vec<_>>()), (b.id, b.top.iter().map(|t| t.0).collect()), "{name} {what}");
+                assert!((a.logprob - b.logprob).abs() < 1e-4, "{name} {what}: {} vs {}", a.logprob, b.logprob);
+            }
+        };
+        same("chunked", &small.submit(req.clone()).unwrap().collect_blocking());
+        // The prompt's blocks are now cached (a plain request reuses them): still all.
+        let again = big.submit(greedy_req(&prompt, 1)).unwrap().collect_blocking();
+        assert!(again.usage.cached_tokens >= 8, "{name}: {:?}", again.usage);
+        let cached = big.submit(req.clone()).unwrap().collect_blocking();
+        same("after caching", &cached);
+        let streams: Vec<_> =
+            others.iter().chain(std::iter::once(&req)).map(|r| big.submit(r.clone()).unwrap()).collect();
+        let mut outs: Vec<_> = streams.into_iter().map(|s| s.collect_blocking()).collect();
+        same("batched", &outs.pop().unwrap());
+        assert_eq!(outs.into_iter().map(|c| c.ids).collect::<Vec<_>>(), others_alone, "{name}: neighbours changed");
+    }
+    assert_all_blocks_free(&big);
+    assert_all_blocks_free(&small);
 }

@@ -691,6 +691,33 @@ fn penalties_bias_and_top_logprobs() {
     assert_close(&adjusted[vocab..], &logits, |_| 0.0, "unadjusted row");
 }
 
+/// Prompt log-probabilities: a row with a forced token reports that token (not the argmax nor a
+/// draw) with its log-softmax value, and the top log-probabilities as usual; other rows of the
+/// same step still sample.
+#[test]
+fn forced_rows_report_the_given_token() {
+    let h = harness();
+    let vocab = 777;
+    let mut rng = Rng::new(21);
+    let rows: Vec<Vec<f32>> = (0..3).map(|_| randn(&mut rng, vocab, 4.0)).collect();
+    let lsm: Vec<Vec<f64>> = rows.iter().map(|r| log_softmax(r)).collect();
+    let worst = |r: &[f32]| (0..vocab).min_by(|&a, &b| r[a].partial_cmp(&r[b]).unwrap()).unwrap() as u32;
+    let params = [
+        SampleParams { force: Some(worst(&rows[0])), n_top: 3, ..Default::default() },
+        SampleParams { force: Some(5), temperature: 1.0, u: 0.5, ..Default::default() },
+        SampleParams::default(),
+    ];
+    let (got, _) = h.sample(&rows.concat(), vocab, &params).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(got[0].id, worst(&rows[0]));
+    assert!((got[0].logprob as f64 - lsm[0][got[0].id as usize]).abs() < 1e-4, "{} vs {}", got[0].logprob, lsm[0][got[0].id as usize]);
+    let best = |r: &[f32]| (0..vocab).max_by(|&a, &b| r[a].partial_cmp(&r[b]).unwrap().then(b.cmp(&a))).unwrap() as u32;
+    assert_eq!(got[0].top.len(), 3);
+    assert_eq!(got[0].top[0].0, best(&rows[0]));
+    assert_eq!(got[1].id, 5);
+    assert!((got[1].logprob as f64 - lsm[1][5]).abs() < 1e-4);
+    assert_eq!(got[2].id, best(&rows[2]), "an unforced greedy row");
+}
+
 fn mask_allows(mask: &[u32], id: usize) -> bool {
     mask[id / 32] >> (id % 32) & 1 == 1
 }

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Drives a running `torus-wgpu serve` with the official `openai` Python package.
 
-Usage: python3 tests/openai_e2e.py [BASE_URL] [--tool-model]   (default: $TORUS_BASE_URL,
-else http://127.0.0.1:8000/v1). Set TORUS_API_KEY when the server requires a key.
+Usage: python3 tests/openai_e2e.py [BASE_URL] [--tool-model | --structured]   (default:
+$TORUS_BASE_URL, else http://127.0.0.1:8000/v1). Set TORUS_API_KEY when the server requires a key.
 
 Checks chat (non-streaming and streaming with usage), completions (non-streaming and
 streaming), n > 1, logprobs, the model list, tool-calling requests (shapes, a follow-up turn
@@ -10,16 +10,24 @@ with a `tool` message), and that errors come back as the client's typed exceptio
 are parsed with the client's strict validation where it offers it. With --tool-model (a model
 that answers the weather question below with a call, e.g. Qwen2.5-Coder-0.5B-Instruct), only
 the tool checks run, and the call itself is checked: streamed and not, with arguments valid
-against the tool's JSON schema. Exits 0 when every check passes; otherwise prints what failed
-and exits 1.
+against the tool's JSON schema. With --structured (a small instruct model such as SmolLM2),
+only the structured-output checks run: `chat.completions.parse` with a Pydantic model 20 times
+with varied prompts (every result parses and validates), `json_object` output parses, and
+`tool_choice="required"` returns calls whose arguments validate against the tool's schema,
+streamed and not, followed by a `role: tool` turn. Exits 0 when every check passes; otherwise
+prints what failed and exits 1.
 """
 
 import json
 import os
 import sys
+from concurrent.futures import ThreadPoolExecutor
+from typing import Literal
 
+import jsonschema
 import openai
 from openai import OpenAI
+from pydantic import BaseModel, Field
 
 
 def make_client(base_url: str, strict: bool = True) -> OpenAI:
@@ -56,12 +64,6 @@ WEATHER_TOOL = {
 def validate_arguments(arguments: str, schema: dict) -> None:
     args = json.loads(arguments)
     check(isinstance(args, dict), f"arguments are an object: {arguments!r}")
-    try:
-        import jsonschema
-    except ImportError:
-        for k in schema.get("required", []):
-            check(k in args, f"required argument {k!r} in {arguments!r}")
-        return
     jsonschema.validate(args, schema)
 
 
@@ -73,7 +75,8 @@ def check_tools(client: OpenAI, model: str, tool_model: bool) -> None:
     ask = "What is the weather in Paris? Use the get_weather tool." if tool_model else "Paris?"
     question = [{"role": "user", "content": ask}]
     kwargs = dict(model=model, messages=question, tools=[tool], temperature=0, max_tokens=48 if tool_model else 4)
-    # tool_choice "required" (not yet enforced by a grammar: the model must choose to call).
+    # tool_choice "required" (enforced by a grammar: the output is a call, or a prefix of one
+    # when max_tokens cuts it).
     chat = client.chat.completions.create(tool_choice="required", **kwargs)
     msg = chat.choices[0].message
     if tool_model:
@@ -135,9 +138,99 @@ def check_tools(client: OpenAI, model: str, tool_model: bool) -> None:
         check(e.status_code == 400 and e.param == "tool_choice", f"status {e.status_code}, param {e.param}")
 
 
+class Weather(BaseModel):
+    city: str = Field(max_length=24)
+    sky: Literal["sunny", "cloudy", "rainy", "snowy"]
+    temperature_c: int = Field(ge=-50, le=50)
+    windy: bool
+
+
+CITIES = ["Paris", "Tokyo", "Cairo", "Lima", "Oslo", "Rome", "Delhi", "Sydney", "Toronto", "Nairobi"]
+
+
+def check_structured(client: OpenAI, model: str) -> None:
+    """Structured outputs through the client's own helpers, on a small instruct model."""
+    # `parse` moved out of `beta` in later client versions; take whichever this one has.
+    beta = getattr(getattr(client, "beta", None), "chat", None)
+    parse = getattr(getattr(beta, "completions", None), "parse", None) or client.chat.completions.parse
+    prompts = [f"Describe today's weather in {c} as JSON." for c in CITIES]
+    prompts += [f"It is {t} degrees and {s} in {c}. Report it." for t, s, c in zip(
+        [3, 21, 35, -4, 12, 28, 15, 7, 30, -10],
+        ["snowy", "sunny", "sunny", "snowy", "rainy", "cloudy", "rainy", "cloudy", "sunny", "snowy"],
+        CITIES,
+    )]
+
+    def one(prompt: str):
+        r = parse(model=model, messages=[{"role": "user", "content": prompt}], response_format=Weather,
+                  max_tokens=100, temperature=0)
+        return prompt, r
+
+    # All 20 at once: they decode as one batch.
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        results = list(pool.map(one, prompts))
+    check(len(results) == 20, "20 results")
+    for prompt, r in results:
+        c = r.choices[0]
+        check(c.finish_reason == "stop", f"{prompt!r}: finish_reason {c.finish_reason}")
+        check(isinstance(c.message.parsed, Weather), f"{prompt!r}: parsed {c.message.parsed!r}")
+        # The text itself validates against the schema the client sent.
+        again = Weather.model_validate_json(c.message.content)
+        check(again == c.message.parsed, f"{prompt!r}: {c.message.content!r}")
+        jsonschema.validate(json.loads(c.message.content), Weather.model_json_schema())
+
+    # json_object: any JSON object.
+    r = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "Give a JSON object with the keys name and age for Bob, who is 30."}],
+        response_format={"type": "json_object"}, max_tokens=60, temperature=0,
+    )
+    check(r.choices[0].finish_reason == "stop", f"json_object finish_reason {r.choices[0].finish_reason}")
+    obj = json.loads(r.choices[0].message.content)
+    check(isinstance(obj, dict), f"json_object output: {r.choices[0].message.content!r}")
+
+    # tool_choice="required": SmolLM2's template has no tools, so the server renders them; the
+    # grammar makes the output calls whose arguments follow the schema.
+    schema = WEATHER_TOOL["function"]["parameters"]
+    question = [{"role": "user", "content": "What is the weather in Paris?"}]
+    kwargs = dict(model=model, messages=question, tools=[WEATHER_TOOL], tool_choice="required", temperature=0,
+                  max_tokens=120)
+    chat = client.chat.completions.create(**kwargs)
+    c = chat.choices[0]
+    check(c.finish_reason == "tool_calls", f"required: finish_reason {c.finish_reason}, content {c.message.content!r}")
+    check(c.message.tool_calls, f"required: no calls: {c.message}")
+    for call in c.message.tool_calls:
+        check(call.function.name == "get_weather" and call.id.startswith("call_"), f"call: {call}")
+        validate_arguments(call.function.arguments, schema)
+    calls, reasons = {}, []
+    for chunk in client.chat.completions.create(stream=True, **kwargs):
+        for ch in chunk.choices:
+            for tc in ch.delta.tool_calls or []:
+                entry = calls.setdefault(tc.index, {"name": "", "arguments": ""})
+                if tc.function is not None:
+                    entry["name"] += tc.function.name or ""
+                    entry["arguments"] += tc.function.arguments or ""
+            if ch.finish_reason:
+                reasons.append(ch.finish_reason)
+    check(reasons == ["tool_calls"], f"streamed finish reasons: {reasons}")
+    got = [(calls[i]["name"], json.loads(calls[i]["arguments"])) for i in sorted(calls)]
+    want = [(x.function.name, json.loads(x.function.arguments)) for x in c.message.tool_calls]
+    check(got == want, f"streamed calls {got} != {want}")
+    for _, args in got:
+        jsonschema.validate(args, schema)
+    # The follow-up turn with the tool's result (the assistant message as the client returned it).
+    follow = question + [
+        c.message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": c.message.tool_calls[0].id, "content": '{"temperature_c": 18}'},
+    ]
+    after = client.chat.completions.create(model=model, messages=follow, tools=[WEATHER_TOOL], temperature=0,
+                                           max_tokens=24)
+    check(after.choices[0].message.role == "assistant", "follow-up answered")
+    check(after.choices[0].finish_reason in ("stop", "length", "tool_calls"), "follow-up finish_reason")
+
+
 def main() -> int:
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     tool_model = "--tool-model" in sys.argv[1:]
+    structured = "--structured" in sys.argv[1:]
     base_url = args[0] if args else os.environ.get("TORUS_BASE_URL", "http://127.0.0.1:8000/v1")
     client = make_client(base_url)
 
@@ -147,6 +240,10 @@ def main() -> int:
     model = ids[0]
     if tool_model:
         check_tools(client, model, tool_model=True)
+        print("openai_e2e: all checks passed")
+        return 0
+    if structured:
+        check_structured(client, model)
         print("openai_e2e: all checks passed")
         return 0
     check_tools(client, model, tool_model=False)

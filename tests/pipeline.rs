@@ -295,6 +295,51 @@ fn single_engine_outputs(path: &Path, cfg: &EngineConfig, reqs: &[Request]) -> V
     out
 }
 
+/// Prompt logprobs (`echo` with `logprobs`) through pipeline stages, with 16-token chunks that
+/// overlap in the stages and a 14-block pool that forces preemption (a preempted request
+/// recomputes its prompt but reports each prompt logprob once): the tokens, the prompt
+/// logprobs' ids and top ids equal the single device's, and their values agree within 1e-4.
+#[test]
+fn pipelined_prompt_logprobs_match_single_device() {
+    let path = tiny();
+    let cfg = base_cfg(&path);
+    let reqs: Vec<Request> = engine_prompts(&path)
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let mut r = greedy_req(p, 24);
+            r.params.prompt_logprobs = (i % 2 == 0).then_some(2);
+            r
+        })
+        .collect();
+    let gpu = Arc::new(Gpu::new(None).unwrap());
+    let (m, tok) = load_model(&path, &cfg, gpu, &|_, _| {}).unwrap();
+    let single = EngineHandle::start(m, tok, &cfg);
+    let want: Vec<_> = reqs.iter().map(|r| single.submit(r.clone()).unwrap().collect_blocking()).collect();
+    single.shutdown(false);
+    let mut pcfg = pipeline_cfg(&cfg, &[(0, 1, None), (1, 2, None)]);
+    pcfg.max_num_batched_tokens = 16;
+    pcfg.total_cache_size = 14 * 4096;
+    let e = EngineHandle::start(build(&pcfg).unwrap(), load_tokenizer(&path).unwrap(), &pcfg);
+    let streams: Vec<_> = reqs.iter().map(|r| e.submit(r.clone()).unwrap()).collect();
+    for (i, (s, w)) in streams.into_iter().zip(&want).enumerate() {
+        let got = s.collect_blocking();
+        assert_eq!(got.ids, w.ids, "request {i}: tokens");
+        let n = if reqs[i].params.prompt_logprobs.is_some() { reqs[i].prompt.len() - 1 } else { 0 };
+        assert_eq!(got.prompt_logprobs.len(), n, "request {i}");
+        assert_eq!(w.prompt_logprobs.len(), n, "request {i} (single device)");
+        for (a, b) in got.prompt_logprobs.iter().zip(&w.prompt_logprobs) {
+            let top = |x: &torus_wgpu::engine::PromptLogprob| x.top.iter().map(|t| t.0).collect::<Vec<_>>();
+            assert_eq!((a.id, top(a)), (b.id, top(b)), "request {i}");
+            assert!((a.logprob - b.logprob).abs() < 1e-4, "request {i}: {} vs {}", a.logprob, b.logprob);
+        }
+    }
+    let m = settled(&e);
+    assert!(m.preemptions > 0 && m.steps_overlapped > 0, "{m:?}");
+    assert_eq!(m.kv_blocks_used, 0, "blocks leaked: {m:?}");
+    e.shutdown(false);
+}
+
 #[test]
 fn engine_over_in_process_pipeline_matches_single_device() {
     let cases = vec![

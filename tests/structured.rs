@@ -225,7 +225,8 @@ async fn post(base: &str, path: &str, body: &Value) -> (u16, Value) {
 
 /// Over HTTP on SmolLM2: json_schema (chat) returns JSON with the required keys; json_object
 /// output parses; vLLM's `structured_outputs` choice and regex (completions); a schema the library
-/// cannot compile is a 400 naming `response_format`; a tiny max_tokens gives `length`.
+/// cannot compile is a 400 naming `response_format`; a tiny max_tokens gives `length`; then the
+/// official openai client's checks (Pydantic `parse` 20 times, json_object, required tools).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn openai_fields_over_http() {
     let path = smollm2();
@@ -316,6 +317,11 @@ async fn openai_fields_over_http() {
     .await;
     assert_eq!(s, 200, "{v}");
     assert_eq!(v["choices"][0]["finish_reason"], "length", "{v}");
+
+    // The official openai client: `chat.completions.parse` with a Pydantic model 20 times,
+    // json_object, and tool_choice "required" (tests/openai_e2e.py --structured).
+    let v1 = format!("{base}/v1");
+    tokio::task::spawn_blocking(move || common::openai_e2e(&v1, &["--structured"])).await.unwrap();
     handle.shutdown().await;
 }
 

@@ -9,7 +9,7 @@
 //! over the in-flight steps; sequences in flight are never preempted.
 
 use super::metrics::EngineMetrics;
-use super::request::{Event, FinishReason, Request, RequestParams, Usage};
+use super::request::{Event, FinishReason, PromptLogprob, Request, RequestParams, Usage};
 use crate::gpu::GpuFault;
 use crate::kv::{root_key, BlockId, BlockKey, BlockManager};
 use crate::model::forward::{Adjust, SampleParams, Sampled, StepInput};
@@ -76,11 +76,49 @@ struct Seq {
     cached_tokens: Option<usize>,
     /// Structured outputs: why the grammar could not give a mask (the sequence then fails).
     constraint_error: Option<String>,
+    /// Prompt log-probabilities delivered so far (of tokens 1..=lp_done).
+    lp_done: usize,
 }
 
 impl Seq {
     fn generated(&self) -> usize {
         self.tokens.len() - self.prompt_len
+    }
+
+    /// Whether position `pos` (in a chunk being scheduled) gets a prompt-logprob row: its
+    /// logits predict prompt token `pos + 1`, not yet delivered.
+    fn wants_prompt_row(&self, pos: usize) -> bool {
+        self.params.prompt_logprobs.is_some() && pos >= self.lp_done && pos + 1 < self.prompt_len
+    }
+
+    /// Prompt positions from which prompt-logprob rows are still needed (`prompt_len` if none).
+    fn prompt_rows_from(&self) -> usize {
+        match self.params.prompt_logprobs {
+            Some(_) if self.lp_done + 1 < self.prompt_len => self.lp_done,
+            _ => self.prompt_len,
+        }
+    }
+
+    /// Sample rows the chunk `start..start + len` adds to a step (prompt-logprob rows and the
+    /// row that samples the next token).
+    fn rows_in(&self, start: usize, len: usize) -> usize {
+        let from = self.prompt_rows_from().max(start);
+        let forced = (start + len).min(self.prompt_len.saturating_sub(1)).saturating_sub(from);
+        forced + usize::from(start + len == self.tokens.len())
+    }
+
+    /// The longest chunk from `start` (at most `len`) whose rows fit in `room`.
+    fn chunk_within_rows(&self, start: usize, len: usize, room: usize) -> usize {
+        if self.rows_in(start, len) <= room {
+            return len;
+        }
+        // Rows grow by at most one per token: shrink until they fit (at least one token, whose
+        // row count is at most 1 <= room).
+        let mut l = len.min(room.max(1));
+        while l > 1 && self.rows_in(start, l) > room {
+            l -= 1;
+        }
+        l
     }
 
     fn usage(&self) -> Usage {
@@ -133,6 +171,7 @@ impl Seq {
             n_top: p.logprobs.unwrap_or(0),
             adjust: adj.into_values().collect(),
             mask,
+            force: None,
         }
     }
 }
@@ -150,8 +189,17 @@ struct InFlight {
     /// Steps from before a stage failure are discarded when they finish.
     epoch: u64,
     plan: Vec<Planned>,
-    /// Sequences whose last token is sampled in this step, in sample-row order.
-    sampled: Vec<u64>,
+    /// What each sample row of this step is for, in sample-row order.
+    sampled: Vec<(u64, Row)>,
+}
+
+/// A sample row's purpose.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Row {
+    /// The sequence's next token.
+    Next,
+    /// The log-probability of the prompt token after this position.
+    Prompt,
 }
 
 pub(crate) struct EngineCore {
@@ -320,6 +368,7 @@ impl EngineCore {
                     counts: HashMap::new(),
                     cached_tokens: None,
                     constraint_error: None,
+                    lp_done: 0,
                 });
             }
             Command::Abort(id) => self.abort(id),
@@ -409,9 +458,12 @@ impl EngineCore {
         let idle = self.running.iter().filter(|s| !self.busy.contains_key(&s.id)).count();
         let decode_cap = self.cfg.max_decode_batch_size.min(idle.div_ceil(slots_left).max(1));
 
+        // Sample rows so far: one per sequence that samples, plus prompt-logprob rows (at most
+        // max_seqs in all, the step's row limit).
+        let mut rows = 0;
         // Running sequences, oldest first: decode tokens and continuing prefill chunks.
         let mut i = 0;
-        while i < self.running.len() && budget > 0 && plan.len() < max_seqs {
+        while i < self.running.len() && budget > 0 && plan.len() < max_seqs && rows < max_seqs {
             let s = &self.running[i];
             // In flight with its last token (it samples): wait for that result.
             let remaining = s.tokens.len() - s.scheduled;
@@ -424,7 +476,7 @@ impl EngineCore {
                 i += 1;
                 continue;
             }
-            let len = remaining.min(budget);
+            let len = s.chunk_within_rows(s.scheduled, remaining.min(budget), max_seqs - rows);
             let need = (s.scheduled + len).div_ceil(bs);
             let mut stop = false;
             while self.running[i].table.len() < need {
@@ -450,6 +502,7 @@ impl EngineCore {
                 break;
             }
             let s = &self.running[i];
+            rows += s.rows_in(s.scheduled, len);
             plan.push(Planned { id: s.id, start: s.scheduled, len });
             budget -= len;
             if decode {
@@ -461,12 +514,14 @@ impl EngineCore {
         }
 
         // Waiting sequences in arrival order (preempted ones are at the front).
-        while budget > 0 && n_prefill < self.cfg.max_prefill_batch_size && plan.len() < max_seqs {
+        while budget > 0 && n_prefill < self.cfg.max_prefill_batch_size && plan.len() < max_seqs && rows < max_seqs {
             let Some(s) = self.waiting.front() else { break };
-            // Reuse cached full blocks, but always compute the last token (its logits are needed).
-            let hit = self.bm.lookup_prefix(&s.tokens, s.tokens.len() - 1, &s.root);
+            // Reuse cached full blocks, but always compute the last token (its logits are needed),
+            // and every position whose prompt logprob is still wanted.
+            let reusable = (s.tokens.len() - 1).min(s.prompt_rows_from());
+            let hit = self.bm.lookup_prefix(&s.tokens, reusable, &s.root);
             let computed = hit.blocks.len() * bs;
-            let len = (s.tokens.len() - computed).min(budget);
+            let len = s.chunk_within_rows(computed, (s.tokens.len() - computed).min(budget), max_seqs - rows);
             let need = (computed + len).div_ceil(bs) - hit.blocks.len();
             if self.bm.available() < need {
                 self.bm.release(&hit.blocks);
@@ -485,6 +540,7 @@ impl EngineCore {
             s.computed = computed;
             s.scheduled = computed;
             s.cached_tokens.get_or_insert(computed.min(s.prompt_len));
+            rows += s.rows_in(computed, len);
             plan.push(Planned { id: s.id, start: computed, len });
             budget -= len;
             n_prefill += 1;
@@ -506,12 +562,22 @@ impl EngineCore {
                 input.positions.push(pos as u32);
                 input.slots.push(s.table[pos / bs as usize] * bs + pos as u32 % bs);
                 input.seq_of_token.push(j as u32);
+                if s.wants_prompt_row(pos) {
+                    // Reports the next prompt token's logprob instead of sampling.
+                    input.sample_rows.push(input.tokens.len() as u32 - 1);
+                    input.sampling.push(SampleParams {
+                        n_top: s.params.prompt_logprobs.unwrap_or(0),
+                        force: Some(s.tokens[pos + 1]),
+                        ..Default::default()
+                    });
+                    sampled.push((p.id, Row::Prompt));
+                }
             }
             input.block_tables.push(s.table.clone());
             if p.start + p.len == s.tokens.len() {
                 input.sample_rows.push(input.tokens.len() as u32 - 1);
                 input.sampling.push(s.sample_params(mask_words));
-                sampled.push(p.id);
+                sampled.push((p.id, Row::Next));
             }
             s.scheduled = p.start + p.len;
             *self.busy.entry(p.id).or_insert(0) += 1;
@@ -603,11 +669,22 @@ impl EngineCore {
             }
         }
         let mut done: Vec<(u64, FinishReason)> = Vec::new();
-        for (id, r) in step.sampled.iter().zip(out.sampled) {
-            let Some(s) = self.running.iter_mut().find(|s| s.id == *id) else { continue };
+        // A sequence's rows are consecutive: its prompt logprobs (if any), then its next token.
+        let mut lps: Vec<PromptLogprob> = Vec::new();
+        for (k, (&(id, row), r)) in step.sampled.iter().zip(out.sampled).enumerate() {
+            let Some(s) = self.running.iter_mut().find(|s| s.id == id) else { continue };
+            if row == Row::Prompt {
+                s.lp_done += 1;
+                lps.push(PromptLogprob { id: r.id, logprob: r.logprob, top: r.top });
+                let more = step.sampled.get(k + 1) == Some(&(id, Row::Prompt));
+                if !more && s.out.send(Event::PromptLogprobs(std::mem::take(&mut lps))).is_err() {
+                    done.push((id, FinishReason::Abort));
+                }
+                continue;
+            }
             self.metrics.decode_tokens.fetch_add(1, Relaxed);
             if let Some(reason) = Self::accept(&self.tok, s, r, self.cfg.max_seq_len) {
-                done.push((*id, reason));
+                done.push((id, reason));
             }
         }
         for (id, reason) in done {

@@ -3,7 +3,7 @@
 
 use super::core::{Command, EngineCore, SchedulerConfig};
 use super::metrics::EngineMetrics;
-use super::request::{Event, FinishReason, Request, RequestParams, Usage};
+use super::request::{Event, FinishReason, PromptLogprob, Request, RequestParams, Usage};
 use crate::config::EngineConfig;
 use crate::gpu::kernels::MAX_TOP_LOGPROBS;
 use crate::pipeline::{panic_message, Executor, Fault, StageHealth};
@@ -58,6 +58,8 @@ pub struct Completion {
     pub ids: Vec<u32>,
     pub text: String,
     pub logprobs: Vec<f32>,
+    /// With `prompt_logprobs`: the prompt tokens' logprobs (from the second token).
+    pub prompt_logprobs: Vec<PromptLogprob>,
     pub reason: FinishReason,
     pub usage: Usage,
 }
@@ -96,6 +98,7 @@ impl RequestStream {
             ids: vec![],
             text: String::new(),
             logprobs: vec![],
+            prompt_logprobs: vec![],
             reason: FinishReason::Error("stream ended early".into()),
             usage: Usage::default(),
         };
@@ -106,6 +109,7 @@ impl RequestStream {
                     c.text.push_str(&text);
                     c.logprobs.push(logprob);
                 }
+                Event::PromptLogprobs(lps) => c.prompt_logprobs.extend(lps),
                 Event::Done { text, reason, usage } => {
                     c.text.push_str(&text);
                     c.reason = reason;
@@ -245,7 +249,7 @@ impl EngineHandle {
         if params.logit_bias.len() > crate::model::forward::MAX_LOGIT_BIAS {
             return Err(format!("at most {} logit_bias entries are allowed", crate::model::forward::MAX_LOGIT_BIAS));
         }
-        if params.logprobs.unwrap_or(0) as usize > MAX_TOP_LOGPROBS {
+        if params.logprobs.max(params.prompt_logprobs).unwrap_or(0) as usize > MAX_TOP_LOGPROBS {
             return Err(format!("at most {MAX_TOP_LOGPROBS} top logprobs can be returned"));
         }
         let s = &params.sampling;

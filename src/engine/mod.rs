@@ -7,7 +7,7 @@ pub mod metrics;
 pub mod request;
 
 pub use handle::{Completion, EngineHandle, RequestStream};
-pub use request::{Event, FinishReason, Request, RequestParams, StopConditions, Usage};
+pub use request::{Event, FinishReason, PromptLogprob, Request, RequestParams, StopConditions, Usage};
 
 use crate::model::forward::{Model, SampleParams, StepInput};
 use crate::pipeline::Executor;

@@ -28,6 +28,11 @@ pub struct RequestParams {
     pub logit_bias: Vec<(u32, f32)>,
     /// Some(n): return the chosen token's logprob and the n most likely alternatives (n <= 20).
     pub logprobs: Option<u32>,
+    /// Some(n): also return each prompt token's logprob (all but the first, which nothing
+    /// predicts) and the n most likely alternatives at its position, as
+    /// [`Event::PromptLogprobs`] before the first token (vLLM's `prompt_logprobs`). Such a
+    /// request does not reuse cached prefix blocks for the positions it still needs.
+    pub prompt_logprobs: Option<u32>,
     pub stop: StopConditions,
     /// Prefix-cache salt (vLLM's `cache_salt`): requests share cached blocks only with requests
     /// of the same salt (None: the shared cache).
@@ -49,6 +54,7 @@ impl Default for RequestParams {
             presence_penalty: 0.0,
             logit_bias: vec![],
             logprobs: None,
+            prompt_logprobs: None,
             stop: StopConditions::default(),
             cache_salt: None,
             skip_special_tokens: true,
@@ -95,12 +101,24 @@ pub struct Usage {
     pub cached_tokens: usize,
 }
 
+/// One prompt token's log-probability given the tokens before it, and the most likely tokens
+/// at its position.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PromptLogprob {
+    pub id: u32,
+    pub logprob: f32,
+    pub top: Vec<(u32, f32)>,
+}
+
 /// What a request's stream yields.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Event {
     /// A generated token and the text it released (possibly empty while text is held back for
     /// an incomplete UTF-8 character or a possible stop string).
     Token { id: u32, text: String, logprob: f32, top: Vec<(u32, f32)> },
+    /// Log-probabilities of prompt tokens (`prompt_logprobs`), in prompt order starting with the
+    /// second token; they may come in several events, all before the first `Token`.
+    PromptLogprobs(Vec<PromptLogprob>),
     /// The end: any remaining text, why, and the token counts.
     Done { text: String, reason: FinishReason, usage: Usage },
 }

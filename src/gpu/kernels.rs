@@ -500,16 +500,21 @@ pub const SAMPLE_WGSL: &str = include_str!("../../shaders/sample.wgsl");
 pub const HEAD_NORM_WGSL: &str = include_str!("../../shaders/head_norm.wgsl");
 pub const LOGIT_ADJUST_WGSL: &str = include_str!("../../shaders/logit_adjust.wgsl");
 /// u32 words of per-row sampling parameters in the step metadata (see sample.wgsl).
-pub const SAMPLE_PARAMS_STRIDE: usize = 12;
+pub const SAMPLE_PARAMS_STRIDE: usize = 16;
 /// The logit a token mask gives every token it does not allow (structured outputs): below any
 /// real logit, so neither the argmax nor a draw ever picks it (its probability is exp(-3e38)).
 pub const MASKED_LOGIT: f32 = -3.0e38;
 /// Word 11 of a row's sampling parameters when the row has no token mask.
 pub const NO_MASK: u32 = u32::MAX;
+/// Word 12 of a row's sampling parameters when the row samples (otherwise the token it reports).
+pub const NO_FORCE: u32 = u32::MAX;
 
 /// The sampler's shaders (sample.wgsl, logit_adjust.wgsl) with the constants they share with Rust.
 pub fn sampler_source(body: &str) -> String {
-    plain_source(&format!("const MASKED_LOGIT: f32 = {MASKED_LOGIT:e};\nconst NO_MASK: u32 = {NO_MASK}u;\n{body}"))
+    plain_source(&format!(
+        "const MASKED_LOGIT: f32 = {MASKED_LOGIT:e};\nconst NO_MASK: u32 = {NO_MASK}u;\nconst NO_FORCE: u32 = {NO_FORCE}u;\n\
+         const PARAMS_STRIDE: u32 = {SAMPLE_PARAMS_STRIDE}u;\n{body}"
+    ))
 }
 
 /// Most top log-probabilities the sampler returns per row.

@@ -8,7 +8,7 @@ use super::ops::{attention_splits, Op, OpKind, RecordParams, Recorder, StepShape
 use super::tensor::QTensor;
 use crate::gpu::kernels::{
     window_entries, window_stride, KernelProfile, KernelSpec, Kernels, KvDtype, WFormat, KV_K_CHUNK_BINDING,
-    KV_V_CHUNK_BINDING, MATMUL_TILES, MAX_TOP_LOGPROBS, NO_MASK, SAMPLE_PARAMS_STRIDE, SAMPLE_RESULT_STRIDE,
+    KV_V_CHUNK_BINDING, MATMUL_TILES, MAX_TOP_LOGPROBS, NO_FORCE, NO_MASK, SAMPLE_PARAMS_STRIDE, SAMPLE_RESULT_STRIDE,
 };
 pub(crate) use crate::gpu::shared::{MatParams, StepHeader, MAT_ACCUMULATE, MAT_BIAS, MAT_SWIGLU_UP};
 use crate::gpu::Gpu;
@@ -112,6 +112,9 @@ pub struct SampleParams {
     /// of word `i / 32`; `vocab.div_ceil(32)` words). Every other token's logit becomes
     /// [`MASKED_LOGIT`] before sampling (greedy too), so it is never picked. None: no mask.
     pub mask: Option<Vec<u32>>,
+    /// Prompt log-probabilities: this row reports `force` as its token (with its log-probability
+    /// and the top ones) instead of sampling one. None: sample.
+    pub force: Option<u32>,
 }
 
 impl Default for SampleParams {
@@ -128,6 +131,7 @@ impl Default for SampleParams {
             n_top: 0,
             adjust: vec![],
             mask: None,
+            force: None,
         }
     }
 }
@@ -168,6 +172,10 @@ impl SampleParams {
                 Some(_) => adj_start + self.adjust.len() as u32,
                 None => NO_MASK,
             },
+            self.force.unwrap_or(NO_FORCE),
+            0,
+            0,
+            0,
         ]
     }
 }

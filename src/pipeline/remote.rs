@@ -416,6 +416,7 @@ impl From<&SampleParams> for proto::SampleParams {
             n_top: p.n_top,
             adjust: p.adjust.iter().map(proto::Adjust::from).collect(),
             mask: p.mask.clone().unwrap_or_default(),
+            force_plus_one: p.force.map_or(0, |t| t.saturating_add(1)),
         }
     }
 }
@@ -434,6 +435,7 @@ impl From<proto::SampleParams> for SampleParams {
             n_top: p.n_top,
             adjust: p.adjust.into_iter().map(Adjust::from).collect(),
             mask: (!p.mask.is_empty()).then_some(p.mask),
+            force: p.force_plus_one.checked_sub(1),
         }
     }
 }
@@ -823,6 +825,7 @@ mod tests {
             top_k: 5,
             adjust: vec![Adjust { id: 3, count: 1, in_prompt: true, bias: -1.0 }],
             mask: Some(vec![0b1011, 0, u32::MAX]),
+            force: Some(0),
             ..Default::default()
         };
         for p in [with, SampleParams::default()] {

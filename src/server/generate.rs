@@ -9,7 +9,7 @@ use super::access::AccessRecord;
 use super::error::ApiError;
 use super::AppState;
 use crate::engine::handle::EngineInfo;
-use crate::engine::{EngineHandle, Event, FinishReason, Request, RequestParams, RequestStream, Usage};
+use crate::engine::{EngineHandle, Event, FinishReason, PromptLogprob, Request, RequestParams, RequestStream, Usage};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Instant;
@@ -119,6 +119,7 @@ impl Choice {
                 self.last = Some(now);
                 e
             }
+            Some(Event::PromptLogprobs(_)) => e,
             Some(Event::Done { usage, ref reason, .. }) => {
                 self.done = true;
                 // A sequence whose only token ended it (eos) still had a first token.
@@ -256,6 +257,8 @@ pub(crate) struct Collected {
     pub prompt_index: usize,
     pub text: String,
     pub tokens: Vec<TokenOut>,
+    /// `echo` with `logprobs`: the prompt's logprobs (from its second token).
+    pub prompt_logprobs: Vec<PromptLogprob>,
     pub reason: FinishReason,
     pub usage: Usage,
 }
@@ -267,6 +270,7 @@ impl Choice {
             prompt_index: self.prompt_index,
             text: String::new(),
             tokens: vec![],
+            prompt_logprobs: vec![],
             reason: FinishReason::Error("the engine stopped".into()),
             usage: Usage::default(),
         };
@@ -276,6 +280,7 @@ impl Choice {
                     c.text.push_str(&text);
                     c.tokens.push(TokenOut { id, logprob, top });
                 }
+                Event::PromptLogprobs(lps) => c.prompt_logprobs.extend(lps),
                 Event::Done { text, reason, usage } => {
                     c.text.push_str(&text);
                     c.reason = reason;

@@ -21,6 +21,7 @@ mod tools;
 
 pub use error::ApiError;
 pub use metrics::ServerMetrics;
+pub use tools::tool_call_grammar;
 
 use crate::config::{EngineArgs, EngineConfig};
 use crate::engine::EngineHandle;

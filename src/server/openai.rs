@@ -7,7 +7,8 @@ use super::generate::{check_context, submit, total_usage, Choice, Collected, Pla
 use super::params::{parse_messages, parse_prompts, Common, Fields, Limits, Prompt, MAX_TOP_LOGPROBS};
 use super::tools::{self, Piece, ToolCallParser, ToolRequest};
 use super::{structured, unix_now, AppState};
-use crate::engine::{EngineHandle, Event, FinishReason, Usage};
+use crate::engine::{EngineHandle, Event, FinishReason, PromptLogprob, RequestParams, Usage};
+use crate::structured::ConstraintSpec;
 use crate::tokenizer::Tokenizer;
 use axum::body::{Body, Bytes};
 use axum::extract::{Extension, State};
@@ -167,15 +168,21 @@ async fn chat(
     .await?
     .map_err(|e| ApiError::invalid("messages", format!("{e:#}")))?;
     let max_tokens = check_context(&engine.info, prompt.len(), c.max_tokens, "messages")?;
+    // `required` and named functions: the output is held to a valid call by a grammar.
+    if let Some(tc) = tool_req.as_ref().and_then(|t| t.constraint_for(&engine.tokenizer)) {
+        if c.compiled.is_some() {
+            return Err(ApiError::invalid(
+                "tool_choice",
+                "a required or named `tool_choice` cannot be combined with an output constraint (response_format, structured_outputs)",
+            ));
+        }
+        let req = structured::Requested { spec: ConstraintSpec::Lark(tc.lark), param: "tools" };
+        c.compiled = structured::compile(&engine, Some(req)).await?;
+    }
     let mut params: Vec<_> = (0..c.n).map(|j| c.request_params(j, max_tokens, lp)).collect();
     if tool_req.as_ref().is_some_and(ToolRequest::parses_output) {
         // As vLLM's Hermes parser: the tags may be special tokens (Qwen2.5's GGUF marks them so).
         params.iter_mut().for_each(|p| p.skip_special_tokens = false);
-    }
-    if let Some(constraint) = tool_req.as_ref().and_then(ToolRequest::constraint) {
-        for p in &mut params {
-            tools::apply_constraint(&constraint, p)?;
-        }
     }
     let plan = Planned { prompt, choices: params };
     let choices = within(&st, t0, c.timeout, submit(&st, &engine, vec![plan], t0, &log)).await?;
@@ -188,6 +195,7 @@ async fn chat(
         logprobs: lp.is_some(),
         include_usage: c.include_usage,
         echo: vec![],
+        echo_ids: vec![],
         deadline: deadline(t0, c.timeout),
         tools: tool_req.filter(ToolRequest::parses_output),
         st: st.clone(),
@@ -214,9 +222,8 @@ async fn complete(
     }
     let echo = f.bool("echo")?.unwrap_or(false);
     let lp = f.int_in("logprobs", 0, MAX_TOP_LOGPROBS as i64)?.map(|n| n as u32);
-    if echo && lp.is_some() {
-        return Err(ApiError::invalid("echo", "`echo` with `logprobs` (prompt logprobs) is not supported"));
-    }
+    // `echo` with `logprobs`: the prompt's tokens come back with their logprobs too.
+    let prompt_lp = if echo { lp } else { None };
     if f.string("suffix")?.is_some_and(|s| !s.is_empty()) {
         return Err(ApiError::invalid("suffix", "`suffix` is not supported"));
     }
@@ -247,9 +254,16 @@ async fn complete(
     let max_tokens = Some(c.max_tokens.unwrap_or(COMPLETIONS_DEFAULT_MAX_TOKENS));
     let mut plans = Vec::with_capacity(encoded.len());
     let mut echoes = Vec::with_capacity(encoded.len());
+    let mut echo_ids = Vec::new();
     for (prompt, text) in encoded {
         let m = check_context(&engine.info, prompt.len(), max_tokens, "prompt")?;
-        plans.push(Planned { prompt, choices: (0..c.n).map(|j| c.request_params(j, m, lp)).collect() });
+        let choices = (0..c.n)
+            .map(|j| RequestParams { prompt_logprobs: prompt_lp, ..c.request_params(j, m, lp) })
+            .collect();
+        if prompt_lp.is_some() {
+            echo_ids.push(prompt.clone());
+        }
+        plans.push(Planned { prompt, choices });
         echoes.push(if echo { text } else { String::new() });
     }
     let choices = within(&st, t0, c.timeout, submit(&st, &engine, plans, t0, &log)).await?;
@@ -262,6 +276,7 @@ async fn complete(
         logprobs: lp.is_some(),
         include_usage: c.include_usage,
         echo: echoes,
+        echo_ids,
         deadline: deadline(t0, c.timeout),
         tools: None,
         st: st.clone(),
@@ -344,11 +359,37 @@ struct Output {
     include_usage: bool,
     /// Completions with `echo`: each prompt's text (empty otherwise).
     echo: Vec<String>,
+    /// Completions with `echo` and `logprobs`: each prompt's token ids (empty otherwise).
+    echo_ids: Vec<Vec<u32>>,
     /// The request's time limit and when it passes (streams end there).
     deadline: Option<(Duration, tokio::time::Instant)>,
     /// Chat with tools (tool_choice other than `none`): the output is parsed for tool calls.
     tools: Option<ToolRequest>,
     st: Arc<AppState>,
+}
+
+/// Legacy completions logprobs under construction.
+#[derive(Default)]
+struct LegacyLogprobs {
+    tokens: Vec<String>,
+    lps: Vec<Value>,
+    tops: Vec<Value>,
+    offsets: Vec<usize>,
+}
+
+impl LegacyLogprobs {
+    /// One token: its text at `offset` (advanced past it), its logprob and top entries (null
+    /// for a prompt's first token).
+    fn push(&mut self, tok: &Tokenizer, id: u32, lp: Option<f32>, top: Option<&[(u32, f32)]>, offset: &mut usize) {
+        let (s, _) = token_piece(tok, id);
+        self.offsets.push(*offset);
+        *offset += s.chars().count();
+        self.tokens.push(s);
+        self.lps.push(lp.map_or(Value::Null, lp_json));
+        self.tops.push(top.map_or(Value::Null, |t| {
+            Value::Object(t.iter().map(|&(id, lp)| (token_piece(tok, id).0, lp_json(lp))).collect::<Map<String, Value>>())
+        }));
+    }
 }
 
 /// `tool_calls` as the finish reason of a choice that stopped after calling tools.
@@ -404,20 +445,33 @@ impl Output {
         json!({"content": content, "refusal": null})
     }
 
-    /// Legacy completions logprobs; `offset` is the text offset of the first token, advanced.
-    fn legacy_logprobs(&self, toks: &[TokenOut], offset: &mut usize) -> Value {
-        let (mut tokens, mut lps, mut tops, mut offsets) = (vec![], vec![], vec![], vec![]);
-        for t in toks {
-            let (s, _) = token_piece(&self.tok, t.id);
-            offsets.push(*offset);
-            *offset += s.chars().count();
-            tokens.push(s);
-            lps.push(lp_json(t.logprob));
-            let top: Map<String, Value> =
-                t.top.iter().map(|&(id, lp)| (token_piece(&self.tok, id).0, lp_json(lp))).collect();
-            tops.push(Value::Object(top));
+    /// Legacy completions logprobs: the prompt's (with `echo`: its first token has none, as
+    /// nothing predicts it) and then the generated tokens'; `offset` is the text offset of the
+    /// first token, advanced.
+    fn legacy_logprobs(&self, prompt: Option<(&[u32], &[PromptLogprob])>, toks: &[TokenOut], offset: &mut usize) -> Value {
+        let mut out = LegacyLogprobs::default();
+        if let Some((ids, lps)) = prompt {
+            if let Some(&first) = ids.first() {
+                out.push(&self.tok, first, None, None, offset);
+            }
+            for p in lps {
+                // As vLLM does: the prompt token is among its position's top entries.
+                let mut top = p.top.clone();
+                if !top.iter().any(|&(id, _)| id == p.id) {
+                    top.push((p.id, p.logprob));
+                }
+                out.push(&self.tok, p.id, Some(p.logprob), Some(&top), offset);
+            }
         }
-        json!({"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets})
+        for t in toks {
+            out.push(&self.tok, t.id, Some(t.logprob), Some(&t.top), offset);
+        }
+        json!({"tokens": out.tokens, "token_logprobs": out.lps, "top_logprobs": out.tops, "text_offset": out.offsets})
+    }
+
+    /// `echo` with `logprobs`: the prompt's token ids (None otherwise).
+    fn echo_prompt(&self, prompt_index: usize) -> Option<&[u32]> {
+        self.echo_ids.get(prompt_index).map(Vec::as_slice)
     }
 
     async fn whole(self, choices: Vec<Choice>) -> Result<Response, ApiError> {
@@ -452,7 +506,9 @@ impl Output {
                         "finish_reason": reason,
                     })
                 } else {
-                    let lp = if self.logprobs { self.legacy_logprobs(&c.tokens, &mut 0) } else { Value::Null };
+                    let prompt = self.echo_prompt(c.prompt_index).map(|ids| (ids, &c.prompt_logprobs[..]));
+                    let lp =
+                        if self.logprobs { self.legacy_logprobs(prompt, &c.tokens, &mut 0) } else { Value::Null };
                     json!({
                         "index": c.index,
                         "text": format!("{}{}", self.echo_of(c.prompt_index), c.text),
@@ -476,6 +532,8 @@ impl Output {
             offsets: HashMap::new(),
             parsers: HashMap::new(),
             open: choices.iter().map(|c| c.index).collect(),
+            echo_pending: BTreeSet::new(),
+            prompt_lps: HashMap::new(),
             finished: false,
             started: false,
             out: self,
@@ -484,6 +542,9 @@ impl Output {
             if s.out.chat {
                 let delta = json!({"role": "assistant", "content": "", "refusal": null});
                 s.push_choice(json!({"index": c.index, "delta": delta, "logprobs": null, "finish_reason": null}));
+            } else if s.out.echo_prompt(c.prompt_index).is_some() {
+                // Sent with the prompt's logprobs, once they are in (before the first token).
+                s.echo_pending.insert(c.index);
             } else if !s.out.echo_of(c.prompt_index).is_empty() {
                 let text = s.out.echo_of(c.prompt_index).to_string();
                 s.push_choice(json!({"index": c.index, "text": text, "logprobs": null, "finish_reason": null}));
@@ -563,6 +624,10 @@ struct SseState {
     parsers: HashMap<usize, ToolCallParser>,
     /// Choices not finished yet.
     open: BTreeSet<usize>,
+    /// Completions with `echo` and `logprobs`: choices whose echo chunk waits for the prompt's
+    /// logprobs, and those received so far.
+    echo_pending: BTreeSet<usize>,
+    prompt_lps: HashMap<usize, Vec<PromptLogprob>>,
     finished: bool,
     /// Whether an engine event arrived (no more keep-alive comments after it).
     started: bool,
@@ -608,8 +673,25 @@ impl SseState {
         self.tail.push_back(sse(&v));
     }
 
+    /// `echo` with `logprobs`: the echo chunk, with the prompt's logprobs, once they are all in.
+    fn flush_echo(&mut self, index: usize, prompt_index: usize) {
+        if !self.echo_pending.remove(&index) {
+            return;
+        }
+        let lps = self.prompt_lps.remove(&index).unwrap_or_default();
+        let ids = self.out.echo_prompt(prompt_index).unwrap_or(&[]);
+        let off = self.offsets.entry(index).or_insert(0);
+        let lp = self.out.legacy_logprobs(Some((ids, &lps)), &[], off);
+        let text = self.out.echo_of(prompt_index).to_string();
+        self.push_choice(json!({"index": index, "text": text, "logprobs": lp, "finish_reason": null}));
+    }
+
     fn on_event(&mut self, index: usize, prompt_index: usize, e: Event) {
+        if !matches!(e, Event::PromptLogprobs(_) | Event::Done { reason: FinishReason::Error(_) | FinishReason::Abort, .. }) {
+            self.flush_echo(index, prompt_index);
+        }
         match e {
+            Event::PromptLogprobs(lps) => self.prompt_lps.entry(index).or_default().extend(lps),
             Event::Token { id, text, logprob, top } => {
                 if text.is_empty() && !self.out.logprobs {
                     return;
@@ -628,7 +710,7 @@ impl SseState {
                 } else {
                     let lp = if self.out.logprobs {
                         let off = self.offsets.entry(index).or_insert(0);
-                        self.out.legacy_logprobs(&toks, off)
+                        self.out.legacy_logprobs(None, &toks, off)
                     } else {
                         Value::Null
                     };

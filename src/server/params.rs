@@ -296,6 +296,7 @@ impl Common {
                 stop: self.stop.clone(),
                 ignore_eos: self.ignore_eos,
             },
+            prompt_logprobs: None,
             cache_salt: self.cache_salt.clone(),
             skip_special_tokens: true,
             constraint: self.compiled.clone(),

@@ -23,13 +23,14 @@
 //!   stream whose output starts with `{` is held back until the end.
 //! - **`tool_choice: "none"`** follows vLLM's default: the tools are still rendered into the
 //!   prompt, but the output is not parsed (any `<tool_call>` text stays content).
-//! - **`required` / a named function** should constrain decoding ([`ToolRequest::constraint`]);
-//!   until the constrained-decoding API exists, [`apply_constraint`] is a no-op and the output is
-//!   parsed as for `auto`.
+//! - **`required` / a named function** constrain decoding with a grammar
+//!   ([`ToolRequest::constraint`], compiled by the structured-outputs library): the output is
+//!   one call block (several with `required` and `parallel_tool_calls`) whose JSON names a
+//!   permitted function and whose `arguments` follow that function's parameter schema. So even a
+//!   small model returns a valid call (or, cut by `max_tokens`, a prefix of one: `length`).
 
 use super::error::ApiError;
 use super::params::Fields;
-use crate::engine::RequestParams;
 use crate::tokenizer::{ChatMessage, Tokenizer};
 use serde_json::{json, Map, Value};
 
@@ -57,9 +58,9 @@ pub enum ToolChoice {
     Named(String),
 }
 
-/// A request's tools and how they may be used.
 use super::params::type_name;
 
+/// A request's tools and how they may be used.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ToolRequest {
     pub tools: Vec<Tool>,
@@ -169,8 +170,10 @@ impl ToolRequest {
     }
 
     /// What the output must be under `tool_choice: "required"` or a named function (None for
-    /// `auto` and `none`): see [`ToolConstraint`].
-    pub fn constraint(&self) -> Option<ToolConstraint> {
+    /// `auto` and `none`): see [`ToolConstraint`]. `special(tag)`: whether the tokenizer has the
+    /// tag as one special token (Qwen2.5's `<tool_call>`); the grammar then asks for that token,
+    /// as the model was trained to write it, rather than for its spelling.
+    pub fn constraint(&self, special: &dyn Fn(&str) -> bool) -> Option<ToolConstraint> {
         let candidates: Vec<&Tool> = match &self.choice {
             ToolChoice::None | ToolChoice::Auto => return None,
             ToolChoice::Required => self.tools.iter().collect(),
@@ -189,15 +192,34 @@ impl ToolRequest {
             many => json!({"anyOf": many.iter().map(|t| one(t)).collect::<Vec<_>>()}),
         };
         let many = self.parallel && self.choice == ToolChoice::Required;
+        let tag = |t: &str| if special(t) { t.to_string() } else { lark_literal(t) };
+        // The JSON as OpenAI writes it (fixed separators, no free whitespace).
+        let json = crate::structured::openai_json(call_schema.clone(), false);
         let lark = format!(
-            "start: call{}\ncall: {} %json {} {}\n",
+            "start: call{}\ncall: {} \"\\n\" %json {} \"\\n\" {}\n",
             if many { " (\"\\n\" call)*" } else { "" },
-            lark_literal(&format!("{CALL_OPEN}\n")),
-            call_schema,
-            lark_literal(&format!("\n{CALL_CLOSE}")),
+            tag(CALL_OPEN),
+            json,
+            tag(CALL_CLOSE),
         );
         Some(ToolConstraint { call_schema, lark, many })
     }
+}
+
+impl ToolRequest {
+    /// [`constraint`](Self::constraint) for a model's tokenizer.
+    pub fn constraint_for(&self, tok: &Tokenizer) -> Option<ToolConstraint> {
+        self.constraint(&|tag| tok.token_to_id(tag).is_some_and(|id| tok.is_special(id)))
+    }
+}
+
+/// The Lark grammar (llguidance's dialect) that a chat request body's `tools`, `tool_choice`
+/// and `parallel_tool_calls` impose on the output for a model's tokenizer: None unless
+/// `tool_choice` is `required` or names a function. Errors say which field is wrong.
+pub fn tool_call_grammar(body: &Value, tok: &Tokenizer) -> Result<Option<String>, String> {
+    let Value::Object(o) = body else { return Err("the body must be a JSON object".into()) };
+    let req = ToolRequest::parse(&Fields(o)).map_err(|e| e.to_string())?;
+    Ok(req.and_then(|r| r.constraint_for(tok)).map(|c| c.lark))
 }
 
 /// A Lark string literal.
@@ -216,17 +238,6 @@ pub struct ToolConstraint {
     pub lark: String,
     /// Whether several calls may follow each other.
     pub many: bool,
-}
-
-/// HOOK for the constrained-decoding API (issue 13 section 1): make the engine's sampling
-/// follow `c` for this choice. It does nothing yet, so `required` and named functions are
-/// parsed like `auto` and a model may still answer without a call. When the API lands, this
-/// becomes e.g. `params.constraint = Some(structured::lark_constraint(&c.lark)?)` (or
-/// `structured::json_schema_constraint(&c.call_schema)` plus the literal tags), with a 400
-/// naming `tools` when the grammar cannot be built.
-pub fn apply_constraint(c: &ToolConstraint, params: &mut RequestParams) -> Result<(), ApiError> {
-    let _ = (c, params);
-    Ok(())
 }
 
 fn parse_tool(i: usize, t: &Value) -> Result<Tool, ApiError> {
@@ -790,20 +801,26 @@ mod tests {
 
     #[test]
     fn constraint_for_required_and_named() {
-        assert_eq!(tools(json!("auto"), true).constraint(), None);
-        assert_eq!(tools(json!("none"), true).constraint(), None);
-        let named = tools(json!({"type": "function", "function": {"name": "get_weather"}}), true).constraint().unwrap();
+        let plain = |_: &str| false;
+        assert_eq!(tools(json!("auto"), true).constraint(&plain), None);
+        assert_eq!(tools(json!("none"), true).constraint(&plain), None);
+        let named = tools(json!({"type": "function", "function": {"name": "get_weather"}}), true);
+        let named = named.constraint(&plain).unwrap();
         assert_eq!(named.call_schema["properties"]["name"], json!({"const": "get_weather"}));
         assert_eq!(named.call_schema["properties"]["arguments"]["required"], json!(["city"]));
         assert!(!named.many);
-        assert_eq!(
-            named.lark,
-            format!("start: call\ncall: \"<tool_call>\\n\" %json {} \"\\n</tool_call>\"\n", named.call_schema)
-        );
-        let req = tools(json!("required"), true).constraint().unwrap();
+        let json = crate::structured::openai_json(named.call_schema.clone(), false);
+        assert_eq!(named.lark, format!("start: call\ncall: \"<tool_call>\" \"\\n\" %json {json} \"\\n\" \"</tool_call>\"\n"));
+        // Tags that are special tokens are asked for as tokens.
+        let special = |t: &str| t == CALL_OPEN || t == CALL_CLOSE;
+        let named = tools(json!({"type": "function", "function": {"name": "get_weather"}}), true);
+        let lark = named.constraint(&special).unwrap().lark;
+        assert!(lark.starts_with("start: call\ncall: <tool_call> \"\\n\" %json {"), "{lark}");
+        assert!(lark.ends_with("} \"\\n\" </tool_call>\n"), "{lark}");
+        let req = tools(json!("required"), true).constraint(&plain).unwrap();
         assert_eq!(req.call_schema["anyOf"].as_array().unwrap().len(), 2);
         assert!(req.many && req.lark.starts_with("start: call (\"\\n\" call)*\n"), "{}", req.lark);
-        assert!(!tools(json!("required"), false).constraint().unwrap().many);
+        assert!(!tools(json!("required"), false).constraint(&plain).unwrap().many);
         // What the parser accepts from a call that follows the schema.
         let call = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
         let (_, calls) = parse_output(&tools(json!("required"), true), call);

@@ -53,13 +53,13 @@ impl ConstraintSpec {
     fn grammar(&self) -> Result<TopLevelGrammar> {
         Ok(match self {
             ConstraintSpec::JsonObject => {
-                TopLevelGrammar::from_json_schema(json_options(serde_json::json!({"type": "object"}), true))
+                TopLevelGrammar::from_json_schema(openai_json(serde_json::json!({"type": "object"}), true))
             }
             ConstraintSpec::JsonSchema { schema, strict } => {
                 if !(schema.is_object() || schema.is_boolean()) {
                     bail!("the JSON schema must be an object or a boolean");
                 }
-                TopLevelGrammar::from_json_schema(json_options(schema.clone(), *strict))
+                TopLevelGrammar::from_json_schema(openai_json(schema.clone(), *strict))
             }
             ConstraintSpec::Regex(rx) => TopLevelGrammar::from_regex(rx),
             ConstraintSpec::Choice(list) => {
@@ -82,7 +82,7 @@ impl ConstraintSpec {
 /// JSON output the way OpenAI writes it: `", "` and `": "` between items, no other whitespace
 /// (a small model let loose on free whitespace may never close the object). A schema's own
 /// `x-guidance` options win.
-fn json_options(mut schema: Value, strict: bool) -> Value {
+pub fn openai_json(mut schema: Value, strict: bool) -> Value {
     if let Some(o) = schema.as_object_mut() {
         if !o.contains_key("x-guidance") {
             let opts = JsonCompileOptions {

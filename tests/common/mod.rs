@@ -108,3 +108,32 @@ pub fn logits_steps(model: &mut Model, prompt: &[u32], forced: &[u32]) -> Vec<Ve
     }
     out
 }
+
+/// Runs tests/openai_e2e.py (the official `openai` Python client) against `base` (`.../v1`)
+/// with `flags`, and asserts that every check passed. Blocking: call it from
+/// `spawn_blocking` in async tests. Without the Python packages (scripts/setup.sh installs
+/// them) it fails, unless TORUS_SKIP_PYTHON=1 outside CI.
+pub fn openai_e2e(base: &str, flags: &[&str]) {
+    let import = "import openai, pydantic, jsonschema";
+    let ok = std::process::Command::new("python3").args(["-c", import]).output().is_ok_and(|o| o.status.success());
+    if !ok {
+        let skip = std::env::var("TORUS_SKIP_PYTHON").as_deref() == Ok("1") && std::env::var_os("CI").is_none();
+        if skip {
+            eprintln!("SKIPPED: python3 cannot `{import}` (TORUS_SKIP_PYTHON=1)");
+            return;
+        }
+        panic!("python3 cannot `{import}`: run scripts/setup.sh (or set TORUS_SKIP_PYTHON=1 outside CI to skip)");
+    }
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/openai_e2e.py");
+    let out = std::process::Command::new("python3")
+        .arg(script)
+        .arg(base)
+        .args(flags)
+        .env("NO_PROXY", "127.0.0.1,localhost")
+        .env("no_proxy", "127.0.0.1,localhost")
+        .output()
+        .expect("run python3");
+    let (so, se) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "openai_e2e.py {flags:?} failed ({:?})\nstdout:\n{so}\nstderr:\n{se}", out.status);
+    assert!(so.contains("openai_e2e: all checks passed"), "{so}");
+}
