@@ -416,7 +416,8 @@ fn prompt_logprobs_match_reference_and_scheduling() {
         assert_eq!(lps.iter().map(|l| l.id).collect::<Vec<_>>(), prompt[1..], "{name}");
         assert_eq!(alone.ids, plain.ids, "{name}: generated tokens");
         // Against the reference.
-        let full: Vec<f32> = p["last_position_logits_full"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect();
+        let full: Vec<f32> =
+            p["last_position_logits_full"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect();
         let want = log_softmax(&full)[greedy[0] as usize];
         // lps[k] is prompt token k + 1, predicted at position k.
         let got = lps[n - 1].logprob as f64;
@@ -443,7 +444,11 @@ fn prompt_logprobs_match_reference_and_scheduling() {
             assert_eq!(c.ids, alone.ids, "{name} {what}: tokens");
             assert_eq!(c.prompt_logprobs.len(), lps.len(), "{name} {what}");
             for (a, b) in c.prompt_logprobs.iter().zip(lps) {
-                assert_eq!((a.id, a.top.iter().map(|t| t.0).collect::<Vec<_>>()), (b.id, b.top.iter().map(|t| t.0).collect()), "{name} {what}");
+                assert_eq!(
+                    (a.id, a.top.iter().map(|t| t.0).collect::<Vec<_>>()),
+                    (b.id, b.top.iter().map(|t| t.0).collect()),
+                    "{name} {what}"
+                );
                 assert!((a.logprob - b.logprob).abs() < 1e-4, "{name} {what}: {} vs {}", a.logprob, b.logprob);
             }
         };

@@ -709,7 +709,12 @@ fn forced_rows_report_the_given_token() {
     ];
     let (got, _) = h.sample(&rows.concat(), vocab, &params).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(got[0].id, worst(&rows[0]));
-    assert!((got[0].logprob as f64 - lsm[0][got[0].id as usize]).abs() < 1e-4, "{} vs {}", got[0].logprob, lsm[0][got[0].id as usize]);
+    assert!(
+        (got[0].logprob as f64 - lsm[0][got[0].id as usize]).abs() < 1e-4,
+        "{} vs {}",
+        got[0].logprob,
+        lsm[0][got[0].id as usize]
+    );
     let best = |r: &[f32]| (0..vocab).max_by(|&a, &b| r[a].partial_cmp(&r[b]).unwrap().then(b.cmp(&a))).unwrap() as u32;
     assert_eq!(got[0].top.len(), 3);
     assert_eq!(got[0].top[0].0, best(&rows[0]));

@@ -699,6 +699,111 @@ async fn echo_with_logprobs_scores_the_prompt() {
     srv.wait_idle().await;
 }
 
+/// Every sample of a Prometheus text exposition: `name{labels}` (as written) -> value; also
+/// checks that each sample's family has a TYPE line.
+fn prometheus_samples(text: &str) -> std::collections::BTreeMap<String, f64> {
+    let typed: std::collections::BTreeSet<&str> =
+        text.lines().filter_map(|l| l.strip_prefix("# TYPE ")).filter_map(|l| l.split(' ').next()).collect();
+    let mut out = std::collections::BTreeMap::new();
+    for l in text.lines().filter(|l| !l.starts_with('#') && !l.is_empty()) {
+        let (key, value) = l.rsplit_once(' ').unwrap_or_else(|| panic!("bad sample line {l:?}"));
+        let name = key.split('{').next().unwrap();
+        let family =
+            ["_bucket", "_sum", "_count"].iter().find_map(|s| name.strip_suffix(s)).filter(|f| typed.contains(f));
+        assert!(typed.contains(name) || family.is_some(), "no TYPE line for {name}");
+        out.insert(key.to_string(), value.parse::<f64>().unwrap_or_else(|e| panic!("{l:?}: {e}")));
+    }
+    out
+}
+
+/// vLLM's metric names beside ours (what routers, autoscalers and vLLM's dashboards read):
+/// while requests queue and run, each vLLM-named gauge equals its `torus_*` twin in the same
+/// scrape (waiting, running, KV-cache usage, blocks in `vllm:cache_config_info`), and some
+/// scrape sees requests waiting; at the end they agree with the engine's state (idle, all
+/// blocks free) and the counters and histograms count what was served (prompt and generated
+/// tokens, finish reasons, token-based prefix-cache hits of the shared prompt). `/server_info`
+/// reports the same KV cache.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vllm_metric_names_agree_with_ours_and_the_engine() {
+    // 16 KV blocks of 4 KiB (16 tokens x 2 layers x K,V x 32 values x f16): two or three of
+    // the 100-token requests fit at once, the others wait.
+    let cfg = EngineConfig { total_cache_size: 16 * 4096, ..tiny_cfg() };
+    let srv = Arc::new(serve_with(&tiny(), cfg, |s| s.served_model_name = "tiny \"q\"".into()).await);
+    let labels = "engine=\"0\",model_name=\"tiny \\\"q\\\"\"";
+    // Six requests with one 40-token prompt (prefix-cache hits after the first).
+    let prompt: Vec<u32> = (0..40).map(|i| (i * 7 % 500) as u32).collect();
+    let mut tasks = Vec::new();
+    for _ in 0..6 {
+        let srv = srv.clone();
+        let body = json!({"prompt": prompt, "max_tokens": 60, "ignore_eos": true});
+        tasks.push(tokio::spawn(async move { srv.ok("/v1/completions", &body).await }));
+    }
+    let pairs = [
+        ("vllm:num_requests_waiting", "torus_num_requests_waiting"),
+        ("vllm:num_requests_running", "torus_num_requests_running"),
+        ("vllm:kv_cache_usage_perc", "torus_kv_cache_usage_ratio"),
+        ("vllm:gpu_cache_usage_perc", "torus_kv_cache_usage_ratio"),
+    ];
+    let mut saw_waiting = false;
+    let t = Instant::now();
+    while !tasks.iter().all(|t| t.is_finished()) {
+        let (status, text) = srv.get("/metrics").await;
+        assert_eq!(status, StatusCode::OK);
+        let m = prometheus_samples(&text);
+        for (v, ours) in pairs {
+            assert_eq!(m[&format!("{v}{{{labels}}}")], m[ours], "{v} vs {ours}\n{text}");
+        }
+        let info = format!(
+            "vllm:cache_config_info{{block_size=\"16\",cache_dtype=\"auto\",enable_prefix_caching=\"True\",engine=\"0\",num_gpu_blocks=\"{}\"}}",
+            m["torus_kv_cache_blocks_total"]
+        );
+        assert_eq!(m.get(&info), Some(&1.0), "{info} missing:\n{text}");
+        saw_waiting |= m["torus_num_requests_waiting"] > 0.0;
+        assert!(t.elapsed() < Duration::from_secs(120));
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert!(saw_waiting, "no scrape saw a waiting request");
+    let e = srv.wait_idle().await;
+    let (_, text) = srv.get("/metrics").await;
+    let m = prometheus_samples(&text);
+    let v = |name: &str| m[&format!("{name}{{{labels}}}")];
+    assert_eq!((v("vllm:num_requests_waiting"), v("vllm:num_requests_running")), (0.0, 0.0));
+    assert_eq!((e.waiting, e.running, e.kv_blocks_used), (0, 0, 0));
+    assert_eq!(v("vllm:kv_cache_usage_perc"), 0.0);
+    assert_eq!(v("vllm:prompt_tokens_total"), 240.0);
+    assert_eq!(v("vllm:prompt_tokens_total"), m["torus_prompt_tokens_total"]);
+    assert_eq!(v("vllm:generation_tokens_total"), 360.0);
+    assert_eq!(m[&format!("vllm:request_success_total{{{labels},finished_reason=\"length\"}}")], 6.0);
+    assert_eq!(m[&format!("vllm:request_success_total{{{labels},finished_reason=\"stop\"}}")], 0.0);
+    // Token-based prefix cache: every prompt queried whole; later ones hit its two full blocks.
+    assert_eq!(v("vllm:prefix_cache_queries_total"), 240.0);
+    // (Each later request found the two full blocks of the prompt, unless they were evicted.)
+    let hits = v("vllm:prefix_cache_hits_total");
+    assert!((32.0..=5.0 * 32.0).contains(&hits) && hits % 16.0 == 0.0, "{text}");
+    for (name, count) in [
+        ("vllm:e2e_request_latency_seconds", "torus_e2e_request_latency_seconds_count"),
+        ("vllm:time_to_first_token_seconds", "torus_time_to_first_token_seconds_count"),
+        ("vllm:inter_token_latency_seconds", "torus_inter_token_latency_seconds_count"),
+    ] {
+        assert_eq!(v(&format!("{name}_count")), m[count], "{name}");
+    }
+    assert_eq!(v("vllm:request_prompt_tokens_count"), 6.0);
+    assert_eq!(v("vllm:request_prompt_tokens_sum"), 240.0);
+    assert_eq!(v("vllm:request_generation_tokens_sum"), 360.0);
+    assert_eq!(m[&format!("vllm:request_generation_tokens_bucket{{le=\"50\",{labels}}}")], 0.0);
+    assert_eq!(m[&format!("vllm:request_generation_tokens_bucket{{le=\"100\",{labels}}}")], 6.0);
+    // /server_info: the same KV cache.
+    let (s, info) = srv.get("/server_info").await;
+    assert_eq!(s, StatusCode::OK);
+    let info: Value = serde_json::from_str(&info).unwrap();
+    assert_eq!(info["num_gpu_blocks"].as_f64(), Some(m["torus_kv_cache_blocks_total"]), "{info}");
+    assert_eq!((info["block_size"].as_u64(), info["served_model_name"].as_str()), (Some(16), Some("tiny \"q\"")));
+    assert_eq!(info["max_model_len"].as_u64(), Some(srv.engine().info.max_seq_len as u64));
+}
+
 /// A bad request's status and OpenAI error shape.
 fn assert_error(status: StatusCode, v: &Value, want: StatusCode, what: &str) {
     assert_eq!(status, want, "{what}: {v}");

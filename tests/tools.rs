@@ -279,7 +279,8 @@ fn required_and_named_choices_always_call() {
         json!({"type": "object", "additionalProperties": false, "required": ["u", key],
                "properties": {"u": {"enum": ["c", "f"]}, key: {"type": "integer", "minimum": 1, "maximum": 7}}})
     };
-    let tool = |name: &str, key: &str| json!({"type": "function", "function": {"name": name, "parameters": params(key)}});
+    let tool =
+        |name: &str, key: &str| json!({"type": "function", "function": {"name": name, "parameters": params(key)}});
     let tools = json!([tool("forecast", "days"), tool("history", "years")]);
     let prompt = tok.encode(&tok.apply_chat_template(&[ChatMessage::new("user", "Weather?")], true).unwrap()).unwrap();
     let named = json!({"type": "function", "function": {"name": "history"}});

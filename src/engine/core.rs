@@ -530,6 +530,12 @@ impl EngineCore {
             // Counted once per admitted request (a request waiting for room is looked up again
             // every step).
             self.bm.count_lookup(hit.queried, hit.blocks.len());
+            if s.cached_tokens.is_none() {
+                // Token-based, at first admission only (as vLLM counts: a preempted request's
+                // recomputation is not a new query).
+                self.metrics.prefix_query_tokens.fetch_add(s.tokens.len() as u64, Relaxed);
+                self.metrics.prefix_hit_tokens.fetch_add(computed as u64, Relaxed);
+            }
             let keys = hit.keys;
             let mut s = self.waiting.pop_front().expect("front exists");
             s.table = hit.blocks;

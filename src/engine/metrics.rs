@@ -11,6 +11,10 @@ pub struct EngineMetrics {
     pub kv_blocks_free: AtomicU64,
     pub prefix_queries: AtomicU64,
     pub prefix_hits: AtomicU64,
+    /// Prompt tokens of admitted requests, and those of them found in the prefix cache (vLLM's
+    /// token-based prefix-cache queries and hits).
+    pub prefix_query_tokens: AtomicU64,
+    pub prefix_hit_tokens: AtomicU64,
     pub preemptions: AtomicU64,
     pub prefill_tokens: AtomicU64,
     pub decode_tokens: AtomicU64,
@@ -39,6 +43,8 @@ pub struct MetricsSnapshot {
     pub kv_blocks_free: u64,
     pub prefix_queries: u64,
     pub prefix_hits: u64,
+    pub prefix_query_tokens: u64,
+    pub prefix_hit_tokens: u64,
     pub preemptions: u64,
     pub prefill_tokens: u64,
     pub decode_tokens: u64,
@@ -63,6 +69,8 @@ impl EngineMetrics {
             kv_blocks_free: self.kv_blocks_free.load(Relaxed),
             prefix_queries: self.prefix_queries.load(Relaxed),
             prefix_hits: self.prefix_hits.load(Relaxed),
+            prefix_query_tokens: self.prefix_query_tokens.load(Relaxed),
+            prefix_hit_tokens: self.prefix_hit_tokens.load(Relaxed),
             preemptions: self.preemptions.load(Relaxed),
             prefill_tokens: self.prefill_tokens.load(Relaxed),
             decode_tokens: self.decode_tokens.load(Relaxed),

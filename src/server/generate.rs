@@ -131,11 +131,13 @@ impl Choice {
                 m.prompt_tokens.fetch_add(usage.prompt_tokens as u64, Relaxed);
                 m.generation_tokens.fetch_add(usage.completion_tokens as u64, Relaxed);
                 m.observe_e2e(now - self.t0);
+                m.observe_finished(usage.prompt_tokens, usage.completion_tokens, reason.as_openai());
                 e
             }
             None => {
                 self.done = true;
                 self.log.done(self.index, Usage::default(), &FinishReason::Error(String::new()));
+                self.st.metrics.observe_finished(0, 0, "error");
                 Some(Event::Done {
                     text: String::new(),
                     reason: FinishReason::Error("the engine stopped".into()),

@@ -1,6 +1,12 @@
 //! What the server measures itself (responses by status, time to first token, inter-token
 //! latency, token counts) and the Prometheus text for `GET /metrics`, which adds the engine's
 //! gauges and counters.
+//!
+//! Besides the `torus_*` families, the same quantities are exported under vLLM's names (with
+//! its `model_name` and `engine` labels), where the meaning and unit are the same: the
+//! model-server contract that routers and autoscalers read (the Gateway API Inference
+//! Extension's endpoint picker, vLLM's production-stack router, llm-d, KEDA/HPA rules) and the
+//! families vLLM's Grafana dashboards chart. See [`ServerMetrics::render`].
 
 use crate::engine::metrics::MetricsSnapshot;
 use std::collections::BTreeMap;
@@ -17,6 +23,10 @@ const ITL_BUCKETS: &[f64] = &[
     2.5,
 ];
 const E2E_BUCKETS: &[f64] = &[0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 60.0, 120.0, 300.0, 600.0];
+/// Token counts per request (vLLM's 1-2-5 series).
+const TOKEN_BUCKETS: &[f64] = &[
+    1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, 5000.0, 10000.0, 20000.0, 50000.0, 100000.0,
+];
 
 #[derive(Debug)]
 pub struct Histogram {
@@ -39,16 +49,22 @@ impl Histogram {
         self.count += 1;
     }
 
-    fn render(&self, out: &mut String, name: &str, help: &str) {
+    /// `labels`: extra labels for every sample (`a="x",b="y"`), or empty.
+    fn render(&self, out: &mut String, name: &str, help: &str, labels: &str) {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        let (sep, braced) = if labels.is_empty() {
+            (String::new(), String::new())
+        } else {
+            (format!(",{labels}"), format!("{{{labels}}}"))
+        };
         let mut cum = 0;
         for (b, c) in self.bounds.iter().zip(&self.counts) {
             cum += c;
-            let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {cum}");
+            let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"{sep}}} {cum}");
         }
-        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {}", self.count);
-        let _ = writeln!(out, "{name}_sum {}", self.sum);
-        let _ = writeln!(out, "{name}_count {}", self.count);
+        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"{sep}}} {}", self.count);
+        let _ = writeln!(out, "{name}_sum{braced} {}", self.sum);
+        let _ = writeln!(out, "{name}_count{braced} {}", self.count);
     }
 }
 
@@ -58,6 +74,11 @@ pub struct ServerMetrics {
     pub ttft: Mutex<Histogram>,
     pub itl: Mutex<Histogram>,
     pub e2e: Mutex<Histogram>,
+    /// Per finished sequence: its prompt and generated token counts.
+    pub request_prompt_tokens: Mutex<Histogram>,
+    pub request_generation_tokens: Mutex<Histogram>,
+    /// Finished sequences by OpenAI finish reason (`stop`, `length`, `abort`, `error`).
+    finished: Mutex<BTreeMap<&'static str, u64>>,
     /// Prompt tokens of the sequences the server finished (each choice counts its prompt).
     pub prompt_tokens: AtomicU64,
     /// Generated tokens of the sequences the server finished.
@@ -79,6 +100,9 @@ impl Default for ServerMetrics {
             ttft: Mutex::new(Histogram::new(TTFT_BUCKETS)),
             itl: Mutex::new(Histogram::new(ITL_BUCKETS)),
             e2e: Mutex::new(Histogram::new(E2E_BUCKETS)),
+            request_prompt_tokens: Mutex::new(Histogram::new(TOKEN_BUCKETS)),
+            request_generation_tokens: Mutex::new(Histogram::new(TOKEN_BUCKETS)),
+            finished: Mutex::new(BTreeMap::new()),
             prompt_tokens: AtomicU64::new(0),
             generation_tokens: AtomicU64::new(0),
             queued: AtomicU64::new(0),
@@ -119,8 +143,23 @@ impl ServerMetrics {
         observe(&self.e2e, d);
     }
 
-    /// The Prometheus text exposition; `engine` is None while the model is loading.
-    pub fn render(&self, engine: Option<&MetricsSnapshot>) -> String {
+    /// A sequence ended: its token counts and finish reason (OpenAI's string).
+    pub fn observe_finished(&self, prompt_tokens: usize, generation_tokens: usize, reason: &'static str) {
+        for (h, n) in
+            [(&self.request_prompt_tokens, prompt_tokens), (&self.request_generation_tokens, generation_tokens)]
+        {
+            if let Ok(mut h) = h.lock() {
+                h.observe(n as f64);
+            }
+        }
+        if let Ok(mut m) = self.finished.lock() {
+            *m.entry(reason).or_insert(0) += 1;
+        }
+    }
+
+    /// The Prometheus text exposition; `engine` is None while the model is loading. `vllm`: the
+    /// served model name and the engine's KV-cache geometry for the vLLM-named families.
+    pub fn render(&self, engine: Option<&MetricsSnapshot>, vllm: &VllmLabels) -> String {
         let mut out = String::new();
         let mut metric = |name: &str, kind: &str, help: &str, value: String| {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}");
@@ -266,7 +305,7 @@ impl ServerMetrics {
         }
         let hist = |out: &mut String, h: &Mutex<Histogram>, name: &str, help: &str| {
             if let Ok(h) = h.lock() {
-                h.render(out, name, help);
+                h.render(out, name, help, "");
             }
         };
         hist(
@@ -287,8 +326,132 @@ impl ServerMetrics {
             "torus_e2e_request_latency_seconds",
             "From request arrival to a sequence's end, measured in the server.",
         );
+        self.render_vllm(&mut out, engine, vllm);
         out
     }
+
+    /// vLLM's families (names, units and labels as vLLM exports them), from the same numbers as
+    /// the `torus_*` ones: only where the meaning is the same.
+    fn render_vllm(&self, out: &mut String, engine: Option<&MetricsSnapshot>, v: &VllmLabels) {
+        let labels = format!("engine=\"0\",model_name=\"{}\"", escape_label(&v.model_name));
+        let mut one = |name: &str, kind: &str, help: &str, value: String| {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name}{{{labels}}} {value}");
+        };
+        if let Some(m) = engine {
+            let usage = if m.kv_blocks_total == 0 { 0.0 } else { m.kv_blocks_used as f64 / m.kv_blocks_total as f64 };
+            one(
+                "vllm:num_requests_running",
+                "gauge",
+                "Number of requests in model execution batches.",
+                m.running.to_string(),
+            );
+            one(
+                "vllm:num_requests_waiting",
+                "gauge",
+                "Number of requests waiting to be processed.",
+                m.waiting.to_string(),
+            );
+            one("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.", usage.to_string());
+            one(
+                "vllm:gpu_cache_usage_perc",
+                "gauge",
+                "GPU KV-cache usage. 1 means 100 percent usage (the older name of vllm:kv_cache_usage_perc).",
+                usage.to_string(),
+            );
+            one(
+                "vllm:prefix_cache_queries_total",
+                "counter",
+                "Prefix cache queries, in terms of number of queried tokens.",
+                m.prefix_query_tokens.to_string(),
+            );
+            one(
+                "vllm:prefix_cache_hits_total",
+                "counter",
+                "Prefix cache hits, in terms of number of cached tokens.",
+                m.prefix_hit_tokens.to_string(),
+            );
+            one(
+                "vllm:num_preemptions_total",
+                "counter",
+                "Cumulative number of preemptions.",
+                m.preemptions.to_string(),
+            );
+            let _ = writeln!(
+                out,
+                "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig.\n\
+                 # TYPE vllm:cache_config_info gauge\n\
+                 vllm:cache_config_info{{block_size=\"{}\",cache_dtype=\"{}\",enable_prefix_caching=\"{}\",\
+                 engine=\"0\",num_gpu_blocks=\"{}\"}} 1.0",
+                v.block_size,
+                v.cache_dtype,
+                if v.prefix_caching { "True" } else { "False" },
+                m.kv_blocks_total,
+            );
+        }
+        let mut one = |name: &str, kind: &str, help: &str, value: String| {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name}{{{labels}}} {value}");
+        };
+        one(
+            "vllm:prompt_tokens_total",
+            "counter",
+            "Number of prefill tokens processed (finished sequences; each choice counts its prompt).",
+            self.prompt_tokens.load(Relaxed).to_string(),
+        );
+        one(
+            "vllm:generation_tokens_total",
+            "counter",
+            "Number of generation tokens processed (finished sequences).",
+            self.generation_tokens.load(Relaxed).to_string(),
+        );
+        let _ = writeln!(
+            out,
+            "# HELP vllm:request_success_total Count of successfully processed requests.\n\
+             # TYPE vllm:request_success_total counter"
+        );
+        if let Ok(m) = self.finished.lock() {
+            for reason in ["stop", "length", "abort", "error"] {
+                let n = m.get(reason).copied().unwrap_or(0);
+                let _ = writeln!(out, "vllm:request_success_total{{{labels},finished_reason=\"{reason}\"}} {n}");
+            }
+        }
+        let hist = |out: &mut String, h: &Mutex<Histogram>, name: &str, help: &str| {
+            if let Ok(h) = h.lock() {
+                h.render(out, name, help, &labels);
+            }
+        };
+        hist(out, &self.ttft, "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.");
+        hist(out, &self.itl, "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.");
+        hist(
+            out,
+            &self.itl,
+            "vllm:time_per_output_token_seconds",
+            "Histogram of time per output token in seconds (the older name of vllm:inter_token_latency_seconds).",
+        );
+        hist(out, &self.e2e, "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.");
+        hist(out, &self.request_prompt_tokens, "vllm:request_prompt_tokens", "Number of prefill tokens processed.");
+        hist(
+            out,
+            &self.request_generation_tokens,
+            "vllm:request_generation_tokens",
+            "Number of generation tokens processed.",
+        );
+    }
+}
+
+/// What the vLLM-named families need besides the counters.
+#[derive(Clone, Debug, Default)]
+pub struct VllmLabels {
+    /// The served model name (the first `--served-model-name`).
+    pub model_name: String,
+    pub block_size: usize,
+    /// `auto` (f16) or `fp32`, as vLLM names the KV-cache dtype.
+    pub cache_dtype: String,
+    pub prefix_caching: bool,
+}
+
+/// A Prometheus label value: backslash, quote and newline escaped.
+fn escape_label(s: &str) -> String {
+    s.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
 }
 
 #[cfg(test)]
@@ -302,7 +465,7 @@ mod tests {
             h.observe(s);
         }
         let mut out = String::new();
-        h.render(&mut out, "x", "help");
+        h.render(&mut out, "x", "help", "");
         assert!(out.contains("x_bucket{le=\"0.1\"} 2\n"), "{out}");
         assert!(out.contains("x_bucket{le=\"1\"} 3\n"), "{out}");
         assert!(out.contains("x_bucket{le=\"+Inf\"} 4\n"), "{out}");

@@ -125,6 +125,8 @@ pub struct ServerConfig {
     pub header_read_timeout: Option<Duration>,
     /// Most open connections (at least 1).
     pub max_connections: usize,
+    /// The engine's KV-cache dtype (reported by `vllm:cache_config_info`).
+    pub kv_cache_dtype: crate::config::KvDtype,
 }
 
 impl ServerConfig {
@@ -146,6 +148,7 @@ impl ServerConfig {
             sse_keepalive: Some(Duration::from_secs_f64(DEFAULT_SSE_KEEPALIVE_S)),
             header_read_timeout: Some(Duration::from_secs(DEFAULT_HEADER_READ_TIMEOUT_S)),
             max_connections: DEFAULT_MAX_CONNECTIONS,
+            kv_cache_dtype: cfg.kv_cache_dtype,
         }
     }
 }
@@ -424,6 +427,7 @@ fn router(state: Arc<AppState>, cors: Option<tower_http::cors::CorsLayer>) -> Ro
         .route("/health", get(health))
         .route("/metrics", get(prometheus))
         .route("/version", get(version))
+        .route("/server_info", get(server_info))
         .fallback(|| async { ApiError::not_found("no such route") })
         .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() });
     // Innermost first: CORS (answers preflights), the status counter, the access log.
@@ -438,6 +442,32 @@ fn router(state: Arc<AppState>, cors: Option<tower_http::cors::CorsLayer>) -> Ro
 
 async fn version() -> Response {
     Json(json!({"version": env!("CARGO_PKG_VERSION")})).into_response()
+}
+
+/// What a router or operator may want to know about this replica (routers probe it, as they
+/// do SGLang's): the model names, the context length and the KV cache. The engine's fields are
+/// null while the model loads.
+async fn server_info(State(st): State<Arc<AppState>>) -> Response {
+    let e = st.engine.get();
+    let dtype = match st.cfg.kv_cache_dtype {
+        crate::config::KvDtype::F16 => "f16",
+        crate::config::KvDtype::F32 => "f32",
+    };
+    Json(json!({
+        "server": "torus-wgpu",
+        "version": env!("CARGO_PKG_VERSION"),
+        "served_model_name": st.cfg.served_model_name,
+        "model_aliases": st.cfg.model_aliases,
+        "loaded": e.is_some(),
+        "max_model_len": e.map(|e| e.info.max_seq_len),
+        "block_size": e.map(|e| e.info.block_size),
+        "num_gpu_blocks": e.map(|e| e.info.num_blocks),
+        "max_total_num_tokens": e.map(|e| e.info.num_blocks * e.info.block_size),
+        "kv_cache_dtype": dtype,
+        "enable_prefix_caching": st.cfg.share_prompt_prefill,
+        "adapter": e.map(|e| e.info.adapter.clone()),
+    }))
+    .into_response()
 }
 
 /// Byte-wise comparison whose time does not depend on where the inputs differ.
@@ -518,7 +548,16 @@ async fn health(State(st): State<Arc<AppState>>) -> Response {
 
 async fn prometheus(State(st): State<Arc<AppState>>) -> Response {
     let snap = st.engine.get().map(|e| e.metrics.snapshot());
-    let mut text = st.metrics.render(snap.as_ref());
+    let labels = metrics::VllmLabels {
+        model_name: st.cfg.served_model_name.clone(),
+        block_size: st.engine.get().map_or(0, |e| e.info.block_size),
+        cache_dtype: match st.cfg.kv_cache_dtype {
+            crate::config::KvDtype::F16 => "auto".into(),
+            crate::config::KvDtype::F32 => "fp32".into(),
+        },
+        prefix_caching: st.cfg.share_prompt_prefill,
+    };
+    let mut text = st.metrics.render(snap.as_ref(), &labels);
     if let Some(stages) = st.engine.get().and_then(|e| e.stages.clone()) {
         // As the engine last saw each stage (/health asks the workers afresh).
         text.push_str(

@@ -257,9 +257,8 @@ async fn complete(
     let mut echo_ids = Vec::new();
     for (prompt, text) in encoded {
         let m = check_context(&engine.info, prompt.len(), max_tokens, "prompt")?;
-        let choices = (0..c.n)
-            .map(|j| RequestParams { prompt_logprobs: prompt_lp, ..c.request_params(j, m, lp) })
-            .collect();
+        let choices =
+            (0..c.n).map(|j| RequestParams { prompt_logprobs: prompt_lp, ..c.request_params(j, m, lp) }).collect();
         if prompt_lp.is_some() {
             echo_ids.push(prompt.clone());
         }
@@ -387,7 +386,9 @@ impl LegacyLogprobs {
         self.tokens.push(s);
         self.lps.push(lp.map_or(Value::Null, lp_json));
         self.tops.push(top.map_or(Value::Null, |t| {
-            Value::Object(t.iter().map(|&(id, lp)| (token_piece(tok, id).0, lp_json(lp))).collect::<Map<String, Value>>())
+            Value::Object(
+                t.iter().map(|&(id, lp)| (token_piece(tok, id).0, lp_json(lp))).collect::<Map<String, Value>>(),
+            )
         }));
     }
 }
@@ -448,7 +449,12 @@ impl Output {
     /// Legacy completions logprobs: the prompt's (with `echo`: its first token has none, as
     /// nothing predicts it) and then the generated tokens'; `offset` is the text offset of the
     /// first token, advanced.
-    fn legacy_logprobs(&self, prompt: Option<(&[u32], &[PromptLogprob])>, toks: &[TokenOut], offset: &mut usize) -> Value {
+    fn legacy_logprobs(
+        &self,
+        prompt: Option<(&[u32], &[PromptLogprob])>,
+        toks: &[TokenOut],
+        offset: &mut usize,
+    ) -> Value {
         let mut out = LegacyLogprobs::default();
         if let Some((ids, lps)) = prompt {
             if let Some(&first) = ids.first() {
@@ -507,8 +513,7 @@ impl Output {
                     })
                 } else {
                     let prompt = self.echo_prompt(c.prompt_index).map(|ids| (ids, &c.prompt_logprobs[..]));
-                    let lp =
-                        if self.logprobs { self.legacy_logprobs(prompt, &c.tokens, &mut 0) } else { Value::Null };
+                    let lp = if self.logprobs { self.legacy_logprobs(prompt, &c.tokens, &mut 0) } else { Value::Null };
                     json!({
                         "index": c.index,
                         "text": format!("{}{}", self.echo_of(c.prompt_index), c.text),
@@ -687,7 +692,10 @@ impl SseState {
     }
 
     fn on_event(&mut self, index: usize, prompt_index: usize, e: Event) {
-        if !matches!(e, Event::PromptLogprobs(_) | Event::Done { reason: FinishReason::Error(_) | FinishReason::Abort, .. }) {
+        if !matches!(
+            e,
+            Event::PromptLogprobs(_) | Event::Done { reason: FinishReason::Error(_) | FinishReason::Abort, .. }
+        ) {
             self.flush_echo(index, prompt_index);
         }
         match e {

@@ -810,7 +810,10 @@ mod tests {
         assert_eq!(named.call_schema["properties"]["arguments"]["required"], json!(["city"]));
         assert!(!named.many);
         let json = crate::structured::openai_json(named.call_schema.clone(), false);
-        assert_eq!(named.lark, format!("start: call\ncall: \"<tool_call>\" \"\\n\" %json {json} \"\\n\" \"</tool_call>\"\n"));
+        assert_eq!(
+            named.lark,
+            format!("start: call\ncall: \"<tool_call>\" \"\\n\" %json {json} \"\\n\" \"</tool_call>\"\n")
+        );
         // Tags that are special tokens are asked for as tokens.
         let special = |t: &str| t == CALL_OPEN || t == CALL_CLOSE;
         let named = tools(json!({"type": "function", "function": {"name": "get_weather"}}), true);
