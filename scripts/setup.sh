@@ -20,11 +20,21 @@ if ! command -v cc >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
   $SUDO apt-get update
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y gcc libc6-dev
 fi
+# curl: scripts/replicas.sh waits on the replicas' and the router's HTTP endpoints with it.
+if ! command -v curl >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO=sudo
+  $SUDO apt-get update
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y curl
+fi
 ./scripts/fetch-model.sh all
 # The official OpenAI Python client (with pydantic, which it uses, and jsonschema), used by the
 # end-to-end tests (tests/openai_e2e.py).
-if ! python3 -c 'import openai, pydantic, jsonschema' 2>/dev/null; then
-  # A system Python that refuses user packages (PEP 668) gets them with --break-system-packages.
-  python3 -m pip install --quiet openai pydantic jsonschema ||
-    python3 -m pip install --quiet --user --break-system-packages openai pydantic jsonschema
-fi
+# pip_install PKG...: a system Python that refuses user packages (PEP 668) gets them with
+# --break-system-packages.
+pip_install() {
+  python3 -m pip install --quiet "$@" || python3 -m pip install --quiet --user --break-system-packages "$@"
+}
+python3 -c 'import openai, pydantic, jsonschema' 2>/dev/null || pip_install openai pydantic jsonschema
+# The Shepherd Model Gateway (the `smg` router) for the replicas test and scripts/replicas.sh.
+[ "$(smg --version 2>/dev/null | grep -o '[0-9.]*' | head -1)" = "1.13.0" ] || pip_install smg==1.13.0
