@@ -22,10 +22,10 @@ if ! command -v cc >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
 fi
 ./scripts/fetch-model.sh all
 # The official OpenAI Python client (with pydantic, which it uses, and jsonschema), used by the
-# end-to-end tests (tests/openai_e2e.py); pyzmq and msgpack decode the KV-cache events
+# end-to-end tests (tests/openai_e2e.py); pyzmq, msgpack and msgspec decode the KV-cache events
 # (tests/kv_events_sub.py).
-if ! python3 -c 'import openai, pydantic, jsonschema, zmq, msgpack' 2>/dev/null; then
+if ! python3 -c 'import openai, pydantic, jsonschema, zmq, msgpack, msgspec' 2>/dev/null; then
   # A system Python that refuses user packages (PEP 668) gets them with --break-system-packages.
-  python3 -m pip install --quiet openai pydantic jsonschema pyzmq msgpack ||
-    python3 -m pip install --quiet --user --break-system-packages openai pydantic jsonschema pyzmq msgpack
+  python3 -m pip install --quiet openai pydantic jsonschema pyzmq msgpack msgspec ||
+    python3 -m pip install --quiet --user --break-system-packages openai pydantic jsonschema pyzmq msgpack msgspec
 fi

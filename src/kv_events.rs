@@ -16,7 +16,9 @@
 //! - payload: MessagePack `[ts, [event, ...], data_parallel_rank]` with `ts` the Unix time in
 //!   seconds (float) and rank 0; events are tagged arrays:
 //!   `["BlockStored", block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium,
-//!   lora_name]` (lora_id and lora_name nil, medium "GPU"), `["BlockRemoved", block_hashes,
+//!   lora_name]` (lora_id and lora_name nil, medium "GPU"; msgspec's array-like structs encode
+//!   every field, and these are the fields of the vLLM releases with lora_name: later ones
+//!   append extra_keys, group_idx, ...), `["BlockRemoved", block_hashes,
 //!   medium]`, `["AllBlocksCleared"]`.
 //! - Block hashes: our prefix-cache keys are SHA-256 chains (see `kv`); a published hash is
 //!   the key's first 8 bytes as a big-endian unsigned 64-bit integer (`kv::external_hash`).
@@ -324,8 +326,7 @@ fn serve_peer(mut s: TcpStream, shared: Arc<Shared>, metrics: Arc<EngineMetrics>
     let id = shared.next_peer.fetch_add(1, Relaxed);
     let subs = Arc::new(Mutex::new(Vec::new()));
     shared.peers.lock().unwrap_or_else(|p| p.into_inner()).push(Peer { id, subs: subs.clone(), tx: tx.clone() });
-    loop {
-        let Ok((flags, body)) = read_frame(&mut s) else { break };
+    while let Ok((flags, body)) = read_frame(&mut s) {
         // ZMTP 3.1 commands, or ZMTP 3.0 messages (first byte 1: subscribe, 0: cancel).
         let (subscribe, topic) = if flags & FLAG_COMMAND != 0 {
             match split_command(&body) {
@@ -394,12 +395,11 @@ pub fn start(
 }
 
 fn publish_loop(rx: Receiver<Vec<KvEvent>>, shared: Arc<Shared>, metrics: Arc<EngineMetrics>, block_size: usize) {
-    let mut seq: u64 = 0;
-    for events in rx {
-        let ts = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0);
+    for (seq, events) in (0u64..).zip(rx) {
+        let ts =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0);
         let payload = encode_batch(ts, &events, block_size);
         let msg = Arc::new(multipart(&[TOPIC, &seq.to_be_bytes(), &payload]));
-        seq += 1;
         let peers = shared.peers.lock().unwrap_or_else(|p| p.into_inner());
         for p in peers.iter() {
             let matches = p.subs.lock().unwrap_or_else(|e| e.into_inner()).iter().any(|t| TOPIC.starts_with(t));

@@ -1,6 +1,7 @@
 //! KV-cache events (`kv_events_endpoint`): an engine on the tiny model with a small KV pool and
 //! the prefix cache publishes vLLM's ZeroMQ/msgpack events; an independent subscriber (Python
-//! pyzmq + msgpack, tests/kv_events_sub.py; scripts/setup.sh installs them) decodes them. The
+//! pyzmq + msgpack + msgspec, tests/kv_events_sub.py; scripts/setup.sh installs them) decodes
+//! them (msgspec with structs of vLLM's shape re-encodes each payload to the same bytes). The
 //! set of cached blocks rebuilt from the events equals the block manager's, after prefix hits
 //! and LRU evictions and again after the prefix cache is dropped; every published hash is the
 //! first 8 bytes of the block's SHA-256 chain key, recomputed here from the event's parent and
@@ -62,7 +63,11 @@ impl Replay {
     }
 
     fn u64s(v: &Value, what: &str) -> Vec<u64> {
-        v.as_array().unwrap_or_else(|| panic!("{what}: not an array: {v}")).iter().map(|x| x.as_u64().unwrap()).collect()
+        v.as_array()
+            .unwrap_or_else(|| panic!("{what}: not an array: {v}"))
+            .iter()
+            .map(|x| x.as_u64().unwrap())
+            .collect()
     }
 
     fn apply(&mut self, payload: &Value) {
@@ -144,7 +149,8 @@ fn kv_events_rebuild_the_cached_set() {
     assert_eq!(e.info.num_blocks, 24);
     let addr = e.info.kv_events_addr.expect("the bound address");
 
-    // The subscriber; a missing python3, pyzmq or msgpack fails the test (run scripts/setup.sh).
+    // The subscriber; a missing python3, pyzmq, msgpack or msgspec fails the test (run
+    // scripts/setup.sh).
     let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/kv_events_sub.py");
     let mut sub = Command::new("python3")
         .arg(&script)
@@ -153,14 +159,14 @@ fn kv_events_rebuild_the_cached_set() {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .expect("run python3 tests/kv_events_sub.py (scripts/setup.sh installs pyzmq and msgpack)");
+        .expect("run python3 tests/kv_events_sub.py (scripts/setup.sh installs pyzmq, msgpack, msgspec)");
     // Wait for its subscription to reach the publisher (PUB drops messages for nobody).
     let t0 = Instant::now();
     while e.metrics.snapshot().kv_events_subscribers == 0 {
         if let Ok(Some(st)) = sub.try_wait() {
             let mut err = String::new();
             std::io::Read::read_to_string(sub.stderr.as_mut().unwrap(), &mut err).unwrap();
-            panic!("the subscriber exited ({st}) before subscribing (pip install pyzmq msgpack?): {err}");
+            panic!("the subscriber exited ({st}) before subscribing (pip install pyzmq msgpack msgspec?): {err}");
         }
         assert!(t0.elapsed() < Duration::from_secs(30), "the subscriber never subscribed");
         std::thread::sleep(Duration::from_millis(20));
@@ -201,6 +207,10 @@ fn kv_events_rebuild_the_cached_set() {
         assert_eq!(m["topic"], "", "vLLM's default topic is empty");
         assert_eq!(m["seq_len"], 8, "an 8-byte sequence number");
         assert_eq!(m["seq"].as_u64(), Some(i as u64), "sequence numbers count from 0 by 1");
+        assert_eq!(
+            m["msgspec_roundtrip"], true,
+            "msgspec decodes vLLM's event structs and re-encodes the same bytes: {err}"
+        );
         replay.apply(&m["payload"]);
         if i as u64 + 1 == batches1 {
             assert_eq!(replay.cached, hashes(&keys1), "the cached set after phase 1");
@@ -212,7 +222,10 @@ fn kv_events_rebuild_the_cached_set() {
     assert_eq!(replay.cached, hashes(&keys2), "the cached set at the end");
     let m = e.metrics.snapshot();
     assert_eq!(m.kv_event_batches_published, batches2);
-    assert_eq!(m.kv_events_published as usize, msgs.iter().map(|m| m["payload"][1].as_array().unwrap().len()).sum::<usize>());
+    assert_eq!(
+        m.kv_events_published as usize,
+        msgs.iter().map(|m| m["payload"][1].as_array().unwrap().len()).sum::<usize>()
+    );
     assert_eq!(m.kv_events_dropped, 0);
     eprintln!(
         "{} batches: {} blocks stored, {} removed, {} cleared; {} cached at the end",
@@ -230,7 +243,8 @@ fn kv_events_rebuild_the_cached_set() {
         let scfg = torus_wgpu::server::ServerConfig::new("tiny", &cfg);
         let server = torus_wgpu::server::start(l, scfg, Some(e.clone())).unwrap();
         let url = format!("http://{}/metrics", server.addr);
-        let text = reqwest::Client::builder().no_proxy().build().unwrap().get(url).send().await.unwrap().text().await.unwrap();
+        let text =
+            reqwest::Client::builder().no_proxy().build().unwrap().get(url).send().await.unwrap().text().await.unwrap();
         server.shutdown().await;
         text
     });

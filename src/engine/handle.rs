@@ -175,8 +175,7 @@ impl EngineHandle {
         let stages = exec.health();
         let gpu_faults = exec.gpu_faults();
         let tokenizer = Arc::new(tokenizer);
-        let core =
-            EngineCore::new(exec, tokenizer.clone(), sched, cfg.enable_prefix_cache, metrics.clone(), kv_events);
+        let core = EngineCore::new(exec, tokenizer.clone(), sched, cfg.enable_prefix_cache, metrics.clone(), kv_events);
         let (tx, rx) = std::sync::mpsc::channel();
         let m = metrics.clone();
         let thread = std::thread::Builder::new()

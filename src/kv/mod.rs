@@ -410,7 +410,10 @@ mod tests {
         let k0 = block_key(&root, &[1, 2]);
         let k1 = block_key(&k0, &[3, 4]);
         let (h0, h1) = (external_hash(&k0), external_hash(&k1));
-        assert_eq!(bm.take_events(), vec![KvEvent::Stored { hashes: vec![h0, h1], parent: None, tokens: vec![1, 2, 3, 4] }]);
+        assert_eq!(
+            bm.take_events(),
+            vec![KvEvent::Stored { hashes: vec![h0, h1], parent: None, tokens: vec![1, 2, 3, 4] }]
+        );
         // A block after a cached one names it as its parent.
         let c = bm.allocate().unwrap();
         let k2 = bm.register(c, &k1, false, &[5, 6]);

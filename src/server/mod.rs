@@ -635,8 +635,7 @@ async fn serve(args: ServeArgs, cfg: EngineConfig, scfg: ServerConfig, model_pat
     let load_cfg = cfg.clone();
     // A plain thread, so that a signal during loading can end the process without waiting.
     std::thread::Builder::new().name("torus-load".into()).spawn(move || {
-        let r =
-            crate::engine::load_configured(&load_cfg).and_then(|(m, t)| EngineHandle::try_start(m, t, &load_cfg));
+        let r = crate::engine::load_configured(&load_cfg).and_then(|(m, t)| EngineHandle::try_start(m, t, &load_cfg));
         let _ = tx.send(r);
     })?;
     let mut signal = std::pin::pin!(crate::shutdown::signal());
