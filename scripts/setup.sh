@@ -28,13 +28,15 @@ if ! command -v curl >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y curl
 fi
 ./scripts/fetch-model.sh all
-# The official OpenAI Python client (with pydantic, which it uses, and jsonschema), used by the
-# end-to-end tests (tests/openai_e2e.py).
 # pip_install PKG...: a system Python that refuses user packages (PEP 668) gets them with
 # --break-system-packages.
 pip_install() {
   python3 -m pip install --quiet "$@" || python3 -m pip install --quiet --user --break-system-packages "$@"
 }
-python3 -c 'import openai, pydantic, jsonschema' 2>/dev/null || pip_install openai pydantic jsonschema
+# The official OpenAI Python client (with pydantic, which it uses, and jsonschema), used by the
+# end-to-end tests (tests/openai_e2e.py); pyzmq, msgpack and msgspec decode the KV-cache events
+# (tests/kv_events_sub.py).
+python3 -c 'import openai, pydantic, jsonschema, zmq, msgpack, msgspec' 2>/dev/null ||
+  pip_install openai pydantic jsonschema pyzmq msgpack msgspec
 # The Shepherd Model Gateway (the `smg` router) for the replicas test and scripts/replicas.sh.
 [ "$(smg --version 2>/dev/null | grep -o '[0-9.]*' | head -1)" = "1.13.0" ] || pip_install smg==1.13.0

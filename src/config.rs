@@ -57,6 +57,9 @@ pub struct EngineConfig {
     /// steps of any other; after this many idle seconds another scheduler may take it over
     /// (the worker then starts a new cache instance, which the old scheduler detects).
     pub worker_lease_s: f64,
+    /// Publish KV-cache events (blocks stored in and evicted from the prefix cache) in vLLM's
+    /// format on a ZeroMQ PUB socket bound at this `tcp://HOST:PORT` (None: off).
+    pub kv_events_endpoint: Option<String>,
 }
 
 /// A secret string (the worker token): serialized as a plain string, never printed by Debug.
@@ -123,6 +126,7 @@ impl Default for EngineConfig {
             tls_ca: None,
             tls_domain: None,
             worker_lease_s: 60.0,
+            kv_events_endpoint: None,
         }
     }
 }
@@ -175,6 +179,9 @@ impl EngineConfig {
         }
         if !(self.worker_lease_s > 0.0 && self.worker_lease_s.is_finite()) {
             bail!("worker_lease_s must be a positive number of seconds");
+        }
+        if let Some(ep) = &self.kv_events_endpoint {
+            crate::kv_events::parse_endpoint(ep)?;
         }
         if !self.stages.is_empty() {
             if !self.enable_pipeline_parallel {
@@ -298,6 +305,10 @@ pub struct EngineArgs {
     /// Idle seconds after which another scheduler may take a worker over.
     #[arg(long)]
     pub worker_lease_s: Option<f64>,
+    /// Publish KV-cache events (vLLM's format, for KV-aware routers) on a ZeroMQ PUB socket
+    /// bound at tcp://HOST:PORT (default: off).
+    #[arg(long)]
+    pub kv_events_endpoint: Option<String>,
 }
 
 impl EngineArgs {
@@ -349,6 +360,9 @@ impl EngineArgs {
             }
         }
         c.worker_lease_s = self.worker_lease_s.unwrap_or(c.worker_lease_s);
+        if self.kv_events_endpoint.is_some() {
+            c.kv_events_endpoint = self.kv_events_endpoint.clone();
+        }
         c.validate()?;
         Ok(c)
     }

@@ -11,7 +11,7 @@
 use super::metrics::EngineMetrics;
 use super::request::{Event, FinishReason, PromptLogprob, Request, RequestParams, Usage};
 use crate::gpu::GpuFault;
-use crate::kv::{root_key, BlockId, BlockKey, BlockManager};
+use crate::kv::{root_key, BlockId, BlockKey, BlockManager, KvEvent};
 use crate::model::forward::{Adjust, SampleParams, Sampled, StepInput};
 use crate::pipeline::{Executor, Fault, StageFailure, StepResult};
 use crate::sampling::Rng;
@@ -34,6 +34,9 @@ pub(crate) enum Command {
     },
     /// Test-only: arm a fault (see `pipeline::Fault`).
     Fault(Fault),
+    /// The keys of the prefix cache's blocks, and how many KV-event batches were handed to the
+    /// publisher so far (tests compare the cached set with the events).
+    CachedBlocks(std::sync::mpsc::Sender<(Vec<BlockKey>, u64)>),
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -220,6 +223,8 @@ pub(crate) struct EngineCore {
     draining: bool,
     /// Test-only: the next result is taken as another step's.
     mismatch_next: bool,
+    /// Where each step's KV-cache events go (`--kv-events-endpoint`), with the batches sent.
+    kv_events: Option<(std::sync::mpsc::Sender<Vec<KvEvent>>, u64)>,
 }
 
 /// Longest suffix of `s` that is a proper prefix of one of `stops` (bytes, on a char boundary).
@@ -244,9 +249,13 @@ impl EngineCore {
         cfg: SchedulerConfig,
         enable_prefix_cache: bool,
         metrics: Arc<EngineMetrics>,
+        kv_events: Option<std::sync::mpsc::Sender<Vec<KvEvent>>>,
     ) -> EngineCore {
-        let bm = BlockManager::new(exec.num_blocks(), cfg.block_size, enable_prefix_cache);
-        let core = EngineCore {
+        let mut bm = BlockManager::new(exec.num_blocks(), cfg.block_size, enable_prefix_cache);
+        if kv_events.is_some() {
+            bm = bm.with_events();
+        }
+        let mut core = EngineCore {
             exec,
             in_flight: VecDeque::new(),
             busy: HashMap::new(),
@@ -260,6 +269,7 @@ impl EngineCore {
             metrics,
             draining: false,
             mismatch_next: false,
+            kv_events: kv_events.map(|tx| (tx, 0)),
         };
         core.publish();
         core
@@ -383,6 +393,11 @@ impl EngineCore {
                     return false;
                 }
                 self.draining = true;
+            }
+            Command::CachedBlocks(reply) => {
+                self.flush_kv_events();
+                let sent = self.kv_events.as_ref().map_or(0, |(_, n)| *n);
+                let _ = reply.send((self.bm.cached_keys(), sent));
             }
             Command::Fault(f) => match f {
                 Fault::EnginePanic => panic!("injected fault: the engine thread panics"),
@@ -660,7 +675,7 @@ impl EngineCore {
             while s.keys.len() < full {
                 let i = s.keys.len();
                 let parent = if i == 0 { s.root } else { s.keys[i - 1] };
-                let key = self.bm.register(s.table[i], &parent, &s.tokens[i * bs..(i + 1) * bs]);
+                let key = self.bm.register(s.table[i], &parent, i == 0, &s.tokens[i * bs..(i + 1) * bs]);
                 s.keys.push(key);
             }
             // Sliding window: the next query (position `computed`) and every later one attend
@@ -794,7 +809,21 @@ impl EngineCore {
         reason
     }
 
-    fn publish(&self) {
+    /// Hands the KV-cache events recorded since the last call to the publisher, as one batch.
+    fn flush_kv_events(&mut self) {
+        let Some((tx, sent)) = self.kv_events.as_mut() else { return };
+        let events = self.bm.take_events();
+        if events.is_empty() {
+            return;
+        }
+        if tx.send(events).is_ok() {
+            *sent += 1;
+        }
+    }
+
+    /// Exports the counters, and the step's KV-cache events.
+    fn publish(&mut self) {
+        self.flush_kv_events();
         let m = &self.metrics;
         let st = self.bm.stats();
         m.waiting.store(self.waiting.len() as u64, Relaxed);

@@ -25,6 +25,8 @@ pub struct EngineInfo {
     /// Most KV blocks one sequence holds at once: all of its tokens' blocks, or with a sliding
     /// window only those of the window and one step's tokens (the others are freed).
     pub max_blocks_per_seq: Option<usize>,
+    /// Where KV-cache events are published (`kv_events_endpoint`), as bound.
+    pub kv_events_addr: Option<std::net::SocketAddr>,
 }
 
 #[derive(Clone)]
@@ -129,8 +131,18 @@ impl Drop for RequestStream {
 }
 
 impl EngineHandle {
-    /// Starts the engine thread, which takes ownership of the model (or pipeline).
+    /// Starts the engine thread, which takes ownership of the model (or pipeline). Panics if
+    /// `cfg.kv_events_endpoint` is set and cannot be bound (`try_start` returns the error).
     pub fn start(exec: impl Into<Executor>, tokenizer: Tokenizer, cfg: &EngineConfig) -> EngineHandle {
+        Self::try_start(exec, tokenizer, cfg).unwrap_or_else(|e| panic!("starting the engine: {e:#}"))
+    }
+
+    /// `start`, failing when the KV-events endpoint cannot be bound.
+    pub fn try_start(
+        exec: impl Into<Executor>,
+        tokenizer: Tokenizer,
+        cfg: &EngineConfig,
+    ) -> anyhow::Result<EngineHandle> {
         let exec = exec.into();
         let limits = exec.limits();
         let sched = SchedulerConfig {
@@ -143,7 +155,16 @@ impl EngineHandle {
         };
         let max_blocks_per_seq =
             limits.sliding_window.map(|w| (w + sched.max_num_batched_tokens).div_ceil(limits.block_size) + 1);
+        let metrics = Arc::new(EngineMetrics::default());
+        let (kv_events, kv_events_addr) = match &cfg.kv_events_endpoint {
+            Some(ep) => {
+                let (tx, addr) = crate::kv_events::start(ep, limits.block_size, metrics.clone())?;
+                (Some(tx), Some(addr))
+            }
+            None => (None, None),
+        };
         let info = Arc::new(EngineInfo {
+            kv_events_addr,
             max_blocks_per_seq,
             max_seq_len: limits.max_seq_len,
             block_size: limits.block_size,
@@ -154,8 +175,7 @@ impl EngineHandle {
         let stages = exec.health();
         let gpu_faults = exec.gpu_faults();
         let tokenizer = Arc::new(tokenizer);
-        let metrics = Arc::new(EngineMetrics::default());
-        let core = EngineCore::new(exec, tokenizer.clone(), sched, cfg.enable_prefix_cache, metrics.clone());
+        let core = EngineCore::new(exec, tokenizer.clone(), sched, cfg.enable_prefix_cache, metrics.clone(), kv_events);
         let (tx, rx) = std::sync::mpsc::channel();
         let m = metrics.clone();
         let thread = std::thread::Builder::new()
@@ -174,7 +194,7 @@ impl EngineHandle {
                 m.set_down(why);
             })
             .expect("spawn the engine thread");
-        EngineHandle {
+        Ok(EngineHandle {
             tx,
             next_id: Arc::new(AtomicU64::new(1)),
             thread: Arc::new(Mutex::new(Some(thread))),
@@ -184,7 +204,17 @@ impl EngineHandle {
             stages,
             gpu_faults,
             grammars: Arc::new(OnceLock::new()),
-        }
+        })
+    }
+
+    /// Test-only: the keys of the prefix cache's blocks, and how many KV-event batches the
+    /// engine has handed to the publisher (every event up to that moment is in them). None when
+    /// the engine has stopped.
+    #[doc(hidden)]
+    pub fn cached_blocks(&self) -> Option<(Vec<crate::kv::BlockKey>, u64)> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        self.tx.send(Command::CachedBlocks(tx)).ok()?;
+        rx.recv().ok()
     }
 
     /// The grammar compiler of structured outputs (built on first use from the tokenizer's

@@ -29,6 +29,12 @@ pub struct EngineMetrics {
     /// Steps that failed (a panic, a GPU error, a result under the wrong step id): their
     /// requests ended with an error, the engine went on.
     pub step_failures: AtomicU64,
+    /// KV-cache events (`--kv-events-endpoint`): events and batches (messages) published,
+    /// subscribers with a subscription, and messages dropped for subscribers too far behind.
+    pub kv_events_published: AtomicU64,
+    pub kv_event_batches_published: AtomicU64,
+    pub kv_events_subscribers: AtomicU64,
+    pub kv_events_dropped: AtomicU64,
     /// Why the engine can no longer serve (its thread stopped, or its device was lost).
     down: std::sync::Mutex<Option<String>>,
 }
@@ -55,6 +61,10 @@ pub struct MetricsSnapshot {
     pub stage_failures: u64,
     pub steps_overlapped: u64,
     pub step_failures: u64,
+    pub kv_events_published: u64,
+    pub kv_event_batches_published: u64,
+    pub kv_events_subscribers: u64,
+    pub kv_events_dropped: u64,
     /// False once the engine can no longer serve (see `EngineMetrics::down`).
     pub healthy: bool,
 }
@@ -81,6 +91,10 @@ impl EngineMetrics {
             stage_failures: self.stage_failures.load(Relaxed),
             steps_overlapped: self.steps_overlapped.load(Relaxed),
             step_failures: self.step_failures.load(Relaxed),
+            kv_events_published: self.kv_events_published.load(Relaxed),
+            kv_event_batches_published: self.kv_event_batches_published.load(Relaxed),
+            kv_events_subscribers: self.kv_events_subscribers.load(Relaxed),
+            kv_events_dropped: self.kv_events_dropped.load(Relaxed),
             healthy: self.down().is_none(),
         }
     }

@@ -35,6 +35,25 @@ pub fn root_key(salt: Option<&str>) -> BlockKey {
     h.finalize().into()
 }
 
+/// The hash a block key is published under in KV-cache events (`kv_events`): its first 8
+/// bytes as a big-endian u64 (routers such as llm-d's decode 64-bit block hashes).
+pub fn external_hash(key: &BlockKey) -> u64 {
+    u64::from_be_bytes(key[..8].try_into().expect("32-byte key"))
+}
+
+/// A change to the set of cached blocks, for KV-cache events (vLLM's BlockStored,
+/// BlockRemoved, AllBlocksCleared). Hashes are `external_hash`es.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum KvEvent {
+    /// Consecutive blocks of one sequence were cached: `parent` is the hash of the block before
+    /// the first (None: the first block of a sequence), `tokens` the blocks' token ids.
+    Stored { hashes: Vec<u64>, parent: Option<u64>, tokens: Vec<u32> },
+    /// Cached blocks were evicted.
+    Removed { hashes: Vec<u64> },
+    /// Every cached block was forgotten.
+    AllCleared,
+}
+
 /// How block keys are computed (tests swap in a weak one to force collisions).
 pub type KeyFn = fn(&BlockKey, &[u32]) -> BlockKey;
 
@@ -82,6 +101,8 @@ pub struct BlockManager {
     lru: BTreeMap<u64, BlockId>,
     clock: u64,
     stats: KvStats,
+    /// Changes to the cached set since the last `take_events` (None: not recorded).
+    events: Option<Vec<KvEvent>>,
 }
 
 impl BlockManager {
@@ -97,6 +118,7 @@ impl BlockManager {
             lru: BTreeMap::new(),
             clock: 0,
             stats: KvStats::default(),
+            events: None,
         }
     }
 
@@ -104,6 +126,46 @@ impl BlockManager {
     pub fn with_key_fn(mut self, key_fn: KeyFn) -> BlockManager {
         self.key_fn = key_fn;
         self
+    }
+
+    /// Records changes to the cached set as `KvEvent`s (see `take_events`).
+    pub fn with_events(mut self) -> BlockManager {
+        self.events = Some(Vec::new());
+        self
+    }
+
+    /// The events recorded since the last call (empty when not recording).
+    pub fn take_events(&mut self) -> Vec<KvEvent> {
+        self.events.as_mut().map(std::mem::take).unwrap_or_default()
+    }
+
+    /// The keys of every cached block, in no particular order.
+    pub fn cached_keys(&self) -> Vec<BlockKey> {
+        self.cache.keys().copied().collect()
+    }
+
+    fn record_removed(&mut self, key: &BlockKey) {
+        let Some(ev) = self.events.as_mut() else { return };
+        let h = external_hash(key);
+        match ev.last_mut() {
+            Some(KvEvent::Removed { hashes }) => hashes.push(h),
+            _ => ev.push(KvEvent::Removed { hashes: vec![h] }),
+        }
+    }
+
+    fn record_stored(&mut self, key: &BlockKey, parent: Option<&BlockKey>, tokens: &[u32]) {
+        let Some(ev) = self.events.as_mut() else { return };
+        let (h, parent) = (external_hash(key), parent.map(external_hash));
+        // A block that continues the previous event's chain joins it (as vLLM batches a
+        // sequence's new blocks in one event).
+        if let (Some(KvEvent::Stored { hashes, tokens: t, .. }), Some(p)) = (ev.last_mut(), parent) {
+            if hashes.last() == Some(&p) {
+                hashes.push(h);
+                t.extend_from_slice(tokens);
+                return;
+            }
+        }
+        ev.push(KvEvent::Stored { hashes: vec![h], parent, tokens: tokens.to_vec() });
     }
 
     /// Blocks that can be handed out now (free, or cached and evictable).
@@ -135,6 +197,7 @@ impl BlockManager {
             self.lru.remove(&stamp);
             if let Some(k) = self.blocks[id as usize].key.take() {
                 self.cache.remove(&k);
+                self.record_removed(&k);
             }
             self.stats.evictions += 1;
             id
@@ -209,15 +272,17 @@ impl BlockManager {
         self.stats.prefix_hits += hits as u64;
     }
 
-    /// Registers full block `id`, holding `tokens` after the block keyed `parent`, so later
-    /// sequences can reuse it; returns its key. If another block already holds that key, the
-    /// existing entry stays and this block remains private.
-    pub fn register(&mut self, id: BlockId, parent: &BlockKey, tokens: &[u32]) -> BlockKey {
+    /// Registers full block `id`, holding `tokens` after the block keyed `parent` (a root key
+    /// when `first`: the sequence's first block), so later sequences can reuse it; returns its
+    /// key. If another block already holds that key, the existing entry stays and this block
+    /// remains private.
+    pub fn register(&mut self, id: BlockId, parent: &BlockKey, first: bool, tokens: &[u32]) -> BlockKey {
         let key = (self.key_fn)(parent, tokens);
         if !self.enable_prefix_cache || self.cache.contains_key(&key) {
             return key;
         }
         self.cache.insert(key, id);
+        self.record_stored(&key, (!first).then_some(parent), tokens);
         let b = &mut self.blocks[id as usize];
         b.key = Some(key);
         b.parent = *parent;
@@ -229,6 +294,9 @@ impl BlockManager {
     /// Blocks still referenced stay allocated, but are no longer shared.
     pub fn drop_prefix_cache(&mut self) {
         self.cache.clear();
+        if let Some(ev) = self.events.as_mut() {
+            ev.push(KvEvent::AllCleared);
+        }
         for (_, id) in std::mem::take(&mut self.lru) {
             self.free.push(id);
         }
@@ -252,9 +320,10 @@ mod tests {
         let mut parent = *root;
         tokens
             .chunks_exact(bm.block_size)
-            .map(|c| {
+            .enumerate()
+            .map(|(i, c)| {
                 let id = bm.allocate().unwrap();
-                parent = bm.register(id, &parent, c);
+                parent = bm.register(id, &parent, i == 0, c);
                 id
             })
             .collect()
@@ -292,7 +361,7 @@ mod tests {
         let mut bm = BlockManager::new(4, 2, false);
         let root = root_key(None);
         let id = bm.allocate().unwrap();
-        bm.register(id, &root, &[1, 2]);
+        bm.register(id, &root, true, &[1, 2]);
         bm.release(&[id]);
         assert!(bm.lookup_prefix(&[1, 2, 3], 3, &root).blocks.is_empty());
         assert_eq!(bm.stats().free, 4);
@@ -331,6 +400,48 @@ mod tests {
         assert_eq!((bm.stats().prefix_queries, bm.stats().prefix_hits), (0, 0));
         bm.count_lookup(hit.queried, hit.blocks.len());
         assert_eq!((bm.stats().prefix_queries, bm.stats().prefix_hits), (2, 2));
+    }
+
+    #[test]
+    fn events_track_the_cached_set() {
+        let mut bm = BlockManager::new(3, 2, true).with_events();
+        let root = root_key(None);
+        let a = fill(&mut bm, &[1, 2, 3, 4], &root);
+        let k0 = block_key(&root, &[1, 2]);
+        let k1 = block_key(&k0, &[3, 4]);
+        let (h0, h1) = (external_hash(&k0), external_hash(&k1));
+        assert_eq!(
+            bm.take_events(),
+            vec![KvEvent::Stored { hashes: vec![h0, h1], parent: None, tokens: vec![1, 2, 3, 4] }]
+        );
+        // A block after a cached one names it as its parent.
+        let c = bm.allocate().unwrap();
+        let k2 = bm.register(c, &k1, false, &[5, 6]);
+        let want = KvEvent::Stored { hashes: vec![external_hash(&k2)], parent: Some(h1), tokens: vec![5, 6] };
+        assert_eq!(bm.take_events(), vec![want]);
+        // Registering a key already cached changes nothing.
+        bm.register(c, &k1, false, &[5, 6]);
+        assert!(bm.take_events().is_empty());
+        let mut keys = bm.cached_keys();
+        keys.sort();
+        let mut want = vec![k0, k1, k2];
+        want.sort();
+        assert_eq!(keys, want);
+        bm.release(&[a[0], a[1], c]);
+        // Evicted least recently used first (a sequence's later blocks first).
+        let x = bm.allocate().unwrap();
+        let y = bm.allocate().unwrap();
+        assert_eq!((x, y), (c, a[1]));
+        assert_eq!(bm.take_events(), vec![KvEvent::Removed { hashes: vec![external_hash(&k2), h1] }]);
+        assert_eq!(bm.cached_keys(), vec![k0]);
+        bm.drop_prefix_cache();
+        assert_eq!(bm.take_events(), vec![KvEvent::AllCleared]);
+        assert!(bm.cached_keys().is_empty());
+        bm.release(&[x, y]);
+        // Not recording: nothing is kept.
+        let mut off = BlockManager::new(2, 2, true);
+        fill(&mut off, &[1, 2], &root);
+        assert!(off.take_events().is_empty());
     }
 
     #[test]

@@ -267,6 +267,30 @@ impl ServerMetrics {
             metric("torus_sampled_tokens_total", "counter", "Tokens the engine sampled.", m.decode_tokens.to_string());
             metric("torus_engine_steps_total", "counter", "Engine steps (GPU submissions).", m.steps.to_string());
             metric(
+                "torus_kv_events_published_total",
+                "counter",
+                "KV-cache events published (--kv-events-endpoint).",
+                m.kv_events_published.to_string(),
+            );
+            metric(
+                "torus_kv_event_batches_published_total",
+                "counter",
+                "KV-cache event batches (ZeroMQ messages) published.",
+                m.kv_event_batches_published.to_string(),
+            );
+            metric(
+                "torus_kv_events_subscribers",
+                "gauge",
+                "Subscribers to the KV-cache events.",
+                m.kv_events_subscribers.to_string(),
+            );
+            metric(
+                "torus_kv_events_dropped_total",
+                "counter",
+                "KV-cache event messages dropped for subscribers too far behind.",
+                m.kv_events_dropped.to_string(),
+            );
+            metric(
                 "torus_engine_step_failures_total",
                 "counter",
                 "Steps that failed (panic, GPU error, mismatched result); their requests got an error.",

@@ -674,7 +674,7 @@ async fn serve(args: ServeArgs, cfg: EngineConfig, scfg: ServerConfig, model_pat
     let load_cfg = cfg.clone();
     // A plain thread, so that a signal during loading can end the process without waiting.
     std::thread::Builder::new().name("torus-load".into()).spawn(move || {
-        let r = crate::engine::load_configured(&load_cfg).map(|(m, t)| EngineHandle::start(m, t, &load_cfg));
+        let r = crate::engine::load_configured(&load_cfg).and_then(|(m, t)| EngineHandle::try_start(m, t, &load_cfg));
         let _ = tx.send(r);
     })?;
     let mut signal = std::pin::pin!(crate::shutdown::signal());
@@ -697,6 +697,9 @@ async fn serve(args: ServeArgs, cfg: EngineConfig, scfg: ServerConfig, model_pat
         }
     };
     let i = engine.info.clone();
+    if let Some(a) = i.kv_events_addr {
+        eprintln!("torus-wgpu serve: publishing KV-cache events on tcp://{a} (ZeroMQ PUB, vLLM's format)");
+    }
     server.set_engine(engine);
     eprintln!(
         "torus-wgpu serve: ready on http://{} | model {name:?} ({}) | adapter {} | KV cache ({}) {} blocks x {} tokens = {} tokens | max_sequence_length {} | max batch {} decode + {} prefill, {} tokens/step",
