@@ -60,6 +60,12 @@ pub struct EngineConfig {
     /// Publish KV-cache events (blocks stored in and evicted from the prefix cache) in vLLM's
     /// format on a ZeroMQ PUB socket bound at this `tcp://HOST:PORT` (None: off).
     pub kv_events_endpoint: Option<String>,
+    /// The events' ZeroMQ topic (vLLM's `topic`; default empty). llm-d names the publishing pod
+    /// in it (`kv@<pod ip>@<model>`).
+    pub kv_events_topic: String,
+    /// Connect the PUB socket to `kv_events_endpoint` (a subscriber that binds there, as llm-d's
+    /// endpoint picker does) instead of binding it; reconnects when the connection drops.
+    pub kv_events_connect: bool,
 }
 
 /// A secret string (the worker token): serialized as a plain string, never printed by Debug.
@@ -127,6 +133,8 @@ impl Default for EngineConfig {
             tls_domain: None,
             worker_lease_s: 60.0,
             kv_events_endpoint: None,
+            kv_events_topic: String::new(),
+            kv_events_connect: false,
         }
     }
 }
@@ -182,6 +190,8 @@ impl EngineConfig {
         }
         if let Some(ep) = &self.kv_events_endpoint {
             crate::kv_events::parse_endpoint(ep)?;
+        } else if self.kv_events_connect || !self.kv_events_topic.is_empty() {
+            bail!("kv_events_topic and kv_events_connect need kv_events_endpoint");
         }
         if !self.stages.is_empty() {
             if !self.enable_pipeline_parallel {
@@ -309,6 +319,13 @@ pub struct EngineArgs {
     /// bound at tcp://HOST:PORT (default: off).
     #[arg(long)]
     pub kv_events_endpoint: Option<String>,
+    /// The KV-cache events' ZeroMQ topic (default: empty, as vLLM's).
+    #[arg(long)]
+    pub kv_events_topic: Option<String>,
+    /// Connect the KV-events PUB socket to the endpoint (a subscriber that binds, as llm-d's
+    /// endpoint picker) instead of binding it.
+    #[arg(long)]
+    pub kv_events_connect: bool,
 }
 
 impl EngineArgs {
@@ -363,6 +380,10 @@ impl EngineArgs {
         if self.kv_events_endpoint.is_some() {
             c.kv_events_endpoint = self.kv_events_endpoint.clone();
         }
+        if let Some(t) = &self.kv_events_topic {
+            c.kv_events_topic = t.clone();
+        }
+        c.kv_events_connect |= self.kv_events_connect;
         c.validate()?;
         Ok(c)
     }

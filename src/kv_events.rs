@@ -39,8 +39,6 @@ use std::sync::mpsc::{Receiver, Sender, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-/// vLLM's default topic.
-pub const TOPIC: &[u8] = b"";
 /// Messages a subscriber may fall behind before messages to it are dropped.
 const PEER_HWM: usize = 10_000;
 /// vLLM's medium for blocks in device memory.
@@ -361,20 +359,51 @@ fn serve_peer(mut s: TcpStream, shared: Arc<Shared>, metrics: Arc<EngineMetrics>
     let _ = s.shutdown(std::net::Shutdown::Both);
 }
 
-/// Binds the PUB socket at `endpoint` and starts the publisher; returns the sender the engine
-/// hands each step's events to, and the bound address.
+/// How the PUB socket meets its subscribers.
+#[derive(Clone, Debug)]
+pub struct PubConfig {
+    /// `tcp://HOST:PORT`.
+    pub endpoint: String,
+    /// Each message's first frame (subscribers filter on its prefix).
+    pub topic: String,
+    /// Connect to a subscriber bound at the endpoint instead of binding there.
+    pub connect: bool,
+}
+
+/// Starts the publisher: binds the PUB socket at the endpoint (or, with `connect`, keeps a
+/// connection to the subscriber there, retried every second); returns the sender the engine
+/// hands each step's events to, and the bound (or connected-to) address.
 pub fn start(
-    endpoint: &str,
+    pc: &PubConfig,
     block_size: usize,
     metrics: Arc<EngineMetrics>,
 ) -> Result<(Sender<Vec<KvEvent>>, SocketAddr)> {
+    let endpoint = &pc.endpoint;
     let addr_s = parse_endpoint(endpoint)?;
     let addrs: Vec<SocketAddr> =
         addr_s.to_socket_addrs().with_context(|| format!("kv_events_endpoint {endpoint}: cannot resolve"))?.collect();
+    let shared = Arc::new(Shared::default());
+    let topic = pc.topic.clone().into_bytes();
+    if pc.connect {
+        let addr = *addrs.first().ok_or_else(|| anyhow!("kv_events_endpoint {endpoint}: no address"))?;
+        let (sh, me) = (shared.clone(), metrics.clone());
+        std::thread::Builder::new().name("torus-kv-events-connect".into()).spawn(move || loop {
+            match TcpStream::connect_timeout(&addr, Duration::from_secs(5)) {
+                // The same ZMTP exchange as with a subscriber that connected to us.
+                Ok(conn) => serve_peer(conn, sh.clone(), me.clone()),
+                Err(e) => tracing::debug!("kv events: cannot connect to {addr}: {e}"),
+            }
+            std::thread::sleep(Duration::from_secs(1));
+        })?;
+        let (tx, rx) = std::sync::mpsc::channel::<Vec<KvEvent>>();
+        std::thread::Builder::new()
+            .name("torus-kv-events".into())
+            .spawn(move || publish_loop(rx, shared, metrics, block_size, topic))?;
+        return Ok((tx, addr));
+    }
     let listener =
         TcpListener::bind(&addrs[..]).with_context(|| format!("kv_events_endpoint {endpoint}: cannot bind"))?;
     let addr = listener.local_addr()?;
-    let shared = Arc::new(Shared::default());
     {
         let (shared, metrics) = (shared.clone(), metrics.clone());
         std::thread::Builder::new().name("torus-kv-events-accept".into()).spawn(move || {
@@ -390,19 +419,25 @@ pub fn start(
     let (tx, rx) = std::sync::mpsc::channel::<Vec<KvEvent>>();
     std::thread::Builder::new()
         .name("torus-kv-events".into())
-        .spawn(move || publish_loop(rx, shared, metrics, block_size))?;
+        .spawn(move || publish_loop(rx, shared, metrics, block_size, topic))?;
     Ok((tx, addr))
 }
 
-fn publish_loop(rx: Receiver<Vec<KvEvent>>, shared: Arc<Shared>, metrics: Arc<EngineMetrics>, block_size: usize) {
+fn publish_loop(
+    rx: Receiver<Vec<KvEvent>>,
+    shared: Arc<Shared>,
+    metrics: Arc<EngineMetrics>,
+    block_size: usize,
+    topic: Vec<u8>,
+) {
     for (seq, events) in (0u64..).zip(rx) {
         let ts =
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0);
         let payload = encode_batch(ts, &events, block_size);
-        let msg = Arc::new(multipart(&[TOPIC, &seq.to_be_bytes(), &payload]));
+        let msg = Arc::new(multipart(&[&topic, &seq.to_be_bytes(), &payload]));
         let peers = shared.peers.lock().unwrap_or_else(|p| p.into_inner());
         for p in peers.iter() {
-            let matches = p.subs.lock().unwrap_or_else(|e| e.into_inner()).iter().any(|t| TOPIC.starts_with(t));
+            let matches = p.subs.lock().unwrap_or_else(|e| e.into_inner()).iter().any(|t| topic.starts_with(t));
             if !matches {
                 continue;
             }

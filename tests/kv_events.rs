@@ -282,3 +282,68 @@ fn kv_events_endpoint_config() {
     assert_eq!(e.cached_blocks().unwrap().1, 0, "no events without an endpoint");
     e.shutdown(false);
 }
+
+/// llm-d's topology: the subscriber (its endpoint picker) binds, and each replica's PUB socket
+/// connects to it with a topic naming the pod. The subscriber, bound first and subscribed to
+/// the topic's prefix after the publisher started (which retries until it connects), receives
+/// every batch with that topic and consecutive sequence numbers.
+#[test]
+fn kv_events_connect_to_a_bound_subscriber_with_a_topic() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let endpoint = format!("tcp://127.0.0.1:{port}");
+    let topic = "kv@10.1.2.3@tiny-qwen2";
+    let cfg = EngineConfig {
+        max_num_batched_tokens: 64,
+        max_sequence_length: 256,
+        total_cache_size: 24 * 1024,
+        block_size: BLOCK,
+        kv_events_endpoint: Some(endpoint.clone()),
+        kv_events_topic: topic.into(),
+        kv_events_connect: true,
+        ..Default::default()
+    };
+    let gpu = Arc::new(Gpu::new(None).expect("a wgpu adapter"));
+    let (model, tok) = load_model(&tiny(), &cfg, gpu, &|_, _| {}).unwrap();
+    // The publisher first: its first attempts find nobody bound, and it retries.
+    let e = EngineHandle::try_start(model, tok, &cfg).expect("start the publisher");
+    std::thread::sleep(Duration::from_millis(300));
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/kv_events_sub.py");
+    let mut sub = Command::new("python3")
+        .arg(&script)
+        .args([endpoint.as_str(), "--bind", "--topic", "kv@"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run python3 tests/kv_events_sub.py (scripts/setup.sh installs pyzmq, msgpack, msgspec)");
+    let t0 = Instant::now();
+    while e.metrics.snapshot().kv_events_subscribers == 0 {
+        if let Ok(Some(st)) = sub.try_wait() {
+            let mut err = String::new();
+            std::io::Read::read_to_string(sub.stderr.as_mut().unwrap(), &mut err).unwrap();
+            panic!("the subscriber exited ({st}): {err}");
+        }
+        assert!(t0.elapsed() < Duration::from_secs(30), "the publisher never connected to the subscriber");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let reqs: Vec<Request> = prompts(4, 5).iter().map(|p| greedy_req(p, 6)).collect();
+    run_alone(&e, &reqs);
+    let (_, batches) = e.cached_blocks().expect("the engine runs");
+    assert!(batches > 0);
+    writeln!(sub.stdin.take().unwrap(), "{batches}").unwrap();
+    let out = sub.wait_with_output().unwrap();
+    assert!(out.status.success(), "the subscriber failed: {}", String::from_utf8_lossy(&out.stderr));
+    let msgs: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(msgs.len() as u64, batches, "{msgs:?}");
+    let hex: String = topic.bytes().map(|b| format!("{b:02x}")).collect();
+    for (i, m) in msgs.iter().enumerate() {
+        assert_eq!(m["frames"], 3);
+        assert_eq!(m["topic"], hex.as_str());
+        assert_eq!(m["seq"].as_u64(), Some(i as u64));
+        assert_eq!(m["msgspec_roundtrip"], true);
+    }
+    e.shutdown(false);
+    // Without an endpoint, a topic or connect is a config error.
+    let bad = EngineConfig { kv_events_connect: true, ..Default::default() };
+    assert!(bad.validate().unwrap_err().to_string().contains("need kv_events_endpoint"));
+}

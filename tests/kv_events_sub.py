@@ -1,8 +1,10 @@
 """KV-cache event subscriber for tests/kv_events.rs: an independent decoder (pyzmq + msgpack,
 and msgspec with structs shaped as vLLM's array-like KV events).
 
-Usage: kv_events_sub.py tcp://HOST:PORT
-Subscribes to every topic, says "subscribed" on stderr, reads the number N of messages to
+Usage: kv_events_sub.py tcp://HOST:PORT [--bind] [--topic PREFIX]
+Connects to the publisher (with --bind: binds there and waits for the publisher to connect, as
+llm-d's endpoint picker does), subscribes to PREFIX (default: every topic), says "subscribed"
+on stderr, reads the number N of messages to
 wait for from stdin, then prints (stdout, JSON) the first N messages: frame count, topic (hex),
 sequence number (8-byte big-endian), the msgpack-decoded payload, and whether msgspec decodes
 the payload as a KV event batch and encodes it back to the same bytes. Exits 1 if N messages
@@ -10,6 +12,7 @@ do not arrive within 60 s of N being given.
 """
 
 import json
+import select
 import sys
 
 import msgpack
@@ -64,12 +67,22 @@ def msgspec_roundtrip(payload):
 
 
 def main():
+    args = sys.argv[1:]
+    topic = args[args.index("--topic") + 1].encode() if "--topic" in args else b""
     ctx = zmq.Context()
     sock = ctx.socket(zmq.SUB)
-    sock.setsockopt(zmq.SUBSCRIBE, b"")
+    sock.setsockopt(zmq.SUBSCRIBE, topic)
     sock.setsockopt(zmq.RCVHWM, 0)
-    sock.connect(sys.argv[1])
+    if "--bind" in args:
+        sock.bind(args[0])
+    else:
+        sock.connect(args[0])
     print("subscribed", file=sys.stderr, flush=True)
+    # Keep the socket's command queue served while waiting for the count: a bound SUB socket
+    # attaches a connecting publisher (and sends it the subscription) only when its owner
+    # thread calls into libzmq.
+    while not select.select([sys.stdin], [], [], 0.05)[0]:
+        sock.getsockopt(zmq.EVENTS)
     line = sys.stdin.readline()
     if not line.strip():
         print("no message count on stdin", file=sys.stderr)

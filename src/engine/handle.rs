@@ -158,7 +158,12 @@ impl EngineHandle {
         let metrics = Arc::new(EngineMetrics::default());
         let (kv_events, kv_events_addr) = match &cfg.kv_events_endpoint {
             Some(ep) => {
-                let (tx, addr) = crate::kv_events::start(ep, limits.block_size, metrics.clone())?;
+                let pc = crate::kv_events::PubConfig {
+                    endpoint: ep.clone(),
+                    topic: cfg.kv_events_topic.clone(),
+                    connect: cfg.kv_events_connect,
+                };
+                let (tx, addr) = crate::kv_events::start(&pc, limits.block_size, metrics.clone())?;
                 (Some(tx), Some(addr))
             }
             None => (None, None),
