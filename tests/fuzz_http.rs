@@ -31,7 +31,8 @@ const COMPLETIONS: &str = "/v1/completions";
 const TOKENIZE: &str = "/tokenize";
 const DETOKENIZE: &str = "/detokenize";
 /// Every route, by the name the statistics use.
-const ROUTES: &[&str] = &[CHAT, COMPLETIONS, TOKENIZE, DETOKENIZE, "/v1/models", "/health", "/metrics", "/version"];
+const ROUTES: &[&str] =
+    &[CHAT, COMPLETIONS, TOKENIZE, DETOKENIZE, "/v1/models", "/health", "/metrics", "/version", "/server_info"];
 
 /// Request fields the server reads (and some it does not).
 const FIELDS: &[&str] = &[
@@ -351,6 +352,7 @@ fn case() -> impl Strategy<Value = Case> {
             "/health",
             "/metrics",
             "/version",
+            "/server_info",
             "/v1/models/tiny-qwen2",
             "/",
             "/v1"
@@ -378,6 +380,7 @@ fn case() -> impl Strategy<Value = Case> {
             "/health",
             "/metrics",
             "/version",
+            "/server_info",
             "/v1/models/x",
         ]),
         prop::collection::vec(any::<u8>(), 0..64),
