@@ -12,8 +12,6 @@ use serde_json::{json, Value};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use torus_wgpu::config::EngineConfig;
-use torus_wgpu::engine::{load_model, EngineHandle};
-use torus_wgpu::gpu::Gpu;
 use torus_wgpu::server::{start, ServerConfig};
 
 /// Everything the subscriber writes.
@@ -89,14 +87,7 @@ async fn access_log_lines() {
         max_prefill_batch_size: 4,
         ..Default::default()
     };
-    let (path, c) = (tiny(), cfg.clone());
-    let engine = tokio::task::spawn_blocking(move || {
-        let gpu = Arc::new(Gpu::new(None).expect("a wgpu adapter"));
-        let (model, tok) = load_model(&path, &c, gpu, &|_, _| {}).expect("tiny-qwen2 loads");
-        EngineHandle::start(model, tok, &c)
-    })
-    .await
-    .unwrap();
+    let engine = common::start_engine_async(&tiny(), &cfg).await;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let handle = start(listener, ServerConfig::new("tiny-qwen2", &cfg), Some(engine)).unwrap();
     let base = format!("http://{}", handle.addr);

@@ -12,10 +12,7 @@ use serde::Deserialize;
 use serde_json::Value;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use torus_wgpu::config::EngineConfig;
-use torus_wgpu::engine::{load_model, EngineHandle};
-use torus_wgpu::gpu::Gpu;
 use torus_wgpu::server::{model_id_for_path, start, ServerConfig};
 
 fn yaml_files(dir: &Path, out: &mut Vec<PathBuf>) {
@@ -151,16 +148,7 @@ async fn manifests_match_the_server() {
     // A running server: the probe paths answer 200 and every vLLM name mentioned is exported.
     let cfg = EngineConfig { max_sequence_length: 256, total_cache_size: 4 << 20, ..Default::default() };
     let path = common::tiny();
-    let engine = tokio::task::spawn_blocking({
-        let (p, c) = (path.clone(), cfg.clone());
-        move || {
-            let gpu = Arc::new(Gpu::new(None).expect("a wgpu adapter"));
-            let (model, tok) = load_model(&p, &c, gpu, &|_, _| {}).unwrap();
-            EngineHandle::start(model, tok, &c)
-        }
-    })
-    .await
-    .unwrap();
+    let engine = common::start_engine_async(&path, &cfg).await;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let handle = start(listener, ServerConfig::new(model_id_for_path(&path), &cfg), Some(engine)).unwrap();
     let http = reqwest::Client::builder().no_proxy().build().unwrap();

@@ -19,11 +19,8 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestError, TestRng, TestRunner};
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Map, Value};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 use torus_wgpu::config::EngineConfig;
-use torus_wgpu::engine::{load_model, EngineHandle};
-use torus_wgpu::gpu::Gpu;
 use torus_wgpu::server::{start, ServerConfig, ServerHandle};
 
 const CHAT: &str = "/v1/chat/completions";
@@ -412,14 +409,7 @@ async fn serve() -> Server {
         ..Default::default()
     };
     let path = tiny();
-    let (p, c) = (path.clone(), cfg.clone());
-    let engine = tokio::task::spawn_blocking(move || {
-        let gpu = Arc::new(Gpu::new(None).expect("a wgpu adapter (lavapipe in CI)"));
-        let (model, tok) = load_model(&p, &c, gpu, &|_, _| {}).expect("tiny-qwen2 loads");
-        EngineHandle::start(model, tok, &c)
-    })
-    .await
-    .unwrap();
+    let engine = common::start_engine_async(&path, &cfg).await;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let scfg = ServerConfig::new("tiny-qwen2", &cfg);
     let handle = start(listener, scfg, Some(engine)).unwrap();

@@ -13,7 +13,7 @@ use common::{greedy_req, tiny};
 use serde_json::Value;
 use std::collections::{HashMap, HashSet};
 use std::io::Write;
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use torus_wgpu::config::EngineConfig;
@@ -127,6 +127,35 @@ impl Replay {
     }
 }
 
+/// tests/kv_events_sub.py with `args`; a missing python3, pyzmq, msgpack or msgspec fails the
+/// test (run scripts/setup.sh).
+fn subscriber(args: &[&str]) -> Child {
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/kv_events_sub.py");
+    Command::new("python3")
+        .arg(&script)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run python3 tests/kv_events_sub.py (scripts/setup.sh installs pyzmq, msgpack, msgspec)")
+}
+
+/// Waits until the subscriber's subscription reached the publisher (a PUB socket drops
+/// messages for nobody).
+fn wait_subscribed(e: &EngineHandle, sub: &mut Child) {
+    let t0 = Instant::now();
+    while e.metrics.snapshot().kv_events_subscribers == 0 {
+        if let Ok(Some(st)) = sub.try_wait() {
+            let mut err = String::new();
+            std::io::Read::read_to_string(sub.stderr.as_mut().unwrap(), &mut err).unwrap();
+            panic!("the subscriber exited ({st}) before subscribing (pip install pyzmq msgpack msgspec?): {err}");
+        }
+        assert!(t0.elapsed() < Duration::from_secs(30), "the subscription never reached the publisher");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 fn hashes(keys: &[BlockKey]) -> HashSet<u64> {
     keys.iter().map(external_hash).collect()
 }
@@ -149,28 +178,8 @@ fn kv_events_rebuild_the_cached_set() {
     assert_eq!(e.info.num_blocks, 24);
     let addr = e.info.kv_events_addr.expect("the bound address");
 
-    // The subscriber; a missing python3, pyzmq, msgpack or msgspec fails the test (run
-    // scripts/setup.sh).
-    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/kv_events_sub.py");
-    let mut sub = Command::new("python3")
-        .arg(&script)
-        .arg(format!("tcp://{addr}"))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run python3 tests/kv_events_sub.py (scripts/setup.sh installs pyzmq, msgpack, msgspec)");
-    // Wait for its subscription to reach the publisher (PUB drops messages for nobody).
-    let t0 = Instant::now();
-    while e.metrics.snapshot().kv_events_subscribers == 0 {
-        if let Ok(Some(st)) = sub.try_wait() {
-            let mut err = String::new();
-            std::io::Read::read_to_string(sub.stderr.as_mut().unwrap(), &mut err).unwrap();
-            panic!("the subscriber exited ({st}) before subscribing (pip install pyzmq msgpack msgspec?): {err}");
-        }
-        assert!(t0.elapsed() < Duration::from_secs(30), "the subscriber never subscribed");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let mut sub = subscriber(&[&format!("tcp://{addr}")]);
+    wait_subscribed(&e, &mut sub);
     assert_eq!(e.metrics.snapshot().kv_event_batches_published, 0, "nothing published before the requests");
 
     // Phase 1: prompts sharing a prefix, alone (prefix hits), then together (more blocks than
@@ -307,25 +316,8 @@ fn kv_events_connect_to_a_bound_subscriber_with_a_topic() {
     // The publisher first: its first attempts find nobody bound, and it retries.
     let e = EngineHandle::try_start(model, tok, &cfg).expect("start the publisher");
     std::thread::sleep(Duration::from_millis(300));
-    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/kv_events_sub.py");
-    let mut sub = Command::new("python3")
-        .arg(&script)
-        .args([endpoint.as_str(), "--bind", "--topic", "kv@"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run python3 tests/kv_events_sub.py (scripts/setup.sh installs pyzmq, msgpack, msgspec)");
-    let t0 = Instant::now();
-    while e.metrics.snapshot().kv_events_subscribers == 0 {
-        if let Ok(Some(st)) = sub.try_wait() {
-            let mut err = String::new();
-            std::io::Read::read_to_string(sub.stderr.as_mut().unwrap(), &mut err).unwrap();
-            panic!("the subscriber exited ({st}): {err}");
-        }
-        assert!(t0.elapsed() < Duration::from_secs(30), "the publisher never connected to the subscriber");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let mut sub = subscriber(&[&endpoint, "--bind", "--topic", "kv@"]);
+    wait_subscribed(&e, &mut sub);
     let reqs: Vec<Request> = prompts(4, 5).iter().map(|p| greedy_req(p, 6)).collect();
     run_alone(&e, &reqs);
     let (_, batches) = e.cached_blocks().expect("the engine runs");

@@ -8,23 +8,12 @@ mod common;
 
 use common::{floats, ids, logits_steps};
 use serde_json::Value;
-use std::path::PathBuf;
 use std::sync::Arc;
 use torus_wgpu::config::{EngineConfig, KernelProfile, KvDtype};
 use torus_wgpu::engine::load_model;
 use torus_wgpu::gpu::Gpu;
 use torus_wgpu::model::forward::Model;
 use torus_wgpu::tokenizer::Tokenizer;
-
-fn model_path() -> PathBuf {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf");
-    assert!(
-        p.exists(),
-        "{} is missing: run scripts/fetch-model.sh qwen2.5-coder-0.5b (scripts/setup.sh does)",
-        p.display()
-    );
-    p
-}
 
 fn reference() -> Value {
     let p = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/qwen2.5-coder-0.5b-reference.json");
@@ -41,7 +30,7 @@ fn load(kv: KvDtype, profile: KernelProfile) -> (Model, Tokenizer) {
         kernel_profile: profile,
         ..Default::default()
     };
-    load_model(&model_path(), &cfg, gpu, &|_, _| {}).unwrap()
+    load_model(&common::qwen25_coder(), &cfg, gpu, &|_, _| {}).unwrap()
 }
 
 /// The reference prompts a profile is checked on: all of them, or for the gpu profile (about 3x

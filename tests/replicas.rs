@@ -167,14 +167,21 @@ async fn run_interleaved(http: &reqwest::Client, base: &str) -> (u64, u64) {
     (la, lb)
 }
 
+/// Starts the fleet with `policy` and runs the interleaved requests: the fleet, the two prompt
+/// lengths, and what each replica served (requests of prefix A, B).
+async fn route(http: &reqwest::Client, policy: &str) -> (Fleet, (u64, u64), [(u64, u64); 2]) {
+    let fleet = Fleet::start(policy);
+    let (la, lb) = run_interleaved(http, &fleet.url()).await;
+    let s1 = served(http, fleet.replicas[0].0, la, lb).await;
+    let s2 = served(http, fleet.replicas[1].0, la, lb).await;
+    eprintln!("{policy}: replica 1 served {s1:?}, replica 2 {s2:?} (requests of prefix A, B)");
+    (fleet, (la, lb), [s1, s2])
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cache_aware_routing_keeps_prefixes_together_and_survives_a_lost_replica() {
     let http = reqwest::Client::builder().no_proxy().build().unwrap();
-    let fleet = Fleet::start("cache_aware");
-    let (la, lb) = run_interleaved(&http, &fleet.url()).await;
-    let s1 = served(&http, fleet.replicas[0].0, la, lb).await;
-    let s2 = served(&http, fleet.replicas[1].0, la, lb).await;
-    eprintln!("cache_aware: replica 1 served {s1:?}, replica 2 {s2:?} (requests of prefix A, B)");
+    let (fleet, (la, lb), [s1, s2]) = route(&http, "cache_aware").await;
     assert_eq!((s1.0 + s2.0, s1.1 + s2.1), (6, 6));
     assert!(s1.0 == 0 || s2.0 == 0, "prefix A went to both replicas: {s1:?} {s2:?}");
     assert!(s1.1 == 0 || s2.1 == 0, "prefix B went to both replicas: {s1:?} {s2:?}");
@@ -208,11 +215,7 @@ async fn cache_aware_routing_keeps_prefixes_together_and_survives_a_lost_replica
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn round_robin_spreads_each_prefix() {
     let http = reqwest::Client::builder().no_proxy().build().unwrap();
-    let fleet = Fleet::start("round_robin");
-    let (la, lb) = run_interleaved(&http, &fleet.url()).await;
-    let s1 = served(&http, fleet.replicas[0].0, la, lb).await;
-    let s2 = served(&http, fleet.replicas[1].0, la, lb).await;
-    eprintln!("round_robin: replica 1 served {s1:?}, replica 2 {s2:?} (requests of prefix A, B)");
+    let (_fleet, _, [s1, s2]) = route(&http, "round_robin").await;
     assert_eq!((s1.0 + s2.0, s1.1 + s2.1), (6, 6));
     assert!(s1.0 > 0 && s2.0 > 0 && s1.1 > 0 && s2.1 > 0, "{s1:?} {s2:?}");
 }

@@ -16,8 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use torus_wgpu::config::EngineConfig;
 use torus_wgpu::engine::metrics::MetricsSnapshot;
-use torus_wgpu::engine::{load_model, EngineHandle};
-use torus_wgpu::gpu::Gpu;
+use torus_wgpu::engine::EngineHandle;
 use torus_wgpu::server::{model_id_for_path, start, ServerConfig, ServerHandle};
 use torus_wgpu::tokenizer::{ChatMessage, Tokenizer};
 
@@ -33,14 +32,7 @@ fn tiny_cfg() -> EngineConfig {
 }
 
 async fn load_engine(path: &Path, cfg: &EngineConfig) -> EngineHandle {
-    let (path, cfg) = (path.to_path_buf(), cfg.clone());
-    tokio::task::spawn_blocking(move || {
-        let gpu = Arc::new(Gpu::new(None).expect("a wgpu adapter"));
-        let (model, tok) = load_model(&path, &cfg, gpu, &|_, _| {}).expect("model loads");
-        EngineHandle::start(model, tok, &cfg)
-    })
-    .await
-    .unwrap()
+    common::start_engine_async(path, cfg).await
 }
 
 struct Srv {

@@ -9,10 +9,8 @@ use common::{smollm2, tiny};
 
 use serde_json::{json, Value};
 use std::path::Path;
-use std::sync::Arc;
 use torus_wgpu::config::EngineConfig;
-use torus_wgpu::engine::{load_model, EngineHandle, FinishReason, Request, RequestParams, StopConditions};
-use torus_wgpu::gpu::Gpu;
+use torus_wgpu::engine::{EngineHandle, FinishReason, Request, RequestParams, StopConditions};
 use torus_wgpu::sampling::SamplingParams;
 use torus_wgpu::server::{model_id_for_path, start, ServerConfig};
 use torus_wgpu::structured::{ConstraintSpec, Grammars};
@@ -30,10 +28,7 @@ fn cfg() -> EngineConfig {
 }
 
 fn engine(path: &Path) -> EngineHandle {
-    let gpu = Arc::new(Gpu::new(None).expect("a wgpu adapter"));
-    let c = cfg();
-    let (model, tok) = load_model(path, &c, gpu, &|_, _| {}).unwrap();
-    EngineHandle::start(model, tok, &c)
+    common::start_engine(path, &cfg())
 }
 
 /// The bytes of every token concatenate back to the text it was encoded from; special tokens

@@ -9,25 +9,13 @@ use common::tiny;
 
 use reqwest::StatusCode;
 use serde_json::{json, Value};
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::path::Path;
 use torus_wgpu::config::EngineConfig;
-use torus_wgpu::engine::{load_model, EngineHandle, FinishReason, Request, RequestParams, StopConditions};
-use torus_wgpu::gpu::Gpu;
+use torus_wgpu::engine::{FinishReason, Request, RequestParams, StopConditions};
 use torus_wgpu::sampling::SamplingParams;
 use torus_wgpu::server::{model_id_for_path, start, tool_call_grammar, ServerConfig, ServerHandle};
 use torus_wgpu::structured::ConstraintSpec;
 use torus_wgpu::tokenizer::{ChatMessage, Tokenizer};
-
-fn qwen() -> PathBuf {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf");
-    assert!(
-        p.exists(),
-        "{} is missing: run scripts/fetch-model.sh qwen2.5-coder-0.5b (scripts/setup.sh does)",
-        p.display()
-    );
-    p
-}
 
 fn weather_tool() -> Value {
     json!({"type": "function", "function": {
@@ -48,14 +36,7 @@ struct Srv {
 }
 
 async fn serve(path: &Path, cfg: EngineConfig) -> Srv {
-    let (p, c) = (path.to_path_buf(), cfg.clone());
-    let engine = tokio::task::spawn_blocking(move || {
-        let gpu = Arc::new(Gpu::new(None).expect("a wgpu adapter"));
-        let (model, tok) = load_model(&p, &c, gpu, &|_, _| {}).expect("model loads");
-        EngineHandle::start(model, tok, &c)
-    })
-    .await
-    .unwrap();
+    let engine = common::start_engine_async(path, &cfg).await;
     let scfg = ServerConfig::new(model_id_for_path(path), &cfg);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let handle = start(listener, scfg, Some(engine)).unwrap();
@@ -129,7 +110,7 @@ fn reassemble(chunks: &[Value]) -> (Option<String>, Vec<Value>, String) {
 /// Qwen's forms. SmolLM2's template does not mention tools.
 #[test]
 fn qwen_template_renders_tools_and_history() {
-    let tok = Tokenizer::from_path(&qwen()).unwrap();
+    let tok = Tokenizer::from_path(&common::qwen25_coder()).unwrap();
     assert!(tok.chat_template_supports_tools());
     let mut call = ChatMessage::new("assistant", "");
     call.tool_calls = Some(vec![json!({"id": "call_1", "type": "function",
@@ -270,9 +251,7 @@ async fn validation_and_generic_rendering() {
 #[test]
 fn required_and_named_choices_always_call() {
     let c = EngineConfig { max_num_batched_tokens: 256, total_cache_size: 8 << 20, ..Default::default() };
-    let gpu = Arc::new(Gpu::new(None).expect("a wgpu adapter"));
-    let (model, tok) = load_model(&tiny(), &c, gpu, &|_, _| {}).unwrap();
-    let e = EngineHandle::start(model, tok, &c);
+    let e = common::start_engine(&tiny(), &c);
     let tok = e.tokenizer.clone();
     let g = e.grammars().unwrap();
     let params = |key: &str| {
@@ -356,7 +335,7 @@ fn qwen_cfg() -> EngineConfig {
 /// follow-up turn with the tool's result is accepted and rendered into the prompt.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn qwen_tool_call_round_trip() {
-    let srv = serve(&qwen(), qwen_cfg()).await;
+    let srv = serve(&common::qwen25_coder(), qwen_cfg()).await;
     let messages = json!([{"role": "user", "content": "What is the weather in Paris? Use the get_weather tool."}]);
     let body = json!({"messages": messages, "tools": [weather_tool()], "tool_choice": "auto",
                       "max_tokens": 48, "temperature": 0});

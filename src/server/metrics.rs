@@ -52,11 +52,8 @@ impl Histogram {
     /// `labels`: extra labels for every sample (`a="x",b="y"`), or empty.
     fn render(&self, out: &mut String, name: &str, help: &str, labels: &str) {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
-        let (sep, braced) = if labels.is_empty() {
-            (String::new(), String::new())
-        } else {
-            (format!(",{labels}"), format!("{{{labels}}}"))
-        };
+        let sep = if labels.is_empty() { String::new() } else { format!(",{labels}") };
+        let braced = braced(labels);
         let mut cum = 0;
         for (b, c) in self.bounds.iter().zip(&self.counts) {
             cum += c;
@@ -161,9 +158,8 @@ impl ServerMetrics {
     /// served model name and the engine's KV-cache geometry for the vLLM-named families.
     pub fn render(&self, engine: Option<&MetricsSnapshot>, vllm: &VllmLabels) -> String {
         let mut out = String::new();
-        let mut metric = |name: &str, kind: &str, help: &str, value: String| {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}");
-        };
+        let mut metric =
+            |name: &str, kind: &str, help: &str, value: String| sample(&mut out, name, kind, help, "", value);
         metric(
             "torus_model_loaded",
             "gauge",
@@ -358,43 +354,55 @@ impl ServerMetrics {
     /// the `torus_*` ones: only where the meaning is the same.
     fn render_vllm(&self, out: &mut String, engine: Option<&MetricsSnapshot>, v: &VllmLabels) {
         let labels = format!("engine=\"0\",model_name=\"{}\"", escape_label(&v.model_name));
-        let mut one = |name: &str, kind: &str, help: &str, value: String| {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name}{{{labels}}} {value}");
+        let one = |out: &mut String, name: &str, kind: &str, help: &str, value: String| {
+            sample(out, name, kind, help, &labels, value)
         };
         if let Some(m) = engine {
             let usage = if m.kv_blocks_total == 0 { 0.0 } else { m.kv_blocks_used as f64 / m.kv_blocks_total as f64 };
             one(
+                out,
                 "vllm:num_requests_running",
                 "gauge",
                 "Number of requests in model execution batches.",
                 m.running.to_string(),
             );
             one(
+                out,
                 "vllm:num_requests_waiting",
                 "gauge",
                 "Number of requests waiting to be processed.",
                 m.waiting.to_string(),
             );
-            one("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.", usage.to_string());
             one(
+                out,
+                "vllm:kv_cache_usage_perc",
+                "gauge",
+                "KV-cache usage. 1 means 100 percent usage.",
+                usage.to_string(),
+            );
+            one(
+                out,
                 "vllm:gpu_cache_usage_perc",
                 "gauge",
                 "GPU KV-cache usage. 1 means 100 percent usage (the older name of vllm:kv_cache_usage_perc).",
                 usage.to_string(),
             );
             one(
+                out,
                 "vllm:prefix_cache_queries_total",
                 "counter",
                 "Prefix cache queries, in terms of number of queried tokens.",
                 m.prefix_query_tokens.to_string(),
             );
             one(
+                out,
                 "vllm:prefix_cache_hits_total",
                 "counter",
                 "Prefix cache hits, in terms of number of cached tokens.",
                 m.prefix_hit_tokens.to_string(),
             );
             one(
+                out,
                 "vllm:num_preemptions_total",
                 "counter",
                 "Cumulative number of preemptions.",
@@ -412,16 +420,15 @@ impl ServerMetrics {
                 m.kv_blocks_total,
             );
         }
-        let mut one = |name: &str, kind: &str, help: &str, value: String| {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name}{{{labels}}} {value}");
-        };
         one(
+            out,
             "vllm:prompt_tokens_total",
             "counter",
             "Number of prefill tokens processed (finished sequences; each choice counts its prompt).",
             self.prompt_tokens.load(Relaxed).to_string(),
         );
         one(
+            out,
             "vllm:generation_tokens_total",
             "counter",
             "Number of generation tokens processed (finished sequences).",
@@ -471,6 +478,20 @@ pub struct VllmLabels {
     /// `auto` (f16) or `fp32`, as vLLM names the KV-cache dtype.
     pub cache_dtype: String,
     pub prefix_caching: bool,
+}
+
+/// One sample with its HELP and TYPE lines; `labels` (`a="x",b="y"`) may be empty.
+fn sample(out: &mut String, name: &str, kind: &str, help: &str, labels: &str, value: String) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name}{} {value}", braced(labels));
+}
+
+/// `{labels}`, or nothing for no labels.
+fn braced(labels: &str) -> String {
+    if labels.is_empty() {
+        String::new()
+    } else {
+        format!("{{{labels}}}")
+    }
 }
 
 /// A Prometheus label value: backslash, quote and newline escaped.

@@ -138,6 +138,21 @@ pub(crate) async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + '
     tokio::task::spawn_blocking(f).await.map_err(|e| ApiError::internal(format!("tokenizer task failed: {e}")))
 }
 
+/// What both generation routes start with: the engine, the body's JSON object, and its common
+/// fields (`max_tokens_keys`: the accepted names of the token limit), the model name checked.
+async fn begin(
+    st: &AppState,
+    headers: &HeaderMap,
+    body: Body,
+    max_tokens_keys: &[&str],
+) -> Result<(EngineHandle, Map<String, Value>, Common), ApiError> {
+    let engine = st.engine()?.clone();
+    let obj = read_json(headers, body, st.cfg.max_request_body_bytes).await?;
+    let c = Common::parse(&Fields(&obj), &limits(st, &engine), max_tokens_keys)?;
+    st.check_model(c.model.as_deref())?;
+    Ok((engine, obj, c))
+}
+
 async fn chat(
     st: Arc<AppState>,
     headers: HeaderMap,
@@ -145,12 +160,8 @@ async fn chat(
     t0: Instant,
     log: AccessRecord,
 ) -> Result<Response, ApiError> {
-    let engine = st.engine()?.clone();
-    let obj = read_json(&headers, body, st.cfg.max_request_body_bytes).await?;
+    let (engine, obj, mut c) = begin(&st, &headers, body, &["max_completion_tokens", "max_tokens"]).await?;
     let f = Fields(&obj);
-    let mut c = Common::parse(&f, &limits(&st, &engine), &["max_completion_tokens", "max_tokens"])?;
-    st.check_model(c.model.as_deref())?;
-    c.compiled = structured::compile(&engine, c.constraint.take()).await?;
     let messages = parse_messages(f.get("messages"))?;
     let logprobs = f.bool("logprobs")?.unwrap_or(false);
     let top = f.int_in("top_logprobs", 0, MAX_TOP_LOGPROBS as i64)?;
@@ -159,6 +170,17 @@ async fn chat(
     }
     let lp = logprobs.then(|| top.unwrap_or(0) as u32);
     let tool_req = ToolRequest::parse(&f)?;
+    // `required` and named functions: the output is held to a valid call by a grammar.
+    if let Some(tc) = tool_req.as_ref().and_then(|t| t.constraint_for(&engine.tokenizer)) {
+        if c.constraint.is_some() {
+            return Err(ApiError::invalid(
+                "tool_choice",
+                "a required or named `tool_choice` cannot be combined with an output constraint (response_format, structured_outputs)",
+            ));
+        }
+        c.constraint = Some(structured::Requested { spec: ConstraintSpec::Lark(tc.lark), param: "tools" });
+    }
+    c.compiled = structured::compile(&engine, c.constraint.take()).await?;
     let tok = engine.tokenizer.clone();
     let for_prompt = tool_req.clone();
     let prompt = blocking(move || -> anyhow::Result<Vec<u32>> {
@@ -168,17 +190,6 @@ async fn chat(
     .await?
     .map_err(|e| ApiError::invalid("messages", format!("{e:#}")))?;
     let max_tokens = check_context(&engine.info, prompt.len(), c.max_tokens, "messages")?;
-    // `required` and named functions: the output is held to a valid call by a grammar.
-    if let Some(tc) = tool_req.as_ref().and_then(|t| t.constraint_for(&engine.tokenizer)) {
-        if c.compiled.is_some() {
-            return Err(ApiError::invalid(
-                "tool_choice",
-                "a required or named `tool_choice` cannot be combined with an output constraint (response_format, structured_outputs)",
-            ));
-        }
-        let req = structured::Requested { spec: ConstraintSpec::Lark(tc.lark), param: "tools" };
-        c.compiled = structured::compile(&engine, Some(req)).await?;
-    }
     let mut params: Vec<_> = (0..c.n).map(|j| c.request_params(j, max_tokens, lp)).collect();
     if tool_req.as_ref().is_some_and(ToolRequest::parses_output) {
         // As vLLM's Hermes parser: the tags may be special tokens (Qwen2.5's GGUF marks them so).
@@ -210,11 +221,8 @@ async fn complete(
     t0: Instant,
     log: AccessRecord,
 ) -> Result<Response, ApiError> {
-    let engine = st.engine()?.clone();
-    let obj = read_json(&headers, body, st.cfg.max_request_body_bytes).await?;
+    let (engine, obj, mut c) = begin(&st, &headers, body, &["max_tokens"]).await?;
     let f = Fields(&obj);
-    let mut c = Common::parse(&f, &limits(&st, &engine), &["max_tokens"])?;
-    st.check_model(c.model.as_deref())?;
     c.compiled = structured::compile(&engine, c.constraint.take()).await?;
     let prompts = parse_prompts(f.get("prompt"), engine.info.vocab)?;
     if f.get("tools").is_some_and(|t| t.as_array().is_none_or(|a| !a.is_empty())) {

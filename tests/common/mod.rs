@@ -21,6 +21,34 @@ pub fn smollm2() -> PathBuf {
     assert!(p.exists(), "{} is missing: run scripts/setup.sh (or scripts/fetch-model.sh)", p.display());
     p
 }
+/// Qwen2.5-Coder-0.5B-Instruct Q4_K_M (scripts/setup.sh fetches it; a missing file fails the test).
+pub fn qwen25_coder() -> PathBuf {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf");
+    assert!(
+        p.exists(),
+        "{} is missing: run scripts/fetch-model.sh qwen2.5-coder-0.5b (scripts/setup.sh does)",
+        p.display()
+    );
+    p
+}
+
+/// Loads `path` with `cfg` on the default adapter (lavapipe here) and starts an engine.
+pub fn start_engine(path: &Path, cfg: &torus_wgpu::config::EngineConfig) -> torus_wgpu::engine::EngineHandle {
+    let gpu = std::sync::Arc::new(torus_wgpu::gpu::Gpu::new(None).expect("a wgpu adapter (lavapipe in CI)"));
+    let (model, tok) = torus_wgpu::engine::load_model(path, cfg, gpu, &|_, _| {})
+        .unwrap_or_else(|e| panic!("{} loads: {e:#}", path.display()));
+    torus_wgpu::engine::EngineHandle::start(model, tok, cfg)
+}
+
+/// [`start_engine`] off the async threads.
+pub async fn start_engine_async(
+    path: &Path,
+    cfg: &torus_wgpu::config::EngineConfig,
+) -> torus_wgpu::engine::EngineHandle {
+    let (path, cfg) = (path.to_path_buf(), cfg.clone());
+    tokio::task::spawn_blocking(move || start_engine(&path, &cfg)).await.unwrap()
+}
+
 /// Starts `cmd` with stderr piped and waits (up to `limit`) for a stderr line containing
 /// `ready`. Every line is echoed (prefixed with `tag`) and also sent on the returned receiver;
 /// the lines up to the ready one are returned.
