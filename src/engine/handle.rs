@@ -29,6 +29,15 @@ pub struct EngineInfo {
     pub kv_events_addr: Option<std::net::SocketAddr>,
 }
 
+impl EngineInfo {
+    /// The longest sequence (prompt and completion) a request may have: the configured
+    /// `max_sequence_length`, or fewer when the whole KV cache holds fewer tokens. What the
+    /// API reports as `max_model_len` and checks requests against.
+    pub fn max_model_len(&self) -> usize {
+        self.max_seq_len.min(self.num_blocks * self.block_size)
+    }
+}
+
 #[derive(Clone)]
 pub struct EngineHandle {
     tx: Sender<Command>,
@@ -185,6 +194,9 @@ impl EngineHandle {
         let m = metrics.clone();
         let thread = std::thread::Builder::new()
             .name("torus-engine".into())
+            // Structured outputs compute their masks here: room for the deepest grammar that
+            // passes `structured::bounds` (a stack overflow would abort the process).
+            .stack_size(crate::structured::bounds::COMPILE_STACK_BYTES)
             .spawn(move || {
                 // However the loop ends, the engine is down from then on (/health 503). A panic
                 // drops the core, and with it every request's channel: their streams end.

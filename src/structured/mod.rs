@@ -11,6 +11,8 @@
 //! a 400), and gives the engine each step's mask (one bit per vocabulary id) and the accepted
 //! tokens. The mask reaches the GPU with the row's sampling parameters (`SampleParams::mask`).
 
+pub mod bounds;
+
 use crate::tokenizer::Tokenizer;
 use anyhow::{anyhow, bail, Result};
 use llguidance::api::TopLevelGrammar;
@@ -149,8 +151,23 @@ impl Grammars {
         Ok(Grammars { factory, vocab: words.len() })
     }
 
-    /// Compiles `spec` into a fresh constraint, or says why it cannot (for a 400).
+    /// Compiles `spec` into a fresh constraint, or says why it cannot (for a 400): first its
+    /// size and depth are checked ([`bounds`]), then it is compiled on a thread of its own
+    /// whose stack holds any constraint within those bounds, whatever thread calls this.
     pub fn compile(&self, spec: &ConstraintSpec) -> Result<Constraint, String> {
+        bounds::check(spec)?;
+        std::thread::scope(|scope| {
+            std::thread::Builder::new()
+                .name("torus-grammar".into())
+                .stack_size(bounds::COMPILE_STACK_BYTES)
+                .spawn_scoped(scope, || self.compile_here(spec))
+                .map_err(|e| format!("cannot start the grammar compiler: {e}"))?
+                .join()
+                .unwrap_or_else(|_| Err("the grammar library failed on this grammar".to_string()))
+        })
+    }
+
+    fn compile_here(&self, spec: &ConstraintSpec) -> Result<Constraint, String> {
         let run = || -> Result<Constraint> {
             let grammar = spec.grammar()?;
             let parser = self.factory.create_parser(grammar)?;
