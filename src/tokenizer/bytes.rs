@@ -89,11 +89,11 @@ impl Tokenizer {
             Some(d) => serde_json::to_value(d)?,
             None => Json::Null,
         };
+        // No file path in this error: it reaches HTTP clients (structured outputs).
         let Some(enc) = encoding_of(&decoder) else {
             bail!(
-                "{}: cannot tell the bytes of its tokens (decoder {}); structured outputs need a byte-level \
-                 BPE or a SentencePiece vocabulary",
-                self.source,
+                "the tokenizer: cannot tell the bytes of its tokens (decoder {}); structured outputs need a \
+                 byte-level BPE or a SentencePiece vocabulary",
                 decoder["type"].as_str().unwrap_or("none")
             );
         };

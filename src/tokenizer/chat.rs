@@ -14,6 +14,13 @@ use super::ChatMessage;
 
 const NAME: &str = "chat_template";
 
+/// The most instructions one render may run (minijinja's fuel): a template that loops stops
+/// with an error instead of holding a thread for ever. Real templates use a few hundred per
+/// message (SmolLM2's: ~60; 10,000 messages with tools stay far below).
+pub const TEMPLATE_FUEL: u64 = 20_000_000;
+/// The longest text a render may produce, in bytes.
+pub const MAX_RENDER_BYTES: usize = 16 << 20;
+
 pub(super) struct ChatTemplate {
     env: Environment<'static>,
     /// Set when the template failed to compile; reported on use so that a model with a broken
@@ -26,6 +33,7 @@ pub(super) struct ChatTemplate {
 impl ChatTemplate {
     pub(super) fn new(source: String) -> Self {
         let mut env = Environment::new();
+        env.set_fuel(Some(TEMPLATE_FUEL));
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
@@ -66,7 +74,38 @@ impl ChatTemplate {
         if let Some(e) = eos_token {
             ctx.insert("eos_token", Value::from(e));
         }
-        tmpl.render(ctx).map_err(|e| anyhow!("rendering failed: {}", one_line(&e)))
+        let mut out = Capped { buf: Vec::new(), cap: MAX_RENDER_BYTES };
+        match tmpl.render_captured_to(ctx, &mut out) {
+            Ok(_) => String::from_utf8(out.buf).map_err(|_| anyhow!("rendering failed: the output is not UTF-8")),
+            Err(e) if e.kind() == ErrorKind::OutOfFuel => Err(anyhow!(
+                "rendering failed: the chat template ran more than {TEMPLATE_FUEL} instructions (a loop that does not end?)"
+            )),
+            Err(_) if out.buf.len() >= MAX_RENDER_BYTES => {
+                Err(anyhow!("rendering failed: the chat template's output passed {MAX_RENDER_BYTES} bytes"))
+            }
+            Err(e) => Err(anyhow!("rendering failed: {}", one_line(&e))),
+        }
+    }
+}
+
+/// A writer that fails once `cap` bytes have been written.
+struct Capped {
+    buf: Vec<u8>,
+    cap: usize,
+}
+
+impl std::io::Write for Capped {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        if self.buf.len() + b.len() > self.cap {
+            self.buf.resize(self.cap, 0);
+            return Err(std::io::Error::other("the output is too long"));
+        }
+        self.buf.extend_from_slice(b);
+        Ok(b.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 
@@ -252,6 +291,29 @@ mod tests {
         // Without tools, `tools` is undefined.
         let t = ChatTemplate::new("{% if tools %}yes{% else %}no{% endif %}".into());
         assert_eq!(t.render(&[], None, false, None, None).unwrap(), "no");
+    }
+
+    #[test]
+    fn renders_are_bounded() {
+        // A loop that never ends in practice: stopped by fuel.
+        let t = ChatTemplate::new(
+            "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}".into(),
+        );
+        let t0 = std::time::Instant::now();
+        let e = t.render(&[], None, false, None, None).unwrap_err().to_string();
+        assert!(e.contains("instructions"), "{e}");
+        eprintln!("fuel ran out after {:?}", t0.elapsed());
+        // Output past the cap.
+        let t = ChatTemplate::new("{% for i in range(100000) %}{{ 'x' * 1000 }}{% endfor %}".into());
+        let e = t.render(&[], None, false, None, None).unwrap_err().to_string();
+        assert!(e.contains(&MAX_RENDER_BYTES.to_string()), "{e}");
+        // A real template on many messages stays within both.
+        let t = ChatTemplate::new(
+            "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}".into(),
+        );
+        let msgs: Vec<ChatMessage> = (0..20_000).map(|i| ChatMessage::new("user", format!("m{i}"))).collect();
+        let out = t.render(&msgs, None, true, None, None).unwrap();
+        assert!(out.ends_with("<|im_start|>assistant\n") && out.contains("m19999"));
     }
 
     #[test]

@@ -13,9 +13,13 @@ mod chat;
 pub mod cli;
 pub use bytes::SPECIAL_TOKEN_MARKER;
 mod bytes;
+mod detok;
 mod gguf_bpe;
 mod gguf_common;
 mod gguf_spm;
+mod limited;
+pub use detok::{IncrementalDecoder, MAX_HELD};
+pub use limited::TooLong;
 
 use std::path::Path;
 use std::sync::OnceLock;
@@ -74,6 +78,8 @@ pub struct Tokenizer {
     add_eos: bool,
     vocab_size: usize,
     chat_template: Option<ChatTemplate>,
+    /// The longest token's text in bytes, made on first use (see `limited`).
+    max_token_bytes: OnceLock<usize>,
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -203,6 +209,7 @@ impl Tokenizer {
             add_eos,
             vocab_size,
             chat_template: template_src.map(ChatTemplate::new),
+            max_token_bytes: OnceLock::new(),
         })
     }
 
@@ -255,6 +262,7 @@ impl Tokenizer {
             add_eos,
             vocab_size: tokens.len(),
             chat_template: template,
+            max_token_bytes: OnceLock::new(),
         })
     }
 
@@ -287,9 +295,7 @@ impl Tokenizer {
             ids.extend(self.bos_id);
         }
         match &self.spm {
-            Some(spm) => ids.extend(
-                spm.encode(text, parse_special).map_err(|e| anyhow!("{}: tokenization failed: {e}", self.source))?,
-            ),
+            Some(spm) => ids.extend(spm.encode(text, parse_special).map_err(|e| anyhow!("tokenization failed: {e}"))?),
             None => {
                 let tok = if parse_special {
                     &self.inner
@@ -300,7 +306,7 @@ impl Tokenizer {
                         t
                     })
                 };
-                let enc = tok.encode(text, false).map_err(|e| anyhow!("{}: tokenization failed: {e}", self.source))?;
+                let enc = tok.encode(text, false).map_err(|e| anyhow!("tokenization failed: {e}"))?;
                 ids.extend_from_slice(enc.get_ids());
             }
         }
@@ -341,10 +347,10 @@ impl Tokenizer {
         tools: Option<&[Json]>,
         add_generation_prompt: bool,
     ) -> Result<String> {
-        let t =
-            self.chat_template.as_ref().ok_or_else(|| anyhow!("{}: the model has no chat template", self.source))?;
+        // No file path in these errors: they reach HTTP clients.
+        let t = self.chat_template.as_ref().ok_or_else(|| anyhow!("the model has no chat template"))?;
         t.render(messages, tools, add_generation_prompt, self.bos_token.as_deref(), self.eos_token.as_deref())
-            .with_context(|| format!("{}: chat template", self.source))
+            .context("chat template")
     }
 
     pub fn has_chat_template(&self) -> bool {
@@ -432,77 +438,4 @@ fn detect_post_processor_bos(inner: &tokenizers::Tokenizer) -> Option<u32> {
     let with = inner.encode("a", true).ok()?;
     let (p, w) = (plain.get_ids(), with.get_ids());
     (w.len() == p.len() + 1 && w[1..] == *p).then(|| w[0])
-}
-
-/// Streaming detokenizer for one sequence: feed ids one at a time, get text as soon as it is
-/// complete. Never emits a broken UTF-8 sequence: while the decoded tail ends in an incomplete
-/// character (U+FFFD) the text is held back until the following tokens complete it, or until
-/// [`finish`](Self::finish).
-///
-/// Only a small window of recent ids is re-decoded per step: the text of `ids[prefix..]` minus
-/// the already-emitted text of `ids[prefix..read]`.
-#[derive(Clone, Debug, Default)]
-pub struct IncrementalDecoder {
-    ids: Vec<u32>,
-    prefix_offset: usize,
-    read_offset: usize,
-    skip_special: bool,
-}
-
-impl IncrementalDecoder {
-    /// `skip_special`: leave special tokens (`<|im_end|>`, ...) out of the text.
-    pub fn new(skip_special: bool) -> Self {
-        IncrementalDecoder { skip_special, ..Default::default() }
-    }
-
-    /// Every id pushed so far.
-    pub fn ids(&self) -> &[u32] {
-        &self.ids
-    }
-
-    /// Add one id; returns the newly completed text (possibly empty).
-    pub fn push(&mut self, tok: &Tokenizer, id: u32) -> String {
-        self.ids.push(id);
-        let (prefix, full) = self.window(tok);
-        if full.ends_with('\u{FFFD}') {
-            return String::new();
-        }
-        let new = suffix_after(&prefix, &full);
-        if new.is_empty() {
-            // Nothing visible (e.g. a skipped special token); keep the window as it is.
-            return String::new();
-        }
-        self.prefix_offset = self.read_offset;
-        self.read_offset = self.ids.len();
-        new
-    }
-
-    /// Flush whatever is held back (an incomplete character becomes U+FFFD).
-    pub fn finish(&mut self, tok: &Tokenizer) -> String {
-        let (prefix, full) = self.window(tok);
-        self.prefix_offset = self.ids.len();
-        self.read_offset = self.ids.len();
-        suffix_after(&prefix, &full)
-    }
-
-    fn window(&self, tok: &Tokenizer) -> (String, String) {
-        let prefix = tok.decode(&self.ids[self.prefix_offset..self.read_offset], self.skip_special);
-        let full = tok.decode(&self.ids[self.prefix_offset..], self.skip_special);
-        (prefix, full)
-    }
-}
-
-/// `full` minus its leading `prefix`; if `full` does not extend `prefix` (a decoder that is not
-/// prefix-stable), the part after their longest common prefix.
-fn suffix_after(prefix: &str, full: &str) -> String {
-    if let Some(rest) = full.strip_prefix(prefix) {
-        return rest.to_string();
-    }
-    let common = prefix
-        .char_indices()
-        .zip(full.chars())
-        .take_while(|((_, a), b)| a == b)
-        .last()
-        .map_or(0, |((i, c), _)| i + c.len_utf8());
-    full[common..].to_string()
 }
