@@ -41,6 +41,17 @@ use std::time::Duration;
 
 /// Messages a subscriber may fall behind before messages to it are dropped.
 const PEER_HWM: usize = 10_000;
+/// Most subscriber connections at once (each costs two threads), handshakes included; more
+/// are closed on arrival.
+pub const MAX_SUBSCRIBERS: usize = 64;
+/// The whole ZMTP handshake (greeting, READY) must be done within this.
+pub const HANDSHAKE_DEADLINE: Duration = Duration::from_secs(5);
+/// Most subscriptions (topic prefixes) one subscriber may hold, and their total bytes; a
+/// subscriber that asks for more is disconnected.
+pub const MAX_SUBSCRIPTIONS: usize = 64;
+pub const MAX_SUBSCRIPTION_BYTES: usize = 16 << 10;
+/// Largest frame a subscriber may send (subscriptions and READY properties are short).
+const MAX_FRAME: u64 = 64 << 10;
 /// vLLM's medium for blocks in device memory.
 const MEDIUM: &str = "GPU";
 
@@ -207,25 +218,46 @@ fn greeting() -> [u8; 64] {
     g
 }
 
+/// `read_exact`, all of it before `deadline` (None: no time limit), however slowly the peer
+/// sends.
+fn read_by(s: &mut TcpStream, buf: &mut [u8], deadline: Option<std::time::Instant>) -> std::io::Result<()> {
+    let Some(deadline) = deadline else { return s.read_exact(buf) };
+    let mut got = 0;
+    while got < buf.len() {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "the handshake took too long"));
+        }
+        s.set_read_timeout(Some(left))?;
+        match s.read(&mut buf[got..]) {
+            Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
 /// Reads one frame: (flags, body). Bodies are capped (a subscriber sends only short ones).
-fn read_frame(s: &mut TcpStream) -> std::io::Result<(u8, Vec<u8>)> {
+fn read_frame(s: &mut TcpStream, deadline: Option<std::time::Instant>) -> std::io::Result<(u8, Vec<u8>)> {
     let mut h = [0u8; 1];
-    s.read_exact(&mut h)?;
+    read_by(s, &mut h, deadline)?;
     let flags = h[0];
     let len = if flags & FLAG_LONG != 0 {
         let mut b = [0u8; 8];
-        s.read_exact(&mut b)?;
+        read_by(s, &mut b, deadline)?;
         u64::from_be_bytes(b)
     } else {
         let mut b = [0u8; 1];
-        s.read_exact(&mut b)?;
+        read_by(s, &mut b, deadline)?;
         b[0] as u64
     };
-    if len > 1 << 20 {
+    if len > MAX_FRAME {
         return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, "frame too large"));
     }
     let mut body = vec![0u8; len as usize];
-    s.read_exact(&mut body)?;
+    read_by(s, &mut body, deadline)?;
     Ok((flags, body))
 }
 
@@ -235,11 +267,12 @@ fn split_command(body: &[u8]) -> Option<(&[u8], &[u8])> {
     (body.len() > n).then(|| (&body[1..1 + n], &body[1 + n..]))
 }
 
-/// Greeting and NULL handshake; returns the peer's socket type.
+/// Greeting and NULL handshake, within [`HANDSHAKE_DEADLINE`]; returns the peer's socket type.
 fn handshake(s: &mut TcpStream) -> Result<String> {
+    let deadline = Some(std::time::Instant::now() + HANDSHAKE_DEADLINE);
     s.write_all(&greeting())?;
     let mut g = [0u8; 64];
-    s.read_exact(&mut g).context("reading the ZMTP greeting")?;
+    read_by(s, &mut g, deadline).context("reading the ZMTP greeting")?;
     if g[0] != 0xff || g[9] & 1 != 1 || g[10] < 3 {
         bail!("not a ZMTP 3 peer");
     }
@@ -252,7 +285,7 @@ fn handshake(s: &mut TcpStream) -> Result<String> {
     props.extend_from_slice(&3u32.to_be_bytes());
     props.extend_from_slice(b"PUB");
     s.write_all(&command("READY", &props))?;
-    let (flags, body) = read_frame(s)?;
+    let (flags, body) = read_frame(s, deadline)?;
     let Some((b"READY", mut p)) = (flags & FLAG_COMMAND != 0).then(|| split_command(&body)).flatten() else {
         bail!("expected a READY command");
     };
@@ -288,6 +321,25 @@ struct Peer {
 struct Shared {
     peers: Mutex<Vec<Peer>>,
     next_peer: AtomicU64,
+    /// Subscriber connections being served (handshakes included).
+    connections: std::sync::atomic::AtomicUsize,
+}
+
+/// One of the [`MAX_SUBSCRIBERS`] places, given back on drop.
+struct Place(Arc<Shared>);
+
+impl Place {
+    fn take(shared: &Arc<Shared>) -> Option<Place> {
+        let c = &shared.connections;
+        c.fetch_update(Relaxed, Relaxed, |n| (n < MAX_SUBSCRIBERS).then_some(n + 1)).ok()?;
+        Some(Place(shared.clone()))
+    }
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        self.0.connections.fetch_sub(1, Relaxed);
+    }
 }
 
 impl Shared {
@@ -324,7 +376,7 @@ fn serve_peer(mut s: TcpStream, shared: Arc<Shared>, metrics: Arc<EngineMetrics>
     let id = shared.next_peer.fetch_add(1, Relaxed);
     let subs = Arc::new(Mutex::new(Vec::new()));
     shared.peers.lock().unwrap_or_else(|p| p.into_inner()).push(Peer { id, subs: subs.clone(), tx: tx.clone() });
-    while let Ok((flags, body)) = read_frame(&mut s) {
+    while let Ok((flags, body)) = read_frame(&mut s, None) {
         // ZMTP 3.1 commands, or ZMTP 3.0 messages (first byte 1: subscribe, 0: cancel).
         let (subscribe, topic) = if flags & FLAG_COMMAND != 0 {
             match split_command(&body) {
@@ -344,13 +396,20 @@ fn serve_peer(mut s: TcpStream, shared: Arc<Shared>, metrics: Arc<EngineMetrics>
                 _ => continue,
             }
         };
-        {
+        let over = {
             let mut g = subs.lock().unwrap_or_else(|p| p.into_inner());
             if subscribe {
                 g.push(topic);
             } else if let Some(i) = g.iter().position(|t| *t == topic) {
                 g.remove(i);
             }
+            g.len() > MAX_SUBSCRIPTIONS || g.iter().map(Vec::len).sum::<usize>() > MAX_SUBSCRIPTION_BYTES
+        };
+        if over {
+            tracing::debug!(
+                "kv events: a subscriber asked for more than {MAX_SUBSCRIPTIONS} subscriptions or {MAX_SUBSCRIPTION_BYTES} bytes of them; disconnected"
+            );
+            break;
         }
         shared.update_subscribers(&metrics);
     }
@@ -390,7 +449,11 @@ pub fn start(
         std::thread::Builder::new().name("torus-kv-events-connect".into()).spawn(move || loop {
             match TcpStream::connect_timeout(&addr, Duration::from_secs(5)) {
                 // The same ZMTP exchange as with a subscriber that connected to us.
-                Ok(conn) => serve_peer(conn, sh.clone(), me.clone()),
+                Ok(conn) => {
+                    let place = Place::take(&sh);
+                    serve_peer(conn, sh.clone(), me.clone());
+                    drop(place);
+                }
                 Err(e) => tracing::debug!("kv events: cannot connect to {addr}: {e}"),
             }
             std::thread::sleep(Duration::from_secs(1));
@@ -404,15 +467,26 @@ pub fn start(
     let listener =
         TcpListener::bind(&addrs[..]).with_context(|| format!("kv_events_endpoint {endpoint}: cannot bind"))?;
     let addr = listener.local_addr()?;
+    if !addr.ip().is_loopback() {
+        tracing::warn!(
+            "kv events: bound to {addr}, beyond this host: anyone who can reach it can subscribe and read the \
+             token ids of cached blocks (those of requests with a cache_salt are sent without them)"
+        );
+    }
     {
         let (shared, metrics) = (shared.clone(), metrics.clone());
         std::thread::Builder::new().name("torus-kv-events-accept".into()).spawn(move || {
             for conn in listener.incoming() {
                 let Ok(conn) = conn else { continue };
+                let Some(place) = Place::take(&shared) else {
+                    tracing::debug!("kv events: {MAX_SUBSCRIBERS} subscribers already; a connection was closed");
+                    continue;
+                };
                 let (shared, metrics) = (shared.clone(), metrics.clone());
-                let _ = std::thread::Builder::new()
-                    .name("torus-kv-events-sub".into())
-                    .spawn(move || serve_peer(conn, shared, metrics));
+                let _ = std::thread::Builder::new().name("torus-kv-events-sub".into()).spawn(move || {
+                    serve_peer(conn, shared, metrics);
+                    drop(place);
+                });
             }
         })?;
     }

@@ -10,7 +10,7 @@
 mod common;
 use common::{greedy_req, tiny};
 
-use serde_json::Value;
+use serde_json::{json, Value};
 use std::collections::{HashMap, HashSet};
 use std::io::Write;
 use std::process::{Child, Command, Stdio};
@@ -160,10 +160,10 @@ fn hashes(keys: &[BlockKey]) -> HashSet<u64> {
     keys.iter().map(external_hash).collect()
 }
 
-#[test]
-fn kv_events_rebuild_the_cached_set() {
+/// An engine on tiny-qwen2 with a 24-block pool (a 4-token block of K+V over 2 layers = 2 * 2
+/// * 4 * 32 * 2 bytes (f16) = 1 KiB), the prefix cache, and events on a free loopback port.
+fn publisher() -> (EngineHandle, EngineConfig) {
     let gpu = Arc::new(Gpu::new(None).expect("a wgpu adapter"));
-    // tiny-qwen2: a 4-token block of K+V over 2 layers = 2 * 2 * 4 * 32 * 2 bytes (f16) = 1 KiB.
     let cfg = EngineConfig {
         max_num_batched_tokens: 64,
         max_sequence_length: 256,
@@ -174,7 +174,12 @@ fn kv_events_rebuild_the_cached_set() {
         ..Default::default()
     };
     let (model, tok) = load_model(&tiny(), &cfg, gpu, &|_, _| {}).unwrap();
-    let e = EngineHandle::try_start(model, tok, &cfg).expect("bind the KV-events endpoint");
+    (EngineHandle::try_start(model, tok, &cfg).expect("bind the KV-events endpoint"), cfg)
+}
+
+#[test]
+fn kv_events_rebuild_the_cached_set() {
+    let (e, cfg) = publisher();
     assert_eq!(e.info.num_blocks, 24);
     let addr = e.info.kv_events_addr.expect("the bound address");
 
@@ -338,4 +343,180 @@ fn kv_events_connect_to_a_bound_subscriber_with_a_topic() {
     // Without an endpoint, a topic or connect is a config error.
     let bad = EngineConfig { kv_events_connect: true, ..Default::default() };
     assert!(bad.validate().unwrap_err().to_string().contains("need kv_events_endpoint"));
+}
+
+/// This process's thread count.
+fn threads() -> usize {
+    let s = std::fs::read_to_string("/proc/self/status").unwrap();
+    s.lines().find_map(|l| l.strip_prefix("Threads:")).unwrap().trim().parse().unwrap()
+}
+
+/// The ZMTP 3.0 greeting of a NULL-security client.
+fn zmtp_greeting() -> [u8; 64] {
+    let mut g = [0u8; 64];
+    g[0] = 0xff;
+    g[9] = 0x7f;
+    g[10] = 3;
+    g[12..16].copy_from_slice(b"NULL");
+    g
+}
+
+/// A command frame (short form).
+fn zmtp_command(name: &str, data: &[u8]) -> Vec<u8> {
+    let mut body = vec![name.len() as u8];
+    body.extend_from_slice(name.as_bytes());
+    body.extend_from_slice(data);
+    let mut out = if body.len() > 255 {
+        let mut o = vec![4 | 2];
+        o.extend_from_slice(&(body.len() as u64).to_be_bytes());
+        o
+    } else {
+        vec![4, body.len() as u8]
+    };
+    out.extend_from_slice(&body);
+    out
+}
+
+/// A subscriber that did the whole handshake (greeting, READY as SUB).
+fn zmtp_sub(addr: std::net::SocketAddr) -> std::net::TcpStream {
+    use std::io::Read;
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(&zmtp_greeting()).unwrap();
+    let mut g = [0u8; 64];
+    s.read_exact(&mut g).unwrap();
+    let mut props = vec![11u8];
+    props.extend_from_slice(b"Socket-Type");
+    props.extend_from_slice(&3u32.to_be_bytes());
+    props.extend_from_slice(b"SUB");
+    s.write_all(&zmtp_command("READY", &props)).unwrap();
+    let mut h = [0u8; 2];
+    s.read_exact(&mut h).unwrap();
+    let mut ready = vec![0u8; h[1] as usize];
+    s.read_exact(&mut ready).unwrap();
+    assert_eq!(&ready[1..6], b"READY");
+    s
+}
+
+/// Reads until the peer closes (Ok) or `limit` passes (Err); the bytes read.
+fn until_closed(s: &mut std::net::TcpStream, limit: Duration) -> Result<Vec<u8>, Vec<u8>> {
+    use std::io::Read;
+    let t = Instant::now();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    s.set_read_timeout(Some(Duration::from_millis(100))).unwrap();
+    while t.elapsed() < limit {
+        match s.read(&mut buf) {
+            Ok(0) => return Ok(got),
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+            Err(_) => return Ok(got),
+        }
+    }
+    Err(got)
+}
+
+/// Hostile subscribers stay within the publisher's caps (connections, threads, handshake time,
+/// subscriptions), and a request with a `cache_salt` is published by block hash only: its
+/// token ids (its prompt) never reach a subscriber.
+#[test]
+fn kv_events_hostile_peers_and_salted_prompts() {
+    use torus_wgpu::kv_events::{MAX_SUBSCRIBERS, MAX_SUBSCRIPTIONS};
+    let (e, _) = publisher();
+    let addr = e.info.kv_events_addr.unwrap();
+    let threads0 = threads();
+
+    // 1. Many silent peers: MAX_SUBSCRIBERS are taken (they get the greeting), the others
+    // closed at once; the silent ones are dropped at the handshake deadline (5 s).
+    let mut peers: Vec<std::net::TcpStream> =
+        (0..MAX_SUBSCRIBERS + 36).map(|_| std::net::TcpStream::connect(addr).unwrap()).collect();
+    std::thread::sleep(Duration::from_millis(500));
+    let most = threads();
+    assert!(most <= threads0 + MAX_SUBSCRIBERS + 4, "{threads0} threads before, {most} with the silent peers");
+    let t = Instant::now();
+    let (mut greeted, mut closed_at_once) = (0, 0);
+    for p in &mut peers {
+        match until_closed(p, Duration::from_secs(12)) {
+            Ok(got) if got.is_empty() => closed_at_once += 1,
+            Ok(got) => {
+                assert_eq!(got.len(), 64, "the greeting, then closed");
+                greeted += 1;
+            }
+            Err(got) => panic!("a silent peer was kept past the handshake deadline ({} bytes)", got.len()),
+        }
+    }
+    assert_eq!(greeted, MAX_SUBSCRIBERS, "{closed_at_once} closed at once");
+    assert_eq!(closed_at_once, 36);
+    assert!(t.elapsed() < Duration::from_secs(12), "{:?}", t.elapsed());
+    drop(peers);
+
+    // 2. A peer that sends its greeting one byte at a time, slowly: dropped at the deadline.
+    let mut slow = std::net::TcpStream::connect(addr).unwrap();
+    let t = Instant::now();
+    let g = zmtp_greeting();
+    let mut i = 0;
+    let dropped = loop {
+        if slow.write_all(&g[i..i + 1]).is_err() {
+            break true;
+        }
+        i += 1;
+        if i == 60 {
+            break false;
+        }
+        if let Ok(got) = until_closed(&mut slow, Duration::from_millis(900)) {
+            let _ = got;
+            break true;
+        }
+    };
+    assert!(dropped, "a slow handshake was never dropped");
+    assert!(t.elapsed() < Duration::from_secs(9), "dropped after {:?}", t.elapsed());
+
+    // 3. Too many subscriptions, or too many bytes of them: disconnected.
+    for (n, size) in [(MAX_SUBSCRIPTIONS + 1, 8), (20, 1000)] {
+        let mut s = zmtp_sub(addr);
+        for k in 0..n {
+            let topic = format!("{k:0size$}");
+            if s.write_all(&zmtp_command("SUBSCRIBE", topic.as_bytes())).is_err() {
+                break;
+            }
+        }
+        assert!(until_closed(&mut s, Duration::from_secs(10)).is_ok(), "{n} subscriptions of {size} bytes were kept");
+    }
+    let t = Instant::now();
+    while threads() > threads0 + 2 {
+        assert!(t.elapsed() < Duration::from_secs(30), "{} threads left ({threads0} before)", threads());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    // 4. A salted and an unsalted request: an honest subscriber sees the unsalted one's tokens
+    // and only the salted one's hashes.
+    let mut sub = subscriber(&[&format!("tcp://{addr}")]);
+    wait_subscribed(&e, &mut sub);
+    let p = prompts(2, 9);
+    let mut salted = greedy_req(&p[0], 6);
+    salted.params.cache_salt = Some("tenant-a".into());
+    run_alone(&e, &[salted, greedy_req(&p[1], 6)]);
+    let (_, batches) = e.cached_blocks().expect("the engine runs");
+    writeln!(sub.stdin.take().unwrap(), "{batches}").unwrap();
+    let out = sub.wait_with_output().unwrap();
+    assert!(out.status.success(), "the subscriber failed: {}", String::from_utf8_lossy(&out.stderr));
+    let msgs: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    let stored: Vec<&Value> =
+        msgs.iter().flat_map(|m| m["payload"][1].as_array().unwrap()).filter(|ev| ev[0] == "BlockStored").collect();
+    let salted_root = root_key(Some("tenant-a"));
+    let first_salted = external_hash(&block_key(&salted_root, &p[0][..BLOCK]));
+    let first_plain = external_hash(&block_key(&root_key(None), &p[1][..BLOCK]));
+    let with_hash = |h: u64| stored.iter().find(|ev| ev[1].as_array().unwrap().iter().any(|x| x.as_u64() == Some(h)));
+    let s_ev = with_hash(first_salted).expect("the salted request's blocks are published");
+    assert_eq!(s_ev[3], json!([]), "no token ids for a salted request: {s_ev}");
+    let p_ev = with_hash(first_plain).expect("the plain request's blocks are published");
+    assert_eq!(p_ev[3].as_array().unwrap().len(), p_ev[1].as_array().unwrap().len() * BLOCK, "{p_ev}");
+    let all_tokens: Vec<u64> =
+        stored.iter().flat_map(|ev| ev[3].as_array().unwrap().iter().map(|x| x.as_u64().unwrap())).collect();
+    let salted_tail: Vec<u64> = p[0][12..].iter().map(|&t| t as u64).collect();
+    assert!(
+        !all_tokens.windows(salted_tail.len()).any(|w| w == salted_tail),
+        "the salted prompt's own tokens were published"
+    );
+    e.shutdown(false);
 }

@@ -9,14 +9,15 @@
 //! over the in-flight steps; sequences in flight are never preempted.
 
 use super::metrics::EngineMetrics;
+use super::penalties::Penalties;
 use super::request::{Event, FinishReason, PromptLogprob, Request, RequestParams, Usage};
 use crate::gpu::GpuFault;
 use crate::kv::{root_key, BlockId, BlockKey, BlockManager, KvEvent};
-use crate::model::forward::{Adjust, SampleParams, Sampled, StepInput};
+use crate::model::forward::{SampleParams, Sampled, StepInput};
 use crate::pipeline::{Executor, Fault, StageFailure, StepResult};
 use crate::sampling::Rng;
 use crate::tokenizer::{IncrementalDecoder, Tokenizer};
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use tokio::sync::mpsc::UnboundedSender;
@@ -38,6 +39,12 @@ pub(crate) enum Command {
     /// publisher so far (tests compare the cached set with the events).
     CachedBlocks(std::sync::mpsc::Sender<(Vec<BlockKey>, u64)>),
 }
+
+/// How many steps a waiting request that does not fit may see requests behind it start
+/// before admission waits for it (fair admission, see `schedule`).
+pub const MAX_PASSED_OVER: u32 = 32;
+/// Most waiting requests passed over in one step.
+const MAX_LOOKAHEAD: usize = 16;
 
 #[derive(Clone, Copy, Debug)]
 pub struct SchedulerConfig {
@@ -75,12 +82,15 @@ struct Seq {
     detok: IncrementalDecoder,
     /// Released-by-the-detokenizer text held back because it may start a stop string.
     pending: String,
-    counts: HashMap<u32, u32>,
+    /// Logit adjustments (penalties, logit_bias), kept up to date as tokens are generated.
+    penalties: Penalties,
     cached_tokens: Option<usize>,
     /// Structured outputs: why the grammar could not give a mask (the sequence then fails).
     constraint_error: Option<String>,
     /// Prompt log-probabilities delivered so far (of tokens 1..=lp_done).
     lp_done: usize,
+    /// Steps in which a request behind it started while it waited (see `schedule`).
+    passed_over: u32,
 }
 
 impl Seq {
@@ -147,21 +157,6 @@ impl Seq {
             _ => None,
         };
         let p = &self.params;
-        let mut adj: BTreeMap<u32, Adjust> = BTreeMap::new();
-        let penalties = p.repetition_penalty != 1.0 || p.frequency_penalty != 0.0 || p.presence_penalty != 0.0;
-        if penalties {
-            if p.repetition_penalty != 1.0 {
-                for &t in &self.tokens[..self.prompt_len] {
-                    adj.entry(t).or_insert(Adjust { id: t, count: 0, in_prompt: false, bias: 0.0 }).in_prompt = true;
-                }
-            }
-            for (&t, &c) in &self.counts {
-                adj.entry(t).or_insert(Adjust { id: t, count: 0, in_prompt: false, bias: 0.0 }).count = c;
-            }
-        }
-        for &(t, b) in &p.logit_bias {
-            adj.entry(t).or_insert(Adjust { id: t, count: 0, in_prompt: false, bias: 0.0 }).bias += b;
-        }
         SampleParams {
             temperature: p.sampling.temperature,
             top_p: p.sampling.top_p,
@@ -172,7 +167,7 @@ impl Seq {
             frequency_penalty: p.frequency_penalty,
             presence_penalty: p.presence_penalty,
             n_top: p.logprobs.unwrap_or(0),
-            adjust: adj.into_values().collect(),
+            adjust: self.penalties.list().to_vec(),
             mask,
             force: None,
         }
@@ -359,6 +354,10 @@ impl EngineCore {
                 let max_tokens = req.params.stop.max_tokens.unwrap_or(self.cfg.max_seq_len - prompt_len);
                 let seed = req.params.sampling.seed;
                 let skip_special = req.params.skip_special_tokens;
+                let p = &req.params;
+                let repetition = p.repetition_penalty != 1.0;
+                let counting = repetition || p.frequency_penalty != 0.0 || p.presence_penalty != 0.0;
+                let penalties = Penalties::new(&req.prompt, repetition, counting, &p.logit_bias);
                 self.waiting.push_back(Seq {
                     id,
                     tokens: req.prompt,
@@ -375,10 +374,11 @@ impl EngineCore {
                     out,
                     detok: IncrementalDecoder::new(skip_special),
                     pending: String::new(),
-                    counts: HashMap::new(),
+                    penalties,
                     cached_tokens: None,
                     constraint_error: None,
                     lp_done: 0,
+                    passed_over: 0,
                 });
             }
             Command::Abort(id) => self.abort(id),
@@ -528,9 +528,15 @@ impl EngineCore {
             i += 1;
         }
 
-        // Waiting sequences in arrival order (preempted ones are at the front).
+        // Waiting sequences in arrival order (preempted ones are at the front). One whose
+        // chunk does not fit in the free blocks now is passed over for those behind it that
+        // do (at most MAX_LOOKAHEAD looked at past it), but only MAX_PASSED_OVER times: from
+        // then on nothing behind it starts until it does (running sequences finish and free
+        // their blocks), so a large request is delayed, never starved.
+        let mut at = 0;
+        let mut skipped = 0;
         while budget > 0 && n_prefill < self.cfg.max_prefill_batch_size && plan.len() < max_seqs && rows < max_seqs {
-            let Some(s) = self.waiting.front() else { break };
+            let Some(s) = self.waiting.get(at) else { break };
             // Reuse cached full blocks, but always compute the last token (its logits are needed),
             // and every position whose prompt logprob is still wanted.
             let reusable = (s.tokens.len() - 1).min(s.prompt_rows_from());
@@ -540,7 +546,12 @@ impl EngineCore {
             let need = (computed + len).div_ceil(bs) - hit.blocks.len();
             if self.bm.available() < need {
                 self.bm.release(&hit.blocks);
-                break;
+                if s.passed_over >= MAX_PASSED_OVER || skipped >= MAX_LOOKAHEAD {
+                    break;
+                }
+                skipped += 1;
+                at += 1;
+                continue;
             }
             // Counted once per admitted request (a request waiting for room is looked up again
             // every step).
@@ -552,7 +563,11 @@ impl EngineCore {
                 self.metrics.prefix_hit_tokens.fetch_add(computed as u64, Relaxed);
             }
             let keys = hit.keys;
-            let mut s = self.waiting.pop_front().expect("front exists");
+            let mut s = self.waiting.remove(at).expect("index exists");
+            // Those before it were passed over once more.
+            for w in self.waiting.iter_mut().take(at) {
+                w.passed_over += 1;
+            }
             s.table = hit.blocks;
             for _ in 0..need {
                 s.table.push(self.bm.allocate().expect("checked available"));
@@ -675,7 +690,8 @@ impl EngineCore {
             while s.keys.len() < full {
                 let i = s.keys.len();
                 let parent = if i == 0 { s.root } else { s.keys[i - 1] };
-                let key = self.bm.register(s.table[i], &parent, i == 0, &s.tokens[i * bs..(i + 1) * bs]);
+                let salted = s.params.cache_salt.is_some();
+                let key = self.bm.register(s.table[i], &parent, i == 0, &s.tokens[i * bs..(i + 1) * bs], salted);
                 s.keys.push(key);
             }
             // Sliding window: the next query (position `computed`) and every later one attend
@@ -769,7 +785,7 @@ impl EngineCore {
             return Some(FinishReason::Error(e));
         }
         s.tokens.push(id);
-        *s.counts.entry(id).or_insert(0) += 1;
+        s.penalties.push(id);
         let stop = &s.params.stop;
         if (!stop.ignore_eos && tok.is_eos(id)) || stop.stop_token_ids.contains(&id) {
             return Some(FinishReason::Stop);

@@ -4,6 +4,7 @@
 pub mod core;
 pub mod handle;
 pub mod metrics;
+mod penalties;
 pub mod request;
 
 pub use handle::{Completion, EngineHandle, RequestStream};

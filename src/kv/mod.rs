@@ -275,14 +275,15 @@ impl BlockManager {
     /// Registers full block `id`, holding `tokens` after the block keyed `parent` (a root key
     /// when `first`: the sequence's first block), so later sequences can reuse it; returns its
     /// key. If another block already holds that key, the existing entry stays and this block
-    /// remains private.
-    pub fn register(&mut self, id: BlockId, parent: &BlockKey, first: bool, tokens: &[u32]) -> BlockKey {
+    /// remains private. `salted`: the sequence has a cache salt, and its event carries the
+    /// block's hash only, never its token ids (a subscriber must not read a salted prompt).
+    pub fn register(&mut self, id: BlockId, parent: &BlockKey, first: bool, tokens: &[u32], salted: bool) -> BlockKey {
         let key = (self.key_fn)(parent, tokens);
         if !self.enable_prefix_cache || self.cache.contains_key(&key) {
             return key;
         }
         self.cache.insert(key, id);
-        self.record_stored(&key, (!first).then_some(parent), tokens);
+        self.record_stored(&key, (!first).then_some(parent), if salted { &[] } else { tokens });
         let b = &mut self.blocks[id as usize];
         b.key = Some(key);
         b.parent = *parent;
@@ -323,7 +324,7 @@ mod tests {
             .enumerate()
             .map(|(i, c)| {
                 let id = bm.allocate().unwrap();
-                parent = bm.register(id, &parent, i == 0, c);
+                parent = bm.register(id, &parent, i == 0, c, false);
                 id
             })
             .collect()
@@ -361,7 +362,7 @@ mod tests {
         let mut bm = BlockManager::new(4, 2, false);
         let root = root_key(None);
         let id = bm.allocate().unwrap();
-        bm.register(id, &root, true, &[1, 2]);
+        bm.register(id, &root, true, &[1, 2], false);
         bm.release(&[id]);
         assert!(bm.lookup_prefix(&[1, 2, 3], 3, &root).blocks.is_empty());
         assert_eq!(bm.stats().free, 4);
@@ -416,12 +417,21 @@ mod tests {
         );
         // A block after a cached one names it as its parent.
         let c = bm.allocate().unwrap();
-        let k2 = bm.register(c, &k1, false, &[5, 6]);
+        let k2 = bm.register(c, &k1, false, &[5, 6], false);
         let want = KvEvent::Stored { hashes: vec![external_hash(&k2)], parent: Some(h1), tokens: vec![5, 6] };
         assert_eq!(bm.take_events(), vec![want]);
         // Registering a key already cached changes nothing.
-        bm.register(c, &k1, false, &[5, 6]);
+        bm.register(c, &k1, false, &[5, 6], false);
         assert!(bm.take_events().is_empty());
+        // A salted sequence's blocks are published by hash only.
+        let mut salted = BlockManager::new(2, 2, true).with_events();
+        let sroot = root_key(Some("tenant"));
+        let b = salted.allocate().unwrap();
+        let sk = salted.register(b, &sroot, true, &[7, 8], true);
+        assert_eq!(
+            salted.take_events(),
+            vec![KvEvent::Stored { hashes: vec![external_hash(&sk)], parent: None, tokens: vec![] }]
+        );
         let mut keys = bm.cached_keys();
         keys.sort();
         let mut want = vec![k0, k1, k2];
