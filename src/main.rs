@@ -125,6 +125,9 @@ enum Cmd {
         layers: Option<usize>,
         #[arg(long, default_value_t = 0)]
         seed: u64,
+        /// A file whose text becomes the model's chat template (default: ChatML).
+        #[arg(long)]
+        chat_template: Option<std::path::PathBuf>,
         /// The .gguf file to write.
         #[arg(long)]
         out: std::path::PathBuf,
@@ -199,14 +202,20 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Serve(args) => torus_wgpu::server::run(*args)?,
         Cmd::Bench(args) => torus_wgpu::bench::run(*args)?,
         Cmd::Tokenize(args) => torus_wgpu::tokenizer::cli::run(&args)?,
-        Cmd::SynthModel { shape, format, layers, seed, out } => {
+        Cmd::SynthModel { shape, format, layers, seed, chat_template, out } => {
             use torus_wgpu::model::synth;
             let s = synth::synth_shape(&shape).ok_or_else(|| {
                 anyhow::anyhow!("unknown shape '{shape}' (known: {})", synth::SYNTH_SHAPES.join(", "))
             })?;
             let f = synth::parse_format(&format)?;
             let t = std::time::Instant::now();
-            let bytes = synth::write_synthetic_gguf(&out, &s, f, layers, seed)?;
+            let template = match &chat_template {
+                Some(p) => {
+                    Some(std::fs::read_to_string(p).map_err(|e| anyhow::anyhow!("{}: cannot read: {e}", p.display()))?)
+                }
+                None => None,
+            };
+            let bytes = synth::write_synthetic_gguf_with_template(&out, &s, f, layers, seed, template.as_deref())?;
             eprintln!(
                 "wrote {}: {} {} with {} layers, {:.1} MiB in {:.1} s",
                 out.display(),

@@ -793,7 +793,7 @@ async fn vllm_metric_names_agree_with_ours_and_the_engine() {
     let info: Value = serde_json::from_str(&info).unwrap();
     assert_eq!(info["num_gpu_blocks"].as_f64(), Some(m["torus_kv_cache_blocks_total"]), "{info}");
     assert_eq!((info["block_size"].as_u64(), info["served_model_name"].as_str()), (Some(16), Some("tiny \"q\"")));
-    assert_eq!(info["max_model_len"].as_u64(), Some(srv.engine().info.max_seq_len as u64));
+    assert_eq!(info["max_model_len"].as_u64(), Some(srv.engine().info.max_model_len() as u64));
 }
 
 /// A bad request's status and OpenAI error shape.
@@ -918,7 +918,14 @@ async fn bad_requests_get_openai_errors() {
         (vec![b' '; 300 << 10], StatusCode::PAYLOAD_TOO_LARGE),
     ];
     for (body, want) in raw {
-        let r = srv.http.post(format!("{}{chat}", srv.base)).body(body.clone()).send().await.unwrap();
+        let r = srv
+            .http
+            .post(format!("{}{chat}", srv.base))
+            .header("content-type", "application/json")
+            .body(body.clone())
+            .send()
+            .await
+            .unwrap();
         let s = r.status();
         let v: Value = r.json().await.unwrap();
         assert_error(s, &v, want, &format!("raw body of {} bytes", body.len()));
@@ -928,6 +935,7 @@ async fn bad_requests_get_openai_errors() {
     let r = srv
         .http
         .post(format!("{}{chat}", srv.base))
+        .header("content-type", "application/json")
         .body(reqwest::Body::wrap_stream(futures_util::stream::iter(chunks)))
         .send()
         .await
@@ -947,7 +955,14 @@ async fn bad_requests_get_openai_errors() {
     // Duplicate keys: the last one counts (as in Python's json).
     let dup =
         br#"{"max_tokens": "x", "messages": [{"role": "user", "content": "hi"}], "ignore_eos": true, "max_tokens": 2}"#;
-    let r = srv.http.post(format!("{}{chat}", srv.base)).body(dup.to_vec()).send().await.unwrap();
+    let r = srv
+        .http
+        .post(format!("{}{chat}", srv.base))
+        .header("content-type", "application/json")
+        .body(dup.to_vec())
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), StatusCode::OK);
     assert_eq!(r.json::<Value>().await.unwrap()["usage"]["completion_tokens"], 2);
     srv.wait_idle().await;
@@ -1236,6 +1251,8 @@ async fn binary_serves_and_drains_on_sigterm() {
         "8388608",
         "--max-sequence-length",
         "512",
+        "--shutdown-grace-s",
+        "120",
     ]);
     let (mut child, mut log, rx) = spawn_until_ready(&mut cmd, "serve", "ready on http://", Duration::from_secs(120));
     let addr =
@@ -1415,10 +1432,12 @@ async fn header_read_timeout_closes_stalled_connections() {
     handle.shutdown().await;
 }
 
-/// With `max_connections` 2, a third connection is not served while two are open, and is
-/// served as soon as one of them closes.
+/// With `max_connections` 2 and two connections open, a third is served by the probe lane:
+/// `/health` is answered, anything else 503 `too_many_connections`; one address holds at
+/// most 4 probe places (then 429), each for at most a second without a request head; once a
+/// main place is free, requests are served as usual.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn connection_cap_holds_further_connections_back() {
+async fn connection_cap_and_the_probe_lane() {
     let handle = serve_bare(|s| s.max_connections = 2).await;
     let addr = handle.addr;
     let open = || handle.metrics().connections.load(std::sync::atomic::Ordering::Relaxed);
@@ -1428,27 +1447,46 @@ async fn connection_cap_holds_further_connections_back() {
         assert!(t.elapsed() < Duration::from_secs(30), "the first two connections were not accepted");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let mut third = std::net::TcpStream::connect(addr).unwrap();
-    third.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
-    let (third, held) = tokio::task::spawn_blocking(move || {
-        let e = read_to_close(&mut third, Duration::from_secs(1)).expect_err("served over the connection cap");
-        assert!(matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut), "{e}");
-        (third, held)
-    })
-    .await
-    .unwrap();
-    assert_eq!(open(), 2);
+    let ask = move |req: &'static [u8]| {
+        tokio::task::spawn_blocking(move || {
+            let mut s = std::net::TcpStream::connect(addr).unwrap();
+            s.write_all(req).unwrap();
+            String::from_utf8_lossy(&read_to_close(&mut s, Duration::from_secs(10)).unwrap()).into_owned()
+        })
+    };
+    // No model loaded: /health answers 503 model_loading, which is the point (it was served).
+    let got = ask(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
+    assert!(got.starts_with("HTTP/1.1 503") && got.contains("model_loading"), "{got}");
+    let got = ask(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
+    assert!(got.starts_with("HTTP/1.1 503") && got.contains("too_many_connections"), "{got}");
+    assert!(got.to_ascii_lowercase().contains("retry-after: 1"), "{got}");
+    // Four silent probe-lane connections from this address; a fifth is refused at once.
+    let silent: Vec<std::net::TcpStream> = (0..4).map(|_| std::net::TcpStream::connect(addr).unwrap()).collect();
+    let t = Instant::now();
+    while open() < 6 {
+        assert!(t.elapsed() < Duration::from_secs(10), "probe-lane connections not accepted: {}", open());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let got = ask(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
+    assert!(got.starts_with("HTTP/1.1 429"), "{got}");
+    let silent = tokio::task::spawn_blocking(move || {
+        let t = Instant::now();
+        for mut s in silent {
+            read_to_close(&mut s, Duration::from_secs(10)).expect("a silent probe-lane connection was kept");
+        }
+        assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    });
+    silent.await.unwrap();
+    // A main place comes free: a third connection is served normally.
     let mut held = held;
     drop(held.pop());
-    let got = tokio::task::spawn_blocking(move || {
-        let mut third = third;
-        read_to_close(&mut third, Duration::from_secs(30)).expect("not served after a connection closed")
-    })
-    .await
-    .unwrap();
-    // No model loaded: /health answers 503, which is the point (it was served).
-    let head = String::from_utf8_lossy(&got);
-    assert!(head.starts_with("HTTP/1.1 503"), "{head}");
+    let t = Instant::now();
+    while open() > 1 {
+        assert!(t.elapsed() < Duration::from_secs(30), "connections left open: {}", open());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let got = ask(b"GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await.unwrap();
+    assert!(got.starts_with("HTTP/1.1 200"), "{got}");
     drop(held);
     let t = Instant::now();
     while open() > 0 {
@@ -1705,7 +1743,14 @@ async fn smollm2_tokenize_detokenize() {
         assert_eq!(v["error"]["param"], param, "{route} {body}: {v}");
     }
     for route in ["/tokenize", "/detokenize"] {
-        let r = srv.http.post(format!("{}{route}", srv.base)).body("{\"prompt\": ").send().await.unwrap();
+        let r = srv
+            .http
+            .post(format!("{}{route}", srv.base))
+            .header("content-type", "application/json")
+            .body("{\"prompt\": ")
+            .send()
+            .await
+            .unwrap();
         let s = r.status();
         assert_error(s, &r.json().await.unwrap(), StatusCode::BAD_REQUEST, route);
         let (s, v) = srv.post(route, &json!({"model": "nope", "prompt": "a", "tokens": [1]})).await;

@@ -218,7 +218,7 @@ pub fn special_token_ids(vocab: usize) -> (u32, u32, u32) {
 /// space-letter after a letter), filler tokens `<synth_N>` (never produced by the merges), and
 /// `<|endoftext|>` (BOS), `<|im_start|>` and `<|im_end|>` (EOS) as control tokens at the end,
 /// with a ChatML chat template. Needs a vocabulary of at least 259 tokens.
-fn tokenizer_metadata(vocab: usize, pre: &str) -> Vec<(String, GgufValue)> {
+fn tokenizer_metadata(vocab: usize, pre: &str, chat_template: Option<&str>) -> Vec<(String, GgufValue)> {
     let chars = byte_level_chars();
     let mut tokens: Vec<String> = chars.iter().map(|c| c.to_string()).collect();
     let mut merges = Vec::new();
@@ -240,8 +240,10 @@ fn tokenizer_metadata(vocab: usize, pre: &str) -> Vec<(String, GgufValue)> {
     let n_normal = tokens.len() - 3;
     let types = (0..tokens.len()).map(|i| GgufValue::I32(if i < n_normal { 1 } else { 3 })).collect();
     let (bos, _, eos) = special_token_ids(vocab);
-    let template = "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + \
-                    '<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+    let template = chat_template.unwrap_or(
+        "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + \
+         '<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}",
+    );
     let s = |k: &str| k.to_string();
     vec![
         (s("tokenizer.ggml.model"), GgufValue::Str(s("gpt2"))),
@@ -257,7 +259,12 @@ fn tokenizer_metadata(vocab: usize, pre: &str) -> Vec<(String, GgufValue)> {
 }
 
 /// The metadata of a synthetic model, as llama.cpp names it.
-fn metadata(shape: &SynthShape, format: WFormat, layers: usize) -> Vec<(String, GgufValue)> {
+fn metadata(
+    shape: &SynthShape,
+    format: WFormat,
+    layers: usize,
+    chat_template: Option<&str>,
+) -> Vec<(String, GgufValue)> {
     let a = shape.arch_name();
     let k = |suffix: &str| format!("{a}.{suffix}");
     let u = |v: usize| GgufValue::U32(v as u32);
@@ -277,7 +284,7 @@ fn metadata(shape: &SynthShape, format: WFormat, layers: usize) -> Vec<(String, 
         (k("attention.layer_norm_rms_epsilon"), GgufValue::F32(shape.rms_eps)),
         (k("vocab_size"), u(shape.vocab)),
     ];
-    m.extend(tokenizer_metadata(shape.vocab, shape.pre_tokenizer));
+    m.extend(tokenizer_metadata(shape.vocab, shape.pre_tokenizer, chat_template));
     m
 }
 
@@ -349,6 +356,19 @@ pub fn write_synthetic_gguf(
     layers: Option<usize>,
     seed: u64,
 ) -> Result<u64> {
+    write_synthetic_gguf_with_template(path, shape, format, layers, seed, None)
+}
+
+/// [`write_synthetic_gguf`] with `chat_template` as the file's chat template (None: a ChatML
+/// one).
+pub fn write_synthetic_gguf_with_template(
+    path: &Path,
+    shape: &SynthShape,
+    format: WFormat,
+    layers: Option<usize>,
+    seed: u64,
+    chat_template: Option<&str>,
+) -> Result<u64> {
     let p = path.display();
     let layers = layers.unwrap_or(shape.layers);
     if layers == 0 {
@@ -359,7 +379,8 @@ pub fn write_synthetic_gguf(
     }
     let tensors = synth_tensors(shape, format, layers);
     let specs: Vec<GgufTensorSpec> = tensors.iter().map(|t| t.spec.clone()).collect();
-    let header = encode_header(&metadata(shape, format, layers), &specs).map_err(|e| anyhow!("{p}: {e:#}"))?;
+    let header =
+        encode_header(&metadata(shape, format, layers, chat_template), &specs).map_err(|e| anyhow!("{p}: {e:#}"))?;
 
     let mut partial = path.as_os_str().to_owned();
     partial.push(".partial");

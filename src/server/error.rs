@@ -60,6 +60,30 @@ impl ApiError {
         .code("request_too_large")
     }
 
+    /// 415: POST bodies must be declared JSON.
+    pub fn unsupported_media_type(got: Option<&str>) -> ApiError {
+        let got = match got {
+            Some(ct) => format!("got {:?}", ct.chars().take(100).collect::<String>()),
+            None => "got none".to_string(),
+        };
+        ApiError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "invalid_request_error",
+            format!("the request body must be JSON, sent with `Content-Type: application/json` ({got})"),
+        )
+        .code("unsupported_media_type")
+    }
+
+    /// 408: the body did not all arrive within `--body-read-timeout-s`.
+    pub fn body_timed_out(limit: std::time::Duration) -> ApiError {
+        ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "timeout_error",
+            format!("the request body did not arrive within {} s (body_read_timeout_s)", limit.as_secs_f64()),
+        )
+        .code("body_timeout")
+    }
+
     /// 503 with Retry-After.
     pub fn unavailable(message: impl Into<String>, code: &'static str) -> ApiError {
         let mut e = ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", message).code(code);

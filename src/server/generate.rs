@@ -38,6 +38,20 @@ fn reserve(st: &Arc<AppState>, n: usize) -> Result<Vec<QueueSlot>, ApiError> {
     Ok(slots)
 }
 
+/// 503 while the queue is full: checked before a request's body is parsed, so an overloaded
+/// server spends nothing on requests it would refuse (`reserve` checks again).
+pub(crate) fn check_queue(st: &AppState) -> Result<(), ApiError> {
+    let queued = st.metrics.queued.load(Relaxed);
+    if queued >= st.cfg.max_queued_requests as u64 {
+        st.metrics.rejected_overloaded.fetch_add(1, Relaxed);
+        return Err(ApiError::unavailable(
+            format!("the server is overloaded ({queued} requests queued); retry later"),
+            "overloaded",
+        ));
+    }
+    Ok(())
+}
+
 /// The most tokens a request may ask for, or a 400 naming `param` when the prompt does not
 /// leave room. `max_tokens` None: whatever room is left.
 pub(crate) fn check_context(
@@ -46,7 +60,7 @@ pub(crate) fn check_context(
     max_tokens: Option<usize>,
     param: &str,
 ) -> Result<usize, ApiError> {
-    let ctx = info.max_seq_len.min(info.num_blocks * info.block_size);
+    let ctx = info.max_model_len();
     if prompt_len == 0 {
         return Err(ApiError::invalid(param, "the prompt is empty"));
     }

@@ -86,8 +86,10 @@ pub struct ServerMetrics {
     pub rejected_overloaded: AtomicU64,
     /// Requests cut off at their time limit (`request_timeout_s`).
     pub timed_out: AtomicU64,
-    /// Open HTTP connections.
+    /// Open HTTP connections (both lanes; see `conn`).
     pub connections: AtomicU64,
+    /// Connections closed at once: over the per-peer cap, or with every place taken.
+    pub connections_refused: AtomicU64,
 }
 
 impl Default for ServerMetrics {
@@ -106,6 +108,7 @@ impl Default for ServerMetrics {
             rejected_overloaded: AtomicU64::new(0),
             timed_out: AtomicU64::new(0),
             connections: AtomicU64::new(0),
+            connections_refused: AtomicU64::new(0),
         }
     }
 }
@@ -193,8 +196,14 @@ impl ServerMetrics {
         metric(
             "torus_http_connections",
             "gauge",
-            "Open HTTP connections (at most max_connections).",
+            "Open HTTP connections (at most max_connections, plus the probe lane's).",
             self.connections.load(Relaxed).to_string(),
+        );
+        metric(
+            "torus_http_connections_refused_total",
+            "counter",
+            "Connections closed on arrival: over max_connections_per_peer, or every place taken.",
+            self.connections_refused.load(Relaxed).to_string(),
         );
         metric(
             "torus_prompt_tokens_total",

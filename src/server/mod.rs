@@ -10,14 +10,18 @@
 //! (port 0 for an ephemeral port) and stop it with [`ServerHandle::shutdown`].
 
 pub mod access;
+mod body;
+mod conn;
 mod error;
 mod generate;
 pub mod metrics;
 mod openai;
 mod params;
+mod prepare;
 mod structured;
 mod tokenize;
 mod tools;
+mod work;
 
 pub use error::ApiError;
 pub use metrics::ServerMetrics;
@@ -49,6 +53,10 @@ pub const DEFAULT_SSE_KEEPALIVE_S: f64 = 15.0;
 pub const DEFAULT_HEADER_READ_TIMEOUT_S: u64 = 30;
 /// Default `--max-connections` (below the usual 1024 open-file limit).
 pub const DEFAULT_MAX_CONNECTIONS: usize = 512;
+/// Default `--body-read-timeout-s`.
+pub const DEFAULT_BODY_READ_TIMEOUT_S: u64 = 30;
+/// Default `--shutdown-grace-s`.
+pub const DEFAULT_SHUTDOWN_GRACE_S: u64 = 5;
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct ServeArgs {
@@ -90,9 +98,22 @@ pub struct ServeArgs {
     /// keep-alive connection stays open (0: no limit).
     #[arg(long, default_value_t = DEFAULT_HEADER_READ_TIMEOUT_S)]
     pub header_read_timeout_s: u64,
-    /// Most open HTTP connections; further ones wait in the listen backlog until one closes.
+    /// Most open HTTP connections. With all taken, a probe lane of 16 more answers only
+    /// /health, /metrics and /version (others: 503); beyond that, connections wait in the
+    /// listen backlog.
     #[arg(long, default_value_t = DEFAULT_MAX_CONNECTIONS)]
     pub max_connections: usize,
+    /// Most open connections from one IP address (default: half of --max-connections); more
+    /// are answered 429 and closed.
+    #[arg(long)]
+    pub max_connections_per_peer: Option<usize>,
+    /// Seconds a request's body may take to arrive after its head (0: no limit); later: 408.
+    #[arg(long, default_value_t = DEFAULT_BODY_READ_TIMEOUT_S)]
+    pub body_read_timeout_s: u64,
+    /// On SIGTERM or SIGINT, seconds to let in-flight requests finish before they are aborted
+    /// and the process exits (a second signal exits at once).
+    #[arg(long, default_value_t = DEFAULT_SHUTDOWN_GRACE_S)]
+    pub shutdown_grace_s: u64,
 }
 
 /// How the HTTP side behaves (the engine has its own config).
@@ -123,8 +144,12 @@ pub struct ServerConfig {
     /// How long a connection may take to send a request's headers, and how long an idle
     /// keep-alive connection stays open (None: no limit).
     pub header_read_timeout: Option<Duration>,
-    /// Most open connections (at least 1).
+    /// Most open connections (at least 1), not counting the probe lane (see `conn`).
     pub max_connections: usize,
+    /// Most open connections from one IP address.
+    pub max_connections_per_peer: usize,
+    /// How long a request's body may take to arrive (None: no limit).
+    pub body_read_timeout: Option<Duration>,
     /// The engine's KV-cache dtype (reported by `vllm:cache_config_info`).
     pub kv_cache_dtype: crate::config::KvDtype,
 }
@@ -148,6 +173,8 @@ impl ServerConfig {
             sse_keepalive: Some(Duration::from_secs_f64(DEFAULT_SSE_KEEPALIVE_S)),
             header_read_timeout: Some(Duration::from_secs(DEFAULT_HEADER_READ_TIMEOUT_S)),
             max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_connections_per_peer: DEFAULT_MAX_CONNECTIONS / 2,
+            body_read_timeout: Some(Duration::from_secs(DEFAULT_BODY_READ_TIMEOUT_S)),
             kv_cache_dtype: cfg.kv_cache_dtype,
         }
     }
@@ -165,6 +192,8 @@ pub(crate) struct AppState {
     pub cfg: ServerConfig,
     pub engine: OnceLock<EngineHandle>,
     pub metrics: ServerMetrics,
+    /// Where requests are parsed, rendered and tokenized before they are queued.
+    pub work: work::WorkPool,
     /// Unix time the server started (the model's `created`).
     pub started: u64,
     id_salt: u64,
@@ -274,6 +303,7 @@ pub fn start(
         cfg,
         engine: OnceLock::new(),
         metrics: ServerMetrics::default(),
+        work: work::WorkPool::per_core(),
         started: unix_now(),
         id_salt: crate::sampling::Rng::from_entropy().next_u64(),
         next_id: AtomicU64::new(1),
@@ -283,98 +313,8 @@ pub fn start(
     }
     let app = router(state.clone(), cors);
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(accept_loop(listener, app, state.clone(), stopped));
+    let task = tokio::spawn(conn::accept_loop(listener, app, state.clone(), stopped));
     Ok(ServerHandle { addr, state, stop: Some(stop), task: Some(task) })
-}
-
-/// Errors of one connection (it went away before it was accepted), not of the listener.
-fn is_connection_error(e: &std::io::Error) -> bool {
-    use std::io::ErrorKind::*;
-    matches!(e.kind(), ConnectionRefused | ConnectionAborted | ConnectionReset)
-}
-
-/// Accepts connections while fewer than `max_connections` are open (the others wait in the
-/// kernel's listen backlog) and serves each with HTTP/1.1, closing those that take longer than
-/// `header_read_timeout` to send a request's headers. On `stopped`: stops accepting, closes
-/// connections that are idle or have not sent a whole request yet, and returns once every
-/// in-flight response has been sent.
-async fn accept_loop(
-    listener: tokio::net::TcpListener,
-    app: Router,
-    st: Arc<AppState>,
-    stopped: tokio::sync::oneshot::Receiver<()>,
-) -> std::io::Result<()> {
-    use hyper::service::Service;
-    use hyper_util::rt::{TokioIo, TokioTimer};
-    use hyper_util::service::TowerToHyperService;
-    use std::sync::atomic::AtomicBool;
-
-    let max = st.cfg.max_connections.clamp(1, tokio::sync::Semaphore::MAX_PERMITS.min(u32::MAX as usize));
-    let permits = Arc::new(tokio::sync::Semaphore::new(max));
-    let (stopping, _) = tokio::sync::watch::channel(false);
-    let mut http = hyper::server::conn::http1::Builder::new();
-    http.timer(TokioTimer::new()).header_read_timeout(st.cfg.header_read_timeout);
-    let mut stopped = std::pin::pin!(stopped);
-    loop {
-        let permit = tokio::select! {
-            biased;
-            _ = &mut stopped => break,
-            p = permits.clone().acquire_owned() => p.expect("the semaphore is never closed"),
-        };
-        let sock = tokio::select! {
-            biased;
-            _ = &mut stopped => break,
-            r = listener.accept() => match r {
-                Ok((sock, _)) => sock,
-                Err(e) if is_connection_error(&e) => continue,
-                Err(e) => {
-                    // Out of file descriptors, say: wait rather than spin.
-                    tracing::warn!("accept failed: {e}");
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                    continue;
-                }
-            },
-        };
-        let _ = sock.set_nodelay(true);
-        // Whether a whole request head has arrived on this connection.
-        let started = Arc::new(AtomicBool::new(false));
-        let svc = {
-            let (router, started) = (TowerToHyperService::new(app.clone()), started.clone());
-            hyper::service::service_fn(move |req| {
-                started.store(true, Relaxed);
-                router.call(req)
-            })
-        };
-        let conn = http.serve_connection(TokioIo::new(sock), svc);
-        let mut stop = stopping.subscribe();
-        let st = st.clone();
-        st.metrics.connections.fetch_add(1, Relaxed);
-        tokio::spawn(async move {
-            let mut conn = std::pin::pin!(conn);
-            let r = tokio::select! {
-                r = conn.as_mut() => r,
-                _ = async { stop.wait_for(|s| *s).await.map(|_| ()) } => {
-                    if started.load(Relaxed) {
-                        // Finish the response in flight (if any), then close.
-                        conn.as_mut().graceful_shutdown();
-                        conn.await
-                    } else {
-                        Ok(())
-                    }
-                }
-            };
-            if let Err(e) = r {
-                tracing::debug!("connection: {e}");
-            }
-            st.metrics.connections.fetch_sub(1, Relaxed);
-            drop(permit);
-        });
-    }
-    drop(listener);
-    let _ = stopping.send(true);
-    // Every connection has ended once all the places are free again.
-    let _ = permits.acquire_many(max as u32).await;
-    Ok(())
 }
 
 /// The CORS layer for `origins` (None when empty): GET, POST and OPTIONS with the
@@ -459,20 +399,24 @@ async fn server_info(State(st): State<Arc<AppState>>) -> Response {
         "served_model_name": st.cfg.served_model_name,
         "model_aliases": st.cfg.model_aliases,
         "loaded": e.is_some(),
-        "max_model_len": e.map(|e| e.info.max_seq_len),
+        "max_model_len": e.map(|e| e.info.max_model_len()),
         "block_size": e.map(|e| e.info.block_size),
         "num_gpu_blocks": e.map(|e| e.info.num_blocks),
         "max_total_num_tokens": e.map(|e| e.info.num_blocks * e.info.block_size),
         "kv_cache_dtype": dtype,
         "enable_prefix_caching": st.cfg.share_prompt_prefill,
         "adapter": e.map(|e| e.info.adapter.clone()),
+        "request_workers": st.work.threads(),
     }))
     .into_response()
 }
 
-/// Byte-wise comparison whose time does not depend on where the inputs differ.
+/// Whether two secrets are equal, in a time that depends on neither where they differ nor
+/// their lengths: their SHA-256 digests are compared, every byte.
 fn same_secret(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    use sha2::{Digest, Sha256};
+    let (x, y) = (Sha256::digest(a), Sha256::digest(b));
+    x.iter().zip(y.iter()).fold(0u8, |acc, (p, q)| acc | (p ^ q)) == 0
 }
 
 async fn require_api_key(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
@@ -581,7 +525,7 @@ fn model_card(st: &AppState, name: &str) -> serde_json::Value {
         "owned_by": "torus-wgpu",
     });
     if let Some(e) = st.engine.get() {
-        card["max_model_len"] = json!(e.info.max_seq_len);
+        card["max_model_len"] = json!(e.info.max_model_len());
     }
     card
 }
@@ -642,7 +586,11 @@ pub fn run(args: ServeArgs) -> Result<()> {
     scfg.model_aliases = names;
     cors_layer(&args.allowed_origins).map_err(anyhow::Error::msg)?;
     scfg.allowed_origins = args.allowed_origins.clone();
-    scfg.api_key = args.api_key.clone().filter(|k| !k.is_empty());
+    if args.api_key.as_deref().is_some_and(|k| k.trim().is_empty()) {
+        // An empty key would silently mean "no authentication".
+        anyhow::bail!("--api-key (or TORUS_API_KEY) is empty; give a key, or leave it unset for no authentication");
+    }
+    scfg.api_key = args.api_key.clone();
     scfg.max_queued_requests = args.max_queued_requests;
     scfg.max_request_body_bytes = args.max_request_body_bytes;
     let secs = |s: u64| (s > 0).then(|| Duration::from_secs(s));
@@ -654,8 +602,20 @@ pub fn run(args: ServeArgs) -> Result<()> {
     scfg.sse_keepalive = (ka > 0.0).then(|| Duration::from_secs_f64(ka));
     scfg.header_read_timeout = secs(args.header_read_timeout_s);
     scfg.max_connections = args.max_connections;
+    scfg.max_connections_per_peer = match args.max_connections_per_peer {
+        Some(0) => anyhow::bail!("--max-connections-per-peer must be positive"),
+        Some(n) => n,
+        None => (args.max_connections / 2).max(1),
+    };
+    if args.body_read_timeout_s > 86_400 {
+        anyhow::bail!("--body-read-timeout-s must be at most 86400 (a day), or 0 for no limit");
+    }
+    scfg.body_read_timeout = secs(args.body_read_timeout_s);
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().thread_name("torus-http").build()?;
-    rt.block_on(serve(args, cfg, scfg, model_path))
+    let r = rt.block_on(serve(args, cfg, scfg, model_path));
+    // Never wait on work that is still running (dropping the runtime would).
+    rt.shutdown_timeout(Duration::from_secs(1));
+    r
 }
 
 async fn serve(args: ServeArgs, cfg: EngineConfig, scfg: ServerConfig, model_path: std::path::PathBuf) -> Result<()> {
@@ -716,8 +676,34 @@ async fn serve(args: ServeArgs, cfg: EngineConfig, scfg: ServerConfig, model_pat
         cfg.max_num_batched_tokens
     );
     signal.await;
-    eprintln!("torus-wgpu serve: shutting down (finishing in-flight requests)");
-    server.shutdown().await;
+    let grace = Duration::from_secs(args.shutdown_grace_s);
+    eprintln!("torus-wgpu serve: shutting down (finishing in-flight requests for up to {} s)", grace.as_secs());
+    exit_after(grace + Duration::from_secs(5));
+    // A second signal: exit now.
+    tokio::spawn(async {
+        crate::shutdown::signal().await;
+        eprintln!("torus-wgpu serve: second signal; exiting now");
+        std::process::exit(130);
+    });
+    let engine = server.engine().cloned();
+    let mut stop = std::pin::pin!(server.shutdown());
+    if tokio::time::timeout(grace, &mut stop).await.is_err() {
+        eprintln!("torus-wgpu serve: grace period over; aborting the requests still running");
+        if let Some(e) = engine {
+            // Aborted requests end their streams; the engine thread stops.
+            std::thread::spawn(move || e.shutdown(false));
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(3), &mut stop).await;
+    }
     eprintln!("torus-wgpu serve: stopped");
     Ok(())
+}
+
+/// Ends the process after `t` whatever is still running (a step stuck on the GPU, say).
+fn exit_after(t: Duration) {
+    std::thread::spawn(move || {
+        std::thread::sleep(t);
+        eprintln!("torus-wgpu serve: still not stopped after {} s; exiting", t.as_secs());
+        std::process::exit(1);
+    });
 }

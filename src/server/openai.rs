@@ -3,12 +3,11 @@
 
 use super::access::AccessRecord;
 use super::error::ApiError;
-use super::generate::{check_context, submit, total_usage, Choice, Collected, Planned, TokenOut};
-use super::params::{parse_messages, parse_prompts, Common, Fields, Limits, Prompt, MAX_TOP_LOGPROBS};
+use super::generate::{submit, total_usage, Choice, Collected, TokenOut};
+use super::prepare::{self, Prepared, Route};
 use super::tools::{self, Piece, ToolCallParser, ToolRequest};
-use super::{structured, unix_now, AppState};
-use crate::engine::{EngineHandle, Event, FinishReason, PromptLogprob, RequestParams, Usage};
-use crate::structured::ConstraintSpec;
+use super::{unix_now, AppState};
+use crate::engine::{EngineHandle, Event, FinishReason, PromptLogprob, Usage};
 use crate::tokenizer::Tokenizer;
 use axum::body::{Body, Bytes};
 use axum::extract::{Extension, State};
@@ -25,34 +24,23 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// Most sequences (prompts x n) one completions request may ask for.
-const MAX_CHOICES: usize = 256;
-/// Legacy completions' default `max_tokens`, as OpenAI's.
-const COMPLETIONS_DEFAULT_MAX_TOKENS: usize = 16;
-/// After a body turned out too large, read at most this much more of it so the client sees the
-/// 413 instead of a reset connection.
-const DRAIN_CAP: usize = 64 << 20;
-
 /// The access log's record of this request (a detached one outside the middleware).
 type Log = Option<Extension<AccessRecord>>;
 
-pub(crate) async fn chat_completions(
-    State(st): State<Arc<AppState>>,
-    log: Log,
-    headers: HeaderMap,
-    body: Body,
-) -> Response {
-    let t0 = Instant::now();
-    let limit = st.cfg.request_timeout;
-    let log = log.map(|l| l.0).unwrap_or_default();
-    within(&st, t0, limit, chat(st.clone(), headers, body, t0, log)).await.unwrap_or_else(IntoResponse::into_response)
+pub(crate) async fn chat_completions(st: State<Arc<AppState>>, log: Log, headers: HeaderMap, body: Body) -> Response {
+    handle(st, log, headers, body, Route::Chat).await
 }
 
-pub(crate) async fn completions(State(st): State<Arc<AppState>>, log: Log, headers: HeaderMap, body: Body) -> Response {
+pub(crate) async fn completions(st: State<Arc<AppState>>, log: Log, headers: HeaderMap, body: Body) -> Response {
+    handle(st, log, headers, body, Route::Completions).await
+}
+
+/// Either generation route, within the server's time limit.
+async fn handle(State(st): State<Arc<AppState>>, log: Log, headers: HeaderMap, body: Body, route: Route) -> Response {
     let t0 = Instant::now();
     let limit = st.cfg.request_timeout;
     let log = log.map(|l| l.0).unwrap_or_default();
-    within(&st, t0, limit, complete(st.clone(), headers, body, t0, log))
+    within(&st, t0, limit, generate(st.clone(), headers, body, t0, log, route))
         .await
         .unwrap_or_else(IntoResponse::into_response)
 }
@@ -81,211 +69,49 @@ async fn within<T>(
     }
 }
 
-/// The body as a JSON object: 413 over `limit` bytes, 400 for invalid UTF-8 or JSON.
-pub(crate) async fn read_json(headers: &HeaderMap, body: Body, limit: usize) -> Result<Map<String, Value>, ApiError> {
-    let declared =
-        headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.trim().parse::<u64>().ok());
-    let mut chunks = body.into_data_stream();
-    let mut data = Vec::new();
-    let mut over = declared.is_some_and(|n| n > limit as u64);
-    if !over {
-        while let Some(chunk) = chunks.next().await {
-            let chunk = chunk.map_err(|e| ApiError::bad_request(format!("could not read the request body: {e}")))?;
-            if data.len() + chunk.len() > limit {
-                over = true;
-                break;
-            }
-            data.extend_from_slice(&chunk);
-        }
-    }
-    if over {
-        if declared.is_none_or(|n| n <= (limit + DRAIN_CAP) as u64) {
-            let mut drained = 0;
-            while let Some(Ok(c)) = chunks.next().await {
-                drained += c.len();
-                if drained > DRAIN_CAP {
-                    break;
-                }
-            }
-        }
-        return Err(ApiError::too_large(limit));
-    }
-    let text = std::str::from_utf8(&data)
-        .map_err(|e| ApiError::bad_request(format!("the request body is not valid UTF-8: {e}")))?;
-    if text.trim().is_empty() {
-        return Err(ApiError::bad_request("the request body is empty; send a JSON object"));
-    }
-    match serde_json::from_str::<Value>(text) {
-        Ok(Value::Object(o)) => Ok(o),
-        Ok(_) => Err(ApiError::bad_request("the request body must be a JSON object")),
-        Err(e) => Err(ApiError::bad_request(format!("the request body is not valid JSON: {e}"))),
-    }
-}
-
-fn limits(st: &AppState, e: &EngineHandle) -> Limits {
-    Limits {
-        vocab: e.info.vocab,
-        max_n: st.cfg.max_n,
-        default_temperature: st.cfg.default_temperature,
-        default_top_p: st.cfg.default_top_p,
-        default_top_k: st.cfg.default_top_k,
-        request_timeout: st.cfg.request_timeout,
-    }
-}
-
-/// Runs tokenizer work off the async threads.
-pub(crate) async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T, ApiError> {
-    tokio::task::spawn_blocking(f).await.map_err(|e| ApiError::internal(format!("tokenizer task failed: {e}")))
-}
-
-/// What both generation routes start with: the engine, the body's JSON object, and its common
-/// fields (`max_tokens_keys`: the accepted names of the token limit), the model name checked.
-async fn begin(
-    st: &AppState,
-    headers: &HeaderMap,
-    body: Body,
-    max_tokens_keys: &[&str],
-) -> Result<(EngineHandle, Map<String, Value>, Common), ApiError> {
-    let engine = st.engine()?.clone();
-    let obj = read_json(headers, body, st.cfg.max_request_body_bytes).await?;
-    let c = Common::parse(&Fields(&obj), &limits(st, &engine), max_tokens_keys)?;
-    st.check_model(c.model.as_deref())?;
-    Ok((engine, obj, c))
-}
-
-async fn chat(
+/// Reads and prepares the request (on a worker, within its own time limit), then answers.
+async fn generate(
     st: Arc<AppState>,
     headers: HeaderMap,
     body: Body,
     t0: Instant,
     log: AccessRecord,
+    route: Route,
 ) -> Result<Response, ApiError> {
-    let (engine, obj, mut c) = begin(&st, &headers, body, &["max_completion_tokens", "max_tokens"]).await?;
-    let f = Fields(&obj);
-    let messages = parse_messages(f.get("messages"))?;
-    let logprobs = f.bool("logprobs")?.unwrap_or(false);
-    let top = f.int_in("top_logprobs", 0, MAX_TOP_LOGPROBS as i64)?;
-    if top.is_some() && !logprobs {
-        return Err(ApiError::invalid("top_logprobs", "`top_logprobs` requires `logprobs` to be true"));
-    }
-    let lp = logprobs.then(|| top.unwrap_or(0) as u32);
-    let tool_req = ToolRequest::parse(&f)?;
-    // `required` and named functions: the output is held to a valid call by a grammar.
-    if let Some(tc) = tool_req.as_ref().and_then(|t| t.constraint_for(&engine.tokenizer)) {
-        if c.constraint.is_some() {
-            return Err(ApiError::invalid(
-                "tool_choice",
-                "a required or named `tool_choice` cannot be combined with an output constraint (response_format, structured_outputs)",
-            ));
-        }
-        c.constraint = Some(structured::Requested { spec: ConstraintSpec::Lark(tc.lark), param: "tools" });
-    }
-    c.compiled = structured::compile(&engine, c.constraint.take()).await?;
-    let tok = engine.tokenizer.clone();
-    let for_prompt = tool_req.clone();
-    let prompt = blocking(move || -> anyhow::Result<Vec<u32>> {
-        let text = tools::render_prompt(&tok, &messages, for_prompt.as_ref(), true)?;
-        tok.encode(&text)
-    })
-    .await?
-    .map_err(|e| ApiError::invalid("messages", format!("{e:#}")))?;
-    let max_tokens = check_context(&engine.info, prompt.len(), c.max_tokens, "messages")?;
-    let mut params: Vec<_> = (0..c.n).map(|j| c.request_params(j, max_tokens, lp)).collect();
-    if tool_req.as_ref().is_some_and(ToolRequest::parses_output) {
-        // As vLLM's Hermes parser: the tags may be special tokens (Qwen2.5's GGUF marks them so).
-        params.iter_mut().for_each(|p| p.skip_special_tokens = false);
-    }
-    let plan = Planned { prompt, choices: params };
-    let choices = within(&st, t0, c.timeout, submit(&st, &engine, vec![plan], t0, &log)).await?;
-    let out = Output {
-        id: st.new_id("chatcmpl"),
-        created: unix_now(),
-        model: st.cfg.served_model_name.clone(),
-        tok: engine.tokenizer.clone(),
-        chat: true,
-        logprobs: lp.is_some(),
-        include_usage: c.include_usage,
-        echo: vec![],
-        echo_ids: vec![],
-        deadline: deadline(t0, c.timeout),
-        tools: tool_req.filter(ToolRequest::parses_output),
-        st: st.clone(),
-    };
-    Ok(if c.stream { out.stream(choices) } else { within(&st, t0, c.timeout, out.whole(choices)).await? })
+    let (engine, parsed, c) = prepare::begin(&st, &headers, body, route).await?;
+    let timeout = c.timeout;
+    let e = engine.clone();
+    let job = st.work.run_sized(parsed.bytes, move || match route {
+        Route::Chat => prepare::chat(&e, parsed, c),
+        Route::Completions => prepare::completion(&e, parsed, c),
+    });
+    let p = within(&st, t0, timeout, async { job.await? }).await?;
+    respond(st, engine, p, route == Route::Chat, t0, log).await
 }
 
-async fn complete(
+/// Submits a prepared request and answers with its choices (streamed or whole).
+async fn respond(
     st: Arc<AppState>,
-    headers: HeaderMap,
-    body: Body,
+    engine: EngineHandle,
+    p: Prepared,
+    chat: bool,
     t0: Instant,
     log: AccessRecord,
 ) -> Result<Response, ApiError> {
-    let (engine, obj, mut c) = begin(&st, &headers, body, &["max_tokens"]).await?;
-    let f = Fields(&obj);
-    c.compiled = structured::compile(&engine, c.constraint.take()).await?;
-    let prompts = parse_prompts(f.get("prompt"), engine.info.vocab)?;
-    if f.get("tools").is_some_and(|t| t.as_array().is_none_or(|a| !a.is_empty())) {
-        return Err(ApiError::invalid("tools", "`tools` is only supported on /v1/chat/completions"));
-    }
-    let echo = f.bool("echo")?.unwrap_or(false);
-    let lp = f.int_in("logprobs", 0, MAX_TOP_LOGPROBS as i64)?.map(|n| n as u32);
-    // `echo` with `logprobs`: the prompt's tokens come back with their logprobs too.
-    let prompt_lp = if echo { lp } else { None };
-    if f.string("suffix")?.is_some_and(|s| !s.is_empty()) {
-        return Err(ApiError::invalid("suffix", "`suffix` is not supported"));
-    }
-    if f.int("best_of")?.is_some_and(|b| b != c.n as i64) {
-        return Err(ApiError::invalid("best_of", "`best_of` other than `n` is not supported"));
-    }
-    if prompts.len() * c.n > MAX_CHOICES {
-        return Err(ApiError::invalid(
-            "prompt",
-            format!("at most {MAX_CHOICES} sequences (prompts x n) per request, got {}", prompts.len() * c.n),
-        ));
-    }
-    let tok = engine.tokenizer.clone();
-    let encoded = blocking(move || -> anyhow::Result<Vec<(Vec<u32>, String)>> {
-        prompts
-            .into_iter()
-            .map(|p| match p {
-                Prompt::Text(s) => Ok((tok.encode(&s)?, s)),
-                Prompt::Ids(ids) => {
-                    let text = if echo { tok.decode(&ids, false) } else { String::new() };
-                    Ok((ids, text))
-                }
-            })
-            .collect()
-    })
-    .await?
-    .map_err(|e| ApiError::invalid("prompt", format!("{e:#}")))?;
-    let max_tokens = Some(c.max_tokens.unwrap_or(COMPLETIONS_DEFAULT_MAX_TOKENS));
-    let mut plans = Vec::with_capacity(encoded.len());
-    let mut echoes = Vec::with_capacity(encoded.len());
-    let mut echo_ids = Vec::new();
-    for (prompt, text) in encoded {
-        let m = check_context(&engine.info, prompt.len(), max_tokens, "prompt")?;
-        let choices =
-            (0..c.n).map(|j| RequestParams { prompt_logprobs: prompt_lp, ..c.request_params(j, m, lp) }).collect();
-        if prompt_lp.is_some() {
-            echo_ids.push(prompt.clone());
-        }
-        plans.push(Planned { prompt, choices });
-        echoes.push(if echo { text } else { String::new() });
-    }
-    let choices = within(&st, t0, c.timeout, submit(&st, &engine, plans, t0, &log)).await?;
+    let c = p.common;
+    let choices = within(&st, t0, c.timeout, submit(&st, &engine, p.plans, t0, &log)).await?;
     let out = Output {
-        id: st.new_id("cmpl"),
+        id: st.new_id(if chat { "chatcmpl" } else { "cmpl" }),
         created: unix_now(),
         model: st.cfg.served_model_name.clone(),
         tok: engine.tokenizer.clone(),
-        chat: false,
-        logprobs: lp.is_some(),
+        chat,
+        logprobs: p.logprobs.is_some(),
         include_usage: c.include_usage,
-        echo: echoes,
-        echo_ids,
+        echo: p.echo,
+        echo_ids: p.echo_ids,
         deadline: deadline(t0, c.timeout),
-        tools: None,
+        tools: p.tools,
         st: st.clone(),
     };
     Ok(if c.stream { out.stream(choices) } else { within(&st, t0, c.timeout, out.whole(choices)).await? })

@@ -433,41 +433,11 @@ pub fn parse_messages(v: Option<&Value>) -> Result<Vec<ChatMessage>, ApiError> {
         .collect()
 }
 
-/// A completions prompt: text, or token ids.
+/// A completions prompt: text, or token ids (read by `body`, as the body is parsed).
 #[derive(Clone, Debug, PartialEq)]
 pub enum Prompt {
     Text(String),
     Ids(Vec<u32>),
-}
-
-/// `prompt`: a string, a list of strings, a list of token ids, or a list of such lists.
-pub fn parse_prompts(v: Option<&Value>, vocab: usize) -> Result<Vec<Prompt>, ApiError> {
-    let Some(v) = v else { return Err(ApiError::invalid("prompt", "`prompt` is required")) };
-    let bad = || {
-        ApiError::invalid(
-            "prompt",
-            "`prompt` must be a string, an array of strings, an array of token ids, or an array of token-id arrays",
-        )
-    };
-    match v {
-        Value::String(s) => Ok(vec![Prompt::Text(s.clone())]),
-        Value::Array(a) if a.is_empty() => Err(ApiError::invalid("prompt", "`prompt` must not be empty")),
-        Value::Array(a) if a.iter().all(Value::is_string) => {
-            Ok(a.iter().map(|s| Prompt::Text(s.as_str().unwrap_or_default().to_string())).collect())
-        }
-        Value::Array(a) if a.iter().all(Value::is_number) => Ok(vec![Prompt::Ids(token_ids(v, "prompt", vocab)?)]),
-        Value::Array(a) if a.iter().all(Value::is_array) => a
-            .iter()
-            .map(|p| {
-                let ids = token_ids(p, "prompt", vocab)?;
-                if ids.is_empty() {
-                    return Err(ApiError::invalid("prompt", "token-id prompts must not be empty"));
-                }
-                Ok(Prompt::Ids(ids))
-            })
-            .collect(),
-        _ => Err(bad()),
-    }
 }
 
 #[cfg(test)]
@@ -577,13 +547,7 @@ mod tests {
     }
 
     #[test]
-    fn prompts_and_messages() {
-        assert_eq!(parse_prompts(Some(&json!("hi")), 10).unwrap(), vec![Prompt::Text("hi".into())]);
-        assert_eq!(parse_prompts(Some(&json!([1, 2])), 10).unwrap(), vec![Prompt::Ids(vec![1, 2])]);
-        assert_eq!(parse_prompts(Some(&json!([[1], [2, 3]])), 10).unwrap().len(), 2);
-        for bad in [json!([]), json!([[]]), json!([1, "a"]), json!([10]), json!([-1]), json!(5)] {
-            assert!(parse_prompts(Some(&bad), 10).is_err(), "{bad}");
-        }
+    fn messages() {
         let m = parse_messages(Some(&json!([{"role": "developer", "content": [{"type": "text", "text": "a"}, "b"]}])))
             .unwrap();
         assert_eq!(m, vec![ChatMessage::new("system", "ab")]);

@@ -5,7 +5,6 @@
 //! request is submitted, so one the library cannot compile is a 400 naming the field.
 
 use super::error::ApiError;
-use super::openai::blocking;
 use super::params::Fields;
 use crate::engine::EngineHandle;
 use crate::structured::{Constraint, ConstraintSpec};
@@ -164,18 +163,14 @@ pub fn parse(f: &Fields) -> Result<Option<Requested>, ApiError> {
     Ok(found.pop())
 }
 
-/// Compiles the request's constraint for this engine's tokenizer (off the async threads): a
-/// grammar the library rejects is a 400 with its reason, naming the field.
-pub async fn compile(engine: &EngineHandle, req: Option<Requested>) -> Result<Option<Constraint>, ApiError> {
+/// Compiles the request's constraint for this engine's tokenizer (blocking: callers run it on
+/// a worker): one too large or too deep (`structured::bounds`), or one the library rejects, is
+/// a 400 with the reason, naming the field.
+pub fn compile(engine: &EngineHandle, req: Option<Requested>) -> Result<Option<Constraint>, ApiError> {
     let Some(req) = req else { return Ok(None) };
-    let engine = engine.clone();
     let param = req.param;
-    blocking(move || -> Result<Constraint, ApiError> {
-        let g = engine.grammars().map_err(|e| invalid(param, format!("structured outputs are not available: {e}")))?;
-        g.compile(&req.spec).map_err(|e| invalid(param, format!("`{param}` cannot be compiled: {e}")))
-    })
-    .await?
-    .map(Some)
+    let g = engine.grammars().map_err(|e| invalid(param, format!("structured outputs are not available: {e}")))?;
+    g.compile(&req.spec).map(Some).map_err(|e| invalid(param, format!("`{param}` cannot be compiled: {e}")))
 }
 
 #[cfg(test)]

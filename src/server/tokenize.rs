@@ -9,17 +9,19 @@
 //!   `return_token_strs`.
 //! - `/detokenize` with `tokens` (ids below the vocabulary size): `{"prompt": text}`.
 
+use super::body::{self, IdField, Parsed};
 use super::error::ApiError;
-use super::openai::{blocking, read_json};
-use super::params::{parse_messages, Fields};
+use super::params::{parse_messages, Fields, Prompt};
 use super::tools::{render_prompt, ToolRequest};
 use super::AppState;
+use crate::engine::EngineHandle;
+use crate::tokenizer::TooLong;
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use serde_json::{json, Value};
+use serde_json::json;
 use std::sync::Arc;
 
 pub(crate) async fn tokenize(State(st): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
@@ -30,15 +32,48 @@ pub(crate) async fn detokenize(State(st): State<Arc<AppState>>, headers: HeaderM
     detokenize_body(st, headers, body).await.unwrap_or_else(IntoResponse::into_response)
 }
 
-async fn tokenize_body(st: Arc<AppState>, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
+/// The body's JSON object (and its token-id field, with `ids`), parsed on a worker.
+async fn read_body(
+    st: &AppState,
+    headers: &HeaderMap,
+    body: Body,
+    ids: Option<IdField>,
+) -> Result<(EngineHandle, Parsed), ApiError> {
     let engine = st.engine()?.clone();
-    let obj = read_json(&headers, body, st.cfg.max_request_body_bytes).await?;
-    let f = Fields(&obj);
-    st.check_model(f.string("model")?)?;
+    let data = body::read(headers, body, st.cfg.max_request_body_bytes, st.cfg.body_read_timeout).await?;
+    let parsed = st.work.run_sized(data.len(), move || body::parse(&data, ids)).await??;
+    st.check_model(Fields(&parsed.obj).string("model")?)?;
+    Ok((engine, parsed))
+}
+
+/// Most tokens `/tokenize` and `/detokenize` take at once (or the context length, if longer):
+/// enough to count a text past the context, bounded all the same.
+const MAX_TOKENS: usize = 1 << 16;
+
+/// The 400 for a text of more than `limit` tokens.
+fn too_many_tokens(e: anyhow::Error, limit: usize, param: &str) -> ApiError {
+    match e.downcast_ref::<TooLong>() {
+        Some(_) => {
+            ApiError::invalid(param, format!("the text has more than {limit} tokens (the most /tokenize counts)"))
+                .code("context_length_exceeded")
+        }
+        None => ApiError::invalid(param, format!("{e:#}")),
+    }
+}
+
+async fn tokenize_body(st: Arc<AppState>, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
+    let t0 = std::time::Instant::now();
+    let (engine, parsed) = read_body(&st, &headers, body, None).await?;
+    let parsed_bytes = parsed.bytes;
+    let f = Fields(&parsed.obj);
     let token_strs = f.bool("return_token_strs")?.unwrap_or(false);
     let add_special = f.bool("add_special_tokens")?;
     let tok = engine.tokenizer.clone();
-    let ids = match (f.get("prompt"), f.get("messages")) {
+    let ctx = engine.info.max_model_len();
+    let limit = MAX_TOKENS.max(ctx);
+    // Rendering and tokenizing run on a worker, within the server's time limit.
+    type Job = Box<dyn FnOnce() -> Result<Vec<u32>, ApiError> + Send>;
+    let job: Job = match (f.get("prompt"), f.get("messages")) {
         (Some(_), Some(_)) => {
             return Err(ApiError::invalid("messages", "give either `prompt` or `messages`, not both"));
         }
@@ -46,9 +81,15 @@ async fn tokenize_body(st: Arc<AppState>, headers: HeaderMap, body: Body) -> Res
         (Some(_), None) => {
             let text = f.string("prompt")?.unwrap_or_default().to_string();
             let add = add_special.unwrap_or(true);
-            blocking(move || if add { tok.encode(&text) } else { tok.encode_raw(&text) })
-                .await?
-                .map_err(|e| ApiError::invalid("prompt", format!("{e:#}")))?
+            drop(parsed);
+            Box::new(move || {
+                let r = if add {
+                    tok.encode_limited(&text, limit)
+                } else {
+                    tok.tokenize_limited(&text, false, true, limit)
+                };
+                r.map_err(|e| too_many_tokens(e, limit, "prompt"))
+            })
         }
         (None, Some(_)) => {
             let messages = parse_messages(f.get("messages"))?;
@@ -58,21 +99,27 @@ async fn tokenize_body(st: Arc<AppState>, headers: HeaderMap, body: Body) -> Res
             }
             let tools = ToolRequest::parse(&f)?;
             let add = add_special.unwrap_or(false);
-            blocking(move || -> anyhow::Result<Vec<u32>> {
-                let text = render_prompt(&tok, &messages, tools.as_ref(), generation_prompt)?;
+            drop(parsed);
+            Box::new(move || {
+                let text = render_prompt(&tok, &messages, tools.as_ref(), generation_prompt)
+                    .map_err(|e| ApiError::invalid("messages", format!("{e:#}")))?;
                 // As a chat completion's prompt (BOS only where the model wants it and the
                 // template did not write it), or with every special token the model adds.
-                if add {
-                    tok.tokenize(&text, true, true)
-                } else {
-                    tok.encode(&text)
-                }
+                let r =
+                    if add { tok.tokenize_limited(&text, true, true, limit) } else { tok.encode_limited(&text, limit) };
+                r.map_err(|e| too_many_tokens(e, limit, "messages"))
             })
-            .await?
-            .map_err(|e| ApiError::invalid("messages", format!("{e:#}")))?
         }
     };
-    let mut v = json!({"count": ids.len(), "max_model_len": engine.info.max_seq_len, "tokens": ids});
+    let job = st.work.run_sized(parsed_bytes, job);
+    let ids = match st.cfg.request_timeout {
+        Some(limit) => tokio::time::timeout_at((t0 + limit).into(), job).await.map_err(|_| {
+            st.metrics.timed_out.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            ApiError::timed_out(limit)
+        })?,
+        None => job.await,
+    }??;
+    let mut v = json!({"count": ids.len(), "max_model_len": ctx, "tokens": ids});
     if token_strs {
         let tok = &engine.tokenizer;
         let strs: Vec<String> = ids.iter().map(|&id| tok.id_to_token(id).unwrap_or_default()).collect();
@@ -82,43 +129,26 @@ async fn tokenize_body(st: Arc<AppState>, headers: HeaderMap, body: Body) -> Res
 }
 
 async fn detokenize_body(st: Arc<AppState>, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
-    let engine = st.engine()?.clone();
-    let obj = read_json(&headers, body, st.cfg.max_request_body_bytes).await?;
-    let f = Fields(&obj);
-    st.check_model(f.string("model")?)?;
-    let vocab = engine.tokenizer.vocab_size();
-    let ids = match f.get("tokens") {
+    let info = st.engine()?.info.clone();
+    let max = MAX_TOKENS.max(info.max_model_len());
+    let field = IdField {
+        key: "tokens",
+        vocab: info.vocab,
+        max_prompts: 1,
+        max_ids: max,
+        too_long: |n| ApiError::invalid("tokens", format!("`tokens` may hold at most {n} token ids")),
+        empty_ok: true,
+    };
+    let (engine, parsed) = read_body(&st, &headers, body, Some(field)).await?;
+    let not_ids = || ApiError::invalid("tokens", "`tokens` must be an array of token ids");
+    let ids = match parsed.prompts {
         None => return Err(ApiError::invalid("tokens", "`tokens` (an array of token ids) is required")),
-        Some(Value::Array(list)) => list
-            .iter()
-            .enumerate()
-            .map(|(i, x)| {
-                let id = x.as_u64().filter(|&id| id < vocab as u64).ok_or_else(|| {
-                    ApiError::invalid(
-                        "tokens",
-                        format!("`tokens[{i}]` must be a token id in [0, {vocab}), got {}", short(x)),
-                    )
-                })?;
-                Ok(id as u32)
-            })
-            .collect::<Result<Vec<u32>, ApiError>>()?,
-        Some(v) => {
-            return Err(ApiError::invalid(
-                "tokens",
-                format!("`tokens` must be an array of token ids, got {}", short(v)),
-            ))
-        }
+        Some(mut p) => match p.pop() {
+            Some(Prompt::Ids(ids)) if p.is_empty() => ids,
+            _ => return Err(not_ids()),
+        },
     };
     let tok = engine.tokenizer.clone();
-    let text = blocking(move || tok.decode(&ids, false)).await?;
+    let text = st.work.run(move || tok.decode(&ids, false)).await?;
     Ok(Json(json!({"prompt": text})).into_response())
-}
-
-/// A JSON value for an error message, cut to 40 characters.
-fn short(v: &Value) -> String {
-    let s = v.to_string();
-    match s.char_indices().nth(40) {
-        Some((i, _)) => format!("{}...", &s[..i]),
-        None => s,
-    }
 }

@@ -1,0 +1,148 @@
+#!/usr/bin/env python3
+"""What hostile requests cost a running `torus-wgpu serve` (BENCHMARKS.md, "Hardening II").
+
+Usage: bench-hostile.py http://127.0.0.1:PORT PID [--slow N]
+
+For each 4 MiB body that would amplify in memory (one-id prompts, a flat id list, short words
+to /tokenize and as a prompt, many empty messages, one long message, many tiny values, ids to
+/detokenize): the status, the time, and the server's peak RSS growth (its peak is reset first
+through /proc/PID/clear_refs); then six of some of them at once; then RSS before and after.
+With --slow N: N connections that drip a request head, then N that drip a body, and how long
+GET /health takes meanwhile (start the server with --max-connections N to fill every place).
+Standard library only.
+"""
+
+import json
+import socket
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+LIM = 4 << 20
+
+
+def status_kib(pid, key):
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith(key):
+            return int(line.split()[1])
+    raise KeyError(key)
+
+
+def post(base, path, body):
+    req = urllib.request.Request(base + path, data=body, headers={"Content-Type": "application/json"})
+    t = time.time()
+    try:
+        r = urllib.request.urlopen(req, timeout=300)
+        code, text = r.status, r.read()
+    except urllib.error.HTTPError as e:
+        code, text = e.code, e.read()
+    except Exception as e:  # the server died, or cut the connection
+        code, text = 0, str(e).encode()
+    return code, time.time() - t, text
+
+
+def peak(pid, f):
+    before = status_kib(pid, "VmRSS:")
+    with open(f"/proc/{pid}/clear_refs", "w") as c:
+        c.write("5")
+    r = f()
+    return r, (status_kib(pid, "VmHWM:") - before) / 1024
+
+
+def bodies():
+    compact = dict(separators=(",", ":"))
+    return {
+        "one-id prompts": ("/v1/completions", b'{"max_tokens":1,"prompt":[' + b",".join([b"[1]"] * ((LIM - 40) // 4)) + b"]}"),
+        "flat id list": ("/v1/completions", b'{"max_tokens":1,"prompt":[' + b",".join([b"1"] * ((LIM - 40) // 2)) + b"]}"),
+        "words to /tokenize": ("/tokenize", json.dumps({"prompt": "a " * ((LIM - 40) // 2)}, **compact).encode()),
+        "words as a prompt": ("/v1/completions", json.dumps({"max_tokens": 1, "prompt": "ab " * ((LIM - 40) // 3)}, **compact).encode()),
+        "empty messages": (
+            "/v1/chat/completions",
+            json.dumps({"max_tokens": 1, "messages": [{"role": "user", "content": ""}] * ((LIM - 60) // 33)}, **compact).encode(),
+        ),
+        "one long message": (
+            "/v1/chat/completions",
+            json.dumps({"max_tokens": 1, "messages": [{"role": "user", "content": "ab " * ((LIM - 80) // 3)}]}, **compact).encode(),
+        ),
+        "tiny values": (
+            "/v1/chat/completions",
+            b'{"max_tokens":1,"messages":[{"role":"user","content":"x"}],"x":[' + b",".join([b"1"] * ((LIM - 80) // 2)) + b"]}",
+        ),
+        "ids to /detokenize": ("/detokenize", b'{"tokens":[' + b",".join([b"1"] * ((LIM - 20) // 2)) + b"]}"),
+    }
+
+
+def health_time(base):
+    t = time.time()
+    try:
+        urllib.request.urlopen(base + "/health", timeout=120).read()
+        return time.time() - t, "200"
+    except urllib.error.HTTPError as e:
+        return time.time() - t, str(e.code)
+    except Exception as e:
+        return time.time() - t, type(e).__name__
+
+
+def slow(base, n):
+    host, port = base.split("//")[1].split(":")
+    for what, head, drip in [
+        ("headers", b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Slow: ", b"x"),
+        ("a body", b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n{", b" "),
+    ]:
+        socks = []
+        for _ in range(n):
+            s = socket.create_connection((host, int(port)))
+            s.sendall(head)
+            socks.append(s)
+        stop = threading.Event()
+
+        def dripping():
+            while not stop.is_set():
+                for s in socks:
+                    try:
+                        s.send(drip)
+                    except OSError:
+                        pass
+                time.sleep(0.5)
+
+        threading.Thread(target=dripping, daemon=True).start()
+        time.sleep(1)
+        took, code = health_time(base)
+        print(f"{n} peers dripping {what}: GET /health {code} in {took:.2f} s")
+        stop.set()
+        for s in socks:
+            s.close()
+        time.sleep(1)
+
+
+def main():
+    base, pid = sys.argv[1].rstrip("/"), int(sys.argv[2])
+    if "--slow" in sys.argv:
+        slow(base, int(sys.argv[sys.argv.index("--slow") + 1]))
+        return
+    b = bodies()
+    rss0 = status_kib(pid, "VmRSS:") / 1024
+    print(f"RSS before: {rss0:.0f} MiB")
+    for name, (path, body) in b.items():
+        (code, dt, text), grew = peak(pid, lambda: post(base, path, body))
+        print(f"{name}: {len(body) >> 10} KiB -> {code} in {dt:.2f} s, peak +{grew:.0f} MiB ({text[:70]!r})")
+    for name in ["one-id prompts", "words to /tokenize", "empty messages", "one long message"]:
+        path, body = b[name]
+
+        def six():
+            ts = [threading.Thread(target=post, args=(base, path, body)) for _ in range(6)]
+            t = time.time()
+            [x.start() for x in ts]
+            [x.join() for x in ts]
+            return time.time() - t
+
+        dt, grew = peak(pid, six)
+        print(f"6 x {name} at once: {dt:.2f} s, peak +{grew:.0f} MiB")
+    time.sleep(2)
+    print(f"RSS after: {status_kib(pid, 'VmRSS:') / 1024:.0f} MiB (before: {rss0:.0f} MiB)")
+
+
+if __name__ == "__main__":
+    main()

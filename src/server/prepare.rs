@@ -1,0 +1,217 @@
+//! From a request body to what the engine is given, for both generation routes: the body read
+//! and parsed, the common fields, then (on a worker thread, within the request's own time
+//! limit) the messages or prompts, the chat template, tokenization and the grammar.
+//!
+//! The order is the admission order: the queue limit is checked before the body is parsed;
+//! counts (prompts, token ids per prompt) while it is parsed; the context length while each
+//! prompt is tokenized. See `body` and `work` for the bounds.
+
+use super::body::{self, IdField, Parsed};
+use super::error::ApiError;
+use super::generate::{check_context, check_queue, Planned};
+use super::params::{parse_messages, Common, Fields, Limits, Prompt, MAX_TOP_LOGPROBS};
+use super::structured;
+use super::tools::{self, ToolRequest};
+use super::AppState;
+use crate::engine::handle::EngineInfo;
+use crate::engine::{EngineHandle, RequestParams};
+use crate::structured::ConstraintSpec;
+use crate::tokenizer::{Tokenizer, TooLong};
+use axum::body::Body;
+use axum::http::HeaderMap;
+
+/// Most sequences (prompts x n) one completions request may ask for.
+pub const MAX_CHOICES: usize = 256;
+/// Legacy completions' default `max_tokens`, as OpenAI's.
+const COMPLETIONS_DEFAULT_MAX_TOKENS: usize = 16;
+
+/// Which route a body is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Route {
+    Chat,
+    Completions,
+}
+
+/// A request ready to submit, with what its response needs.
+pub(crate) struct Prepared {
+    pub common: Common,
+    pub plans: Vec<Planned>,
+    /// Top logprobs per token (None: no logprobs).
+    pub logprobs: Option<u32>,
+    /// Chat with tools whose output is parsed for calls.
+    pub tools: Option<ToolRequest>,
+    /// Completions with `echo`: each prompt's text.
+    pub echo: Vec<String>,
+    /// Completions with `echo` and `logprobs`: each prompt's token ids.
+    pub echo_ids: Vec<Vec<u32>>,
+}
+
+fn limits(st: &AppState, e: &EngineHandle) -> Limits {
+    Limits {
+        vocab: e.info.vocab,
+        max_n: st.cfg.max_n,
+        default_temperature: st.cfg.default_temperature,
+        default_top_p: st.cfg.default_top_p,
+        default_top_k: st.cfg.default_top_k,
+        request_timeout: st.cfg.request_timeout,
+    }
+}
+
+/// The 400 for a prompt longer than the context (as `check_context`'s).
+fn too_long(ctx: usize, param: &'static str) -> ApiError {
+    ApiError::invalid(
+        param,
+        format!(
+            "This model's maximum context length is {ctx} tokens. However, your prompt has more than {} tokens, \
+             which leaves no room for the completion. Please reduce the length of the prompt.",
+            ctx - 1
+        ),
+    )
+    .code("context_length_exceeded")
+}
+
+/// The engine, the parsed body and its common fields, the model name checked. The body is
+/// parsed on a worker (its memory bounded by `body`); a full queue answers 503 before that.
+pub(crate) async fn begin(
+    st: &AppState,
+    headers: &HeaderMap,
+    body: Body,
+    route: Route,
+) -> Result<(EngineHandle, Parsed, Common), ApiError> {
+    let engine = st.engine()?.clone();
+    let data = body::read(headers, body, st.cfg.max_request_body_bytes, st.cfg.body_read_timeout).await?;
+    check_queue(st)?;
+    let lim = limits(st, &engine);
+    let ctx = engine.info.max_model_len();
+    let ids = (route == Route::Completions).then_some(IdField {
+        key: "prompt",
+        vocab: engine.info.vocab,
+        max_prompts: MAX_CHOICES,
+        max_ids: ctx.saturating_sub(1),
+        too_long: |n| too_long(n + 1, "prompt"),
+        empty_ok: false,
+    });
+    let keys: &'static [&'static str] = match route {
+        Route::Chat => &["max_completion_tokens", "max_tokens"],
+        Route::Completions => &["max_tokens"],
+    };
+    let (parsed, c) = st
+        .work
+        .run_sized(data.len(), move || -> Result<(Parsed, Common), ApiError> {
+            let parsed = body::parse(&data, ids)?;
+            drop(data);
+            let c = Common::parse(&Fields(&parsed.obj), &lim, keys)?;
+            Ok((parsed, c))
+        })
+        .await??;
+    st.check_model(c.model.as_deref())?;
+    Ok((engine, parsed, c))
+}
+
+/// `text`'s tokens as a prompt (BOS where the model wants it), or the context-length 400.
+pub(crate) fn tokenize_prompt(
+    tok: &Tokenizer,
+    info: &EngineInfo,
+    text: &str,
+    param: &'static str,
+) -> Result<Vec<u32>, ApiError> {
+    let ctx = info.max_model_len();
+    tok.encode_limited(text, ctx.saturating_sub(1)).map_err(|e| match e.downcast_ref::<TooLong>() {
+        Some(_) => too_long(ctx, param),
+        None => ApiError::invalid(param, format!("{e:#}")),
+    })
+}
+
+/// A chat request, ready to submit (blocking: run it on a worker).
+pub(crate) fn chat(engine: &EngineHandle, parsed: Parsed, mut c: Common) -> Result<Prepared, ApiError> {
+    let f = Fields(&parsed.obj);
+    let messages = parse_messages(f.get("messages"))?;
+    let logprobs = f.bool("logprobs")?.unwrap_or(false);
+    let top = f.int_in("top_logprobs", 0, MAX_TOP_LOGPROBS as i64)?;
+    if top.is_some() && !logprobs {
+        return Err(ApiError::invalid("top_logprobs", "`top_logprobs` requires `logprobs` to be true"));
+    }
+    let lp = logprobs.then(|| top.unwrap_or(0) as u32);
+    let tool_req = ToolRequest::parse(&f)?;
+    drop(parsed);
+    // `required` and named functions: the output is held to a valid call by a grammar.
+    if let Some(tc) = tool_req.as_ref().and_then(|t| t.constraint_for(&engine.tokenizer)) {
+        if c.constraint.is_some() {
+            return Err(ApiError::invalid(
+                "tool_choice",
+                "a required or named `tool_choice` cannot be combined with an output constraint (response_format, structured_outputs)",
+            ));
+        }
+        c.constraint = Some(structured::Requested { spec: ConstraintSpec::Lark(tc.lark), param: "tools" });
+    }
+    c.compiled = structured::compile(engine, c.constraint.take())?;
+    let tok = &engine.tokenizer;
+    let text = tools::render_prompt(tok, &messages, tool_req.as_ref(), true)
+        .map_err(|e| ApiError::invalid("messages", format!("{e:#}")))?;
+    drop(messages);
+    let prompt = tokenize_prompt(tok, &engine.info, &text, "messages")?;
+    drop(text);
+    let max_tokens = check_context(&engine.info, prompt.len(), c.max_tokens, "messages")?;
+    let mut params: Vec<_> = (0..c.n).map(|j| c.request_params(j, max_tokens, lp)).collect();
+    if tool_req.as_ref().is_some_and(ToolRequest::parses_output) {
+        // As vLLM's Hermes parser: the tags may be special tokens (Qwen2.5's GGUF marks them so).
+        params.iter_mut().for_each(|p| p.skip_special_tokens = false);
+    }
+    Ok(Prepared {
+        common: c,
+        plans: vec![Planned { prompt, choices: params }],
+        logprobs: lp,
+        tools: tool_req.filter(ToolRequest::parses_output),
+        echo: vec![],
+        echo_ids: vec![],
+    })
+}
+
+/// A completions request, ready to submit (blocking: run it on a worker).
+pub(crate) fn completion(engine: &EngineHandle, parsed: Parsed, mut c: Common) -> Result<Prepared, ApiError> {
+    let f = Fields(&parsed.obj);
+    if f.get("tools").is_some_and(|t| t.as_array().is_none_or(|a| !a.is_empty())) {
+        return Err(ApiError::invalid("tools", "`tools` is only supported on /v1/chat/completions"));
+    }
+    let echo = f.bool("echo")?.unwrap_or(false);
+    let lp = f.int_in("logprobs", 0, MAX_TOP_LOGPROBS as i64)?.map(|n| n as u32);
+    // `echo` with `logprobs`: the prompt's tokens come back with their logprobs too.
+    let prompt_lp = if echo { lp } else { None };
+    if f.string("suffix")?.is_some_and(|s| !s.is_empty()) {
+        return Err(ApiError::invalid("suffix", "`suffix` is not supported"));
+    }
+    if f.int("best_of")?.is_some_and(|b| b != c.n as i64) {
+        return Err(ApiError::invalid("best_of", "`best_of` other than `n` is not supported"));
+    }
+    let prompts = parsed.prompts.ok_or_else(|| ApiError::invalid("prompt", "`prompt` is required"))?;
+    if prompts.len() * c.n > MAX_CHOICES {
+        return Err(ApiError::invalid(
+            "prompt",
+            format!("at most {MAX_CHOICES} sequences (prompts x n) per request, got {}", prompts.len() * c.n),
+        ));
+    }
+    c.compiled = structured::compile(engine, c.constraint.take())?;
+    let tok = &engine.tokenizer;
+    let max_tokens = Some(c.max_tokens.unwrap_or(COMPLETIONS_DEFAULT_MAX_TOKENS));
+    let mut plans = Vec::with_capacity(prompts.len());
+    let mut echoes = Vec::with_capacity(prompts.len());
+    let mut echo_ids = Vec::new();
+    for p in prompts {
+        let (prompt, text) = match p {
+            Prompt::Text(s) => (tokenize_prompt(tok, &engine.info, &s, "prompt")?, s),
+            Prompt::Ids(ids) => {
+                let text = if echo { tok.decode(&ids, false) } else { String::new() };
+                (ids, text)
+            }
+        };
+        let m = check_context(&engine.info, prompt.len(), max_tokens, "prompt")?;
+        let choices: Vec<RequestParams> =
+            (0..c.n).map(|j| RequestParams { prompt_logprobs: prompt_lp, ..c.request_params(j, m, lp) }).collect();
+        if prompt_lp.is_some() {
+            echo_ids.push(prompt.clone());
+        }
+        plans.push(Planned { prompt, choices });
+        echoes.push(if echo { text } else { String::new() });
+    }
+    Ok(Prepared { common: c, plans, logprobs: lp, tools: None, echo: echoes, echo_ids })
+}
