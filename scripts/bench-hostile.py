@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """What hostile requests cost a running `torus-wgpu serve` (BENCHMARKS.md, "Hardening II").
 
-Usage: bench-hostile.py http://127.0.0.1:PORT PID [--slow N]
+Usage: bench-hostile.py http://127.0.0.1:PORT PID [--slow N | --hol]
 
 For each 4 MiB body that would amplify in memory (one-id prompts, a flat id list, short words
 to /tokenize and as a prompt, many empty messages, one long message, many tiny values, ids to
@@ -9,6 +9,9 @@ to /tokenize and as a prompt, many empty messages, one long message, many tiny v
 through /proc/PID/clear_refs); then six of some of them at once; then RSS before and after.
 With --slow N: N connections that drip a request head, then N that drip a body, and how long
 GET /health takes meanwhile (start the server with --max-connections N to fill every place).
+With --hol (head of line; start the server with --total-cache-size 8388608, 22 blocks of 16
+tokens for SmolLM2): A (200 prompt tokens, 100 generated) runs, B (150 prompt tokens) cannot
+fit beside it, C (1 token) could: how long C, B and A take.
 Standard library only.
 """
 
@@ -117,8 +120,50 @@ def slow(base, n):
         time.sleep(1)
 
 
+def hol(base):
+    t0 = time.time()
+    done = {}
+
+    def body(name, n, max_tokens, stream=False):
+        # Each its own token ids: no prefix-cache sharing.
+        token = {"A": 1, "B": 2, "C": 3}[name]
+        return json.dumps({"prompt": [token] * n, "max_tokens": max_tokens, "ignore_eos": True, "stream": stream}).encode()
+
+    def run(name, n, max_tokens):
+        code, _, _ = post(base, "/v1/completions", body(name, n, max_tokens))
+        done[name] = (code, time.time() - t0)
+
+    # A streams: B and C are sent once it decodes.
+    req = urllib.request.Request(base + "/v1/completions", data=body("A", 200, 100, True), headers={"Content-Type": "application/json"})
+    ra = urllib.request.urlopen(req, timeout=600)
+    while not ra.readline().startswith(b"data: {"):
+        pass
+    first = time.time() - t0
+
+    def rest():
+        ra.read()
+        done["A"] = (ra.status, time.time() - t0)
+
+    a = threading.Thread(target=rest)
+    a.start()
+    b = threading.Thread(target=run, args=("B", 150, 4))
+    b.start()
+    time.sleep(0.2)
+    c0 = time.time() - t0
+    run("C", 1, 1)
+    a.join()
+    b.join()
+    print(f"A's first token at {first:.2f} s")
+    for name in "ABC":
+        code, t = done[name]
+        print(f"{name}: {code}, done at {t:.2f} s" + (f" (sent at {c0:.2f} s: {t - c0:.2f} s)" if name == "C" else ""))
+
+
 def main():
     base, pid = sys.argv[1].rstrip("/"), int(sys.argv[2])
+    if "--hol" in sys.argv:
+        hol(base)
+        return
     if "--slow" in sys.argv:
         slow(base, int(sys.argv[sys.argv.index("--slow") + 1]))
         return
