@@ -74,6 +74,12 @@ def bodies():
             b'{"max_tokens":1,"messages":[{"role":"user","content":"x"}],"x":[' + b",".join([b"1"] * ((LIM - 80) // 2)) + b"]}",
         ),
         "ids to /detokenize": ("/detokenize", b'{"tokens":[' + b",".join([b"1"] * ((LIM - 20) // 2)) + b"]}"),
+        "values inside a string": (
+            "/v1/chat/completions",
+            b'{"max_tokens":1,"messages":[{"role":"user","content":"x"}],"structured_outputs":{"json":"['
+            + b",".join([b"1"] * ((LIM - 120) // 2))
+            + b']"}}',
+        ),
     }
 
 

@@ -248,6 +248,15 @@ fn hostile_requests_against_the_binary() {
             "/detokenize",
             format!("{{\"tokens\":[{}]}}", join(vec!["1"; (lim - 20) / 2])).into_bytes(),
         ),
+        (
+            "values inside a string",
+            "/v1/chat/completions",
+            format!(
+                "{{\"max_tokens\":1,\"messages\":[{{\"role\":\"user\",\"content\":\"x\"}}],\"structured_outputs\":{{\"json\":\"[{}]\"}}}}",
+                join(vec!["1"; (lim - 120) / 2])
+            )
+            .into_bytes(),
+        ),
     ];
     let rss0 = status_kib(pid, "VmRSS:") << 10;
     for (what, path, body) in &hostile {

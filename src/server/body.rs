@@ -115,6 +115,39 @@ pub struct Parsed {
     pub prompts: Option<Vec<Prompt>>,
     /// The body's size in bytes.
     pub bytes: usize,
+    /// What the body left of [`MAX_JSON_VALUES`], for JSON held in its strings (see
+    /// [`parse_embedded`]).
+    pub values_left: usize,
+}
+
+thread_local! {
+    /// The current request's budget for [`parse_embedded`] (see [`with_budget`]); None
+    /// outside a request.
+    static EMBEDDED: Cell<Option<usize>> = const { Cell::new(None) };
+}
+
+/// Runs `f` (a request's parsing, on a worker thread) with `left` JSON values allowed to
+/// [`parse_embedded`]; returns what `f` returned and what is left.
+pub fn with_budget<T>(left: usize, f: impl FnOnce() -> T) -> (T, usize) {
+    let before = EMBEDDED.with(|b| b.replace(Some(left)));
+    let r = f();
+    let left = EMBEDDED.with(|b| b.replace(before)).unwrap_or(0);
+    (r, left)
+}
+
+/// JSON text held in one of a request's strings (a schema, tool-call arguments), parsed with
+/// the same accounting as the body: within [`with_budget`], its values count against what the
+/// body left of [`MAX_JSON_VALUES`], so strings cannot amplify where the body could not
+/// (outside, each text gets [`MAX_JSON_VALUES`] of its own).
+pub fn parse_embedded(text: &str) -> Result<Value, String> {
+    let left = EMBEDDED.with(Cell::get);
+    let ctx = Ctx { budget: Cell::new(left.unwrap_or(MAX_JSON_VALUES)), error: RefCell::new(None), ids: None };
+    let mut de = serde_json::Deserializer::from_str(text);
+    let r = ValueSeed(&ctx).deserialize(&mut de).and_then(|v| de.end().map(|()| v));
+    if left.is_some() {
+        EMBEDDED.with(|b| b.set(Some(ctx.budget.get())));
+    }
+    r.map_err(|e| ctx.error.take().map_or_else(|| e.to_string(), |a| a.message))
 }
 
 /// Parses `data` as a JSON object, with at most [`MAX_JSON_VALUES`] values outside `ids`'s
@@ -129,7 +162,7 @@ pub fn parse(data: &[u8], ids: Option<IdField>) -> Result<Parsed, ApiError> {
     let mut de = serde_json::Deserializer::from_str(text);
     let r = TopSeed(&ctx).deserialize(&mut de).and_then(|p| de.end().map(|()| p));
     match r {
-        Ok(Some(p)) => Ok(Parsed { bytes: data.len(), ..p }),
+        Ok(Some(p)) => Ok(Parsed { bytes: data.len(), values_left: ctx.budget.get(), ..p }),
         Ok(None) => Err(ApiError::bad_request("the request body must be a JSON object")),
         Err(e) => Err(ctx
             .error
@@ -598,6 +631,20 @@ mod tests {
         assert!(parse(b"{\"a\": \"\xff\"}", None).unwrap_err().message.contains("UTF-8"));
         let v = parse(br#"{"a": {"b": [1, -2, 2.5, true, null, "s"]}}"#, None).unwrap();
         assert_eq!(Value::Object(v.obj), serde_json::json!({"a": {"b": [1, -2, 2.5, true, null, "s"]}}));
+    }
+
+    #[test]
+    fn embedded_json_shares_the_budget() {
+        let p = parse(br#"{"a": [1, 2, 3]}"#, None).unwrap();
+        assert_eq!(p.values_left, MAX_JSON_VALUES - 5);
+        let (v, left) = with_budget(10, || parse_embedded("[1, [2, 3]]"));
+        assert_eq!((v.unwrap(), left), (serde_json::json!([1, [2, 3]]), 5));
+        let (e, left) = with_budget(3, || parse_embedded("[1, 2, 3, 4]"));
+        assert!(e.unwrap_err().contains(&MAX_JSON_VALUES.to_string()));
+        assert_eq!(left, 0);
+        assert!(with_budget(10, || parse_embedded("[1,")).0.is_err());
+        // Outside a request: a budget of its own each time.
+        assert!(parse_embedded("[1, 2]").is_ok() && parse_embedded("[1, 2]").is_ok());
     }
 
     #[test]

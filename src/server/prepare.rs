@@ -98,10 +98,11 @@ pub(crate) async fn begin(
     let (parsed, c) = st
         .work
         .run_sized(data.len(), move || -> Result<(Parsed, Common), ApiError> {
-            let parsed = body::parse(&data, ids)?;
+            let mut parsed = body::parse(&data, ids)?;
             drop(data);
-            let c = Common::parse(&Fields(&parsed.obj), &lim, keys)?;
-            Ok((parsed, c))
+            let (c, left) = body::with_budget(parsed.values_left, || Common::parse(&Fields(&parsed.obj), &lim, keys));
+            parsed.values_left = left;
+            Ok((parsed, c?))
         })
         .await??;
     st.check_model(c.model.as_deref())?;
@@ -123,7 +124,11 @@ pub(crate) fn tokenize_prompt(
 }
 
 /// A chat request, ready to submit (blocking: run it on a worker).
-pub(crate) fn chat(engine: &EngineHandle, parsed: Parsed, mut c: Common) -> Result<Prepared, ApiError> {
+pub(crate) fn chat(engine: &EngineHandle, parsed: Parsed, c: Common) -> Result<Prepared, ApiError> {
+    body::with_budget(parsed.values_left, || chat_within(engine, parsed, c)).0
+}
+
+fn chat_within(engine: &EngineHandle, parsed: Parsed, mut c: Common) -> Result<Prepared, ApiError> {
     let f = Fields(&parsed.obj);
     let messages = parse_messages(f.get("messages"))?;
     let logprobs = f.bool("logprobs")?.unwrap_or(false);

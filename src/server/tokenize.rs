@@ -92,7 +92,9 @@ async fn tokenize_body(st: Arc<AppState>, headers: HeaderMap, body: Body) -> Res
             })
         }
         (None, Some(_)) => {
-            let messages = parse_messages(f.get("messages"))?;
+            // Tool-call arguments held in strings count against what the body left.
+            let (messages, _) = body::with_budget(parsed.values_left, || parse_messages(f.get("messages")));
+            let messages = messages?;
             let generation_prompt = f.bool("add_generation_prompt")?.unwrap_or(true);
             if f.bool("continue_final_message")?.unwrap_or(false) {
                 return Err(ApiError::invalid("continue_final_message", "`continue_final_message` is not supported"));
