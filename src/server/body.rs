@@ -147,7 +147,10 @@ pub fn parse_embedded(text: &str) -> Result<Value, String> {
     if left.is_some() {
         EMBEDDED.with(|b| b.set(Some(ctx.budget.get())));
     }
-    r.map_err(|e| ctx.error.take().map_or_else(|| e.to_string(), |a| a.message))
+    r.map_err(|e| match ctx.error.take() {
+        Some(_) => format!("it holds more JSON values than a request may ({MAX_JSON_VALUES} in all)"),
+        None => format!("it is not valid JSON: {e}"),
+    })
 }
 
 /// Parses `data` as a JSON object, with at most [`MAX_JSON_VALUES`] values outside `ids`'s
@@ -641,6 +644,7 @@ mod tests {
         assert_eq!((v.unwrap(), left), (serde_json::json!([1, [2, 3]]), 5));
         let (e, left) = with_budget(3, || parse_embedded("[1, 2, 3, 4]"));
         assert!(e.unwrap_err().contains(&MAX_JSON_VALUES.to_string()));
+        assert!(parse_embedded("{").unwrap_err().contains("not valid JSON"));
         assert_eq!(left, 0);
         assert!(with_budget(10, || parse_embedded("[1,")).0.is_err());
         // Outside a request: a budget of its own each time.

@@ -28,7 +28,7 @@ fn schema_value(v: &Value, param: &str) -> Result<Value, ApiError> {
         Value::String(s) => match super::body::parse_embedded(s) {
             Ok(x @ (Value::Object(_) | Value::Bool(_))) => Ok(x),
             Ok(_) => Err(invalid(param, format!("`{param}` must be a JSON schema (an object)"))),
-            Err(e) => Err(invalid(param, format!("`{param}` is not valid JSON: {e}"))),
+            Err(e) => Err(invalid(param, format!("`{param}` cannot be read: {e}"))),
         },
         _ => Err(invalid(param, format!("`{param}` must be a JSON schema (an object)"))),
     }
