@@ -687,10 +687,10 @@ impl EngineCore {
             s.computed += p.len;
             // Register blocks that just became full in the prefix cache.
             let full = s.computed / bs;
+            let salted = s.params.cache_salt.is_some();
             while s.keys.len() < full {
                 let i = s.keys.len();
                 let parent = if i == 0 { s.root } else { s.keys[i - 1] };
-                let salted = s.params.cache_salt.is_some();
                 let key = self.bm.register(s.table[i], &parent, i == 0, &s.tokens[i * bs..(i + 1) * bs], salted);
                 s.keys.push(key);
             }

@@ -53,6 +53,10 @@ pub const DEFAULT_SSE_KEEPALIVE_S: f64 = 15.0;
 pub const DEFAULT_HEADER_READ_TIMEOUT_S: u64 = 30;
 /// Default `--max-connections` (below the usual 1024 open-file limit).
 pub const DEFAULT_MAX_CONNECTIONS: usize = 512;
+/// Default `--max-connections-per-peer`: half of `max_connections` (at least 1).
+pub fn default_max_connections_per_peer(max_connections: usize) -> usize {
+    (max_connections / 2).max(1)
+}
 /// Default `--body-read-timeout-s`.
 pub const DEFAULT_BODY_READ_TIMEOUT_S: u64 = 30;
 /// Default `--shutdown-grace-s`.
@@ -173,7 +177,7 @@ impl ServerConfig {
             sse_keepalive: Some(Duration::from_secs_f64(DEFAULT_SSE_KEEPALIVE_S)),
             header_read_timeout: Some(Duration::from_secs(DEFAULT_HEADER_READ_TIMEOUT_S)),
             max_connections: DEFAULT_MAX_CONNECTIONS,
-            max_connections_per_peer: DEFAULT_MAX_CONNECTIONS / 2,
+            max_connections_per_peer: default_max_connections_per_peer(DEFAULT_MAX_CONNECTIONS),
             body_read_timeout: Some(Duration::from_secs(DEFAULT_BODY_READ_TIMEOUT_S)),
             kv_cache_dtype: cfg.kv_cache_dtype,
         }
@@ -605,7 +609,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     scfg.max_connections_per_peer = match args.max_connections_per_peer {
         Some(0) => anyhow::bail!("--max-connections-per-peer must be positive"),
         Some(n) => n,
-        None => (args.max_connections / 2).max(1),
+        None => default_max_connections_per_peer(args.max_connections),
     };
     if args.body_read_timeout_s > 86_400 {
         anyhow::bail!("--body-read-timeout-s must be at most 86400 (a day), or 0 for no limit");

@@ -53,7 +53,7 @@ fn deadline(t0: Instant, limit: Option<Duration>) -> Option<(Duration, tokio::ti
 
 /// `fut`, or a 408 once `limit` has passed since `t0`. Cutting `fut` off drops what it holds,
 /// so its engine requests are aborted and their KV blocks freed.
-async fn within<T>(
+pub(crate) async fn within<T>(
     st: &AppState,
     t0: Instant,
     limit: Option<Duration>,

@@ -11,6 +11,7 @@
 
 use super::body::{self, IdField, Parsed};
 use super::error::ApiError;
+use super::openai::within;
 use super::params::{parse_messages, Fields, Prompt};
 use super::tools::{render_prompt, ToolRequest};
 use super::AppState;
@@ -114,13 +115,7 @@ async fn tokenize_body(st: Arc<AppState>, headers: HeaderMap, body: Body) -> Res
         }
     };
     let job = st.work.run_sized(parsed_bytes, job);
-    let ids = match st.cfg.request_timeout {
-        Some(limit) => tokio::time::timeout_at((t0 + limit).into(), job).await.map_err(|_| {
-            st.metrics.timed_out.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            ApiError::timed_out(limit)
-        })?,
-        None => job.await,
-    }??;
+    let ids = within(&st, t0, st.cfg.request_timeout, async { job.await? }).await?;
     let mut v = json!({"count": ids.len(), "max_model_len": ctx, "tokens": ids});
     if token_strs {
         let tok = &engine.tokenizer;
@@ -131,11 +126,12 @@ async fn tokenize_body(st: Arc<AppState>, headers: HeaderMap, body: Body) -> Res
 }
 
 async fn detokenize_body(st: Arc<AppState>, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
-    let info = st.engine()?.info.clone();
-    let max = MAX_TOKENS.max(info.max_model_len());
+    let engine = st.engine()?;
+    let max = MAX_TOKENS.max(engine.info.max_model_len());
     let field = IdField {
         key: "tokens",
-        vocab: info.vocab,
+        // The tokenizer's ids (added tokens included), as before.
+        vocab: engine.tokenizer.vocab_size(),
         max_prompts: 1,
         max_ids: max,
         too_long: |n| ApiError::invalid("tokens", format!("`tokens` may hold at most {n} token ids")),
