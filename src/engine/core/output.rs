@@ -1,0 +1,198 @@
+//! A step's results applied to its sequences: computed positions, prefix-cache registration,
+//! sliding-window release, prompt logprobs, accepted tokens (stops, grammar, detokenized text),
+//! and each finished sequence's end.
+
+use super::{EngineCore, Row, Seq};
+use crate::engine::request::{Event, FinishReason, PromptLogprob};
+use crate::gpu::GpuFault;
+use crate::model::forward::Sampled;
+use crate::pipeline::{StageFailure, StepResult};
+use crate::tokenizer::Tokenizer;
+use std::sync::atomic::Ordering::Relaxed;
+
+impl EngineCore {
+    /// Ends a sequence that is in neither queue any more: frees its blocks, tells the caller.
+    pub(super) fn finish(&mut self, mut s: Seq, reason: FinishReason) {
+        self.bm.release(&s.table[s.released..]);
+        s.table.clear();
+        s.released = 0;
+        let counter = match reason {
+            FinishReason::Abort => &self.metrics.requests_aborted,
+            FinishReason::Error(_) => &self.metrics.requests_failed,
+            _ => &self.metrics.requests_finished,
+        };
+        counter.fetch_add(1, Relaxed);
+        let mut text = std::mem::take(&mut s.pending);
+        if matches!(reason, FinishReason::Length | FinishReason::Stop) {
+            text.push_str(&s.detok.finish(&self.tok));
+        }
+        let _ = s.out.send(Event::Done { text, reason, usage: s.usage() });
+    }
+
+    /// Applies the oldest step's result.
+    pub(super) fn complete(&mut self, r: StepResult) {
+        let Some(step) = self.in_flight.pop_front() else { return };
+        if step.epoch != self.epoch {
+            // Submitted before a stage failure: its sequences were already failed or requeued,
+            // and `busy` was reset then (it may count their new steps by now).
+            return;
+        }
+        let got = if std::mem::take(&mut self.mismatch_next) { r.id.wrapping_add(1) } else { r.id };
+        if got != step.id {
+            // Results must come back in submission order; one that does not could hand tokens to
+            // the wrong sequences, so nothing of it is applied.
+            self.fault_all(&format!("engine step {} returned the result of step {got}", step.id));
+            return;
+        }
+        for p in &step.plan {
+            if let Some(n) = self.busy.get_mut(&p.id) {
+                *n -= 1;
+                if *n == 0 {
+                    self.busy.remove(&p.id);
+                }
+            }
+        }
+        let out = match r.result {
+            Ok(out) => out,
+            Err(e) => {
+                if let Some(f) = e.downcast_ref::<StageFailure>() {
+                    self.stage_failed(f);
+                    return;
+                }
+                if let Some(GpuFault::Lost(_)) = e.downcast_ref::<GpuFault>() {
+                    self.device_lost(&format!("{e:#}"));
+                    return;
+                }
+                tracing::error!("step {} failed: {e:#}", step.id);
+                self.metrics.step_failures.fetch_add(1, Relaxed);
+                // Only this step's sequences end; what they wrote of this step is in their own
+                // (now freed, never registered) blocks, so the others and the prefix cache are intact.
+                let msg = format!("engine step failed: {e:#}");
+                for p in &step.plan {
+                    if let Some(i) = self.running.iter().position(|s| s.id == p.id) {
+                        let s = self.running.remove(i);
+                        self.finish(s, FinishReason::Error(msg.clone()));
+                    }
+                }
+                return;
+            }
+        };
+        self.metrics.steps.fetch_add(1, Relaxed);
+        let bs = self.cfg.block_size;
+        for p in &step.plan {
+            // Aborted while in flight: nothing to apply.
+            let Some(s) = self.running.iter_mut().find(|s| s.id == p.id) else { continue };
+            let decode = p.len == 1 && p.start + 1 == s.tokens.len() && s.generated() > 0;
+            if !decode {
+                self.metrics.prefill_tokens.fetch_add(p.len as u64, Relaxed);
+            }
+            s.computed += p.len;
+            // Register blocks that just became full in the prefix cache.
+            let full = s.computed / bs;
+            let salted = s.params.cache_salt.is_some();
+            while s.keys.len() < full {
+                let i = s.keys.len();
+                let parent = if i == 0 { s.root } else { s.keys[i - 1] };
+                let key = self.bm.register(s.table[i], &parent, i == 0, &s.tokens[i * bs..(i + 1) * bs], salted);
+                s.keys.push(key);
+            }
+            // Sliding window: the next query (position `computed`) and every later one attend
+            // to positions >= computed + 1 - window only; whole blocks before that are freed
+            // (they stay in the prefix cache while unreferenced).
+            if let Some(w) = self.cfg.sliding_window {
+                let gone = ((s.computed + 1).saturating_sub(w) / bs).min(s.table.len());
+                if gone > s.released {
+                    self.bm.release(&s.table[s.released..gone]);
+                    s.released = gone;
+                }
+            }
+        }
+        let mut done: Vec<(u64, FinishReason)> = Vec::new();
+        // A sequence's rows are consecutive: its prompt logprobs (if any), then its next token.
+        let mut lps: Vec<PromptLogprob> = Vec::new();
+        for (k, (&(id, row), r)) in step.sampled.iter().zip(out.sampled).enumerate() {
+            let Some(s) = self.running.iter_mut().find(|s| s.id == id) else { continue };
+            if row == Row::Prompt {
+                s.lp_done += 1;
+                lps.push(PromptLogprob { id: r.id, logprob: r.logprob, top: r.top });
+                let more = step.sampled.get(k + 1) == Some(&(id, Row::Prompt));
+                if !more && s.out.send(Event::PromptLogprobs(std::mem::take(&mut lps))).is_err() {
+                    done.push((id, FinishReason::Abort));
+                }
+                continue;
+            }
+            self.metrics.decode_tokens.fetch_add(1, Relaxed);
+            if let Some(reason) = Self::accept(&self.tok, s, r, self.cfg.max_seq_len) {
+                done.push((id, reason));
+            }
+        }
+        for (id, reason) in done {
+            if let Some(i) = self.running.iter().position(|s| s.id == id) {
+                let s = self.running.remove(i);
+                self.finish(s, reason);
+            }
+        }
+    }
+
+    /// Appends a sampled token, streams its text, and says whether the sequence is finished.
+    pub(super) fn accept(tok: &Tokenizer, s: &mut Seq, r: Sampled, max_seq_len: usize) -> Option<FinishReason> {
+        let id = r.id;
+        if let Some(e) = s.constraint_error.take() {
+            return Some(FinishReason::Error(e));
+        }
+        s.tokens.push(id);
+        s.penalties.push(id);
+        let stop = &s.params.stop;
+        if (!stop.ignore_eos && tok.is_eos(id)) || stop.stop_token_ids.contains(&id) {
+            return Some(FinishReason::Stop);
+        }
+        // Structured outputs: advance the grammar; once it is complete the request stops (the
+        // token's text is still sent below).
+        let mut grammar_done = false;
+        if let Some(c) = s.params.constraint.as_mut() {
+            if let Err(e) = c.accept(id) {
+                return Some(FinishReason::Error(e));
+            }
+            grammar_done = c.is_stopped();
+        }
+        s.pending.push_str(&s.detok.push(tok, id));
+        let mut reason = None;
+        let text = if let Some(pos) = stop.stop.iter().filter_map(|st| s.pending.find(st.as_str())).min() {
+            let t = s.pending[..pos].to_string();
+            s.pending.clear();
+            reason = Some(FinishReason::Stop);
+            t
+        } else {
+            let hold = held_suffix(&s.pending, &stop.stop);
+            let cut = s.pending.len() - hold;
+            let t = s.pending[..cut].to_string();
+            s.pending.drain(..cut);
+            t
+        };
+        if s.out.send(Event::Token { id, text, logprob: r.logprob, top: r.top }).is_err() {
+            return Some(FinishReason::Abort);
+        }
+        if grammar_done {
+            reason.get_or_insert(FinishReason::Stop);
+        }
+        if reason.is_none() && (s.generated() >= s.max_tokens || s.tokens.len() >= max_seq_len) {
+            reason = Some(FinishReason::Length);
+        }
+        reason
+    }
+}
+
+/// Longest suffix of `s` that is a proper prefix of one of `stops` (bytes, on a char boundary).
+pub(super) fn held_suffix(s: &str, stops: &[String]) -> usize {
+    let mut best = 0;
+    for stop in stops {
+        for (i, _) in s.char_indices() {
+            let suffix = &s[i..];
+            if suffix.len() < stop.len() && stop.starts_with(suffix) {
+                best = best.max(suffix.len());
+                break;
+            }
+        }
+    }
+    best
+}

@@ -1,0 +1,154 @@
+//! What runs next: running sequences first (decodes, then prefill chunks), then waiting ones
+//! in arrival order with fair admission, within the step's token budget, sequence caps and
+//! row limit; preemption when blocks run out.
+
+use super::{EngineCore, Planned, Seq};
+use std::sync::atomic::Ordering::Relaxed;
+
+/// How many steps a waiting request that does not fit may see requests behind it start
+/// before admission waits for it (fair admission, see `schedule`).
+pub const MAX_PASSED_OVER: u32 = 32;
+/// Most waiting requests passed over in one step.
+const MAX_LOOKAHEAD: usize = 16;
+
+impl EngineCore {
+    pub(super) fn preempt(&mut self, idx: usize) {
+        let s = self.running.remove(idx);
+        self.requeue(s);
+    }
+
+    /// Frees a sequence's blocks and puts it first in line, to be recomputed from its tokens.
+    pub(super) fn requeue(&mut self, mut s: Seq) {
+        self.bm.release(&s.table[s.released..]);
+        s.table.clear();
+        s.released = 0;
+        s.keys.clear();
+        s.computed = 0;
+        s.scheduled = 0;
+        self.metrics.preemptions.fetch_add(1, Relaxed);
+        self.waiting.push_front(s);
+    }
+
+    pub(super) fn schedule(&mut self) -> Vec<Planned> {
+        let bs = self.cfg.block_size;
+        let max_seqs = self.exec.limits().max_seqs;
+        let mut budget = self.cfg.max_num_batched_tokens;
+        let mut plan = Vec::new();
+        let (mut n_decode, mut n_prefill) = (0, 0);
+        // With steps still to submit before the pipeline is full, leave running sequences for them.
+        let slots_left = self.exec.depth().saturating_sub(self.in_flight.len()).max(1);
+        let idle = self.running.iter().filter(|s| !self.busy.contains_key(&s.id)).count();
+        let decode_cap = self.cfg.max_decode_batch_size.min(idle.div_ceil(slots_left).max(1));
+
+        // Sample rows so far: one per sequence that samples, plus prompt-logprob rows (at most
+        // max_seqs in all, the step's row limit).
+        let mut rows = 0;
+        // Running sequences, oldest first: decode tokens and continuing prefill chunks.
+        let mut i = 0;
+        while i < self.running.len() && budget > 0 && plan.len() < max_seqs && rows < max_seqs {
+            let s = &self.running[i];
+            // In flight with its last token (it samples): wait for that result.
+            let remaining = s.tokens.len() - s.scheduled;
+            if remaining == 0 {
+                i += 1;
+                continue;
+            }
+            let decode = remaining == 1 && s.computed == s.scheduled;
+            if (decode && n_decode >= decode_cap) || (!decode && n_prefill >= self.cfg.max_prefill_batch_size) {
+                i += 1;
+                continue;
+            }
+            let len = s.chunk_within_rows(s.scheduled, remaining.min(budget), max_seqs - rows);
+            let need = (s.scheduled + len).div_ceil(bs);
+            let mut stop = false;
+            while self.running[i].table.len() < need {
+                match self.bm.allocate() {
+                    Some(b) => self.running[i].table.push(b),
+                    None => {
+                        // Out of blocks: preempt the most recently admitted sequence that is
+                        // not in flight (perhaps this one; planned ones are older). When all
+                        // from here on are in flight, wait for their results.
+                        let victim =
+                            (i..self.running.len()).rev().find(|&v| !self.busy.contains_key(&self.running[v].id));
+                        if let Some(v) = victim {
+                            self.preempt(v);
+                        }
+                        if victim.is_none_or(|v| v == i) {
+                            stop = true;
+                            break;
+                        }
+                    }
+                }
+            }
+            if stop {
+                break;
+            }
+            let s = &self.running[i];
+            rows += s.rows_in(s.scheduled, len);
+            plan.push(Planned { id: s.id, start: s.scheduled, len });
+            budget -= len;
+            if decode {
+                n_decode += 1;
+            } else {
+                n_prefill += 1;
+            }
+            i += 1;
+        }
+
+        // Waiting sequences in arrival order (preempted ones are at the front). One whose
+        // chunk does not fit in the free blocks now is passed over for those behind it that
+        // do (at most MAX_LOOKAHEAD looked at past it), but only MAX_PASSED_OVER times: from
+        // then on nothing behind it starts until it does (running sequences finish and free
+        // their blocks), so a large request is delayed, never starved.
+        let mut at = 0;
+        let mut skipped = 0;
+        while budget > 0 && n_prefill < self.cfg.max_prefill_batch_size && plan.len() < max_seqs && rows < max_seqs {
+            let Some(s) = self.waiting.get(at) else { break };
+            // Reuse cached full blocks, but always compute the last token (its logits are needed),
+            // and every position whose prompt logprob is still wanted.
+            let reusable = (s.tokens.len() - 1).min(s.prompt_rows_from());
+            let hit = self.bm.lookup_prefix(&s.tokens, reusable, &s.root);
+            let computed = hit.blocks.len() * bs;
+            let len = s.chunk_within_rows(computed, (s.tokens.len() - computed).min(budget), max_seqs - rows);
+            let need = (computed + len).div_ceil(bs) - hit.blocks.len();
+            if self.bm.available() < need {
+                self.bm.release(&hit.blocks);
+                if s.passed_over >= MAX_PASSED_OVER || skipped >= MAX_LOOKAHEAD {
+                    break;
+                }
+                skipped += 1;
+                at += 1;
+                continue;
+            }
+            // Counted once per admitted request (a request waiting for room is looked up again
+            // every step).
+            self.bm.count_lookup(hit.queried, hit.blocks.len());
+            if s.cached_tokens.is_none() {
+                // Token-based, at first admission only (as vLLM counts: a preempted request's
+                // recomputation is not a new query).
+                self.metrics.prefix_query_tokens.fetch_add(s.tokens.len() as u64, Relaxed);
+                self.metrics.prefix_hit_tokens.fetch_add(computed as u64, Relaxed);
+            }
+            let keys = hit.keys;
+            let mut s = self.waiting.remove(at).expect("index exists");
+            // Those before it were passed over once more.
+            for w in self.waiting.iter_mut().take(at) {
+                w.passed_over += 1;
+            }
+            s.table = hit.blocks;
+            for _ in 0..need {
+                s.table.push(self.bm.allocate().expect("checked available"));
+            }
+            s.keys = keys;
+            s.computed = computed;
+            s.scheduled = computed;
+            s.cached_tokens.get_or_insert(computed.min(s.prompt_len));
+            rows += s.rows_in(computed, len);
+            plan.push(Planned { id: s.id, start: computed, len });
+            budget -= len;
+            n_prefill += 1;
+            self.running.push(s);
+        }
+        plan
+    }
+}

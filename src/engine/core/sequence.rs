@@ -1,0 +1,128 @@
+//! A sequence's state in the engine: its tokens, KV blocks and prefix keys, its sampling
+//! parameters and logit adjustments, its streaming state (detokenizer, held-back text), and
+//! the rows it adds to a step.
+
+use crate::engine::penalties::Penalties;
+use crate::engine::request::{Event, RequestParams, Usage};
+use crate::kv::{BlockId, BlockKey};
+use crate::model::forward::SampleParams;
+use crate::sampling::Rng;
+use crate::tokenizer::IncrementalDecoder;
+use tokio::sync::mpsc::UnboundedSender;
+
+pub(super) struct Seq {
+    pub(super) id: u64,
+    /// Prompt then generated tokens.
+    pub(super) tokens: Vec<u32>,
+    pub(super) prompt_len: usize,
+    /// Tokens whose K/V are in the cache.
+    pub(super) computed: usize,
+    /// Tokens submitted in steps (>= computed): later prompt chunks may be submitted while
+    /// earlier ones are still in the pipeline, as each stage runs its steps in order.
+    pub(super) scheduled: usize,
+    pub(super) table: Vec<BlockId>,
+    /// Leading table entries already released because they left the sliding window (their
+    /// ids stay as placeholders; attention never reads them).
+    pub(super) released: usize,
+    /// Prefix-cache keys of the table's full blocks, in order.
+    pub(super) keys: Vec<BlockKey>,
+    /// The parent key of the first block: one per cache salt.
+    pub(super) root: BlockKey,
+    pub(super) params: RequestParams,
+    pub(super) max_tokens: usize,
+    pub(super) rng: Rng,
+    pub(super) out: UnboundedSender<Event>,
+    pub(super) detok: IncrementalDecoder,
+    /// Released-by-the-detokenizer text held back because it may start a stop string.
+    pub(super) pending: String,
+    /// Logit adjustments (penalties, logit_bias), kept up to date as tokens are generated.
+    pub(super) penalties: Penalties,
+    pub(super) cached_tokens: Option<usize>,
+    /// Structured outputs: why the grammar could not give a mask (the sequence then fails).
+    pub(super) constraint_error: Option<String>,
+    /// Prompt log-probabilities delivered so far (of tokens 1..=lp_done).
+    pub(super) lp_done: usize,
+    /// Steps in which a request behind it started while it waited (see `schedule`).
+    pub(super) passed_over: u32,
+}
+
+impl Seq {
+    pub(super) fn generated(&self) -> usize {
+        self.tokens.len() - self.prompt_len
+    }
+
+    /// Whether position `pos` (in a chunk being scheduled) gets a prompt-logprob row: its
+    /// logits predict prompt token `pos + 1`, not yet delivered.
+    pub(super) fn wants_prompt_row(&self, pos: usize) -> bool {
+        self.params.prompt_logprobs.is_some() && pos >= self.lp_done && pos + 1 < self.prompt_len
+    }
+
+    /// Prompt positions from which prompt-logprob rows are still needed (`prompt_len` if none).
+    pub(super) fn prompt_rows_from(&self) -> usize {
+        match self.params.prompt_logprobs {
+            Some(_) if self.lp_done + 1 < self.prompt_len => self.lp_done,
+            _ => self.prompt_len,
+        }
+    }
+
+    /// Sample rows the chunk `start..start + len` adds to a step (prompt-logprob rows and the
+    /// row that samples the next token).
+    pub(super) fn rows_in(&self, start: usize, len: usize) -> usize {
+        let from = self.prompt_rows_from().max(start);
+        let forced = (start + len).min(self.prompt_len.saturating_sub(1)).saturating_sub(from);
+        forced + usize::from(start + len == self.tokens.len())
+    }
+
+    /// The longest chunk from `start` (at most `len`) whose rows fit in `room`.
+    pub(super) fn chunk_within_rows(&self, start: usize, len: usize, room: usize) -> usize {
+        if self.rows_in(start, len) <= room {
+            return len;
+        }
+        // Rows grow by at most one per token: shrink until they fit (at least one token, whose
+        // row count is at most 1 <= room).
+        let mut l = len.min(room.max(1));
+        while l > 1 && self.rows_in(start, l) > room {
+            l -= 1;
+        }
+        l
+    }
+
+    pub(super) fn usage(&self) -> Usage {
+        Usage {
+            prompt_tokens: self.prompt_len,
+            completion_tokens: self.generated(),
+            cached_tokens: self.cached_tokens.unwrap_or(0),
+        }
+    }
+
+    /// This row's sampling parameters; `mask_words`: the model vocabulary's mask length.
+    pub(super) fn sample_params(&mut self, mask_words: usize) -> SampleParams {
+        // Structured outputs: the grammar's allowed tokens (computed here, while no step of
+        // this sequence is in flight; see BENCHMARKS.md for its cost).
+        let mask = match self.params.constraint.as_mut() {
+            Some(c) if self.constraint_error.is_none() => match c.mask(mask_words) {
+                Ok(m) => Some(m),
+                Err(e) => {
+                    self.constraint_error = Some(e);
+                    None
+                }
+            },
+            _ => None,
+        };
+        let p = &self.params;
+        SampleParams {
+            temperature: p.sampling.temperature,
+            top_p: p.sampling.top_p,
+            top_k: p.sampling.top_k,
+            min_p: p.sampling.min_p,
+            u: self.rng.uniform(),
+            repetition_penalty: p.repetition_penalty,
+            frequency_penalty: p.frequency_penalty,
+            presence_penalty: p.presence_penalty,
+            n_top: p.logprobs.unwrap_or(0),
+            adjust: self.penalties.list().to_vec(),
+            mask,
+            force: None,
+        }
+    }
+}
