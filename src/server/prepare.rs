@@ -6,11 +6,13 @@
 //! counts (prompts, token ids per prompt) while it is parsed; the context length while each
 //! prompt is tokenized. See `body` and `work` for the bounds.
 
-use super::body::{self, IdField, Parsed};
+use super::body;
 use super::error::ApiError;
 use super::generate::{check_context, check_queue, Planned};
+use super::json::{self, Parsed};
 use super::params::{parse_messages, Common, Fields, Limits, Prompt, MAX_TOP_LOGPROBS};
 use super::structured;
+use super::token_ids::IdField;
 use super::tools::{self, ToolRequest};
 use super::AppState;
 use crate::engine::handle::EngineInfo;
@@ -98,9 +100,9 @@ pub(crate) async fn begin(
     let (parsed, c) = st
         .work
         .run_sized(data.len(), move || -> Result<(Parsed, Common), ApiError> {
-            let mut parsed = body::parse(&data, ids)?;
+            let mut parsed = json::parse(&data, ids)?;
             drop(data);
-            let (c, left) = body::with_budget(parsed.values_left, || Common::parse(&Fields(&parsed.obj), &lim, keys));
+            let (c, left) = json::with_budget(parsed.values_left, || Common::parse(&Fields(&parsed.obj), &lim, keys));
             parsed.values_left = left;
             Ok((parsed, c?))
         })
@@ -125,7 +127,7 @@ pub(crate) fn tokenize_prompt(
 
 /// A chat request, ready to submit (blocking: run it on a worker).
 pub(crate) fn chat(engine: &EngineHandle, parsed: Parsed, c: Common) -> Result<Prepared, ApiError> {
-    body::with_budget(parsed.values_left, || chat_within(engine, parsed, c)).0
+    json::with_budget(parsed.values_left, || chat_within(engine, parsed, c)).0
 }
 
 fn chat_within(engine: &EngineHandle, parsed: Parsed, mut c: Common) -> Result<Prepared, ApiError> {

@@ -25,7 +25,7 @@ fn invalid(param: &str, msg: impl Into<String>) -> ApiError {
 fn schema_value(v: &Value, param: &str) -> Result<Value, ApiError> {
     match v {
         Value::Object(_) | Value::Bool(_) => Ok(v.clone()),
-        Value::String(s) => match super::body::parse_embedded(s) {
+        Value::String(s) => match super::json::parse_embedded(s) {
             Ok(x @ (Value::Object(_) | Value::Bool(_))) => Ok(x),
             Ok(_) => Err(invalid(param, format!("`{param}` must be a JSON schema (an object)"))),
             Err(e) => Err(invalid(param, format!("`{param}` cannot be read: {e}"))),

@@ -9,10 +9,12 @@
 //!   `return_token_strs`.
 //! - `/detokenize` with `tokens` (ids below the vocabulary size): `{"prompt": text}`.
 
-use super::body::{self, IdField, Parsed};
+use super::body;
 use super::error::ApiError;
+use super::json::{self, Parsed};
 use super::openai::within;
 use super::params::{parse_messages, Fields, Prompt};
+use super::token_ids::IdField;
 use super::tools::{render_prompt, ToolRequest};
 use super::AppState;
 use crate::engine::EngineHandle;
@@ -42,7 +44,7 @@ async fn read_body(
 ) -> Result<(EngineHandle, Parsed), ApiError> {
     let engine = st.engine()?.clone();
     let data = body::read(headers, body, st.cfg.max_request_body_bytes, st.cfg.body_read_timeout).await?;
-    let parsed = st.work.run_sized(data.len(), move || body::parse(&data, ids)).await??;
+    let parsed = st.work.run_sized(data.len(), move || json::parse(&data, ids)).await??;
     st.check_model(Fields(&parsed.obj).string("model")?)?;
     Ok((engine, parsed))
 }
@@ -94,7 +96,7 @@ async fn tokenize_body(st: Arc<AppState>, headers: HeaderMap, body: Body) -> Res
         }
         (None, Some(_)) => {
             // Tool-call arguments held in strings count against what the body left.
-            let (messages, _) = body::with_budget(parsed.values_left, || parse_messages(f.get("messages")));
+            let (messages, _) = json::with_budget(parsed.values_left, || parse_messages(f.get("messages")));
             let messages = messages?;
             let generation_prompt = f.bool("add_generation_prompt")?.unwrap_or(true);
             if f.bool("continue_final_message")?.unwrap_or(false) {

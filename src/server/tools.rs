@@ -331,7 +331,7 @@ pub fn parse_history_fields(f: &Fields, p: &str, msg: &mut ChatMessage) -> Resul
             let arguments = match func.get("arguments") {
                 None | Some(Value::Null) => json!({}),
                 Some(Value::String(s)) if s.trim().is_empty() => json!({}),
-                Some(Value::String(s)) => super::body::parse_embedded(s)
+                Some(Value::String(s)) => super::json::parse_embedded(s)
                     .map_err(|e| ApiError::invalid(&pa, format!("`{pa}` cannot be read: {e}")))?,
                 Some(v @ Value::Object(_)) => v.clone(),
                 Some(v) => {
