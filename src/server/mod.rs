@@ -11,9 +11,11 @@
 
 pub mod access;
 mod body;
+mod cli;
 mod conn;
 mod error;
 mod generate;
+mod info;
 mod json;
 pub mod metrics;
 mod openai;
@@ -25,20 +27,19 @@ mod tokenize;
 mod tools;
 mod work;
 
+pub use cli::{run, ServeArgs};
 pub use error::ApiError;
 pub use metrics::ServerMetrics;
 pub use tools::tool_call_grammar;
 
-use crate::config::{EngineArgs, EngineConfig};
+use crate::config::EngineConfig;
 use crate::engine::EngineHandle;
-use anyhow::{Context, Result};
-use axum::extract::{DefaultBodyLimit, Path as UrlPath, Request, State};
-use axum::http::{header, HeaderValue, StatusCode};
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{header, HeaderValue};
 use axum::middleware::{from_fn_with_state, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::{Json, Router};
-use serde_json::json;
+use axum::Router;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -63,64 +64,6 @@ pub fn default_max_connections_per_peer(max_connections: usize) -> usize {
 pub const DEFAULT_BODY_READ_TIMEOUT_S: u64 = 30;
 /// Default `--shutdown-grace-s`.
 pub const DEFAULT_SHUTDOWN_GRACE_S: u64 = 5;
-
-#[derive(clap::Args, Clone, Debug)]
-pub struct ServeArgs {
-    #[command(flatten)]
-    pub engine: EngineArgs,
-    #[arg(long, default_value = "127.0.0.1")]
-    pub host: String,
-    /// Port to listen on (0: any free port; the address is logged).
-    #[arg(long, default_value_t = 8000)]
-    pub port: u16,
-    /// Require `Authorization: Bearer KEY` on /v1 routes, /tokenize and /detokenize (also from
-    /// TORUS_API_KEY).
-    #[arg(long, env = "TORUS_API_KEY")]
-    pub api_key: Option<String>,
-    /// The model id clients send and /v1/models lists (default: the model file's stem or the
-    /// model directory's name). Several names (repeat the flag, or separate them with commas or
-    /// spaces) are aliases: a request may name any of them; responses report the first.
-    #[arg(long, num_args = 1.., value_delimiter = ',')]
-    pub served_model_name: Vec<String>,
-    /// Origins allowed to call the API from a browser (CORS): repeat the flag or separate them
-    /// with commas; `*` allows any origin. None (the default): no CORS headers.
-    #[arg(long, value_delimiter = ',')]
-    pub allowed_origins: Vec<String>,
-    /// Answer 503 (Retry-After) while this many sequences wait for their first token.
-    #[arg(long, default_value_t = 256)]
-    pub max_queued_requests: usize,
-    /// Largest accepted request body in bytes (larger: 413).
-    #[arg(long, default_value_t = 4 << 20)]
-    pub max_request_body_bytes: usize,
-    /// Time limit of each completion request in seconds, from its arrival to its last byte
-    /// (0: none). Past it the request is aborted: 408, or a streamed `abort` finish and error.
-    #[arg(long, default_value_t = DEFAULT_REQUEST_TIMEOUT_S)]
-    pub request_timeout_s: u64,
-    /// Seconds between SSE comments (`: keep-alive`) a streamed request sends while it waits
-    /// for its first token, so proxies keep it open through queueing and long prefills (0: none).
-    #[arg(long, default_value_t = DEFAULT_SSE_KEEPALIVE_S)]
-    pub sse_keepalive_s: f64,
-    /// Seconds a connection may take to send a request's headers; also how long an idle
-    /// keep-alive connection stays open (0: no limit).
-    #[arg(long, default_value_t = DEFAULT_HEADER_READ_TIMEOUT_S)]
-    pub header_read_timeout_s: u64,
-    /// Most open HTTP connections. With all taken, a probe lane of 16 more answers only
-    /// /health, /metrics and /version (others: 503); beyond that, connections wait in the
-    /// listen backlog.
-    #[arg(long, default_value_t = DEFAULT_MAX_CONNECTIONS)]
-    pub max_connections: usize,
-    /// Most open connections from one IP address (default: half of --max-connections); more
-    /// are answered 429 and closed.
-    #[arg(long)]
-    pub max_connections_per_peer: Option<usize>,
-    /// Seconds a request's body may take to arrive after its head (0: no limit); later: 408.
-    #[arg(long, default_value_t = DEFAULT_BODY_READ_TIMEOUT_S)]
-    pub body_read_timeout_s: u64,
-    /// On SIGTERM or SIGINT, seconds to let in-flight requests finish before they are aborted
-    /// and the process exits (a second signal exits at once).
-    #[arg(long, default_value_t = DEFAULT_SHUTDOWN_GRACE_S)]
-    pub shutdown_grace_s: u64,
-}
 
 /// How the HTTP side behaves (the engine has its own config).
 #[derive(Clone, Debug)]
@@ -363,17 +306,17 @@ fn router(state: Arc<AppState>, cors: Option<tower_http::cors::CorsLayer>) -> Ro
     let api = Router::new()
         .route("/v1/chat/completions", post(openai::chat_completions))
         .route("/v1/completions", post(openai::completions))
-        .route("/v1/models", get(list_models))
-        .route("/v1/models/{*model}", get(get_model))
+        .route("/v1/models", get(info::list_models))
+        .route("/v1/models/{*model}", get(info::get_model))
         .route("/tokenize", post(tokenize::tokenize))
         .route("/detokenize", post(tokenize::detokenize))
         .route_layer(from_fn_with_state(state.clone(), require_api_key));
     let mut app = Router::new()
         .merge(api)
-        .route("/health", get(health))
-        .route("/metrics", get(prometheus))
-        .route("/version", get(version))
-        .route("/server_info", get(server_info))
+        .route("/health", get(info::health))
+        .route("/metrics", get(info::prometheus))
+        .route("/version", get(info::version))
+        .route("/server_info", get(info::server_info))
         .fallback(|| async { ApiError::not_found("no such route") })
         .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() });
     // Innermost first: CORS (answers preflights), the status counter, the access log.
@@ -384,37 +327,6 @@ fn router(state: Arc<AppState>, cors: Option<tower_http::cors::CorsLayer>) -> Ro
         .layer(from_fn_with_state(state.clone(), access::access_log))
         .layer(DefaultBodyLimit::disable())
         .with_state(state)
-}
-
-async fn version() -> Response {
-    Json(json!({"version": env!("CARGO_PKG_VERSION")})).into_response()
-}
-
-/// What a router or operator may want to know about this replica (routers probe it, as they
-/// do SGLang's): the model names, the context length and the KV cache. The engine's fields are
-/// null while the model loads.
-async fn server_info(State(st): State<Arc<AppState>>) -> Response {
-    let e = st.engine.get();
-    let dtype = match st.cfg.kv_cache_dtype {
-        crate::config::KvDtype::F16 => "f16",
-        crate::config::KvDtype::F32 => "f32",
-    };
-    Json(json!({
-        "server": "torus-wgpu",
-        "version": env!("CARGO_PKG_VERSION"),
-        "served_model_name": st.cfg.served_model_name,
-        "model_aliases": st.cfg.model_aliases,
-        "loaded": e.is_some(),
-        "max_model_len": e.map(|e| e.info.max_model_len()),
-        "block_size": e.map(|e| e.info.block_size),
-        "num_gpu_blocks": e.map(|e| e.info.num_blocks),
-        "max_total_num_tokens": e.map(|e| e.info.num_blocks * e.info.block_size),
-        "kv_cache_dtype": dtype,
-        "enable_prefix_caching": st.cfg.share_prompt_prefill,
-        "adapter": e.map(|e| e.info.adapter.clone()),
-        "request_workers": st.work.threads(),
-    }))
-    .into_response()
 }
 
 /// Whether two secrets are equal, in a time that depends on neither where they differ nor
@@ -448,268 +360,4 @@ async fn count_status(State(st): State<Arc<AppState>>, req: Request, next: Next)
     let r = next.run(req).await;
     st.metrics.count_status(r.status().as_u16());
     r
-}
-
-/// 200 when the model is loaded and every pipeline stage answers (remote workers are asked
-/// now); otherwise 503 naming what is missing.
-async fn health(State(st): State<Arc<AppState>>) -> Response {
-    let engine = match st.engine() {
-        Ok(e) => e,
-        Err(e) => return e.into_response(),
-    };
-    let Some(stages) = engine.stages.clone() else {
-        return (StatusCode::OK, Json(json!({"status": "ok"}))).into_response();
-    };
-    let mut list = Vec::new();
-    let mut down = Vec::new();
-    for h in stages.iter() {
-        let r = match &h.address {
-            Some(addr) => crate::pipeline::remote::probe(addr, &h.link, std::time::Duration::from_secs(2))
-                .await
-                .map(|_| ())
-                .map_err(|e| format!("{e:#}")),
-            None => h.get(),
-        };
-        if let Err(e) = &r {
-            down.push(format!(
-                "pipeline stage {} ({}, layers {}..{}): {e}",
-                h.stage, h.name, h.layers.start, h.layers.end
-            ));
-        }
-        list.push(json!({
-            "stage": h.stage,
-            "name": h.name,
-            "address": h.address,
-            "layers": [h.layers.start, h.layers.end],
-            "ok": r.is_ok(),
-            "error": r.err(),
-        }));
-    }
-    if down.is_empty() {
-        return (StatusCode::OK, Json(json!({"status": "ok", "stages": list}))).into_response();
-    }
-    let body = json!({
-        "status": "unavailable",
-        "stages": list,
-        "error": {"message": down.join("; "), "type": "service_unavailable", "param": null, "code": "stage_unavailable"},
-    });
-    (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response()
-}
-
-async fn prometheus(State(st): State<Arc<AppState>>) -> Response {
-    let snap = st.engine.get().map(|e| e.metrics.snapshot());
-    let labels = metrics::VllmLabels {
-        model_name: st.cfg.served_model_name.clone(),
-        block_size: st.engine.get().map_or(0, |e| e.info.block_size),
-        cache_dtype: match st.cfg.kv_cache_dtype {
-            crate::config::KvDtype::F16 => "auto".into(),
-            crate::config::KvDtype::F32 => "fp32".into(),
-        },
-        prefix_caching: st.cfg.share_prompt_prefill,
-    };
-    let mut text = st.metrics.render(snap.as_ref(), &labels);
-    if let Some(stages) = st.engine.get().and_then(|e| e.stages.clone()) {
-        // As the engine last saw each stage (/health asks the workers afresh).
-        text.push_str(
-            "# HELP torus_pipeline_stage_up Whether the pipeline stage's last step succeeded.\n\
-             # TYPE torus_pipeline_stage_up gauge\n",
-        );
-        for h in stages.iter() {
-            text.push_str(&format!("torus_pipeline_stage_up{{stage=\"{}\"}} {}\n", h.stage, h.get().is_ok() as u8));
-        }
-    }
-    let mut r = text.into_response();
-    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"));
-    r
-}
-
-fn model_card(st: &AppState, name: &str) -> serde_json::Value {
-    let mut card = json!({
-        "id": name,
-        "object": "model",
-        "created": st.started,
-        "owned_by": "torus-wgpu",
-    });
-    if let Some(e) = st.engine.get() {
-        card["max_model_len"] = json!(e.info.max_model_len());
-    }
-    card
-}
-
-async fn list_models(State(st): State<Arc<AppState>>) -> Response {
-    let data: Vec<serde_json::Value> = st.model_names().map(|n| model_card(&st, n)).collect();
-    Json(json!({"object": "list", "data": data})).into_response()
-}
-
-async fn get_model(
-    State(st): State<Arc<AppState>>,
-    model: Result<UrlPath<String>, axum::extract::rejection::PathRejection>,
-) -> Response {
-    // A path that does not decode (invalid UTF-8 in percent escapes) names no model.
-    let Ok(UrlPath(model)) = model else { return ApiError::not_found("no such model").into_response() };
-    match st.check_model(Some(&model)) {
-        Ok(()) => Json(model_card(&st, &model)).into_response(),
-        Err(e) => e.into_response(),
-    }
-}
-
-/// `torus-wgpu serve`: binds, loads the model (503 until then), serves until SIGINT/SIGTERM,
-/// then finishes in-flight requests and exits.
-pub fn run(args: ServeArgs) -> Result<()> {
-    let cfg = args.engine.resolve()?;
-    let model_path = cfg.model_path();
-    if !model_path.exists() {
-        anyhow::bail!(
-            "{}: model not found (run scripts/fetch-model.sh for the default model, or pass --model)",
-            model_path.display()
-        );
-    }
-    if args.max_request_body_bytes == 0 {
-        anyhow::bail!("--max-request-body-bytes must be positive");
-    }
-    if args.max_queued_requests == 0 {
-        anyhow::bail!("--max-queued-requests must be positive");
-    }
-    if args.max_connections == 0 {
-        anyhow::bail!("--max-connections must be positive");
-    }
-    if args.header_read_timeout_s > 86_400 {
-        anyhow::bail!("--header-read-timeout-s must be at most 86400 (a day), or 0 for no limit");
-    }
-    let mut names: Vec<String> = Vec::new();
-    for n in args.served_model_name.iter().map(|n| n.trim()) {
-        if n.is_empty() {
-            anyhow::bail!("--served-model-name: empty model name");
-        }
-        if !names.iter().any(|m| m == n) {
-            names.push(n.to_string());
-        }
-    }
-    if names.is_empty() {
-        names.push(model_id_for_path(&model_path));
-    }
-    let mut scfg = ServerConfig::new(names.remove(0), &cfg);
-    scfg.model_aliases = names;
-    cors_layer(&args.allowed_origins).map_err(anyhow::Error::msg)?;
-    scfg.allowed_origins = args.allowed_origins.clone();
-    if args.api_key.as_deref().is_some_and(|k| k.trim().is_empty()) {
-        // An empty key would silently mean "no authentication".
-        anyhow::bail!("--api-key (or TORUS_API_KEY) is empty; give a key, or leave it unset for no authentication");
-    }
-    scfg.api_key = args.api_key.clone();
-    scfg.max_queued_requests = args.max_queued_requests;
-    scfg.max_request_body_bytes = args.max_request_body_bytes;
-    let secs = |s: u64| (s > 0).then(|| Duration::from_secs(s));
-    scfg.request_timeout = secs(args.request_timeout_s);
-    let ka = args.sse_keepalive_s;
-    if ka != 0.0 && !(0.01..=86_400.0).contains(&ka) {
-        anyhow::bail!("--sse-keepalive-s must be 0 (off) or between 0.01 and 86400 seconds");
-    }
-    scfg.sse_keepalive = (ka > 0.0).then(|| Duration::from_secs_f64(ka));
-    scfg.header_read_timeout = secs(args.header_read_timeout_s);
-    scfg.max_connections = args.max_connections;
-    scfg.max_connections_per_peer = match args.max_connections_per_peer {
-        Some(0) => anyhow::bail!("--max-connections-per-peer must be positive"),
-        Some(n) => n,
-        None => default_max_connections_per_peer(args.max_connections),
-    };
-    if args.body_read_timeout_s > 86_400 {
-        anyhow::bail!("--body-read-timeout-s must be at most 86400 (a day), or 0 for no limit");
-    }
-    scfg.body_read_timeout = secs(args.body_read_timeout_s);
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().thread_name("torus-http").build()?;
-    let r = rt.block_on(serve(args, cfg, scfg, model_path));
-    // Never wait on work that is still running (dropping the runtime would).
-    rt.shutdown_timeout(Duration::from_secs(1));
-    r
-}
-
-async fn serve(args: ServeArgs, cfg: EngineConfig, scfg: ServerConfig, model_path: std::path::PathBuf) -> Result<()> {
-    let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
-        .await
-        .with_context(|| format!("cannot listen on {}:{}", args.host, args.port))?;
-    let auth = if scfg.api_key.is_some() { "API key required on /v1, /tokenize and /detokenize" } else { "no API key" };
-    let name = scfg.served_model_name.clone();
-    let server = start(listener, scfg, None)?;
-    eprintln!(
-        "torus-wgpu serve: listening on http://{} ({auth}); loading {} as model {name:?} (/health answers 503 until it is loaded)",
-        server.addr,
-        model_path.display()
-    );
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    let load_cfg = cfg.clone();
-    // A plain thread, so that a signal during loading can end the process without waiting.
-    std::thread::Builder::new().name("torus-load".into()).spawn(move || {
-        let r = crate::engine::load_configured(&load_cfg).and_then(|(m, t)| EngineHandle::try_start(m, t, &load_cfg));
-        let _ = tx.send(r);
-    })?;
-    let mut signal = std::pin::pin!(crate::shutdown::signal());
-    let engine = tokio::select! {
-        r = rx => match r {
-            Ok(Ok(engine)) => engine,
-            Ok(Err(e)) => {
-                server.shutdown().await;
-                return Err(e);
-            }
-            Err(_) => {
-                server.shutdown().await;
-                anyhow::bail!("the model loader stopped unexpectedly");
-            }
-        },
-        _ = &mut signal => {
-            eprintln!("torus-wgpu serve: signal received while loading; exiting");
-            server.shutdown().await;
-            return Ok(());
-        }
-    };
-    let i = engine.info.clone();
-    if let Some(a) = i.kv_events_addr {
-        eprintln!("torus-wgpu serve: publishing KV-cache events on tcp://{a} (ZeroMQ PUB, vLLM's format)");
-    }
-    server.set_engine(engine);
-    eprintln!(
-        "torus-wgpu serve: ready on http://{} | model {name:?} ({}) | adapter {} | KV cache ({}) {} blocks x {} tokens = {} tokens | max_sequence_length {} | max batch {} decode + {} prefill, {} tokens/step",
-        server.addr,
-        model_path.display(),
-        i.adapter,
-        cfg.kv_cache_dtype.name(),
-        i.num_blocks,
-        i.block_size,
-        i.num_blocks * i.block_size,
-        i.max_seq_len,
-        cfg.max_decode_batch_size,
-        cfg.max_prefill_batch_size,
-        cfg.max_num_batched_tokens
-    );
-    signal.await;
-    let grace = Duration::from_secs(args.shutdown_grace_s);
-    eprintln!("torus-wgpu serve: shutting down (finishing in-flight requests for up to {} s)", grace.as_secs());
-    exit_after(grace + Duration::from_secs(5));
-    // A second signal: exit now.
-    tokio::spawn(async {
-        crate::shutdown::signal().await;
-        eprintln!("torus-wgpu serve: second signal; exiting now");
-        std::process::exit(130);
-    });
-    let engine = server.engine().cloned();
-    let mut stop = std::pin::pin!(server.shutdown());
-    if tokio::time::timeout(grace, &mut stop).await.is_err() {
-        eprintln!("torus-wgpu serve: grace period over; aborting the requests still running");
-        if let Some(e) = engine {
-            // Aborted requests end their streams; the engine thread stops.
-            std::thread::spawn(move || e.shutdown(false));
-        }
-        let _ = tokio::time::timeout(Duration::from_secs(3), &mut stop).await;
-    }
-    eprintln!("torus-wgpu serve: stopped");
-    Ok(())
-}
-
-/// Ends the process after `t` whatever is still running (a step stuck on the GPU, say).
-fn exit_after(t: Duration) {
-    std::thread::spawn(move || {
-        std::thread::sleep(t);
-        eprintln!("torus-wgpu serve: still not stopped after {} s; exiting", t.as_secs());
-        std::process::exit(1);
-    });
 }
