@@ -1,0 +1,76 @@
+//! Tools and tool-call history into the prompt: through the model's chat template when it
+//! renders `tools`, else generically (Hermes style; see the module docs of `tools`).
+
+use super::{ToolRequest, CALL_CLOSE, CALL_OPEN};
+use crate::tokenizer::{ChatMessage, Tokenizer};
+use serde_json::{json, Value};
+
+/// The system-prompt text that offers `tools` to a model whose chat template does not render
+/// them (Hermes' function-calling prompt).
+pub fn generic_tools_prompt(tools: &[Value]) -> String {
+    let mut s = String::from(
+        "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n\
+         You are provided with function signatures within <tools></tools> XML tags:\n<tools>",
+    );
+    for t in tools {
+        s.push('\n');
+        s.push_str(&t.to_string());
+    }
+    s.push_str(
+        "\n</tools>\n\nFor each function call, return a json object with function name and arguments within \
+         <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": \
+         <args-json-object>}\n</tool_call>",
+    );
+    s
+}
+
+/// `messages` rewritten for a template that knows nothing of tools (see the module docs).
+pub fn generic_messages(messages: &[ChatMessage], tools: Option<&[Value]>) -> Vec<ChatMessage> {
+    let mut out: Vec<ChatMessage> = messages
+        .iter()
+        .map(|m| {
+            let mut content = m.content.clone();
+            if let Some(calls) = &m.tool_calls {
+                for c in calls {
+                    let call = json!({"name": c["function"]["name"], "arguments": c["function"]["arguments"]});
+                    if !content.is_empty() {
+                        content.push('\n');
+                    }
+                    content.push_str(&format!("{CALL_OPEN}\n{call}\n{CALL_CLOSE}"));
+                }
+            }
+            if m.role == "tool" {
+                ChatMessage::new("user", format!("<tool_response>\n{content}\n</tool_response>"))
+            } else {
+                ChatMessage::new(m.role.clone(), content)
+            }
+        })
+        .collect();
+    if let Some(tools) = tools.filter(|t| !t.is_empty()) {
+        let prompt = generic_tools_prompt(tools);
+        match out.first_mut() {
+            Some(first) if first.role == "system" => first.content = format!("{}\n\n{prompt}", first.content),
+            _ => out.insert(0, ChatMessage::new("system", prompt)),
+        }
+    }
+    out
+}
+
+/// The chat prompt of `messages` with the request's tools (if any), through the template when
+/// it supports tools, else through [`generic_messages`].
+pub fn render_prompt(
+    tok: &Tokenizer,
+    messages: &[ChatMessage],
+    tools: Option<&ToolRequest>,
+    add_generation_prompt: bool,
+) -> anyhow::Result<String> {
+    let specs = tools.map(ToolRequest::specs);
+    let has_history = messages.iter().any(|m| m.tool_calls.is_some() || m.role == "tool");
+    if tok.chat_template_supports_tools() {
+        tok.apply_chat_template_with_tools(messages, specs.as_deref(), add_generation_prompt)
+    } else if specs.is_some() || has_history {
+        tok.apply_chat_template(&generic_messages(messages, specs.as_deref()), add_generation_prompt)
+    } else {
+        tok.apply_chat_template(messages, add_generation_prompt)
+    }
+}
