@@ -77,7 +77,7 @@ fn steps(c: &mut Criterion) {
             stages: vec![StageConfig::default(); stages],
             ..cfg.clone()
         };
-        let pipe = torus_wgpu::pipeline::build(&pcfg, &p, &|_, _| {}, &|_| {}).unwrap();
+        let pipe = torus_wgpu::exec::build(&pcfg, &p, &|_, _| {}, &|_| {}).unwrap();
         bench_steps(&mut g, &format!("{stages} stages"), pipe);
     }
     // The same two stages as worker processes on 127.0.0.1 (gRPC instead of an in-process hop).
@@ -92,7 +92,7 @@ fn steps(c: &mut Criterion) {
         })
         .collect();
     let pcfg = EngineConfig { enable_pipeline_parallel: true, world_size: 2, stages, ..cfg.clone() };
-    let pipe = torus_wgpu::pipeline::build(&pcfg, &path, &|_, _| {}, &|_| {}).unwrap();
+    let pipe = torus_wgpu::exec::build(&pcfg, &path, &|_, _| {}, &|_| {}).unwrap();
     bench_steps(&mut g, "2 workers", pipe);
     g.finish();
 }
@@ -100,7 +100,7 @@ fn steps(c: &mut Criterion) {
 fn bench_steps(
     g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
     name: &str,
-    mut pipe: torus_wgpu::pipeline::Pipeline,
+    mut pipe: torus_wgpu::exec::Pipeline,
 ) {
     for tokens in [1usize, 256] {
         let input = step_input(tokens);

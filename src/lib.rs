@@ -3,18 +3,18 @@
 //! Layers, from the bottom: `gpu` (device, buffers, pipelines), `model` (weights, loaders,
 //! forward pass), `tokenizer` (tokenizers + chat templates), `sampling`, `structured` (grammar
 //! constraints for structured outputs, over the tokenizer), `engine` (generation),
-//! `pipeline` (layer stages across adapters and worker processes), `server` (OpenAI API),
+//! `exec` (the executors: one device, layer stages across adapters and worker processes), `server` (OpenAI API),
 //! `kv_events` (the prefix cache's changes published for KV-aware routers).
-//! A module uses the ones below it: server -> engine -> pipeline -> model/kv -> gpu.
+//! A module uses the ones below it: server -> engine -> exec -> model/kv -> gpu.
 
 pub mod bench;
 pub mod config;
 pub mod engine;
+pub mod exec;
 pub mod gpu;
 pub mod kv;
 pub mod kv_events;
 pub mod model;
-pub mod pipeline;
 pub mod sampling;
 pub mod server;
 pub mod shutdown;

@@ -267,14 +267,14 @@ fn run(cli: Cli) -> Result<()> {
         }
         Cmd::Worker { engine, listen, insecure } => {
             let cfg = engine.resolve()?;
-            torus_wgpu::pipeline::remote::run_worker(&cfg, &listen, insecure)?;
+            torus_wgpu::exec::remote::run_worker(&cfg, &listen, insecure)?;
         }
         Cmd::Generate { engine, prompt, chat, max_tokens, temperature, top_p, top_k, min_p, seed, ignore_eos } => {
             let cfg = engine.resolve()?;
-            let (exec, tok) = load_configured(&cfg)?;
-            let torus_wgpu::pipeline::Executor::Single { mut model, .. } = exec else {
+            if cfg.enable_pipeline_parallel {
                 anyhow::bail!("generate runs on one device; serve or throughput run pipelines");
-            };
+            }
+            let (mut model, tok) = torus_wgpu::engine::load_configured_model(&cfg)?;
             let text = if chat { tok.apply_chat_template(&[ChatMessage::new("user", prompt)], true)? } else { prompt };
             let ids = tok.encode(&text)?;
             let params = SamplingParams {

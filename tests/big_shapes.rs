@@ -60,7 +60,7 @@ fn qwen25_7b_shape_2048_token_step_matches_chunked_prefill() {
         kv_cache_dtype: KvDtype::F16,
         ..Default::default()
     };
-    let limits = torus_wgpu::pipeline::step_limits(&cfg, &host.cfg);
+    let limits = torus_wgpu::exec::step_limits(&cfg, &host.cfg);
     let gpu = Arc::new(Gpu::new(None).expect("a wgpu adapter (lavapipe in CI)"));
     let mut model = Model::new(gpu.clone(), &host, limits).unwrap();
     // 2048 rows of the 18944-wide FFN activations exceed one storage binding: sub-steps.

@@ -15,8 +15,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use torus_wgpu::config::EngineConfig;
 use torus_wgpu::engine::{load_model, EngineHandle, FinishReason};
+use torus_wgpu::exec::{Fault, FaultInjector};
 use torus_wgpu::gpu::Gpu;
-use torus_wgpu::pipeline::Fault;
 use torus_wgpu::server::{model_id_for_path, start, ServerConfig, ServerHandle};
 
 fn cfg() -> EngineConfig {
@@ -34,7 +34,7 @@ fn cfg() -> EngineConfig {
 fn engine(path: &Path, cfg: &EngineConfig) -> EngineHandle {
     let gpu = Arc::new(Gpu::new(None).expect("a wgpu adapter"));
     let (model, tok) = load_model(path, cfg, gpu, &|_, _| {}).expect("model loads");
-    EngineHandle::start(model, tok, cfg)
+    EngineHandle::start(FaultInjector::new(model), tok, cfg)
 }
 
 /// Waits (up to 10 s) for `f` to hold.

@@ -18,9 +18,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use torus_wgpu::config::EngineConfig;
 use torus_wgpu::engine::{load_model, EngineHandle, FinishReason, Request};
+use torus_wgpu::exec::{Fault, FaultInjector};
 use torus_wgpu::gpu::Gpu;
 use torus_wgpu::kv::{block_key, external_hash, root_key, BlockKey};
-use torus_wgpu::pipeline::Fault;
 
 const BLOCK: usize = 4;
 
@@ -174,7 +174,7 @@ fn publisher() -> (EngineHandle, EngineConfig) {
         ..Default::default()
     };
     let (model, tok) = load_model(&tiny(), &cfg, gpu, &|_, _| {}).unwrap();
-    (EngineHandle::try_start(model, tok, &cfg).expect("bind the KV-events endpoint"), cfg)
+    (EngineHandle::try_start(FaultInjector::new(model), tok, &cfg).expect("bind the KV-events endpoint"), cfg)
 }
 
 #[test]

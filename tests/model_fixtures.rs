@@ -118,7 +118,7 @@ fn tiny_qwen2_with_buffers_split_and_grids_folded() {
             kv_cache_dtype: kv,
             ..Default::default()
         };
-        let mut limits = torus_wgpu::pipeline::step_limits(&cfg, &host.cfg);
+        let mut limits = torus_wgpu::exec::step_limits(&cfg, &host.cfg);
         limits.max_binding = 64 << 10;
         let mut model = Model::new(gpu.clone(), &host, limits).unwrap();
         assert_eq!(model.kv.num_blocks, 128);
@@ -243,7 +243,7 @@ fn memory_plan_is_reported_and_checked() {
     use torus_wgpu::model::loader::HostModel;
     let host = HostModel::load(&fixtures().join("tiny-qwen2"), &|_, _| {}).unwrap();
     let cfg = EngineConfig { total_cache_size: 4 << 20, kv_cache_dtype: KvDtype::F16, ..Default::default() };
-    let limits = torus_wgpu::pipeline::step_limits(&cfg, &host.cfg);
+    let limits = torus_wgpu::exec::step_limits(&cfg, &host.cfg);
     let model = Model::new(Arc::new(Gpu::new(None).unwrap()), &host, limits).unwrap();
     let plan = model.plan;
     // tiny-qwen2: 2 layers x 32 KV values per token, f16: 4 MiB hold 4 MiB of K and V.
@@ -312,7 +312,7 @@ fn tiny_qwen2_step_split_into_sub_steps_matches() {
         kv_cache_dtype: KvDtype::F32,
         ..Default::default()
     };
-    let limits = torus_wgpu::pipeline::step_limits(&cfg, &host.cfg);
+    let limits = torus_wgpu::exec::step_limits(&cfg, &host.cfg);
     let mut whole = Model::new(gpu.clone(), &host, limits).unwrap();
     let mut small = limits;
     // 8 KiB: 16 rows of the 128-wide FFN; one row of logits plus its adjustment entries.
@@ -352,7 +352,7 @@ fn tiny_qwen2_batched_steps_agree_across_profiles() {
             kernel_profile: profile,
             ..Default::default()
         };
-        let mut model = Model::new(gpu.clone(), &host, torus_wgpu::pipeline::step_limits(&cfg, &host.cfg)).unwrap();
+        let mut model = Model::new(gpu.clone(), &host, torus_wgpu::exec::step_limits(&cfg, &host.cfg)).unwrap();
         assert_eq!(model.limits.profile, profile);
         let a: Vec<u32> = (0..20).map(|i| (i * 37 + 11) % 500).collect();
         let b: Vec<u32> = (0..13).map(|i| (i * 53 + 7) % 500).collect();

@@ -13,9 +13,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use torus_wgpu::config::{EngineConfig, StageConfig};
 use torus_wgpu::engine::{load_model, load_tokenizer, EngineHandle, FinishReason, Request};
+use torus_wgpu::exec::{self as pipeline, Pipeline};
 use torus_wgpu::gpu::Gpu;
 use torus_wgpu::model::forward::{SampleParams, StepInput};
-use torus_wgpu::pipeline::{self, Pipeline};
 
 fn base_cfg(path: &Path) -> EngineConfig {
     EngineConfig {
@@ -720,7 +720,7 @@ fn shipped_configs_parse_and_pipeline_ones_cover_the_default_model() {
             assert_eq!(ranges.len(), cfg.world_size);
         } else if cfg.enable_pipeline_parallel {
             // A worker: its range lies inside the model.
-            let r = torus_wgpu::pipeline::remote::worker_layers(&cfg, 30).unwrap();
+            let r = torus_wgpu::exec::remote::worker_layers(&cfg, 30).unwrap();
             assert!(r.end <= 30 && r.start < r.end, "{}", path.display());
         }
     }
@@ -768,7 +768,7 @@ impl pipeline::StageExec for FakeStage {
 
 #[test]
 fn a_panicking_stage_fails_its_step_and_the_pipeline_goes_on() {
-    use torus_wgpu::pipeline::StageHealth;
+    use torus_wgpu::exec::StageHealth;
     let stages: Vec<pipeline::Stage> = (0..2)
         .map(|i| {
             let stage: Box<dyn pipeline::StageExec> = Box::new(FakeStage { last: i == 1 });

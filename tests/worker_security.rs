@@ -15,10 +15,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use torus_wgpu::config::{EngineConfig, Secret, StageConfig};
 use torus_wgpu::engine::{load_model, load_tokenizer, EngineHandle, FinishReason, Request};
+use torus_wgpu::exec::proto::{self, stage_client::StageClient};
+use torus_wgpu::exec::remote::{self, Link, MessageLimits};
+use torus_wgpu::exec::{self as pipeline, Pipeline};
 use torus_wgpu::gpu::Gpu;
-use torus_wgpu::pipeline::proto::{self, stage_client::StageClient};
-use torus_wgpu::pipeline::remote::{self, Link, MessageLimits};
-use torus_wgpu::pipeline::{self, Pipeline};
 
 const TOKEN: &str = "test-worker-token-0123456789abcdef";
 

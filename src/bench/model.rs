@@ -193,7 +193,7 @@ pub fn load_model(cfg: &EngineConfig, gpu: Arc<Gpu>) -> Result<(Model, HostModel
     let host = HostModel::load(&path, &|_, _| {}).with_context(|| format!("loading {}", path.display()))?;
     let read_s = t.elapsed().as_secs_f64();
     let t = Instant::now();
-    let limits = crate::pipeline::step_limits(cfg, &host.cfg);
+    let limits = crate::exec::step_limits(cfg, &host.cfg);
     let mut model = Model::new(gpu, &host, limits).with_context(|| format!("loading {}", path.display()))?;
     model.warm_up()?;
     eprintln!(

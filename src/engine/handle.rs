@@ -5,8 +5,8 @@ use super::core::{Command, EngineCore, SchedulerConfig};
 use super::metrics::EngineMetrics;
 use super::request::{Event, FinishReason, PromptLogprob, Request, RequestParams, Usage};
 use crate::config::EngineConfig;
+use crate::exec::{panic_message, Executor, Fault, StageHealth};
 use crate::gpu::kernels::MAX_TOP_LOGPROBS;
-use crate::pipeline::{panic_message, Executor, Fault, StageHealth};
 use crate::structured::Grammars;
 use crate::tokenizer::Tokenizer;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -142,13 +142,13 @@ impl Drop for RequestStream {
 impl EngineHandle {
     /// Starts the engine thread, which takes ownership of the model (or pipeline). Panics if
     /// `cfg.kv_events_endpoint` is set and cannot be bound (`try_start` returns the error).
-    pub fn start(exec: impl Into<Executor>, tokenizer: Tokenizer, cfg: &EngineConfig) -> EngineHandle {
+    pub fn start(exec: impl Into<Box<dyn Executor>>, tokenizer: Tokenizer, cfg: &EngineConfig) -> EngineHandle {
         Self::try_start(exec, tokenizer, cfg).unwrap_or_else(|e| panic!("starting the engine: {e:#}"))
     }
 
     /// `start`, failing when the KV-events endpoint cannot be bound.
     pub fn try_start(
-        exec: impl Into<Executor>,
+        exec: impl Into<Box<dyn Executor>>,
         tokenizer: Tokenizer,
         cfg: &EngineConfig,
     ) -> anyhow::Result<EngineHandle> {

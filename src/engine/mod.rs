@@ -6,13 +6,18 @@ pub mod handle;
 pub mod metrics;
 mod penalties;
 pub mod request;
+#[cfg(test)]
+mod scripted;
+#[cfg(test)]
+mod trace_tests;
 
 pub use handle::{Completion, EngineHandle, RequestStream};
 pub use request::{Event, FinishReason, PromptLogprob, Request, RequestParams, StopConditions, Usage};
 
+use crate::exec::Executor;
 use crate::model::forward::{Model, SampleParams, StepInput};
-use crate::pipeline::Executor;
 use crate::sampling::{Rng, SamplingParams};
+use anyhow::Context;
 use anyhow::{bail, Result};
 use std::time::{Duration, Instant};
 
@@ -135,7 +140,7 @@ pub fn load_model(
     use crate::model::loader::HostModel;
     let host = HostModel::load(path, progress)?;
     let tok = load_tokenizer(path)?;
-    let limits = crate::pipeline::step_limits(cfg, &host.cfg);
+    let limits = crate::exec::step_limits(cfg, &host.cfg);
     let mut model = Model::new(gpu, &host, limits)?;
     model.warm_up()?;
     Ok((model, tok))
@@ -149,8 +154,32 @@ pub fn load_tokenizer(path: &std::path::Path) -> Result<crate::tokenizer::Tokeni
 /// Loads the model the config names (or the default model) with a progress bar on stderr:
 /// on the adapter it names, or, with enable_pipeline_parallel, as a pipeline of stages (local
 /// adapters and/or remote workers). Prints where each part runs.
-pub fn load_configured(cfg: &crate::config::EngineConfig) -> Result<(Executor, crate::tokenizer::Tokenizer)> {
-    use anyhow::Context;
+pub fn load_configured(cfg: &crate::config::EngineConfig) -> Result<(Box<dyn Executor>, crate::tokenizer::Tokenizer)> {
+    if cfg.enable_pipeline_parallel {
+        let path = model_path(cfg)?;
+        let pb = progress_bar(&path);
+        let p = crate::exec::build(cfg, &path, &progress_fn(&pb), &|line| pb.println(line))
+            .with_context(|| format!("loading {} as a pipeline", path.display()))?;
+        pb.finish_and_clear();
+        Ok((p.into(), load_tokenizer(&path)?))
+    } else {
+        let (m, t) = load_configured_model(cfg)?;
+        Ok((m.into(), t))
+    }
+}
+
+/// Loads the model the config names on one device (the adapter it names), with a progress bar.
+pub fn load_configured_model(cfg: &crate::config::EngineConfig) -> Result<(Model, crate::tokenizer::Tokenizer)> {
+    let path = model_path(cfg)?;
+    let pb = progress_bar(&path);
+    let gpu = std::sync::Arc::new(crate::gpu::Gpu::new(cfg.adapter.as_deref())?);
+    eprintln!("adapter: {}", gpu.describe());
+    let r = load_model(&path, cfg, gpu, &progress_fn(&pb)).with_context(|| format!("loading {}", path.display()))?;
+    pb.finish_and_clear();
+    Ok(r)
+}
+
+fn model_path(cfg: &crate::config::EngineConfig) -> Result<std::path::PathBuf> {
     let path = cfg.model_path();
     if !path.exists() {
         bail!(
@@ -158,6 +187,10 @@ pub fn load_configured(cfg: &crate::config::EngineConfig) -> Result<(Executor, c
             path.display()
         );
     }
+    Ok(path)
+}
+
+fn progress_bar(path: &std::path::Path) -> indicatif::ProgressBar {
     let pb = indicatif::ProgressBar::new(1);
     pb.set_style(
         indicatif::ProgressStyle::with_template("loading {msg} [{bar:30}] {pos}/{len} layers")
@@ -165,20 +198,12 @@ pub fn load_configured(cfg: &crate::config::EngineConfig) -> Result<(Executor, c
             .progress_chars("=> "),
     );
     pb.set_message(path.display().to_string());
-    let progress = |done: usize, total: usize| {
+    pb
+}
+
+fn progress_fn(pb: &indicatif::ProgressBar) -> impl Fn(usize, usize) + '_ {
+    |done: usize, total: usize| {
         pb.set_length(total as u64);
         pb.set_position(done as u64);
-    };
-    let r = if cfg.enable_pipeline_parallel {
-        let p = crate::pipeline::build(cfg, &path, &progress, &|line| pb.println(line))
-            .with_context(|| format!("loading {} as a pipeline", path.display()))?;
-        (Executor::from(p), load_tokenizer(&path)?)
-    } else {
-        let gpu = std::sync::Arc::new(crate::gpu::Gpu::new(cfg.adapter.as_deref())?);
-        eprintln!("adapter: {}", gpu.describe());
-        let (m, t) = load_model(&path, cfg, gpu, &progress).with_context(|| format!("loading {}", path.display()))?;
-        (Executor::from(m), t)
-    };
-    pb.finish_and_clear();
-    Ok(r)
+    }
 }

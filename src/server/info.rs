@@ -54,7 +54,7 @@ pub(super) async fn health(State(st): State<Arc<AppState>>) -> Response {
     let mut down = Vec::new();
     for h in stages.iter() {
         let r = match &h.address {
-            Some(addr) => crate::pipeline::remote::probe(addr, &h.link, std::time::Duration::from_secs(2))
+            Some(addr) => crate::exec::remote::probe(addr, &h.link, std::time::Duration::from_secs(2))
                 .await
                 .map(|_| ())
                 .map_err(|e| format!("{e:#}")),

@@ -18,9 +18,9 @@ mod sequence;
 use super::metrics::EngineMetrics;
 use super::penalties::Penalties;
 use super::request::{Event, FinishReason, Request, Usage};
+use crate::exec::{Executor, Fault, StageFailure};
 use crate::kv::{root_key, BlockKey, BlockManager, KvEvent};
 use crate::model::forward::{SampleParams, StepInput};
-use crate::pipeline::{Executor, Fault, StageFailure};
 use crate::sampling::Rng;
 use crate::tokenizer::{IncrementalDecoder, Tokenizer};
 use sequence::Seq;
@@ -85,7 +85,7 @@ enum Row {
 }
 
 pub(crate) struct EngineCore {
-    exec: Executor,
+    exec: Box<dyn Executor>,
     in_flight: VecDeque<InFlight>,
     /// Sequences in steps in flight, with how many steps each.
     busy: HashMap<u64, usize>,
@@ -100,15 +100,13 @@ pub(crate) struct EngineCore {
     running: Vec<Seq>,
     metrics: Arc<EngineMetrics>,
     draining: bool,
-    /// Test-only: the next result is taken as another step's.
-    mismatch_next: bool,
     /// Where each step's KV-cache events go (`--kv-events-endpoint`), with the batches sent.
     kv_events: Option<(std::sync::mpsc::Sender<Vec<KvEvent>>, u64)>,
 }
 
 impl EngineCore {
     pub(crate) fn new(
-        exec: Executor,
+        exec: Box<dyn Executor>,
         tok: Arc<Tokenizer>,
         cfg: SchedulerConfig,
         enable_prefix_cache: bool,
@@ -132,7 +130,6 @@ impl EngineCore {
             running: Vec::new(),
             metrics,
             draining: false,
-            mismatch_next: false,
             kv_events: kv_events.map(|tx| (tx, 0)),
         };
         core.publish();
@@ -270,7 +267,6 @@ impl EngineCore {
             }
             Command::Fault(f) => match f {
                 Fault::EnginePanic => panic!("injected fault: the engine thread panics"),
-                Fault::StepIdMismatch => self.mismatch_next = true,
                 f => self.exec.inject(f),
             },
         }

@@ -4,9 +4,9 @@
 
 use super::{EngineCore, Row, Seq};
 use crate::engine::request::{Event, FinishReason, PromptLogprob};
+use crate::exec::{StageFailure, StepResult};
 use crate::gpu::GpuFault;
 use crate::model::forward::Sampled;
-use crate::pipeline::{StageFailure, StepResult};
 use crate::tokenizer::Tokenizer;
 use std::sync::atomic::Ordering::Relaxed;
 
@@ -37,7 +37,7 @@ impl EngineCore {
             // and `busy` was reset then (it may count their new steps by now).
             return;
         }
-        let got = if std::mem::take(&mut self.mismatch_next) { r.id.wrapping_add(1) } else { r.id };
+        let got = r.id;
         if got != step.id {
             // Results must come back in submission order; one that does not could hand tokens to
             // the wrong sequences, so nothing of it is applied.
