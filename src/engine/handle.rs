@@ -1,9 +1,10 @@
 //! The async handle to the engine thread: submit a request, get its token stream; dropping the
 //! stream (or calling abort) ends the request and frees its KV blocks.
 
-use super::core::{Command, EngineCore, SchedulerConfig};
+use super::core::{Command, EngineCore};
 use super::metrics::EngineMetrics;
 use super::request::{Event, FinishReason, PromptLogprob, Request, RequestParams, Usage};
+use super::scheduler::SchedulerConfig;
 use crate::config::EngineConfig;
 use crate::exec::{panic_message, Executor, Fault, StageHealth};
 use crate::gpu::kernels::MAX_TOP_LOGPROBS;

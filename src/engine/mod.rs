@@ -4,10 +4,16 @@
 pub mod core;
 pub mod handle;
 pub mod metrics;
+mod output;
 mod penalties;
 pub mod request;
+mod runner;
+mod scheduler;
+#[cfg(test)]
+mod scheduler_tests;
 #[cfg(test)]
 mod scripted;
+mod sequence;
 #[cfg(test)]
 mod trace_tests;
 

@@ -91,6 +91,8 @@ impl Executor for Scripted {
         let mut steps = self.steps.lock().unwrap();
         steps.push(input);
         let n = steps.len();
+        // A scripted run is short: a loop that never ends fails instead of hanging.
+        assert!(n <= 5000, "the engine submitted more than 5000 steps");
         drop(steps);
         if let (Some(cmds), Some(tx)) = (self.script.remove(&n), &self.commands) {
             for c in cmds {

@@ -4,9 +4,10 @@
 //! sharing, preemption, prompt logprobs, a stop string, penalties, a request arriving mid-run
 //! and an abort. `TORUS_WRITE_TRACE=1` rewrites the file (only for an intended change).
 
-use super::core::{Command, EngineCore, SchedulerConfig};
+use super::core::{Command, EngineCore};
 use super::metrics::EngineMetrics;
 use super::request::{Event, FinishReason, Request, RequestParams, StopConditions};
+use super::scheduler::SchedulerConfig;
 use super::scripted::{next_token, Scripted};
 use crate::sampling::SamplingParams;
 use crate::tokenizer::Tokenizer;
@@ -173,4 +174,34 @@ fn scripted_run_in_a_pipeline_ends_every_request() {
             _ => assert_eq!(*reason, FinishReason::Length, "request {id}"),
         }
     }
+}
+
+/// With a sliding window of 8, a sequence of 8 + 40 tokens runs in a cache of 6 blocks (24
+/// tokens): blocks that left the window are freed as it goes, so nothing is preempted.
+#[test]
+fn sliding_window_frees_the_blocks_that_left_it() {
+    let exec = Scripted::new(16, 4, 4, 6);
+    let cfg = SchedulerConfig {
+        max_num_batched_tokens: 16,
+        max_decode_batch_size: 4,
+        max_prefill_batch_size: 2,
+        max_seq_len: 256,
+        block_size: 4,
+        sliding_window: Some(8),
+    };
+    let metrics = Arc::new(EngineMetrics::default());
+    let core = EngineCore::new(Box::new(exec), tokenizer(), cfg, true, metrics.clone(), None);
+    let (c, (_, mut rx)) = submit(1, prompt(5, 8), params(1, 40));
+    let (tx, cmds) = std::sync::mpsc::channel();
+    tx.send(c).unwrap();
+    drop(tx);
+    core.run(cmds);
+    let mut end = None;
+    while let Ok(e) = rx.try_recv() {
+        if let Event::Done { reason, usage, .. } = e {
+            end = Some((reason, usage.completion_tokens));
+        }
+    }
+    assert_eq!(end, Some((FinishReason::Length, 40)));
+    assert_eq!(metrics.preemptions.load(Relaxed), 0);
 }

@@ -2,9 +2,12 @@
 //! sliding-window release, prompt logprobs, accepted tokens (stops, grammar, detokenized text),
 //! and each finished sequence's end.
 
-use super::{EngineCore, Row, Seq};
+use super::core::EngineCore;
+use super::runner::Row;
+use super::sequence::Seq;
 use crate::engine::request::{Event, FinishReason, PromptLogprob};
 use crate::exec::{StageFailure, StepResult};
+
 use crate::gpu::GpuFault;
 use crate::model::forward::Sampled;
 use crate::tokenizer::Tokenizer;
@@ -12,8 +15,8 @@ use std::sync::atomic::Ordering::Relaxed;
 
 impl EngineCore {
     /// Ends a sequence that is in neither queue any more: frees its blocks, tells the caller.
-    pub(super) fn finish(&mut self, mut s: Seq, reason: FinishReason) {
-        self.bm.release(&s.table[s.released..]);
+    pub(crate) fn finish(&mut self, mut s: Seq, reason: FinishReason) {
+        self.sched.bm.release(&s.table[s.released..]);
         s.table.clear();
         s.released = 0;
         let counter = match reason {
@@ -30,7 +33,7 @@ impl EngineCore {
     }
 
     /// Applies the oldest step's result.
-    pub(super) fn complete(&mut self, r: StepResult) {
+    pub(crate) fn complete(&mut self, r: StepResult) {
         let Some(step) = self.in_flight.pop_front() else { return };
         if step.epoch != self.epoch {
             // Submitted before a stage failure: its sequences were already failed or requeued,
@@ -45,10 +48,10 @@ impl EngineCore {
             return;
         }
         for p in &step.plan {
-            if let Some(n) = self.busy.get_mut(&p.id) {
+            if let Some(n) = self.sched.busy.get_mut(&p.id) {
                 *n -= 1;
                 if *n == 0 {
-                    self.busy.remove(&p.id);
+                    self.sched.busy.remove(&p.id);
                 }
             }
         }
@@ -69,8 +72,8 @@ impl EngineCore {
                 // (now freed, never registered) blocks, so the others and the prefix cache are intact.
                 let msg = format!("engine step failed: {e:#}");
                 for p in &step.plan {
-                    if let Some(i) = self.running.iter().position(|s| s.id == p.id) {
-                        let s = self.running.remove(i);
+                    if let Some(i) = self.sched.running.iter().position(|s| s.id == p.id) {
+                        let s = self.sched.running.remove(i);
                         self.finish(s, FinishReason::Error(msg.clone()));
                     }
                 }
@@ -78,10 +81,10 @@ impl EngineCore {
             }
         };
         self.metrics.steps.fetch_add(1, Relaxed);
-        let bs = self.cfg.block_size;
+        let bs = self.sched.cfg.block_size;
         for p in &step.plan {
             // Aborted while in flight: nothing to apply.
-            let Some(s) = self.running.iter_mut().find(|s| s.id == p.id) else { continue };
+            let Some(s) = self.sched.running.iter_mut().find(|s| s.id == p.id) else { continue };
             let decode = p.len == 1 && p.start + 1 == s.tokens.len() && s.generated() > 0;
             if !decode {
                 self.metrics.prefill_tokens.fetch_add(p.len as u64, Relaxed);
@@ -93,16 +96,16 @@ impl EngineCore {
             while s.keys.len() < full {
                 let i = s.keys.len();
                 let parent = if i == 0 { s.root } else { s.keys[i - 1] };
-                let key = self.bm.register(s.table[i], &parent, i == 0, &s.tokens[i * bs..(i + 1) * bs], salted);
+                let key = self.sched.bm.register(s.table[i], &parent, i == 0, &s.tokens[i * bs..(i + 1) * bs], salted);
                 s.keys.push(key);
             }
             // Sliding window: the next query (position `computed`) and every later one attend
             // to positions >= computed + 1 - window only; whole blocks before that are freed
             // (they stay in the prefix cache while unreferenced).
-            if let Some(w) = self.cfg.sliding_window {
+            if let Some(w) = self.sched.cfg.sliding_window {
                 let gone = ((s.computed + 1).saturating_sub(w) / bs).min(s.table.len());
                 if gone > s.released {
-                    self.bm.release(&s.table[s.released..gone]);
+                    self.sched.bm.release(&s.table[s.released..gone]);
                     s.released = gone;
                 }
             }
@@ -111,7 +114,7 @@ impl EngineCore {
         // A sequence's rows are consecutive: its prompt logprobs (if any), then its next token.
         let mut lps: Vec<PromptLogprob> = Vec::new();
         for (k, (&(id, row), r)) in step.sampled.iter().zip(out.sampled).enumerate() {
-            let Some(s) = self.running.iter_mut().find(|s| s.id == id) else { continue };
+            let Some(s) = self.sched.running.iter_mut().find(|s| s.id == id) else { continue };
             if row == Row::Prompt {
                 s.lp_done += 1;
                 lps.push(PromptLogprob { id: r.id, logprob: r.logprob, top: r.top });
@@ -122,20 +125,66 @@ impl EngineCore {
                 continue;
             }
             self.metrics.decode_tokens.fetch_add(1, Relaxed);
-            if let Some(reason) = Self::accept(&self.tok, s, r, self.cfg.max_seq_len) {
+            if let Some(reason) = Self::accept(&self.tok, s, r, self.sched.cfg.max_seq_len) {
                 done.push((id, reason));
             }
         }
         for (id, reason) in done {
-            if let Some(i) = self.running.iter().position(|s| s.id == id) {
-                let s = self.running.remove(i);
+            if let Some(i) = self.sched.running.iter().position(|s| s.id == id) {
+                let s = self.sched.running.remove(i);
                 self.finish(s, reason);
             }
         }
     }
 
+    /// A step's result cannot be trusted to belong to its sequences: every running sequence is
+    /// failed, steps still in flight are discarded, and the prefix cache is dropped (their K/V
+    /// may have been written for other positions). Waiting requests are served afterwards.
+    pub(crate) fn fault_all(&mut self, msg: &str) {
+        tracing::error!("{msg}");
+        self.metrics.step_failures.fetch_add(1, Relaxed);
+        self.epoch += 1;
+        self.sched.busy.clear();
+        for s in std::mem::take(&mut self.sched.running) {
+            self.finish(s, FinishReason::Error(msg.to_string()));
+        }
+        self.sched.bm.drop_prefix_cache();
+    }
+
+    /// The device is gone: every request fails, /health answers 503 from now on, and new
+    /// requests are refused (an orchestrator restarts the server).
+    pub(crate) fn device_lost(&mut self, msg: &str) {
+        self.metrics.set_down(msg.to_string());
+        self.fault_all(msg);
+        for s in std::mem::take(&mut self.sched.waiting) {
+            self.finish(s, FinishReason::Error(msg.to_string()));
+        }
+    }
+
+    /// A pipeline stage failed: its KV cache is gone or new. Every running sequence is failed
+    /// (worker down) or recomputed from its tokens (worker restarted and answering), steps still
+    /// in flight are discarded when they finish, and the prefix cache is dropped.
+    pub(crate) fn stage_failed(&mut self, f: &StageFailure) {
+        tracing::error!("{f}");
+        self.metrics.stage_failures.fetch_add(1, Relaxed);
+        self.epoch += 1;
+        self.sched.busy.clear();
+        let seqs = std::mem::take(&mut self.sched.running);
+        if f.restarted {
+            // Newest first, so the oldest ends up first in line.
+            for s in seqs.into_iter().rev() {
+                self.sched.requeue(s);
+            }
+        } else {
+            for s in seqs {
+                self.finish(s, FinishReason::Error(f.to_string()));
+            }
+        }
+        self.sched.bm.drop_prefix_cache();
+    }
+
     /// Appends a sampled token, streams its text, and says whether the sequence is finished.
-    pub(super) fn accept(tok: &Tokenizer, s: &mut Seq, r: Sampled, max_seq_len: usize) -> Option<FinishReason> {
+    pub(crate) fn accept(tok: &Tokenizer, s: &mut Seq, r: Sampled, max_seq_len: usize) -> Option<FinishReason> {
         let id = r.id;
         if let Some(e) = s.constraint_error.take() {
             return Some(FinishReason::Error(e));
@@ -183,7 +232,7 @@ impl EngineCore {
 }
 
 /// Longest suffix of `s` that is a proper prefix of one of `stops` (bytes, on a char boundary).
-pub(super) fn held_suffix(s: &str, stops: &[String]) -> usize {
+pub(crate) fn held_suffix(s: &str, stops: &[String]) -> usize {
     let mut best = 0;
     for stop in stops {
         for (i, _) in s.char_indices() {

@@ -1,9 +1,16 @@
 //! What runs next: running sequences first (decodes, then prefill chunks), then waiting ones
 //! in arrival order with fair admission, within the step's token budget, sequence caps and
 //! row limit; preemption when blocks run out.
+//!
+//! Pure: sequences and the block manager in, a step plan out. It never sees the executor or a
+//! device; the loop tells it the step's row limit and how many steps may still be submitted.
 
-use super::{EngineCore, Planned, Seq};
+use super::metrics::EngineMetrics;
+use super::sequence::Seq;
+use crate::kv::BlockManager;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
 
 /// How many steps a waiting request that does not fit may see requests behind it start
 /// before admission waits for it (fair admission, see `schedule`).
@@ -11,14 +18,53 @@ pub const MAX_PASSED_OVER: u32 = 32;
 /// Most waiting requests passed over in one step.
 const MAX_LOOKAHEAD: usize = 16;
 
-impl EngineCore {
-    pub(super) fn preempt(&mut self, idx: usize) {
+#[derive(Clone, Copy, Debug)]
+pub struct SchedulerConfig {
+    pub max_num_batched_tokens: usize,
+    pub max_decode_batch_size: usize,
+    pub max_prefill_batch_size: usize,
+    pub max_seq_len: usize,
+    pub block_size: usize,
+    /// The model attends to the last `n` positions only: blocks that left the window are freed.
+    pub sliding_window: Option<usize>,
+}
+
+/// One sequence's share of a step.
+pub(crate) struct Planned {
+    pub(crate) id: u64,
+    pub(crate) start: usize,
+    pub(crate) len: usize,
+}
+
+/// The queues and the cache: what the scheduler decides over.
+pub(crate) struct Scheduler {
+    pub(crate) cfg: SchedulerConfig,
+    pub(crate) bm: BlockManager,
+    pub(crate) waiting: VecDeque<Seq>,
+    /// In admission order: admitted sequences are pushed last and removals keep the order, so
+    /// the newest (the first to preempt) is last.
+    pub(crate) running: Vec<Seq>,
+    /// Sequences in steps in flight, with how many steps each (never preempted).
+    pub(crate) busy: HashMap<u64, usize>,
+    pub(crate) metrics: Arc<EngineMetrics>,
+}
+
+impl Scheduler {
+    pub(crate) fn new(cfg: SchedulerConfig, bm: BlockManager, metrics: Arc<EngineMetrics>) -> Scheduler {
+        Scheduler { cfg, bm, waiting: VecDeque::new(), running: Vec::new(), busy: HashMap::new(), metrics }
+    }
+
+    pub(crate) fn is_idle(&self) -> bool {
+        self.waiting.is_empty() && self.running.is_empty()
+    }
+
+    pub(crate) fn preempt(&mut self, idx: usize) {
         let s = self.running.remove(idx);
         self.requeue(s);
     }
 
     /// Frees a sequence's blocks and puts it first in line, to be recomputed from its tokens.
-    pub(super) fn requeue(&mut self, mut s: Seq) {
+    pub(crate) fn requeue(&mut self, mut s: Seq) {
         self.bm.release(&s.table[s.released..]);
         s.table.clear();
         s.released = 0;
@@ -29,14 +75,15 @@ impl EngineCore {
         self.waiting.push_front(s);
     }
 
-    pub(super) fn schedule(&mut self) -> Vec<Planned> {
+    /// The next step's plan: which sequences run which token ranges. `max_seqs`: the step's
+    /// sequence and sample-row limit; `slots_left`: steps that may still be submitted before the
+    /// pipeline is full (running decodes are spread over them).
+    pub(crate) fn schedule(&mut self, max_seqs: usize, slots_left: usize) -> Vec<Planned> {
+        let slots_left = slots_left.max(1);
         let bs = self.cfg.block_size;
-        let max_seqs = self.exec.limits().max_seqs;
         let mut budget = self.cfg.max_num_batched_tokens;
         let mut plan = Vec::new();
         let (mut n_decode, mut n_prefill) = (0, 0);
-        // With steps still to submit before the pipeline is full, leave running sequences for them.
-        let slots_left = self.exec.depth().saturating_sub(self.in_flight.len()).max(1);
         let idle = self.running.iter().filter(|s| !self.busy.contains_key(&s.id)).count();
         let decode_cap = self.cfg.max_decode_batch_size.min(idle.div_ceil(slots_left).max(1));
 

@@ -3,62 +3,97 @@
 //! the rows it adds to a step.
 
 use crate::engine::penalties::Penalties;
-use crate::engine::request::{Event, RequestParams, Usage};
+use crate::engine::request::{Event, Request, RequestParams, Usage};
+use crate::kv::root_key;
 use crate::kv::{BlockId, BlockKey};
 use crate::model::forward::SampleParams;
 use crate::sampling::Rng;
 use crate::tokenizer::IncrementalDecoder;
 use tokio::sync::mpsc::UnboundedSender;
 
-pub(super) struct Seq {
-    pub(super) id: u64,
+pub(crate) struct Seq {
+    pub(crate) id: u64,
     /// Prompt then generated tokens.
-    pub(super) tokens: Vec<u32>,
-    pub(super) prompt_len: usize,
+    pub(crate) tokens: Vec<u32>,
+    pub(crate) prompt_len: usize,
     /// Tokens whose K/V are in the cache.
-    pub(super) computed: usize,
+    pub(crate) computed: usize,
     /// Tokens submitted in steps (>= computed): later prompt chunks may be submitted while
     /// earlier ones are still in the pipeline, as each stage runs its steps in order.
-    pub(super) scheduled: usize,
-    pub(super) table: Vec<BlockId>,
+    pub(crate) scheduled: usize,
+    pub(crate) table: Vec<BlockId>,
     /// Leading table entries already released because they left the sliding window (their
     /// ids stay as placeholders; attention never reads them).
-    pub(super) released: usize,
+    pub(crate) released: usize,
     /// Prefix-cache keys of the table's full blocks, in order.
-    pub(super) keys: Vec<BlockKey>,
+    pub(crate) keys: Vec<BlockKey>,
     /// The parent key of the first block: one per cache salt.
-    pub(super) root: BlockKey,
-    pub(super) params: RequestParams,
-    pub(super) max_tokens: usize,
-    pub(super) rng: Rng,
-    pub(super) out: UnboundedSender<Event>,
-    pub(super) detok: IncrementalDecoder,
+    pub(crate) root: BlockKey,
+    pub(crate) params: RequestParams,
+    pub(crate) max_tokens: usize,
+    pub(crate) rng: Rng,
+    pub(crate) out: UnboundedSender<Event>,
+    pub(crate) detok: IncrementalDecoder,
     /// Released-by-the-detokenizer text held back because it may start a stop string.
-    pub(super) pending: String,
+    pub(crate) pending: String,
     /// Logit adjustments (penalties, logit_bias), kept up to date as tokens are generated.
-    pub(super) penalties: Penalties,
-    pub(super) cached_tokens: Option<usize>,
+    pub(crate) penalties: Penalties,
+    pub(crate) cached_tokens: Option<usize>,
     /// Structured outputs: why the grammar could not give a mask (the sequence then fails).
-    pub(super) constraint_error: Option<String>,
+    pub(crate) constraint_error: Option<String>,
     /// Prompt log-probabilities delivered so far (of tokens 1..=lp_done).
-    pub(super) lp_done: usize,
+    pub(crate) lp_done: usize,
     /// Steps in which a request behind it started while it waited (see `schedule`).
-    pub(super) passed_over: u32,
+    pub(crate) passed_over: u32,
 }
 
 impl Seq {
-    pub(super) fn generated(&self) -> usize {
+    /// A new request's sequence, waiting: nothing computed, no blocks.
+    pub(crate) fn new(id: u64, req: Request, out: UnboundedSender<Event>, max_seq_len: usize) -> Seq {
+        let prompt_len = req.prompt.len();
+        let max_tokens = req.params.stop.max_tokens.unwrap_or(max_seq_len - prompt_len);
+        let seed = req.params.sampling.seed;
+        let skip_special = req.params.skip_special_tokens;
+        let p = &req.params;
+        let repetition = p.repetition_penalty != 1.0;
+        let counting = repetition || p.frequency_penalty != 0.0 || p.presence_penalty != 0.0;
+        let penalties = Penalties::new(&req.prompt, repetition, counting, &p.logit_bias);
+        Seq {
+            id,
+            tokens: req.prompt,
+            prompt_len,
+            computed: 0,
+            scheduled: 0,
+            table: vec![],
+            released: 0,
+            keys: vec![],
+            root: root_key(req.params.cache_salt.as_deref()),
+            params: req.params,
+            max_tokens,
+            rng: seed.map(Rng::new).unwrap_or_else(Rng::from_entropy),
+            out,
+            detok: IncrementalDecoder::new(skip_special),
+            pending: String::new(),
+            penalties,
+            cached_tokens: None,
+            constraint_error: None,
+            lp_done: 0,
+            passed_over: 0,
+        }
+    }
+
+    pub(crate) fn generated(&self) -> usize {
         self.tokens.len() - self.prompt_len
     }
 
     /// Whether position `pos` (in a chunk being scheduled) gets a prompt-logprob row: its
     /// logits predict prompt token `pos + 1`, not yet delivered.
-    pub(super) fn wants_prompt_row(&self, pos: usize) -> bool {
+    pub(crate) fn wants_prompt_row(&self, pos: usize) -> bool {
         self.params.prompt_logprobs.is_some() && pos >= self.lp_done && pos + 1 < self.prompt_len
     }
 
     /// Prompt positions from which prompt-logprob rows are still needed (`prompt_len` if none).
-    pub(super) fn prompt_rows_from(&self) -> usize {
+    pub(crate) fn prompt_rows_from(&self) -> usize {
         match self.params.prompt_logprobs {
             Some(_) if self.lp_done + 1 < self.prompt_len => self.lp_done,
             _ => self.prompt_len,
@@ -67,14 +102,14 @@ impl Seq {
 
     /// Sample rows the chunk `start..start + len` adds to a step (prompt-logprob rows and the
     /// row that samples the next token).
-    pub(super) fn rows_in(&self, start: usize, len: usize) -> usize {
+    pub(crate) fn rows_in(&self, start: usize, len: usize) -> usize {
         let from = self.prompt_rows_from().max(start);
         let forced = (start + len).min(self.prompt_len.saturating_sub(1)).saturating_sub(from);
         forced + usize::from(start + len == self.tokens.len())
     }
 
     /// The longest chunk from `start` (at most `len`) whose rows fit in `room`.
-    pub(super) fn chunk_within_rows(&self, start: usize, len: usize, room: usize) -> usize {
+    pub(crate) fn chunk_within_rows(&self, start: usize, len: usize, room: usize) -> usize {
         if self.rows_in(start, len) <= room {
             return len;
         }
@@ -87,7 +122,7 @@ impl Seq {
         l
     }
 
-    pub(super) fn usage(&self) -> Usage {
+    pub(crate) fn usage(&self) -> Usage {
         Usage {
             prompt_tokens: self.prompt_len,
             completion_tokens: self.generated(),
@@ -96,7 +131,7 @@ impl Seq {
     }
 
     /// This row's sampling parameters; `mask_words`: the model vocabulary's mask length.
-    pub(super) fn sample_params(&mut self, mask_words: usize) -> SampleParams {
+    pub(crate) fn sample_params(&mut self, mask_words: usize) -> SampleParams {
         // Structured outputs: the grammar's allowed tokens (computed here, while no step of
         // this sequence is in flight; see BENCHMARKS.md for its cost).
         let mask = match self.params.constraint.as_mut() {

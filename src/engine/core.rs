@@ -1,0 +1,271 @@
+//! The engine loop: one thread owns the model (or the pipeline of stages) and the KV cache,
+//! schedules every step (vLLM-style: running sequences first, then waiting ones in arrival
+//! order, within a token budget, with chunked prefill and preemption), runs it, and streams
+//! each request's tokens back through its channel.
+//!
+//! With a pipeline of S stages, up to S steps are in flight at once, each over sequences that
+//! are in no other step in flight (a sequence's next token depends on its previous one), so
+//! stage i can compute step k while stage i+1 computes step k-1. Running decodes are spread
+//! over the in-flight steps; sequences in flight are never preempted.
+//!
+//! Here: the commands, the loop, step submission and faults; `sequence`: a sequence's state;
+//! `scheduler`: what runs next; `runner`: the plan as step input; `output`: results applied.
+
+use super::metrics::EngineMetrics;
+use super::request::{Event, FinishReason, Request, Usage};
+use super::runner::Row;
+use super::scheduler::{Planned, Scheduler, SchedulerConfig};
+use super::sequence::Seq;
+use crate::exec::{Executor, Fault};
+use crate::kv::{BlockKey, BlockManager, KvEvent};
+use crate::tokenizer::Tokenizer;
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use tokio::sync::mpsc::UnboundedSender;
+
+pub(crate) enum Command {
+    Submit {
+        id: u64,
+        req: Box<Request>,
+        out: UnboundedSender<Event>,
+    },
+    Abort(u64),
+    /// Stop: with `drain`, finish what is in flight first (new submissions are refused).
+    Shutdown {
+        drain: bool,
+    },
+    /// Test-only: arm a fault (see `pipeline::Fault`).
+    Fault(Fault),
+    /// The keys of the prefix cache's blocks, and how many KV-event batches were handed to the
+    /// publisher so far (tests compare the cached set with the events).
+    CachedBlocks(std::sync::mpsc::Sender<(Vec<BlockKey>, u64)>),
+}
+
+/// A step submitted and not yet finished.
+pub(crate) struct InFlight {
+    pub(crate) id: u64,
+    /// Steps from before a stage failure are discarded when they finish.
+    pub(crate) epoch: u64,
+    pub(crate) plan: Vec<Planned>,
+    /// What each sample row of this step is for, in sample-row order.
+    pub(crate) sampled: Vec<(u64, Row)>,
+}
+
+pub(crate) struct EngineCore {
+    pub(crate) exec: Box<dyn Executor>,
+    pub(crate) in_flight: VecDeque<InFlight>,
+    pub(crate) next_step: u64,
+    pub(crate) epoch: u64,
+    pub(crate) tok: Arc<Tokenizer>,
+    pub(crate) sched: Scheduler,
+    pub(crate) metrics: Arc<EngineMetrics>,
+    pub(crate) draining: bool,
+    /// Where each step's KV-cache events go (`--kv-events-endpoint`), with the batches sent.
+    pub(crate) kv_events: Option<(std::sync::mpsc::Sender<Vec<KvEvent>>, u64)>,
+}
+
+impl EngineCore {
+    pub(crate) fn new(
+        exec: Box<dyn Executor>,
+        tok: Arc<Tokenizer>,
+        cfg: SchedulerConfig,
+        enable_prefix_cache: bool,
+        metrics: Arc<EngineMetrics>,
+        kv_events: Option<std::sync::mpsc::Sender<Vec<KvEvent>>>,
+    ) -> EngineCore {
+        let mut bm = BlockManager::new(exec.num_blocks(), cfg.block_size, enable_prefix_cache);
+        if kv_events.is_some() {
+            bm = bm.with_events();
+        }
+        let mut core = EngineCore {
+            exec,
+            in_flight: VecDeque::new(),
+            next_step: 0,
+            epoch: 0,
+            tok,
+            sched: Scheduler::new(cfg, bm, metrics.clone()),
+            metrics,
+            draining: false,
+            kv_events: kv_events.map(|tx| (tx, 0)),
+        };
+        core.publish();
+        core
+    }
+
+    pub(crate) fn run(mut self, rx: std::sync::mpsc::Receiver<Command>) {
+        loop {
+            let idle = self.sched.is_idle() && self.in_flight.is_empty();
+            if idle {
+                if self.draining {
+                    return;
+                }
+                match rx.recv() {
+                    Ok(cmd) => {
+                        if !self.handle(cmd) {
+                            return;
+                        }
+                    }
+                    Err(_) => return,
+                }
+            }
+            loop {
+                match rx.try_recv() {
+                    Ok(cmd) => {
+                        if !self.handle(cmd) {
+                            return;
+                        }
+                    }
+                    Err(std::sync::mpsc::TryRecvError::Empty) => break,
+                    // Every handle is gone: finish what is in flight, then stop.
+                    Err(std::sync::mpsc::TryRecvError::Disconnected) => {
+                        self.draining = true;
+                        break;
+                    }
+                }
+            }
+            self.reap_closed();
+            // Fill the pipeline: up to one step per stage, over sequences not already in flight.
+            while self.in_flight.len() < self.exec.depth() {
+                let slots_left = self.exec.depth().saturating_sub(self.in_flight.len());
+                let plan = self.sched.schedule(self.exec.limits().max_seqs, slots_left);
+                if plan.is_empty() {
+                    break;
+                }
+                self.submit_step(plan);
+            }
+            if self.in_flight.is_empty() {
+                if self.sched.running.is_empty() {
+                    if let Some(s) = self.sched.waiting.pop_front() {
+                        // Cannot happen for requests that passed validation; never spin on it.
+                        self.finish(s, FinishReason::Error("request does not fit in the KV cache".into()));
+                    }
+                }
+                self.publish();
+                continue;
+            }
+            match self.exec.recv() {
+                Some(r) => self.complete(r),
+                // Cannot happen (the executor counts the same steps); never wait forever on it.
+                None => {
+                    self.in_flight.clear();
+                    self.sched.busy.clear();
+                }
+            }
+            self.publish();
+        }
+    }
+
+    /// Returns false when the loop must stop now.
+    pub(crate) fn handle(&mut self, cmd: Command) -> bool {
+        match cmd {
+            Command::Submit { id, req, out } => {
+                let refuse = if self.draining {
+                    Some("the engine is shutting down".to_string())
+                } else {
+                    self.metrics.down().map(|why| format!("the engine cannot serve: {why}"))
+                };
+                if let Some(msg) = refuse {
+                    self.metrics.requests_failed.fetch_add(1, Relaxed);
+                    let _ = out.send(Event::Done {
+                        text: String::new(),
+                        reason: FinishReason::Error(msg),
+                        usage: Usage::default(),
+                    });
+                    return true;
+                }
+                self.sched.waiting.push_back(Seq::new(id, *req, out, self.sched.cfg.max_seq_len));
+            }
+            Command::Abort(id) => self.abort(id),
+            Command::Shutdown { drain } => {
+                if !drain {
+                    let ids: Vec<u64> = self
+                        .sched
+                        .running
+                        .iter()
+                        .map(|s| s.id)
+                        .chain(self.sched.waiting.iter().map(|s| s.id))
+                        .collect();
+                    for id in ids {
+                        self.abort(id);
+                    }
+                    self.publish();
+                    return false;
+                }
+                self.draining = true;
+            }
+            Command::CachedBlocks(reply) => {
+                self.flush_kv_events();
+                let sent = self.kv_events.as_ref().map_or(0, |(_, n)| *n);
+                let _ = reply.send((self.sched.bm.cached_keys(), sent));
+            }
+            Command::Fault(f) => match f {
+                Fault::EnginePanic => panic!("injected fault: the engine thread panics"),
+                f => self.exec.inject(f),
+            },
+        }
+        true
+    }
+
+    pub(crate) fn abort(&mut self, id: u64) {
+        if let Some(i) = self.sched.waiting.iter().position(|s| s.id == id) {
+            let s = self.sched.waiting.remove(i).expect("index from position");
+            self.finish(s, FinishReason::Abort);
+        } else if let Some(i) = self.sched.running.iter().position(|s| s.id == id) {
+            let s = self.sched.running.remove(i);
+            self.finish(s, FinishReason::Abort);
+        }
+    }
+
+    /// Aborts requests whose receiver is gone (client disconnected, stream dropped).
+    pub(crate) fn reap_closed(&mut self) {
+        let ids: Vec<u64> = self
+            .sched
+            .running
+            .iter()
+            .chain(self.sched.waiting.iter())
+            .filter(|s| s.out.is_closed())
+            .map(|s| s.id)
+            .collect();
+        for id in ids {
+            self.abort(id);
+        }
+    }
+
+    pub(crate) fn submit_step(&mut self, plan: Vec<Planned>) {
+        let (input, sampled) = self.sched.step_input(&plan, self.exec.vocab().div_ceil(32));
+        if !self.in_flight.is_empty() {
+            self.metrics.steps_overlapped.fetch_add(1, Relaxed);
+        }
+        self.next_step += 1;
+        let id = self.next_step;
+        self.in_flight.push_back(InFlight { id, epoch: self.epoch, plan, sampled });
+        self.exec.submit(id, input);
+    }
+
+    /// Hands the KV-cache events recorded since the last call to the publisher, as one batch.
+    pub(crate) fn flush_kv_events(&mut self) {
+        let Some((tx, sent)) = self.kv_events.as_mut() else { return };
+        let events = self.sched.bm.take_events();
+        if events.is_empty() {
+            return;
+        }
+        if tx.send(events).is_ok() {
+            *sent += 1;
+        }
+    }
+
+    /// Exports the counters, and the step's KV-cache events.
+    pub(crate) fn publish(&mut self) {
+        self.flush_kv_events();
+        let m = &self.metrics;
+        let st = self.sched.bm.stats();
+        m.waiting.store(self.sched.waiting.len() as u64, Relaxed);
+        m.running.store(self.sched.running.len() as u64, Relaxed);
+        m.kv_blocks_total.store(st.total as u64, Relaxed);
+        m.kv_blocks_used.store(st.in_use as u64, Relaxed);
+        m.kv_blocks_free.store((st.free + st.cached_idle) as u64, Relaxed);
+        m.prefix_queries.store(st.prefix_queries, Relaxed);
+        m.prefix_hits.store(st.prefix_hits, Relaxed);
+    }
+}

@@ -1,0 +1,56 @@
+//! A step plan turned into the executor's step input: each planned token's position, KV slot
+//! and sequence, the block tables, and the sample rows (the next token, prompt logprobs) with
+//! their sampling parameters.
+
+use super::scheduler::{Planned, Scheduler};
+use crate::model::forward::{SampleParams, StepInput};
+
+/// A sample row's purpose.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Row {
+    /// The sequence's next token.
+    Next,
+    /// The log-probability of the prompt token after this position.
+    Prompt,
+}
+
+impl Scheduler {
+    /// The step input of `plan`, and what each of its sample rows is for (in row order). Marks
+    /// the planned tokens scheduled and their sequences busy. `mask_words`: the vocabulary's
+    /// token-mask length.
+    pub(crate) fn step_input(&mut self, plan: &[Planned], mask_words: usize) -> (StepInput, Vec<(u64, Row)>) {
+        let bs = self.cfg.block_size as u32;
+        let index: std::collections::HashMap<u64, usize> =
+            self.running.iter().enumerate().map(|(i, s)| (s.id, i)).collect();
+        let mut input = StepInput::default();
+        let mut sampled = Vec::new();
+        for (j, p) in plan.iter().enumerate() {
+            let s = &mut self.running[index[&p.id]];
+            for pos in p.start..p.start + p.len {
+                input.tokens.push(s.tokens[pos]);
+                input.positions.push(pos as u32);
+                input.slots.push(s.table[pos / bs as usize] * bs + pos as u32 % bs);
+                input.seq_of_token.push(j as u32);
+                if s.wants_prompt_row(pos) {
+                    // Reports the next prompt token's logprob instead of sampling.
+                    input.sample_rows.push(input.tokens.len() as u32 - 1);
+                    input.sampling.push(SampleParams {
+                        n_top: s.params.prompt_logprobs.unwrap_or(0),
+                        force: Some(s.tokens[pos + 1]),
+                        ..Default::default()
+                    });
+                    sampled.push((p.id, Row::Prompt));
+                }
+            }
+            input.block_tables.push(s.table.clone());
+            if p.start + p.len == s.tokens.len() {
+                input.sample_rows.push(input.tokens.len() as u32 - 1);
+                input.sampling.push(s.sample_params(mask_words));
+                sampled.push((p.id, Row::Next));
+            }
+            s.scheduled = p.start + p.len;
+            *self.busy.entry(p.id).or_insert(0) += 1;
+        }
+        (input, sampled)
+    }
+}
