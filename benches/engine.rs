@@ -8,7 +8,8 @@ use std::sync::Arc;
 use torus_wgpu::config::EngineConfig;
 use torus_wgpu::engine::load_model;
 use torus_wgpu::gpu::Gpu;
-use torus_wgpu::model::forward::{SampleParams, StepInput};
+use torus_wgpu::model::StepInput;
+use torus_wgpu::sampling::SampleParams;
 
 fn step_input(tokens: &[u32], start: usize, table: &[u32]) -> StepInput {
     let n = tokens.len();

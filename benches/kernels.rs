@@ -8,12 +8,12 @@
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use std::sync::Arc;
 use std::time::Duration;
-use torus_wgpu::gpu::kernels::WFormat;
+use torus_wgpu::gpu::wformat::WFormat;
 use torus_wgpu::gpu::Gpu;
-use torus_wgpu::model::forward::SampleParams;
-use torus_wgpu::model::harness::{AttnShape, AttnStep, Harness};
-use torus_wgpu::model::tensor::QTensor;
+use torus_wgpu::ops::harness::{AttnShape, AttnStep, Harness};
 use torus_wgpu::sampling::Rng;
+use torus_wgpu::sampling::SampleParams;
+use torus_wgpu::weights::tensor::QTensor;
 
 fn rand(rng: &mut Rng, n: usize) -> Vec<f32> {
     (0..n).map(|_| rng.uniform() - 0.5).collect()

@@ -12,7 +12,8 @@ use std::path::{Path, PathBuf};
 
 use torus_wgpu::config::{EngineConfig, StageConfig};
 use torus_wgpu::gpu::Gpu;
-use torus_wgpu::model::forward::{SampleParams, StepInput};
+use torus_wgpu::model::StepInput;
+use torus_wgpu::sampling::SampleParams;
 
 const HIDDEN: usize = 576;
 

@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 use torus_wgpu::config::EngineConfig;
 use torus_wgpu::engine::{load_model, EngineHandle, Event, Request, RequestParams, StopConditions};
 use torus_wgpu::gpu::Gpu;
-use torus_wgpu::model::forward::SampleParams;
-use torus_wgpu::model::harness::Harness;
+use torus_wgpu::ops::harness::Harness;
 use torus_wgpu::sampling::Rng;
+use torus_wgpu::sampling::SampleParams;
 use torus_wgpu::structured::{ConstraintSpec, Grammars};
 use torus_wgpu::tokenizer::ChatMessage;
 

@@ -1,15 +1,8 @@
 // hidden[t, :] = dequantized row tokens[t] of the embedding chunk holding rows [row0, row0 + n_rows).
 // One thread per (token, 32-element block). wfmt_*.wgsl is prepended.
 
-struct EmbedParams {
-    k_blocks: u32,
-    n_rows: u32,
-    row0: u32,
-    _pad: u32,
-}
-
 @group(0) @binding(0) var<uniform> step: Step;
-@group(0) @binding(1) var<uniform> p: EmbedParams;
+@group(0) @binding(1) var<uniform> p: EmbedParams; // declared from Rust (ops/)
 @group(0) @binding(2) var<storage, read> tokens: array<u32>;
 @group(0) @binding(6) var<storage, read_write> hidden: array<vec4<f32>>;
 

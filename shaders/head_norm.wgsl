@@ -2,19 +2,8 @@
 // RoPE: x = w * (x / sqrt(mean(x^2) + eps)) over each head's head_dim values. One thread per
 // (token, head of the n_heads q heads then n_kv_heads k heads).
 
-struct HeadNormParams {
-    n_heads: u32,
-    n_kv_heads: u32,
-    head_dim: u32,
-    qkv_stride: u32,
-    eps: f32,
-    _p0: u32,
-    _p1: u32,
-    _p2: u32,
-}
-
 @group(0) @binding(0) var<uniform> step: Step;
-@group(0) @binding(1) var<uniform> p: HeadNormParams;
+@group(0) @binding(1) var<uniform> p: HeadNormParams; // declared from Rust (ops/)
 @group(0) @binding(2) var<storage, read> weight: array<f32>; // q weights, then k weights
 @group(0) @binding(3) var<storage, read_write> qkv: array<f32>;
 

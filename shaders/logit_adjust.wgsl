@@ -7,15 +7,8 @@
 // word i / 32 allows token i). Tokens the mask does not allow get MASKED_LOGIT, after the
 // adjustments, so no penalty or bias can lift them.
 
-struct AdjustParams {
-    vocab: u32,
-    off_params: u32,
-    _p0: u32,
-    _p1: u32,
-}
-
 @group(0) @binding(0) var<uniform> step: Step;
-@group(0) @binding(1) var<uniform> p: AdjustParams;
+@group(0) @binding(1) var<uniform> p: SamplerParams; // declared from Rust (ops/sample.rs)
 @group(0) @binding(2) var<storage, read> md: array<u32>;
 @group(0) @binding(3) var<storage, read> adj: array<vec4<u32>>;
 @group(0) @binding(4) var<storage, read_write> logits: array<f32>;
@@ -32,11 +25,11 @@ fn main(
         return;
     }
     let pb = p.off_params + PARAMS_STRIDE * r;
-    let rep = bitcast<f32>(md[pb + 4u]);
-    let freq = bitcast<f32>(md[pb + 5u]);
-    let pres = bitcast<f32>(md[pb + 6u]);
-    let start = md[pb + 8u];
-    let len = md[pb + 9u];
+    let rep = bitcast<f32>(md[pb + W_REPETITION]);
+    let freq = bitcast<f32>(md[pb + W_FREQUENCY]);
+    let pres = bitcast<f32>(md[pb + W_PRESENCE]);
+    let start = md[pb + W_ADJ_START];
+    let len = md[pb + W_ADJ_LEN];
     for (var e = lid; e < len; e += 64u) {
         let a = adj[start + e];
         let idx = r * p.vocab + a.x;
@@ -50,7 +43,7 @@ fn main(
     }
     // The mask below may write the logits another thread adjusted above.
     storageBarrier();
-    let moff = md[pb + 11u];
+    let moff = md[pb + W_MASK];
     if (moff == NO_MASK) {
         return;
     }

@@ -5,7 +5,8 @@
 // no workgroup memory (fast on llvmpipe, still fine on real GPUs for decode).
 // TM, TN and WG are substituted when the pipeline is built: TM = 1 for decode-sized steps.
 
-@group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;
+// Activations: storage, or a uniform window (see matmul_source).
+{{X_BINDING}}
 
 const TM: u32 = {{TM}}u;
 const TN: u32 = {{TN}}u;

@@ -2,15 +2,8 @@
 // gather = 0: src = r over the step's n_tokens rows; gather = 1: src = md[off_sample + r]
 // over its n_sample rows (the final norm, computed only where logits are needed).
 
-struct NormParams {
-    dim4: u32,
-    eps: f32,
-    gather: u32,
-    off_sample: u32,
-}
-
 @group(0) @binding(0) var<uniform> step: Step;
-@group(0) @binding(1) var<uniform> p: NormParams;
+@group(0) @binding(1) var<uniform> p: NormParams; // declared from Rust (ops/)
 @group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read> weight: array<vec4<f32>>;
 @group(0) @binding(4) var<storage, read> md: array<u32>;

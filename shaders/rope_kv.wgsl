@@ -5,19 +5,8 @@
 // into v_cache. Cache layout: [slot = block * block_size + offset, kv_head, head_dim], in the
 // cache's element type (the KV snippet defines the bindings and store_k/store_v).
 
-struct RopeParams {
-    n_heads: u32,
-    n_kv_heads: u32,
-    head_dim: u32,
-    qkv_stride: u32,
-    kv_chunk: u32, // elements per KV-cache buffer of a layer (when the cache spans several)
-    _p0: u32,
-    _p1: u32,
-    _p2: u32,
-}
-
 @group(0) @binding(0) var<uniform> step: Step;
-@group(0) @binding(1) var<uniform> p: RopeParams;
+@group(0) @binding(1) var<uniform> p: RopeParams; // declared from Rust (ops/)
 @group(0) @binding(2) var<storage, read> md: array<u32>;
 @group(0) @binding(3) var<storage, read> cos_sin: array<vec2<f32>>; // [position, head_dim / 2]
 @group(0) @binding(4) var<storage, read_write> qkv: array<f32>;

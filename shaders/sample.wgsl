@@ -17,21 +17,13 @@
 // logits after penalties and bias, before temperature and filtering), then n_top (id, logprob)
 // pairs of the most likely tokens, most likely first (ties: lower id first).
 
-struct SampleParams {
-    vocab: u32,
-    off_params: u32,
-    _p0: u32,
-    _p1: u32,
-}
-
 @group(0) @binding(0) var<uniform> step: Step;
-@group(0) @binding(1) var<uniform> p: SampleParams;
+@group(0) @binding(1) var<uniform> p: SamplerParams; // declared from Rust (ops/sample.rs)
 @group(0) @binding(2) var<storage, read> md: array<u32>;
 @group(0) @binding(3) var<storage, read> logits: array<f32>;
 @group(0) @binding(4) var<storage, read_write> result: array<u32>;
 
 const WG: u32 = 64u;
-const MAX_TOP: u32 = 20u;
 const RESULT_STRIDE: u32 = 42u;
 const BISECT_STEPS: u32 = 32u;
 var<workgroup> red_f: array<f32, WG>;
@@ -104,12 +96,12 @@ fn main(
         return;
     }
     let pb = p.off_params + PARAMS_STRIDE * r;
-    let temperature = bitcast<f32>(md[pb]);
-    let top_p = bitcast<f32>(md[pb + 1u]);
-    let top_k = md[pb + 2u];
-    let u = bitcast<f32>(md[pb + 3u]);
-    let min_p = bitcast<f32>(md[pb + 10u]);
-    let n_top = min(md[pb + 7u], MAX_TOP);
+    let temperature = bitcast<f32>(md[pb + W_TEMPERATURE]);
+    let top_p = bitcast<f32>(md[pb + W_TOP_P]);
+    let top_k = md[pb + W_TOP_K];
+    let u = bitcast<f32>(md[pb + W_U]);
+    let min_p = bitcast<f32>(md[pb + W_MIN_P]);
+    let n_top = min(md[pb + W_N_TOP], MAX_TOP);
 
     let chunk = (p.vocab + WG - 1u) / WG;
     let lo = min(lid * chunk, p.vocab);
@@ -142,7 +134,7 @@ fn main(
     }
     let lse = gmax + log(sum_all(lid, se));
 
-    let force = md[pb + 12u];
+    let force = md[pb + W_FORCE];
     if (force != NO_FORCE) {
         picked = min(force, p.vocab - 1u);
     } else if (temperature <= 0.0) {

@@ -28,8 +28,11 @@
 //! The ZeroMQ side is a minimal ZMTP 3.0 PUB implementation (greeting, NULL handshake, READY
 //! with Socket-Type PUB; subscriptions as ZMTP 3.0 messages or ZMTP 3.1 SUBSCRIBE/CANCEL
 //! commands; PING answered with PONG), enough for libzmq/pyzmq subscribers.
+//!
+//! Owns: the KV-cache event publisher (vLLM's wire format).
+//! May use: kv, config.
+//! Never uses: engine, server, gpu.
 
-use crate::engine::metrics::EngineMetrics;
 use crate::kv::KvEvent;
 use anyhow::{anyhow, bail, Context, Result};
 use std::io::{Read, Write};
@@ -54,22 +57,6 @@ pub const MAX_SUBSCRIPTION_BYTES: usize = 16 << 10;
 const MAX_FRAME: u64 = 64 << 10;
 /// vLLM's medium for blocks in device memory.
 const MEDIUM: &str = "GPU";
-
-/// The `host:port` of a `tcp://HOST:PORT` endpoint (`*` for the host: every interface).
-pub fn parse_endpoint(endpoint: &str) -> Result<String> {
-    let rest = endpoint
-        .strip_prefix("tcp://")
-        .ok_or_else(|| anyhow!("kv_events_endpoint {endpoint:?} must look like tcp://HOST:PORT"))?;
-    let (host, port) = rest
-        .rsplit_once(':')
-        .ok_or_else(|| anyhow!("kv_events_endpoint {endpoint:?} must look like tcp://HOST:PORT"))?;
-    let port: u16 = port.parse().map_err(|_| anyhow!("kv_events_endpoint {endpoint:?}: bad port {port:?}"))?;
-    if host.is_empty() {
-        bail!("kv_events_endpoint {endpoint:?}: the host is missing");
-    }
-    let host = if host == "*" { "0.0.0.0" } else { host };
-    Ok(format!("{host}:{port}"))
-}
 
 // ---- MessagePack (the few encoders the payload needs) ----
 
@@ -343,15 +330,15 @@ impl Drop for Place {
 }
 
 impl Shared {
-    fn update_subscribers(&self, metrics: &EngineMetrics) {
+    fn update_subscribers(&self, metrics: &Counters) {
         let peers = self.peers.lock().unwrap_or_else(|p| p.into_inner());
         let n = peers.iter().filter(|p| !p.subs.lock().unwrap_or_else(|e| e.into_inner()).is_empty()).count();
-        metrics.kv_events_subscribers.store(n as u64, Relaxed);
+        metrics.subscribers.store(n as u64, Relaxed);
     }
 }
 
 /// Serves one subscriber: handshake, then its subscriptions until it goes.
-fn serve_peer(mut s: TcpStream, shared: Arc<Shared>, metrics: Arc<EngineMetrics>) {
+fn serve_peer(mut s: TcpStream, shared: Arc<Shared>, metrics: Arc<Counters>) {
     let _ = s.set_nodelay(true);
     let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
     let _ = s.set_write_timeout(Some(Duration::from_secs(10)));
@@ -429,16 +416,23 @@ pub struct PubConfig {
     pub connect: bool,
 }
 
+/// What the publisher counts (exported by the engine's metrics): events and batches (messages)
+/// published, subscribers with a subscription, and messages dropped for subscribers too far
+/// behind.
+#[derive(Debug, Default)]
+pub struct Counters {
+    pub events_published: AtomicU64,
+    pub batches_published: AtomicU64,
+    pub subscribers: AtomicU64,
+    pub dropped: AtomicU64,
+}
+
 /// Starts the publisher: binds the PUB socket at the endpoint (or, with `connect`, keeps a
 /// connection to the subscriber there, retried every second); returns the sender the engine
 /// hands each step's events to, and the bound (or connected-to) address.
-pub fn start(
-    pc: &PubConfig,
-    block_size: usize,
-    metrics: Arc<EngineMetrics>,
-) -> Result<(Sender<Vec<KvEvent>>, SocketAddr)> {
+pub fn start(pc: &PubConfig, block_size: usize, metrics: Arc<Counters>) -> Result<(Sender<Vec<KvEvent>>, SocketAddr)> {
     let endpoint = &pc.endpoint;
-    let addr_s = parse_endpoint(endpoint)?;
+    let addr_s = crate::config::parse_endpoint(endpoint)?;
     let addrs: Vec<SocketAddr> =
         addr_s.to_socket_addrs().with_context(|| format!("kv_events_endpoint {endpoint}: cannot resolve"))?.collect();
     let shared = Arc::new(Shared::default());
@@ -500,7 +494,7 @@ pub fn start(
 fn publish_loop(
     rx: Receiver<Vec<KvEvent>>,
     shared: Arc<Shared>,
-    metrics: Arc<EngineMetrics>,
+    metrics: Arc<Counters>,
     block_size: usize,
     topic: Vec<u8>,
 ) {
@@ -518,15 +512,15 @@ fn publish_loop(
             match p.tx.try_send(msg.clone()) {
                 Ok(()) => {}
                 Err(TrySendError::Full(_)) => {
-                    metrics.kv_events_dropped.fetch_add(1, Relaxed);
+                    metrics.dropped.fetch_add(1, Relaxed);
                 }
                 // The subscriber is going; its reader removes it.
                 Err(TrySendError::Disconnected(_)) => {}
             }
         }
         drop(peers);
-        metrics.kv_event_batches_published.fetch_add(1, Relaxed);
-        metrics.kv_events_published.fetch_add(events.len() as u64, Relaxed);
+        metrics.batches_published.fetch_add(1, Relaxed);
+        metrics.events_published.fetch_add(events.len() as u64, Relaxed);
     }
 }
 
@@ -536,12 +530,12 @@ mod tests {
 
     #[test]
     fn endpoints() {
-        assert_eq!(parse_endpoint("tcp://127.0.0.1:5557").unwrap(), "127.0.0.1:5557");
-        assert_eq!(parse_endpoint("tcp://*:5557").unwrap(), "0.0.0.0:5557");
-        assert_eq!(parse_endpoint("tcp://[::1]:5557").unwrap(), "[::1]:5557");
-        assert!(parse_endpoint("ipc:///tmp/x").is_err());
-        assert!(parse_endpoint("tcp://host").is_err());
-        assert!(parse_endpoint("tcp://:1").is_err());
+        assert_eq!(crate::config::parse_endpoint("tcp://127.0.0.1:5557").unwrap(), "127.0.0.1:5557");
+        assert_eq!(crate::config::parse_endpoint("tcp://*:5557").unwrap(), "0.0.0.0:5557");
+        assert_eq!(crate::config::parse_endpoint("tcp://[::1]:5557").unwrap(), "[::1]:5557");
+        assert!(crate::config::parse_endpoint("ipc:///tmp/x").is_err());
+        assert!(crate::config::parse_endpoint("tcp://host").is_err());
+        assert!(crate::config::parse_endpoint("tcp://:1").is_err());
     }
 
     #[test]

@@ -1,4 +1,8 @@
 //! Process shutdown on SIGINT or SIGTERM, shared by `serve` and `worker`.
+//!
+//! Owns: the SIGINT/SIGTERM future shared by serve and worker.
+//! May use: nothing.
+//! Never uses: every other room.
 
 /// Resolves when SIGINT or SIGTERM arrives.
 pub async fn signal() {

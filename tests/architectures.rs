@@ -12,8 +12,8 @@ use torus_wgpu::config::{EngineConfig, KvDtype};
 use torus_wgpu::engine::{generate, load_model};
 use torus_wgpu::gpu::Gpu;
 use torus_wgpu::model::config::{Arch, RopeScaling};
-use torus_wgpu::model::forward::Model;
 use torus_wgpu::model::loader::read_config;
+use torus_wgpu::model::Model;
 use torus_wgpu::sampling::SamplingParams;
 use torus_wgpu::tokenizer::Tokenizer;
 

@@ -7,12 +7,13 @@
 
 use std::sync::Arc;
 use torus_wgpu::config::{EngineConfig, KvDtype};
-use torus_wgpu::gpu::kernels::WFormat;
+use torus_wgpu::gpu::wformat::WFormat;
 use torus_wgpu::gpu::Gpu;
-use torus_wgpu::model::forward::{Model, SampleParams, StepInput};
 use torus_wgpu::model::loader::HostModel;
 use torus_wgpu::model::synth::{synth_shape, write_synthetic_gguf};
+use torus_wgpu::model::{Model, StepInput};
 use torus_wgpu::sampling::Rng;
+use torus_wgpu::sampling::SampleParams;
 
 /// Runs `tokens` (positions from `start`) through the model in steps of at most `chunk` tokens,
 /// the sequence's KV blocks at `table`; returns the last step's sampled token and the logits of

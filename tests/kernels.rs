@@ -2,13 +2,15 @@
 //! cross 32-element blocks, KV blocks and weight chunks, several GQA ratios, each weight format.
 
 use std::sync::{Arc, OnceLock};
-use torus_wgpu::gpu::kernels::{all_sources, KernelProfile, KvDtype, WFormat};
-use torus_wgpu::gpu::kernels::{plan_x, XPlan, MATMUL_TILES, UNIFORM_X_VEC4};
+use torus_wgpu::config::{KernelProfile, KvDtype};
+use torus_wgpu::gpu::wformat::WFormat;
 use torus_wgpu::gpu::{validate_wgsl, Gpu};
-use torus_wgpu::model::forward::{Adjust, SampleParams};
-use torus_wgpu::model::harness::{AttnShape, AttnStep, Harness};
-use torus_wgpu::model::tensor::{matmul_ref, QTensor};
+use torus_wgpu::ops::harness::{AttnShape, AttnStep, Harness};
+use torus_wgpu::ops::kernels::{plan_x, XPlan, MATMUL_TILES, UNIFORM_X_VEC4};
+use torus_wgpu::ops::sources::all_sources;
 use torus_wgpu::sampling::Rng;
+use torus_wgpu::sampling::{Adjust, SampleParams};
+use torus_wgpu::weights::tensor::{matmul_ref, QTensor};
 
 fn gpu() -> Arc<Gpu> {
     static GPU: OnceLock<Arc<Gpu>> = OnceLock::new();
@@ -734,7 +736,7 @@ fn mask_allows(mask: &[u32], id: usize) -> bool {
 /// sample exactly as they do with no masked row beside them.
 #[test]
 fn token_mask_is_never_crossed() {
-    use torus_wgpu::gpu::kernels::MASKED_LOGIT;
+    use torus_wgpu::sampling::row::MASKED_LOGIT;
     let h = harness();
     let mut rng = Rng::new(13);
     for vocab in [7usize, 1000, 49152 + 13] {

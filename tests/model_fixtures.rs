@@ -10,7 +10,8 @@ use std::sync::Arc;
 use torus_wgpu::config::{EngineConfig, KernelProfile, KvDtype};
 use torus_wgpu::engine::{generate, load_model};
 use torus_wgpu::gpu::Gpu;
-use torus_wgpu::model::forward::{Model, SampleParams, StepInput};
+use torus_wgpu::model::{Model, StepInput};
+use torus_wgpu::sampling::SampleParams;
 use torus_wgpu::sampling::SamplingParams;
 
 fn fixtures() -> PathBuf {
@@ -296,8 +297,8 @@ fn two_sequence_run(model: &mut Model, prompts: [&[u32]; 2], steps: usize) -> St
 /// step are those of the unsplit model.
 #[test]
 fn tiny_qwen2_step_split_into_sub_steps_matches() {
-    use torus_wgpu::model::forward::sub_steps;
     use torus_wgpu::model::loader::HostModel;
+    use torus_wgpu::model::sub_steps;
     assert_eq!(sub_steps(&[19, 32], 33, 16, 1), vec![(0, 16), (16, 32), (32, 33)]);
     assert_eq!(sub_steps(&[19, 22], 33, 16, 1), vec![(0, 16), (16, 22), (22, 33)]);
     assert_eq!(sub_steps(&[0, 1, 2], 3, 16, 2), vec![(0, 2), (2, 3)]);

@@ -15,7 +15,8 @@ use torus_wgpu::config::{EngineConfig, StageConfig};
 use torus_wgpu::engine::{load_model, load_tokenizer, EngineHandle, FinishReason, Request};
 use torus_wgpu::exec::{self as pipeline, Pipeline};
 use torus_wgpu::gpu::Gpu;
-use torus_wgpu::model::forward::{SampleParams, StepInput};
+use torus_wgpu::model::StepInput;
+use torus_wgpu::sampling::SampleParams;
 
 fn base_cfg(path: &Path) -> EngineConfig {
     EngineConfig {
@@ -167,8 +168,8 @@ fn split_without_ranges_is_even_and_covers_every_layer() {
     assert_eq!((host.first_layer, host.layers.len()), (1, 1));
     let gpu = Arc::new(Gpu::new(None).unwrap());
     let limits = pipeline::step_limits(&cfg, &host.cfg);
-    assert!(torus_wgpu::model::forward::Model::new_stage(gpu.clone(), &host, limits, 1..2).is_ok());
-    let e = torus_wgpu::model::forward::Model::new_stage(gpu, &host, limits, 0..1).err().unwrap().to_string();
+    assert!(torus_wgpu::model::Model::new_stage(gpu.clone(), &host, limits, 1..2).is_ok());
+    let e = torus_wgpu::model::Model::new_stage(gpu, &host, limits, 0..1).err().unwrap().to_string();
     assert!(e.contains("layers 0..1 were not loaded"), "{e}");
     let e = HostModel::load_layers(&tiny(), Some(1..3), &|_, _| {}).err().unwrap().to_string();
     assert!(e.contains("outside the model's 2 layers"), "{e}");
@@ -755,8 +756,9 @@ impl pipeline::StageExec for FakeStage {
         s: &StepInput,
         hidden: Option<Vec<u8>>,
         _want_logits: bool,
-    ) -> anyhow::Result<(torus_wgpu::model::forward::StageOutput, Option<Vec<f32>>)> {
-        use torus_wgpu::model::forward::{Sampled, StageOutput};
+    ) -> anyhow::Result<(torus_wgpu::model::StageOutput, Option<Vec<f32>>)> {
+        use torus_wgpu::model::StageOutput;
+        use torus_wgpu::sampling::Sampled;
         if !self.last {
             return Ok((StageOutput::Hidden(bytemuck::cast_slice(&s.tokens).to_vec()), None));
         }

@@ -7,11 +7,11 @@
 use half::f16;
 use serde_json::Value;
 use std::sync::Arc;
+use torus_wgpu::formats::gguf::GgmlType;
 use torus_wgpu::gpu::Gpu;
-use torus_wgpu::model::gguf::GgmlType;
-use torus_wgpu::model::harness::Harness;
 use torus_wgpu::model::loader::block_format;
-use torus_wgpu::model::tensor::QTensor;
+use torus_wgpu::ops::harness::Harness;
+use torus_wgpu::weights::tensor::QTensor;
 
 fn fixture() -> Value {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/quants.json");

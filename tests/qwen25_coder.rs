@@ -12,7 +12,7 @@ use std::sync::Arc;
 use torus_wgpu::config::{EngineConfig, KernelProfile, KvDtype};
 use torus_wgpu::engine::load_model;
 use torus_wgpu::gpu::Gpu;
-use torus_wgpu::model::forward::Model;
+use torus_wgpu::model::Model;
 use torus_wgpu::tokenizer::Tokenizer;
 
 fn reference() -> Value {

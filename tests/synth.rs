@@ -7,15 +7,16 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use torus_wgpu::bench::profiles::{check_profiles, StepVerdict};
 use torus_wgpu::config::{KernelProfile, KvDtype};
-use torus_wgpu::gpu::kernels::WFormat;
+use torus_wgpu::formats::gguf::{GgmlType, GgufFile};
+use torus_wgpu::gpu::wformat::WFormat;
 use torus_wgpu::gpu::Gpu;
 use torus_wgpu::model::config::Arch;
-use torus_wgpu::model::forward::{Model, SampleParams, StepInput, StepLimits};
-use torus_wgpu::model::gguf::{GgmlType, GgufFile};
 use torus_wgpu::model::loader::{read_config, HostModel};
 use torus_wgpu::model::synth::{matrix_format, synth_shape, write_synthetic_gguf, SynthShape, SYNTH_SHAPES};
-use torus_wgpu::model::tensor::{fill_centered_block, gguf_block, matmul_ref, QTensor, XorShift64};
+use torus_wgpu::model::{Model, StepInput, StepLimits};
+use torus_wgpu::sampling::SampleParams;
 use torus_wgpu::tokenizer::{ChatMessage, Tokenizer};
+use torus_wgpu::weights::tensor::{fill_centered_block, gguf_block, matmul_ref, QTensor, XorShift64};
 
 /// A directory removed (with its files) when dropped.
 struct TempDir(PathBuf);

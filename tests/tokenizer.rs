@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use serde_json::Value;
-use torus_wgpu::model::gguf::{GgmlType, GgufFile, GgufValue};
+use torus_wgpu::formats::gguf::{GgmlType, GgufFile, GgufValue};
 use torus_wgpu::tokenizer::{ChatMessage, IncrementalDecoder, Tokenizer};
 
 fn crate_dir() -> PathBuf {

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use serde_json::Value;
-use torus_wgpu::model::gguf::GgufFile;
+use torus_wgpu::formats::gguf::GgufFile;
 use torus_wgpu::tokenizer::{supported_pre_tokenizers, Tokenizer};
 
 fn crate_dir() -> PathBuf {

@@ -536,7 +536,8 @@ fn worker_start_up_refuses_unsafe_settings() {
 fn in_process_steps_are_checked_before_anything_is_written() {
     // The same checks guard a model in this process: a bad step is an error, and the
     // sequence's next correct step gives the single-device tokens.
-    use torus_wgpu::model::forward::{SampleParams, StepInput};
+    use torus_wgpu::model::StepInput;
+    use torus_wgpu::sampling::SampleParams;
     let path = tiny();
     let cfg = base_cfg(&path);
     let gpu = Arc::new(Gpu::new(None).unwrap());

@@ -4,6 +4,10 @@
 //! A request whose send fails before any response arrived (a keep-alive connection the server
 //! had closed) is resent on a fresh connection and counted in `retries`; its timeline still
 //! starts at the first attempt.
+//!
+//! Owns: the load generator for OpenAI endpoints, `bench-model` and the kernel-profile sweep.
+//! May use: config, exec, model, ops, weights, gpu, formats, tokenizer, sampling.
+//! Never uses: server, engine internals.
 
 pub mod metrics;
 pub mod model;

@@ -7,9 +7,10 @@
 use crate::config::{EngineArgs, EngineConfig};
 use crate::gpu::Gpu;
 use crate::model::config::ModelConfig;
-use crate::model::forward::{Model, SampleParams, StepInput};
 use crate::model::loader::{read_config, HostModel};
-use crate::model::tensor::XorShift64;
+use crate::model::{Model, StepInput};
+use crate::sampling::SampleParams;
+use crate::weights::tensor::XorShift64;
 use anyhow::{anyhow, bail, Context, Result};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
@@ -95,7 +96,7 @@ impl ModelSummary {
         let c = &host.cfg;
         let name = match path.is_dir() {
             true => None,
-            false => crate::model::gguf::GgufFile::open(path)
+            false => crate::formats::gguf::GgufFile::open(path)
                 .ok()
                 .and_then(|g| g.get_str("general.name").map(str::to_string)),
         };

@@ -11,9 +11,10 @@
 use super::model::{random_tokens, sized_config, AdapterSummary};
 use crate::config::{EngineArgs, KernelProfile};
 use crate::gpu::Gpu;
-use crate::model::forward::{Model, SampleParams, StepInput, StepLimits};
 use crate::model::loader::{read_config, HostModel};
-use crate::model::tensor::XorShift64;
+use crate::model::{Model, StepInput, StepLimits};
+use crate::sampling::SampleParams;
+use crate::weights::tensor::XorShift64;
 use anyhow::{bail, Context, Result};
 use std::sync::Arc;
 

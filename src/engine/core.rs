@@ -35,7 +35,7 @@ pub(crate) enum Command {
     Shutdown {
         drain: bool,
     },
-    /// Test-only: arm a fault (see `pipeline::Fault`).
+    /// Test-only: arm a fault (see `exec::Fault`).
     Fault(Fault),
     /// The keys of the prefix cache's blocks, and how many KV-event batches were handed to the
     /// publisher so far (tests compare the cached set with the events).

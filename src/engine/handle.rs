@@ -7,7 +7,7 @@ use super::request::{Event, FinishReason, PromptLogprob, Request, RequestParams,
 use super::scheduler::SchedulerConfig;
 use crate::config::EngineConfig;
 use crate::exec::{panic_message, Executor, Fault, StageHealth};
-use crate::gpu::kernels::MAX_TOP_LOGPROBS;
+use crate::sampling::row::MAX_TOP_LOGPROBS;
 use crate::structured::Grammars;
 use crate::tokenizer::Tokenizer;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -173,7 +173,7 @@ impl EngineHandle {
                     topic: cfg.kv_events_topic.clone(),
                     connect: cfg.kv_events_connect,
                 };
-                let (tx, addr) = crate::kv_events::start(&pc, limits.block_size, metrics.clone())?;
+                let (tx, addr) = crate::kv_events::start(&pc, limits.block_size, metrics.kv_events.clone())?;
                 (Some(tx), Some(addr))
             }
             None => (None, None),
@@ -253,7 +253,7 @@ impl EngineHandle {
         }
     }
 
-    /// Test-only: arms a fault in the engine (see `pipeline::Fault`).
+    /// Test-only: arms a fault in the engine (see `exec::Fault`).
     #[doc(hidden)]
     pub fn inject_fault(&self, f: Fault) {
         let _ = self.tx.send(Command::Fault(f));
@@ -294,8 +294,8 @@ impl EngineHandle {
         if let Some(&(t, _)) = params.logit_bias.iter().find(|(t, _)| *t as usize >= info.vocab) {
             return Err(format!("logit_bias token id {t} is outside the vocabulary ({})", info.vocab));
         }
-        if params.logit_bias.len() > crate::model::forward::MAX_LOGIT_BIAS {
-            return Err(format!("at most {} logit_bias entries are allowed", crate::model::forward::MAX_LOGIT_BIAS));
+        if params.logit_bias.len() > crate::sampling::MAX_LOGIT_BIAS {
+            return Err(format!("at most {} logit_bias entries are allowed", crate::sampling::MAX_LOGIT_BIAS));
         }
         if params.logprobs.max(params.prompt_logprobs).unwrap_or(0) as usize > MAX_TOP_LOGPROBS {
             return Err(format!("at most {MAX_TOP_LOGPROBS} top logprobs can be returned"));

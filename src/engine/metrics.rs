@@ -31,10 +31,7 @@ pub struct EngineMetrics {
     pub step_failures: AtomicU64,
     /// KV-cache events (`--kv-events-endpoint`): events and batches (messages) published,
     /// subscribers with a subscription, and messages dropped for subscribers too far behind.
-    pub kv_events_published: AtomicU64,
-    pub kv_event_batches_published: AtomicU64,
-    pub kv_events_subscribers: AtomicU64,
-    pub kv_events_dropped: AtomicU64,
+    pub kv_events: std::sync::Arc<crate::kv_events::Counters>,
     /// Why the engine can no longer serve (its thread stopped, or its device was lost).
     down: std::sync::Mutex<Option<String>>,
 }
@@ -91,10 +88,10 @@ impl EngineMetrics {
             stage_failures: self.stage_failures.load(Relaxed),
             steps_overlapped: self.steps_overlapped.load(Relaxed),
             step_failures: self.step_failures.load(Relaxed),
-            kv_events_published: self.kv_events_published.load(Relaxed),
-            kv_event_batches_published: self.kv_event_batches_published.load(Relaxed),
-            kv_events_subscribers: self.kv_events_subscribers.load(Relaxed),
-            kv_events_dropped: self.kv_events_dropped.load(Relaxed),
+            kv_events_published: self.kv_events.events_published.load(Relaxed),
+            kv_event_batches_published: self.kv_events.batches_published.load(Relaxed),
+            kv_events_subscribers: self.kv_events.subscribers.load(Relaxed),
+            kv_events_dropped: self.kv_events.dropped.load(Relaxed),
             healthy: self.down().is_none(),
         }
     }

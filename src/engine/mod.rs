@@ -1,5 +1,14 @@
-//! Generation on one model: single-sequence generation with chunked prefill over the paged KV
-//! cache (the serving engine with continuous batching builds on the same `Model::step`).
+//! The serving engine: continuous batching over the paged KV cache. `request` (what a caller
+//! submits and gets back), `sequence` (a request's state), `scheduler` (pure: sequences and the
+//! block manager in, a step plan out), `runner` (the plan as step input), `output` (results
+//! applied: stops, detokenization, prefix registration, window release, failures), `core` (the
+//! loop), `handle` (the thread and its API), `metrics`; plus `generate`, one sequence straight
+//! on a `Model` (the `generate` command), and the model loaders the commands share.
+//!
+//! Owns: requests, sequences, the scheduler, the runner, output handling, the loop and its
+//! handle, engine metrics.
+//! May use: exec, model, kv, kv_events, tokenizer, structured, gpu, config, sampling.
+//! Never uses: server, HTTP.
 
 pub mod core;
 pub mod handle;
@@ -21,7 +30,8 @@ pub use handle::{Completion, EngineHandle, RequestStream};
 pub use request::{Event, FinishReason, PromptLogprob, Request, RequestParams, StopConditions, Usage};
 
 use crate::exec::Executor;
-use crate::model::forward::{Model, SampleParams, StepInput};
+use crate::model::{Model, StepInput};
+use crate::sampling::SampleParams;
 use crate::sampling::{Rng, SamplingParams};
 use anyhow::Context;
 use anyhow::{bail, Result};

@@ -9,7 +9,7 @@ use crate::engine::request::{Event, FinishReason, PromptLogprob};
 use crate::exec::{StageFailure, StepResult};
 
 use crate::gpu::GpuFault;
-use crate::model::forward::Sampled;
+use crate::sampling::Sampled;
 use crate::tokenizer::Tokenizer;
 use std::sync::atomic::Ordering::Relaxed;
 

@@ -3,7 +3,7 @@
 //! most one insertion per generated token, instead of a map rebuilt over the whole prompt at
 //! every step.
 
-use crate::model::forward::Adjust;
+use crate::sampling::Adjust;
 
 /// The adjustments of one sequence, sorted by token id (the sampler's order).
 #[derive(Clone, Debug, Default)]

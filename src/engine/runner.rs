@@ -3,7 +3,8 @@
 //! their sampling parameters.
 
 use super::scheduler::{Planned, Scheduler};
-use crate::model::forward::{SampleParams, StepInput};
+use crate::model::StepInput;
+use crate::sampling::SampleParams;
 
 /// A sample row's purpose.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

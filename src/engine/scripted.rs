@@ -4,9 +4,10 @@
 //! commands to the engine when a given step is submitted (requests arriving mid-run, aborts).
 
 use super::core::Command;
+use crate::config::{KernelProfile, KvDtype};
 use crate::exec::{Executor, StepOutput, StepResult};
-use crate::gpu::kernels::{KernelProfile, KvDtype};
-use crate::model::forward::{Sampled, StepInput, StepLimits};
+use crate::model::{StepInput, StepLimits};
+use crate::sampling::Sampled;
 use std::collections::{HashMap, VecDeque};
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};

@@ -6,8 +6,8 @@ use crate::engine::penalties::Penalties;
 use crate::engine::request::{Event, Request, RequestParams, Usage};
 use crate::kv::root_key;
 use crate::kv::{BlockId, BlockKey};
-use crate::model::forward::SampleParams;
 use crate::sampling::Rng;
+use crate::sampling::SampleParams;
 use crate::tokenizer::IncrementalDecoder;
 use tokio::sync::mpsc::UnboundedSender;
 

@@ -3,7 +3,7 @@
 //! step fail the way real failures do. A server never wraps its executor.
 
 use super::{Executor, Inline, StepResult};
-use crate::model::forward::{Model, StepInput, StepLimits};
+use crate::model::{Model, StepInput, StepLimits};
 use std::sync::Arc;
 
 /// Test-only faults, injected through `EngineHandle::inject_fault` to exercise the paths that

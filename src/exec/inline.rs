@@ -1,7 +1,7 @@
 //! One model on this process's device: each step runs when submitted, its result is queued.
 
 use super::{panic_message, Executor, StepOutput, StepResult};
-use crate::model::forward::{Model, StepInput, StepLimits};
+use crate::model::{Model, StepInput, StepLimits};
 use anyhow::anyhow;
 use std::collections::VecDeque;
 use std::sync::Arc;

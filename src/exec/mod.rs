@@ -1,8 +1,11 @@
-//! What runs the engine's steps. Owns: the `Executor` trait and its implementations — one
-//! model on this process's device (`inline`), a pipeline of stages on local devices and worker
-//! processes (`stages`, `remote`), and, for tests only, fault injection as a wrapper (`faults`);
-//! building the executor a config describes (`build`).
-//! May use: model, gpu, config. Never uses: engine, server, tokenizer, kv_events.
+//! What runs the engine's steps: the `Executor` trait and its implementations — one model on
+//! this process's device (`inline`), a pipeline of stages on local devices and worker processes
+//! (`stages`, `remote`), and, for tests only, fault injection as a wrapper (`faults`); building
+//! the executor a config describes (`build`).
+//!
+//! Owns: executors, pipeline stages, worker processes (client, worker, auth, wire).
+//! May use: model, gpu, config, sampling, shutdown.
+//! Never uses: engine, server, tokenizer, kv, kv_events.
 //!
 //! An executor takes step inputs (`submit`) and hands back their results in submission order
 //! (`recv`); up to `depth` steps may be in flight at once.
@@ -22,7 +25,8 @@ pub use faults::{Fault, FaultInjector};
 pub use inline::Inline;
 pub use stages::{Pipeline, Stage, StageExec, StageHealth};
 
-use crate::model::forward::{Model, Sampled, StepInput, StepLimits};
+use crate::model::{Model, StepInput, StepLimits};
+use crate::sampling::Sampled;
 use anyhow::Result;
 use std::sync::Arc;
 

@@ -9,7 +9,7 @@
 //! up to one step per stage in flight, each over different sequences (see engine::core).
 
 use super::{panic_message, remote, Executor, StageFailure, StepOutput, StepResult};
-use crate::model::forward::{Model, StageOutput, StepInput, StepLimits};
+use crate::model::{Model, StageOutput, StepInput, StepLimits};
 use anyhow::{anyhow, bail, Result};
 use std::collections::VecDeque;
 use std::ops::Range;

@@ -1,7 +1,22 @@
 //! wgpu device and adapter choice, buffers, shader assembly and the pipelines of every kernel.
+//!
+//! Owns: the wgpu device, limits, error scopes and faults, buffers, bind-group families and pipelines, the shader builder, the Rust<->WGSL struct macro and the weight formats' snippets.
+//! May use: config, sampling.
+//! Never uses: ops, model, engine, server.
 
-pub mod kernels;
+pub mod family;
+pub mod shader;
 pub mod shared;
+pub mod wformat;
+
+pub use crate::config::{KernelProfile, KvDtype};
+
+/// vec4s of the activation window a uniform-x matmul reads (64 KiB, the usual uniform limit).
+pub const UNIFORM_X_VEC4: u32 = 4096;
+/// Most buffers one layer's K (or V) cache may span.
+pub const MAX_KV_CHUNKS: usize = 4;
+pub const UNIFORM_X_BYTES: u64 = UNIFORM_X_VEC4 as u64 * 16;
+pub use wformat::WFormat;
 
 use anyhow::{anyhow, Context, Result};
 use wgpu::util::DeviceExt;
@@ -332,7 +347,7 @@ impl Gpu {
     /// bind 4 other storage buffers, and 2 per chunk.
     pub fn kv_chunk_limit(&self) -> usize {
         let n = self.device.limits().max_storage_buffers_per_shader_stage as usize;
-        (n.saturating_sub(4) / 2).clamp(1, kernels::MAX_KV_CHUNKS)
+        (n.saturating_sub(4) / 2).clamp(1, MAX_KV_CHUNKS)
     }
 
     pub fn describe(&self) -> String {
@@ -366,7 +381,7 @@ impl Gpu {
     pub fn activation(&self, label: &str, size: u64) -> wgpu::Buffer {
         self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some(label),
-            size: (size + kernels::UNIFORM_X_BYTES).next_multiple_of(16),
+            size: (size + UNIFORM_X_BYTES).next_multiple_of(16),
             usage: wgpu::BufferUsages::STORAGE
                 | wgpu::BufferUsages::UNIFORM
                 | wgpu::BufferUsages::COPY_DST
@@ -377,7 +392,7 @@ impl Gpu {
 
     /// Whether the uniform-x matmul variant can be used on this device.
     pub fn uniform_x_ok(&self) -> bool {
-        self.device.limits().max_uniform_buffer_binding_size >= kernels::UNIFORM_X_BYTES
+        self.device.limits().max_uniform_buffer_binding_size >= UNIFORM_X_BYTES
     }
 
     pub fn uniform_init(&self, label: &str, bytes: &[u8]) -> wgpu::Buffer {

@@ -1,6 +1,7 @@
-//! Structs and constants shared by Rust and WGSL, defined once here: each struct's WGSL
-//! declaration is generated from its Rust definition (`WGSL`) and prepended to the shaders that
-//! use it, so the two sides cannot drift apart.
+//! Structs shared by Rust and WGSL, each defined once: `gpu_struct!` generates a struct's WGSL
+//! declaration from its Rust definition (`WGSL`), prepended to the shaders that use it, so the
+//! two sides cannot drift apart. Here: the step header every kernel reads; each op family's
+//! parameters are declared in its file in ops/.
 
 /// A `#[repr(C)]` plain-data struct of u32/f32 fields and its WGSL declaration (named `wgsl`).
 macro_rules! gpu_struct {
@@ -24,6 +25,7 @@ macro_rules! gpu_struct {
         }
     };
 }
+pub(crate) use gpu_struct;
 
 gpu_struct! {
     /// Per-step header, shared by every kernel of a forward step (uniform, 48 bytes; WGSL
@@ -54,66 +56,9 @@ gpu_struct! {
     }
 }
 
-gpu_struct! {
-    /// Parameters of one row-chunk's matmul (matmul*.wgsl; WGSL `MatParams`).
-    wgsl MatParams;
-    pub struct MatParams {
-        /// K / 32.
-        pub k_blocks: u32,
-        /// Rows of this chunk (for SwiGLU: rows of the gate half).
-        pub n_rows: u32,
-        /// First output column written by this chunk.
-        pub row0: u32,
-        /// Floats per output row.
-        pub y_stride: u32,
-        /// vec4s per input row.
-        pub x_stride4: u32,
-        /// 0: the step's n_tokens rows, 1: its n_sample rows.
-        pub m_src: u32,
-        /// MAT_* flags.
-        pub flags: u32,
-        pub _pad: u32,
-    }
-}
-
-gpu_struct! {
-    /// Parameters of the attention kernels (attention.wgsl, attention_split.wgsl; WGSL
-    /// `AttnParams`).
-    wgsl AttnParams;
-    pub struct AttnParams {
-        pub n_heads: u32,
-        pub n_kv_heads: u32,
-        pub block_size: u32,
-        /// vec4s per qkv row.
-        pub qkv_stride4: u32,
-        pub scale: f32,
-        /// Attend to the last `window` positions only (0: all).
-        pub window: u32,
-        /// vec4s per KV-cache buffer of a layer (when the cache spans several).
-        pub kv_chunk4: u32,
-        pub _p2: u32,
-    }
-}
-
-/// MatParams flag: add the bias.
-pub const MAT_BIAS: u32 = 1;
-/// MatParams flag: add into y.
-pub const MAT_ACCUMULATE: u32 = 2;
-/// MatParams flag: y = silu(y) * result (the up half of an unfused SwiGLU; y holds the gate).
-pub const MAT_SWIGLU_UP: u32 = 4;
-
 /// The WGSL declarations every shader gets: the step header.
 pub fn wgsl_common() -> String {
     StepHeader::WGSL.to_string()
-}
-
-/// The WGSL declarations of the matmul shaders: MatParams and its flags.
-pub fn wgsl_matmul() -> String {
-    format!(
-        "{}const MAT_BIAS: u32 = {MAT_BIAS}u;\nconst MAT_ACCUMULATE: u32 = {MAT_ACCUMULATE}u;\n\
-         const MAT_SWIGLU_UP: u32 = {MAT_SWIGLU_UP}u;\n",
-        MatParams::WGSL
-    )
 }
 
 #[cfg(test)]
@@ -125,7 +70,5 @@ mod tests {
         assert!(StepHeader::WGSL.starts_with("struct Step {\n    n_tokens: u32,\n    n_sample: u32,\n"));
         assert!(StepHeader::WGSL.ends_with("    _p2: u32,\n}\n"));
         assert_eq!(std::mem::size_of::<StepHeader>(), 48);
-        assert_eq!(MatParams::WGSL.lines().count(), 2 + 8);
-        assert!(wgsl_matmul().contains("const MAT_SWIGLU_UP: u32 = 4u;"));
     }
 }

@@ -4,7 +4,11 @@
 //! cached block's parent key and token ids, so even a key collision never shares a block. A new
 //! sequence reuses the longest run of cached blocks. Blocks nobody references stay cached (and
 //! reusable) until memory is needed, then are evicted least-recently-used first.
-//! The GPU side (the cache buffers) lives in model::forward; this is host-side state only.
+//! The GPU side (the cache buffers) lives in model::plan; this is host-side state only.
+//!
+//! Owns: KV block ids and keys, the block manager (ref counts, prefix cache, LRU, events).
+//! May use: nothing.
+//! Never uses: gpu, wgpu, model, engine.
 
 use sha2::{Digest, Sha256};
 use std::collections::{BTreeMap, HashMap};

@@ -2,45 +2,14 @@
 //! (config.json + safetensors) or a GGUF file.
 
 use super::config::{Arch, ModelConfig, RopeScaling};
-use super::gguf::{GgmlType, GgufFile};
-use super::tensor::{unpermute_qk_rows, QTensor};
-use crate::gpu::kernels::WFormat;
+use super::layers::{load_layers, WeightSource, GGUF_NAMES, HF_NAMES};
+pub use super::layers::{HostLayer, HostModel};
+use crate::formats::gguf::{GgmlType, GgufFile};
+use crate::gpu::wformat::WFormat;
+use crate::weights::tensor::QTensor;
 use anyhow::{anyhow, bail, Context, Result};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-
-pub struct HostLayer {
-    pub attn_norm: Vec<f32>,
-    pub q: QTensor,
-    pub k: QTensor,
-    pub v: QTensor,
-    /// q, k and v biases concatenated (Qwen2), or None.
-    pub qkv_bias: Option<Vec<f32>>,
-    /// Per-head RMSNorm weights of q then k ([2 * head_dim], Qwen3), or None.
-    pub qk_norm: Option<Vec<f32>>,
-    pub o: QTensor,
-    pub ffn_norm: Vec<f32>,
-    pub gate: QTensor,
-    pub up: QTensor,
-    pub down: QTensor,
-}
-
-pub struct HostModel {
-    pub cfg: ModelConfig,
-    /// The token embedding; None on a pipeline stage that neither embeds nor has a tied head.
-    pub embed: Option<QTensor>,
-    /// Layers `first_layer..first_layer + layers.len()` of `cfg.layers` (all unless loaded for
-    /// a pipeline stage).
-    pub layers: Vec<HostLayer>,
-    pub first_layer: usize,
-    pub final_norm: Vec<f32>,
-    /// The untied output projection; None when tied, or on a stage other than the last.
-    pub lm_head: Option<QTensor>,
-    /// The output projection is the embedding.
-    pub tied: bool,
-    /// Where the weights came from (for messages).
-    pub source: PathBuf,
-}
 
 impl HostModel {
     /// The output projection, when loaded.
@@ -137,6 +106,7 @@ struct HfTensor {
 }
 
 struct HfWeights {
+    dir: PathBuf,
     files: Vec<(PathBuf, memmap2::Mmap)>,
     tensors: HashMap<String, HfTensor>,
 }
@@ -179,7 +149,7 @@ impl HfWeights {
             }
             files.push((p, map));
         }
-        Ok(HfWeights { files, tensors })
+        Ok(HfWeights { dir: dir.to_path_buf(), files, tensors })
     }
 
     fn get(&self, name: &str) -> Result<(&HfTensor, &[u8], String)> {
@@ -228,56 +198,25 @@ fn to_f32(dtype: safetensors::Dtype, b: &[u8]) -> Result<Vec<f32>> {
 fn load_hf(dir: &Path, range: std::ops::Range<usize>, progress: &dyn Fn(usize, usize)) -> Result<HostModel> {
     let cfg = ModelConfig::from_hf_json(&dir.join("config.json"))?;
     let w = HfWeights::open(dir)?;
-    let (h, q, kv, i) = (cfg.hidden, cfg.q_dim(), cfg.kv_dim(), cfg.intermediate);
-    let (first, last) = (range.start == 0, range.end == cfg.layers);
-    let tied = !w.tensors.contains_key("lm_head.weight");
-    let embed = if first || (last && tied) { Some(w.matrix("model.embed_tokens.weight", cfg.vocab, h)?) } else { None };
-    let mut layers = Vec::with_capacity(range.len());
-    let first_layer = range.start;
-    for l in range {
-        progress(l, cfg.layers);
-        let p = format!("model.layers.{l}");
-        let qkv_bias = if cfg.qkv_bias {
-            let mut b = w.vector(&format!("{p}.self_attn.q_proj.bias"), q)?;
-            b.extend(w.vector(&format!("{p}.self_attn.k_proj.bias"), kv)?);
-            b.extend(w.vector(&format!("{p}.self_attn.v_proj.bias"), kv)?);
-            Some(b)
-        } else {
-            None
-        };
-        let qk_norm = if cfg.qk_norm {
-            let mut n = w.vector(&format!("{p}.self_attn.q_norm.weight"), cfg.head_dim)?;
-            n.extend(w.vector(&format!("{p}.self_attn.k_norm.weight"), cfg.head_dim)?);
-            Some(n)
-        } else {
-            None
-        };
-        layers.push(HostLayer {
-            qk_norm,
-            attn_norm: w.vector(&format!("{p}.input_layernorm.weight"), h)?,
-            q: w.matrix(&format!("{p}.self_attn.q_proj.weight"), q, h)?,
-            k: w.matrix(&format!("{p}.self_attn.k_proj.weight"), kv, h)?,
-            v: w.matrix(&format!("{p}.self_attn.v_proj.weight"), kv, h)?,
-            qkv_bias,
-            o: w.matrix(&format!("{p}.self_attn.o_proj.weight"), h, q)?,
-            ffn_norm: w.vector(&format!("{p}.post_attention_layernorm.weight"), h)?,
-            gate: w.matrix(&format!("{p}.mlp.gate_proj.weight"), i, h)?,
-            up: w.matrix(&format!("{p}.mlp.up_proj.weight"), i, h)?,
-            down: w.matrix(&format!("{p}.mlp.down_proj.weight"), h, i)?,
-        });
+    load_layers(&w, &HF_NAMES, cfg, range, progress, false)
+}
+
+impl WeightSource for HfWeights {
+    fn has(&self, name: &str) -> bool {
+        self.tensors.contains_key(name)
     }
-    progress(cfg.layers, cfg.layers);
-    let lm_head = if last && !tied { Some(w.matrix("lm_head.weight", cfg.vocab, h)?) } else { None };
-    Ok(HostModel {
-        final_norm: w.vector("model.norm.weight", h)?,
-        cfg,
-        embed,
-        layers,
-        first_layer,
-        lm_head,
-        tied,
-        source: dir.to_path_buf(),
-    })
+
+    fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<QTensor> {
+        HfWeights::matrix(self, name, rows, cols)
+    }
+
+    fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>> {
+        HfWeights::vector(self, name, len)
+    }
+
+    fn path(&self) -> &Path {
+        &self.dir
+    }
 }
 
 // ---------------------------------------------------------------- GGUF
@@ -457,61 +396,28 @@ fn gguf_vector(g: &GgufFile, name: &str, len: usize) -> Result<Vec<f32>> {
 
 pub fn load_gguf(g: &GgufFile, range: std::ops::Range<usize>, progress: &dyn Fn(usize, usize)) -> Result<HostModel> {
     let cfg = gguf_config(g)?;
-    let (h, q, kv, i) = (cfg.hidden, cfg.q_dim(), cfg.kv_dim(), cfg.intermediate);
-    let (first, last) = (range.start == 0, range.end == cfg.layers);
-    let tied = g.tensor("output.weight").is_none();
-    let embed = if first || (last && tied) { Some(gguf_matrix(g, "token_embd.weight", cfg.vocab, h)?) } else { None };
-    let (q_perm, k_perm) = (unpermute_qk_rows(cfg.heads, cfg.head_dim), unpermute_qk_rows(cfg.kv_heads, cfg.head_dim));
-    let mut layers = Vec::with_capacity(range.len());
-    let first_layer = range.start;
-    for l in range {
-        progress(l, cfg.layers);
-        let p = format!("blk.{l}");
-        let mut wq = gguf_matrix(g, &format!("{p}.attn_q.weight"), q, h)?;
-        let mut wk = gguf_matrix(g, &format!("{p}.attn_k.weight"), kv, h)?;
-        if cfg.arch == Arch::Llama {
-            wq = wq.permute_rows(&q_perm);
-            wk = wk.permute_rows(&k_perm);
-        }
-        let qkv_bias = if cfg.qkv_bias {
-            let mut b = gguf_vector(g, &format!("{p}.attn_q.bias"), q)?;
-            b.extend(gguf_vector(g, &format!("{p}.attn_k.bias"), kv)?);
-            b.extend(gguf_vector(g, &format!("{p}.attn_v.bias"), kv)?);
-            Some(b)
-        } else {
-            None
-        };
-        let qk_norm = if cfg.qk_norm {
-            let mut n = gguf_vector(g, &format!("{p}.attn_q_norm.weight"), cfg.head_dim)?;
-            n.extend(gguf_vector(g, &format!("{p}.attn_k_norm.weight"), cfg.head_dim)?);
-            Some(n)
-        } else {
-            None
-        };
-        layers.push(HostLayer {
-            qk_norm,
-            attn_norm: gguf_vector(g, &format!("{p}.attn_norm.weight"), h)?,
-            q: wq,
-            k: wk,
-            v: gguf_matrix(g, &format!("{p}.attn_v.weight"), kv, h)?,
-            qkv_bias,
-            o: gguf_matrix(g, &format!("{p}.attn_output.weight"), h, q)?,
-            ffn_norm: gguf_vector(g, &format!("{p}.ffn_norm.weight"), h)?,
-            gate: gguf_matrix(g, &format!("{p}.ffn_gate.weight"), i, h)?,
-            up: gguf_matrix(g, &format!("{p}.ffn_up.weight"), i, h)?,
-            down: gguf_matrix(g, &format!("{p}.ffn_down.weight"), h, i)?,
-        });
+    // llama.cpp's converter permutes Llama's q/k rows for interleaved RoPE; undone here.
+    let unpermute = cfg.arch == Arch::Llama;
+    load_layers(&GgufSource(g), &GGUF_NAMES, cfg, range, progress, unpermute)
+}
+
+/// A GGUF file as a weight source.
+struct GgufSource<'a>(&'a GgufFile);
+
+impl WeightSource for GgufSource<'_> {
+    fn has(&self, name: &str) -> bool {
+        self.0.tensor(name).is_some()
     }
-    progress(cfg.layers, cfg.layers);
-    let lm_head = if last && !tied { Some(gguf_matrix(g, "output.weight", cfg.vocab, h)?) } else { None };
-    Ok(HostModel {
-        final_norm: gguf_vector(g, "output_norm.weight", h)?,
-        cfg,
-        embed,
-        layers,
-        first_layer,
-        lm_head,
-        tied,
-        source: g.path.clone(),
-    })
+
+    fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<QTensor> {
+        gguf_matrix(self.0, name, rows, cols)
+    }
+
+    fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>> {
+        gguf_vector(self.0, name, len)
+    }
+
+    fn path(&self) -> &Path {
+        &self.0.path
+    }
 }

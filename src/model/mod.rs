@@ -1,10 +1,22 @@
 //! Model hyper-parameters, weight loading (Hugging Face safetensors, GGUF) and the GPU forward.
+//!
+//! Owns: ModelConfig, the weight loaders, the architecture recipes, memory and step plans, the step validator, Model::run.
+//! May use: ops, weights, formats, kv, gpu, config, sampling.
+//! Never uses: exec, engine, server, tokenizer.
 
+pub mod builder;
 pub mod config;
 pub mod forward;
-pub mod gguf;
-pub mod harness;
+pub mod layers;
+pub mod llama;
 pub mod loader;
-pub mod ops;
+pub mod plan;
+pub mod scratch;
+pub mod step;
 pub mod synth;
-pub mod tensor;
+pub mod validate;
+
+pub use forward::Model;
+pub use plan::{kv_block_bytes, kv_blocks, kv_chunking, MemoryPlan};
+pub use step::{sub_steps, StageOutput, StepInput, StepLimits};
+pub use validate::StepBounds;

@@ -10,10 +10,10 @@
 //! stream (a 28-layer Qwen2.5-7B shape in Q4_K is about 4.5 GB), never held in memory whole.
 
 use super::config::Arch;
-use super::gguf::{encode_header, GgufTensorSpec, GgufValue};
 use super::loader::gguf_type;
-use super::tensor::{fill_centered_block, gguf_block, XorShift64};
-use crate::gpu::kernels::WFormat;
+use crate::formats::gguf::{encode_header, GgufTensorSpec, GgufValue};
+use crate::gpu::wformat::WFormat;
+use crate::weights::tensor::{fill_centered_block, gguf_block, XorShift64};
 use anyhow::{anyhow, bail, Result};
 use half::f16;
 use std::io::Write;

@@ -1,5 +1,12 @@
 //! Host side of sampling: per-request parameters and the seeded generator whose draws the GPU
 //! sampler consumes (one uniform number per sampled token).
+//!
+//! Owns: sampling parameters, the seeded generator, the per-row sample record.
+//! May use: nothing.
+//! Never uses: every other room (anyone may use sampling).
+
+pub mod row;
+pub use row::{Adjust, SampleParams, Sampled, MAX_LOGIT_BIAS};
 
 /// A request's sampling settings. temperature 0 means greedy.
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -8,6 +8,10 @@
 //!
 //! Tests and embedders run the server in-process with [`start`] on a listener of their own
 //! (port 0 for an ephemeral port) and stop it with [`ServerHandle::shutdown`].
+//!
+//! Owns: the HTTP API (OpenAI routes, SSE, errors, metrics, access log), tools and structured-output parsing of requests.
+//! May use: engine, exec, tokenizer, structured, config, sampling, shutdown.
+//! Never uses: gpu, model, ops.
 
 pub mod access;
 mod body;

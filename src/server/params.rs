@@ -10,7 +10,7 @@ use serde_json::{Map, Value};
 use std::time::Duration;
 
 /// Most `logit_bias` entries per request.
-pub const MAX_LOGIT_BIAS: usize = crate::model::forward::MAX_LOGIT_BIAS;
+pub const MAX_LOGIT_BIAS: usize = crate::sampling::MAX_LOGIT_BIAS;
 /// Most stop strings per request.
 pub const MAX_STOP: usize = 16;
 /// Longest stop string, in bytes.
@@ -18,7 +18,7 @@ pub const MAX_STOP_BYTES: usize = 1024;
 /// Most `stop_token_ids` per request.
 pub const MAX_STOP_TOKEN_IDS: usize = 64;
 /// Most top logprobs per token (the engine's limit).
-pub const MAX_TOP_LOGPROBS: u32 = crate::gpu::kernels::MAX_TOP_LOGPROBS as u32;
+pub const MAX_TOP_LOGPROBS: u32 = crate::sampling::row::MAX_TOP_LOGPROBS as u32;
 
 /// The fields of one JSON object.
 pub struct Fields<'a>(pub &'a Map<String, Value>);

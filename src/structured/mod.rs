@@ -10,6 +10,10 @@
 //! [`ConstraintSpec`] into a [`Constraint`] (before the request is submitted, so a bad grammar is
 //! a 400), and gives the engine each step's mask (one bit per vocabulary id) and the accepted
 //! tokens. The mask reaches the GPU with the row's sampling parameters (`SampleParams::mask`).
+//!
+//! Owns: grammars for constrained decoding and their token masks.
+//! May use: tokenizer.
+//! Never uses: engine, model, gpu, server.
 
 pub mod bounds;
 

@@ -16,7 +16,7 @@ use tokenizers::pre_tokenizers::PreTokenizerWrapper;
 use tokenizers::SplitDelimiterBehavior;
 
 use super::gguf_common::{add_typed_tokens, read_token_types, read_tokens};
-use crate::model::gguf::GgufFile;
+use crate::formats::gguf::GgufFile;
 
 /// GPT-2's split (llama.cpp's form: no trailing `|\s+`; text that no alternative matches is kept
 /// as a piece of its own anyway).

@@ -3,7 +3,7 @@
 use anyhow::{bail, Result};
 use tokenizers::AddedToken;
 
-use crate::model::gguf::GgufFile;
+use crate::formats::gguf::GgufFile;
 
 /// llama.cpp token types (`tokenizer.ggml.token_type`).
 pub const TOKEN_TYPE_NORMAL: i32 = 1;

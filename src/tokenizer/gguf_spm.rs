@@ -29,7 +29,7 @@ use tokenizers::normalizers::replace::Replace;
 use super::gguf_common::{
     add_typed_tokens, is_special_type, read_token_types, read_tokens, TOKEN_TYPE_NORMAL, TOKEN_TYPE_USER_DEFINED,
 };
-use crate::model::gguf::GgufFile;
+use crate::formats::gguf::GgufFile;
 
 /// SentencePiece's escaped space, U+2581 LOWER ONE EIGHTH BLOCK.
 const SPACE: &str = "\u{2581}";

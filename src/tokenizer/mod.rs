@@ -8,6 +8,10 @@
 //!   `tokenizer.ggml.*` metadata alone (no tensor is read, so vocab-only files work): byte-level
 //!   BPE (`gpt2`, with the pre-tokenizer named by `tokenizer.ggml.pre`) or SentencePiece BPE
 //!   (`llama`), following llama.cpp's rules.
+//!
+//! Owns: tokenizers (Hugging Face and GGUF), chat templates, incremental detokenization.
+//! May use: formats.
+//! Never uses: model, gpu, engine, server.
 
 mod chat;
 pub mod cli;
@@ -28,7 +32,7 @@ use anyhow::{anyhow, Context, Result};
 use serde::{Deserialize, Serialize};
 use serde_json::Value as Json;
 
-use crate::model::gguf::GgufFile;
+use crate::formats::gguf::GgufFile;
 use chat::ChatTemplate;
 pub use gguf_bpe::supported_pre_tokenizers;
 

@@ -4,7 +4,8 @@
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use torus_wgpu::engine::{Request, RequestParams, StopConditions};
-use torus_wgpu::model::forward::{Model, SampleParams, StepInput};
+use torus_wgpu::model::{Model, StepInput};
+use torus_wgpu::sampling::SampleParams;
 
 pub fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures")

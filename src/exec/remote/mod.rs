@@ -42,7 +42,8 @@ pub use client::RemoteStage;
 pub use worker::{run_worker, worker_layers};
 
 use super::proto;
-use crate::model::forward::{StepLimits, MAX_LOGIT_BIAS};
+use crate::model::StepLimits;
+use crate::sampling::MAX_LOGIT_BIAS;
 use anyhow::{anyhow, bail, Result};
 use std::ops::Range;
 use std::time::Duration;
@@ -60,7 +61,7 @@ impl MessageLimits {
     /// Bounds of the protobuf encoding of the largest step `limits` allow on a model with
     /// `hidden` and `vocab`, plus an eighth and 64 KiB of slack.
     pub fn new(hidden: usize, vocab: usize, l: &StepLimits) -> MessageLimits {
-        use crate::gpu::kernels::MAX_TOP_LOGPROBS;
+        use crate::sampling::row::MAX_TOP_LOGPROBS;
         let (t, s) = (l.max_tokens, l.max_seqs);
         let max_blocks = l.max_seq_len.div_ceil(l.block_size.max(1));
         // A field's tag and length prefix; a u32 varint; a packed repeated u32 field.

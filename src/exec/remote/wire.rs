@@ -1,7 +1,8 @@
 //! The wire forms of a step's parts (proto/stage.proto), both ways.
 
 use crate::exec::proto::{self};
-use crate::model::forward::{Adjust, SampleParams, Sampled, StepInput};
+use crate::model::StepInput;
+use crate::sampling::{Adjust, SampleParams, Sampled};
 
 pub(super) fn tensor(shape: Vec<usize>, data: Vec<u8>) -> proto::Tensor {
     proto::Tensor { shape: shape.into_iter().map(|d| d as u64).collect(), dtype: "f32".into(), data: data.into() }
@@ -109,7 +110,7 @@ pub(super) fn step_input(r: proto::StepRequest) -> StepInput {
 #[cfg(test)]
 mod tests {
     use crate::exec::proto;
-    use crate::model::forward::{Adjust, SampleParams};
+    use crate::sampling::{Adjust, SampleParams};
 
     /// The sampling parameters cross the wire whole, token mask included (and no mask stays none).
     #[test]

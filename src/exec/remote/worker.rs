@@ -6,7 +6,7 @@ use super::*;
 use crate::config::EngineConfig;
 use crate::exec::proto::{self, stage_server};
 use crate::exec::StageExec;
-use crate::model::forward::{Model, StageOutput, StepBounds};
+use crate::model::{Model, StageOutput, StepBounds};
 use anyhow::{anyhow, bail, Context, Result};
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering::SeqCst};

@@ -1,6 +1,6 @@
 //! Host-side weight matrices in the GPU layout, with the CPU reference math the tests use.
 
-use crate::gpu::kernels::WFormat;
+use crate::gpu::wformat::WFormat;
 use anyhow::{bail, Result};
 use half::{bf16, f16};
 

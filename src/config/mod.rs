@@ -1,10 +1,15 @@
 //! Engine configuration: the JSON keys of configs/*.json, validated, with command-line overrides.
+//!
+//! Owns: EngineConfig (the seed's JSON keys), its validation and the per-device choices (KV dtype, kernel profile).
+//! May use: nothing.
+//! Never uses: every other room (anyone may use config).
 
 use anyhow::{anyhow, bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
-pub use crate::gpu::kernels::{KernelProfile, KvDtype};
+mod choices;
+pub use choices::{KernelProfile, KvDtype};
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
@@ -189,7 +194,7 @@ impl EngineConfig {
             bail!("worker_lease_s must be a positive number of seconds");
         }
         if let Some(ep) = &self.kv_events_endpoint {
-            crate::kv_events::parse_endpoint(ep)?;
+            parse_endpoint(ep)?;
         } else if self.kv_events_connect || !self.kv_events_topic.is_empty() {
             bail!("kv_events_topic and kv_events_connect need kv_events_endpoint");
         }
@@ -387,4 +392,20 @@ impl EngineArgs {
         c.validate()?;
         Ok(c)
     }
+}
+
+/// The `host:port` of a `tcp://HOST:PORT` endpoint (`*` for the host: every interface).
+pub fn parse_endpoint(endpoint: &str) -> Result<String> {
+    let rest = endpoint
+        .strip_prefix("tcp://")
+        .ok_or_else(|| anyhow!("kv_events_endpoint {endpoint:?} must look like tcp://HOST:PORT"))?;
+    let (host, port) = rest
+        .rsplit_once(':')
+        .ok_or_else(|| anyhow!("kv_events_endpoint {endpoint:?} must look like tcp://HOST:PORT"))?;
+    let port: u16 = port.parse().map_err(|_| anyhow!("kv_events_endpoint {endpoint:?}: bad port {port:?}"))?;
+    if host.is_empty() {
+        bail!("kv_events_endpoint {endpoint:?}: the host is missing");
+    }
+    let host = if host == "*" { "0.0.0.0" } else { host };
+    Ok(format!("{host}:{port}"))
 }

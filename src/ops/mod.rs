@@ -1,13 +1,63 @@
-//! The GPU ops of a forward step: each op is a typed value (what it computes, its sizes, its
-//! bind groups) that turns a step's sizes into its dispatches: pipeline, bind group, dynamic
-//! offsets and a grid folded within the device's per-dimension limit. The forward step
-//! (forward.rs) and the kernel harness (harness.rs) both record ops through `Op::dispatches`,
-//! so the kernel tests run the dispatch code that runs in production.
+//! The GPU ops of a forward step: the kernels (their WGSL assembly in `sources`, their
+//! pipelines in `kernels`) and one file per kernel family — `matmul` (and the embedding),
+//! `norm` (RMSNorm, the per-head q/k norm), `rope` (RoPE + KV write), `attention`, `sample`
+//! (logit adjustments, the sampler) — each with its parameter struct (one Rust definition that
+//! generates the WGSL declaration), its bindings by name (checked against the shader), and the
+//! constructor of its ops; `harness` runs single ops on host data for tests and benches.
+//!
+//! Owns: kernels, op families, the kernel harness.
+//! May use: gpu, weights, config, sampling.
+//! Never uses: model, exec, engine, server.
+//!
+//! Each op is a typed value (what it computes, its sizes, its bind groups) that turns a step's
+//! sizes into its dispatches: pipeline, bind group, dynamic offsets and a grid folded within
+//! the device's per-dimension limit. The forward step (model/) and the kernel harness both
+//! build ops with the family constructors and record them through `Op::dispatches`, so the
+//! kernel tests run the code that runs in production.
 
-use crate::gpu::kernels::{
-    plan_x, KernelProfile, Kernels, WFormat, XPlan, GPU_DECODE_NR, GPU_DECODE_TM, GPU_TILE, MATMUL_TILES, MATMUL_WG,
-};
+pub mod attention;
+#[cfg(test)]
+mod binding_tests;
+pub mod harness;
+pub mod kernels;
+pub mod matmul;
+pub mod norm;
+pub mod rope;
+pub mod sample;
+pub mod sources;
+
+/// Declares a kernel family's bindings by name: a struct of buffers whose fields are the
+/// shader's variable names, each with its access and binding number. `SLOTS` gives the bind-group
+/// layout, `entries` the bind group; binding_tests checks both against the assembled shaders.
+macro_rules! bindings {
+    ($(#[$m:meta])* $name:ident { $($field:ident: $slot:ident @ $b:expr),* $(,)? }) => {
+        $(#[$m])*
+        pub struct $name<'a> {
+            $(pub $field: &'a wgpu::Buffer),*
+        }
+
+        impl<'a> $name<'a> {
+            /// (binding, shader variable, access) of each field.
+            pub const SLOTS: &'static [(u32, &'static str, crate::gpu::family::Slot)] =
+                &[$(($b, stringify!($field), crate::gpu::family::Slot::$slot)),*];
+
+            pub fn entries(&self) -> Vec<(u32, &'a wgpu::Buffer)> {
+                vec![$(($b, self.$field)),*]
+            }
+        }
+    };
+}
+pub(crate) use bindings;
+
+/// The bind-group layout of a family's slots.
+pub(crate) fn layout_of(slots: &[(u32, &str, crate::gpu::family::Slot)]) -> Vec<(u32, crate::gpu::family::Slot)> {
+    slots.iter().map(|&(b, _, s)| (b, s)).collect()
+}
+
+use crate::config::KernelProfile;
+use crate::gpu::wformat::WFormat;
 use crate::gpu::Gpu;
+use crate::ops::kernels::{plan_x, Kernels, XPlan, GPU_DECODE_NR, GPU_DECODE_TM, GPU_TILE, MATMUL_TILES, MATMUL_WG};
 
 /// What an op computes, with the sizes its grid depends on.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -97,7 +147,7 @@ impl RecordParams {
     pub fn new(gpu: &Gpu) -> RecordParams {
         RecordParams {
             align: gpu.device.limits().min_uniform_buffer_offset_alignment,
-            win_stride: crate::gpu::kernels::window_stride(gpu),
+            win_stride: crate::ops::kernels::window_stride(gpu),
         }
     }
 }

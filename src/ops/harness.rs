@@ -1,17 +1,21 @@
-//! Runs single kernels on host data: what the kernel tests and benches drive. The forward step
-//! (forward.rs) records the same pipelines with the same parameter layouts.
+//! Runs single kernels on host data: what the kernel tests and benches drive. It builds its ops
+//! with the same family constructors as the forward step (model/), and records them the same way.
 
-use super::config::RopeScaling;
-use super::forward::{
-    attn_params, head_norm_params, kv_entries, rope_params, rope_table, rope_threads, GpuMatrix, MatParams,
-    SampleParams, Sampled, StepHeader, MAT_ACCUMULATE, MAT_BIAS, MAT_SWIGLU_UP,
-};
-use super::ops::{attention_splits, Op, OpKind, RecordParams, Recorder, StepShape};
-use super::tensor::QTensor;
-use crate::gpu::kernels::{
-    window_entries, window_stride, KernelProfile, KernelSpec, Kernels, KvDtype, WFormat, SAMPLE_RESULT_STRIDE,
-};
+use crate::config::{KernelProfile, KvDtype};
+use crate::gpu::shared::StepHeader;
+use crate::gpu::wformat::WFormat;
 use crate::gpu::Gpu;
+use crate::ops::attention::{self, AttnBinds, AttnParams};
+use crate::ops::kernels::{window_entries, window_stride, KernelSpec, Kernels};
+use crate::ops::matmul::{self, MatmulIo, MAT_ACCUMULATE, MAT_BIAS, MAT_SWIGLU_UP};
+use crate::ops::norm::{self, HeadNormBinds, HeadNormParams, NormBinds, NormParams};
+use crate::ops::rope::{self, rope_table, RopeBinds, RopeParams};
+use crate::ops::sample::{self, AdjustBinds, SampleBinds, SamplerParams};
+use crate::ops::{attention_splits, Op, RecordParams, Recorder, StepShape};
+use crate::sampling::row::SAMPLE_RESULT_STRIDE;
+use crate::sampling::{SampleParams, Sampled};
+use crate::weights::tensor::QTensor;
+use crate::weights::upload::GpuMatrix;
 use anyhow::Result;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -128,9 +132,9 @@ impl Harness {
     }
 
     /// Runs one op over a step of `n` tokens and `ns` sampled rows.
-    fn run_op(&self, kind: OpKind, bind: wgpu::BindGroup, n: usize, ns: usize) -> Result<()> {
+    fn run_op(&self, op: Op, n: usize, ns: usize) -> Result<()> {
         let shape = StepShape { n_tokens: n as u32, n_sample: ns as u32, n_splits: 1, any_adjust: true };
-        self.run(&self.calls(&[Op { kind, bind, bind_u: None }], shape, None), 1).map(|_| ())
+        self.run(&self.calls(&[op], shape, None), 1).map(|_| ())
     }
 
     fn step_buffers(&self, header: StepHeader, meta: &[u32]) -> (wgpu::Buffer, wgpu::Buffer) {
@@ -248,24 +252,8 @@ impl Harness {
         let mat = GpuMatrix::upload(g, "w", w, up, max_binding)?;
         let (step, _meta) = self.step_buffers(Self::header(m, 0), &[0]);
         let windows = g.uniform_init("windows", bytemuck::cast_slice(&window_entries(m + 1, window_stride(g))));
-        let ops: Vec<Op> = mat
-            .chunks
-            .iter()
-            .map(|c| {
-                let p = MatParams::new(w.cols, c, 0, w.rows, false, flags);
-                let pb = g.uniform_init("p", bytemuck::bytes_of(&p));
-                let entries = [(0, &step), (1, &pb), (2, xb), (3, &c.q), (4, &c.s), (5, bb), (6, yb)];
-                let kind = OpKind::Matmul {
-                    format: w.format,
-                    rows: c.rows as u32,
-                    x_vec4: (w.cols / 4) as u32,
-                    sampled: false,
-                    swiglu: up.is_some(),
-                };
-                let bind_u = uniform_x.then(|| self.kernels.matmul_u_family.bind_uniform_x(g, &entries, &windows));
-                Op { kind, bind: self.kernels.matmul_family.bind(g, &entries), bind_u }
-            })
-            .collect();
+        let io = MatmulIo { step: &step, x: xb, y: yb, bias: bb, windows: uniform_x.then_some(&windows) };
+        let (ops, _params) = matmul::matmul(&self.kernels, g, &mat, &io, (0, w.rows), flags, false, up.is_some());
         let shape = StepShape { n_tokens: m as u32, n_sample: 0, n_splits: 1, any_adjust: false };
         // The weights stay alive through the bind groups.
         Ok(self.calls(&ops, shape, tile))
@@ -298,14 +286,9 @@ impl Harness {
         let (step, meta) = self.step_buffers(Self::header(tokens.len(), 0), tokens);
         let out = g.storage("hidden", (tokens.len() * table.cols * 4) as u64);
         let dummy = g.storage("dummy", 16);
-        let kb = (table.cols / 32) as u32;
-        for c in &mat.chunks {
-            let pb = g.uniform_init("p", bytemuck::cast_slice(&[kb, c.rows as u32, c.row0 as u32, 0]));
-            let bind = self
-                .kernels
-                .matmul_family
-                .bind(g, &[(0, &step), (1, &pb), (2, &meta), (3, &c.q), (4, &c.s), (5, &dummy), (6, &out)]);
-            self.run_op(OpKind::Embed { format: table.format, k_blocks: kb }, bind, tokens.len(), 0)?;
+        let (ops, _params) = matmul::embed(&self.kernels, g, &mat, &step, &meta, &dummy, &out);
+        for op in ops {
+            self.run_op(op, tokens.len(), 0)?;
         }
         g.download_f32(&out, tokens.len() * table.cols)
     }
@@ -317,13 +300,12 @@ impl Harness {
         let rows = gather.map(|r| r.len()).unwrap_or(m);
         let (step, meta) =
             self.step_buffers(Self::header(m, gather.map(|r| r.len()).unwrap_or(0)), gather.unwrap_or(&[0]));
-        let pb =
-            g.uniform_init("p", bytemuck::cast_slice(&[(dim / 4) as u32, eps.to_bits(), gather.is_some() as u32, 0]));
+        let pb = g.uniform_init("p", bytemuck::bytes_of(&NormParams::new(dim, eps, gather.is_some(), 0)));
         let xb = g.storage_init("x", bytemuck::cast_slice(x));
         let wb = g.storage_init("w", bytemuck::cast_slice(weight));
         let yb = g.storage("y", (rows * dim * 4) as u64);
-        let bind = self.kernels.norm_family.bind(g, &[(0, &step), (1, &pb), (2, &xb), (3, &wb), (4, &meta), (5, &yb)]);
-        self.run_op(OpKind::Norm { sampled: gather.is_some() }, bind, m, rows)?;
+        let b = NormBinds { step: &step, p: &pb, x: &xb, weight: &wb, md: &meta, y: &yb };
+        self.run_op(norm::norm(&self.kernels, g, &b, gather.is_some()), m, rows)?;
         g.download_f32(&yb, rows * dim)
     }
 
@@ -345,17 +327,16 @@ impl Harness {
         }
         adjust.extend([0u32; 4]);
         let (step, meta) = self.step_buffers(Self::header(rows, rows), &meta);
-        let pb = g.uniform_init("p", bytemuck::cast_slice(&[vocab as u32, 0, 0, 0]));
+        let pb = g.uniform_init("p", bytemuck::bytes_of(&SamplerParams { vocab: vocab as u32, ..Default::default() }));
         let lb = g.storage_init("logits", bytemuck::cast_slice(logits));
         let ab = g.storage_init("adjust", bytemuck::cast_slice(&adjust));
         let bytes = (rows * SAMPLE_RESULT_STRIDE * 4) as u64;
         let rb = g.storage("result", bytes);
-        let adj = self.kernels.sample_family.bind(g, &[(0, &step), (1, &pb), (2, &meta), (3, &ab), (4, &lb)]);
-        let bind = self.kernels.sample_family.bind(g, &[(0, &step), (1, &pb), (2, &meta), (3, &lb), (4, &rb)]);
         let shape = StepShape { n_tokens: rows as u32, n_sample: rows as u32, n_splits: 1, any_adjust: true };
+        let k = &self.kernels;
         let ops = [
-            Op { kind: OpKind::LogitAdjust, bind: adj, bind_u: None },
-            Op { kind: OpKind::Sample, bind, bind_u: None },
+            sample::logit_adjust(k, g, &AdjustBinds { step: &step, p: &pb, md: &meta, adj: &ab, logits: &lb }),
+            sample::sample(k, g, &SampleBinds { step: &step, p: &pb, md: &meta, logits: &lb, result: &rb }),
         ];
         let calls = self.calls(&ops, shape, None);
         if iters > 1 {
@@ -412,11 +393,11 @@ impl Harness {
         let g = &*self.gpu;
         let n = qkv.len() / ((heads + 2 * kv_heads) * head_dim);
         let (step, _meta) = self.step_buffers(Self::header(n, 0), &[0]);
-        let pb = g.uniform_init("p", bytemuck::cast_slice(&head_norm_params(heads, kv_heads, head_dim, eps)));
+        let pb = g.uniform_init("p", bytemuck::bytes_of(&HeadNormParams::new(heads, kv_heads, head_dim, eps)));
         let wb = g.storage_init("w", bytemuck::cast_slice(weight));
         let qb = g.storage_init("qkv", bytemuck::cast_slice(qkv));
-        let bind = self.kernels.head_norm_family.bind(g, &[(0, &step), (1, &pb), (2, &wb), (3, &qb)]);
-        self.run_op(OpKind::HeadNorm { heads: (heads + kv_heads) as u32 }, bind, n, 0)?;
+        let b = HeadNormBinds { step: &step, p: &pb, weight: &wb, qkv: &qb };
+        self.run_op(norm::head_norm(&self.kernels, g, &b, heads + kv_heads), n, 0)?;
         g.download_f32(&qb, qkv.len())
     }
 
@@ -424,7 +405,9 @@ impl Harness {
     pub fn attn_rig(&self, shape: AttnShape, num_blocks: usize, max_pos: usize, theta: f64) -> AttnRig {
         let AttnShape { heads, kv_heads, head_dim, block_size } = shape;
         let g = &*self.gpu;
-        let cs = rope_table(theta, head_dim, max_pos, &RopeScaling::None);
+        // Unscaled RoPE: inv_freq[i] = theta^(-2i / head_dim).
+        let inv: Vec<f64> = (0..head_dim / 2).map(|i| 1.0 / theta.powf((2 * i) as f64 / head_dim as f64)).collect();
+        let cs = rope_table(&inv, 1.0, max_pos);
         let per_block = (block_size * kv_heads * head_dim * self.kernels.kv.bytes()) as u64;
         let chunks = self.kernels.kv_chunks;
         let blocks_per_chunk = num_blocks.div_ceil(chunks);
@@ -499,42 +482,17 @@ impl Harness {
         let qkv_b = g.storage_init("qkv", bytemuck::cast_slice(qkv));
         let out = g.storage("out", (n * rig.heads * rig.head_dim * 4) as u64);
         let chunk = rig.blocks_per_chunk * rig.block_size * rig.kv_heads * rig.head_dim;
+        let dims = (rig.heads, rig.kv_heads, rig.head_dim);
         let rp =
-            g.uniform_init("rope", bytemuck::cast_slice(&rope_params(rig.heads, rig.kv_heads, rig.head_dim, chunk)));
-        let ap = g.uniform_init(
-            "attn",
-            bytemuck::cast_slice(&attn_params(
-                (rig.heads, rig.kv_heads, rig.head_dim),
-                rig.block_size,
-                rig.window,
-                chunk,
-            )),
-        );
+            g.uniform_init("rope", bytemuck::bytes_of(&RopeParams::new(rig.heads, rig.kv_heads, rig.head_dim, chunk)));
+        let ap = g.uniform_init("attn", bytemuck::bytes_of(&AttnParams::new(dims, rig.block_size, rig.window, chunk)));
         let k = &self.kernels;
-        let rb = k.rope_family.bind(
-            g,
-            &kv_entries(vec![(0, &step), (1, &rp), (2, &meta), (3, &rig.cos_sin), (4, &qkv_b)], (5, 6), &rig.k, &rig.v),
-        );
-        let ab = k.attn_family.bind(
-            g,
-            &kv_entries(
-                vec![(0, &step), (1, &ap), (2, &meta), (3, &qkv_b), (6, &out), (7, &part)],
-                (4, 5),
-                &rig.k,
-                &rig.v,
-            ),
-        );
+        let kv = (&rig.k[..], &rig.v[..]);
+        let b = RopeBinds { step: &step, p: &rp, md: &meta, cos_sin: &rig.cos_sin, qkv: &qkv_b };
+        let rope = rope::rope_kv(k, g, &b, kv, dims);
+        let b = AttnBinds { step: &step, p: &ap, md: &meta, qkv: &qkv_b, out: &out, part: &part };
+        let attention = attention::attention(k, g, &b, kv, dims);
         let shape = StepShape { n_tokens: n as u32, n_sample: 0, n_splits: splits, any_adjust: false };
-        let rope = Op {
-            kind: OpKind::RopeKv { threads: rope_threads(1, rig.heads, rig.kv_heads, rig.head_dim) },
-            bind: rb,
-            bind_u: None,
-        };
-        let attention = Op {
-            kind: OpKind::Attention { heads: rig.heads as u32, kv_heads: rig.kv_heads as u32, hd4: dims.2 as u32 },
-            bind: ab,
-            bind_u: None,
-        };
         self.run(&self.calls(&[rope], shape, None), 1)?;
         let attention = self.calls(&[attention], shape, None);
         self.run(&attention, 1)?;

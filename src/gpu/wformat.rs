@@ -1,0 +1,129 @@
+//! The weight formats the matmul kernels read, and each one's WGSL snippet (shaders/wfmt_*.wgsl).
+
+/// How a weight matrix is stored on the GPU. Quantized formats keep GGUF's quantized values
+/// (never dequantized at load); each format's blocks are re-packed at load into two arrays (see
+/// `QTensor::from_gguf_blocks`): `q`, the quant codes of every 32-element block in a fixed
+/// number of u32 words, and `s`, the scales, one record of `scale_words` words per
+/// `scale_group` elements (32 for the legacy formats, 256 for the K-quants' super-blocks).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[allow(non_camel_case_types)] // ggml's names (Q4_K, ...)
+pub enum WFormat {
+    F32,
+    F16,
+    Q8_0,
+    Q4_0,
+    Q4_1,
+    Q5_0,
+    Q5_1,
+    Q2_K,
+    Q3_K,
+    Q4_K,
+    Q5_K,
+    Q6_K,
+}
+
+impl WFormat {
+    pub const ALL: [WFormat; 12] = [
+        WFormat::F32,
+        WFormat::F16,
+        WFormat::Q8_0,
+        WFormat::Q4_0,
+        WFormat::Q4_1,
+        WFormat::Q5_0,
+        WFormat::Q5_1,
+        WFormat::Q2_K,
+        WFormat::Q3_K,
+        WFormat::Q4_K,
+        WFormat::Q5_K,
+        WFormat::Q6_K,
+    ];
+
+    /// u32 quant words per 32-element block.
+    pub fn words_per_block(self) -> usize {
+        match self {
+            WFormat::F32 => 32,
+            WFormat::F16 => 16,
+            WFormat::Q8_0 => 8,
+            WFormat::Q4_0 | WFormat::Q4_1 | WFormat::Q4_K => 4,
+            WFormat::Q5_0 | WFormat::Q5_1 | WFormat::Q5_K => 5,
+            WFormat::Q6_K => 6,
+            WFormat::Q3_K => 3,
+            WFormat::Q2_K => 2,
+        }
+    }
+
+    /// Elements covered by one scale record (a row length must be a multiple of it).
+    pub fn scale_group(self) -> usize {
+        if self.is_k_quant() {
+            256
+        } else {
+            32
+        }
+    }
+
+    /// u32 words of one scale record.
+    pub fn scale_words(self) -> usize {
+        match self {
+            WFormat::F32 | WFormat::F16 => 0,
+            WFormat::Q8_0 | WFormat::Q4_0 | WFormat::Q5_0 => 1,
+            WFormat::Q4_1 | WFormat::Q5_1 => 2,
+            // d, dmin and eight 6-bit scales and mins as bytes.
+            WFormat::Q4_K | WFormat::Q5_K => 6,
+            // d, dmin and sixteen 4-bit scale/min pairs as bytes.
+            WFormat::Q2_K => 6,
+            // d and sixteen signed scales as bytes.
+            WFormat::Q3_K | WFormat::Q6_K => 5,
+        }
+    }
+
+    /// u32 scale words of a row of `cols` elements.
+    pub fn scale_words_per_row(self, cols: usize) -> usize {
+        cols / self.scale_group() * self.scale_words()
+    }
+
+    /// The K-quants: 256-element super-blocks.
+    pub fn is_k_quant(self) -> bool {
+        matches!(self, WFormat::Q2_K | WFormat::Q3_K | WFormat::Q4_K | WFormat::Q5_K | WFormat::Q6_K)
+    }
+
+    pub(crate) fn snippet(self) -> String {
+        let own = match self {
+            WFormat::F32 => include_str!("../../shaders/wfmt_f32.wgsl"),
+            WFormat::F16 => include_str!("../../shaders/wfmt_f16.wgsl"),
+            WFormat::Q8_0 => include_str!("../../shaders/wfmt_q8_0.wgsl"),
+            WFormat::Q4_0 => include_str!("../../shaders/wfmt_q4_0.wgsl"),
+            WFormat::Q4_1 => include_str!("../../shaders/wfmt_q4_1.wgsl"),
+            WFormat::Q5_0 => include_str!("../../shaders/wfmt_q5_0.wgsl"),
+            WFormat::Q5_1 => include_str!("../../shaders/wfmt_q5_1.wgsl"),
+            WFormat::Q2_K => include_str!("../../shaders/wfmt_q2_k.wgsl"),
+            WFormat::Q3_K => include_str!("../../shaders/wfmt_q3_k.wgsl"),
+            WFormat::Q4_K => include_str!("../../shaders/wfmt_q4_k.wgsl"),
+            WFormat::Q5_K => include_str!("../../shaders/wfmt_q5_k.wgsl"),
+            WFormat::Q6_K => include_str!("../../shaders/wfmt_q6_k.wgsl"),
+        };
+        // The K-quants' scale records share their decoding.
+        let shared = if matches!(self, WFormat::Q3_K | WFormat::Q4_K | WFormat::Q5_K | WFormat::Q6_K) {
+            include_str!("../../shaders/wfmt_k_scales.wgsl")
+        } else {
+            ""
+        };
+        format!("{own}\n{shared}")
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            WFormat::F32 => "f32",
+            WFormat::F16 => "f16",
+            WFormat::Q8_0 => "q8_0",
+            WFormat::Q4_0 => "q4_0",
+            WFormat::Q4_1 => "q4_1",
+            WFormat::Q5_0 => "q5_0",
+            WFormat::Q5_1 => "q5_1",
+            WFormat::Q2_K => "q2_k",
+            WFormat::Q3_K => "q3_k",
+            WFormat::Q4_K => "q4_k",
+            WFormat::Q5_K => "q5_k",
+            WFormat::Q6_K => "q6_k",
+        }
+    }
+}

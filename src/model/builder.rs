@@ -1,0 +1,120 @@
+//! Builds a stage's ops from the recipe: uploads weights, creates parameter buffers and bind
+//! groups.
+
+use crate::gpu::Gpu;
+use crate::model::config::ModelConfig;
+use crate::model::plan::KvPlan;
+use crate::model::scratch::Scratch;
+use crate::model::step::StepLimits;
+use crate::ops::attention::AttnParams;
+use crate::ops::kernels::Kernels;
+use crate::ops::matmul::{self, MatmulIo};
+use crate::ops::norm::{HeadNormParams, NormParams};
+use crate::ops::rope::RopeParams;
+use crate::ops::Op;
+use crate::weights::tensor::QTensor;
+use crate::weights::upload::GpuMatrix;
+use anyhow::Result;
+
+/// Per-layer uniform parameters, shared by every layer's ops.
+pub(crate) struct LayerParams {
+    pub(crate) norm: wgpu::Buffer,
+    pub(crate) rope: wgpu::Buffer,
+    pub(crate) attn: wgpu::Buffer,
+    pub(crate) head_norm: wgpu::Buffer,
+    /// The final norm's (gathers the sampled rows).
+    pub(crate) final_norm: wgpu::Buffer,
+}
+
+impl LayerParams {
+    pub(crate) fn new(b: &mut OpBuilder, limits: &StepLimits, kv: &KvPlan, off_sample: usize) -> LayerParams {
+        let cfg = b.cfg;
+        let chunk = kv.chunk_elems(cfg, limits.block_size);
+        let norm = |gather: bool| NormParams::new(cfg.hidden, cfg.rms_eps, gather, off_sample);
+        let dims = (cfg.heads, cfg.kv_heads, cfg.head_dim);
+        let window = cfg.sliding_window.unwrap_or(0);
+        LayerParams {
+            norm: b.uniform(bytemuck::bytes_of(&norm(false))),
+            rope: b.uniform(bytemuck::bytes_of(&RopeParams::new(cfg.heads, cfg.kv_heads, cfg.head_dim, chunk))),
+            attn: b.uniform(bytemuck::bytes_of(&AttnParams::new(dims, limits.block_size, window, chunk))),
+            head_norm: b.uniform(bytemuck::bytes_of(&HeadNormParams::new(
+                cfg.heads,
+                cfg.kv_heads,
+                cfg.head_dim,
+                cfg.rms_eps,
+            ))),
+            final_norm: b.uniform(bytemuck::bytes_of(&norm(true))),
+        }
+    }
+}
+
+/// Builds a stage's ops: uploads weights, creates parameter buffers and bind groups.
+pub(crate) struct OpBuilder<'a> {
+    pub(crate) g: &'a Gpu,
+    pub(crate) cfg: &'a ModelConfig,
+    pub(crate) kernels: &'a Kernels,
+    pub(crate) s: &'a Scratch,
+    /// Max storage binding (weights are split into row chunks within it).
+    pub(crate) mb: u64,
+    pub(crate) uniform_x: bool,
+    pub(crate) ops: Vec<Op>,
+    /// Parameter and weight buffers the bind groups use.
+    pub(crate) keep: Vec<wgpu::Buffer>,
+    pub(crate) matrices: Vec<GpuMatrix>,
+}
+
+impl OpBuilder<'_> {
+    pub(crate) fn uniform(&mut self, bytes: &[u8]) -> wgpu::Buffer {
+        let b = self.g.uniform_init("params", bytes);
+        self.keep.push(b.clone());
+        b
+    }
+
+    pub(crate) fn storage(&mut self, label: &str, v: &[f32]) -> wgpu::Buffer {
+        let b = self.g.storage_init(label, bytemuck::cast_slice(v));
+        self.keep.push(b.clone());
+        b
+    }
+
+    pub(crate) fn push(&mut self, op: Op) {
+        self.ops.push(op);
+    }
+
+    /// Ops with the parameter buffers their bind groups use.
+    pub(crate) fn extend(&mut self, (ops, params): (Vec<Op>, Vec<wgpu::Buffer>)) {
+        self.ops.extend(ops);
+        self.keep.extend(params);
+    }
+
+    pub(crate) fn upload(&self, label: &str, t: &QTensor, pair: Option<&QTensor>) -> Result<GpuMatrix> {
+        GpuMatrix::upload(self.g, label, t, pair, self.mb)
+    }
+
+    /// The embedding lookup, one op per row-chunk of the table.
+    pub(crate) fn embed(&mut self, e: &GpuMatrix) {
+        let s = self.s;
+        let ops = matmul::embed(self.kernels, self.g, e, &s.step_buf, &s.meta_buf, &s.dummy, &s.hidden);
+        self.extend(ops);
+    }
+
+    /// Matmul ops for every chunk of `m`, reading x into columns col0.. of y (rows of y_stride
+    /// floats); `flags`: MAT_* (MAT_BIAS needs `bias`).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn matmul(
+        &mut self,
+        m: &GpuMatrix,
+        x: &wgpu::Buffer,
+        y: &wgpu::Buffer,
+        cols: (usize, usize),
+        bias: Option<&wgpu::Buffer>,
+        flags: u32,
+        sampled: bool,
+        swiglu: bool,
+    ) {
+        let s = self.s;
+        let windows = self.uniform_x.then_some(&s.windows);
+        let io = MatmulIo { step: &s.step_buf, x, y, bias: bias.unwrap_or(&s.dummy), windows };
+        let ops = matmul::matmul(self.kernels, self.g, m, &io, cols, flags, sampled, swiglu);
+        self.extend(ops);
+    }
+}

@@ -1,0 +1,188 @@
+//! The model's weights on the host, and the one loop that loads them: from any weight source
+//! (safetensors, GGUF) through a table of its tensor names, per layer in GPU layout.
+
+use super::config::ModelConfig;
+use crate::weights::tensor::{unpermute_qk_rows, QTensor};
+use anyhow::Result;
+use std::path::{Path, PathBuf};
+
+pub struct HostLayer {
+    pub attn_norm: Vec<f32>,
+    pub q: QTensor,
+    pub k: QTensor,
+    pub v: QTensor,
+    /// q, k and v biases concatenated (Qwen2), or None.
+    pub qkv_bias: Option<Vec<f32>>,
+    /// Per-head RMSNorm weights of q then k ([2 * head_dim], Qwen3), or None.
+    pub qk_norm: Option<Vec<f32>>,
+    pub o: QTensor,
+    pub ffn_norm: Vec<f32>,
+    pub gate: QTensor,
+    pub up: QTensor,
+    pub down: QTensor,
+}
+
+pub struct HostModel {
+    pub cfg: ModelConfig,
+    /// The token embedding; None on a pipeline stage that neither embeds nor has a tied head.
+    pub embed: Option<QTensor>,
+    /// Layers `first_layer..first_layer + layers.len()` of `cfg.layers` (all unless loaded for
+    /// a pipeline stage).
+    pub layers: Vec<HostLayer>,
+    pub first_layer: usize,
+    pub final_norm: Vec<f32>,
+    /// The untied output projection; None when tied, or on a stage other than the last.
+    pub lm_head: Option<QTensor>,
+    /// The output projection is the embedding.
+    pub tied: bool,
+    /// Where the weights came from (for messages).
+    pub source: PathBuf,
+}
+
+/// Where weights are read from: each tensor by name, checked against the shape it must have.
+pub(crate) trait WeightSource {
+    fn has(&self, name: &str) -> bool;
+    /// A [rows, cols] matrix in its stored format (quantized formats stay quantized).
+    fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<QTensor>;
+    /// A vector of `len` values.
+    fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>>;
+    /// The file or directory (for messages).
+    fn path(&self) -> &Path;
+}
+
+/// A format's tensor names: the model-level ones, and each layer's after its prefix (`{l}`
+/// stands for the layer index).
+pub(crate) struct TensorNames {
+    pub embed: &'static str,
+    pub final_norm: &'static str,
+    pub lm_head: &'static str,
+    pub layer: &'static str,
+    pub attn_norm: &'static str,
+    pub q: &'static str,
+    pub k: &'static str,
+    pub v: &'static str,
+    pub q_bias: &'static str,
+    pub k_bias: &'static str,
+    pub v_bias: &'static str,
+    pub q_norm: &'static str,
+    pub k_norm: &'static str,
+    pub o: &'static str,
+    pub ffn_norm: &'static str,
+    pub gate: &'static str,
+    pub up: &'static str,
+    pub down: &'static str,
+}
+
+/// Hugging Face (transformers) names.
+pub(crate) const HF_NAMES: TensorNames = TensorNames {
+    embed: "model.embed_tokens.weight",
+    final_norm: "model.norm.weight",
+    lm_head: "lm_head.weight",
+    layer: "model.layers.{l}",
+    attn_norm: "input_layernorm.weight",
+    q: "self_attn.q_proj.weight",
+    k: "self_attn.k_proj.weight",
+    v: "self_attn.v_proj.weight",
+    q_bias: "self_attn.q_proj.bias",
+    k_bias: "self_attn.k_proj.bias",
+    v_bias: "self_attn.v_proj.bias",
+    q_norm: "self_attn.q_norm.weight",
+    k_norm: "self_attn.k_norm.weight",
+    o: "self_attn.o_proj.weight",
+    ffn_norm: "post_attention_layernorm.weight",
+    gate: "mlp.gate_proj.weight",
+    up: "mlp.up_proj.weight",
+    down: "mlp.down_proj.weight",
+};
+
+/// llama.cpp's GGUF names.
+pub(crate) const GGUF_NAMES: TensorNames = TensorNames {
+    embed: "token_embd.weight",
+    final_norm: "output_norm.weight",
+    lm_head: "output.weight",
+    layer: "blk.{l}",
+    attn_norm: "attn_norm.weight",
+    q: "attn_q.weight",
+    k: "attn_k.weight",
+    v: "attn_v.weight",
+    q_bias: "attn_q.bias",
+    k_bias: "attn_k.bias",
+    v_bias: "attn_v.bias",
+    q_norm: "attn_q_norm.weight",
+    k_norm: "attn_k_norm.weight",
+    o: "attn_output.weight",
+    ffn_norm: "ffn_norm.weight",
+    gate: "ffn_gate.weight",
+    up: "ffn_up.weight",
+    down: "ffn_down.weight",
+};
+
+/// Loads layers `range` of a model with hyper-parameters `cfg` (and the embedding, final norm
+/// and output projection its position needs) from `w`. `unpermute_qk`: q/k rows are stored
+/// permuted for interleaved RoPE (llama.cpp's Llama files) and are put back in HF order.
+pub(crate) fn load_layers(
+    w: &dyn WeightSource,
+    n: &TensorNames,
+    cfg: ModelConfig,
+    range: std::ops::Range<usize>,
+    progress: &dyn Fn(usize, usize),
+    unpermute_qk: bool,
+) -> Result<HostModel> {
+    let (h, q, kv, i) = (cfg.hidden, cfg.q_dim(), cfg.kv_dim(), cfg.intermediate);
+    let (first, last) = (range.start == 0, range.end == cfg.layers);
+    let tied = !w.has(n.lm_head);
+    let embed = if first || (last && tied) { Some(w.matrix(n.embed, cfg.vocab, h)?) } else { None };
+    let (q_perm, k_perm) = (unpermute_qk_rows(cfg.heads, cfg.head_dim), unpermute_qk_rows(cfg.kv_heads, cfg.head_dim));
+    let mut layers = Vec::with_capacity(range.len());
+    let first_layer = range.start;
+    for l in range {
+        progress(l, cfg.layers);
+        let p = n.layer.replace("{l}", &l.to_string());
+        let t = |name: &str| format!("{p}.{name}");
+        let (mut wq, mut wk) = (w.matrix(&t(n.q), q, h)?, w.matrix(&t(n.k), kv, h)?);
+        if unpermute_qk {
+            wq = wq.permute_rows(&q_perm);
+            wk = wk.permute_rows(&k_perm);
+        }
+        let qkv_bias = if cfg.qkv_bias {
+            let mut b = w.vector(&t(n.q_bias), q)?;
+            b.extend(w.vector(&t(n.k_bias), kv)?);
+            b.extend(w.vector(&t(n.v_bias), kv)?);
+            Some(b)
+        } else {
+            None
+        };
+        let qk_norm = if cfg.qk_norm {
+            let mut v = w.vector(&t(n.q_norm), cfg.head_dim)?;
+            v.extend(w.vector(&t(n.k_norm), cfg.head_dim)?);
+            Some(v)
+        } else {
+            None
+        };
+        layers.push(HostLayer {
+            qk_norm,
+            attn_norm: w.vector(&t(n.attn_norm), h)?,
+            q: wq,
+            k: wk,
+            v: w.matrix(&t(n.v), kv, h)?,
+            qkv_bias,
+            o: w.matrix(&t(n.o), h, q)?,
+            ffn_norm: w.vector(&t(n.ffn_norm), h)?,
+            gate: w.matrix(&t(n.gate), i, h)?,
+            up: w.matrix(&t(n.up), i, h)?,
+            down: w.matrix(&t(n.down), h, i)?,
+        });
+    }
+    progress(cfg.layers, cfg.layers);
+    let lm_head = if last && !tied { Some(w.matrix(n.lm_head, cfg.vocab, h)?) } else { None };
+    Ok(HostModel {
+        final_norm: w.vector(n.final_norm, h)?,
+        cfg,
+        embed,
+        layers,
+        first_layer,
+        lm_head,
+        tied,
+        source: w.path().to_path_buf(),
+    })
+}

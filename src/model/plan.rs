@@ -1,0 +1,266 @@
+//! What a model (or stage) allocates on its device: the KV cache's blocks and chunks, the
+//! step metadata layout and sub-step sizes, the scratch buffers' sizes, and the memory plan
+//! that sums them.
+
+use crate::config::KernelProfile;
+use crate::gpu::shared::StepHeader;
+use crate::gpu::Gpu;
+use crate::model::config::ModelConfig;
+use crate::model::loader::HostModel;
+use crate::model::step::*;
+use crate::sampling::row::*;
+use crate::sampling::row::{SAMPLE_PARAMS_STRIDE, SAMPLE_RESULT_STRIDE};
+use anyhow::{bail, Result};
+
+/// The KV cache of a stage's layers: per layer, K and V each in one or more buffers (chunks)
+/// of `blocks_per_chunk` whole blocks, so no binding exceeds the device's limit.
+pub struct KvCache {
+    pub k: Vec<Vec<wgpu::Buffer>>,
+    pub v: Vec<Vec<wgpu::Buffer>>,
+    pub num_blocks: usize,
+    pub block_size: usize,
+    pub blocks_per_chunk: usize,
+}
+
+/// What a model (or stage) allocates on its device, in bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemoryPlan {
+    pub weights: u64,
+    pub kv_cache: u64,
+    /// Activations, logits, RoPE table, step metadata and logit adjustments.
+    pub scratch: u64,
+}
+
+impl MemoryPlan {
+    pub fn total(&self) -> u64 {
+        self.weights + self.kv_cache + self.scratch
+    }
+}
+
+impl std::fmt::Display for MemoryPlan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+        write!(
+            f,
+            "weights {:.1} MiB + KV cache {:.1} MiB + scratch {:.1} MiB = {:.1} MiB",
+            mib(self.weights),
+            mib(self.kv_cache),
+            mib(self.scratch),
+            mib(self.total())
+        )
+    }
+}
+
+/// Splits a layer's `num_blocks` KV blocks into at most `max_chunks` buffers of whole blocks no
+/// larger than `max_binding`: (blocks per chunk, chunks).
+pub fn kv_chunking(num_blocks: usize, per_block: u64, max_binding: u64, max_chunks: usize) -> Option<(usize, usize)> {
+    let fit = (max_binding / per_block) as usize;
+    if fit == 0 {
+        return None;
+    }
+    let chunks = num_blocks.div_ceil(fit).max(1);
+    // Balance the chunks.
+    let per_chunk = num_blocks.div_ceil(chunks);
+    (chunks <= max_chunks).then_some((per_chunk, chunks))
+}
+
+/// Bytes of one KV block of one layer (K or V).
+pub fn kv_block_bytes(cfg: &ModelConfig, limits: &StepLimits) -> u64 {
+    (limits.block_size * cfg.kv_dim() * limits.kv_dtype.bytes()) as u64
+}
+
+/// KV blocks of one layer's cache: `cache_bytes` spread over every layer of the model (all
+/// stages of a pipeline agree).
+pub fn kv_blocks(cfg: &ModelConfig, limits: &StepLimits) -> usize {
+    (limits.cache_bytes / (kv_block_bytes(cfg, limits) * 2 * cfg.layers as u64)) as usize
+}
+
+/// Adjustment entries one sampled row may take: one per token of its sequence (penalties), its
+/// logit-bias entries, and its token mask (four words per entry).
+pub(crate) fn adjust_per_row(vocab: usize, limits: &StepLimits) -> usize {
+    limits.max_seq_len + MAX_LOGIT_BIAS + vocab.div_ceil(32).div_ceil(4)
+}
+
+/// The step metadata layout and the rows of one sub-step: at most `t_max` tokens and `s_max`
+/// sampled rows, so every activation, logits and adjustment buffer fits one storage binding.
+pub(crate) struct StepLayout {
+    pub(crate) t_max: usize,
+    pub(crate) s_max: usize,
+    pub(crate) header: StepHeader,
+    pub(crate) off_sample: usize,
+    pub(crate) off_params: usize,
+    pub(crate) meta_len: usize,
+    /// Logit adjustments: up to one entry per token of every sampled sequence, plus its
+    /// logit-bias entries.
+    pub(crate) adjust_cap: usize,
+}
+
+impl StepLayout {
+    pub(crate) fn new(cfg: &ModelConfig, limits: &StepLimits, last: bool) -> Result<StepLayout> {
+        let mb = limits.max_binding;
+        let (t_all, s_all) = (limits.max_tokens, limits.max_seqs);
+        let max_blocks = limits.max_seq_len.div_ceil(limits.block_size);
+        // A step runs in sub-steps of at most `t_max` tokens and `s_max` sampled rows (a
+        // 2048-token step of a 7B model's 18944-wide FFN does not fit one binding). Sub-steps
+        // run in token order, so a token still sees every earlier token's K/V: the result is
+        // the whole step's.
+        let f = |n: usize| (n * 4) as u64;
+        let widest = cfg.hidden.max(cfg.qkv_dim()).max(cfg.q_dim()).max(cfg.intermediate);
+        let t_max = t_all.min((mb / f(widest)) as usize);
+        let per_sampled = f(cfg.vocab).max((adjust_per_row(cfg.vocab, limits) * 16) as u64);
+        let s_max = s_all.min(t_max).min(if last { (mb / per_sampled) as usize } else { s_all });
+        if t_max == 0 || s_max == 0 {
+            bail!(
+                "one token's activations ({} bytes) or logits ({} bytes) exceed the device's max storage binding \
+                 ({mb} bytes)",
+                f(widest),
+                per_sampled
+            );
+        }
+        // Metadata layout (u32 words): tokens, positions, slots, seq ids, sample rows,
+        // sample params (SAMPLE_PARAMS_STRIDE per row), block tables.
+        let ps = SAMPLE_PARAMS_STRIDE;
+        let header = StepHeader {
+            n_tokens: 0,
+            n_sample: 0,
+            n_seqs: 0,
+            max_blocks: max_blocks as u32,
+            off_pos: t_max as u32,
+            off_slot: 2 * t_max as u32,
+            off_seq: 3 * t_max as u32,
+            off_table: (4 * t_max + (1 + ps) * s_max) as u32,
+            n_splits: 1,
+            ..Default::default()
+        };
+        Ok(StepLayout {
+            t_max,
+            s_max,
+            header,
+            off_sample: 4 * t_max,
+            off_params: 4 * t_max + s_max,
+            // Every sequence of the step has its block table in every sub-step.
+            meta_len: 4 * t_max + (1 + ps) * s_max + s_all * max_blocks,
+            adjust_cap: s_max * adjust_per_row(cfg.vocab, limits),
+        })
+    }
+}
+
+/// The KV cache's size: blocks per layer ([block_size, kv_heads, head_dim] each, K and V, f16 or
+/// f32), spread over `chunks` buffers of `blocks_per_chunk` whole blocks within the binding limit.
+pub(crate) struct KvPlan {
+    pub(crate) per_block: u64,
+    pub(crate) num_blocks: usize,
+    pub(crate) blocks_per_chunk: usize,
+    pub(crate) chunks: usize,
+}
+
+impl KvPlan {
+    pub(crate) fn new(cfg: &ModelConfig, limits: &StepLimits, max_chunks: usize, max_blocks: usize) -> Result<KvPlan> {
+        let mb = limits.max_binding;
+        let per_block = kv_block_bytes(cfg, limits);
+        // Sized by the whole model's layer count, so every stage of a pipeline holds as many blocks.
+        let num_blocks = kv_blocks(cfg, limits);
+        if num_blocks < max_blocks.min(2) || num_blocks == 0 {
+            bail!(
+                "total_cache_size {} bytes holds only {num_blocks} KV blocks of {} tokens ({} KV cache); raise it",
+                limits.cache_bytes,
+                limits.block_size,
+                limits.kv_dtype.name()
+            );
+        }
+        // A layer's cache larger than one storage binding spans several buffers (chunks).
+        let Some((blocks_per_chunk, chunks)) = kv_chunking(num_blocks, per_block, mb, max_chunks) else {
+            // Never shrink the cache behind the user's back.
+            bail!(
+                "total_cache_size {} bytes gives each layer a {} KV cache of {} bytes for K (and as much for V), \
+                 more than {max_chunks} storage bindings of {mb} bytes; lower total_cache_size to at most {} bytes",
+                limits.cache_bytes,
+                limits.kv_dtype.name(),
+                num_blocks as u64 * per_block,
+                (mb / per_block) * max_chunks as u64 * per_block * 2 * cfg.layers as u64
+            );
+        };
+        Ok(KvPlan { per_block, num_blocks, blocks_per_chunk, chunks })
+    }
+
+    pub(crate) fn bytes_per_layer(&self) -> u64 {
+        self.num_blocks as u64 * self.per_block * 2
+    }
+
+    /// Elements of one chunk buffer.
+    pub(crate) fn chunk_elems(&self, cfg: &ModelConfig, block_size: usize) -> usize {
+        self.blocks_per_chunk * block_size * cfg.kv_dim()
+    }
+
+    pub(crate) fn allocate(&self, g: &Gpu, layers: usize, block_size: usize) -> KvCache {
+        let chunk_buffers = |name: &str| -> Vec<wgpu::Buffer> {
+            (0..self.chunks)
+                .map(|c| {
+                    let blocks = self.blocks_per_chunk.min(self.num_blocks - c * self.blocks_per_chunk);
+                    g.storage(name, blocks as u64 * self.per_block)
+                })
+                .collect()
+        };
+        KvCache {
+            k: (0..layers).map(|_| chunk_buffers("k_cache")).collect(),
+            v: (0..layers).map(|_| chunk_buffers("v_cache")).collect(),
+            num_blocks: self.num_blocks,
+            block_size,
+            blocks_per_chunk: self.blocks_per_chunk,
+        }
+    }
+}
+
+/// Bytes of a stage's weights on the device: its layers, and the embedding / final norm / LM
+/// head where the stage holds them.
+pub(crate) fn stage_weight_bytes(host: &HostModel, layers: &std::ops::Range<usize>) -> u64 {
+    let f = |n: usize| (n * 4) as u64;
+    let (first, last) = (layers.start == 0, layers.end == host.cfg.layers);
+    host.layer_slice(layers)
+        .iter()
+        .map(|l| {
+            let m = [&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down].iter().map(|t| t.bytes() as u64).sum::<u64>();
+            m + f(l.attn_norm.len() + l.ffn_norm.len())
+                + l.qkv_bias.as_ref().map_or(0, |b| f(b.len()))
+                + l.qk_norm.as_ref().map_or(0, |b| f(b.len()))
+        })
+        .sum::<u64>()
+        + host.embed.as_ref().filter(|_| first || (last && host.tied)).map_or(0, |e| e.bytes() as u64)
+        + host.lm_head.as_ref().filter(|_| last && !host.tied).map_or(0, |e| e.bytes() as u64)
+        + f(host.final_norm.len())
+}
+
+/// Sizes of the scratch buffers (bytes, except where named).
+pub(crate) struct ScratchPlan {
+    /// Sampled rows with logits: the sub-step's on the last stage, none elsewhere (1 as a
+    /// placeholder).
+    pub(crate) s_last: usize,
+    /// vec4s of the split attention's partial results (gpu profile; 0 on the cpu profile).
+    pub(crate) part_vec4: usize,
+    pub(crate) bytes: u64,
+}
+
+impl ScratchPlan {
+    pub(crate) fn new(cfg: &ModelConfig, limits: &StepLimits, layout: &StepLayout, last: bool) -> ScratchPlan {
+        let f = |n: usize| (n * 4) as u64;
+        let (t_max, s_max) = (layout.t_max, layout.s_max);
+        let s_last = if last { s_max } else { 1 };
+        // Up to 32 key ranges of every head of every sampled row (decode-sized steps split most).
+        let part_vec4 = if limits.profile == KernelProfile::Gpu {
+            (s_max * cfg.heads * 32 * (cfg.head_dim / 4 + 1)).min((limits.max_binding / 16) as usize)
+        } else {
+            0
+        };
+        let bytes = f(t_max * (2 * cfg.hidden + cfg.qkv_dim() + cfg.q_dim() + cfg.intermediate))
+            + f(s_last * (cfg.vocab + cfg.hidden + SAMPLE_RESULT_STRIDE))
+            + f(limits.max_seq_len * cfg.head_dim)
+            + f(layout.meta_len)
+            + part_vec4 as u64 * 16
+            + if last { (layout.adjust_cap * 16) as u64 } else { 0 };
+        ScratchPlan { s_last, part_vec4, bytes }
+    }
+
+    pub(crate) fn bytes(&self) -> u64 {
+        self.bytes
+    }
+}

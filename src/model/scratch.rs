@@ -1,0 +1,87 @@
+//! The step's buffers: metadata, activations, logits and sampler results, hidden states for
+//! the next stage, the RoPE table and the split attention's partials.
+
+use crate::gpu::Gpu;
+use crate::model::config::ModelConfig;
+use crate::model::plan::*;
+use crate::model::step::*;
+use crate::ops::kernels::{window_entries, window_stride};
+use crate::ops::rope::*;
+use crate::sampling::row::SAMPLE_RESULT_STRIDE;
+
+/// The step's buffers: metadata, activations, logits and sampler results, hidden states for
+/// the next stage, the RoPE table and the split attention's partials.
+pub(crate) struct Scratch {
+    pub(crate) step_buf: wgpu::Buffer,
+    pub(crate) meta_buf: wgpu::Buffer,
+    pub(crate) adjust_buf: wgpu::Buffer,
+    pub(crate) hidden: wgpu::Buffer,
+    pub(crate) normed: wgpu::Buffer,
+    pub(crate) qkv: wgpu::Buffer,
+    pub(crate) attn: wgpu::Buffer,
+    pub(crate) act: wgpu::Buffer,
+    pub(crate) final_normed: wgpu::Buffer,
+    pub(crate) logits: wgpu::Buffer,
+    pub(crate) result: wgpu::Buffer,
+    pub(crate) readback: wgpu::Buffer,
+    pub(crate) hidden_readback: Option<wgpu::Buffer>,
+    pub(crate) part: wgpu::Buffer,
+    pub(crate) cos_sin: wgpu::Buffer,
+    /// Bound where a kernel's binding is unused (no bias).
+    pub(crate) dummy: wgpu::Buffer,
+    /// Window entries of the uniform-x matmuls.
+    pub(crate) windows: wgpu::Buffer,
+    /// Buffers only the bind groups use.
+    pub(crate) keep: Vec<wgpu::Buffer>,
+}
+
+impl Scratch {
+    pub(crate) fn new(
+        g: &Gpu,
+        cfg: &ModelConfig,
+        limits: &StepLimits,
+        layout: &StepLayout,
+        plan: &ScratchPlan,
+        last: bool,
+    ) -> Scratch {
+        let f = |n: usize| (n * 4) as u64;
+        let t_max = layout.t_max;
+        // Only the last stage samples: the others get placeholders for its buffers.
+        let result_bytes = (plan.s_last * SAMPLE_RESULT_STRIDE * 4) as u64;
+        let (inv_freq, attn) = cfg.rope_scaling.inv_freq(cfg.rope_theta, cfg.head_dim);
+        let cs = rope_table(&inv_freq, attn, limits.max_seq_len);
+        let s = Scratch {
+            step_buf: g.uniform_init("step", bytemuck::bytes_of(&layout.header)),
+            meta_buf: g.storage("meta", (layout.meta_len * 4) as u64),
+            adjust_buf: g.storage("adjust", if last { (layout.adjust_cap * 16) as u64 } else { 16 }),
+            hidden: g.storage("hidden", f(t_max * cfg.hidden)),
+            normed: g.activation("normed", f(t_max * cfg.hidden)),
+            qkv: g.storage("qkv", f(t_max * cfg.qkv_dim())),
+            attn: g.activation("attn", f(t_max * cfg.q_dim())),
+            act: g.activation("act", f(t_max * cfg.intermediate)),
+            // Logits and sampler results only on the last stage; hidden states leave the others.
+            final_normed: g.activation("final_normed", f(plan.s_last * cfg.hidden)),
+            logits: g.storage("logits", f(plan.s_last * cfg.vocab)),
+            result: g.storage("result", result_bytes),
+            readback: g.readback("result_readback", result_bytes),
+            hidden_readback: (!last).then(|| g.readback("hidden_readback", f(t_max * cfg.hidden))),
+            part: g.storage("attn_partials", plan.part_vec4 as u64 * 16),
+            cos_sin: g.storage_init("cos_sin", bytemuck::cast_slice(&cs)),
+            dummy: g.storage("dummy", 16),
+            windows: g.uniform_init("windows", bytemuck::cast_slice(&window_entries(t_max + 1, window_stride(g)))),
+            keep: Vec::new(),
+        };
+        let keep = vec![
+            s.normed.clone(),
+            s.qkv.clone(),
+            s.attn.clone(),
+            s.act.clone(),
+            s.final_normed.clone(),
+            s.part.clone(),
+            s.cos_sin.clone(),
+            s.dummy.clone(),
+            s.windows.clone(),
+        ];
+        Scratch { keep, ..s }
+    }
+}

@@ -1,0 +1,79 @@
+//! Paged attention over the KV cache (global, or within a sliding window): parameters,
+//! bindings and constructor. The cpu profile runs attention.wgsl; the gpu profile the split-key
+//! attention_split.wgsl, whose partial results (`part`) a second pass merges.
+
+use super::kernels::Kernels;
+use super::rope::kv_entries;
+use super::{bindings, Op, OpKind};
+use crate::gpu::shared::gpu_struct;
+use crate::gpu::Gpu;
+
+gpu_struct! {
+    /// Parameters of the attention kernels (attention.wgsl, attention_split.wgsl; WGSL
+    /// `AttnParams`).
+    wgsl AttnParams;
+    pub struct AttnParams {
+        pub n_heads: u32,
+        pub n_kv_heads: u32,
+        pub block_size: u32,
+        /// vec4s per qkv row.
+        pub qkv_stride4: u32,
+        pub scale: f32,
+        /// Attend to the last `window` positions only (0: all).
+        pub window: u32,
+        /// vec4s per KV-cache buffer of a layer (when the cache spans several).
+        pub kv_chunk4: u32,
+        pub _p2: u32,
+    }
+}
+
+bindings! {
+    /// attention.wgsl and attention_split.wgsl (`part` only in the split one), with the KV
+    /// cache's chunks from binding 4 (K) and 5 (V) on (see `kv_entries`).
+    AttnBinds {
+        step: Uniform @ 0,
+        p: Uniform @ 1,
+        md: Read @ 2,
+        qkv: Read @ 3,
+        out: ReadWrite @ 6,
+        part: ReadWrite @ 7,
+    }
+}
+
+/// The first K and V cache bindings of the attention kernels.
+pub const ATTN_KV: (u32, u32) = (4, 5);
+
+impl AttnParams {
+    /// `window`: attend to the last `window` positions only (0: all); `kv_chunk`: elements per
+    /// KV-cache buffer.
+    pub fn new(
+        (heads, kv_heads, head_dim): (usize, usize, usize),
+        block_size: usize,
+        window: usize,
+        kv_chunk: usize,
+    ) -> AttnParams {
+        AttnParams {
+            n_heads: heads as u32,
+            n_kv_heads: kv_heads as u32,
+            block_size: block_size as u32,
+            qkv_stride4: ((heads + 2 * kv_heads) * head_dim / 4) as u32,
+            scale: 1.0 / (head_dim as f32).sqrt(),
+            window: window as u32,
+            kv_chunk4: (kv_chunk / 4) as u32,
+            _p2: 0,
+        }
+    }
+}
+
+/// The attention op over a layer's KV cache chunks `k`, `v`.
+pub fn attention(
+    kern: &Kernels,
+    g: &Gpu,
+    b: &AttnBinds,
+    (k, v): (&[wgpu::Buffer], &[wgpu::Buffer]),
+    (heads, kv_heads, head_dim): (usize, usize, usize),
+) -> Op {
+    let bind = kern.attn_family.bind(g, &kv_entries(b.entries(), ATTN_KV, k, v));
+    let kind = OpKind::Attention { heads: heads as u32, kv_heads: kv_heads as u32, hd4: (head_dim / 4) as u32 };
+    Op { kind, bind, bind_u: None }
+}

@@ -1,0 +1,280 @@
+//! The compute pipelines of every kernel, built once at start-up (bind-group layouts by family,
+//! pipelines per weight format and tile), and how a matmul reads its activations (storage, or
+//! uniform windows on the cpu profile).
+
+use super::attention::{AttnBinds, ATTN_KV};
+use super::layout_of;
+use super::matmul::MatmulBinds;
+use super::norm::{HeadNormBinds, NormBinds};
+use super::rope::{RopeBinds, ROPE_KV};
+use super::sample::SampleBinds;
+use super::sources::*;
+use crate::config::{KernelProfile, KvDtype};
+use crate::gpu::family::{Family, Slot};
+use crate::gpu::wformat::WFormat;
+use crate::gpu::Gpu;
+use anyhow::Result;
+use std::collections::BTreeMap;
+
+/// Register tiles (tokens x weight rows per thread) of the matmul variants: decode-sized steps
+/// use the small ones, prefill the last. A step of m rows uses the first tile with TM >= m
+/// (the last for larger steps), so each weight is loaded once per TM tokens.
+pub const MATMUL_TILES: [(u32, u32); 5] = [(1, 4), (2, 4), (4, 4), (8, 4), (16, 4)];
+pub const MATMUL_WG: u32 = 64;
+
+/// Index into MATMUL_TILES for a step of `m` rows.
+pub fn tile_for_rows(m: u32) -> usize {
+    MATMUL_TILES.iter().position(|t| t.0 >= m).unwrap_or(MATMUL_TILES.len() - 1)
+}
+
+pub enum XPlan {
+    Storage { tile: usize },
+    Uniform { tile: usize, windows: Vec<(u32, u32, u32)> },
+}
+
+/// Byte stride of the entries of the window buffer (a dynamic-offset alignment multiple).
+pub fn window_stride(gpu: &Gpu) -> u32 {
+    gpu.device.limits().min_uniform_buffer_offset_alignment.max(256)
+}
+
+/// The window buffer: entry 0 = the single window, entry w + 1 = window w.
+pub fn window_entries(n: usize, stride: u32) -> Vec<u32> {
+    let words = (stride / 4) as usize;
+    let mut v = vec![0u32; (n + 1) * words];
+    v[1] = 1;
+    for w in 0..n {
+        v[(w + 1) * words] = w as u32;
+    }
+    v
+}
+
+/// Plans a matmul of m rows of x_vec4 vec4s each (`uniform`: the uniform-x variant is bound).
+pub fn plan_x(m: u32, x_vec4: u32, uniform: bool, align: u32, win_stride: u32) -> XPlan {
+    let cap = UNIFORM_X_VEC4 / x_vec4;
+    if !uniform || cap == 0 {
+        return XPlan::Storage { tile: tile_for_rows(m) };
+    }
+    if m <= cap {
+        return XPlan::Uniform { tile: tile_for_rows(m), windows: vec![(0, 0, m)] };
+    }
+    // Several windows: the largest tile that fits one, windows a whole number of tiles (as
+    // window_size in the shader computes it), each starting at an aligned offset.
+    let tile = MATMUL_TILES.iter().rposition(|t| t.0 <= cap).unwrap_or(0);
+    let tm = MATMUL_TILES[tile].0;
+    let rows = cap / tm * tm;
+    let bytes = rows * x_vec4 * 16;
+    if !bytes.is_multiple_of(align) {
+        return XPlan::Storage { tile: tile_for_rows(m) };
+    }
+    let windows = (0..m.div_ceil(rows)).map(|w| (w * bytes, (w + 1) * win_stride, rows.min(m - w * rows))).collect();
+    XPlan::Uniform { tile, windows }
+}
+
+pub use crate::gpu::{UNIFORM_X_BYTES, UNIFORM_X_VEC4};
+
+/// Tokens per workgroup of the gpu profile's decode matmul variants (matmul_gpu.wgsl): a step
+/// of m <= 8 rows uses the first TM >= m; larger steps use the tiled kernel.
+pub const GPU_DECODE_TM: [u32; 4] = [1, 2, 4, 8];
+/// Weight rows per workgroup of the decode kernel (gate+up rows for SwiGLU: half as many outputs).
+pub const GPU_DECODE_NR: u32 = 4;
+/// Tokens x weight rows of one tiled-kernel workgroup (matmul_tiled.wgsl).
+pub const GPU_TILE: (u32, u32) = (32, 64);
+
+pub struct MatmulPipelines {
+    /// One per MATMUL_TILES entry.
+    pub plain: Vec<wgpu::ComputePipeline>,
+    /// Fused gate/up SwiGLU, one per MATMUL_TILES entry.
+    pub swiglu: Vec<wgpu::ComputePipeline>,
+    /// The same with x read through a uniform binding (matmul_u_family).
+    pub plain_u: Vec<wgpu::ComputePipeline>,
+    pub swiglu_u: Vec<wgpu::ComputePipeline>,
+    pub embed: wgpu::ComputePipeline,
+}
+
+impl MatmulPipelines {
+    pub fn get(&self, tile: usize, swiglu: bool, uniform_x: bool) -> &wgpu::ComputePipeline {
+        match (swiglu, uniform_x) {
+            (false, false) => &self.plain[tile],
+            (true, false) => &self.swiglu[tile],
+            (false, true) => &self.plain_u[tile],
+            (true, true) => &self.swiglu_u[tile],
+        }
+    }
+}
+
+/// The gpu profile's matmuls of one weight format.
+pub struct GpuMatmulPipelines {
+    /// Decode-sized, one per GPU_DECODE_TM entry: [plain, swiglu].
+    pub decode: Vec<[wgpu::ComputePipeline; 2]>,
+    /// Prefill-sized tiles: [plain, swiglu].
+    pub tiled: [wgpu::ComputePipeline; 2],
+}
+
+/// The gpu profile's kernels (built only for models that run it).
+pub struct GpuPipelines {
+    pub matmul: BTreeMap<WFormat, GpuMatmulPipelines>,
+    /// Split-key attention and the merge of its splits (attn_family).
+    pub attention: wgpu::ComputePipeline,
+    pub combine: wgpu::ComputePipeline,
+}
+
+/// What a set of kernels is built for.
+#[derive(Clone, Debug)]
+pub struct KernelSpec {
+    pub formats: Vec<WFormat>,
+    pub head_dim: u32,
+    /// Query heads per KV head (the split attention is built for it).
+    pub group: u32,
+    pub kv: KvDtype,
+    pub kv_chunks: usize,
+    /// `cpu` or `gpu` (`auto` counts as `cpu`).
+    pub profile: KernelProfile,
+}
+
+/// All pipelines of one model: the weight-format-specific ones for the formats it uses.
+pub struct Kernels {
+    /// `MatmulBinds` (and `EmbedBinds`).
+    pub matmul_family: Family,
+    /// The same with binding 2 uniform (a UNIFORM_X_BYTES window of x).
+    pub matmul_u_family: Family,
+    pub matmul: BTreeMap<WFormat, MatmulPipelines>,
+    /// `NormBinds`.
+    pub norm_family: Family,
+    pub rmsnorm: wgpu::ComputePipeline,
+    /// `HeadNormBinds`.
+    pub head_norm_family: Family,
+    pub head_norm: wgpu::ComputePipeline,
+    /// `RopeBinds` and the KV cache's chunks.
+    pub rope_family: Family,
+    pub rope_kv: wgpu::ComputePipeline,
+    /// `AttnBinds` and the KV cache's chunks.
+    pub attn_family: Family,
+    pub attention: wgpu::ComputePipeline,
+    /// `SampleBinds` (and `AdjustBinds`, with the same accesses).
+    pub sample_family: Family,
+    pub sample: wgpu::ComputePipeline,
+    /// In the sampler's family.
+    pub logit_adjust: wgpu::ComputePipeline,
+    /// The KV-cache element type rope_kv and attention were built for.
+    pub kv: KvDtype,
+    /// Buffers per layer's K (and V) cache they bind.
+    pub kv_chunks: usize,
+    /// The gpu profile's kernels, when built for it.
+    pub gpu: Option<GpuPipelines>,
+}
+
+impl Kernels {
+    pub fn new(gpu: &Gpu, spec: &KernelSpec) -> Result<Kernels> {
+        let KernelSpec { ref formats, head_dim, group, kv, kv_chunks, profile } = *spec;
+        let kv_chunks = kv_chunks.clamp(1, MAX_KV_CHUNKS);
+        use Slot::*;
+        let matmul_family = Family::new(gpu, &layout_of(MatmulBinds::SLOTS));
+        // x (2) as a uniform window, and the window entry (7), both at dynamic offsets.
+        let mut u_slots = layout_of(MatmulBinds::SLOTS);
+        u_slots.iter_mut().filter(|s| s.0 == 2).for_each(|s| s.1 = UniformDyn);
+        u_slots.push((7, UniformDyn));
+        let matmul_u_family = Family::new(gpu, &u_slots);
+        let mut matmul = BTreeMap::new();
+        for &f in formats.iter() {
+            if matmul.contains_key(&f) {
+                continue;
+            }
+            let n = f.name();
+            let (mut plain, mut swiglu, mut plain_u, mut swiglu_u) = (vec![], vec![], vec![], vec![]);
+            for (tm, tn) in MATMUL_TILES {
+                let src = matmul_source(f, tm, tn, false)?;
+                plain.push(matmul_family.pipeline(gpu, &format!("matmul_{n}_{tm}x{tn}"), &src, "main")?);
+                swiglu.push(matmul_family.pipeline(gpu, &format!("swiglu_{n}_{tm}x{tn}"), &src, "main_swiglu")?);
+                let src = matmul_source(f, tm, tn, true)?;
+                plain_u.push(matmul_u_family.pipeline(gpu, &format!("matmul_{n}_{tm}x{tn}_ux"), &src, "main")?);
+                swiglu_u.push(matmul_u_family.pipeline(
+                    gpu,
+                    &format!("swiglu_{n}_{tm}x{tn}_ux"),
+                    &src,
+                    "main_swiglu",
+                )?);
+            }
+            let p = MatmulPipelines {
+                plain,
+                swiglu,
+                plain_u,
+                swiglu_u,
+                embed: matmul_family.pipeline(gpu, &format!("embed_{n}"), &embed_source(f)?, "main")?,
+            };
+            matmul.insert(f, p);
+        }
+        let norm_family = Family::new(gpu, &layout_of(NormBinds::SLOTS));
+        let rmsnorm = norm_family.pipeline(gpu, "rmsnorm", &rmsnorm_source()?, "main")?;
+        let head_norm_family = Family::new(gpu, &layout_of(HeadNormBinds::SLOTS));
+        let head_norm = head_norm_family.pipeline(gpu, "head_norm", &head_norm_source()?, "main")?;
+        // The KV cache's chunks beyond the first.
+        let chunk_slots = |s: Slot| {
+            (1..kv_chunks as u32).flat_map(move |c| [(KV_K_CHUNK_BINDING + c, s), (KV_V_CHUNK_BINDING + c, s)])
+        };
+        let mut rope_slots = layout_of(RopeBinds::SLOTS);
+        rope_slots.extend([(ROPE_KV.0, ReadWrite), (ROPE_KV.1, ReadWrite)]);
+        rope_slots.extend(chunk_slots(ReadWrite));
+        let rope_family = Family::new(gpu, &rope_slots);
+        let rope_kv = rope_family.pipeline(gpu, "rope_kv", &rope_kv_source(kv, kv_chunks)?, "main")?;
+        let mut attn_slots = layout_of(AttnBinds::SLOTS);
+        attn_slots.extend([(ATTN_KV.0, Read), (ATTN_KV.1, Read)]);
+        attn_slots.extend(chunk_slots(Read));
+        let attn_family = Family::new(gpu, &attn_slots);
+        let attention = attn_family.pipeline(gpu, "attention", &attention_source(head_dim, kv, kv_chunks)?, "main")?;
+        // The adjustment kernel binds the same way: AdjustBinds::SLOTS has these accesses.
+        let sample_family = Family::new(gpu, &layout_of(SampleBinds::SLOTS));
+        let sample = sample_family.pipeline(gpu, "sample", &sampler_source("sample", SAMPLE_WGSL)?, "main")?;
+        let logit_adjust =
+            sample_family.pipeline(gpu, "logit_adjust", &sampler_source("logit_adjust", LOGIT_ADJUST_WGSL)?, "main")?;
+        let gpu_kernels = if profile == KernelProfile::Gpu {
+            let mut matmul = BTreeMap::new();
+            for &f in formats.iter() {
+                if matmul.contains_key(&f) {
+                    continue;
+                }
+                let n = f.name();
+                let both = |make: &dyn Fn(bool) -> (String, Result<String>)| -> Result<[wgpu::ComputePipeline; 2]> {
+                    let (l0, s0) = make(false);
+                    let (l1, s1) = make(true);
+                    let (s0, s1) = (s0?, s1?);
+                    Ok([matmul_family.pipeline(gpu, &l0, &s0, "main")?, matmul_family.pipeline(gpu, &l1, &s1, "main")?])
+                };
+                let decode = GPU_DECODE_TM
+                    .iter()
+                    .map(|&tm| {
+                        both(&|sw| (format!("matmul_gpu_{n}_{tm}_{sw}"), matmul_gpu_source(f, tm, sw, gpu.subgroups)))
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                let tiled = both(&|sw| (format!("matmul_tiled_{n}_{sw}"), matmul_tiled_source(f, sw)))?;
+                matmul.insert(f, GpuMatmulPipelines { decode, tiled });
+            }
+            let src = attention_split_source(head_dim, group.max(1), kv, kv_chunks)?;
+            Some(GpuPipelines {
+                matmul,
+                attention: attn_family.pipeline(gpu, "attention_split", &src, "main")?,
+                combine: attn_family.pipeline(gpu, "attention_combine", &src, "combine")?,
+            })
+        } else {
+            None
+        };
+        Ok(Kernels {
+            matmul_family,
+            matmul_u_family,
+            matmul,
+            norm_family,
+            rmsnorm,
+            head_norm_family,
+            head_norm,
+            rope_family,
+            rope_kv,
+            attn_family,
+            attention,
+            sample_family,
+            sample,
+            logit_adjust,
+            kv,
+            kv_chunks,
+            gpu: gpu_kernels,
+        })
+    }
+}

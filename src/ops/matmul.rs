@@ -1,0 +1,178 @@
+//! Matmul and embedding ops: y = x W^T over one weight matrix's row chunks (plain, fused
+//! SwiGLU, or the up half of an unfused one), and the embedding lookup. Their parameters
+//! (`MatParams`, `EmbedParams`), bindings and constructors.
+
+use super::kernels::Kernels;
+use super::{bindings, Op, OpKind};
+use crate::gpu::shared::gpu_struct;
+use crate::gpu::{Gpu, UNIFORM_X_BYTES};
+use crate::weights::upload::{GpuChunk, GpuMatrix};
+
+gpu_struct! {
+    /// Parameters of one row-chunk's matmul (matmul*.wgsl; WGSL `MatParams`).
+    wgsl MatParams;
+    pub struct MatParams {
+        /// K / 32.
+        pub k_blocks: u32,
+        /// Rows of this chunk (for SwiGLU: rows of the gate half).
+        pub n_rows: u32,
+        /// First output column written by this chunk.
+        pub row0: u32,
+        /// Floats per output row.
+        pub y_stride: u32,
+        /// vec4s per input row.
+        pub x_stride4: u32,
+        /// 0: the step's n_tokens rows, 1: its n_sample rows.
+        pub m_src: u32,
+        /// MAT_* flags.
+        pub flags: u32,
+        pub _pad: u32,
+    }
+}
+
+gpu_struct! {
+    /// Parameters of one row-chunk of the embedding lookup (embed.wgsl; WGSL `EmbedParams`).
+    wgsl EmbedParams;
+    pub struct EmbedParams {
+        /// hidden / 32.
+        pub k_blocks: u32,
+        /// Rows (token ids) of this chunk of the table.
+        pub n_rows: u32,
+        /// First token id of this chunk.
+        pub row0: u32,
+        pub _pad: u32,
+    }
+}
+
+/// MatParams flag: add the bias.
+pub const MAT_BIAS: u32 = 1;
+/// MatParams flag: add into y.
+pub const MAT_ACCUMULATE: u32 = 2;
+/// MatParams flag: y = silu(y) * result (the up half of an unfused SwiGLU; y holds the gate).
+pub const MAT_SWIGLU_UP: u32 = 4;
+
+/// The WGSL declarations of the matmul shaders: MatParams and its flags.
+pub fn wgsl_matmul() -> String {
+    format!(
+        "{}const MAT_BIAS: u32 = {MAT_BIAS}u;\nconst MAT_ACCUMULATE: u32 = {MAT_ACCUMULATE}u;\n\
+         const MAT_SWIGLU_UP: u32 = {MAT_SWIGLU_UP}u;\n",
+        MatParams::WGSL
+    )
+}
+
+bindings! {
+    /// matmul.wgsl, matmul_gpu.wgsl, matmul_tiled.wgsl (the weight format's snippet declares
+    /// wq and ws). The uniform-x variant binds x as a uniform window and adds `win` (7).
+    MatmulBinds {
+        step: Uniform @ 0,
+        p: Uniform @ 1,
+        x: Read @ 2,
+        wq: Read @ 3,
+        ws: Read @ 4,
+        bias: Read @ 5,
+        y: ReadWrite @ 6,
+    }
+}
+
+bindings! {
+    /// embed.wgsl, in the matmul family's layout (binding 5 unused).
+    EmbedBinds {
+        step: Uniform @ 0,
+        p: Uniform @ 1,
+        tokens: Read @ 2,
+        wq: Read @ 3,
+        ws: Read @ 4,
+        unused: Read @ 5,
+        hidden: ReadWrite @ 6,
+    }
+}
+
+impl MatParams {
+    /// Parameters of one row-chunk's matmul (see matmul.wgsl), writing output columns from
+    /// `col0` + the chunk's first row.
+    pub(crate) fn new(cols: usize, chunk: &GpuChunk, col0: usize, y_stride: usize, sampled: bool, flags: u32) -> Self {
+        MatParams {
+            k_blocks: (cols / 32) as u32,
+            n_rows: chunk.rows as u32,
+            row0: (col0 + chunk.row0) as u32,
+            y_stride: y_stride as u32,
+            x_stride4: (cols / 4) as u32,
+            m_src: sampled as u32,
+            flags,
+            ..Default::default()
+        }
+    }
+}
+
+/// What a matmul reads and writes besides its weights.
+pub struct MatmulIo<'a> {
+    pub step: &'a wgpu::Buffer,
+    pub x: &'a wgpu::Buffer,
+    pub y: &'a wgpu::Buffer,
+    /// The bias (bound whole; each chunk's row0 offsets into it), or a placeholder.
+    pub bias: &'a wgpu::Buffer,
+    /// The uniform-x window entries, to also build the uniform-x bind group (cpu profile).
+    pub windows: Option<&'a wgpu::Buffer>,
+}
+
+/// The ops of y (columns col0.. of rows of `y_stride` floats; flags: MAT_*) = x W^T for every
+/// row chunk of `m`, over the sampled rows when `sampled`; `swiglu`: `m` holds gate and up.
+/// Returns the ops and their parameter buffers (kept alive by the bind groups).
+#[allow(clippy::too_many_arguments)]
+pub fn matmul(
+    k: &Kernels,
+    g: &Gpu,
+    m: &GpuMatrix,
+    io: &MatmulIo,
+    (col0, y_stride): (usize, usize),
+    flags: u32,
+    sampled: bool,
+    swiglu: bool,
+) -> (Vec<Op>, Vec<wgpu::Buffer>) {
+    let mut ops = Vec::new();
+    let mut params = Vec::new();
+    for c in &m.chunks {
+        let pb = g.uniform_init(
+            "matmul_params",
+            bytemuck::bytes_of(&MatParams::new(m.cols, c, col0, y_stride, sampled, flags)),
+        );
+        let b = MatmulBinds { step: io.step, p: &pb, x: io.x, wq: &c.q, ws: &c.s, bias: io.bias, y: io.y };
+        let entries = b.entries();
+        let bind = k.matmul_family.bind(g, &entries);
+        let bind_u =
+            io.windows.map(|w| k.matmul_u_family.bind_windows(g, &entries, &[(2, UNIFORM_X_BYTES)], &[(7, w, 16)]));
+        let kind =
+            OpKind::Matmul { format: m.format, rows: c.rows as u32, x_vec4: (m.cols / 4) as u32, sampled, swiglu };
+        ops.push(Op { kind, bind, bind_u });
+        params.push(pb);
+    }
+    (ops, params)
+}
+
+/// The embedding lookup of the step's tokens (`tokens`: the step metadata, whose first words
+/// are the token ids) into `hidden`, one op per row chunk of the table `e`.
+pub fn embed(
+    k: &Kernels,
+    g: &Gpu,
+    e: &GpuMatrix,
+    step: &wgpu::Buffer,
+    tokens: &wgpu::Buffer,
+    placeholder: &wgpu::Buffer,
+    hidden: &wgpu::Buffer,
+) -> (Vec<Op>, Vec<wgpu::Buffer>) {
+    let k_blocks = (e.cols / 32) as u32;
+    let mut ops = Vec::new();
+    let mut params = Vec::new();
+    for c in &e.chunks {
+        let p = EmbedParams { k_blocks, n_rows: c.rows as u32, row0: c.row0 as u32, _pad: 0 };
+        let pb = g.uniform_init("embed_params", bytemuck::bytes_of(&p));
+        let b = EmbedBinds { step, p: &pb, tokens, wq: &c.q, ws: &c.s, unused: placeholder, hidden };
+        ops.push(Op {
+            kind: OpKind::Embed { format: e.format, k_blocks },
+            bind: k.matmul_family.bind(g, &b.entries()),
+            bind_u: None,
+        });
+        params.push(pb);
+    }
+    (ops, params)
+}

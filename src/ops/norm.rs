@@ -1,0 +1,89 @@
+//! RMSNorm (of every token row, or gathered sampled rows) and the per-head q/k RMSNorm of
+//! Qwen3: parameters, bindings and constructors.
+
+use super::kernels::Kernels;
+use super::{bindings, Op, OpKind};
+use crate::gpu::shared::gpu_struct;
+use crate::gpu::Gpu;
+
+gpu_struct! {
+    /// rmsnorm.wgsl's parameters (WGSL `NormParams`).
+    wgsl NormParams;
+    pub struct NormParams {
+        /// vec4s per row.
+        pub dim4: u32,
+        pub eps: f32,
+        /// 1: output row r normalises the row of sampled row r (its index in the metadata).
+        pub gather: u32,
+        /// Where the sampled rows' indices start in the metadata.
+        pub off_sample: u32,
+    }
+}
+
+gpu_struct! {
+    /// head_norm.wgsl's parameters (WGSL `HeadNormParams`).
+    wgsl HeadNormParams;
+    pub struct HeadNormParams {
+        pub n_heads: u32,
+        pub n_kv_heads: u32,
+        pub head_dim: u32,
+        /// Floats per qkv row.
+        pub qkv_stride: u32,
+        pub eps: f32,
+        pub _p0: u32,
+        pub _p1: u32,
+        pub _p2: u32,
+    }
+}
+
+bindings! {
+    /// rmsnorm.wgsl.
+    NormBinds {
+        step: Uniform @ 0,
+        p: Uniform @ 1,
+        x: Read @ 2,
+        weight: Read @ 3,
+        md: Read @ 4,
+        y: ReadWrite @ 5,
+    }
+}
+
+bindings! {
+    /// head_norm.wgsl: q weights then k weights, applied to qkv in place.
+    HeadNormBinds {
+        step: Uniform @ 0,
+        p: Uniform @ 1,
+        weight: Read @ 2,
+        qkv: ReadWrite @ 3,
+    }
+}
+
+impl NormParams {
+    /// RMSNorm over rows of `dim` floats; `gather`: of the sampled rows listed from `off_sample`.
+    pub fn new(dim: usize, eps: f32, gather: bool, off_sample: usize) -> NormParams {
+        NormParams { dim4: (dim / 4) as u32, eps, gather: gather as u32, off_sample: off_sample as u32 }
+    }
+}
+
+impl HeadNormParams {
+    pub fn new(heads: usize, kv_heads: usize, head_dim: usize, eps: f32) -> HeadNormParams {
+        HeadNormParams {
+            n_heads: heads as u32,
+            n_kv_heads: kv_heads as u32,
+            head_dim: head_dim as u32,
+            qkv_stride: ((heads + 2 * kv_heads) * head_dim) as u32,
+            eps,
+            ..Default::default()
+        }
+    }
+}
+
+/// The RMSNorm op; `sampled`: over the sampled rows (the params gather them).
+pub fn norm(k: &Kernels, g: &Gpu, b: &NormBinds, sampled: bool) -> Op {
+    Op { kind: OpKind::Norm { sampled }, bind: k.norm_family.bind(g, &b.entries()), bind_u: None }
+}
+
+/// The per-head q/k norm op over `heads` query + KV heads.
+pub fn head_norm(k: &Kernels, g: &Gpu, b: &HeadNormBinds, heads: usize) -> Op {
+    Op { kind: OpKind::HeadNorm { heads: heads as u32 }, bind: k.head_norm_family.bind(g, &b.entries()), bind_u: None }
+}

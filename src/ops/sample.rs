@@ -1,0 +1,50 @@
+//! The sampler's two kernels over the sampled rows' logits: logit adjustments (penalties,
+//! logit_bias, the structured-output token mask; logit_adjust.wgsl), then sampling (sample.wgsl).
+//! The per-row parameters are the 16-word rows of `sampling::row`.
+
+use super::kernels::Kernels;
+use super::{bindings, Op, OpKind};
+use crate::gpu::shared::gpu_struct;
+use crate::gpu::Gpu;
+
+gpu_struct! {
+    /// The parameters of both sampler kernels (WGSL `SamplerParams`).
+    wgsl SamplerParams;
+    pub struct SamplerParams {
+        pub vocab: u32,
+        /// Where the rows' sampling parameters start in the metadata.
+        pub off_params: u32,
+        pub _p0: u32,
+        pub _p1: u32,
+    }
+}
+
+bindings! {
+    /// logit_adjust.wgsl: each row's adjustment entries (and token mask) in `adj`.
+    AdjustBinds {
+        step: Uniform @ 0,
+        p: Uniform @ 1,
+        md: Read @ 2,
+        adj: Read @ 3,
+        logits: ReadWrite @ 4,
+    }
+}
+
+bindings! {
+    /// sample.wgsl: one result record per row in `result`.
+    SampleBinds {
+        step: Uniform @ 0,
+        p: Uniform @ 1,
+        md: Read @ 2,
+        logits: Read @ 3,
+        result: ReadWrite @ 4,
+    }
+}
+
+pub fn logit_adjust(k: &Kernels, g: &Gpu, b: &AdjustBinds) -> Op {
+    Op { kind: OpKind::LogitAdjust, bind: k.sample_family.bind(g, &b.entries()), bind_u: None }
+}
+
+pub fn sample(k: &Kernels, g: &Gpu, b: &SampleBinds) -> Op {
+    Op { kind: OpKind::Sample, bind: k.sample_family.bind(g, &b.entries()), bind_u: None }
+}

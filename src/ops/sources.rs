@@ -1,0 +1,309 @@
+//! Every WGSL program, assembled with `Shader` from the files in shaders/ and the shared
+//! declarations of gpu/shared.rs: the matmul variants per weight format and tile, attention,
+//! RoPE + KV write, norms and the sampler.
+
+use super::kernels::{GPU_DECODE_TM, MATMUL_TILES, MATMUL_WG, UNIFORM_X_VEC4};
+use crate::config::KvDtype;
+use crate::gpu::shader::Shader;
+use crate::gpu::wformat::WFormat;
+use anyhow::Result;
+
+/// The matmul templates' `{{UX}}` only appears in the uniform-window variant.
+trait FillIf {
+    fn fill_if(self, cond: bool, name: &str, value: impl std::fmt::Display) -> Self;
+}
+
+impl FillIf for Shader {
+    fn fill_if(self, cond: bool, name: &str, value: impl std::fmt::Display) -> Shader {
+        if cond {
+            self.fill(name, value)
+        } else {
+            self
+        }
+    }
+}
+
+/// Binding of chunk c >= 1 of a layer's K cache (chunk 0 keeps the kernel's own binding); V
+/// chunks at KV_V_CHUNK_BINDING + c. A layer's cache larger than one storage binding spans
+/// several buffers of whole KV blocks.
+pub const KV_K_CHUNK_BINDING: u32 = 10;
+pub const KV_V_CHUNK_BINDING: u32 = 20;
+pub use crate::gpu::MAX_KV_CHUNKS;
+
+/// The KV-cache bindings and accessors of rope_kv.wgsl (`write`) and attention.wgsl (read), for
+/// a cache of `chunks` buffers per layer: elements 4i..4i+4 of a layer's cache are `load_k(i)` /
+/// `load_v(i)`; `store_k(e, v)` writes elements e, e+1 (e even). With several chunks, the
+/// kernel's params `p` carry the chunk length (`kv_chunk` elements, `kv_chunk4` vec4s).
+fn kv_snippet(kv: KvDtype, write: bool, chunks: usize) -> String {
+    let (k0, v0) = if write { (5, 6) } else { (4, 5) };
+    let access = if write { "read_write" } else { "read" };
+    let elem = match (kv, write) {
+        (KvDtype::F32, true) => "f32",
+        (KvDtype::F32, false) => "vec4<f32>",
+        (KvDtype::F16, true) => "u32",
+        (KvDtype::F16, false) => "vec2<u32>",
+    };
+    let mut out = String::new();
+    for c in 0..chunks as u32 {
+        let (kb, vb) = if c == 0 { (k0, v0) } else { (KV_K_CHUNK_BINDING + c, KV_V_CHUNK_BINDING + c) };
+        out += &format!("@group(0) @binding({kb}) var<storage, {access}> k_cache{c}: array<{elem}>;\n");
+        out += &format!("@group(0) @binding({vb}) var<storage, {access}> v_cache{c}: array<{elem}>;\n");
+    }
+    for name in ["k", "v"] {
+        // The access to chunk c at local index j.
+        let one = |c: usize| match (kv, write) {
+            (KvDtype::F32, true) => format!("{name}_cache{c}[j] = v.x;\n        {name}_cache{c}[j + 1u] = v.y;"),
+            (KvDtype::F16, true) => format!("{name}_cache{c}[j / 2u] = pack2x16float(v);"),
+            (KvDtype::F32, false) => format!("return {name}_cache{c}[j];"),
+            (KvDtype::F16, false) => format!(
+                "let w = {name}_cache{c}[j];\n        return vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y));"
+            ),
+        };
+        let (sig, unit) = if write {
+            (format!("fn store_{name}(e: u32, v: vec2<f32>)"), "p.kv_chunk")
+        } else {
+            (format!("fn load_{name}(i: u32) -> vec4<f32>"), "p.kv_chunk4")
+        };
+        let idx = if write { "e" } else { "i" };
+        out += &format!("\n{sig} {{\n");
+        if chunks == 1 {
+            out += &format!("    let j = {idx};\n    {{\n        {}\n    }}\n", one(0));
+        } else {
+            out += &format!("    let c = {idx} / {unit};\n    let j = {idx} - c * {unit};\n");
+            for c in 0..chunks - 1 {
+                out += &format!("    if (c == {c}u) {{\n        {}\n", one(c));
+                out += if write { "        return;\n    }\n" } else { "    }\n" };
+            }
+            out += &format!("    {{\n        {}\n    }}\n", one(chunks - 1));
+        }
+        out += "}\n";
+    }
+    out
+}
+
+const COMMON: &str = include_str!("../../shaders/common.wgsl");
+
+/// What every shader starts with: the shared declarations (src/gpu/shared.rs) and common.wgsl.
+fn common() -> String {
+    format!("{}\n{COMMON}", crate::gpu::shared::wgsl_common())
+}
+
+/// The matmul shaders' shared part after the weight format: MatParams, its flags, bindings and
+/// epilogue.
+fn matmul_common() -> String {
+    format!("{}\n{}", super::matmul::wgsl_matmul(), include_str!("../../shaders/matmul_common.wgsl"))
+}
+
+const WINDOW_ALL: &str =
+    "fn window_base() -> u32 {\n    return 0u;\n}\n\nfn window_rows(m: u32) -> u32 {\n    return m;\n}";
+
+/// Uniform-x window: x is bound at a dynamic offset, `win` says which window of rows this
+/// dispatch covers (`single`: the whole step fits one window starting at row 0).
+const WINDOW_UNIFORM: &str = "struct Window {
+    index: u32,
+    single: u32,
+    _p0: u32,
+    _p1: u32,
+}
+
+@group(0) @binding(7) var<uniform> win: Window;
+
+// Rows per window: a whole number of tiles (the largest tile that fits, see plan_x).
+fn window_size() -> u32 {
+    return {{UX}}u / p.x_stride4 / TM * TM;
+}
+
+fn window_base() -> u32 {
+    return select(win.index * window_size(), 0u, win.single == 1u);
+}
+
+fn window_rows(m: u32) -> u32 {
+    return select(min(m - window_base(), window_size()), m, win.single == 1u);
+}";
+
+/// The matmul program for a weight format and register tile. With `uniform_x`, the activations
+/// are read through a uniform binding: every thread of a workgroup reads the same x values, which
+/// llvmpipe then loads once per SIMD batch instead of once per lane (steps whose x fits 64 KiB).
+pub fn matmul_source(f: WFormat, tm: u32, tn: u32, uniform_x: bool) -> Result<String> {
+    let (x, window) = if uniform_x {
+        (format!("@group(0) @binding(2) var<uniform> x: array<vec4<f32>, {UNIFORM_X_VEC4}>;"), WINDOW_UNIFORM)
+    } else {
+        ("@group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;".to_string(), WINDOW_ALL)
+    };
+    matmul_shader(format!("matmul_{}_{tm}x{tn}", f.name()), f, include_str!("../../shaders/matmul.wgsl"))
+        .fill("X_BINDING", x)
+        .fill("WINDOW", window)
+        .fill_if(uniform_x, "UX", UNIFORM_X_VEC4)
+        .fill("TM", tm)
+        .fill("TN", tn)
+        .fill("WG", MATMUL_WG)
+        .build()
+}
+
+/// A matmul template after the shared declarations, the format's snippet and the matmul epilogue.
+fn matmul_shader(label: String, f: WFormat, body: &str) -> Shader {
+    Shader::new(label, body).after(common()).after(f.snippet()).after(matmul_common())
+}
+
+/// Reduction of matmul_gpu.wgsl's partial sums: subgroupAdd, then one value per subgroup
+/// through workgroup memory.
+const REDUCE_SUBGROUP: &str = "    for (var k = 0u; k < NV; k++) {
+        let v = subgroupAdd(acc[k]);
+        if (sid == 0u) {
+            red[k * WG + sg] = v;
+        }
+    }
+    workgroupBarrier();
+    if (lid < NV) {
+        var s = 0.0;
+        for (var j = 0u; j < nsg; j++) {
+            s += red[lid * WG + j];
+        }
+        red[lid * WG] = s;
+    }";
+
+/// The same through workgroup memory only (adapters without subgroups): a tree over the WG
+/// invocations.
+const REDUCE_WORKGROUP: &str = "    for (var k = 0u; k < NV; k++) {
+        red[k * WG + lid] = acc[k];
+    }
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s = s / 2u) {
+        if (lid < s) {
+            for (var k = 0u; k < NV; k++) {
+                red[k * WG + lid] += red[k * WG + lid + s];
+            }
+        }
+        workgroupBarrier();
+    }";
+
+/// The gpu profile's decode-sized matmul (see matmul_gpu.wgsl); `subgroups`: reduce with
+/// subgroupAdd.
+pub fn matmul_gpu_source(f: WFormat, tm: u32, swiglu: bool, subgroups: bool) -> Result<String> {
+    let (args, reduce) = if subgroups {
+        (
+            "@builtin(subgroup_invocation_id) sid: u32,\n    @builtin(subgroup_id) sg: u32,\n    @builtin(num_subgroups) nsg: u32,",
+            REDUCE_SUBGROUP,
+        )
+    } else {
+        ("", REDUCE_WORKGROUP)
+    };
+    matmul_shader(format!("matmul_gpu_{}_{tm}", f.name()), f, include_str!("../../shaders/matmul_gpu.wgsl"))
+        .fill("TM", tm)
+        .fill("SWIGLU", swiglu)
+        .fill("SG_ARGS", args)
+        .fill("REDUCE", reduce)
+        .build()
+}
+
+/// The gpu profile's prefill-sized matmul (see matmul_tiled.wgsl).
+pub fn matmul_tiled_source(f: WFormat, swiglu: bool) -> Result<String> {
+    matmul_shader(format!("matmul_tiled_{}", f.name()), f, include_str!("../../shaders/matmul_tiled.wgsl"))
+        .fill("SWIGLU", swiglu)
+        .build()
+}
+
+/// The gpu profile's split-key attention for `group` query heads per KV head.
+pub fn attention_split_source(head_dim: u32, group: u32, kv: KvDtype, kv_chunks: usize) -> Result<String> {
+    Shader::new("attention_split", include_str!("../../shaders/attention_split.wgsl"))
+        .after(common())
+        .after(super::attention::AttnParams::WGSL)
+        .fill("HD4", head_dim / 4)
+        .fill("G", group)
+        .fill("KV", kv_snippet(kv, false, kv_chunks))
+        .build()
+}
+
+pub fn embed_source(f: WFormat) -> Result<String> {
+    Shader::new(format!("embed_{}", f.name()), include_str!("../../shaders/embed.wgsl"))
+        .after(common())
+        .after(super::matmul::EmbedParams::WGSL)
+        .after(f.snippet())
+        .build()
+}
+
+pub fn attention_source(head_dim: u32, kv: KvDtype, kv_chunks: usize) -> Result<String> {
+    Shader::new("attention", include_str!("../../shaders/attention.wgsl"))
+        .after(common())
+        .after(super::attention::AttnParams::WGSL)
+        .fill("HD4", head_dim / 4)
+        .fill("KV", kv_snippet(kv, false, kv_chunks))
+        .build()
+}
+
+pub fn rope_kv_source(kv: KvDtype, kv_chunks: usize) -> Result<String> {
+    Shader::new("rope_kv", include_str!("../../shaders/rope_kv.wgsl"))
+        .after(common())
+        .after(super::rope::RopeParams::WGSL)
+        .fill("KV", kv_snippet(kv, true, kv_chunks))
+        .build()
+}
+
+pub fn rmsnorm_source() -> Result<String> {
+    Shader::new("rmsnorm", RMSNORM_WGSL).after(common()).after(super::norm::NormParams::WGSL).build()
+}
+
+pub fn head_norm_source() -> Result<String> {
+    Shader::new("head_norm", HEAD_NORM_WGSL).after(common()).after(super::norm::HeadNormParams::WGSL).build()
+}
+
+pub const RMSNORM_WGSL: &str = include_str!("../../shaders/rmsnorm.wgsl");
+pub const SAMPLE_WGSL: &str = include_str!("../../shaders/sample.wgsl");
+pub const HEAD_NORM_WGSL: &str = include_str!("../../shaders/head_norm.wgsl");
+pub const LOGIT_ADJUST_WGSL: &str = include_str!("../../shaders/logit_adjust.wgsl");
+/// The sampler's shaders (sample.wgsl, logit_adjust.wgsl) with the constants they share with Rust.
+pub fn sampler_source(label: &str, body: &str) -> Result<String> {
+    Shader::new(label, body)
+        .after(common())
+        .after(super::sample::SamplerParams::WGSL)
+        .after(crate::sampling::row::wgsl_constants())
+        .build()
+}
+
+/// Every WGSL program the engine can build, with a label: what the naga test validates.
+/// Panics on a template that does not assemble (for tests and tools).
+pub fn all_sources(head_dims: &[u32]) -> Vec<(String, String)> {
+    let mut v: Vec<(String, Result<String>)> = Vec::new();
+    for f in WFormat::ALL {
+        for (tm, tn) in MATMUL_TILES {
+            v.push((format!("matmul_{}_{tm}x{tn}", f.name()), matmul_source(f, tm, tn, false)));
+            v.push((format!("matmul_{}_{tm}x{tn}_ux", f.name()), matmul_source(f, tm, tn, true)));
+        }
+        v.push((format!("embed_{}", f.name()), embed_source(f)));
+        for swiglu in [false, true] {
+            for tm in GPU_DECODE_TM {
+                for sg in [false, true] {
+                    v.push((
+                        format!("matmul_gpu_{}_{tm}_{swiglu}_{sg}", f.name()),
+                        matmul_gpu_source(f, tm, swiglu, sg),
+                    ));
+                }
+            }
+            v.push((format!("matmul_tiled_{}_{swiglu}", f.name()), matmul_tiled_source(f, swiglu)));
+        }
+    }
+    for &d in head_dims {
+        for group in [1, 3, 7, 8] {
+            for chunks in [1, MAX_KV_CHUNKS] {
+                v.push((
+                    format!("attention_split_hd{d}_g{group}_x{chunks}"),
+                    attention_split_source(d, group, KvDtype::F16, chunks),
+                ));
+            }
+        }
+    }
+    for kv in [KvDtype::F16, KvDtype::F32] {
+        for chunks in 1..=MAX_KV_CHUNKS {
+            for &d in head_dims {
+                v.push((format!("attention_hd{d}_{}_x{chunks}", kv.name()), attention_source(d, kv, chunks)));
+            }
+            v.push((format!("rope_kv_{}_x{chunks}", kv.name()), rope_kv_source(kv, chunks)));
+        }
+    }
+    v.push(("rmsnorm".into(), rmsnorm_source()));
+    v.push(("head_norm".into(), head_norm_source()));
+    v.push(("sample".into(), sampler_source("sample", SAMPLE_WGSL)));
+    v.push(("logit_adjust".into(), sampler_source("logit_adjust", LOGIT_ADJUST_WGSL)));
+    // Tests and tools: an assembly error is a bug in a template, named here.
+    v.into_iter().map(|(l, s)| (s.unwrap_or_else(|e| panic!("{l}: {e:#}")), l)).map(|(s, l)| (l, s)).collect()
+}

@@ -1,0 +1,53 @@
+//! A weight matrix on the GPU, split by rows into chunks that each fit one storage binding.
+
+use crate::gpu::wformat::WFormat;
+use crate::gpu::Gpu;
+use crate::weights::tensor::QTensor;
+use anyhow::{bail, Result};
+
+/// A weight matrix on the GPU, split by rows into chunks that each fit one storage binding.
+pub struct GpuMatrix {
+    pub format: WFormat,
+    pub rows: usize,
+    pub cols: usize,
+    pub chunks: Vec<GpuChunk>,
+}
+
+pub struct GpuChunk {
+    pub row0: usize,
+    pub rows: usize,
+    pub q: wgpu::Buffer,
+    pub s: wgpu::Buffer,
+}
+
+impl GpuMatrix {
+    /// Uploads `t`; with `pair` (same shape), each chunk holds `t`'s rows then `pair`'s same rows
+    /// (gate then up, for the fused SwiGLU matmul).
+    pub fn upload(gpu: &Gpu, label: &str, t: &QTensor, pair: Option<&QTensor>, max_binding: u64) -> Result<GpuMatrix> {
+        let per_row_q = (t.blocks_per_row() * t.format.words_per_block() * 4) as u64;
+        let per_row_s = (t.format.scale_words_per_row(t.cols) * 4) as u64;
+        let mult = if pair.is_some() { 2 } else { 1 };
+        let per_row = per_row_q.max(per_row_s) * mult;
+        let rows_per_chunk = (max_binding / per_row) as usize;
+        if rows_per_chunk == 0 {
+            bail!("{label}: one row ({per_row} bytes) exceeds the device's max storage binding");
+        }
+        let mut chunks = Vec::new();
+        let mut r0 = 0;
+        while r0 < t.rows {
+            let r1 = (r0 + rows_per_chunk).min(t.rows);
+            let mut part = t.slice_rows(r0, r1);
+            if let Some(p) = pair {
+                part = QTensor::concat_rows(&[&part, &p.slice_rows(r0, r1)])?;
+            }
+            chunks.push(GpuChunk {
+                row0: r0,
+                rows: r1 - r0,
+                q: gpu.storage_init(label, bytemuck::cast_slice(&part.q)),
+                s: gpu.storage_init(label, bytemuck::cast_slice(&part.s)),
+            });
+            r0 = r1;
+        }
+        Ok(GpuMatrix { format: t.format, rows: t.rows, cols: t.cols, chunks })
+    }
+}

@@ -1,0 +1,177 @@
+//! The room rule (../shared/DESIGN.md section 2), enforced on the sources: every top-level
+//! module of src/ is a room with a `//!` header naming what it owns, may use and never uses; a
+//! room uses (by `crate::` paths) only rooms below it and the leaves, and only rooms its header
+//! says it may use; the scheduler and the block manager never see wgpu; nothing below the server
+//! knows HTTP. There is no allow-list.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+/// Rooms anyone may use.
+const LEAVES: [&str; 4] = ["config", "sampling", "shutdown", "formats"];
+
+/// Each room's level: a room may use rooms of a lower level (and the leaves).
+const LEVELS: [(&str, u32); 12] = [
+    ("gpu", 1),
+    ("kv", 1),
+    ("weights", 2),
+    ("tokenizer", 2),
+    ("ops", 3),
+    ("structured", 3),
+    ("model", 4),
+    ("exec", 5),
+    ("kv_events", 5),
+    ("engine", 6),
+    ("server", 7),
+    ("bench", 7),
+];
+
+fn src() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
+}
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            rust_files(&p, out);
+        } else if p.extension().is_some_and(|x| x == "rs") {
+            out.push(p);
+        }
+    }
+}
+
+/// Every room with its files (lib.rs and main.rs are the crate's roots, not rooms).
+fn rooms() -> BTreeMap<String, Vec<PathBuf>> {
+    let mut rooms = BTreeMap::new();
+    for e in std::fs::read_dir(src()).unwrap() {
+        let p = e.unwrap().path();
+        let name = p.file_stem().unwrap().to_string_lossy().to_string();
+        if name == "lib" || name == "main" {
+            continue;
+        }
+        let mut files = Vec::new();
+        if p.is_dir() {
+            rust_files(&p, &mut files);
+        } else {
+            files.push(p);
+        }
+        rooms.insert(name, files);
+    }
+    rooms
+}
+
+/// The code of a file without comments (line comments, and doc comments naming other rooms).
+fn code(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap();
+    text.lines().map(|l| l.split("//").next().unwrap_or("")).collect::<Vec<_>>().join("\n")
+}
+
+/// The rooms a file names through `crate::<room>`.
+fn used(code: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    let mut rest = code;
+    while let Some(i) = rest.find("crate::") {
+        rest = &rest[i + 7..];
+        let name: String = rest.chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+        out.insert(name);
+    }
+    out
+}
+
+fn level(room: &str) -> Option<u32> {
+    LEVELS.iter().find(|(r, _)| *r == room).map(|&(_, l)| l)
+}
+
+/// The header of a room: its mod.rs (or its file), the "May use:" list.
+fn header_may_use(room: &str, files: &[PathBuf]) -> BTreeSet<String> {
+    let head = files.iter().find(|p| p.ends_with("mod.rs") || p.parent() == Some(&src())).unwrap();
+    let text = std::fs::read_to_string(head).unwrap();
+    let lead: Vec<&str> = text.lines().take_while(|l| l.starts_with("//!")).collect();
+    for key in ["//! Owns:", "//! May use:", "//! Never uses:"] {
+        assert!(lead.iter().any(|l| l.starts_with(key)), "{}: the room header has no {key:?} line", head.display());
+    }
+    let may = lead.iter().find(|l| l.starts_with("//! May use:")).unwrap();
+    let list = may.trim_start_matches("//! May use:").trim().trim_end_matches('.');
+    if list == "nothing" {
+        return BTreeSet::new();
+    }
+    let names: BTreeSet<String> = list.split(',').map(|s| s.trim().to_string()).collect();
+    for n in &names {
+        assert!(level(n).is_some() || LEAVES.contains(&n.as_str()), "{room}: its header names {n:?}, not a room");
+    }
+    names
+}
+
+#[test]
+fn every_room_is_known_and_has_a_header() {
+    for (room, files) in rooms() {
+        assert!(level(&room).is_some() || LEAVES.contains(&room.as_str()), "src/{room} is not a room of the rule");
+        header_may_use(&room, &files);
+    }
+}
+
+#[test]
+fn rooms_use_only_rooms_below_them_and_their_header_says_so() {
+    let rooms = rooms();
+    let mut broken = Vec::new();
+    for (room, files) in &rooms {
+        let may = header_may_use(room, files);
+        for f in files {
+            for u in used(&code(f)) {
+                if &u == room || !rooms.contains_key(&u) {
+                    continue;
+                }
+                let below = match (level(room), level(&u)) {
+                    _ if LEAVES.contains(&u.as_str()) => !LEAVES.contains(&room.as_str()),
+                    (Some(a), Some(b)) => b < a,
+                    // A leaf uses no other room.
+                    (None, _) => false,
+                    (Some(_), None) => false,
+                };
+                if !below {
+                    broken.push(format!("{} uses {u}, which is not below {room}", f.display()));
+                }
+                if !may.contains(&u) {
+                    broken.push(format!("{} uses {u}, which the {room} header does not list", f.display()));
+                }
+            }
+        }
+    }
+    assert!(broken.is_empty(), "the room rule is broken:\n{}", broken.join("\n"));
+}
+
+#[test]
+fn the_scheduler_and_the_block_manager_never_see_wgpu() {
+    let mut files = vec![src().join("engine/scheduler.rs"), src().join("engine/sequence.rs")];
+    rust_files(&src().join("kv"), &mut files);
+    for f in files {
+        let c = code(&f);
+        for bad in ["wgpu::", "crate::gpu", "crate::exec", "crate::model", "crate::ops"] {
+            assert!(!c.contains(bad), "{} mentions {bad}", f.display());
+        }
+    }
+}
+
+#[test]
+fn nothing_below_the_server_knows_http() {
+    for (room, files) in rooms() {
+        if room == "server" || room == "bench" {
+            continue;
+        }
+        for f in files {
+            let c = code(&f);
+            for http in ["axum::", "hyper::", "hyper_util::", "tower_http::", "reqwest::"] {
+                assert!(!c.contains(http), "{} uses {http}", f.display());
+            }
+        }
+    }
+}
+
+/// The rule's own test: a file using a room above it is reported.
+#[test]
+fn a_use_of_a_room_above_is_found() {
+    let u = used("use crate::engine::request::Request;\nlet x = crate::server::start;");
+    assert_eq!(u, BTreeSet::from(["engine".to_string(), "server".to_string()]));
+    assert!(level("model").unwrap() < level("engine").unwrap());
+}
