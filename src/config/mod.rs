@@ -8,7 +8,9 @@ use anyhow::{anyhow, bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
+mod args;
 mod choices;
+pub use args::EngineArgs;
 pub use choices::{KernelProfile, KvDtype};
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -241,157 +243,6 @@ pub fn default_model_path() -> std::path::PathBuf {
         return repo;
     }
     local
-}
-
-/// Engine settings shared by the commands that load a model; each overrides the config file.
-#[derive(clap::Args, Clone, Debug, Default)]
-pub struct EngineArgs {
-    /// JSON engine config (see configs/).
-    #[arg(long)]
-    pub config: Option<PathBuf>,
-    /// Hugging Face model directory or .gguf file (default: the SmolLM2 model in models/).
-    #[arg(long)]
-    pub model: Option<String>,
-    /// Adapter index or name substring, as `torus-wgpu adapters` prints.
-    #[arg(long)]
-    pub adapter: Option<String>,
-    #[arg(long)]
-    pub max_sequence_length: Option<usize>,
-    #[arg(long)]
-    pub max_num_batched_tokens: Option<usize>,
-    #[arg(long)]
-    pub max_decode_batch_size: Option<usize>,
-    #[arg(long)]
-    pub max_prefill_batch_size: Option<usize>,
-    /// KV-cache bytes across all layers.
-    #[arg(long)]
-    pub total_cache_size: Option<u64>,
-    #[arg(long)]
-    pub block_size: Option<usize>,
-    /// KV-cache element type: f16 (default) or f32.
-    #[arg(long)]
-    pub kv_cache_dtype: Option<KvDtype>,
-    /// Kernel shapes: auto (cpu on software adapters, gpu elsewhere), cpu or gpu.
-    #[arg(long)]
-    pub kernel_profile: Option<KernelProfile>,
-    #[arg(long)]
-    pub enable_prefix_cache: Option<bool>,
-    /// Default temperature for requests that give none.
-    #[arg(long = "default-temperature")]
-    pub temperature: Option<f32>,
-    #[arg(long = "default-top-p")]
-    pub top_p: Option<f32>,
-    #[arg(long = "default-top-k")]
-    pub top_k: Option<u32>,
-    /// Split the layers into `world_size` pipeline stages.
-    #[arg(long)]
-    pub enable_pipeline_parallel: Option<bool>,
-    #[arg(long)]
-    pub world_size: Option<usize>,
-    /// Shorthand (vLLM's name): enable_pipeline_parallel with this world_size.
-    #[arg(long)]
-    pub pipeline_parallel_size: Option<usize>,
-    /// This worker's stage (`torus-wgpu worker`).
-    #[arg(long)]
-    pub pipeline_rank: Option<usize>,
-    #[arg(long)]
-    pub stage_start_layer: Option<usize>,
-    #[arg(long)]
-    pub stage_end_layer: Option<usize>,
-    /// Seconds a remote stage may take for one step.
-    #[arg(long)]
-    pub stage_timeout_s: Option<f64>,
-    /// Shared secret between the scheduler and its workers (overrides worker_token).
-    #[arg(long, env = "TORUS_WORKER_TOKEN", hide_env_values = true)]
-    pub worker_token: Option<String>,
-    /// PEM certificate chain: a worker's TLS identity, or a scheduler's client certificate.
-    #[arg(long)]
-    pub tls_cert: Option<String>,
-    /// PEM private key of --tls-cert.
-    #[arg(long)]
-    pub tls_key: Option<String>,
-    /// PEM CA: a worker requires client certificates signed by it; a scheduler uses TLS to its
-    /// workers and verifies them against it.
-    #[arg(long)]
-    pub tls_ca: Option<String>,
-    /// Name a scheduler expects in its workers' certificates (default: each address's host).
-    #[arg(long)]
-    pub tls_domain: Option<String>,
-    /// Idle seconds after which another scheduler may take a worker over.
-    #[arg(long)]
-    pub worker_lease_s: Option<f64>,
-    /// Publish KV-cache events (vLLM's format, for KV-aware routers) on a ZeroMQ PUB socket
-    /// bound at tcp://HOST:PORT (default: off).
-    #[arg(long)]
-    pub kv_events_endpoint: Option<String>,
-    /// The KV-cache events' ZeroMQ topic (default: empty, as vLLM's).
-    #[arg(long)]
-    pub kv_events_topic: Option<String>,
-    /// Connect the KV-events PUB socket to the endpoint (a subscriber that binds, as llm-d's
-    /// endpoint picker) instead of binding it.
-    #[arg(long)]
-    pub kv_events_connect: bool,
-}
-
-impl EngineArgs {
-    /// The config file (or defaults) with every given flag applied, validated.
-    pub fn resolve(&self) -> Result<EngineConfig> {
-        let mut c = match &self.config {
-            Some(p) => EngineConfig::from_file(p)?,
-            None => EngineConfig::default(),
-        };
-        if self.model.is_some() {
-            c.model = self.model.clone();
-        }
-        if self.adapter.is_some() {
-            c.adapter = self.adapter.clone();
-        }
-        c.max_sequence_length = self.max_sequence_length.unwrap_or(c.max_sequence_length);
-        c.max_num_batched_tokens = self.max_num_batched_tokens.unwrap_or(c.max_num_batched_tokens);
-        c.max_decode_batch_size = self.max_decode_batch_size.unwrap_or(c.max_decode_batch_size);
-        c.max_prefill_batch_size = self.max_prefill_batch_size.unwrap_or(c.max_prefill_batch_size);
-        c.total_cache_size = self.total_cache_size.unwrap_or(c.total_cache_size);
-        c.block_size = self.block_size.unwrap_or(c.block_size);
-        c.kv_cache_dtype = self.kv_cache_dtype.unwrap_or(c.kv_cache_dtype);
-        c.kernel_profile = self.kernel_profile.unwrap_or(c.kernel_profile);
-        c.enable_prefix_cache = self.enable_prefix_cache.unwrap_or(c.enable_prefix_cache);
-        c.temperature = self.temperature.unwrap_or(c.temperature);
-        c.top_p = self.top_p.unwrap_or(c.top_p);
-        c.top_k = self.top_k.unwrap_or(c.top_k);
-        c.enable_pipeline_parallel = self.enable_pipeline_parallel.unwrap_or(c.enable_pipeline_parallel);
-        c.world_size = self.world_size.unwrap_or(c.world_size);
-        if let Some(n) = self.pipeline_parallel_size {
-            c.enable_pipeline_parallel = n > 1;
-            c.world_size = n;
-        }
-        c.pipeline_rank = self.pipeline_rank.unwrap_or(c.pipeline_rank);
-        c.stage_start_layer = self.stage_start_layer.or(c.stage_start_layer);
-        c.stage_end_layer = self.stage_end_layer.or(c.stage_end_layer);
-        c.stage_timeout_s = self.stage_timeout_s.unwrap_or(c.stage_timeout_s);
-        if let Some(t) = &self.worker_token {
-            c.worker_token = Some(Secret(t.clone()));
-        }
-        for (key, arg) in [
-            (&mut c.tls_cert, &self.tls_cert),
-            (&mut c.tls_key, &self.tls_key),
-            (&mut c.tls_ca, &self.tls_ca),
-            (&mut c.tls_domain, &self.tls_domain),
-        ] {
-            if arg.is_some() {
-                *key = arg.clone();
-            }
-        }
-        c.worker_lease_s = self.worker_lease_s.unwrap_or(c.worker_lease_s);
-        if self.kv_events_endpoint.is_some() {
-            c.kv_events_endpoint = self.kv_events_endpoint.clone();
-        }
-        if let Some(t) = &self.kv_events_topic {
-            c.kv_events_topic = t.clone();
-        }
-        c.kv_events_connect |= self.kv_events_connect;
-        c.validate()?;
-        Ok(c)
-    }
 }
 
 /// The `host:port` of a `tcp://HOST:PORT` endpoint (`*` for the host: every interface).

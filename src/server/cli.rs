@@ -6,6 +6,7 @@ use super::{
     default_max_connections_per_peer, DEFAULT_REQUEST_TIMEOUT_S, DEFAULT_SHUTDOWN_GRACE_S, DEFAULT_SSE_KEEPALIVE_S,
 };
 use super::{DEFAULT_BODY_READ_TIMEOUT_S, DEFAULT_HEADER_READ_TIMEOUT_S, DEFAULT_MAX_CONNECTIONS};
+use super::{DEFAULT_MAX_QUEUED_REQUESTS, DEFAULT_MAX_REQUEST_BODY_BYTES};
 use crate::config::{EngineArgs, EngineConfig};
 use crate::engine::EngineHandle;
 use anyhow::{Context, Result};
@@ -34,10 +35,10 @@ pub struct ServeArgs {
     #[arg(long, value_delimiter = ',')]
     pub allowed_origins: Vec<String>,
     /// Answer 503 (Retry-After) while this many sequences wait for their first token.
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value_t = DEFAULT_MAX_QUEUED_REQUESTS)]
     pub max_queued_requests: usize,
     /// Largest accepted request body in bytes (larger: 413).
-    #[arg(long, default_value_t = 4 << 20)]
+    #[arg(long, default_value_t = DEFAULT_MAX_REQUEST_BODY_BYTES)]
     pub max_request_body_bytes: usize,
     /// Time limit of each completion request in seconds, from its arrival to its last byte
     /// (0: none). Past it the request is aborted: 408, or a streamed `abort` finish and error.

@@ -52,6 +52,10 @@ use std::time::Duration;
 
 /// Most choices (`n`) per request, by default.
 pub const DEFAULT_MAX_N: usize = 16;
+/// Sequences waiting for their first token before new requests get 503.
+pub const DEFAULT_MAX_QUEUED_REQUESTS: usize = 256;
+/// Largest accepted request body (larger: 413).
+pub const DEFAULT_MAX_REQUEST_BODY_BYTES: usize = 4 << 20;
 /// Default `--request-timeout-s`.
 pub const DEFAULT_REQUEST_TIMEOUT_S: u64 = 600;
 /// Default seconds between SSE keep-alive comments before a stream's first token.
@@ -115,8 +119,8 @@ impl ServerConfig {
             model_aliases: Vec::new(),
             allowed_origins: Vec::new(),
             api_key: None,
-            max_queued_requests: 256,
-            max_request_body_bytes: 4 << 20,
+            max_queued_requests: DEFAULT_MAX_QUEUED_REQUESTS,
+            max_request_body_bytes: DEFAULT_MAX_REQUEST_BODY_BYTES,
             max_n: DEFAULT_MAX_N,
             default_temperature: cfg.temperature,
             default_top_p: cfg.top_p,
