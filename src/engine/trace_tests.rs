@@ -34,6 +34,18 @@ fn prompt(start: u32, len: usize) -> Vec<u32> {
     (0..len as u32).map(|i| 100 + (start + i * 13) % 380).collect()
 }
 
+/// The scheduler of the scripted runs: 16 tokens a step, blocks of 4.
+fn sched_cfg(sliding_window: Option<usize>) -> SchedulerConfig {
+    SchedulerConfig {
+        max_num_batched_tokens: 16,
+        max_decode_batch_size: 4,
+        max_prefill_batch_size: 2,
+        max_seq_len: 256,
+        block_size: 4,
+        sliding_window,
+    }
+}
+
 type Out = (u64, UnboundedReceiver<Event>);
 
 fn submit(id: u64, prompt: Vec<u32>, params: RequestParams) -> (Command, Out) {
@@ -102,14 +114,7 @@ fn run(depth: usize) -> (String, Ends, u64) {
     let steps = exec.steps.clone();
     let (tx, rx) = std::sync::mpsc::channel();
     exec.commands = Some(tx.clone());
-    let cfg = SchedulerConfig {
-        max_num_batched_tokens: 16,
-        max_decode_batch_size: 4,
-        max_prefill_batch_size: 2,
-        max_seq_len: 256,
-        block_size: 4,
-        sliding_window: None,
-    };
+    let cfg = sched_cfg(None);
     let metrics = Arc::new(EngineMetrics::default());
     let core = EngineCore::new(Box::new(exec), tok, cfg, true, metrics.clone(), None);
     for c in first {
@@ -181,14 +186,7 @@ fn scripted_run_in_a_pipeline_ends_every_request() {
 #[test]
 fn sliding_window_frees_the_blocks_that_left_it() {
     let exec = Scripted::new(16, 4, 4, 6);
-    let cfg = SchedulerConfig {
-        max_num_batched_tokens: 16,
-        max_decode_batch_size: 4,
-        max_prefill_batch_size: 2,
-        max_seq_len: 256,
-        block_size: 4,
-        sliding_window: Some(8),
-    };
+    let cfg = sched_cfg(Some(8));
     let metrics = Arc::new(EngineMetrics::default());
     let core = EngineCore::new(Box::new(exec), tokenizer(), cfg, true, metrics.clone(), None);
     let (c, (_, mut rx)) = submit(1, prompt(5, 8), params(1, 40));
