@@ -10,8 +10,10 @@ use std::path::{Path, PathBuf};
 
 mod args;
 mod choices;
+mod views;
 pub use args::EngineArgs;
 pub use choices::{KernelProfile, KvDtype};
+pub use views::{BatchBudget, StepBudget};
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]

@@ -155,10 +155,11 @@ impl EngineHandle {
     ) -> anyhow::Result<EngineHandle> {
         let exec = exec.into();
         let limits = exec.limits();
+        let b = cfg.batch_budget(limits.max_tokens);
         let sched = SchedulerConfig {
-            max_num_batched_tokens: cfg.max_num_batched_tokens.min(limits.max_tokens),
-            max_decode_batch_size: cfg.max_decode_batch_size,
-            max_prefill_batch_size: cfg.max_prefill_batch_size,
+            max_num_batched_tokens: b.max_num_batched_tokens,
+            max_decode_batch_size: b.max_decode_batch_size,
+            max_prefill_batch_size: b.max_prefill_batch_size,
             max_seq_len: limits.max_seq_len,
             block_size: limits.block_size,
             sliding_window: limits.sliding_window,

@@ -101,17 +101,19 @@ pub fn configured_stages(cfg: &EngineConfig) -> Vec<StageConfig> {
     }
 }
 
-/// The step limits an engine config asks for, on a model with `model` hyper-parameters.
+/// The step limits an engine config asks for (its step budget), on a model with `model`
+/// hyper-parameters (which caps the sequence length and gives the sliding window).
 pub fn step_limits(cfg: &EngineConfig, model: &ModelConfig) -> StepLimits {
+    let b = cfg.step_budget();
     StepLimits {
-        max_tokens: cfg.max_num_batched_tokens,
-        max_seqs: (cfg.max_decode_batch_size + cfg.max_prefill_batch_size).min(cfg.max_num_batched_tokens).max(1),
-        max_seq_len: cfg.max_sequence_length.min(model.max_positions.max(1)),
-        block_size: cfg.block_size,
-        cache_bytes: cfg.total_cache_size,
+        max_tokens: b.max_tokens,
+        max_seqs: b.max_seqs,
+        max_seq_len: b.max_seq_len.min(model.max_positions.max(1)),
+        block_size: b.block_size,
+        cache_bytes: b.cache_bytes,
         max_binding: 0,
-        kv_dtype: cfg.kv_cache_dtype,
-        profile: cfg.kernel_profile,
+        kv_dtype: b.kv_dtype,
+        profile: b.profile,
         sliding_window: model.sliding_window,
     }
 }

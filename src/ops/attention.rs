@@ -4,7 +4,7 @@
 
 use super::kernels::Kernels;
 use super::rope::kv_entries;
-use super::{bindings, Op, OpKind};
+use super::{bindings, div_up, Dispatch, Op, OpKind, Recorder, StepShape};
 use crate::gpu::shared::gpu_struct;
 use crate::gpu::Gpu;
 
@@ -76,4 +76,40 @@ pub fn attention(
     let bind = kern.attn_family.bind(g, &kv_entries(b.entries(), ATTN_KV, k, v));
     let kind = OpKind::Attention { heads: heads as u32, kv_heads: kv_heads as u32, hd4: (head_dim / 4) as u32 };
     Op { kind, bind, bind_u: None }
+}
+
+/// Key ranges per (token, KV head) of the split attention: enough workgroups to fill a GPU
+/// (about 512), at least 32 keys per range, at most 32 ranges, and partial results that fit
+/// `part_vec4` vec4s (one range writes the output directly).
+pub fn attention_splits(
+    n_tokens: usize,
+    max_keys: usize,
+    (heads, kv_heads, hd4): (usize, usize, usize),
+    part_vec4: usize,
+) -> u32 {
+    let want = 512usize.div_ceil((n_tokens * kv_heads).max(1));
+    let by_keys = max_keys.div_ceil(32);
+    let by_buffer = part_vec4 / (n_tokens * heads * (hd4 + 1)).max(1);
+    want.min(by_keys).min(by_buffer).clamp(1, 32) as u32
+}
+
+/// Attention's grid: on the gpu profile a workgroup per (token, KV head, key range), then the
+/// merge of the ranges; on the cpu profile a thread per (token, head).
+pub(super) fn dispatches<'a>(
+    op: &'a Op,
+    r: &Recorder<'a>,
+    s: &StepShape,
+    (heads, kv_heads, hd4): (u32, u32, u32),
+    mut out: impl FnMut(Dispatch<'a>),
+) {
+    let n = s.n_tokens;
+    match &r.kernels.gpu {
+        Some(gk) => {
+            out(r.folded(&gk.attention, &op.bind, n * kv_heads * s.n_splits));
+            if s.n_splits > 1 {
+                out(r.folded(&gk.combine, &op.bind, div_up(n * heads * hd4, 64)));
+            }
+        }
+        None => out(r.folded(&r.kernels.attention, &op.bind, div_up(n * heads, 32))),
+    }
 }

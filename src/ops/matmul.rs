@@ -2,9 +2,10 @@
 //! SwiGLU, or the up half of an unfused one), and the embedding lookup. Their parameters
 //! (`MatParams`, `EmbedParams`), bindings and constructors.
 
-use super::kernels::Kernels;
-use super::{bindings, Op, OpKind};
+use super::kernels::{plan_x, Kernels, XPlan, GPU_DECODE_NR, GPU_DECODE_TM, GPU_TILE, MATMUL_TILES, MATMUL_WG};
+use super::{bindings, div_up, Dispatch, Op, OpKind, Recorder, StepShape};
 use crate::gpu::shared::gpu_struct;
+use crate::gpu::WFormat;
 use crate::gpu::{Gpu, UNIFORM_X_BYTES};
 use crate::weights::upload::{GpuChunk, GpuMatrix};
 
@@ -175,4 +176,69 @@ pub fn embed(
         params.push(pb);
     }
     (ops, params)
+}
+
+/// The embedding's grid: one thread per (token, 32-element block).
+pub(super) fn embed_dispatches<'a>(
+    op: &'a Op,
+    r: &Recorder<'a>,
+    s: &StepShape,
+    format: WFormat,
+    k_blocks: u32,
+    mut out: impl FnMut(Dispatch<'a>),
+) {
+    out(r.folded(&r.kernels.matmul[&format].embed, &op.bind, div_up(s.n_tokens * k_blocks, 64)));
+}
+
+/// A matmul's dispatches over the step's rows (or its sampled rows): the gpu profile's decode
+/// or tiled kernel; on the cpu profile the register tile for the rows, reading x from storage
+/// or through uniform windows (one dispatch per window).
+pub(super) fn dispatches<'a>(
+    op: &'a Op,
+    r: &Recorder<'a>,
+    s: &StepShape,
+    (format, rows, x_vec4): (WFormat, u32, u32),
+    (sampled, swiglu): (bool, bool),
+    mut out: impl FnMut(Dispatch<'a>),
+) {
+    let k = r.kernels;
+    let m = if sampled { s.n_sample } else { s.n_tokens };
+    if m == 0 {
+        return;
+    }
+    if let Some(gk) = &k.gpu {
+        let p = &gk.matmul[&format];
+        let sw = swiglu as usize;
+        let (pipe, tm, outs) = match GPU_DECODE_TM.iter().position(|&t| t >= m) {
+            Some(i) => (&p.decode[i][sw], GPU_DECODE_TM[i], GPU_DECODE_NR),
+            None => (&p.tiled[sw], GPU_TILE.0, GPU_TILE.1),
+        };
+        let outs = if swiglu { outs / 2 } else { outs };
+        out(r.folded(pipe, &op.bind, div_up(rows, outs) * div_up(m, tm)));
+        return;
+    }
+    let mk = &k.matmul[&format];
+    match (plan_x(m, x_vec4, op.bind_u.is_some(), r.align, r.win_stride), &op.bind_u) {
+        (XPlan::Uniform { tile, windows }, Some(bind_u)) => {
+            let (tm, tn) = MATMUL_TILES[tile];
+            for (x_off, win_off, rows_w) in windows {
+                out(Dispatch {
+                    pipe: mk.get(tile, swiglu, true),
+                    bind: bind_u,
+                    offsets: Some([x_off, win_off]),
+                    grid: (div_up(div_up(rows, tn), MATMUL_WG), div_up(rows_w, tm)),
+                });
+            }
+        }
+        (XPlan::Storage { tile }, _) | (XPlan::Uniform { tile, .. }, None) => {
+            let tile = r.tile_override.unwrap_or(tile);
+            let (tm, tn) = MATMUL_TILES[tile];
+            out(Dispatch {
+                pipe: mk.get(tile, swiglu, false),
+                bind: &op.bind,
+                offsets: None,
+                grid: (div_up(div_up(rows, tn), MATMUL_WG), div_up(m, tm)),
+            });
+        }
+    }
 }

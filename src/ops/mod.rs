@@ -26,6 +26,8 @@ pub mod rope;
 pub mod sample;
 pub mod sources;
 
+pub use attention::attention_splits;
+
 /// Declares a kernel family's bindings by name: a struct of buffers whose fields are the
 /// shader's variable names, each with its access and binding number. `SLOTS` gives the bind-group
 /// layout, `entries` the bind group; binding_tests checks both against the assembled shaders.
@@ -57,7 +59,7 @@ pub(crate) fn layout_of(slots: &[(u32, &str, crate::gpu::family::Slot)]) -> Vec<
 use crate::config::KernelProfile;
 use crate::gpu::wformat::WFormat;
 use crate::gpu::Gpu;
-use crate::ops::kernels::{plan_x, Kernels, XPlan, GPU_DECODE_NR, GPU_DECODE_TM, GPU_TILE, MATMUL_TILES, MATMUL_WG};
+use crate::ops::kernels::Kernels;
 
 /// What an op computes, with the sizes its grid depends on.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -174,110 +176,38 @@ impl<'a> Recorder<'a> {
         }
     }
 
-    fn folded<'b>(&self, pipe: &'b wgpu::ComputePipeline, bind: &'b wgpu::BindGroup, groups: u32) -> Dispatch<'b> {
+    pub(crate) fn folded<'b>(
+        &self,
+        pipe: &'b wgpu::ComputePipeline,
+        bind: &'b wgpu::BindGroup,
+        groups: u32,
+    ) -> Dispatch<'b> {
         Dispatch { pipe, bind, offsets: None, grid: self.gpu.fold(groups) }
     }
 }
 
-/// Key ranges per (token, KV head) of the split attention: enough workgroups to fill a GPU
-/// (about 512), at least 32 keys per range, at most 32 ranges, and partial results that fit
-/// `part_vec4` vec4s (one range writes the output directly).
-pub fn attention_splits(
-    n_tokens: usize,
-    max_keys: usize,
-    (heads, kv_heads, hd4): (usize, usize, usize),
-    part_vec4: usize,
-) -> u32 {
-    let want = 512usize.div_ceil((n_tokens * kv_heads).max(1));
-    let by_keys = max_keys.div_ceil(32);
-    let by_buffer = part_vec4 / (n_tokens * heads * (hd4 + 1)).max(1);
-    want.min(by_keys).min(by_buffer).clamp(1, 32) as u32
-}
-
-fn div_up(a: u32, b: u32) -> u32 {
+pub(crate) fn div_up(a: u32, b: u32) -> u32 {
     a.div_ceil(b)
 }
 
 impl Op {
     /// Hands this op's dispatches for a step of shape `s` to `out` (none where it has no rows):
     /// the forward step records them straight into its compute pass, with no per-step
-    /// allocation.
-    pub fn dispatches<'a>(&'a self, r: &Recorder<'a>, s: &StepShape, mut out: impl FnMut(Dispatch<'a>)) {
-        let k = r.kernels;
-        let (n, ns) = (s.n_tokens, s.n_sample);
+    /// allocation. Each family computes its own grid.
+    pub fn dispatches<'a>(&'a self, r: &Recorder<'a>, s: &StepShape, out: impl FnMut(Dispatch<'a>)) {
         match self.kind {
-            OpKind::Embed { format, k_blocks } => {
-                out(r.folded(&k.matmul[&format].embed, &self.bind, div_up(n * k_blocks, 64)));
-            }
+            OpKind::Embed { format, k_blocks } => matmul::embed_dispatches(self, r, s, format, k_blocks, out),
             OpKind::Matmul { format, rows, x_vec4, sampled, swiglu } => {
-                let m = if sampled { ns } else { n };
-                if m == 0 {
-                    return;
-                }
-                if let Some(gk) = &k.gpu {
-                    let p = &gk.matmul[&format];
-                    let sw = swiglu as usize;
-                    let (pipe, tm, outs) = match GPU_DECODE_TM.iter().position(|&t| t >= m) {
-                        Some(i) => (&p.decode[i][sw], GPU_DECODE_TM[i], GPU_DECODE_NR),
-                        None => (&p.tiled[sw], GPU_TILE.0, GPU_TILE.1),
-                    };
-                    let outs = if swiglu { outs / 2 } else { outs };
-                    out(r.folded(pipe, &self.bind, div_up(rows, outs) * div_up(m, tm)));
-                    return;
-                }
-                let mk = &k.matmul[&format];
-                match (plan_x(m, x_vec4, self.bind_u.is_some(), r.align, r.win_stride), &self.bind_u) {
-                    (XPlan::Uniform { tile, windows }, Some(bind_u)) => {
-                        // x read through uniform windows: one dispatch per window.
-                        let (tm, tn) = MATMUL_TILES[tile];
-                        for (x_off, win_off, rows_w) in windows {
-                            out(Dispatch {
-                                pipe: mk.get(tile, swiglu, true),
-                                bind: bind_u,
-                                offsets: Some([x_off, win_off]),
-                                grid: (div_up(div_up(rows, tn), MATMUL_WG), div_up(rows_w, tm)),
-                            });
-                        }
-                    }
-                    (XPlan::Storage { tile }, _) | (XPlan::Uniform { tile, .. }, None) => {
-                        let tile = r.tile_override.unwrap_or(tile);
-                        let (tm, tn) = MATMUL_TILES[tile];
-                        out(Dispatch {
-                            pipe: mk.get(tile, swiglu, false),
-                            bind: &self.bind,
-                            offsets: None,
-                            grid: (div_up(div_up(rows, tn), MATMUL_WG), div_up(m, tm)),
-                        });
-                    }
-                }
+                matmul::dispatches(self, r, s, (format, rows, x_vec4), (sampled, swiglu), out)
             }
-            OpKind::Norm { sampled } => {
-                let m = if sampled { ns } else { n };
-                if m > 0 {
-                    out(r.folded(&k.rmsnorm, &self.bind, m));
-                }
+            OpKind::Norm { sampled } => norm::norm_dispatches(self, r, s, sampled, out),
+            OpKind::HeadNorm { heads } => norm::head_norm_dispatches(self, r, s, heads, out),
+            OpKind::RopeKv { threads } => rope::dispatches(self, r, s, threads, out),
+            OpKind::Attention { heads, kv_heads, hd4 } => {
+                attention::dispatches(self, r, s, (heads, kv_heads, hd4), out)
             }
-            OpKind::HeadNorm { heads } => out(r.folded(&k.head_norm, &self.bind, div_up(n * heads, 64))),
-            OpKind::RopeKv { threads } => out(r.folded(&k.rope_kv, &self.bind, div_up(n * threads, 64))),
-            OpKind::Attention { heads, kv_heads, hd4 } => match &k.gpu {
-                Some(gk) => {
-                    out(r.folded(&gk.attention, &self.bind, n * kv_heads * s.n_splits));
-                    if s.n_splits > 1 {
-                        out(r.folded(&gk.combine, &self.bind, div_up(n * heads * hd4, 64)));
-                    }
-                }
-                None => out(r.folded(&k.attention, &self.bind, div_up(n * heads, 32))),
-            },
-            OpKind::LogitAdjust => {
-                if ns > 0 && s.any_adjust {
-                    out(r.folded(&k.logit_adjust, &self.bind, ns));
-                }
-            }
-            OpKind::Sample => {
-                if ns > 0 {
-                    out(r.folded(&k.sample, &self.bind, ns));
-                }
-            }
+            OpKind::LogitAdjust => sample::logit_adjust_dispatches(self, r, s, out),
+            OpKind::Sample => sample::sample_dispatches(self, r, s, out),
         }
     }
 }

@@ -2,7 +2,7 @@
 //! Qwen3: parameters, bindings and constructors.
 
 use super::kernels::Kernels;
-use super::{bindings, Op, OpKind};
+use super::{bindings, div_up, Dispatch, Op, OpKind, Recorder, StepShape};
 use crate::gpu::shared::gpu_struct;
 use crate::gpu::Gpu;
 
@@ -86,4 +86,29 @@ pub fn norm(k: &Kernels, g: &Gpu, b: &NormBinds, sampled: bool) -> Op {
 /// The per-head q/k norm op over `heads` query + KV heads.
 pub fn head_norm(k: &Kernels, g: &Gpu, b: &HeadNormBinds, heads: usize) -> Op {
     Op { kind: OpKind::HeadNorm { heads: heads as u32 }, bind: k.head_norm_family.bind(g, &b.entries()), bind_u: None }
+}
+
+/// RMSNorm's grid: a workgroup per row.
+pub(super) fn norm_dispatches<'a>(
+    op: &'a Op,
+    r: &Recorder<'a>,
+    s: &StepShape,
+    sampled: bool,
+    mut out: impl FnMut(Dispatch<'a>),
+) {
+    let m = if sampled { s.n_sample } else { s.n_tokens };
+    if m > 0 {
+        out(r.folded(&r.kernels.rmsnorm, &op.bind, m));
+    }
+}
+
+/// The q/k norm's grid: a thread per (token, head).
+pub(super) fn head_norm_dispatches<'a>(
+    op: &'a Op,
+    r: &Recorder<'a>,
+    s: &StepShape,
+    heads: u32,
+    mut out: impl FnMut(Dispatch<'a>),
+) {
+    out(r.folded(&r.kernels.head_norm, &op.bind, div_up(s.n_tokens * heads, 64)));
 }

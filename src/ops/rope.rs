@@ -3,7 +3,7 @@
 
 use super::kernels::Kernels;
 use super::sources::{KV_K_CHUNK_BINDING, KV_V_CHUNK_BINDING};
-use super::{bindings, Op, OpKind};
+use super::{bindings, div_up, Dispatch, Op, OpKind, Recorder, StepShape};
 use crate::gpu::shared::gpu_struct;
 use crate::gpu::Gpu;
 
@@ -99,4 +99,15 @@ pub(crate) fn kv_entries<'a>(
         entries.extend([(ki, kb), (vi, vb)]);
     }
     entries
+}
+
+/// RoPE + KV write's grid: `threads` per token.
+pub(super) fn dispatches<'a>(
+    op: &'a Op,
+    r: &Recorder<'a>,
+    s: &StepShape,
+    threads: u32,
+    mut out: impl FnMut(Dispatch<'a>),
+) {
+    out(r.folded(&r.kernels.rope_kv, &op.bind, div_up(s.n_tokens * threads, 64)));
 }

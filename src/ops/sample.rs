@@ -3,7 +3,7 @@
 //! The per-row parameters are the 16-word rows of `sampling::row`.
 
 use super::kernels::Kernels;
-use super::{bindings, Op, OpKind};
+use super::{bindings, Dispatch, Op, OpKind, Recorder, StepShape};
 use crate::gpu::shared::gpu_struct;
 use crate::gpu::Gpu;
 
@@ -47,4 +47,23 @@ pub fn logit_adjust(k: &Kernels, g: &Gpu, b: &AdjustBinds) -> Op {
 
 pub fn sample(k: &Kernels, g: &Gpu, b: &SampleBinds) -> Op {
     Op { kind: OpKind::Sample, bind: k.sample_family.bind(g, &b.entries()), bind_u: None }
+}
+
+/// The adjustments' grid: a workgroup per sampled row, when any row has adjustments.
+pub(super) fn logit_adjust_dispatches<'a>(
+    op: &'a Op,
+    r: &Recorder<'a>,
+    s: &StepShape,
+    mut out: impl FnMut(Dispatch<'a>),
+) {
+    if s.n_sample > 0 && s.any_adjust {
+        out(r.folded(&r.kernels.logit_adjust, &op.bind, s.n_sample));
+    }
+}
+
+/// The sampler's grid: a workgroup per sampled row.
+pub(super) fn sample_dispatches<'a>(op: &'a Op, r: &Recorder<'a>, s: &StepShape, mut out: impl FnMut(Dispatch<'a>)) {
+    if s.n_sample > 0 {
+        out(r.folded(&r.kernels.sample, &op.bind, s.n_sample));
+    }
 }
