@@ -16,10 +16,6 @@ impl Inline {
         Inline { model: Box::new(model), done: VecDeque::new() }
     }
 
-    pub fn into_model(self) -> Model {
-        *self.model
-    }
-
     /// Runs a step, `before` first (test faults), and queues its result. A panic in the step
     /// (a bug, a driver failure surfacing as one) fails this step's requests; the engine goes on
     /// with the next.

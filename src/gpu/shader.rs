@@ -34,6 +34,15 @@ impl Shader {
         self
     }
 
+    /// `fill` where `cond` holds (a placeholder only one variant of a template has).
+    pub fn fill_if(self, cond: bool, name: &str, value: impl std::fmt::Display) -> Shader {
+        if cond {
+            self.fill(name, value)
+        } else {
+            self
+        }
+    }
+
     /// The whole source, or why the template and its values do not match.
     pub fn build(self) -> Result<String> {
         let mut src = self.prefix.join("\n");

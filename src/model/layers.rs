@@ -132,7 +132,8 @@ pub(crate) fn load_layers(
     let (first, last) = (range.start == 0, range.end == cfg.layers);
     let tied = !w.has(n.lm_head);
     let embed = if first || (last && tied) { Some(w.matrix(n.embed, cfg.vocab, h)?) } else { None };
-    let (q_perm, k_perm) = (unpermute_qk_rows(cfg.heads, cfg.head_dim), unpermute_qk_rows(cfg.kv_heads, cfg.head_dim));
+    let perms = unpermute_qk
+        .then(|| (unpermute_qk_rows(cfg.heads, cfg.head_dim), unpermute_qk_rows(cfg.kv_heads, cfg.head_dim)));
     let mut layers = Vec::with_capacity(range.len());
     let first_layer = range.start;
     for l in range {
@@ -140,9 +141,9 @@ pub(crate) fn load_layers(
         let p = n.layer.replace("{l}", &l.to_string());
         let t = |name: &str| format!("{p}.{name}");
         let (mut wq, mut wk) = (w.matrix(&t(n.q), q, h)?, w.matrix(&t(n.k), kv, h)?);
-        if unpermute_qk {
-            wq = wq.permute_rows(&q_perm);
-            wk = wk.permute_rows(&k_perm);
+        if let Some((q_perm, k_perm)) = &perms {
+            wq = wq.permute_rows(q_perm);
+            wk = wk.permute_rows(k_perm);
         }
         let qkv_bias = if cfg.qkv_bias {
             let mut b = w.vector(&t(n.q_bias), q)?;

@@ -8,21 +8,6 @@ use crate::gpu::shader::Shader;
 use crate::gpu::wformat::WFormat;
 use anyhow::Result;
 
-/// The matmul templates' `{{UX}}` only appears in the uniform-window variant.
-trait FillIf {
-    fn fill_if(self, cond: bool, name: &str, value: impl std::fmt::Display) -> Self;
-}
-
-impl FillIf for Shader {
-    fn fill_if(self, cond: bool, name: &str, value: impl std::fmt::Display) -> Shader {
-        if cond {
-            self.fill(name, value)
-        } else {
-            self
-        }
-    }
-}
-
 /// Binding of chunk c >= 1 of a layer's K cache (chunk 0 keeps the kernel's own binding); V
 /// chunks at KV_V_CHUNK_BINDING + c. A layer's cache larger than one storage binding spans
 /// several buffers of whole KV blocks.

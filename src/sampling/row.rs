@@ -5,20 +5,34 @@
 pub const SAMPLE_PARAMS_STRIDE: usize = 16;
 /// The words of a row, by name: `SampleParams::words` writes them at these indices, and the
 /// sampler's shaders read them by the same names (`wgsl_constants`), e.g. `md[pb + W_TOP_P]`.
+pub const W_TEMPERATURE: usize = 0;
+pub const W_TOP_P: usize = 1;
+pub const W_TOP_K: usize = 2;
+pub const W_U: usize = 3;
+pub const W_REPETITION: usize = 4;
+pub const W_FREQUENCY: usize = 5;
+pub const W_PRESENCE: usize = 6;
+pub const W_N_TOP: usize = 7;
+pub const W_ADJ_START: usize = 8;
+pub const W_ADJ_LEN: usize = 9;
+pub const W_MIN_P: usize = 10;
+pub const W_MASK: usize = 11;
+pub const W_FORCE: usize = 12;
+/// Every named word, for the WGSL declarations.
 pub const ROW_WORDS: [(&str, usize); 13] = [
-    ("W_TEMPERATURE", 0),
-    ("W_TOP_P", 1),
-    ("W_TOP_K", 2),
-    ("W_U", 3),
-    ("W_REPETITION", 4),
-    ("W_FREQUENCY", 5),
-    ("W_PRESENCE", 6),
-    ("W_N_TOP", 7),
-    ("W_ADJ_START", 8),
-    ("W_ADJ_LEN", 9),
-    ("W_MIN_P", 10),
-    ("W_MASK", 11),
-    ("W_FORCE", 12),
+    ("W_TEMPERATURE", W_TEMPERATURE),
+    ("W_TOP_P", W_TOP_P),
+    ("W_TOP_K", W_TOP_K),
+    ("W_U", W_U),
+    ("W_REPETITION", W_REPETITION),
+    ("W_FREQUENCY", W_FREQUENCY),
+    ("W_PRESENCE", W_PRESENCE),
+    ("W_N_TOP", W_N_TOP),
+    ("W_ADJ_START", W_ADJ_START),
+    ("W_ADJ_LEN", W_ADJ_LEN),
+    ("W_MIN_P", W_MIN_P),
+    ("W_MASK", W_MASK),
+    ("W_FORCE", W_FORCE),
 ];
 /// The logit a token mask gives every token it does not allow (structured outputs): below any
 /// real logit, so neither the argmax nor a draw ever picks it (its probability is exp(-3e38)).
@@ -42,33 +56,6 @@ pub fn wgsl_constants() -> String {
         s += &format!("const {name}: u32 = {i}u;\n");
     }
     s
-}
-
-/// The index of a named row word.
-const fn word(name: &str) -> usize {
-    let mut i = 0;
-    while i < ROW_WORDS.len() {
-        if const_eq(ROW_WORDS[i].0, name) {
-            return ROW_WORDS[i].1;
-        }
-        i += 1;
-    }
-    panic!("no such row word")
-}
-
-const fn const_eq(a: &str, b: &str) -> bool {
-    let (a, b) = (a.as_bytes(), b.as_bytes());
-    if a.len() != b.len() {
-        return false;
-    }
-    let mut i = 0;
-    while i < a.len() {
-        if a[i] != b[i] {
-            return false;
-        }
-        i += 1;
-    }
-    true
 }
 
 /// Most logit-bias entries one request may carry.
@@ -143,22 +130,22 @@ impl SampleParams {
     /// mask, if any, follows them).
     pub(crate) fn words(&self, adj_start: u32) -> [u32; SAMPLE_PARAMS_STRIDE] {
         let mut w = [0u32; SAMPLE_PARAMS_STRIDE];
-        w[word("W_TEMPERATURE")] = self.temperature.to_bits();
-        w[word("W_TOP_P")] = self.top_p.to_bits();
-        w[word("W_TOP_K")] = self.top_k;
-        w[word("W_U")] = self.u.to_bits();
-        w[word("W_REPETITION")] = self.repetition_penalty.to_bits();
-        w[word("W_FREQUENCY")] = self.frequency_penalty.to_bits();
-        w[word("W_PRESENCE")] = self.presence_penalty.to_bits();
-        w[word("W_N_TOP")] = self.n_top.min(MAX_TOP_LOGPROBS as u32);
-        w[word("W_ADJ_START")] = adj_start;
-        w[word("W_ADJ_LEN")] = self.adjust.len() as u32;
-        w[word("W_MIN_P")] = self.min_p.to_bits();
-        w[word("W_MASK")] = match self.mask {
+        w[W_TEMPERATURE] = self.temperature.to_bits();
+        w[W_TOP_P] = self.top_p.to_bits();
+        w[W_TOP_K] = self.top_k;
+        w[W_U] = self.u.to_bits();
+        w[W_REPETITION] = self.repetition_penalty.to_bits();
+        w[W_FREQUENCY] = self.frequency_penalty.to_bits();
+        w[W_PRESENCE] = self.presence_penalty.to_bits();
+        w[W_N_TOP] = self.n_top.min(MAX_TOP_LOGPROBS as u32);
+        w[W_ADJ_START] = adj_start;
+        w[W_ADJ_LEN] = self.adjust.len() as u32;
+        w[W_MIN_P] = self.min_p.to_bits();
+        w[W_MASK] = match self.mask {
             Some(_) => adj_start + self.adjust.len() as u32,
             None => NO_MASK,
         };
-        w[word("W_FORCE")] = self.force.unwrap_or(NO_FORCE);
+        w[W_FORCE] = self.force.unwrap_or(NO_FORCE);
         w
     }
 }
