@@ -246,18 +246,25 @@ fn run(cli: Cli) -> Result<()> {
                 let f = a.features;
                 let has = |x: wgpu::Features| if f.contains(x) { "yes" } else { "no" };
                 println!(
-                    "    shader-f16: {}  subgroups: {} (size {}..{})  timestamps: {}",
+                    "    shader-f16: {}  subgroups: {} (size {}..{})  timestamps: {} ({})",
                     has(wgpu::Features::SHADER_F16),
                     has(wgpu::Features::SUBGROUP),
                     i.subgroup_min_size,
                     i.subgroup_max_size,
-                    has(wgpu::Features::TIMESTAMP_QUERY)
+                    has(wgpu::Features::TIMESTAMP_QUERY),
+                    torus_wgpu::gpu::timing::TimestampMode::of(f).name()
                 );
                 println!(
-                    "    max storage binding: {} MiB  max buffer: {} MiB  max workgroup invocations: {}",
+                    "    cooperative matrices (wgpu experimental): {}",
+                    has(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX)
+                );
+                println!(
+                    "    max storage binding: {} MiB  max buffer: {} MiB  max workgroup invocations: {}  \
+                     workgroup memory: {} KiB",
                     a.limits.max_storage_buffer_binding_size >> 20,
                     a.limits.max_buffer_size >> 20,
-                    a.limits.max_compute_invocations_per_workgroup
+                    a.limits.max_compute_invocations_per_workgroup,
+                    a.limits.max_compute_workgroup_storage_size >> 10
                 );
                 match a.memory {
                     Some(m) => println!("    device-local memory: {} MiB", m >> 20),

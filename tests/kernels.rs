@@ -451,6 +451,36 @@ fn rope_and_paged_attention_with_gqa() {
     }
 }
 
+/// An f16 KV cache clamps values beyond f16's range to the largest finite half instead of
+/// storing infinities: a token attending only to itself gets its (clamped) value row back, in
+/// both profiles.
+#[test]
+fn f16_kv_cache_clamps_out_of_range_values() {
+    let (heads, kv_heads, head_dim) = (2, 1, 16);
+    for profile in [KernelProfile::Cpu, KernelProfile::Gpu] {
+        let h = Harness::attention_only(gpu(), (head_dim as u32, 2), KvDtype::F16, 1, profile).unwrap();
+        let rig = h.attn_rig(AttnShape { heads, kv_heads, head_dim, block_size: 4 }, 4, 8, 10000.0);
+        let qkv_dim = (heads + 2 * kv_heads) * head_dim;
+        let mut qkv = vec![0.5f32; qkv_dim];
+        // v: one element far above f16's range, one far below, one in range.
+        let v0 = (heads + kv_heads) * head_dim;
+        qkv[v0] = 1.0e6;
+        qkv[v0 + 1] = -3.0e5;
+        qkv[v0 + 2] = 1234.0;
+        // k: huge too (scores stay finite only if it is clamped).
+        qkv[heads * head_dim] = 1.0e9;
+        let s = AttnStep { positions: vec![0], slots: vec![0], seq_of_token: vec![0], block_tables: vec![vec![0]] };
+        let (_, out) = h.rope_attention(&rig, &qkv, &s).unwrap();
+        assert!(out.iter().all(|x| x.is_finite()), "{profile:?}: non-finite attention output {out:?}");
+        for hh in 0..heads {
+            let o = &out[hh * head_dim..(hh + 1) * head_dim];
+            assert_eq!(o[0], 65504.0, "{profile:?} head {hh}");
+            assert_eq!(o[1], -65504.0, "{profile:?} head {hh}");
+            assert_eq!(o[2], 1234.0, "{profile:?} head {hh}");
+        }
+    }
+}
+
 /// Qwen3's per-head q/k RMSNorm: q heads and k heads normalised with their own weights, v
 /// untouched.
 #[test]

@@ -9,6 +9,7 @@
 //! May use: config, exec, model, ops, weights, gpu, formats, tokenizer, sampling.
 //! Never uses: server, engine internals.
 
+pub mod kernels;
 pub mod metrics;
 pub mod model;
 pub mod profiles;

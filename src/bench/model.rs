@@ -4,6 +4,7 @@
 //! one long prompt. Made for synthetic models (`torus-wgpu synth-model`) on machines with a GPU
 //! but no model files; any model file works.
 
+use crate::bench::kernels::{format_runs, KernelProfileRun};
 use crate::config::{EngineArgs, EngineConfig};
 use crate::gpu::Gpu;
 use crate::model::config::ModelConfig;
@@ -46,6 +47,13 @@ pub struct BenchModelArgs {
     /// Seed of the random prompt tokens.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Then profile each shape (decode at each batch size, the prefill): the GPU time, bytes and
+    /// FLOPs of every op label per step, from timestamp queries where the adapter has them.
+    #[arg(long)]
+    pub profile_kernels: bool,
+    /// Decode steps profiled per batch size (the prefill is profiled whole).
+    #[arg(long, default_value_t = 4)]
+    pub profile_steps: usize,
 }
 
 /// The adapter a measurement ran on.
@@ -152,6 +160,9 @@ pub struct BenchModelReport {
     pub max_num_batched_tokens: usize,
     pub decode: Vec<DecodeResult>,
     pub prefill: Option<PrefillResult>,
+    /// With --profile-kernels: where each shape's step time goes.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub kernel_timing: Vec<KernelProfileRun>,
 }
 
 /// Sizes the engine settings `args` leaves unset for a run: max_decode_batch_size (the
@@ -251,15 +262,15 @@ fn prefill_packed(model: &mut Model, seqs: &[(Vec<u32>, Vec<u32>)]) -> Result<Ve
 }
 
 /// Decode speed with `batch` sequences: each gets a prompt of `prompt_tokens` random tokens,
-/// then `warmup` untimed and `steps` timed greedy decode steps of one token per sequence.
+/// then `warmup` untimed and `steps` timed greedy decode steps of one token per sequence. With
+/// `profile`, the timed steps run with the per-kernel profile on.
 pub fn measure_decode(
     model: &mut Model,
     batch: usize,
-    prompt_tokens: usize,
-    warmup: usize,
-    steps: usize,
+    (prompt_tokens, warmup, steps): (usize, usize, usize),
     rng: &mut XorShift64,
-) -> Result<DecodeResult> {
+    profile: bool,
+) -> Result<(DecodeResult, Option<KernelProfileRun>)> {
     let lim = model.limits;
     if batch == 0 || batch > lim.max_seqs {
         bail!("batch {batch} is outside 1..={} (max_decode_batch_size)", lim.max_seqs);
@@ -288,6 +299,7 @@ pub fn measure_decode(
     let mut t0 = Instant::now();
     for s in 0..warmup + steps {
         if s == warmup {
+            model.set_profiling(profile);
             t0 = Instant::now();
         }
         let pos = prompt_tokens.max(1) + s;
@@ -303,18 +315,27 @@ pub fn measure_decode(
         last = model.step(&step)?.iter().map(|r| r.id).collect();
     }
     let seconds = t0.elapsed().as_secs_f64().max(1e-9);
-    Ok(DecodeResult {
+    let run = model.profile().map(|p| KernelProfileRun::new("decode", batch, &p, seconds));
+    model.set_profiling(false);
+    let r = DecodeResult {
         batch,
         steps,
         seconds,
         tok_s: (batch * steps) as f64 / seconds,
         weight_gb_s: model.plan.weights as f64 * steps as f64 / seconds / 1e9,
-    })
+    };
+    Ok((r, run))
 }
 
 /// Prefill speed of one prompt of `tokens` random tokens, in steps of at most
-/// max_num_batched_tokens tokens (the last samples one token).
-pub fn measure_prefill(model: &mut Model, tokens: usize, rng: &mut XorShift64) -> Result<PrefillResult> {
+/// max_num_batched_tokens tokens (the last samples one token); with `profile`, with the
+/// per-kernel profile on.
+pub fn measure_prefill(
+    model: &mut Model,
+    tokens: usize,
+    rng: &mut XorShift64,
+    profile: bool,
+) -> Result<(PrefillResult, Option<KernelProfileRun>)> {
     let lim = model.limits;
     if tokens == 0 || tokens > lim.max_seq_len {
         bail!("a prefill of {tokens} tokens is outside 1..={} (max_sequence_length)", lim.max_seq_len);
@@ -325,6 +346,7 @@ pub fn measure_prefill(model: &mut Model, tokens: usize, rng: &mut XorShift64) -
     }
     let table: Vec<u32> = (0..blocks as u32).collect();
     let prompt = random_tokens(rng, tokens, model.cfg.vocab);
+    model.set_profiling(profile);
     let t0 = Instant::now();
     let mut steps = 0;
     for c0 in (0..tokens).step_by(lim.max_tokens) {
@@ -343,7 +365,9 @@ pub fn measure_prefill(model: &mut Model, tokens: usize, rng: &mut XorShift64) -
         steps += 1;
     }
     let seconds = t0.elapsed().as_secs_f64().max(1e-9);
-    Ok(PrefillResult { tokens, steps, seconds, tok_s: tokens as f64 / seconds })
+    let run = model.profile().map(|p| KernelProfileRun::new("prefill", tokens, &p, seconds));
+    model.set_profiling(false);
+    Ok((PrefillResult { tokens, steps, seconds, tok_s: tokens as f64 / seconds }, run))
 }
 
 /// Loads the model and measures everything `args` asks for.
@@ -369,16 +393,32 @@ pub fn bench_model(args: &BenchModelArgs) -> Result<BenchModelReport> {
     drop(host);
     let mut rng = XorShift64::new(args.seed);
     let mut decode = Vec::new();
+    let sizes = (args.prompt_tokens, args.warmup_steps, args.decode_steps);
     for &b in &args.batches {
-        let r = measure_decode(&mut model, b, args.prompt_tokens, args.warmup_steps, args.decode_steps, &mut rng)
-            .with_context(|| format!("decode at batch {b}"))?;
+        let (r, _) =
+            measure_decode(&mut model, b, sizes, &mut rng, false).with_context(|| format!("decode at batch {b}"))?;
         eprintln!("batch {b}: {:.2} tok/s", r.tok_s);
         decode.push(r);
     }
     let prefill = match args.prefill_tokens {
         0 => None,
-        n => Some(measure_prefill(&mut model, n, &mut rng).context("prefill")?),
+        n => Some(measure_prefill(&mut model, n, &mut rng, false).context("prefill")?.0),
     };
+    // The profiled runs come after the timed ones, which the timestamps do not disturb.
+    let mut kernel_timing = Vec::new();
+    if args.profile_kernels {
+        let sizes = (args.prompt_tokens, 1, args.profile_steps.max(1));
+        for &b in &args.batches {
+            let (_, run) = measure_decode(&mut model, b, sizes, &mut rng, true)
+                .with_context(|| format!("profiling decode at batch {b}"))?;
+            kernel_timing.extend(run);
+        }
+        if args.prefill_tokens > 0 {
+            let (_, run) =
+                measure_prefill(&mut model, args.prefill_tokens, &mut rng, true).context("profiling prefill")?;
+            kernel_timing.extend(run);
+        }
+    }
     Ok(BenchModelReport {
         adapter: AdapterSummary::of(&gpu),
         kernel_profile: model.limits.profile.name().to_string(),
@@ -387,6 +427,7 @@ pub fn bench_model(args: &BenchModelArgs) -> Result<BenchModelReport> {
         max_num_batched_tokens: model.limits.max_tokens,
         decode,
         prefill,
+        kernel_timing,
     })
 }
 
@@ -428,6 +469,7 @@ pub fn format_report(r: &BenchModelReport) -> String {
             p.tokens, p.steps, r.max_num_batched_tokens, p.seconds, p.tok_s
         ));
     }
+    t.push_str(&format_runs(&r.kernel_timing));
     t
 }
 

@@ -1,12 +1,13 @@
 //! wgpu device and adapter choice, buffers, shader assembly and the pipelines of every kernel.
 //!
-//! Owns: the wgpu device, limits, error scopes and faults, buffers, bind-group families and pipelines, the shader builder, the Rust<->WGSL struct macro and the weight formats' snippets.
+//! Owns: the wgpu device, limits, error scopes and faults, buffers, bind-group families and pipelines, the shader builder, timestamp queries, the Rust<->WGSL struct macro and the weight formats' snippets.
 //! May use: config, sampling.
 //! Never uses: ops, model, engine, server.
 
 pub mod family;
 pub mod shader;
 pub mod shared;
+pub mod timing;
 pub mod wformat;
 
 pub use crate::config::{KernelProfile, KvDtype};
@@ -44,6 +45,8 @@ pub struct Gpu {
     /// Whether the device was opened with subgroup operations (the gpu profile's matmuls reduce
     /// with subgroupAdd then; tests turn it off to check the workgroup-memory reduction).
     pub subgroups: bool,
+    /// How kernels can be timed on this device (the per-kernel profile).
+    pub timestamps: timing::TimestampMode,
     /// What the device-lost and uncaptured-error handlers saw.
     pub faults: std::sync::Arc<GpuFaults>,
 }
@@ -235,6 +238,8 @@ impl Gpu {
         if subgroups {
             features |= wgpu::Features::SUBGROUP;
         }
+        // Timestamp queries where the adapter has them (only the per-kernel profile writes any).
+        features |= timing::TimestampMode::wanted(adapter.features());
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("torus-wgpu"),
             required_features: features,
@@ -279,6 +284,7 @@ impl Gpu {
             pipeline_cache_path: cache_path,
             max_grid,
             subgroups,
+            timestamps: timing::TimestampMode::of(features),
             faults,
         })
     }

@@ -56,9 +56,12 @@ gpu_struct! {
     }
 }
 
-/// The WGSL declarations every shader gets: the step header.
+/// The largest finite f16 (what an f16 KV cache clamps to).
+pub const F16_MAX: f32 = 65504.0;
+
+/// The WGSL declarations every shader gets: the step header and the shared constants.
 pub fn wgsl_common() -> String {
-    StepHeader::WGSL.to_string()
+    format!("{}const F16_MAX: f32 = {F16_MAX:.1};\n", StepHeader::WGSL)
 }
 
 #[cfg(test)]

@@ -81,6 +81,11 @@ impl WFormat {
         cols / self.scale_group() * self.scale_words()
     }
 
+    /// Bytes of a row of `cols` elements on the GPU (quant words and scale records).
+    pub fn row_bytes(self, cols: usize) -> usize {
+        (cols / 32 * self.words_per_block() + self.scale_words_per_row(cols)) * 4
+    }
+
     /// The K-quants: 256-element super-blocks.
     pub fn is_k_quant(self) -> bool {
         matches!(self, WFormat::Q2_K | WFormat::Q3_K | WFormat::Q4_K | WFormat::Q5_K | WFormat::Q6_K)

@@ -98,13 +98,14 @@ impl OpBuilder<'_> {
     }
 
     /// Matmul ops for every chunk of `m`, reading x into columns col0.. of y (rows of y_stride
-    /// floats); `flags`: MAT_* (MAT_BIAS needs `bias`).
+    /// floats); `flags`: MAT_* (MAT_BIAS needs `bias`); `label`: the role the per-kernel
+    /// profile reports them under.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn matmul(
         &mut self,
+        label: &'static str,
         m: &GpuMatrix,
-        x: &wgpu::Buffer,
-        y: &wgpu::Buffer,
+        (x, y): (&wgpu::Buffer, &wgpu::Buffer),
         cols: (usize, usize),
         bias: Option<&wgpu::Buffer>,
         flags: u32,
@@ -114,7 +115,8 @@ impl OpBuilder<'_> {
         let s = self.s;
         let windows = self.uniform_x.then_some(&s.windows);
         let io = MatmulIo { step: &s.step_buf, x, y, bias: bias.unwrap_or(&s.dummy), windows };
-        let ops = matmul::matmul(self.kernels, self.g, m, &io, cols, flags, sampled, swiglu);
-        self.extend(ops);
+        let (mut ops, params) = matmul::matmul(self.kernels, self.g, m, &io, cols, flags, sampled, swiglu);
+        ops.iter_mut().for_each(|op| op.label = label);
+        self.extend((ops, params));
     }
 }

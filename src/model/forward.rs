@@ -2,12 +2,14 @@
 //! One `step` = upload the step's metadata, one compute pass with every layer's dispatches and
 //! the sampler, one submit, one small readback of (token id, logprob) per sampled row.
 
+use crate::config::KernelProfile;
 use crate::gpu::shared::StepHeader;
 use crate::gpu::Gpu;
 use crate::model::builder::*;
 use crate::model::config::ModelConfig;
 use crate::model::loader::HostModel;
 use crate::model::plan::*;
+use crate::model::record::record_step;
 use crate::model::scratch::*;
 use crate::model::step::*;
 use crate::model::validate::*;
@@ -58,6 +60,8 @@ pub struct Model {
     /// The hidden states of every token (input of a later stage, output of an earlier one).
     hidden: wgpu::Buffer,
     hidden_readback: Option<wgpu::Buffer>,
+    /// The per-kernel profile, while it is on.
+    profiler: Option<crate::model::profile::Profiler>,
     // Weights and scratch stay alive as long as the bind groups that use them.
     _keep: Vec<wgpu::Buffer>,
     _matrices: Vec<GpuMatrix>,
@@ -188,7 +192,19 @@ impl Model {
             _keep: [keep, scratch.keep].concat(),
             _matrices: matrices,
             provoke_gpu_error: false,
+            profiler: None,
         })
+    }
+
+    /// Turns the per-kernel profile on (from zero) or off: while on, every step times each op
+    /// (see model/profile.rs).
+    pub fn set_profiling(&mut self, on: bool) {
+        self.profiler = on.then(|| crate::model::profile::Profiler::new(&self.gpu));
+    }
+
+    /// What the profiled steps spent per op label since profiling was turned on.
+    pub fn profile(&self) -> Option<crate::model::profile::StepProfile> {
+        self.profiler.as_ref().map(|p| p.report())
     }
 
     /// What a step given to this model may hold.
@@ -302,6 +318,9 @@ impl Model {
         let max_keys = cfg.sliding_window.map_or(max_keys, |w| max_keys.min(w.max(1)));
         self.header.n_splits =
             attention_splits(n as usize, max_keys, (cfg.heads, cfg.kv_heads, cfg.head_dim / 4), self.part_vec4);
+        // Keys attended by all tokens (the ops' cost model).
+        let window = cfg.sliding_window.unwrap_or(usize::MAX).max(1) as u64;
+        let attn_keys = s.positions.iter().map(|&p| (p as u64 + 1).min(window)).sum();
         let h = self.header;
         // Reused every step: no per-step allocation of the metadata or adjustment words.
         let meta = &mut self.meta_scratch;
@@ -337,23 +356,27 @@ impl Model {
         }
         let any_adjust = !adjust.is_empty();
 
-        let mut enc = g.device.create_command_encoder(&Default::default());
-        {
-            let mut pass = enc.begin_compute_pass(&Default::default());
-            let RecordParams { align, win_stride } = self.record;
-            let rec = Recorder { kernels: &self.kernels, gpu: g, align, win_stride, tile_override: None };
-            let shape = StepShape { n_tokens: n, n_sample: ns, n_splits: h.n_splits, any_adjust };
-            for op in &self.ops {
-                op.dispatches(&rec, &shape, |d| d.record(&mut pass));
-            }
-        }
+        let RecordParams { align, win_stride } = self.record;
+        let rec = Recorder { kernels: &self.kernels, gpu: g, align, win_stride, tile_override: None };
+        let shape = StepShape { n_tokens: n, n_sample: ns, n_splits: h.n_splits, any_adjust, attn_keys };
+        let mut enc = match &mut self.profiler {
+            Some(p) => p.record(g, &rec, &self.ops, &shape)?,
+            None => record_step(g, &rec, &self.ops, &shape, self.limits.profile == KernelProfile::Gpu),
+        };
         if let Some(rb) = &self.hidden_readback {
             enc.copy_buffer_to_buffer(&self.hidden, 0, rb, 0, want as u64);
             g.queue.submit([enc.finish()]);
-            return Ok(StageOutput::Hidden(g.read_mapped(rb, want as u64)?));
+            let out = g.read_mapped(rb, want as u64)?;
+            if let Some(p) = &mut self.profiler {
+                p.collect(g)?;
+            }
+            return Ok(StageOutput::Hidden(out));
         }
         if ns == 0 {
             g.queue.submit([enc.finish()]);
+            if let Some(p) = &mut self.profiler {
+                p.collect(g)?;
+            }
             return Ok(StageOutput::Sampled(vec![]));
         }
         // Read back only as many words per row as the rows asked for.
@@ -362,6 +385,9 @@ impl Model {
         enc.copy_buffer_to_buffer(&self.result, 0, &self.readback, 0, len);
         g.queue.submit([enc.finish()]);
         let bytes = g.read_mapped(&self.readback, len)?;
+        if let Some(p) = &mut self.profiler {
+            p.collect(g)?;
+        }
         // A Vec<u8> need not be 4-byte aligned: copy into words rather than cast in place.
         let words: Vec<u32> = bytemuck::pod_collect_to_vec(&bytes);
         Ok(StageOutput::Sampled(

@@ -72,7 +72,7 @@ impl OpBuilder<'_> {
         let s = self.s;
         let w = self.storage(label, weight);
         let b = NormBinds { step: &s.step_buf, p: &lp.norm, x: &s.hidden, weight: &w, md: &s.meta_buf, y: &s.normed };
-        self.push(norm::norm(self.kernels, self.g, &b, false));
+        self.push(norm::norm(self.kernels, self.g, &b, false, self.cfg.hidden));
     }
 
     /// RMSNorm, q/k/v (one matmul, or one per format), Qwen3's q/k norm, RoPE + KV write,
@@ -102,19 +102,20 @@ impl OpBuilder<'_> {
         self.rms_norm(lp, &hl.attn_norm, "attn_norm");
         let bias_flag = if bias.is_some() { MAT_BIAS } else { 0 };
         for (m, col0) in &qkv_ms {
-            self.matmul(m, &s.normed, &s.qkv, (*col0, cfg.qkv_dim()), bias.as_ref(), bias_flag, false, false);
+            let io = (&s.normed, &s.qkv);
+            self.matmul("qkv", m, io, (*col0, cfg.qkv_dim()), bias.as_ref(), bias_flag, false, false);
         }
         if let Some(w) = &hl.qk_norm {
             let wb = self.storage("qk_norm", w);
             let b = HeadNormBinds { step: &s.step_buf, p: &lp.head_norm, weight: &wb, qkv: &s.qkv };
-            self.push(norm::head_norm(kern, g, &b, cfg.heads + cfg.kv_heads));
+            self.push(norm::head_norm(kern, g, &b, cfg.heads + cfg.kv_heads, cfg.head_dim));
         }
         let dims = (cfg.heads, cfg.kv_heads, cfg.head_dim);
         let b = RopeBinds { step: &s.step_buf, p: &lp.rope, md: &s.meta_buf, cos_sin: &s.cos_sin, qkv: &s.qkv };
         self.push(rope::rope_kv(kern, g, &b, (k, v), dims));
         let b = AttnBinds { step: &s.step_buf, p: &lp.attn, md: &s.meta_buf, qkv: &s.qkv, out: &s.attn, part: &s.part };
         self.push(attention::attention(kern, g, &b, (k, v), dims));
-        self.matmul(&o_m, &s.attn, &s.hidden, (0, cfg.hidden), None, MAT_ACCUMULATE, false, false);
+        self.matmul("o_proj", &o_m, (&s.attn, &s.hidden), (0, cfg.hidden), None, MAT_ACCUMULATE, false, false);
         self.matrices.extend(qkv_ms.into_iter().map(|(m, _)| m));
         self.matrices.push(o_m);
         Ok(())
@@ -134,13 +135,13 @@ impl OpBuilder<'_> {
         self.rms_norm(lp, &hl.ffn_norm, "ffn_norm");
         let ffn = (0, cfg.intermediate);
         match &up_m {
-            None => self.matmul(&gu_m, &s.normed, &s.act, ffn, None, 0, false, true),
+            None => self.matmul("gate_up", &gu_m, (&s.normed, &s.act), ffn, None, 0, false, true),
             Some(up) => {
-                self.matmul(&gu_m, &s.normed, &s.act, ffn, None, 0, false, false);
-                self.matmul(up, &s.normed, &s.act, ffn, None, MAT_SWIGLU_UP, false, false);
+                self.matmul("gate_up", &gu_m, (&s.normed, &s.act), ffn, None, 0, false, false);
+                self.matmul("gate_up", up, (&s.normed, &s.act), ffn, None, MAT_SWIGLU_UP, false, false);
             }
         }
-        self.matmul(&down_m, &s.act, &s.hidden, (0, cfg.hidden), None, MAT_ACCUMULATE, false, false);
+        self.matmul("down", &down_m, (&s.act, &s.hidden), (0, cfg.hidden), None, MAT_ACCUMULATE, false, false);
         self.matrices.extend([gu_m, down_m]);
         self.matrices.extend(up_m);
         Ok(())
@@ -165,19 +166,19 @@ impl OpBuilder<'_> {
             md: &s.meta_buf,
             y: &s.final_normed,
         };
-        self.push(norm::norm(kern, g, &b, true));
+        self.push(norm::norm(kern, g, &b, true, cfg.hidden));
         let lm = match (&host.lm_head, embed) {
             (Some(t), _) if !host.tied => self.upload("lm_head", t, None)?,
             (_, Some(e)) if host.tied => e,
             _ => bail!("the output projection was not loaded from {}", host.source.display()),
         };
-        self.matmul(&lm, &s.final_normed, &s.logits, (0, cfg.vocab), None, 0, true, false);
+        self.matmul("lm_head", &lm, (&s.final_normed, &s.logits), (0, cfg.vocab), None, 0, true, false);
         let sp = SamplerParams { vocab: cfg.vocab as u32, off_params: off_params as u32, ..Default::default() };
         let sp = self.uniform(bytemuck::bytes_of(&sp));
         let b = AdjustBinds { step: &s.step_buf, p: &sp, md: &s.meta_buf, adj: &s.adjust_buf, logits: &s.logits };
-        self.push(sample::logit_adjust(kern, g, &b));
+        self.push(sample::logit_adjust(kern, g, &b, cfg.vocab));
         let b = SampleBinds { step: &s.step_buf, p: &sp, md: &s.meta_buf, logits: &s.logits, result: &s.result };
-        self.push(sample::sample(kern, g, &b));
+        self.push(sample::sample(kern, g, &b, cfg.vocab));
         self.matrices.push(lm);
         Ok(())
     }

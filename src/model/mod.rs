@@ -11,6 +11,8 @@ pub mod layers;
 pub mod llama;
 pub mod loader;
 pub mod plan;
+pub mod profile;
+pub mod record;
 pub mod scratch;
 pub mod step;
 pub mod synth;

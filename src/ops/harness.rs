@@ -133,7 +133,7 @@ impl Harness {
 
     /// Runs one op over a step of `n` tokens and `ns` sampled rows.
     fn run_op(&self, op: Op, n: usize, ns: usize) -> Result<()> {
-        let shape = StepShape { n_tokens: n as u32, n_sample: ns as u32, n_splits: 1, any_adjust: true };
+        let shape = StepShape { n_tokens: n as u32, n_sample: ns as u32, n_splits: 1, any_adjust: true, attn_keys: 0 };
         self.run(&self.calls(&[op], shape, None), 1).map(|_| ())
     }
 
@@ -254,7 +254,7 @@ impl Harness {
         let windows = g.uniform_init("windows", bytemuck::cast_slice(&window_entries(m + 1, window_stride(g))));
         let io = MatmulIo { step: &step, x: xb, y: yb, bias: bb, windows: uniform_x.then_some(&windows) };
         let (ops, _params) = matmul::matmul(&self.kernels, g, &mat, &io, (0, w.rows), flags, false, up.is_some());
-        let shape = StepShape { n_tokens: m as u32, n_sample: 0, n_splits: 1, any_adjust: false };
+        let shape = StepShape { n_tokens: m as u32, n_sample: 0, n_splits: 1, any_adjust: false, attn_keys: 0 };
         // The weights stay alive through the bind groups.
         Ok(self.calls(&ops, shape, tile))
     }
@@ -305,7 +305,7 @@ impl Harness {
         let wb = g.storage_init("w", bytemuck::cast_slice(weight));
         let yb = g.storage("y", (rows * dim * 4) as u64);
         let b = NormBinds { step: &step, p: &pb, x: &xb, weight: &wb, md: &meta, y: &yb };
-        self.run_op(norm::norm(&self.kernels, g, &b, gather.is_some()), m, rows)?;
+        self.run_op(norm::norm(&self.kernels, g, &b, gather.is_some(), dim), m, rows)?;
         g.download_f32(&yb, rows * dim)
     }
 
@@ -332,11 +332,12 @@ impl Harness {
         let ab = g.storage_init("adjust", bytemuck::cast_slice(&adjust));
         let bytes = (rows * SAMPLE_RESULT_STRIDE * 4) as u64;
         let rb = g.storage("result", bytes);
-        let shape = StepShape { n_tokens: rows as u32, n_sample: rows as u32, n_splits: 1, any_adjust: true };
+        let shape =
+            StepShape { n_tokens: rows as u32, n_sample: rows as u32, n_splits: 1, any_adjust: true, attn_keys: 0 };
         let k = &self.kernels;
         let ops = [
-            sample::logit_adjust(k, g, &AdjustBinds { step: &step, p: &pb, md: &meta, adj: &ab, logits: &lb }),
-            sample::sample(k, g, &SampleBinds { step: &step, p: &pb, md: &meta, logits: &lb, result: &rb }),
+            sample::logit_adjust(k, g, &AdjustBinds { step: &step, p: &pb, md: &meta, adj: &ab, logits: &lb }, vocab),
+            sample::sample(k, g, &SampleBinds { step: &step, p: &pb, md: &meta, logits: &lb, result: &rb }, vocab),
         ];
         let calls = self.calls(&ops, shape, None);
         if iters > 1 {
@@ -397,7 +398,7 @@ impl Harness {
         let wb = g.storage_init("w", bytemuck::cast_slice(weight));
         let qb = g.storage_init("qkv", bytemuck::cast_slice(qkv));
         let b = HeadNormBinds { step: &step, p: &pb, weight: &wb, qkv: &qb };
-        self.run_op(norm::head_norm(&self.kernels, g, &b, heads + kv_heads), n, 0)?;
+        self.run_op(norm::head_norm(&self.kernels, g, &b, heads + kv_heads, head_dim), n, 0)?;
         g.download_f32(&qb, qkv.len())
     }
 
@@ -492,7 +493,7 @@ impl Harness {
         let rope = rope::rope_kv(k, g, &b, kv, dims);
         let b = AttnBinds { step: &step, p: &ap, md: &meta, qkv: &qkv_b, out: &out, part: &part };
         let attention = attention::attention(k, g, &b, kv, dims);
-        let shape = StepShape { n_tokens: n as u32, n_sample: 0, n_splits: splits, any_adjust: false };
+        let shape = StepShape { n_tokens: n as u32, n_sample: 0, n_splits: splits, any_adjust: false, attn_keys: 0 };
         self.run(&self.calls(&[rope], shape, None), 1)?;
         let attention = self.calls(&[attention], shape, None);
         self.run(&attention, 1)?;

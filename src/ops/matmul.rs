@@ -144,7 +144,7 @@ pub fn matmul(
             io.windows.map(|w| k.matmul_u_family.bind_windows(g, &entries, &[(2, UNIFORM_X_BYTES)], &[(7, w, 16)]));
         let kind =
             OpKind::Matmul { format: m.format, rows: c.rows as u32, x_vec4: (m.cols / 4) as u32, sampled, swiglu };
-        ops.push(Op { kind, bind, bind_u });
+        ops.push(Op { kind, label: kind.family(), bind, bind_u });
         params.push(pb);
     }
     (ops, params)
@@ -168,11 +168,8 @@ pub fn embed(
         let p = EmbedParams { k_blocks, n_rows: c.rows as u32, row0: c.row0 as u32, _pad: 0 };
         let pb = g.uniform_init("embed_params", bytemuck::bytes_of(&p));
         let b = EmbedBinds { step, p: &pb, tokens, wq: &c.q, ws: &c.s, unused: placeholder, hidden };
-        ops.push(Op {
-            kind: OpKind::Embed { format: e.format, k_blocks },
-            bind: k.matmul_family.bind(g, &b.entries()),
-            bind_u: None,
-        });
+        let kind = OpKind::Embed { format: e.format, k_blocks };
+        ops.push(Op { kind, label: kind.family(), bind: k.matmul_family.bind(g, &b.entries()), bind_u: None });
         params.push(pb);
     }
     (ops, params)

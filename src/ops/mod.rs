@@ -18,6 +18,7 @@
 pub mod attention;
 #[cfg(test)]
 mod binding_tests;
+pub mod cost;
 pub mod harness;
 pub mod kernels;
 pub mod matmul;
@@ -78,13 +79,15 @@ pub enum OpKind {
         sampled: bool,
         swiglu: bool,
     },
-    /// RMSNorm of every token row, or of the sampled rows.
+    /// RMSNorm of every token row, or of the sampled rows, `dim` floats each.
     Norm {
         sampled: bool,
+        dim: u32,
     },
     /// Per-head RMSNorm of q and k (Qwen3): `heads` = query + KV heads.
     HeadNorm {
         heads: u32,
+        head_dim: u32,
     },
     /// RoPE and the KV-cache write: `threads` invocations per token.
     RopeKv {
@@ -96,13 +99,20 @@ pub enum OpKind {
         kv_heads: u32,
         hd4: u32,
     },
-    LogitAdjust,
-    Sample,
+    LogitAdjust {
+        vocab: u32,
+    },
+    Sample {
+        vocab: u32,
+    },
 }
 
 /// An op with its bind groups.
 pub struct Op {
     pub kind: OpKind,
+    /// What the per-kernel profile calls it: the family (`OpKind::family`), or the role a
+    /// recipe gave it (`qkv`, `down`, ...).
+    pub label: &'static str,
     pub bind: wgpu::BindGroup,
     /// Matmuls of the cpu profile: the bind group of the uniform-x variant, when the device
     /// allows it.
@@ -110,7 +120,7 @@ pub struct Op {
 }
 
 /// The sizes of one step that grids depend on.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, Default)]
 pub struct StepShape {
     pub n_tokens: u32,
     pub n_sample: u32,
@@ -118,6 +128,9 @@ pub struct StepShape {
     pub n_splits: u32,
     /// Whether any sampled row has logit adjustments.
     pub any_adjust: bool,
+    /// Keys attended over all tokens of the step (causal, within the window): what attention
+    /// reads (the cost model's; no grid depends on it).
+    pub attn_keys: u64,
 }
 
 /// One dispatch.
@@ -200,14 +213,14 @@ impl Op {
             OpKind::Matmul { format, rows, x_vec4, sampled, swiglu } => {
                 matmul::dispatches(self, r, s, (format, rows, x_vec4), (sampled, swiglu), out)
             }
-            OpKind::Norm { sampled } => norm::norm_dispatches(self, r, s, sampled, out),
-            OpKind::HeadNorm { heads } => norm::head_norm_dispatches(self, r, s, heads, out),
+            OpKind::Norm { sampled, .. } => norm::norm_dispatches(self, r, s, sampled, out),
+            OpKind::HeadNorm { heads, .. } => norm::head_norm_dispatches(self, r, s, heads, out),
             OpKind::RopeKv { threads } => rope::dispatches(self, r, s, threads, out),
             OpKind::Attention { heads, kv_heads, hd4 } => {
                 attention::dispatches(self, r, s, (heads, kv_heads, hd4), out)
             }
-            OpKind::LogitAdjust => sample::logit_adjust_dispatches(self, r, s, out),
-            OpKind::Sample => sample::sample_dispatches(self, r, s, out),
+            OpKind::LogitAdjust { .. } => sample::logit_adjust_dispatches(self, r, s, out),
+            OpKind::Sample { .. } => sample::sample_dispatches(self, r, s, out),
         }
     }
 }

@@ -78,14 +78,17 @@ impl HeadNormParams {
     }
 }
 
-/// The RMSNorm op; `sampled`: over the sampled rows (the params gather them).
-pub fn norm(k: &Kernels, g: &Gpu, b: &NormBinds, sampled: bool) -> Op {
-    Op { kind: OpKind::Norm { sampled }, bind: k.norm_family.bind(g, &b.entries()), bind_u: None }
+/// The RMSNorm op over rows of `dim` floats; `sampled`: over the sampled rows (the params
+/// gather them).
+pub fn norm(k: &Kernels, g: &Gpu, b: &NormBinds, sampled: bool, dim: usize) -> Op {
+    let kind = OpKind::Norm { sampled, dim: dim as u32 };
+    Op { kind, label: kind.family(), bind: k.norm_family.bind(g, &b.entries()), bind_u: None }
 }
 
-/// The per-head q/k norm op over `heads` query + KV heads.
-pub fn head_norm(k: &Kernels, g: &Gpu, b: &HeadNormBinds, heads: usize) -> Op {
-    Op { kind: OpKind::HeadNorm { heads: heads as u32 }, bind: k.head_norm_family.bind(g, &b.entries()), bind_u: None }
+/// The per-head q/k norm op over `heads` query + KV heads of `head_dim`.
+pub fn head_norm(k: &Kernels, g: &Gpu, b: &HeadNormBinds, heads: usize, head_dim: usize) -> Op {
+    let kind = OpKind::HeadNorm { heads: heads as u32, head_dim: head_dim as u32 };
+    Op { kind, label: kind.family(), bind: k.head_norm_family.bind(g, &b.entries()), bind_u: None }
 }
 
 /// RMSNorm's grid: a workgroup per row.

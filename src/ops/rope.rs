@@ -82,7 +82,8 @@ pub fn rope_kv(
     (heads, kv_heads, head_dim): (usize, usize, usize),
 ) -> Op {
     let bind = kern.rope_family.bind(g, &kv_entries(b.entries(), ROPE_KV, k, v));
-    Op { kind: OpKind::RopeKv { threads: rope_threads(heads, kv_heads, head_dim) }, bind, bind_u: None }
+    let kind = OpKind::RopeKv { threads: rope_threads(heads, kv_heads, head_dim) };
+    Op { kind, label: kind.family(), bind, bind_u: None }
 }
 
 /// Bind entries plus a layer's KV-cache chunks: chunk 0 at `first` (K, V), chunk c >= 1 at

@@ -41,12 +41,16 @@ bindings! {
     }
 }
 
-pub fn logit_adjust(k: &Kernels, g: &Gpu, b: &AdjustBinds) -> Op {
-    Op { kind: OpKind::LogitAdjust, bind: k.sample_family.bind(g, &b.entries()), bind_u: None }
+/// The adjustments of rows of `vocab` logits.
+pub fn logit_adjust(k: &Kernels, g: &Gpu, b: &AdjustBinds, vocab: usize) -> Op {
+    let kind = OpKind::LogitAdjust { vocab: vocab as u32 };
+    Op { kind, label: kind.family(), bind: k.sample_family.bind(g, &b.entries()), bind_u: None }
 }
 
-pub fn sample(k: &Kernels, g: &Gpu, b: &SampleBinds) -> Op {
-    Op { kind: OpKind::Sample, bind: k.sample_family.bind(g, &b.entries()), bind_u: None }
+/// The sampler over rows of `vocab` logits.
+pub fn sample(k: &Kernels, g: &Gpu, b: &SampleBinds, vocab: usize) -> Op {
+    let kind = OpKind::Sample { vocab: vocab as u32 };
+    Op { kind, label: kind.family(), bind: k.sample_family.bind(g, &b.entries()), bind_u: None }
 }
 
 /// The adjustments' grid: a workgroup per sampled row, when any row has adjustments.

@@ -38,7 +38,11 @@ fn kv_snippet(kv: KvDtype, write: bool, chunks: usize) -> String {
         // The access to chunk c at local index j.
         let one = |c: usize| match (kv, write) {
             (KvDtype::F32, true) => format!("{name}_cache{c}[j] = v.x;\n        {name}_cache{c}[j + 1u] = v.y;"),
-            (KvDtype::F16, true) => format!("{name}_cache{c}[j / 2u] = pack2x16float(v);"),
+            // Beyond f16's range a value is clamped to it (the largest finite half), not turned
+            // into an infinity that would poison every later attention score.
+            (KvDtype::F16, true) => {
+                format!("{name}_cache{c}[j / 2u] = pack2x16float(clamp(v, vec2<f32>(-F16_MAX), vec2<f32>(F16_MAX)));")
+            }
             (KvDtype::F32, false) => format!("return {name}_cache{c}[j];"),
             (KvDtype::F16, false) => format!(
                 "let w = {name}_cache{c}[j];\n        return vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y));"
