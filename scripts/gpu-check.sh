@@ -3,7 +3,9 @@
 # where only this working tree and a release binary were copied (no Rust toolchain, no network,
 # no model files). For each shape it writes a synthetic model (random weights, the real shape
 # and a tokenizer; `torus-wgpu synth-model`) into a temp dir, runs `check-profiles` (cpu vs gpu
-# kernel profiles, step by step), then `bench-model` once per profile, and deletes the model.
+# kernel profiles, step by step), then `bench-model --profile-kernels` once per profile (speed,
+# then where each shape's step time goes: GPU time, bytes and FLOPs per op from timestamp
+# queries), and deletes the model.
 # The out dir gets four files: summary.txt, log.txt, checks.json and bench.json. It goes on
 # after a failed shape and exits 1 at the end if any check failed.
 #
@@ -37,6 +39,7 @@ warmup_steps=2
 prefill_tokens=512
 check_prompt=64
 check_steps=16
+profile_steps=4
 quick=0
 
 usage() { sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
@@ -64,6 +67,7 @@ if [ "$quick" = 1 ]; then
     warmup_steps=1
     check_prompt=16
     check_steps=4
+    profile_steps=2
 fi
 
 bin="${TORUS_BIN:-}"
@@ -131,6 +135,7 @@ for shape in ${shapes//,/ }; do
     for profile in cpu gpu; do
         if run "$bin" bench-model --model "$model" --kernel-profile "$profile" --batches "$batches" \
             --decode-steps "$decode_steps" --warmup-steps "$warmup_steps" --prefill-tokens "$prefill_tokens" \
+            --profile-kernels --profile-steps "$profile_steps" \
             --json "$work/bench-$n-$profile.json" >"$work/bench.out"; then
             cat "$work/bench.out"
             say "bench-model, kernel profile $profile:"
