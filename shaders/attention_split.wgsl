@@ -4,8 +4,11 @@
 // step.n_splits equal ranges; each workgroup walks its range in tiles of KT keys: invocation j
 // scores key j against the G heads, the tile's softmax statistics update per head, then the
 // invocations, one per (head, dim vec4), accumulate the tile's values (consecutive invocations
-// read consecutive V words). With one split the output is written directly; with several,
-// each writes (unnormalised acc, max, sum) to `part` and `combine` merges them.
+// read consecutive V words). The tile's softmax statistics (the max and the sum of exponentials
+// per head) are workgroup reductions: subgroupMax/subgroupAdd and one value per subgroup where
+// the adapter has subgroups, else G invocations each walk their head's scores (the SOFTMAX
+// snippet of sources.rs). With one split the output is written directly; with several, each
+// writes (unnormalised acc, max, sum) to `part` and `combine` merges them.
 // HD4, G and the KV snippet (load_k / load_v) are substituted when the pipeline is built.
 
 // AttnParams (src/gpu/shared.rs) is prepended.
@@ -31,6 +34,7 @@ var<workgroup> kbase: array<u32, KT>;
 var<workgroup> mstat: array<f32, G>;
 var<workgroup> lstat: array<f32, G>;
 var<workgroup> corr: array<f32, G>;
+{{SOFTMAX_DECL}}
 
 {{KV}}
 
@@ -39,6 +43,7 @@ fn main(
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(num_workgroups) nwg: vec3<u32>,
     @builtin(local_invocation_index) lid: u32,
+    {{SG_ARGS}}
 ) {
     let g = wid.x + wid.y * nwg.x;
     let ns = step.n_splits;
@@ -67,6 +72,8 @@ fn main(
     workgroupBarrier();
     for (var tile = ks; tile < ke; tile += KT) {
         let j = tile + lid;
+        // This invocation's key's score against each head (-3e38 past the range).
+        var sh: array<f32, G>;
         if (j < ke) {
             let blk = md[table + j / p.block_size];
             let kb = ((blk * p.block_size + j % p.block_size) * p.n_kv_heads + kvh) * HD4;
@@ -79,31 +86,15 @@ fn main(
                 }
             }
             for (var h = 0u; h < G; h++) {
-                sc[h * KT + lid] = s[h].x + s[h].y + s[h].z + s[h].w;
+                sh[h] = s[h].x + s[h].y + s[h].z + s[h].w;
             }
         } else {
             for (var h = 0u; h < G; h++) {
-                sc[h * KT + lid] = -3.0e38;
+                sh[h] = -3.0e38;
             }
         }
-        workgroupBarrier();
-        if (lid < G) {
-            var mx = mstat[lid];
-            for (var i = 0u; i < KT; i++) {
-                mx = max(mx, sc[lid * KT + i]);
-            }
-            let c = exp(mstat[lid] - mx);
-            var sum = 0.0;
-            for (var i = 0u; i < KT; i++) {
-                let e = select(0.0, exp(sc[lid * KT + i] - mx), tile + i < ke);
-                sc[lid * KT + i] = e;
-                sum += e;
-            }
-            corr[lid] = c;
-            lstat[lid] = lstat[lid] * c + sum;
-            mstat[lid] = mx;
-        }
-        workgroupBarrier();
+        // sc[h * KT + i] = exp(score - new max) of the tile's keys; corr, lstat, mstat updated.
+{{SOFTMAX}}
         let n = min(KT, ke - tile);
         for (var a = 0u; a < NA; a++) {
             let i = lid + a * WG;

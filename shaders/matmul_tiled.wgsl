@@ -1,34 +1,60 @@
 // GPU profile, prefill-sized steps: y[t, row0 + n] (=|+=) sum_k x[t, k] * W[n, k] in tiles of
-// BM tokens x BN weight rows through workgroup memory. For each 32-element block of K, the
-// workgroup loads the x tile and the weight tile (dequantized while loading: one Part per
-// invocation and row), then each invocation accumulates a 4 x 4 register tile.
-// With SWIGLU, the BN tile rows are BN/2 gate rows and their up rows, interleaved so each
-// invocation's 4 rows are (gate c, gate c+1, up c, up c+1), and y = silu(gate . x) * (up . x).
-// The weight format's wfmt_*.wgsl (wq, ws, Sc, wscale, wpart) is prepended.
+// BM = 64 tokens x BN = 64 weight rows, one 32-element block of K at a time through workgroup
+// memory. Each of the 64 invocations loads one weight row's block (scale record and codes decoded
+// once, dequantized on the tile load) and one token's x block, and stores them transposed
+// (k-major: consecutive invocations write consecutive words, no bank conflicts); then each
+// accumulates an 8 x 8 register tile (tokens 4ty..4ty+3 and 32+4ty..32+4ty+3, rows 4tx..4tx+3
+// and 32+4tx..32+4tx+3): per k, 4 vec4 loads from workgroup memory feed 64 multiply-adds (reads
+// are broadcasts or consecutive vec4s: no conflicts, so the tiles need no padding). The next
+// block's weights and x are loaded into registers before the current block is multiplied
+// (double buffering through registers: one workgroup buffer of 16 KiB, two barriers per block).
+// With SWIGLU, tile rows 0..31 are 32 gate rows and 32..63 the same columns' up rows, so each
+// invocation holds gate and up of its 4 columns and y = silu(gate . x) * (up . x).
+// The weight format's wfmt_*.wgsl (wq, ws, Sc, wscale, wcodes, wterms) is prepended.
 
 @group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;
 
-const BM: u32 = 32u; // tokens per tile
+const BM: u32 = 64u; // tokens per tile
 const BN: u32 = 64u; // weight rows per tile
-const WGS: u32 = 128u; // (BN / 4) x (BM / 4) invocations
 const SWIGLU: bool = {{SWIGLU}};
 
-// xt[k * (BM / 4) + t4]: x[t, k] for tokens 4 t4 .. 4 t4 + 4 of the tile, element k of the block.
-var<workgroup> xt: array<vec4<f32>, 256>;
-// wt[k * (BN / 4) + n4]: W[n, k] for tile rows 4 n4 .. 4 n4 + 4.
+// xt[k * 16 + t / 4][t % 4] = x[t0 + t, 32 b + k]; wt[k * 16 + r / 4][r % 4] = W[row r, 32 b + k].
+var<workgroup> xt: array<vec4<f32>, 512>;
 var<workgroup> wt: array<vec4<f32>, 512>;
 
 // The weight row of tile row `r` of the tile starting at output column n0.
 fn weight_row(n0: u32, r: u32) -> u32 {
     if (SWIGLU) {
-        // Tile rows 4j .. 4j+4 = gate 2j, gate 2j+1, up 2j, up 2j+1.
-        let c = min(n0 + 2u * (r / 4u) + r % 2u, p.n_rows - 1u);
-        return select(c, c + p.n_rows, r % 4u >= 2u);
+        let c = min(n0 + r % 32u, p.n_rows - 1u);
+        return select(c, c + p.n_rows, r >= 32u);
     }
     return min(n0 + r, p.n_rows - 1u);
 }
 
-@compute @workgroup_size(128)
+// Block b of weight row `row`, dequantized, in element order.
+fn load_w(row: u32, b: u32) -> array<vec4<f32>, 8> {
+    let blk = row * p.k_blocks + b;
+    let s = wscale(blk);
+    var c = wcodes(blk, s);
+    let tm = wterms(s);
+    for (var i = 0u; i < 4u; i++) {
+        c[i] = c[i] * tm.x + tm.z;
+        c[4u + i] = c[4u + i] * tm.y + tm.w;
+    }
+    return c;
+}
+
+// Block b of x row t.
+fn load_x(t: u32, b: u32) -> array<vec4<f32>, 8> {
+    let xb = t * p.x_stride4 + b * 8u;
+    var v: array<vec4<f32>, 8>;
+    for (var i = 0u; i < 8u; i++) {
+        v[i] = x[xb + i];
+    }
+    return v;
+}
+
+@compute @workgroup_size(64)
 fn main(
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(num_workgroups) nwg: vec3<u32>,
@@ -43,60 +69,69 @@ fn main(
     if (t0 >= m) {
         return;
     }
-    let tx = lid % (BN / 4u); // rows 4 tx .. 4 tx + 4
-    let ty = lid / (BN / 4u); // tokens 4 ty .. 4 ty + 4
-    var acc: array<vec4<f32>, 4>; // acc[i]: token 4 ty + i, rows 4 tx .. 4 tx + 4
+    let tx = lid % 8u; // rows 4 tx .. 4 tx + 4 and 32 + 4 tx ..
+    let ty = lid / 8u; // tokens 4 ty .. 4 ty + 4 and 32 + 4 ty ..
+    let my_row = weight_row(n0, lid);
+    let my_tok = min(t0 + lid, m - 1u);
+    // acc[2 j + h]: token j of the invocation's 8 (4 ty + j, then 32 + 4 ty + j - 4), rows half h.
+    var acc: array<vec4<f32>, 16>;
+    var wv = load_w(my_row, 0u);
+    var xv = load_x(my_tok, 0u);
     for (var b = 0u; b < p.k_blocks; b++) {
-        // Weight tile: BN rows x 4 parts, two per invocation.
-        for (var e = 0u; e < 2u; e++) {
-            let u = lid + e * WGS;
-            let r = u / 4u;
-            let q = u % 4u;
-            let blk = weight_row(n0, r) * p.k_blocks + b;
-            let w = wpart(blk, q, wscale(blk));
+        for (var i = 0u; i < 8u; i++) {
             for (var c = 0u; c < 4u; c++) {
-                wt[(4u * q + c) * (BN / 4u) + r / 4u][r % 4u] = w.lo[c];
-                wt[(16u + 4u * q + c) * (BN / 4u) + r / 4u][r % 4u] = w.hi[c];
-            }
-        }
-        // x tile: BM tokens x 8 vec4s, two per invocation.
-        for (var e = 0u; e < 2u; e++) {
-            let u = lid + e * WGS;
-            let t = u / 8u;
-            let k4 = u % 8u;
-            let v = x[min(t0 + t, m - 1u) * p.x_stride4 + b * 8u + k4];
-            for (var c = 0u; c < 4u; c++) {
-                xt[(4u * k4 + c) * (BM / 4u) + t / 4u][t % 4u] = v[c];
+                wt[(4u * i + c) * 16u + lid / 4u][lid % 4u] = wv[i][c];
+                xt[(4u * i + c) * 16u + lid / 4u][lid % 4u] = xv[i][c];
             }
         }
         workgroupBarrier();
+        if (b + 1u < p.k_blocks) {
+            wv = load_w(my_row, b + 1u);
+            xv = load_x(my_tok, b + 1u);
+        }
         for (var k = 0u; k < 32u; k++) {
-            let a = xt[k * (BM / 4u) + ty];
-            let w = wt[k * (BN / 4u) + tx];
-            acc[0] += a.x * w;
-            acc[1] += a.y * w;
-            acc[2] += a.z * w;
-            acc[3] += a.w * w;
+            let xa = xt[k * 16u + ty];
+            let xb = xt[k * 16u + 8u + ty];
+            let wa = wt[k * 16u + tx];
+            let wb = wt[k * 16u + 8u + tx];
+            acc[0] += xa.x * wa;
+            acc[1] += xa.x * wb;
+            acc[2] += xa.y * wa;
+            acc[3] += xa.y * wb;
+            acc[4] += xa.z * wa;
+            acc[5] += xa.z * wb;
+            acc[6] += xa.w * wa;
+            acc[7] += xa.w * wb;
+            acc[8] += xb.x * wa;
+            acc[9] += xb.x * wb;
+            acc[10] += xb.y * wa;
+            acc[11] += xb.y * wb;
+            acc[12] += xb.z * wa;
+            acc[13] += xb.z * wb;
+            acc[14] += xb.w * wa;
+            acc[15] += xb.w * wb;
         }
         workgroupBarrier();
     }
-    for (var i = 0u; i < 4u; i++) {
-        let t = t0 + 4u * ty + i;
+    for (var j = 0u; j < 8u; j++) {
+        let t = t0 + select(4u * ty + j, 32u + 4u * ty + j - 4u, j >= 4u);
         if (t >= m) {
-            break;
+            continue;
         }
         if (SWIGLU) {
-            for (var c = 0u; c < 2u; c++) {
-                let n = n0 + 2u * tx + c;
-                if (n < p.n_rows) {
-                    y[t * p.y_stride + p.row0 + n] = silu(acc[i][c]) * acc[i][c + 2u];
-                }
-            }
-        } else {
             for (var c = 0u; c < 4u; c++) {
                 let n = n0 + 4u * tx + c;
                 if (n < p.n_rows) {
-                    store(t, n, acc[i][c]);
+                    y[t * p.y_stride + p.row0 + n] = silu(acc[2u * j][c]) * acc[2u * j + 1u][c];
+                }
+            }
+        } else {
+            for (var h = 0u; h < 2u; h++) {
+                for (var c = 0u; c < 4u; c++) {
+                    let n = n0 + 32u * h + 4u * tx + c;
+                    if (n < p.n_rows) {
+                        store(t, n, acc[2u * j + h][c]);
+                    }
                 }
             }
         }

@@ -23,3 +23,21 @@ fn wpart(blk: u32, p: u32, s: Sc) -> Part {
     let upper = (p % 2u) == 1u;
     return Part(halves4(a, upper), halves4(b, upper));
 }
+
+// The block's codes in element order (e[i] = elements 4i..4i+3) and their terms (see
+// matmul_gpu.wgsl): plain values.
+const WMIN: bool = false;
+
+fn wcodes(blk: u32, s: Sc) -> array<vec4<f32>, 8> {
+    var e: array<vec4<f32>, 8>;
+    for (var j = 0u; j < 4u; j++) {
+        let v = wq[blk * 4u + j];
+        e[2u * j] = halves4(v, false);
+        e[2u * j + 1u] = halves4(v, true);
+    }
+    return e;
+}
+
+fn wterms(s: Sc) -> vec4<f32> {
+    return vec4<f32>(1.0, 1.0, 0.0, 0.0);
+}

@@ -34,3 +34,22 @@ fn wpart(blk: u32, p: u32, s: Sc) -> Part {
     let e = pair_bits(s.e, p);
     return Part(vec4<f32>(pairs_lo(e)) * s.dlo + s.mlo, vec4<f32>(pairs_hi(e)) * s.dhi + s.mhi);
 }
+
+// The block's codes in element order (e[i] = elements 4i..4i+3) and their terms (see
+// matmul_gpu.wgsl): 2-bit codes times each half's d * scale, plus each half's -(dmin * min)
+// times its sum of x.
+const WMIN: bool = true;
+
+fn wcodes(blk: u32, s: Sc) -> array<vec4<f32>, 8> {
+    var e: array<vec4<f32>, 8>;
+    for (var p = 0u; p < 4u; p++) {
+        let b = pair_bits(s.e, p);
+        e[p] = vec4<f32>(pairs_lo(b));
+        e[4u + p] = vec4<f32>(pairs_hi(b));
+    }
+    return e;
+}
+
+fn wterms(s: Sc) -> vec4<f32> {
+    return vec4<f32>(s.dlo, s.dhi, s.mlo, s.mhi);
+}

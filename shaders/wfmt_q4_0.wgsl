@@ -17,3 +17,21 @@ fn wpart(blk: u32, p: u32, s: Sc) -> Part {
     let hi = vec4<f32>(vec4<i32>(nib_hi(v)) - vec4<i32>(8));
     return Part(lo * s.d, hi * s.d);
 }
+
+// The block's codes in element order (e[i] = elements 4i..4i+3) and their terms (see
+// matmul_gpu.wgsl): nibbles - 8 (in integers), times d.
+const WMIN: bool = false;
+
+fn wcodes(blk: u32, s: Sc) -> array<vec4<f32>, 8> {
+    let v = wq[blk];
+    var e: array<vec4<f32>, 8>;
+    for (var p = 0u; p < 4u; p++) {
+        e[p] = vec4<f32>(vec4<i32>(nib_lo(v[p])) - vec4<i32>(8));
+        e[4u + p] = vec4<f32>(vec4<i32>(nib_hi(v[p])) - vec4<i32>(8));
+    }
+    return e;
+}
+
+fn wterms(s: Sc) -> vec4<f32> {
+    return vec4<f32>(s.d, s.d, 0.0, 0.0);
+}

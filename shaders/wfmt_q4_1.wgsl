@@ -15,3 +15,21 @@ fn wpart(blk: u32, p: u32, s: Sc) -> Part {
     let v = wq[blk][p];
     return Part(vec4<f32>(nib_lo(v)) * s.dm.x + s.dm.y, vec4<f32>(nib_hi(v)) * s.dm.x + s.dm.y);
 }
+
+// The block's codes in element order (e[i] = elements 4i..4i+3) and their terms (see
+// matmul_gpu.wgsl): nibbles times d, plus m times the sum of x.
+const WMIN: bool = true;
+
+fn wcodes(blk: u32, s: Sc) -> array<vec4<f32>, 8> {
+    let v = wq[blk];
+    var e: array<vec4<f32>, 8>;
+    for (var p = 0u; p < 4u; p++) {
+        e[p] = vec4<f32>(nib_lo(v[p]));
+        e[4u + p] = vec4<f32>(nib_hi(v[p]));
+    }
+    return e;
+}
+
+fn wterms(s: Sc) -> vec4<f32> {
+    return vec4<f32>(s.dm.x, s.dm.x, s.dm.y, s.dm.y);
+}

@@ -19,3 +19,21 @@ fn wpart(blk: u32, p: u32, s: Sc) -> Part {
     let v = wq[blk][p];
     return Part(vec4<f32>(nib_lo(v)) * s.d + s.m, vec4<f32>(nib_hi(v)) * s.d + s.m);
 }
+
+// The block's codes in element order (e[i] = elements 4i..4i+3) and their terms (see
+// matmul_gpu.wgsl): nibbles times d * scale, plus -(dmin * min) times the sum of x.
+const WMIN: bool = true;
+
+fn wcodes(blk: u32, s: Sc) -> array<vec4<f32>, 8> {
+    let v = wq[blk];
+    var e: array<vec4<f32>, 8>;
+    for (var p = 0u; p < 4u; p++) {
+        e[p] = vec4<f32>(nib_lo(v[p]));
+        e[4u + p] = vec4<f32>(nib_hi(v[p]));
+    }
+    return e;
+}
+
+fn wterms(s: Sc) -> vec4<f32> {
+    return vec4<f32>(s.d, s.d, s.m, s.m);
+}

@@ -18,3 +18,21 @@ fn wpart(blk: u32, p: u32, s: Sc) -> Part {
     let hi = vec4<i32>(nib_hi(v) | (bits_hi(s.h, p) << vec4<u32>(4u))) - vec4<i32>(16);
     return Part(vec4<f32>(lo) * s.d, vec4<f32>(hi) * s.d);
 }
+
+// The block's codes in element order (e[i] = elements 4i..4i+3) and their terms (see
+// matmul_gpu.wgsl): 5-bit codes - 16 (in integers), times d.
+const WMIN: bool = false;
+
+fn wcodes(blk: u32, s: Sc) -> array<vec4<f32>, 8> {
+    var e: array<vec4<f32>, 8>;
+    for (var p = 0u; p < 4u; p++) {
+        let v = wq[blk * 5u + p];
+        e[p] = vec4<f32>(vec4<i32>(nib_lo(v) | (bits_lo(s.h, p) << vec4<u32>(4u))) - vec4<i32>(16));
+        e[4u + p] = vec4<f32>(vec4<i32>(nib_hi(v) | (bits_hi(s.h, p) << vec4<u32>(4u))) - vec4<i32>(16));
+    }
+    return e;
+}
+
+fn wterms(s: Sc) -> vec4<f32> {
+    return vec4<f32>(s.d, s.d, 0.0, 0.0);
+}

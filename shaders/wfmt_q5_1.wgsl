@@ -18,3 +18,21 @@ fn wpart(blk: u32, p: u32, s: Sc) -> Part {
     let hi = vec4<f32>(nib_hi(v) | (bits_hi(s.h, p) << vec4<u32>(4u)));
     return Part(lo * s.dm.x + s.dm.y, hi * s.dm.x + s.dm.y);
 }
+
+// The block's codes in element order (e[i] = elements 4i..4i+3) and their terms (see
+// matmul_gpu.wgsl): 5-bit codes times d, plus m times the sum of x.
+const WMIN: bool = true;
+
+fn wcodes(blk: u32, s: Sc) -> array<vec4<f32>, 8> {
+    var e: array<vec4<f32>, 8>;
+    for (var p = 0u; p < 4u; p++) {
+        let v = wq[blk * 5u + p];
+        e[p] = vec4<f32>(nib_lo(v) | (bits_lo(s.h, p) << vec4<u32>(4u)));
+        e[4u + p] = vec4<f32>(nib_hi(v) | (bits_hi(s.h, p) << vec4<u32>(4u)));
+    }
+    return e;
+}
+
+fn wterms(s: Sc) -> vec4<f32> {
+    return vec4<f32>(s.dm.x, s.dm.x, s.dm.y, s.dm.y);
+}

@@ -21,3 +21,21 @@ fn wpart(blk: u32, p: u32, s: Sc) -> Part {
     let hi = vec4<f32>(nib_hi(v) | (bits_hi(s.h, p) << vec4<u32>(4u)));
     return Part(lo * s.d + s.m, hi * s.d + s.m);
 }
+
+// The block's codes in element order (e[i] = elements 4i..4i+3) and their terms (see
+// matmul_gpu.wgsl): 5-bit codes times d * scale, plus -(dmin * min) times the sum of x.
+const WMIN: bool = true;
+
+fn wcodes(blk: u32, s: Sc) -> array<vec4<f32>, 8> {
+    var e: array<vec4<f32>, 8>;
+    for (var p = 0u; p < 4u; p++) {
+        let v = wq[blk * 5u + p];
+        e[p] = vec4<f32>(nib_lo(v) | (bits_lo(s.h, p) << vec4<u32>(4u)));
+        e[4u + p] = vec4<f32>(nib_hi(v) | (bits_hi(s.h, p) << vec4<u32>(4u)));
+    }
+    return e;
+}
+
+fn wterms(s: Sc) -> vec4<f32> {
+    return vec4<f32>(s.d, s.d, s.m, s.m);
+}

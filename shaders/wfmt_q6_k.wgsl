@@ -23,3 +23,22 @@ fn wpart(blk: u32, p: u32, s: Sc) -> Part {
     let hi = vec4<i32>(nib_hi(v) | (pairs_hi(e) << vec4<u32>(4u))) - vec4<i32>(32);
     return Part(vec4<f32>(lo) * s.dlo, vec4<f32>(hi) * s.dhi);
 }
+
+// The block's codes in element order (e[i] = elements 4i..4i+3) and their terms (see
+// matmul_gpu.wgsl): 6-bit codes - 32 (in integers), times each half's d * scale.
+const WMIN: bool = false;
+
+fn wcodes(blk: u32, s: Sc) -> array<vec4<f32>, 8> {
+    var e: array<vec4<f32>, 8>;
+    for (var p = 0u; p < 4u; p++) {
+        let v = wq[blk * 6u + p];
+        let b = pair_bits(s.e, p);
+        e[p] = vec4<f32>(vec4<i32>(nib_lo(v) | (pairs_lo(b) << vec4<u32>(4u))) - vec4<i32>(32));
+        e[4u + p] = vec4<f32>(vec4<i32>(nib_hi(v) | (pairs_hi(b) << vec4<u32>(4u))) - vec4<i32>(32));
+    }
+    return e;
+}
+
+fn wterms(s: Sc) -> vec4<f32> {
+    return vec4<f32>(s.dlo, s.dhi, 0.0, 0.0);
+}

@@ -18,3 +18,22 @@ fn sbytes(v: u32) -> vec4<f32> {
 fn wpart(blk: u32, p: u32, s: Sc) -> Part {
     return Part(sbytes(wq[2u * blk][p]) * s.d, sbytes(wq[2u * blk + 1u][p]) * s.d);
 }
+
+// The block's codes in element order (e[i] = elements 4i..4i+3) and their terms (see
+// matmul_gpu.wgsl): signed bytes times d.
+const WMIN: bool = false;
+
+fn wcodes(blk: u32, s: Sc) -> array<vec4<f32>, 8> {
+    let a = wq[2u * blk];
+    let b = wq[2u * blk + 1u];
+    var e: array<vec4<f32>, 8>;
+    for (var p = 0u; p < 4u; p++) {
+        e[p] = sbytes(a[p]);
+        e[4u + p] = sbytes(b[p]);
+    }
+    return e;
+}
+
+fn wterms(s: Sc) -> vec4<f32> {
+    return vec4<f32>(s.d, s.d, 0.0, 0.0);
+}

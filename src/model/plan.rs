@@ -245,9 +245,14 @@ impl ScratchPlan {
         let f = |n: usize| (n * 4) as u64;
         let (t_max, s_max) = (layout.t_max, layout.s_max);
         let s_last = if last { s_max } else { 1 };
-        // Up to 32 key ranges of every head of every sampled row (decode-sized steps split most).
+        // Up to MAX_SPLITS key ranges of every head of every sampled row (decode-sized steps
+        // split most); attention_splits aims at 1024 workgroups of (token, KV head, range), so a
+        // step of n tokens writes at most n * heads * (1024 / (n * kv_heads) + 1), below 2048
+        // records per query head of a KV head.
         let part_vec4 = if limits.profile == KernelProfile::Gpu {
-            (s_max * cfg.heads * 32 * (cfg.head_dim / 4 + 1)).min((limits.max_binding / 16) as usize)
+            let splits = crate::ops::attention::MAX_SPLITS;
+            let records = (s_max * cfg.heads * splits).min(2048 * cfg.heads / cfg.kv_heads.max(1) + cfg.heads);
+            (records * (cfg.head_dim / 4 + 1)).min((limits.max_binding / 16) as usize)
         } else {
             0
         };

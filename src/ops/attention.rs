@@ -78,19 +78,25 @@ pub fn attention(
     Op { kind, label: kind.family(), bind, bind_u: None }
 }
 
-/// Key ranges per (token, KV head) of the split attention: enough workgroups to fill a GPU
-/// (about 512), at least 32 keys per range, at most 32 ranges, and partial results that fit
-/// `part_vec4` vec4s (one range writes the output directly).
+/// Most key ranges per (token, KV head) of the split attention.
+pub const MAX_SPLITS: usize = 64;
+/// Fewest keys per range (a range's tile of 64 keys is then a quarter full).
+pub const MIN_SPLIT_KEYS: usize = 16;
+
+/// Key ranges per (token, KV head) of the split attention: enough workgroups to fill a large GPU
+/// (about 1024: 132 multiprocessors of an H200 with several workgroups each, at batch 1 too),
+/// at least MIN_SPLIT_KEYS keys per range, at most MAX_SPLITS ranges, and partial results that
+/// fit `part_vec4` vec4s (one range writes the output directly).
 pub fn attention_splits(
     n_tokens: usize,
     max_keys: usize,
     (heads, kv_heads, hd4): (usize, usize, usize),
     part_vec4: usize,
 ) -> u32 {
-    let want = 512usize.div_ceil((n_tokens * kv_heads).max(1));
-    let by_keys = max_keys.div_ceil(32);
+    let want = 1024usize.div_ceil((n_tokens * kv_heads).max(1));
+    let by_keys = max_keys.div_ceil(MIN_SPLIT_KEYS);
     let by_buffer = part_vec4 / (n_tokens * heads * (hd4 + 1)).max(1);
-    want.min(by_keys).min(by_buffer).clamp(1, 32) as u32
+    want.min(by_keys).min(by_buffer).clamp(1, MAX_SPLITS) as u32
 }
 
 /// Attention's grid: on the gpu profile a workgroup per (token, KV head, key range), then the

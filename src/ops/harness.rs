@@ -86,6 +86,16 @@ impl Harness {
         Self::build(gpu, WFormat::ALL.to_vec(), head_dim, group, KvDtype::default(), 1, profile)
     }
 
+    /// The given weight formats only (quicker to build), in `profile`.
+    pub fn with_formats(
+        gpu: Arc<Gpu>,
+        formats: &[WFormat],
+        (head_dim, group): (u32, u32),
+        profile: KernelProfile,
+    ) -> Result<Harness> {
+        Self::build(gpu, formats.to_vec(), head_dim, group, KvDtype::default(), 1, profile)
+    }
+
     /// For attention tests and benches: the matmuls of one weight format only (quicker to build),
     /// the KV cache of each layer split over `kv_chunks` buffers, `group` query heads per KV head.
     pub fn attention_only(

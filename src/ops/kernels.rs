@@ -73,12 +73,12 @@ pub fn plan_x(m: u32, x_vec4: u32, uniform: bool, align: u32, win_stride: u32) -
 pub use crate::gpu::{UNIFORM_X_BYTES, UNIFORM_X_VEC4};
 
 /// Tokens per workgroup of the gpu profile's decode matmul variants (matmul_gpu.wgsl): a step
-/// of m <= 8 rows uses the first TM >= m; larger steps use the tiled kernel.
-pub const GPU_DECODE_TM: [u32; 4] = [1, 2, 4, 8];
+/// of m <= 16 rows uses the first TM >= m; larger steps use the tiled kernel.
+pub const GPU_DECODE_TM: [u32; 5] = [1, 2, 4, 8, 16];
 /// Weight rows per workgroup of the decode kernel (gate+up rows for SwiGLU: half as many outputs).
 pub const GPU_DECODE_NR: u32 = 4;
 /// Tokens x weight rows of one tiled-kernel workgroup (matmul_tiled.wgsl).
-pub const GPU_TILE: (u32, u32) = (32, 64);
+pub const GPU_TILE: (u32, u32) = (64, 64);
 
 pub struct MatmulPipelines {
     /// One per MATMUL_TILES entry.
@@ -248,7 +248,7 @@ impl Kernels {
                 let tiled = both(&|sw| (format!("matmul_tiled_{n}_{sw}"), matmul_tiled_source(f, sw)))?;
                 matmul.insert(f, GpuMatmulPipelines { decode, tiled });
             }
-            let src = attention_split_source(head_dim, group.max(1), kv, kv_chunks)?;
+            let src = attention_split_source(head_dim, group.max(1), kv, kv_chunks, gpu.subgroups)?;
             Some(GpuPipelines {
                 matmul,
                 attention: attn_family.pipeline(gpu, "attention_split", &src, "main")?,

@@ -134,34 +134,43 @@ fn matmul_shader(label: String, f: WFormat, body: &str) -> Shader {
     Shader::new(label, body).after(common()).after(f.snippet()).after(matmul_common())
 }
 
-/// Reduction of matmul_gpu.wgsl's partial sums: subgroupAdd, then one value per subgroup
-/// through workgroup memory.
+/// Reduction of matmul_gpu.wgsl's partial sums into `tot`: subgroupAdd, then one value per
+/// subgroup through workgroup memory (at most 16 subgroups: subgroups have 4 lanes or more).
+const RED_SUBGROUP: &str = "var<workgroup> red: array<f32, NV * 16u>;";
 const REDUCE_SUBGROUP: &str = "    for (var k = 0u; k < NV; k++) {
         let v = subgroupAdd(acc[k]);
         if (sid == 0u) {
-            red[k * WG + sg] = v;
+            red[k * 16u + sg] = v;
         }
     }
     workgroupBarrier();
     if (lid < NV) {
         var s = 0.0;
         for (var j = 0u; j < nsg; j++) {
-            s += red[lid * WG + j];
+            s += red[lid * 16u + j];
         }
-        red[lid * WG] = s;
+        tot[lid] = s;
     }";
 
 /// The same through workgroup memory only (adapters without subgroups): a tree over the WG
-/// invocations.
-const REDUCE_WORKGROUP: &str = "    for (var k = 0u; k < NV; k++) {
-        red[k * WG + lid] = acc[k];
-    }
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s = s / 2u) {
-        if (lid < s) {
-            for (var k = 0u; k < NV; k++) {
-                red[k * WG + lid] += red[k * WG + lid + s];
+/// invocations for RB outputs at a time (RB * WG floats of workgroup memory).
+const RED_WORKGROUP: &str = "const RB: u32 = min(NV, 32u);
+var<workgroup> red: array<f32, RB * WG>;";
+const REDUCE_WORKGROUP: &str = "    for (var k0 = 0u; k0 < NV; k0 += RB) {
+        for (var k = 0u; k < RB; k++) {
+            red[k * WG + lid] = acc[k0 + k];
+        }
+        workgroupBarrier();
+        for (var s = WG / 2u; s > 0u; s = s / 2u) {
+            if (lid < s) {
+                for (var k = 0u; k < RB; k++) {
+                    red[k * WG + lid] += red[k * WG + lid + s];
+                }
             }
+            workgroupBarrier();
+        }
+        if (lid < RB) {
+            tot[k0 + lid] = red[lid * WG];
         }
         workgroupBarrier();
     }";
@@ -169,18 +178,13 @@ const REDUCE_WORKGROUP: &str = "    for (var k = 0u; k < NV; k++) {
 /// The gpu profile's decode-sized matmul (see matmul_gpu.wgsl); `subgroups`: reduce with
 /// subgroupAdd.
 pub fn matmul_gpu_source(f: WFormat, tm: u32, swiglu: bool, subgroups: bool) -> Result<String> {
-    let (args, reduce) = if subgroups {
-        (
-            "@builtin(subgroup_invocation_id) sid: u32,\n    @builtin(subgroup_id) sg: u32,\n    @builtin(num_subgroups) nsg: u32,",
-            REDUCE_SUBGROUP,
-        )
-    } else {
-        ("", REDUCE_WORKGROUP)
-    };
+    let (args, decl, reduce) =
+        if subgroups { (SG_ARGS, RED_SUBGROUP, REDUCE_SUBGROUP) } else { ("", RED_WORKGROUP, REDUCE_WORKGROUP) };
     matmul_shader(format!("matmul_gpu_{}_{tm}", f.name()), f, include_str!("../../shaders/matmul_gpu.wgsl"))
         .fill("TM", tm)
         .fill("SWIGLU", swiglu)
         .fill("SG_ARGS", args)
+        .fill("RED_DECL", decl)
         .fill("REDUCE", reduce)
         .build()
 }
@@ -192,14 +196,92 @@ pub fn matmul_tiled_source(f: WFormat, swiglu: bool) -> Result<String> {
         .build()
 }
 
-/// The gpu profile's split-key attention for `group` query heads per KV head.
-pub fn attention_split_source(head_dim: u32, group: u32, kv: KvDtype, kv_chunks: usize) -> Result<String> {
+/// The split attention's tile softmax with subgroup reductions: the tile's max per head
+/// (subgroupMax, then one value per subgroup), every invocation's exponential, their sum per
+/// head (subgroupAdd), then G invocations update the running statistics.
+const SOFTMAX_SUBGROUP_DECL: &str = "var<workgroup> red_max: array<f32, G * 16u>;
+var<workgroup> red_sum: array<f32, G * 16u>;";
+const SOFTMAX_SUBGROUP: &str = "        for (var h = 0u; h < G; h++) {
+            let v = subgroupMax(sh[h]);
+            if (sid == 0u) {
+                red_max[h * 16u + sg] = v;
+            }
+        }
+        workgroupBarrier();
+        for (var h = 0u; h < G; h++) {
+            var mx = mstat[h];
+            for (var q = 0u; q < nsg; q++) {
+                mx = max(mx, red_max[h * 16u + q]);
+            }
+            let e = select(0.0, exp(sh[h] - mx), j < ke);
+            sc[h * KT + lid] = e;
+            let v = subgroupAdd(e);
+            if (sid == 0u) {
+                red_sum[h * 16u + sg] = v;
+            }
+        }
+        workgroupBarrier();
+        if (lid < G) {
+            var mx = mstat[lid];
+            var sum = 0.0;
+            for (var q = 0u; q < nsg; q++) {
+                mx = max(mx, red_max[lid * 16u + q]);
+                sum += red_sum[lid * 16u + q];
+            }
+            let c = exp(mstat[lid] - mx);
+            corr[lid] = c;
+            lstat[lid] = lstat[lid] * c + sum;
+            mstat[lid] = mx;
+        }
+        workgroupBarrier();";
+
+/// The same without subgroups: G invocations each walk their head's KT scores.
+const SOFTMAX_WORKGROUP: &str = "        for (var h = 0u; h < G; h++) {
+            sc[h * KT + lid] = sh[h];
+        }
+        workgroupBarrier();
+        if (lid < G) {
+            var mx = mstat[lid];
+            for (var i = 0u; i < KT; i++) {
+                mx = max(mx, sc[lid * KT + i]);
+            }
+            let c = exp(mstat[lid] - mx);
+            var sum = 0.0;
+            for (var i = 0u; i < KT; i++) {
+                let e = select(0.0, exp(sc[lid * KT + i] - mx), tile + i < ke);
+                sc[lid * KT + i] = e;
+                sum += e;
+            }
+            corr[lid] = c;
+            lstat[lid] = lstat[lid] * c + sum;
+            mstat[lid] = mx;
+        }
+        workgroupBarrier();";
+
+/// The builtins of a subgroup reduction.
+const SG_ARGS: &str =
+    "@builtin(subgroup_invocation_id) sid: u32,\n    @builtin(subgroup_id) sg: u32,\n    @builtin(num_subgroups) nsg: u32,";
+
+/// The gpu profile's split-key attention for `group` query heads per KV head; `subgroups`: the
+/// tile softmax reduces with subgroup operations.
+pub fn attention_split_source(
+    head_dim: u32,
+    group: u32,
+    kv: KvDtype,
+    kv_chunks: usize,
+    subgroups: bool,
+) -> Result<String> {
+    let (args, decl, softmax) =
+        if subgroups { (SG_ARGS, SOFTMAX_SUBGROUP_DECL, SOFTMAX_SUBGROUP) } else { ("", "", SOFTMAX_WORKGROUP) };
     Shader::new("attention_split", include_str!("../../shaders/attention_split.wgsl"))
         .after(common())
         .after(super::attention::AttnParams::WGSL)
         .fill("HD4", head_dim / 4)
         .fill("G", group)
         .fill("KV", kv_snippet(kv, false, kv_chunks))
+        .fill("SG_ARGS", args)
+        .fill("SOFTMAX_DECL", decl)
+        .fill("SOFTMAX", softmax)
         .build()
 }
 
@@ -274,10 +356,12 @@ pub fn all_sources(head_dims: &[u32]) -> Vec<(String, String)> {
     for &d in head_dims {
         for group in [1, 3, 7, 8] {
             for chunks in [1, MAX_KV_CHUNKS] {
-                v.push((
-                    format!("attention_split_hd{d}_g{group}_x{chunks}"),
-                    attention_split_source(d, group, KvDtype::F16, chunks),
-                ));
+                for sg in [false, true] {
+                    v.push((
+                        format!("attention_split_hd{d}_g{group}_x{chunks}_{sg}"),
+                        attention_split_source(d, group, KvDtype::F16, chunks, sg),
+                    ));
+                }
             }
         }
     }

@@ -1,6 +1,8 @@
 //! Paths shared by the integration tests.
 #![allow(dead_code)]
 
+pub mod reference;
+
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use torus_wgpu::engine::{Request, RequestParams, StopConditions};
@@ -166,3 +168,24 @@ pub fn openai_e2e(base: &str, flags: &[&str]) {
     assert!(out.status.success(), "openai_e2e.py {flags:?} failed ({:?})\nstdout:\n{so}\nstderr:\n{se}", out.status);
     assert!(so.contains("openai_e2e: all checks passed"), "{so}");
 }
+
+/// Greedy tokens against a reference's, margin-aware: compared up to the first step whose
+/// reference top-1/top-2 margin is below `min_margin` (twice the logit tolerance: there another
+/// summation order, a real GPU's, may legitimately pick the other token, and the rest follows
+/// from it). Returns how many tokens were compared.
+pub fn assert_greedy_matches(got: &[u32], want: &[u32], margins: &[f32], min_margin: f32, what: &str) -> usize {
+    assert_eq!(margins.len(), want.len(), "{what}: a margin per reference step");
+    let n = margins.iter().position(|&m| m < min_margin).unwrap_or(want.len());
+    assert!(got.len() >= n, "{what}: {} greedy tokens, the reference has {n} to compare", got.len());
+    assert_eq!(
+        got[..n],
+        want[..n],
+        "{what}: greedy tokens (the first {n}, whose reference margins are >= {min_margin})"
+    );
+    n
+}
+
+/// Reference margins below which greedy tokens are not compared: twice the logit tolerance of an
+/// f32 KV cache (1e-3) and of an f16 one (2e-2).
+pub const F32_MARGIN: f32 = 2e-3;
+pub const F16_MARGIN: f32 = 4e-2;

@@ -1,0 +1,41 @@
+//! CPU-side helpers of the kernel tests: random data, tolerances and weight matrices.
+
+use torus_wgpu::gpu::wformat::WFormat;
+use torus_wgpu::sampling::Rng;
+use torus_wgpu::weights::tensor::QTensor;
+
+pub fn randn(rng: &mut Rng, n: usize, scale: f32) -> Vec<f32> {
+    (0..n).map(|_| (rng.uniform() * 2.0 - 1.0) * scale).collect()
+}
+
+pub fn assert_close(got: &[f32], want: &[f32], tol: impl Fn(usize) -> f32, what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!((g - w).abs() <= tol(i), "{what}: element {i}: got {g}, want {w} (tol {})", tol(i));
+    }
+}
+
+/// Tolerance for a dot product: f32 rounding grows with the sum of |terms|.
+pub fn dot_tol(x: &[f32], m: usize, w: &QTensor) -> Vec<f32> {
+    let k = w.cols;
+    let mut tol = vec![0f32; m * w.rows];
+    for n in 0..w.rows {
+        let row = w.dequant_row(n);
+        for t in 0..m {
+            let s: f32 = x[t * k..(t + 1) * k].iter().zip(&row).map(|(a, b)| (a * b).abs()).sum();
+            tol[t * w.rows + n] = 2e-6 * s * (k as f32).sqrt() + 1e-6;
+        }
+    }
+    tol
+}
+
+/// A random [n, k] weight matrix of `format`: quantized from random values where this crate has
+/// a quantizer, else random GGUF blocks (random codes, random finite scales).
+pub fn weights(format: WFormat, n: usize, k: usize, rng: &mut Rng, scale: f32) -> QTensor {
+    match format {
+        WFormat::F32 | WFormat::F16 | WFormat::Q8_0 | WFormat::Q4_0 | WFormat::Q4_1 => {
+            QTensor::quantize(format, n, k, &randn(rng, n * k, scale)).unwrap()
+        }
+        _ => QTensor::random_gguf(format, n, k, rng.next_u64()).unwrap(),
+    }
+}

@@ -1,0 +1,123 @@
+//! The gpu profile at every subgroup width a real GPU uses. llvmpipe's subgroup width follows
+//! LP_NATIVE_VECTOR_WIDTH (128 bits: 4 lanes, 256: 8, the default; 1024: 32 as NVIDIA, Apple
+//! and AMD's wave32; 2048: 64 as AMD's wave64). `every_subgroup_width` runs this file's two
+//! checks again in child processes at 4, 32 and 64 lanes (each child asserts it got that width);
+//! at the default width they run as ordinary tests. The checks: the gpu profile's decode
+//! matmuls (whose reduction uses subgroups) and tiled matmuls against the CPU reference, and
+//! tiny-qwen2 under the gpu profile against the PyTorch reference.
+
+mod common;
+
+use common::reference::{assert_close, dot_tol, randn, weights};
+use common::{assert_greedy_matches, fixtures, floats, ids, logits_steps, F32_MARGIN};
+use std::process::Command;
+use std::sync::Arc;
+use torus_wgpu::config::{EngineConfig, KernelProfile, KvDtype};
+use torus_wgpu::gpu::wformat::WFormat;
+use torus_wgpu::gpu::Gpu;
+use torus_wgpu::ops::harness::Harness;
+use torus_wgpu::sampling::{Rng, SamplingParams};
+use torus_wgpu::weights::tensor::matmul_ref;
+
+/// The adapter, and in a child process the check that it runs at the width asked for.
+fn gpu() -> Arc<Gpu> {
+    let gpu = Gpu::new(None).expect("a wgpu adapter (lavapipe in CI)");
+    if let Ok(want) = std::env::var("TORUS_EXPECT_SUBGROUP") {
+        let want: u32 = want.parse().unwrap();
+        assert!(gpu.subgroups, "the adapter has no subgroups");
+        assert_eq!(
+            (gpu.info.subgroup_min_size, gpu.info.subgroup_max_size),
+            (want, want),
+            "LP_NATIVE_VECTOR_WIDTH={:?} gave other subgroups",
+            std::env::var("LP_NATIVE_VECTOR_WIDTH")
+        );
+    }
+    Arc::new(gpu)
+}
+
+#[test]
+fn gpu_profile_matmuls_at_this_width() {
+    let formats = [WFormat::Q4_K, WFormat::Q6_K, WFormat::Q8_0];
+    let h = Harness::with_formats(gpu(), &formats, (64, 1), KernelProfile::Gpu).unwrap();
+    let mut rng = Rng::new(11);
+    // Decode variants (1, 3 and 16 rows; rows of 16, 80 and 24 blocks: groups of 16, 64 and 32
+    // invocations per row),
+    // and the tiled kernel (70 rows: two token tiles).
+    for format in formats {
+        for (m, n, k) in [(1, 37, 512), (3, 20, 2560), (16, 13, 768), (70, 67, 256)] {
+            let w = weights(format, n, k, &mut rng, 1.0);
+            let x = randn(&mut rng, m * k, 1.0);
+            let want = matmul_ref(&x, m, &w);
+            let tol = dot_tol(&x, m, &w);
+            let got = h.matmul(&w, None, &x, m, None, None, None, false, 1 << 27).unwrap();
+            assert_close(&got, &want, |i| tol[i], &format!("{format:?} m={m} n={n} k={k}"));
+        }
+        // The fused SwiGLU of the decode and the tiled kernels.
+        for (m, n) in [(2, 41), (70, 9)] {
+            let (gate, up) = (weights(format, n, 256, &mut rng, 0.5), weights(format, n, 256, &mut rng, 0.5));
+            let x = randn(&mut rng, m * 256, 0.02);
+            let (g, u) = (matmul_ref(&x, m, &gate), matmul_ref(&x, m, &up));
+            let want: Vec<f32> = g.iter().zip(&u).map(|(a, b)| a / (1.0 + (-a).exp()) * b).collect();
+            let (tg, tu) = (dot_tol(&x, m, &gate), dot_tol(&x, m, &up));
+            let got = h.matmul(&gate, Some(&up), &x, m, None, None, None, false, 1 << 27).unwrap();
+            let tol = |i: usize| 2.0 * (tg[i] * u[i].abs() + tu[i] * g[i].abs()) + 1e-5 * (1.0 + want[i].abs());
+            assert_close(&got, &want, tol, &format!("swiglu {format:?} m={m} n={n}"));
+        }
+    }
+}
+
+#[test]
+fn tiny_qwen2_gpu_profile_at_this_width() {
+    let reference: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixtures().join("tiny-qwen2-reference.json")).unwrap()).unwrap();
+    let cfg = EngineConfig {
+        max_num_batched_tokens: 128,
+        max_sequence_length: 256,
+        total_cache_size: 16 << 20,
+        kv_cache_dtype: KvDtype::F32,
+        kernel_profile: KernelProfile::Gpu,
+        ..Default::default()
+    };
+    let (mut model, _) = torus_wgpu::engine::load_model(&common::tiny(), &cfg, gpu(), &|_, _| {}).unwrap();
+    assert_eq!(model.limits.profile, KernelProfile::Gpu);
+    for p in reference["prompts"].as_array().unwrap() {
+        let name = p["name"].as_str().unwrap();
+        let input = ids(&p["input_ids"]);
+        let got = logits_steps(&mut model, &input, &[]).remove(0);
+        let want = floats(&p["last_position_logits_full"]);
+        let d = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+        assert!(d < 1e-3, "{name}: last-position logits differ by {d}");
+        let want_ids = ids(&p["greedy_ids"]);
+        let out =
+            torus_wgpu::engine::generate(&mut model, &input, want_ids.len(), &SamplingParams::default(), |_, _| true)
+                .unwrap()
+                .generated;
+        assert_greedy_matches(&out, &want_ids, &floats(&p["argmax_margins"]), F32_MARGIN, name);
+    }
+}
+
+/// Both checks again at 4, 32 and 64 lanes, each in a child process of this test binary.
+#[test]
+fn every_subgroup_width() {
+    let probe = Gpu::new(None).expect("a wgpu adapter (lavapipe in CI)");
+    if !probe.info.name.contains("llvmpipe") {
+        // Only llvmpipe's width can be chosen; a real GPU runs the checks at its own width.
+        assert!(std::env::var_os("CI").is_none(), "CI runs on lavapipe, this adapter is {}", probe.describe());
+        eprintln!("{}: not llvmpipe, the subgroup width is the GPU's own", probe.describe());
+        return;
+    }
+    let exe = std::env::current_exe().unwrap();
+    for (bits, lanes) in [(128, 4), (1024, 32), (2048, 64)] {
+        let out = Command::new(&exe)
+            .args(["--exact", "gpu_profile_matmuls_at_this_width", "tiny_qwen2_gpu_profile_at_this_width"])
+            .args(["--test-threads", "1", "--nocapture"])
+            .env("LP_NATIVE_VECTOR_WIDTH", bits.to_string())
+            .env("TORUS_EXPECT_SUBGROUP", lanes.to_string())
+            .output()
+            .unwrap();
+        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success(), "at {lanes} lanes (LP_NATIVE_VECTOR_WIDTH={bits}):\n{text}");
+        assert!(text.contains("test result: ok. 2 passed"), "at {lanes} lanes both checks ran:\n{text}");
+        eprintln!("subgroups of {lanes}: both checks passed");
+    }
+}
