@@ -1,5 +1,8 @@
-// GPU profile, decode-sized steps (m <= 16 rows): y[t, row0 + n] (=|+=) sum_k x[t, k] * W[n, k].
-// One workgroup per NR weight rows x TM tokens. The WG invocations form WG / L groups of L
+// GPU profile, decode-sized steps (m <= 64 rows): y[t, row0 + n] (=|+=) sum_k x[t, k] * W[n, k].
+// One workgroup per NR weight rows x TM tokens; the workgroups of the same rows for the step's
+// other TM-token groups are next in the grid, so they run together and the rows come from the
+// cache for all but the first (more than 16 rows: several groups of 16, a grid as large as at
+// batch 1 instead of a few 64 x 64 tiles). The WG invocations form WG / L groups of L
 // (`lanes_per_row`: 64, 32 or 16, so that rows of few blocks still keep most invocations busy);
 // group q takes rows q, q + WG / L, ... of the NR, and its invocation j the 32-element blocks
 // j, j + L, ..., so consecutive invocations read consecutive blocks. Per block and
@@ -49,11 +52,12 @@ fn main(
     let outs = select(NR, NR / 2u, SWIGLU); // output columns per workgroup
     let col_groups = (p.n_rows + outs - 1u) / outs;
     let m = rows_m();
-    let t0 = (g / col_groups) * TM;
-    let n0 = (g % col_groups) * outs;
-    if (t0 >= m) {
+    let t_groups = (m + TM - 1u) / TM;
+    if (g >= col_groups * t_groups) {
         return;
     }
+    let t0 = (g % t_groups) * TM;
+    let n0 = (g / t_groups) * outs;
     var rows: array<u32, NR>;
     for (var r = 0u; r < NR; r++) {
         if (SWIGLU) {

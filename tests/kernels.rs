@@ -53,8 +53,9 @@ fn gpu_harnesses() -> &'static [Harness; 2] {
     })
 }
 
-/// The gpu profile picks its kernel by rows: 1, 2, 4 and 8-token decode variants, tiles beyond.
-const GPU_ROWS: [usize; 7] = [1, 2, 3, 6, 8, 9, 70];
+/// The gpu profile picks its kernel by rows: 1, 2, 8 and 16-token decode variants, 3 and 4 groups
+/// of 16 tokens, tiles beyond.
+const GPU_ROWS: [usize; 7] = [1, 2, 6, 9, 40, 64, 70];
 
 #[test]
 fn uniform_x_plans_cover_every_row_once() {
@@ -161,7 +162,8 @@ fn swiglu_matmul_every_format() {
 
 #[test]
 fn gpu_profile_swiglu_every_format() {
-    // Up to 16 rows: the decode kernel; beyond: 64 x 64 tiles (70: a second, ragged token tile).
+    // Up to 64 rows: the decode kernel (40: three groups of 16); beyond: 64 x 64 tiles (70: a
+    // second, ragged token tile).
     let legacy = [(1, 41, 64), (2, 3, 96), (5, 130, 96), (8, 33, 128), (13, 20, 64), (40, 67, 96), (70, 35, 64)];
     let k_quant = [(1, 41, 256), (3, 130, 512), (8, 33, 256), (16, 9, 256), (40, 67, 256), (70, 35, 256)];
     for h in gpu_harnesses() {

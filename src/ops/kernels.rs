@@ -73,8 +73,10 @@ pub fn plan_x(m: u32, x_vec4: u32, uniform: bool, align: u32, win_stride: u32) -
 pub use crate::gpu::{UNIFORM_X_BYTES, UNIFORM_X_VEC4};
 
 /// Tokens per workgroup of the gpu profile's decode matmul variants (matmul_gpu.wgsl): a step
-/// of m <= 16 rows uses the first TM >= m; larger steps use the tiled kernel.
+/// of m <= 16 rows uses the first TM >= m, up to GPU_DECODE_MAX_ROWS groups of 16; larger steps
+/// use the tiled kernel.
 pub const GPU_DECODE_TM: [u32; 5] = [1, 2, 4, 8, 16];
+pub const GPU_DECODE_MAX_ROWS: u32 = 64;
 /// Weight rows per workgroup of the decode kernel (gate+up rows for SwiGLU: half as many outputs).
 pub const GPU_DECODE_NR: u32 = 4;
 /// Tokens x weight rows of one tiled-kernel workgroup (matmul_tiled.wgsl).

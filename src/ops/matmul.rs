@@ -2,7 +2,9 @@
 //! SwiGLU, or the up half of an unfused one), and the embedding lookup. Their parameters
 //! (`MatParams`, `EmbedParams`), bindings and constructors.
 
-use super::kernels::{plan_x, Kernels, XPlan, GPU_DECODE_NR, GPU_DECODE_TM, GPU_TILE, MATMUL_TILES, MATMUL_WG};
+use super::kernels::{
+    plan_x, Kernels, XPlan, GPU_DECODE_MAX_ROWS, GPU_DECODE_NR, GPU_DECODE_TM, GPU_TILE, MATMUL_TILES, MATMUL_WG,
+};
 use super::{bindings, div_up, Dispatch, Op, OpKind, Recorder, StepShape};
 use crate::gpu::shared::gpu_struct;
 use crate::gpu::WFormat;
@@ -188,7 +190,7 @@ pub(super) fn embed_dispatches<'a>(
 }
 
 /// A matmul's dispatches over the step's rows (or its sampled rows): the gpu profile's decode
-/// or tiled kernel; on the cpu profile the register tile for the rows, reading x from storage
+/// kernel (up to GPU_DECODE_MAX_ROWS rows) or tiled kernel; on the cpu profile the register tile for the rows, reading x from storage
 /// or through uniform windows (one dispatch per window).
 pub(super) fn dispatches<'a>(
     op: &'a Op,
@@ -206,8 +208,10 @@ pub(super) fn dispatches<'a>(
     if let Some(gk) = &k.gpu {
         let p = &gk.matmul[&format];
         let sw = swiglu as usize;
+        let last = GPU_DECODE_TM.len() - 1;
         let (pipe, tm, outs) = match GPU_DECODE_TM.iter().position(|&t| t >= m) {
             Some(i) => (&p.decode[i][sw], GPU_DECODE_TM[i], GPU_DECODE_NR),
+            None if m <= GPU_DECODE_MAX_ROWS => (&p.decode[last][sw], GPU_DECODE_TM[last], GPU_DECODE_NR),
             None => (&p.tiled[sw], GPU_TILE.0, GPU_TILE.1),
         };
         let outs = if swiglu { outs / 2 } else { outs };
