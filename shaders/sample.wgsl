@@ -1,4 +1,6 @@
-// Sampling, one workgroup per logits row. Per-row parameters live in md at
+// Sampling, one workgroup of WG invocations per logits row (64 on the cpu profile, 256 on the gpu
+// profile); invocation j reads logits j, j + WG, ... (consecutive invocations read consecutive
+// words), and the draw's cumulative mass runs over the invocations' shares in that order. Per-row parameters live in md at
 // off_params + PARAMS_STRIDE * r: temperature (f32 bits), top_p (f32 bits), top_k (u32), u (f32
 // bits, a uniform draw in [0, 1) made on the host from the request's seeded generator), three
 // penalty words (used by logit_adjust.wgsl), n_top (top log-probabilities wanted, <= MAX_TOP),
@@ -23,7 +25,7 @@
 @group(0) @binding(3) var<storage, read> logits: array<f32>;
 @group(0) @binding(4) var<storage, read_write> result: array<u32>;
 
-const WG: u32 = 64u;
+const WG: u32 = {{WG}}u;
 const RESULT_STRIDE: u32 = 42u;
 const BISECT_STEPS: u32 = 32u;
 var<workgroup> red_f: array<f32, WG>;
@@ -84,7 +86,7 @@ fn min_all(lid: u32, v: f32) -> f32 {
     return r;
 }
 
-@compute @workgroup_size(64)
+@compute @workgroup_size({{WG}})
 fn main(
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(num_workgroups) nwg: vec3<u32>,
@@ -103,16 +105,13 @@ fn main(
     let min_p = bitcast<f32>(md[pb + W_MIN_P]);
     let n_top = min(md[pb + W_N_TOP], MAX_TOP);
 
-    let chunk = (p.vocab + WG - 1u) / WG;
-    let lo = min(lid * chunk, p.vocab);
-    let hi = min(lo + chunk, p.vocab);
     let base = r * p.vocab;
 
     // Pass 1: max with its lowest index, and min.
     var mx = -3.0e38;
     var am = 0xffffffffu;
     var mn = 3.0e38;
-    for (var i = lo; i < hi; i++) {
+    for (var i = lid; i < p.vocab; i += WG) {
         let v = logits[base + i];
         if (v > mx) {
             mx = v;
@@ -129,7 +128,7 @@ fn main(
 
     // Log-sum-exp of the raw logits, for log-probabilities.
     var se = 0.0;
-    for (var i = lo; i < hi; i++) {
+    for (var i = lid; i < p.vocab; i += WG) {
         se += exp(logits[base + i] - gmax);
     }
     let lse = gmax + log(sum_all(lid, se));
@@ -140,7 +139,7 @@ fn main(
     } else if (temperature <= 0.0) {
         picked = gargmax;
     } else {
-        draw(lid, base, lo, hi, gmin, gmax, gargmax, temperature, top_p, top_k, min_p, u);
+        draw(lid, base, gmin, gmax, gargmax, temperature, top_p, top_k, min_p, u);
     }
     workgroupBarrier();
     let pick = picked;
@@ -157,7 +156,7 @@ fn main(
     for (var j = 0u; j < n_top; j++) {
         var bv = -3.0e38;
         var bi = 0xffffffffu;
-        for (var i = lo; i < hi; i++) {
+        for (var i = lid; i < p.vocab; i += WG) {
             let v = logits[base + i];
             let below = v < pv || (v == pv && i > pi);
             if (below && (v > bv || (v == bv && i < bi))) {
@@ -176,7 +175,7 @@ fn main(
 }
 
 // Temperature / top-k / min-p / top-p draw; leaves the chosen id in `picked` (set by one thread).
-fn draw(lid: u32, base: u32, lo: u32, hi: u32, gmin: f32, gmax: f32, gargmax: u32, temperature: f32,
+fn draw(lid: u32, base: u32, gmin: f32, gmax: f32, gargmax: u32, temperature: f32,
         top_p: f32, top_k: u32, min_p: f32, u: f32) {
     let inv_t = 1.0 / temperature;
 
@@ -188,7 +187,7 @@ fn draw(lid: u32, base: u32, lo: u32, hi: u32, gmin: f32, gmax: f32, gargmax: u3
         for (var it = 0u; it < BISECT_STEPS; it++) {
             let mid = 0.5 * (a + b);
             var c = 0.0;
-            for (var i = lo; i < hi; i++) {
+            for (var i = lid; i < p.vocab; i += WG) {
                 c += select(0.0, 1.0, logits[base + i] >= mid);
             }
             if (sum_all(lid, c) >= f32(top_k)) {
@@ -208,7 +207,7 @@ fn draw(lid: u32, base: u32, lo: u32, hi: u32, gmin: f32, gmax: f32, gargmax: u3
     // Top-p: the largest threshold whose kept probability mass reaches top_p.
     if (top_p < 1.0) {
         var z = 0.0;
-        for (var i = lo; i < hi; i++) {
+        for (var i = lid; i < p.vocab; i += WG) {
             let v = logits[base + i];
             z += select(0.0, exp((v - gmax) * inv_t), v >= thr);
         }
@@ -218,7 +217,7 @@ fn draw(lid: u32, base: u32, lo: u32, hi: u32, gmin: f32, gmax: f32, gargmax: u3
         for (var it = 0u; it < BISECT_STEPS; it++) {
             let mid = 0.5 * (a + b);
             var c = 0.0;
-            for (var i = lo; i < hi; i++) {
+            for (var i = lid; i < p.vocab; i += WG) {
                 let v = logits[base + i];
                 c += select(0.0, exp((v - gmax) * inv_t), v >= mid);
             }
@@ -233,7 +232,7 @@ fn draw(lid: u32, base: u32, lo: u32, hi: u32, gmin: f32, gmax: f32, gargmax: u3
 
     // Draw: find the candidate where the cumulative mass passes u * total.
     var part = 0.0;
-    for (var i = lo; i < hi; i++) {
+    for (var i = lid; i < p.vocab; i += WG) {
         let v = logits[base + i];
         part += select(0.0, exp((v - gmax) * inv_t), v >= thr);
     }
@@ -266,7 +265,7 @@ fn draw(lid: u32, base: u32, lo: u32, hi: u32, gmin: f32, gmax: f32, gargmax: u3
         let rest = red_f[0];
         var acc = 0.0;
         var pick = gargmax;
-        for (var i = lo; i < hi; i++) {
+        for (var i = lid; i < p.vocab; i += WG) {
             let v = logits[base + i];
             if (v >= thr) {
                 pick = i;

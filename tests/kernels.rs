@@ -53,6 +53,11 @@ fn gpu_harnesses() -> &'static [Harness; 2] {
     })
 }
 
+/// The sampler of both profiles (64 invocations per row on the cpu profile, 256 on the gpu).
+fn samplers() -> [&'static Harness; 2] {
+    [harness(), &gpu_harnesses()[0]]
+}
+
 /// The gpu profile picks its kernel by rows: 1, 2, 8 and 16-token decode variants, 3 and 4 groups
 /// of 16 tokens, tiles beyond.
 const GPU_ROWS: [usize; 7] = [1, 2, 6, 9, 40, 64, 70];
@@ -503,7 +508,12 @@ fn log_softmax(row: &[f32]) -> Vec<f64> {
 
 #[test]
 fn greedy_sampling_picks_lowest_argmax_with_logprob() {
-    let h = harness();
+    for h in samplers() {
+        greedy_sampling_picks_lowest_argmax_with_logprob_with(h);
+    }
+}
+
+fn greedy_sampling_picks_lowest_argmax_with_logprob_with(h: &Harness) {
     let mut rng = Rng::new(6);
     for vocab in [7usize, 512, 49152, 1000] {
         let mut logits = randn(&mut rng, 2 * vocab, 8.0);
@@ -527,7 +537,12 @@ fn greedy_sampling_picks_lowest_argmax_with_logprob() {
 /// Inverse-CDF sampling: sweeping u over a fine grid must reproduce the filtered distribution.
 #[test]
 fn temperature_top_k_min_p_top_p_follow_the_distribution() {
-    let h = harness();
+    for h in samplers() {
+        temperature_top_k_min_p_top_p_follow_the_distribution_with(h);
+    }
+}
+
+fn temperature_top_k_min_p_top_p_follow_the_distribution_with(h: &Harness) {
     let vocab = 300;
     let mut rng = Rng::new(7);
     let logits = randn(&mut rng, vocab, 4.0);
@@ -608,7 +623,12 @@ fn temperature_top_k_min_p_top_p_follow_the_distribution() {
 /// min_p = 1 is greedy outright.
 #[test]
 fn min_p_keeps_only_tokens_near_the_most_likely() {
-    let h = harness();
+    for h in samplers() {
+        min_p_keeps_only_tokens_near_the_most_likely_with(h);
+    }
+}
+
+fn min_p_keeps_only_tokens_near_the_most_likely_with(h: &Harness) {
     let mut rng = Rng::new(11);
     for vocab in [7usize, 1000, 49152] {
         let rows = 96;
@@ -654,7 +674,12 @@ fn min_p_keeps_only_tokens_near_the_most_likely() {
 
 #[test]
 fn penalties_bias_and_top_logprobs() {
-    let h = harness();
+    for h in samplers() {
+        penalties_bias_and_top_logprobs_with(h);
+    }
+}
+
+fn penalties_bias_and_top_logprobs_with(h: &Harness) {
     let vocab = 1000;
     let mut rng = Rng::new(8);
     let logits = randn(&mut rng, vocab, 5.0);
@@ -708,7 +733,12 @@ fn penalties_bias_and_top_logprobs() {
 /// same step still sample.
 #[test]
 fn forced_rows_report_the_given_token() {
-    let h = harness();
+    for h in samplers() {
+        forced_rows_report_the_given_token_with(h);
+    }
+}
+
+fn forced_rows_report_the_given_token_with(h: &Harness) {
     let vocab = 777;
     let mut rng = Rng::new(21);
     let rows: Vec<Vec<f32>> = (0..3).map(|_| randn(&mut rng, vocab, 4.0)).collect();
@@ -746,8 +776,14 @@ fn mask_allows(mask: &[u32], id: usize) -> bool {
 /// sample exactly as they do with no masked row beside them.
 #[test]
 fn token_mask_is_never_crossed() {
+    for h in samplers() {
+        token_mask_is_never_crossed_with(h);
+    }
+}
+
+fn token_mask_is_never_crossed_with(h: &Harness) {
     use torus_wgpu::sampling::row::MASKED_LOGIT;
-    let h = harness();
+
     let mut rng = Rng::new(13);
     for vocab in [7usize, 1000, 49152 + 13] {
         let words = vocab.div_ceil(32);

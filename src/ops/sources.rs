@@ -319,12 +319,18 @@ pub fn head_norm_source() -> Result<String> {
 }
 
 pub const RMSNORM_WGSL: &str = include_str!("../../shaders/rmsnorm.wgsl");
+/// Invocations per row of the sampler: the cpu profile's 64, and 256 on the gpu profile (four
+/// times the loads in flight for one row's logits).
+pub const SAMPLE_WG_CPU: u32 = 64;
+pub const SAMPLE_WG_GPU: u32 = 256;
 pub const SAMPLE_WGSL: &str = include_str!("../../shaders/sample.wgsl");
 pub const HEAD_NORM_WGSL: &str = include_str!("../../shaders/head_norm.wgsl");
 pub const LOGIT_ADJUST_WGSL: &str = include_str!("../../shaders/logit_adjust.wgsl");
 /// The sampler's shaders (sample.wgsl, logit_adjust.wgsl) with the constants they share with Rust.
-pub fn sampler_source(label: &str, body: &str) -> Result<String> {
+/// `wg`: the sampler's workgroup size (sample.wgsl only).
+pub fn sampler_source(label: &str, body: &str, wg: Option<u32>) -> Result<String> {
     Shader::new(label, body)
+        .fill_if(wg.is_some(), "WG", wg.unwrap_or(0))
         .after(common())
         .after(super::sample::SamplerParams::WGSL)
         .after(crate::sampling::row::wgsl_constants())
@@ -375,8 +381,10 @@ pub fn all_sources(head_dims: &[u32]) -> Vec<(String, String)> {
     }
     v.push(("rmsnorm".into(), rmsnorm_source()));
     v.push(("head_norm".into(), head_norm_source()));
-    v.push(("sample".into(), sampler_source("sample", SAMPLE_WGSL)));
-    v.push(("logit_adjust".into(), sampler_source("logit_adjust", LOGIT_ADJUST_WGSL)));
+    for wg in [SAMPLE_WG_CPU, SAMPLE_WG_GPU] {
+        v.push((format!("sample_{wg}"), sampler_source("sample", SAMPLE_WGSL, Some(wg))));
+    }
+    v.push(("logit_adjust".into(), sampler_source("logit_adjust", LOGIT_ADJUST_WGSL, None)));
     // Tests and tools: an assembly error is a bug in a template, named here.
     v.into_iter().map(|(l, s)| (s.unwrap_or_else(|e| panic!("{l}: {e:#}")), l)).map(|(s, l)| (l, s)).collect()
 }
