@@ -327,15 +327,19 @@ fn rope_and_paged_attention_with_gqa() {
     let cases = cases.map(|c| (c, false)).chain([((KvDtype::F16, 5, 2, &shapes[3]), true)]);
     // The cpu profile's attention, and the gpu profile's split attention with as many key
     // ranges as the forward step picks, 3 ranges, and 5 (more than some tokens have keys); its
-    // tile softmax with subgroup reductions, and (false) without.
+    // tile softmax with subgroup reductions, and (false) without; the gpu profile's query-tiled
+    // attention with and without subgroups (its tiles hold tokens of both sequences: 15 and 6
+    // tokens of two sequences per step).
     let profiles = [
-        (KernelProfile::Cpu, None, true),
-        (KernelProfile::Gpu, None, true),
-        (KernelProfile::Gpu, Some(3), true),
-        (KernelProfile::Gpu, Some(5), true),
-        (KernelProfile::Gpu, Some(3), false),
+        (KernelProfile::Cpu, None, true, None),
+        (KernelProfile::Gpu, None, true, Some(false)),
+        (KernelProfile::Gpu, Some(3), true, Some(false)),
+        (KernelProfile::Gpu, Some(5), true, Some(false)),
+        (KernelProfile::Gpu, Some(3), false, Some(false)),
+        (KernelProfile::Gpu, None, true, Some(true)),
+        (KernelProfile::Gpu, None, false, Some(true)),
     ];
-    for (((kv, window, chunks, &(heads, kv_heads, head_dim)), folded), (profile, splits, subgroups)) in
+    for (((kv, window, chunks, &(heads, kv_heads, head_dim)), folded), (profile, splits, subgroups, tiled)) in
         cases.flat_map(|c| profiles.map(|p| (c, p)))
     {
         let gpu = if folded || !subgroups {
@@ -362,6 +366,13 @@ fn rope_and_paged_attention_with_gqa() {
         let mut rig = h.attn_rig(AttnShape { heads, kv_heads, head_dim, block_size: bs }, 12, 64, theta);
         rig.window = window;
         rig.splits = splits;
+        rig.tiled = tiled;
+        if tiled == Some(true) {
+            assert!(
+                h.kernels.gpu.as_ref().unwrap().attention_tiled.is_some(),
+                "no tiled attention for {heads}/{kv_heads} x {head_dim}"
+            );
+        }
         let mut rng = Rng::new(5 + heads as u64);
         let tables = vec![vec![3u32, 0, 5, 7], vec![1u32, 6, 2]];
         let qkv_dim = (heads + 2 * kv_heads) * head_dim;
@@ -428,7 +439,7 @@ fn rope_and_paged_attention_with_gqa() {
             // f16: a key element rounded on the other side of a half-way point shifts a score.
             let tol = if kv == KvDtype::F16 { 2e-4 } else { 2e-5 };
             let what = format!(
-                "attention {profile:?} splits {splits:?} subgroups {subgroups} {kv:?} window {window} chunks {chunks} \
+                "attention {profile:?} splits {splits:?} tiled {tiled:?} subgroups {subgroups} {kv:?} window {window} chunks {chunks} \
                  heads={heads} kv={kv_heads} d={head_dim}"
             );
             assert_close(&out, &want, |_| tol, &what);

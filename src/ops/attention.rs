@@ -1,8 +1,9 @@
 //! Paged attention over the KV cache (global, or within a sliding window): parameters,
 //! bindings and constructor. The cpu profile runs attention.wgsl; the gpu profile the split-key
-//! attention_split.wgsl, whose partial results (`part`) a second pass merges.
+//! attention_split.wgsl, whose partial results (`part`) a second pass merges, and for
+//! prefill-sized steps the query-tiled attention_tiled.wgsl.
 
-use super::kernels::Kernels;
+use super::kernels::{GpuPipelines, Kernels};
 use super::rope::kv_entries;
 use super::{bindings, div_up, Dispatch, Op, OpKind, Recorder, StepShape};
 use crate::gpu::shared::gpu_struct;
@@ -99,8 +100,22 @@ pub fn attention_splits(
     want.min(by_keys).min(by_buffer).clamp(1, MAX_SPLITS) as u32
 }
 
-/// Attention's grid: on the gpu profile a workgroup per (token, KV head, key range), then the
-/// merge of the ranges; on the cpu profile a thread per (token, head).
+/// Whether a gpu-profile step of `n_tokens` tokens over `n_seqs` sequences runs the query-tiled
+/// attention (`qt` tokens per tile; 0: not built): when its sequences have a tile of tokens each
+/// on average (a prefill-sized step), so that tiles are mostly full and each K/V row is read once
+/// per tile. Decode-sized steps keep the split kernel, whose key ranges fill the GPU.
+/// Returns the tokens per tile for StepShape::attn_tile (0: the split kernel).
+pub fn attention_tiled(n_tokens: usize, n_seqs: usize, qt: u32) -> u32 {
+    if qt > 0 && n_tokens >= qt as usize * n_seqs.max(1) {
+        qt
+    } else {
+        0
+    }
+}
+
+/// Attention's grid: on the gpu profile a workgroup per (query tile, KV head) for a tiled step,
+/// else a workgroup per (token, KV head, key range), then the merge of the ranges; on the cpu
+/// profile a thread per (token, head).
 pub(super) fn dispatches<'a>(
     op: &'a Op,
     r: &Recorder<'a>,
@@ -110,6 +125,10 @@ pub(super) fn dispatches<'a>(
 ) {
     let n = s.n_tokens;
     match &r.kernels.gpu {
+        Some(GpuPipelines { attention_tiled: Some((pipe, qt)), .. }) if s.attn_tile > 0 => {
+            debug_assert_eq!(s.attn_tile, *qt);
+            out(r.folded(pipe, &op.bind, div_up(n, *qt) * kv_heads));
+        }
         Some(gk) => {
             out(r.folded(&gk.attention, &op.bind, n * kv_heads * s.n_splits));
             if s.n_splits > 1 {

@@ -75,8 +75,11 @@ fn bindings_match_the_shaders() {
     for kv in [KvDtype::F16, KvDtype::F32] {
         for chunks in [1, MAX_KV_CHUNKS] {
             check("rope_kv", RopeBinds::SLOTS, &[rope_kv_source(kv, chunks).unwrap()], Some(ROPE_KV));
-            let attn =
-                [attention_source(64, kv, chunks).unwrap(), attention_split_source(64, 4, kv, chunks, true).unwrap()];
+            let attn = [
+                attention_source(64, kv, chunks).unwrap(),
+                attention_split_source(64, 4, kv, chunks, true).unwrap(),
+                attention_tiled_source(64, 4, 3, kv, chunks, true).unwrap(),
+            ];
             check("attention", AttnBinds::SLOTS, &attn, Some(ATTN_KV));
         }
     }

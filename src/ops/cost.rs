@@ -77,7 +77,8 @@ impl OpKind {
             }
             OpKind::Attention { heads, kv_heads, hd4 } => {
                 let hd = 4 * hd4 as u64;
-                let kv = 2 * s.attn_keys * kv_heads as u64 * hd * kv_bytes;
+                // The tiled kernel reads a tile's keys once for its tokens.
+                let kv = 2 * s.attn_keys * kv_heads as u64 * hd * kv_bytes / s.attn_tile.max(1) as u64;
                 Cost { bytes: kv + 2 * 4 * n * heads as u64 * hd, flops: 4 * s.attn_keys * heads as u64 * hd }
             }
             OpKind::LogitAdjust { vocab } if s.any_adjust => {
@@ -111,6 +112,9 @@ mod tests {
         let att = OpKind::Attention { heads: 4, kv_heads: 2, hd4: 16 };
         let s = StepShape { n_tokens: 2, attn_keys: 30, ..Default::default() };
         assert_eq!(att.cost(&s, 2).bytes, 2 * 30 * 2 * 64 * 2 + 8 * 2 * 4 * 64);
+        // Query tiles of 2 tokens read their keys once.
+        let s = StepShape { attn_tile: 2, ..s };
+        assert_eq!(att.cost(&s, 2).bytes, 30 * 2 * 64 * 2 + 8 * 2 * 4 * 64);
         assert_eq!(Cost { bytes: 2_000_000_000, flops: 1 }.seconds_at(1000.0, 1.0), 2e-3);
     }
 }

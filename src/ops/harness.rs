@@ -11,7 +11,7 @@ use crate::ops::matmul::{self, MatmulIo, MAT_ACCUMULATE, MAT_BIAS, MAT_SWIGLU_UP
 use crate::ops::norm::{self, HeadNormBinds, HeadNormParams, NormBinds, NormParams};
 use crate::ops::rope::{self, rope_table, RopeBinds, RopeParams};
 use crate::ops::sample::{self, AdjustBinds, SampleBinds, SamplerParams};
-use crate::ops::{attention_splits, Op, RecordParams, Recorder, StepShape};
+use crate::ops::{attention_splits, attention_tiled, Op, RecordParams, Recorder, StepShape};
 use crate::sampling::row::SAMPLE_RESULT_STRIDE;
 use crate::sampling::{SampleParams, Sampled};
 use crate::weights::tensor::QTensor;
@@ -62,6 +62,9 @@ pub struct AttnRig {
     pub window: usize,
     /// gpu profile: key ranges per (token, KV head) to force (None: as the forward step picks).
     pub splits: Option<u32>,
+    /// gpu profile: run the query-tiled attention (Some(true)), the split one (Some(false)), or
+    /// (None) as the forward step picks.
+    pub tiled: Option<bool>,
     /// The cache's chunks (as many as the kernels were built for), `blocks_per_chunk` blocks each.
     pub k: Vec<wgpu::Buffer>,
     pub v: Vec<wgpu::Buffer>,
@@ -143,7 +146,8 @@ impl Harness {
 
     /// Runs one op over a step of `n` tokens and `ns` sampled rows.
     fn run_op(&self, op: Op, n: usize, ns: usize) -> Result<()> {
-        let shape = StepShape { n_tokens: n as u32, n_sample: ns as u32, n_splits: 1, any_adjust: true, attn_keys: 0 };
+        let shape =
+            StepShape { n_tokens: n as u32, n_sample: ns as u32, n_splits: 1, any_adjust: true, ..Default::default() };
         self.run(&self.calls(&[op], shape, None), 1).map(|_| ())
     }
 
@@ -264,7 +268,7 @@ impl Harness {
         let windows = g.uniform_init("windows", bytemuck::cast_slice(&window_entries(m + 1, window_stride(g))));
         let io = MatmulIo { step: &step, x: xb, y: yb, bias: bb, windows: uniform_x.then_some(&windows) };
         let (ops, _params) = matmul::matmul(&self.kernels, g, &mat, &io, (0, w.rows), flags, false, up.is_some());
-        let shape = StepShape { n_tokens: m as u32, n_sample: 0, n_splits: 1, any_adjust: false, attn_keys: 0 };
+        let shape = StepShape { n_tokens: m as u32, n_sample: 0, n_splits: 1, any_adjust: false, ..Default::default() };
         // The weights stay alive through the bind groups.
         Ok(self.calls(&ops, shape, tile))
     }
@@ -342,8 +346,13 @@ impl Harness {
         let ab = g.storage_init("adjust", bytemuck::cast_slice(&adjust));
         let bytes = (rows * SAMPLE_RESULT_STRIDE * 4) as u64;
         let rb = g.storage("result", bytes);
-        let shape =
-            StepShape { n_tokens: rows as u32, n_sample: rows as u32, n_splits: 1, any_adjust: true, attn_keys: 0 };
+        let shape = StepShape {
+            n_tokens: rows as u32,
+            n_sample: rows as u32,
+            n_splits: 1,
+            any_adjust: true,
+            ..Default::default()
+        };
         let k = &self.kernels;
         let ops = [
             sample::logit_adjust(k, g, &AdjustBinds { step: &step, p: &pb, md: &meta, adj: &ab, logits: &lb }, vocab),
@@ -431,6 +440,7 @@ impl Harness {
             block_size,
             window: 0,
             splits: None,
+            tiled: None,
             k: (0..chunks).map(|_| g.storage("k", bytes)).collect(),
             v: (0..chunks).map(|_| g.storage("v", bytes)).collect(),
             cos_sin: g.storage_init("cos_sin", bytemuck::cast_slice(&cs)),
@@ -503,7 +513,19 @@ impl Harness {
         let rope = rope::rope_kv(k, g, &b, kv, dims);
         let b = AttnBinds { step: &step, p: &ap, md: &meta, qkv: &qkv_b, out: &out, part: &part };
         let attention = attention::attention(k, g, &b, kv, dims);
-        let shape = StepShape { n_tokens: n as u32, n_sample: 0, n_splits: splits, any_adjust: false, attn_keys: 0 };
+        let qt = self.kernels.gpu.as_ref().and_then(|k| k.attention_tiled.as_ref()).map_or(0, |t| t.1);
+        let attn_tile = match rig.tiled {
+            None => attention_tiled(n, s.block_tables.len(), qt),
+            Some(tiled) => {
+                if tiled {
+                    qt
+                } else {
+                    0
+                }
+            }
+        };
+        let shape =
+            StepShape { n_tokens: n as u32, n_sample: 0, n_splits: splits, attn_tile, any_adjust: false, attn_keys: 0 };
         self.run(&self.calls(&[rope], shape, None), 1)?;
         let attention = self.calls(&[attention], shape, None);
         self.run(&attention, 1)?;

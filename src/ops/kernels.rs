@@ -118,6 +118,9 @@ pub struct GpuPipelines {
     /// Split-key attention and the merge of its splits (attn_family).
     pub attention: wgpu::ComputePipeline,
     pub combine: wgpu::ComputePipeline,
+    /// Query-tiled attention for prefill-sized steps and its tokens per tile (None where no
+    /// tile of two tokens fits the workgroup memory).
+    pub attention_tiled: Option<(wgpu::ComputePipeline, u32)>,
 }
 
 /// What a set of kernels is built for.
@@ -257,10 +260,18 @@ impl Kernels {
                 matmul.insert(f, GpuMatmulPipelines { decode, tiled });
             }
             let src = attention_split_source(head_dim, group.max(1), kv, kv_chunks, gpu.subgroups)?;
+            let qt = tiled_attention_tokens(head_dim, group, gpu.subgroups);
+            let attention_tiled = if qt > 0 {
+                let src = attention_tiled_source(head_dim, group, qt, kv, kv_chunks, gpu.subgroups)?;
+                Some((attn_family.pipeline(gpu, "attention_tiled", &src, "main")?, qt))
+            } else {
+                None
+            };
             Some(GpuPipelines {
                 matmul,
                 attention: attn_family.pipeline(gpu, "attention_split", &src, "main")?,
                 combine: attn_family.pipeline(gpu, "attention_combine", &src, "combine")?,
+                attention_tiled,
             })
         } else {
             None

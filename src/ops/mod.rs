@@ -27,7 +27,7 @@ pub mod rope;
 pub mod sample;
 pub mod sources;
 
-pub use attention::attention_splits;
+pub use attention::{attention_splits, attention_tiled};
 
 /// Declares a kernel family's bindings by name: a struct of buffers whose fields are the
 /// shader's variable names, each with its access and binding number. `SLOTS` gives the bind-group
@@ -126,6 +126,9 @@ pub struct StepShape {
     pub n_sample: u32,
     /// Key ranges per (token, KV head) of the split attention (see `attention_splits`).
     pub n_splits: u32,
+    /// gpu profile: tokens per query tile when attention runs the query-tiled kernel (a
+    /// prefill-sized step; see `attention_tiled`), 0 when it runs the split one.
+    pub attn_tile: u32,
     /// Whether any sampled row has logit adjustments.
     pub any_adjust: bool,
     /// Keys attended over all tokens of the step (causal, within the window): what attention

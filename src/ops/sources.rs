@@ -196,7 +196,7 @@ pub fn matmul_tiled_source(f: WFormat, swiglu: bool) -> Result<String> {
         .build()
 }
 
-/// The split attention's tile softmax with subgroup reductions: the tile's max per head
+/// The attention tile softmax (split and tiled kernels) with subgroup reductions: the tile's max per head
 /// (subgroupMax, then one value per subgroup), every invocation's exponential, their sum per
 /// head (subgroupAdd), then G invocations update the running statistics.
 const SOFTMAX_SUBGROUP_DECL: &str = "var<workgroup> red_max: array<f32, G * 16u>;
@@ -213,7 +213,7 @@ const SOFTMAX_SUBGROUP: &str = "        for (var h = 0u; h < G; h++) {
             for (var q = 0u; q < nsg; q++) {
                 mx = max(mx, red_max[h * 16u + q]);
             }
-            let e = select(0.0, exp(sh[h] - mx), j < ke);
+            let e = select(0.0, exp(sh[h] - mx), j < ke && sh[h] > -1.0e38);
             sc[h * KT + lid] = e;
             let v = subgroupAdd(e);
             if (sid == 0u) {
@@ -248,7 +248,8 @@ const SOFTMAX_WORKGROUP: &str = "        for (var h = 0u; h < G; h++) {
             let c = exp(mstat[lid] - mx);
             var sum = 0.0;
             for (var i = 0u; i < KT; i++) {
-                let e = select(0.0, exp(sc[lid * KT + i] - mx), tile + i < ke);
+                let x = sc[lid * KT + i];
+                let e = select(0.0, exp(x - mx), tile + i < ke && x > -1.0e38);
                 sc[lid * KT + i] = e;
                 sum += e;
             }
@@ -278,6 +279,52 @@ pub fn attention_split_source(
         .after(super::attention::AttnParams::WGSL)
         .fill("HD4", head_dim / 4)
         .fill("G", group)
+        .fill("KV", kv_snippet(kv, false, kv_chunks))
+        .fill("SG_ARGS", args)
+        .fill("SOFTMAX_DECL", decl)
+        .fill("SOFTMAX", softmax)
+        .build()
+}
+
+/// Workgroup memory the tiled attention may use (WebGPU's guaranteed minimum).
+const TILED_ATTN_WG_BYTES: u32 = 16384;
+/// Most tokens per tile of the tiled attention.
+pub const TILED_ATTN_MAX_QT: u32 = 16;
+
+/// Tokens per query tile of the gpu profile's tiled (prefill) attention for `group` query heads
+/// per KV head: as many as fit the workgroup memory (queries, scores, statistics, the subgroup
+/// reductions' arrays) up to TILED_ATTN_MAX_QT rows; 0 when not even one token's rows fit or a
+/// tile would have one token only (the split kernel is then as good).
+pub fn tiled_attention_tokens(head_dim: u32, group: u32, subgroups: bool) -> u32 {
+    let kt = 64;
+    let per_row = head_dim * 4 + kt * 4 + 3 * 4 + if subgroups { 2 * 16 * 4 } else { 0 };
+    let per_token = 2 * 4 + group.max(1) * per_row;
+    let fit = (TILED_ATTN_WG_BYTES - kt * 4) / per_token;
+    let qt = fit.min(TILED_ATTN_MAX_QT / group.max(1));
+    if qt >= 2 {
+        qt
+    } else {
+        0
+    }
+}
+
+/// The gpu profile's query-tiled attention (`qt` tokens per tile, from `tiled_attention_tokens`).
+pub fn attention_tiled_source(
+    head_dim: u32,
+    group: u32,
+    qt: u32,
+    kv: KvDtype,
+    kv_chunks: usize,
+    subgroups: bool,
+) -> Result<String> {
+    let (args, decl, softmax) =
+        if subgroups { (SG_ARGS, SOFTMAX_SUBGROUP_DECL, SOFTMAX_SUBGROUP) } else { ("", "", SOFTMAX_WORKGROUP) };
+    Shader::new("attention_tiled", include_str!("../../shaders/attention_tiled.wgsl"))
+        .after(common())
+        .after(super::attention::AttnParams::WGSL)
+        .fill("HD4", head_dim / 4)
+        .fill("GQ", group.max(1))
+        .fill("QT", qt)
         .fill("KV", kv_snippet(kv, false, kv_chunks))
         .fill("SG_ARGS", args)
         .fill("SOFTMAX_DECL", decl)
@@ -367,6 +414,13 @@ pub fn all_sources(head_dims: &[u32]) -> Vec<(String, String)> {
                         format!("attention_split_hd{d}_g{group}_x{chunks}_{sg}"),
                         attention_split_source(d, group, KvDtype::F16, chunks, sg),
                     ));
+                    let qt = tiled_attention_tokens(d, group, sg);
+                    if qt > 0 {
+                        v.push((
+                            format!("attention_tiled_hd{d}_g{group}_x{chunks}_{sg}"),
+                            attention_tiled_source(d, group, qt, KvDtype::F16, chunks, sg),
+                        ));
+                    }
                 }
             }
         }
