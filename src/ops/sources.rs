@@ -263,6 +263,29 @@ const SOFTMAX_WORKGROUP: &str = "        for (var h = 0u; h < G; h++) {
 const SG_ARGS: &str =
     "@builtin(subgroup_invocation_id) sid: u32,\n    @builtin(subgroup_id) sg: u32,\n    @builtin(num_subgroups) nsg: u32,";
 
+/// An attention kernel with the tile softmax (the split and the tiled one), its shared parts
+/// filled: HD4, the KV cache's loads, and the softmax with subgroup reductions (`subgroups`) or
+/// through workgroup memory.
+fn tile_softmax_attention(
+    label: &str,
+    body: &str,
+    head_dim: u32,
+    kv: KvDtype,
+    kv_chunks: usize,
+    subgroups: bool,
+) -> Shader {
+    let (args, decl, softmax) =
+        if subgroups { (SG_ARGS, SOFTMAX_SUBGROUP_DECL, SOFTMAX_SUBGROUP) } else { ("", "", SOFTMAX_WORKGROUP) };
+    Shader::new(label, body)
+        .after(common())
+        .after(super::attention::AttnParams::WGSL)
+        .fill("HD4", head_dim / 4)
+        .fill("KV", kv_snippet(kv, false, kv_chunks))
+        .fill("SG_ARGS", args)
+        .fill("SOFTMAX_DECL", decl)
+        .fill("SOFTMAX", softmax)
+}
+
 /// The gpu profile's split-key attention for `group` query heads per KV head; `subgroups`: the
 /// tile softmax reduces with subgroup operations.
 pub fn attention_split_source(
@@ -272,18 +295,8 @@ pub fn attention_split_source(
     kv_chunks: usize,
     subgroups: bool,
 ) -> Result<String> {
-    let (args, decl, softmax) =
-        if subgroups { (SG_ARGS, SOFTMAX_SUBGROUP_DECL, SOFTMAX_SUBGROUP) } else { ("", "", SOFTMAX_WORKGROUP) };
-    Shader::new("attention_split", include_str!("../../shaders/attention_split.wgsl"))
-        .after(common())
-        .after(super::attention::AttnParams::WGSL)
-        .fill("HD4", head_dim / 4)
-        .fill("G", group)
-        .fill("KV", kv_snippet(kv, false, kv_chunks))
-        .fill("SG_ARGS", args)
-        .fill("SOFTMAX_DECL", decl)
-        .fill("SOFTMAX", softmax)
-        .build()
+    let body = include_str!("../../shaders/attention_split.wgsl");
+    tile_softmax_attention("attention_split", body, head_dim, kv, kv_chunks, subgroups).fill("G", group).build()
 }
 
 /// Workgroup memory the tiled attention may use (WebGPU's guaranteed minimum).
@@ -317,18 +330,10 @@ pub fn attention_tiled_source(
     kv_chunks: usize,
     subgroups: bool,
 ) -> Result<String> {
-    let (args, decl, softmax) =
-        if subgroups { (SG_ARGS, SOFTMAX_SUBGROUP_DECL, SOFTMAX_SUBGROUP) } else { ("", "", SOFTMAX_WORKGROUP) };
-    Shader::new("attention_tiled", include_str!("../../shaders/attention_tiled.wgsl"))
-        .after(common())
-        .after(super::attention::AttnParams::WGSL)
-        .fill("HD4", head_dim / 4)
+    let body = include_str!("../../shaders/attention_tiled.wgsl");
+    tile_softmax_attention("attention_tiled", body, head_dim, kv, kv_chunks, subgroups)
         .fill("GQ", group.max(1))
         .fill("QT", qt)
-        .fill("KV", kv_snippet(kv, false, kv_chunks))
-        .fill("SG_ARGS", args)
-        .fill("SOFTMAX_DECL", decl)
-        .fill("SOFTMAX", softmax)
         .build()
 }
 
