@@ -9,7 +9,7 @@
 // the adapter has subgroups, else G invocations each walk their head's scores (the SOFTMAX
 // snippet of sources.rs). With one split the output is written directly; with several, each
 // writes (unnormalised acc, max, sum) to `part` and `combine` merges them.
-// HD4, G and the KV snippet (load_k / load_v) are substituted when the pipeline is built.
+// HD4, KT, G and the KV snippet (load_k / load_v) are substituted when the pipeline is built.
 
 // AttnParams (src/gpu/shared.rs) is prepended.
 
@@ -23,17 +23,14 @@
 
 const HD4: u32 = {{HD4}}u;
 const G: u32 = {{G}}u;
-const KT: u32 = 64u;
+const KT: u32 = {{KT}}u;
 const WG: u32 = 64u;
 // (head, dim vec4) accumulators per invocation.
 const NA: u32 = (G * HD4 + WG - 1u) / WG;
 
 var<workgroup> qs: array<vec4<f32>, G * HD4>;
-var<workgroup> sc: array<f32, G * KT>;
 var<workgroup> kbase: array<u32, KT>;
-var<workgroup> mstat: array<f32, G>;
-var<workgroup> lstat: array<f32, G>;
-var<workgroup> corr: array<f32, G>;
+// The tile softmax's state (sc, mstat, lstat, corr) and reductions.
 {{SOFTMAX_DECL}}
 
 {{KV}}

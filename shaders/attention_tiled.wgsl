@@ -8,7 +8,7 @@
 // row (masked where the key is outside that row's range), the tile's softmax statistics update
 // per row (the SOFTMAX snippet of sources.rs, over G = rows), then the invocations, one per (row,
 // dim vec4), accumulate the tile's values. No key splits: prefill steps have workgroups enough.
-// HD4, GQ, QT and the KV snippet (load_k / load_v) are substituted when the pipeline is built.
+// HD4, KT, GQ, QT and the KV snippet (load_k / load_v) are substituted when the pipeline is built.
 
 // AttnParams (src/gpu/shared.rs) is prepended.
 
@@ -24,21 +24,18 @@ const GQ: u32 = {{GQ}}u;
 const QT: u32 = {{QT}}u;
 // Rows (token, query head) of a workgroup: the name the SOFTMAX snippet uses.
 const G: u32 = QT * GQ;
-const KT: u32 = 64u;
+const KT: u32 = {{KT}}u;
 const WG: u32 = 64u;
 // (row, dim vec4) accumulators per invocation.
 const NA: u32 = (G * HD4 + WG - 1u) / WG;
 const MASKED: f32 = -3.0e38;
 
 var<workgroup> qs: array<vec4<f32>, G * HD4>;
-var<workgroup> sc: array<f32, G * KT>;
 var<workgroup> kbase: array<u32, KT>;
-var<workgroup> mstat: array<f32, G>;
-var<workgroup> lstat: array<f32, G>;
-var<workgroup> corr: array<f32, G>;
 // The segment's tokens: first attended key and position.
 var<workgroup> tfirst: array<u32, QT>;
 var<workgroup> tpos: array<u32, QT>;
+// The tile softmax's state (sc, mstat, lstat, corr) and reductions.
 {{SOFTMAX_DECL}}
 
 {{KV}}

@@ -1,23 +1,23 @@
 // Sampling, one workgroup of WG invocations per logits row (64 on the cpu profile, 256 on the gpu
 // profile); invocation j reads logits j, j + WG, ... (consecutive invocations read consecutive
-// words), and the draw's cumulative mass runs over the invocations' shares in that order. Per-row parameters live in md at
-// off_params + PARAMS_STRIDE * r: temperature (f32 bits), top_p (f32 bits), top_k (u32), u (f32
-// bits, a uniform draw in [0, 1) made on the host from the request's seeded generator), three
-// penalty words (used by logit_adjust.wgsl), n_top (top log-probabilities wanted, <= MAX_TOP),
-// two adjustment words (logit_adjust.wgsl), min_p (f32 bits; word 10), the token mask (word 11,
-// applied by logit_adjust.wgsl: tokens it does not allow hold MASKED_LOGIT, which the minimum
-// below skips so the top-k/top-p bisections span the allowed tokens only, and which no draw or
-// argmax picks while any token is allowed), the forced token (word 12: NO_FORCE, or a token id
-// the row reports instead of sampling, for prompt log-probabilities). PARAMS_STRIDE, NO_MASK,
-// NO_FORCE and MASKED_LOGIT are prepended from Rust (kernels::sampler_source).
-// temperature <= 0 is greedy (argmax, lowest id on ties). Otherwise the candidates are the
-// top_k largest logits (0 = all) whose probability at this temperature is at least min_p times
-// the largest (0 = off; the logit threshold max + temperature * ln(min_p)), then the smallest top
-// set of those whose probability reaches top_p; thresholds are found by bisection on the logit
-// value, so no sort is needed.
-// Writes per row, RESULT_STRIDE words: token id, its log-probability (log-softmax of the row's
-// logits after penalties and bias, before temperature and filtering), then n_top (id, logprob)
-// pairs of the most likely tokens, most likely first (ties: lower id first).
+// words), and the draw's cumulative mass runs over the invocations' shares in that order.
+// Per-row parameters live in md at off_params + PARAMS_STRIDE * r: temperature (f32 bits), top_p
+// (f32 bits), top_k (u32), u (f32 bits, a uniform draw in [0, 1) made on the host from the
+// request's seeded generator), three penalty words (used by logit_adjust.wgsl), n_top (top
+// log-probabilities wanted, <= MAX_TOP), two adjustment words (logit_adjust.wgsl), min_p (f32 bits;
+// word 10), the token mask (word 11, applied by logit_adjust.wgsl: tokens it does not allow hold
+// MASKED_LOGIT, which the minimum below skips so the top-k/top-p bisections span the allowed tokens
+// only, and which no draw or argmax picks while any token is allowed), the forced token (word 12:
+// NO_FORCE, or a token id the row reports instead of sampling, for prompt log-probabilities).
+// PARAMS_STRIDE, NO_MASK, NO_FORCE and MASKED_LOGIT are prepended from Rust
+// (kernels::sampler_source). temperature <= 0 is greedy (argmax, lowest id on ties). Otherwise the
+// candidates are the top_k largest logits (0 = all) whose probability at this temperature is at
+// least min_p times the largest (0 = off; the logit threshold max + temperature * ln(min_p)), then
+// the smallest top set of those whose probability reaches top_p; thresholds are found by bisection
+// on the logit value, so no sort is needed. Writes per row, RESULT_STRIDE words: token id, its
+// log-probability (log-softmax of the row's logits after penalties and bias, before temperature and
+// filtering), then n_top (id, logprob) pairs of the most likely tokens, most likely first (ties:
+// lower id first).
 
 @group(0) @binding(0) var<uniform> step: Step;
 @group(0) @binding(1) var<uniform> p: SamplerParams; // declared from Rust (ops/sample.rs)

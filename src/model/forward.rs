@@ -358,8 +358,7 @@ impl Model {
 
         let RecordParams { align, win_stride } = self.record;
         let rec = Recorder { kernels: &self.kernels, gpu: g, align, win_stride, tile_override: None };
-        let qt = self.kernels.gpu.as_ref().and_then(|k| k.attention_tiled.as_ref()).map_or(0, |t| t.1);
-        let attn_tile = attention_tiled(n as usize, s.block_tables.len(), qt);
+        let attn_tile = attention_tiled(&self.kernels, n as usize, s.block_tables.len());
         let shape = StepShape { n_tokens: n, n_sample: ns, n_splits: h.n_splits, attn_tile, any_adjust, attn_keys };
         let mut enc = match &mut self.profiler {
             Some(p) => p.record(g, &rec, &self.ops, &shape)?,

@@ -100,17 +100,22 @@ pub fn attention_splits(
     want.min(by_keys).min(by_buffer).clamp(1, MAX_SPLITS) as u32
 }
 
-/// Whether a gpu-profile step of `n_tokens` tokens over `n_seqs` sequences runs the query-tiled
-/// attention (`qt` tokens per tile; 0: not built): when its sequences have a tile of tokens each
-/// on average (a prefill-sized step), so that tiles are mostly full and each K/V row is read once
-/// per tile. Decode-sized steps keep the split kernel, whose key ranges fill the GPU.
-/// Returns the tokens per tile for StepShape::attn_tile (0: the split kernel).
-pub fn attention_tiled(n_tokens: usize, n_seqs: usize, qt: u32) -> u32 {
+/// StepShape::attn_tile for a step of `n_tokens` tokens over `n_seqs` sequences: the query-tiled
+/// kernel's tokens per tile when it is built (gpu profile) and the sequences have a tile of
+/// tokens each on average (a prefill-sized step: tiles mostly full, each K/V row read once per
+/// tile); else 0, the split kernel, whose key ranges fill the GPU at decode.
+pub fn attention_tiled(kern: &Kernels, n_tokens: usize, n_seqs: usize) -> u32 {
+    let qt = tiled_tokens(kern);
     if qt > 0 && n_tokens >= qt as usize * n_seqs.max(1) {
         qt
     } else {
         0
     }
+}
+
+/// Tokens per tile of the query-tiled attention these kernels have (0: none built).
+pub fn tiled_tokens(kern: &Kernels) -> u32 {
+    kern.gpu.as_ref().and_then(|g| g.attention_tiled.as_ref()).map_or(0, |t| t.1)
 }
 
 /// Attention's grid: on the gpu profile a workgroup per (query tile, KV head) for a tiled step,

@@ -513,16 +513,10 @@ impl Harness {
         let rope = rope::rope_kv(k, g, &b, kv, dims);
         let b = AttnBinds { step: &step, p: &ap, md: &meta, qkv: &qkv_b, out: &out, part: &part };
         let attention = attention::attention(k, g, &b, kv, dims);
-        let qt = self.kernels.gpu.as_ref().and_then(|k| k.attention_tiled.as_ref()).map_or(0, |t| t.1);
         let attn_tile = match rig.tiled {
-            None => attention_tiled(n, s.block_tables.len(), qt),
-            Some(tiled) => {
-                if tiled {
-                    qt
-                } else {
-                    0
-                }
-            }
+            None => attention_tiled(&self.kernels, n, s.block_tables.len()),
+            Some(true) => attention::tiled_tokens(&self.kernels),
+            Some(false) => 0,
         };
         let shape =
             StepShape { n_tokens: n as u32, n_sample: 0, n_splits: splits, attn_tile, any_adjust: false, attn_keys: 0 };

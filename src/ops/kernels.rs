@@ -76,6 +76,7 @@ pub use crate::gpu::{UNIFORM_X_BYTES, UNIFORM_X_VEC4};
 /// of m <= 16 rows uses the first TM >= m, up to GPU_DECODE_MAX_ROWS groups of 16; larger steps
 /// use the tiled kernel.
 pub const GPU_DECODE_TM: [u32; 5] = [1, 2, 4, 8, 16];
+/// Most rows of a step the decode matmul serves (as groups of 16 tokens).
 pub const GPU_DECODE_MAX_ROWS: u32 = 64;
 /// Weight rows per workgroup of the decode kernel (gate+up rows for SwiGLU: half as many outputs).
 pub const GPU_DECODE_NR: u32 = 4;

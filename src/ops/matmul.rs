@@ -190,8 +190,8 @@ pub(super) fn embed_dispatches<'a>(
 }
 
 /// A matmul's dispatches over the step's rows (or its sampled rows): the gpu profile's decode
-/// kernel (up to GPU_DECODE_MAX_ROWS rows) or tiled kernel; on the cpu profile the register tile for the rows, reading x from storage
-/// or through uniform windows (one dispatch per window).
+/// kernel (up to GPU_DECODE_MAX_ROWS rows) or tiled kernel; on the cpu profile the register tile
+/// for the rows, reading x from storage or through uniform windows (one dispatch per window).
 pub(super) fn dispatches<'a>(
     op: &'a Op,
     r: &Recorder<'a>,

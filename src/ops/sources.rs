@@ -196,9 +196,19 @@ pub fn matmul_tiled_source(f: WFormat, swiglu: bool) -> Result<String> {
         .build()
 }
 
-/// The attention tile softmax (split and tiled kernels) with subgroup reductions: the tile's max per head
-/// (subgroupMax, then one value per subgroup), every invocation's exponential, their sum per
-/// head (subgroupAdd), then G invocations update the running statistics.
+/// Keys per tile of the split and the tiled attention (one per invocation of their workgroups).
+const ATTN_KT: u32 = 64;
+
+/// The tile softmax's state, for G rows (query heads, or a tile's tokens times heads): the
+/// tile's exponentials and each row's running max, sum and correction.
+const SOFTMAX_STATE_DECL: &str = "var<workgroup> sc: array<f32, G * KT>;
+var<workgroup> mstat: array<f32, G>;
+var<workgroup> lstat: array<f32, G>;
+var<workgroup> corr: array<f32, G>;";
+
+/// The attention tile softmax (split and tiled kernels) with subgroup reductions: the tile's
+/// max per row (subgroupMax, then one value per subgroup), every invocation's exponential,
+/// their sum per row (subgroupAdd), then G invocations update the running statistics.
 const SOFTMAX_SUBGROUP_DECL: &str = "var<workgroup> red_max: array<f32, G * 16u>;
 var<workgroup> red_sum: array<f32, G * 16u>;";
 const SOFTMAX_SUBGROUP: &str = "        for (var h = 0u; h < G; h++) {
@@ -280,9 +290,10 @@ fn tile_softmax_attention(
         .after(common())
         .after(super::attention::AttnParams::WGSL)
         .fill("HD4", head_dim / 4)
+        .fill("KT", ATTN_KT)
         .fill("KV", kv_snippet(kv, false, kv_chunks))
         .fill("SG_ARGS", args)
-        .fill("SOFTMAX_DECL", decl)
+        .fill("SOFTMAX_DECL", format!("{SOFTMAX_STATE_DECL}\n{decl}"))
         .fill("SOFTMAX", softmax)
 }
 
@@ -309,7 +320,7 @@ pub const TILED_ATTN_MAX_QT: u32 = 16;
 /// reductions' arrays) up to TILED_ATTN_MAX_QT rows; 0 when not even one token's rows fit or a
 /// tile would have one token only (the split kernel is then as good).
 pub fn tiled_attention_tokens(head_dim: u32, group: u32, subgroups: bool) -> u32 {
-    let kt = 64;
+    let kt = ATTN_KT;
     let per_row = head_dim * 4 + kt * 4 + 3 * 4 + if subgroups { 2 * 16 * 4 } else { 0 };
     let per_token = 2 * 4 + group.max(1) * per_row;
     let fit = (TILED_ATTN_WG_BYTES - kt * 4) / per_token;
