@@ -10,9 +10,8 @@
 // (double buffering through registers: one workgroup buffer of 16 KiB, two barriers per block).
 // With SWIGLU, tile rows 0..31 are 32 gate rows and 32..63 the same columns' up rows, so each
 // invocation holds gate and up of its 4 columns and y = silu(gate . x) * (up . x).
-// The weight format's wfmt_*.wgsl (wq, ws, Sc, wscale, wcodes, wterms) is prepended.
-
-@group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;
+// The weight format's wfmt_*.wgsl (wq, ws, Sc, wscale, wcodes, wterms) and the tile loads
+// (matmul_tile_load.wgsl: x, weight_row, load_w, load_x) are prepended.
 
 const BM: u32 = 64u; // tokens per tile
 const BN: u32 = 64u; // weight rows per tile
@@ -21,38 +20,6 @@ const SWIGLU: bool = {{SWIGLU}};
 // xt[k * 16 + t / 4][t % 4] = x[t0 + t, 32 b + k]; wt[k * 16 + r / 4][r % 4] = W[row r, 32 b + k].
 var<workgroup> xt: array<vec4<f32>, 512>;
 var<workgroup> wt: array<vec4<f32>, 512>;
-
-// The weight row of tile row `r` of the tile starting at output column n0.
-fn weight_row(n0: u32, r: u32) -> u32 {
-    if (SWIGLU) {
-        let c = min(n0 + r % 32u, p.n_rows - 1u);
-        return select(c, c + p.n_rows, r >= 32u);
-    }
-    return min(n0 + r, p.n_rows - 1u);
-}
-
-// Block b of weight row `row`, dequantized, in element order.
-fn load_w(row: u32, b: u32) -> array<vec4<f32>, 8> {
-    let blk = row * p.k_blocks + b;
-    let s = wscale(blk);
-    var c = wcodes(blk, s);
-    let tm = wterms(s);
-    for (var i = 0u; i < 4u; i++) {
-        c[i] = c[i] * tm.x + tm.z;
-        c[4u + i] = c[4u + i] * tm.y + tm.w;
-    }
-    return c;
-}
-
-// Block b of x row t.
-fn load_x(t: u32, b: u32) -> array<vec4<f32>, 8> {
-    let xb = t * p.x_stride4 + b * 8u;
-    var v: array<vec4<f32>, 8>;
-    for (var i = 0u; i < 8u; i++) {
-        v[i] = x[xb + i];
-    }
-    return v;
-}
 
 @compute @workgroup_size(64)
 fn main(

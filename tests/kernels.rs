@@ -10,7 +10,7 @@ use torus_wgpu::gpu::wformat::WFormat;
 use torus_wgpu::gpu::{validate_wgsl, Gpu};
 use torus_wgpu::ops::harness::{AttnShape, AttnStep, Harness};
 use torus_wgpu::ops::kernels::{plan_x, XPlan, MATMUL_TILES, UNIFORM_X_VEC4};
-use torus_wgpu::ops::sources::all_sources;
+use torus_wgpu::ops::sources::{all_sources, coop_sources};
 use torus_wgpu::sampling::Rng;
 use torus_wgpu::sampling::{Adjust, SampleParams};
 use torus_wgpu::weights::tensor::matmul_ref;
@@ -31,6 +31,21 @@ fn every_shader_validates_with_naga() {
     for (label, src) in all_sources(&[16, 64, 128]) {
         validate_wgsl(&label, &src).unwrap();
     }
+}
+
+/// The cooperative-matrix GEMM cannot run on lavapipe: every variant must validate with naga
+/// and translate to SPIR-V (with the cooperative-matrix capability), and it stays off here.
+#[test]
+fn cooperative_matrix_gemm_validates_and_translates() {
+    let all = coop_sources();
+    assert_eq!(all.len(), WFormat::ALL.len() * 10);
+    for (label, src) in all {
+        let spv = torus_wgpu::gpu::coop::validate_and_translate(&label, &src).unwrap();
+        // The SPIR-V magic number, and the CooperativeMatrixKHR capability (6022) declared.
+        assert_eq!(spv[0], 0x0723_0203, "{label}");
+        assert!(spv.windows(2).any(|w| w == [(2 << 16) | 17, 6022]), "{label}: no CooperativeMatrixKHR capability");
+    }
+    assert!(gpu().coop.is_none(), "lavapipe has no cooperative matrices");
 }
 
 /// cpu profile: every tile with storage x, and the uniform-x plan (one window, or several when

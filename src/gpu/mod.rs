@@ -4,6 +4,7 @@
 //! May use: config, sampling.
 //! Never uses: ops, model, engine, server.
 
+pub mod coop;
 pub mod family;
 pub mod shader;
 pub mod shared;
@@ -45,6 +46,9 @@ pub struct Gpu {
     /// Whether the device was opened with subgroup operations (the gpu profile's matmuls reduce
     /// with subgroupAdd then; tests turn it off to check the workgroup-memory reduction).
     pub subgroups: bool,
+    /// The cooperative-matrix shape the prefill GEMM is built for, where the user opted in and
+    /// the adapter has one (see `coop`); None by default.
+    pub coop: Option<coop::CoopShape>,
     /// How kernels can be timed on this device (the per-kernel profile).
     pub timestamps: timing::TimestampMode,
     /// What the device-lost and uncaptured-error handlers saw.
@@ -240,10 +244,21 @@ impl Gpu {
         }
         // Timestamp queries where the adapter has them (only the per-kernel profile writes any).
         features |= timing::TimestampMode::wanted(adapter.features());
+        let coop = if subgroups { coop::for_adapter(&adapter) } else { None };
+        features |= coop::features(coop);
+        let experimental_features = if coop.is_some() {
+            // SAFETY: only the cooperative-matrix feature is experimental here, asked for only
+            // when the user opted in (coop::COOP_ENV); its kernel uses the shapes the adapter
+            // lists.
+            unsafe { wgpu::ExperimentalFeatures::enabled() }
+        } else {
+            wgpu::ExperimentalFeatures::disabled()
+        };
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("torus-wgpu"),
             required_features: features,
             required_limits: limits.clone(),
+            experimental_features,
             ..Default::default()
         }))
         .with_context(|| format!("cannot open a device on adapter '{}'", info.name))?;
@@ -284,6 +299,7 @@ impl Gpu {
             pipeline_cache_path: cache_path,
             max_grid,
             subgroups,
+            coop,
             timestamps: timing::TimestampMode::of(features),
             faults,
         })
@@ -448,15 +464,34 @@ impl Gpu {
     }
 }
 
-/// Parses and validates WGSL with naga, so shader mistakes surface as one clear error.
+/// Parses and validates WGSL with naga, so shader mistakes surface as one clear error. A
+/// cooperative-matrix shader (one that enables the extension) is validated with its
+/// capabilities; its pipeline is only built on a device opened with them (see `coop`).
 pub fn validate_wgsl(label: &str, source: &str) -> Result<()> {
+    validate_module(label, source, capabilities(source)).map(|_| ())
+}
+
+/// The naga capabilities a kernel's source is validated with.
+pub fn capabilities(source: &str) -> naga::valid::Capabilities {
+    use naga::valid::Capabilities as C;
+    let caps = C::SHADER_FLOAT16_IN_FLOAT32 | C::SUBGROUP;
+    if source.contains("enable wgpu_cooperative_matrix;") {
+        caps | C::COOPERATIVE_MATRIX | C::SHADER_FLOAT16
+    } else {
+        caps
+    }
+}
+
+/// The parsed and validated module of `source` under `caps`, and its validation info.
+pub fn validate_module(
+    label: &str,
+    source: &str,
+    caps: naga::valid::Capabilities,
+) -> Result<(naga::Module, naga::valid::ModuleInfo)> {
     let module =
         naga::front::wgsl::parse_str(source).map_err(|e| anyhow!("shader {label}: {}", e.emit_to_string(source)))?;
-    naga::valid::Validator::new(
-        naga::valid::ValidationFlags::all(),
-        naga::valid::Capabilities::SHADER_FLOAT16_IN_FLOAT32 | naga::valid::Capabilities::SUBGROUP,
-    )
-    .validate(&module)
-    .map_err(|e| anyhow!("shader {label}: {}", e.emit_to_string(source)))?;
-    Ok(())
+    let info = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), caps)
+        .validate(&module)
+        .map_err(|e| anyhow!("shader {label}: {}", e.emit_to_string(source)))?;
+    Ok((module, info))
 }

@@ -63,6 +63,8 @@ fn bindings_match_the_shaders() {
         let mut matmul = vec![matmul_tiled_source(f, true).unwrap()];
         matmul.extend([1, 8].map(|tm| matmul_gpu_source(f, tm, false, true).unwrap()));
         matmul.push(matmul_source(f, 1, 4, false).unwrap());
+        let shape = crate::gpu::coop::CoopShape { side: 16, f16: true, subgroup: 32 };
+        matmul.push(matmul_coop_source(f, true, shape).unwrap());
         check("matmul", MatmulBinds::SLOTS, &matmul, None);
         check("embed", EmbedBinds::SLOTS, &[embed_source(f).unwrap()], None);
         // The uniform-x variant: x is a uniform, plus the window entry.

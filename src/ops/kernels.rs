@@ -111,6 +111,9 @@ pub struct GpuMatmulPipelines {
     pub decode: Vec<[wgpu::ComputePipeline; 2]>,
     /// Prefill-sized tiles: [plain, swiglu].
     pub tiled: [wgpu::ComputePipeline; 2],
+    /// The same tiles on cooperative matrices, where the device has them (gpu::coop): they
+    /// replace `tiled`.
+    pub coop: Option<[wgpu::ComputePipeline; 2]>,
 }
 
 /// The gpu profile's kernels (built only for models that run it).
@@ -258,7 +261,11 @@ impl Kernels {
                     })
                     .collect::<Result<Vec<_>>>()?;
                 let tiled = both(&|sw| (format!("matmul_tiled_{n}_{sw}"), matmul_tiled_source(f, sw)))?;
-                matmul.insert(f, GpuMatmulPipelines { decode, tiled });
+                let coop = match gpu.coop {
+                    Some(c) => Some(both(&|sw| (format!("matmul_coop_{n}_{sw}"), matmul_coop_source(f, sw, c)))?),
+                    None => None,
+                };
+                matmul.insert(f, GpuMatmulPipelines { decode, tiled, coop });
             }
             let src = attention_split_source(head_dim, group.max(1), kv, kv_chunks, gpu.subgroups)?;
             let qt = tiled_attention_tokens(head_dim, group, gpu.subgroups);

@@ -212,7 +212,7 @@ pub(super) fn dispatches<'a>(
         let (pipe, tm, outs) = match GPU_DECODE_TM.iter().position(|&t| t >= m) {
             Some(i) => (&p.decode[i][sw], GPU_DECODE_TM[i], GPU_DECODE_NR),
             None if m <= GPU_DECODE_MAX_ROWS => (&p.decode[last][sw], GPU_DECODE_TM[last], GPU_DECODE_NR),
-            None => (&p.tiled[sw], GPU_TILE.0, GPU_TILE.1),
+            None => (&p.coop.as_ref().unwrap_or(&p.tiled)[sw], GPU_TILE.0, GPU_TILE.1),
         };
         let outs = if swiglu { outs / 2 } else { outs };
         out(r.folded(pipe, &op.bind, div_up(rows, outs) * div_up(m, tm)));

@@ -4,6 +4,7 @@
 
 use super::kernels::{GPU_DECODE_TM, MATMUL_TILES, MATMUL_WG, UNIFORM_X_VEC4};
 use crate::config::KvDtype;
+use crate::gpu::coop::CoopShape;
 use crate::gpu::shader::Shader;
 use crate::gpu::wformat::WFormat;
 use anyhow::Result;
@@ -189,11 +190,53 @@ pub fn matmul_gpu_source(f: WFormat, tm: u32, swiglu: bool, subgroups: bool) -> 
         .build()
 }
 
+const TILE_LOAD: &str = include_str!("../../shaders/matmul_tile_load.wgsl");
+
 /// The gpu profile's prefill-sized matmul (see matmul_tiled.wgsl).
 pub fn matmul_tiled_source(f: WFormat, swiglu: bool) -> Result<String> {
     matmul_shader(format!("matmul_tiled_{}", f.name()), f, include_str!("../../shaders/matmul_tiled.wgsl"))
+        .after(TILE_LOAD)
         .fill("SWIGLU", swiglu)
         .build()
+}
+
+/// The prefill-sized matmul on cooperative matrices of `shape` (see matmul_coop.wgsl and
+/// gpu::coop): the `enable` directives first, then the usual parts.
+pub fn matmul_coop_source(f: WFormat, swiglu: bool, shape: CoopShape) -> Result<String> {
+    let enables =
+        if shape.f16 { "enable f16;\nenable wgpu_cooperative_matrix;" } else { "enable wgpu_cooperative_matrix;" };
+    let to_ab = if shape.f16 { "return f16(clamp(v, -65504.0, 65504.0));" } else { "return v;" };
+    let body = include_str!("../../shaders/matmul_coop.wgsl");
+    Shader::new(format!("matmul_coop_{}_{}", f.name(), shape.side), body)
+        .after(enables)
+        .after(common())
+        .after(f.snippet())
+        .after(matmul_common())
+        .after(TILE_LOAD)
+        .fill("MS", shape.side)
+        .fill("SG", shape.subgroup)
+        .fill("AB", if shape.f16 { "f16" } else { "f32" })
+        .fill("TO_AB", to_ab)
+        .fill("SWIGLU", swiglu)
+        .build()
+}
+
+/// Every cooperative-matrix GEMM the engine can build (each format, SwiGLU or not, the shapes
+/// gpu::coop chooses), with a label: what the naga and SPIR-V test checks.
+pub fn coop_sources() -> Vec<(String, String)> {
+    let shapes = [(16, true, 32), (16, true, 64), (16, true, 16), (8, false, 32), (8, false, 16)];
+    let mut v = Vec::new();
+    for f in WFormat::ALL {
+        for (side, f16, subgroup) in shapes {
+            for swiglu in [false, true] {
+                let shape = CoopShape { side, f16, subgroup };
+                let label = format!("matmul_coop_{}_{side}_{subgroup}_{swiglu}", f.name());
+                let src = matmul_coop_source(f, swiglu, shape).unwrap_or_else(|e| panic!("{label}: {e:#}"));
+                v.push((label, src));
+            }
+        }
+    }
+    v
 }
 
 /// Keys per tile of the split and the tiled attention (one per invocation of their workgroups).
