@@ -8,6 +8,7 @@
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use std::sync::Arc;
 use std::time::Duration;
+use torus_wgpu::config::KernelProfile;
 use torus_wgpu::gpu::wformat::WFormat;
 use torus_wgpu::gpu::Gpu;
 use torus_wgpu::ops::harness::{AttnShape, AttnStep, Harness};
@@ -96,18 +97,25 @@ fn bench(c: &mut Criterion) {
             b.iter_custom(|iters| h.time_attention(&rig, &q, &step, iters).unwrap())
         });
     }
-    // Sampling over the vocabulary: greedy, and temperature + top-k + top-p.
-    let vocab = 49152;
-    let logits = rand(&mut rng, 8 * vocab);
-    for (name, p) in [
-        ("greedy", SampleParams::default()),
-        ("top_k_top_p", SampleParams { temperature: 0.8, top_k: 40, top_p: 0.9, u: 0.3, ..Default::default() }),
-    ] {
-        let params = vec![p; 8];
-        g.throughput(Throughput::Elements(8));
-        g.bench_function(format!("sample_{name}_8rows_vocab{vocab}"), |b| {
-            b.iter_custom(|iters| h.time_sample(&logits, vocab, &params, iters).unwrap())
-        });
+    // Sampling over the vocabulary: greedy, temperature + top-k + top-p, and top-p alone, in
+    // both profiles (the gpu profile's thresholds by histogram, the cpu profile's by
+    // bisection), at SmolLM2's and Qwen2.5's vocabularies.
+    let gpu_h = Harness::with_formats(h.gpu.clone(), &[WFormat::F32], (64, 1), KernelProfile::Gpu).unwrap();
+    for vocab in [49152usize, 151936] {
+        let logits: Vec<f32> = (0..8 * vocab).map(|_| 4.0 * (rng.uniform() - 0.5)).collect();
+        for (name, p) in [
+            ("greedy", SampleParams::default()),
+            ("top_k_top_p", SampleParams { temperature: 0.8, top_k: 40, top_p: 0.9, u: 0.3, ..Default::default() }),
+            ("top_p", SampleParams { temperature: 0.8, top_p: 0.9, u: 0.3, ..Default::default() }),
+        ] {
+            let params = vec![p; 8];
+            g.throughput(Throughput::Elements(8));
+            for (profile, h) in [("cpu", &h), ("gpu", &gpu_h)] {
+                g.bench_function(format!("sample_{profile}_{name}_8rows_vocab{vocab}"), |b| {
+                    b.iter_custom(|iters| h.time_sample(&logits, vocab, &params, iters).unwrap())
+                });
+            }
+        }
     }
     g.finish();
 }

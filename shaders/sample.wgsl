@@ -14,7 +14,7 @@
 // candidates are the top_k largest logits (0 = all) whose probability at this temperature is at
 // least min_p times the largest (0 = off; the logit threshold max + temperature * ln(min_p)), then
 // the smallest top set of those whose probability reaches top_p; thresholds are found by bisection
-// on the logit value, so no sort is needed. Writes per row, RESULT_STRIDE words: token id, its
+// on the logit value (the gpu profile: by histogram, sample_hist.wgsl), so no sort is needed. Writes per row, RESULT_STRIDE words: token id, its
 // log-probability (log-softmax of the row's logits after penalties and bias, before temperature and
 // filtering), then n_top (id, logprob) pairs of the most likely tokens, most likely first (ties:
 // lower id first).
@@ -28,6 +28,8 @@
 const WG: u32 = {{WG}}u;
 const RESULT_STRIDE: u32 = 42u;
 const BISECT_STEPS: u32 = 32u;
+// Thresholds by histogram (sample_hist.wgsl, the gpu profile) or by bisection.
+const HIST: bool = {{HIST}};
 var<workgroup> red_f: array<f32, WG>;
 var<workgroup> red_u: array<u32, WG>;
 var<workgroup> picked: u32;
@@ -181,7 +183,9 @@ fn draw(lid: u32, base: u32, gmin: f32, gmax: f32, gargmax: u32, temperature: f3
 
     // Top-k: the largest threshold with at least k logits at or above it.
     var thr = gmin;
-    if (top_k > 0u && top_k < p.vocab) {
+    if (top_k > 0u && top_k < p.vocab && HIST) {
+        thr = hist_threshold(lid, base, gmin, gmax, f32(top_k), gmax, inv_t, false);
+    } else if (top_k > 0u && top_k < p.vocab) {
         var a = gmin;
         var b = gmax + 1.0;
         for (var it = 0u; it < BISECT_STEPS; it++) {
@@ -205,7 +209,9 @@ fn draw(lid: u32, base: u32, gmin: f32, gmax: f32, gargmax: u32, temperature: f3
     }
 
     // Top-p: the largest threshold whose kept probability mass reaches top_p.
-    if (top_p < 1.0) {
+    if (top_p < 1.0 && HIST) {
+        thr = hist_threshold(lid, base, thr, gmax, top_p, gmax, inv_t, true);
+    } else if (top_p < 1.0) {
         var z = 0.0;
         for (var i = lid; i < p.vocab; i += WG) {
             let v = logits[base + i];

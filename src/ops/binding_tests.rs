@@ -85,13 +85,8 @@ fn bindings_match_the_shaders() {
             check("attention", AttnBinds::SLOTS, &attn, Some(ATTN_KV));
         }
     }
-    check(
-        "logit_adjust",
-        AdjustBinds::SLOTS,
-        &[sampler_source("logit_adjust", LOGIT_ADJUST_WGSL, None).unwrap()],
-        None,
-    );
-    check("sample", SampleBinds::SLOTS, &[sampler_source("sample", SAMPLE_WGSL, Some(SAMPLE_WG_CPU)).unwrap()], None);
+    check("logit_adjust", AdjustBinds::SLOTS, &[logit_adjust_source().unwrap()], None);
+    check("sample", SampleBinds::SLOTS, &[sample_source(false).unwrap(), sample_source(true).unwrap()], None);
     // The two sampler kernels share one layout.
     let access = |s: &[(u32, &str, Slot)]| s.iter().map(|x| (x.0, x.2)).collect::<Vec<_>>();
     assert_eq!(access(AdjustBinds::SLOTS), access(SampleBinds::SLOTS));

@@ -232,15 +232,8 @@ impl Kernels {
         let attention = attn_family.pipeline(gpu, "attention", &attention_source(head_dim, kv, kv_chunks)?, "main")?;
         // The adjustment kernel binds the same way: AdjustBinds::SLOTS has these accesses.
         let sample_family = Family::new(gpu, &layout_of(SampleBinds::SLOTS));
-        let wg = if profile == KernelProfile::Gpu { SAMPLE_WG_GPU } else { SAMPLE_WG_CPU };
-        let sample =
-            sample_family.pipeline(gpu, "sample", &sampler_source("sample", SAMPLE_WGSL, Some(wg))?, "main")?;
-        let logit_adjust = sample_family.pipeline(
-            gpu,
-            "logit_adjust",
-            &sampler_source("logit_adjust", LOGIT_ADJUST_WGSL, None)?,
-            "main",
-        )?;
+        let sample = sample_family.pipeline(gpu, "sample", &sample_source(profile == KernelProfile::Gpu)?, "main")?;
+        let logit_adjust = sample_family.pipeline(gpu, "logit_adjust", &logit_adjust_source()?, "main")?;
         let gpu_kernels = if profile == KernelProfile::Gpu {
             let mut matmul = BTreeMap::new();
             for &f in formats.iter() {

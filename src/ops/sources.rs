@@ -433,14 +433,27 @@ pub const SAMPLE_WGSL: &str = include_str!("../../shaders/sample.wgsl");
 pub const HEAD_NORM_WGSL: &str = include_str!("../../shaders/head_norm.wgsl");
 pub const LOGIT_ADJUST_WGSL: &str = include_str!("../../shaders/logit_adjust.wgsl");
 /// The sampler's shaders (sample.wgsl, logit_adjust.wgsl) with the constants they share with Rust.
-/// `wg`: the sampler's workgroup size (sample.wgsl only).
-pub fn sampler_source(label: &str, body: &str, wg: Option<u32>) -> Result<String> {
+pub fn sampler_source(label: &str, body: &str) -> Shader {
     Shader::new(label, body)
-        .fill_if(wg.is_some(), "WG", wg.unwrap_or(0))
         .after(common())
         .after(super::sample::SamplerParams::WGSL)
         .after(crate::sampling::row::wgsl_constants())
+}
+
+/// The sampler of a profile: the gpu profile's has SAMPLE_WG_GPU invocations per row and
+/// finds its top-k / top-p thresholds by histogram (sample_hist.wgsl), the cpu profile's
+/// SAMPLE_WG_CPU and bisection.
+pub fn sample_source(gpu: bool) -> Result<String> {
+    sampler_source(if gpu { "sample_gpu" } else { "sample" }, SAMPLE_WGSL)
+        .after(include_str!("../../shaders/sample_hist.wgsl"))
+        .fill("WG", if gpu { SAMPLE_WG_GPU } else { SAMPLE_WG_CPU })
+        .fill("HIST", gpu)
         .build()
+}
+
+/// The logit adjustment kernel (logit_adjust.wgsl).
+pub fn logit_adjust_source() -> Result<String> {
+    sampler_source("logit_adjust", LOGIT_ADJUST_WGSL).build()
 }
 
 /// Every WGSL program the engine can build, with a label: what the naga test validates.
@@ -494,10 +507,10 @@ pub fn all_sources(head_dims: &[u32]) -> Vec<(String, String)> {
     }
     v.push(("rmsnorm".into(), rmsnorm_source()));
     v.push(("head_norm".into(), head_norm_source()));
-    for wg in [SAMPLE_WG_CPU, SAMPLE_WG_GPU] {
-        v.push((format!("sample_{wg}"), sampler_source("sample", SAMPLE_WGSL, Some(wg))));
+    for gpu in [false, true] {
+        v.push((format!("sample_{gpu}"), sample_source(gpu)));
     }
-    v.push(("logit_adjust".into(), sampler_source("logit_adjust", LOGIT_ADJUST_WGSL, None)));
+    v.push(("logit_adjust".into(), logit_adjust_source()));
     // Tests and tools: an assembly error is a bug in a template, named here.
     v.into_iter().map(|(l, s)| (s.unwrap_or_else(|e| panic!("{l}: {e:#}")), l)).map(|(s, l)| (l, s)).collect()
 }
