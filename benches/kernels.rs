@@ -45,8 +45,8 @@ fn bench(c: &mut Criterion) {
         }
     }
     // Every GGUF format at shapes whose rows are whole K-quant super-blocks (Qwen2.5-0.5B's
-    // ffn_down 896x4864, and a 2048x1024 projection), random blocks: the K-quants and Q5 beside
-    // the legacy formats on equal terms.
+    // ffn_down 896x4864, and a 2048x1024 projection), random blocks: the K-quants, Q5, the IQ4
+    // types and MXFP4 beside the legacy formats on equal terms.
     let k_shapes = [("down05b", 896usize, 4864usize), ("proj", 2048, 1024)];
     for format in [
         WFormat::Q4_0,
@@ -58,6 +58,9 @@ fn bench(c: &mut Criterion) {
         WFormat::Q4_K,
         WFormat::Q5_K,
         WFormat::Q6_K,
+        WFormat::IQ4_NL,
+        WFormat::IQ4_XS,
+        WFormat::MXFP4,
         WFormat::F16,
     ] {
         for &(name, n, k) in &k_shapes {

@@ -117,7 +117,8 @@ enum Cmd {
         #[arg(long)]
         shape: String,
         /// Weight format of the matrices: f32, f16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k,
-        /// q4_k, q5_k, q6_k (K-quants fall back as llama.cpp's where a row is not a multiple of 256).
+        /// q4_k, q5_k, q6_k, iq4_nl, iq4_xs, mxfp4 (K-quants and iq4_xs fall back as llama.cpp's
+        /// where a row is not a multiple of 256).
         #[arg(long, default_value = "q4_k")]
         format: String,
         /// Layers (default: the shape's own count).

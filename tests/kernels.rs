@@ -103,13 +103,13 @@ fn uniform_x_plans_cover_every_row_once() {
     }
 }
 
-/// Shapes (m, n, k) for a format: K-quant rows are whole 256-element super-blocks.
+/// Shapes (m, n, k) for a format: rows of K-quants and IQ4_XS are whole 256-element super-blocks.
 fn shapes(
     format: WFormat,
     legacy: &[(usize, usize, usize)],
     k_quant: &[(usize, usize, usize)],
 ) -> Vec<(usize, usize, usize)> {
-    if format.is_k_quant() { k_quant } else { legacy }.to_vec()
+    if format.scale_group() == 256 { k_quant } else { legacy }.to_vec()
 }
 
 fn row_bytes(format: WFormat, k: usize) -> u64 {
@@ -203,7 +203,7 @@ fn check_swiglu(
             let gate = weights(format, n, k, &mut rng, 0.5);
             let up = weights(format, n, k, &mut rng, 0.5);
             // K-quant test weights are larger: keep the gate's inputs to silu moderate.
-            let xs = if format.is_k_quant() { 0.02 } else { 1.0 };
+            let xs = if format.scale_group() == 256 { 0.02 } else { 1.0 };
             let x = randn(&mut rng, m * k, xs);
             let (g, u) = (matmul_ref(&x, m, &gate), matmul_ref(&x, m, &up));
             let want: Vec<f32> = g.iter().zip(&u).map(|(a, b)| a / (1.0 + (-a).exp()) * b).collect();
@@ -264,7 +264,7 @@ fn embedding_lookup_every_format_across_chunks() {
     let vocab = 101;
     let tokens = [0u32, 100, 57, 13, 13, 64, 99, 1];
     for format in WFormat::ALL {
-        let dim = if format.is_k_quant() { 512 } else { 96 };
+        let dim = if format.scale_group() == 256 { 512 } else { 96 };
         let table = weights(format, vocab, dim, &mut rng, 1.0);
         let want: Vec<f32> = tokens.iter().flat_map(|&t| table.dequant_row(t as usize)).collect();
         for max_binding in [1 << 27, 7 * row_bytes(format, dim)] {

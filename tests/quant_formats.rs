@@ -77,12 +77,20 @@ fn dequantization_matches_gguf_python_bit_for_bit() {
         for (j, &tok) in tokens.iter().enumerate() {
             for c in 0..cols {
                 let (got, e) = (gpu_rows[j * cols + c], expect(want[tok as usize * cols + c]));
+                // A GPU may flush subnormal results to zero (Vulkan allows it; MXFP4's smallest
+                // scales are subnormal): zero of either sign passes there.
+                if f32::from_bits(e).abs() < f32::MIN_POSITIVE && got == 0.0 {
+                    continue;
+                }
                 assert_eq!(got.to_bits(), e, "{name}: GPU row {tok} element {c}: {got} vs gguf {}", f32::from_bits(e));
             }
         }
         seen.push(name.to_string());
     }
-    for name in ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "F16", "BF16"] {
+    for name in [
+        "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "F16", "BF16", "IQ4_NL",
+        "IQ4_XS", "MXFP4",
+    ] {
         assert!(seen.iter().any(|s| s == name), "fixture lacks {name}");
     }
 }
@@ -97,7 +105,7 @@ fn truncated_or_inconsistent_blocks_are_errors() {
         let (rows, cols) = (t["rows"].as_u64().unwrap() as usize, t["cols"].as_u64().unwrap() as usize);
         let err = QTensor::from_gguf_blocks(f, rows, cols, &raw[..raw.len() - 1]).unwrap_err().to_string();
         assert!(err.contains("bytes of data"), "{f:?}: {err}");
-        if f.is_k_quant() {
+        if f.scale_group() == 256 {
             let err = QTensor::from_gguf_blocks(f, rows * 2, cols / 2 + 32, &raw).unwrap_err().to_string();
             assert!(err.contains("multiple of 256"), "{f:?}: {err}");
         }

@@ -101,6 +101,10 @@ fn k_quants_fall_back_where_rows_are_not_whole_super_blocks() {
     assert_eq!(matrix_format(WFormat::Q4_K, 1536), WFormat::Q4_K);
     assert_eq!(matrix_format(WFormat::Q6_K, 896), WFormat::Q8_0);
     assert_eq!(matrix_format(WFormat::Q8_0, 576), WFormat::Q8_0);
+    // As llama.cpp: Q2_K, Q3_K and IQ4_XS fall back to IQ4_NL.
+    assert_eq!(matrix_format(WFormat::Q3_K, 576), WFormat::IQ4_NL);
+    assert_eq!(matrix_format(WFormat::IQ4_XS, 896), WFormat::IQ4_NL);
+    assert_eq!(matrix_format(WFormat::IQ4_XS, 4864), WFormat::IQ4_XS);
 }
 
 /// The tokenizer in the metadata: byte-level BPE over the whole vocabulary, text round-trips,
@@ -302,6 +306,17 @@ fn smollm2_shape_q4_k_two_layers() {
 #[test]
 fn smollm2_shape_q8_0_two_layers() {
     check_small_model(WFormat::Q8_0);
+}
+
+/// IQ4_XS in ffn_down (1536 = 6 super-blocks), IQ4_NL elsewhere (576 is not a whole one).
+#[test]
+fn smollm2_shape_iq4_xs_two_layers() {
+    check_small_model(WFormat::IQ4_XS);
+}
+
+#[test]
+fn smollm2_shape_mxfp4_two_layers() {
+    check_small_model(WFormat::MXFP4);
 }
 
 /// A one-layer Qwen2.5-7B-shaped file (untied head, q/k/v biases, K-quants everywhere since

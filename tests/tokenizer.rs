@@ -680,10 +680,11 @@ fn gguf_unsupported_tensor_type_architecture_and_rope_scaling() {
         extra(&mut b);
         b.build()
     };
-    // IQ4_NL (type 20): 32-element blocks of 18 bytes.
-    let path = tmp.write("iq.gguf", &model("llama", 20, (hidden * vocab / 32 * 18) as usize, &|_| {}));
-    let err = HostModel::load(&path, &|_, _| {}).err().expect("IQ4_NL must be refused").to_string();
-    for needle in ["iq.gguf", "token_embd.weight", "IQ4_NL", "not supported", "Q4_K", "Q6_K"] {
+    // Q8_1 (type 9, 32-element blocks of 36 bytes; ggml's activation type): legal, not loaded.
+    // The supported list names the IQ4 types and MXFP4.
+    let path = tmp.write("iq.gguf", &model("llama", 9, (hidden * vocab / 32 * 36) as usize, &|_| {}));
+    let err = HostModel::load(&path, &|_, _| {}).err().expect("Q8_1 must be refused").to_string();
+    for needle in ["iq.gguf", "token_embd.weight", "Q8_1", "not supported", "Q4_K", "IQ4_XS", "MXFP4"] {
         assert!(err.contains(needle), "{needle:?} missing from: {err}");
     }
     let path = tmp.write("arch.gguf", &model("gpt-neox", 0, (hidden * vocab * 4) as usize, &|_| {}));

@@ -177,6 +177,9 @@ pub enum GgmlType {
     Q4_K,
     Q5_K,
     Q6_K,
+    IQ4_NL,
+    IQ4_XS,
+    MXFP4,
     Other(u32),
 }
 
@@ -196,7 +199,10 @@ impl GgmlType {
             12 => GgmlType::Q4_K,
             13 => GgmlType::Q5_K,
             14 => GgmlType::Q6_K,
+            20 => GgmlType::IQ4_NL,
+            23 => GgmlType::IQ4_XS,
             30 => GgmlType::BF16,
+            39 => GgmlType::MXFP4,
             c => GgmlType::Other(c),
         }
     }
@@ -216,6 +222,9 @@ impl GgmlType {
             GgmlType::Q4_K => 12,
             GgmlType::Q5_K => 13,
             GgmlType::Q6_K => 14,
+            GgmlType::IQ4_NL => 20,
+            GgmlType::IQ4_XS => 23,
+            GgmlType::MXFP4 => 39,
             GgmlType::BF16 => 30,
             GgmlType::Other(c) => c,
         }

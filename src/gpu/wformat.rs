@@ -20,10 +20,18 @@ pub enum WFormat {
     Q4_K,
     Q5_K,
     Q6_K,
+    IQ4_NL,
+    IQ4_XS,
+    MXFP4,
 }
 
+/// IQ4_NL's and IQ4_XS's non-linear 4-bit code values (ggml's kvalues_iq4nl).
+pub const KVALUES_IQ4NL: [i8; 16] = [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113];
+/// MXFP4's e2m1 code values, doubled (the scale is stored halved, as ggml does).
+pub const KVALUES_MXFP4: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+
 impl WFormat {
-    pub const ALL: [WFormat; 12] = [
+    pub const ALL: [WFormat; 15] = [
         WFormat::F32,
         WFormat::F16,
         WFormat::Q8_0,
@@ -36,6 +44,9 @@ impl WFormat {
         WFormat::Q4_K,
         WFormat::Q5_K,
         WFormat::Q6_K,
+        WFormat::IQ4_NL,
+        WFormat::IQ4_XS,
+        WFormat::MXFP4,
     ];
 
     /// u32 quant words per 32-element block.
@@ -45,6 +56,7 @@ impl WFormat {
             WFormat::F16 => 16,
             WFormat::Q8_0 => 8,
             WFormat::Q4_0 | WFormat::Q4_1 | WFormat::Q4_K => 4,
+            WFormat::IQ4_NL | WFormat::IQ4_XS | WFormat::MXFP4 => 4,
             WFormat::Q5_0 | WFormat::Q5_1 | WFormat::Q5_K => 5,
             WFormat::Q6_K => 6,
             WFormat::Q3_K => 3,
@@ -54,7 +66,7 @@ impl WFormat {
 
     /// Elements covered by one scale record (a row length must be a multiple of it).
     pub fn scale_group(self) -> usize {
-        if self.is_k_quant() {
+        if self.is_k_quant() || self == WFormat::IQ4_XS {
             256
         } else {
             32
@@ -65,7 +77,9 @@ impl WFormat {
     pub fn scale_words(self) -> usize {
         match self {
             WFormat::F32 | WFormat::F16 => 0,
-            WFormat::Q8_0 | WFormat::Q4_0 | WFormat::Q5_0 => 1,
+            WFormat::Q8_0 | WFormat::Q4_0 | WFormat::Q5_0 | WFormat::IQ4_NL | WFormat::MXFP4 => 1,
+            // d and eight signed sub-block scales as bytes.
+            WFormat::IQ4_XS => 3,
             WFormat::Q4_1 | WFormat::Q5_1 => 2,
             // d, dmin and eight 6-bit scales and mins as bytes.
             WFormat::Q4_K | WFormat::Q5_K => 6,
@@ -84,6 +98,15 @@ impl WFormat {
     /// Bytes of a row of `cols` elements on the GPU (quant words and scale records).
     pub fn row_bytes(self, cols: usize) -> usize {
         (cols / 32 * self.words_per_block() + self.scale_words_per_row(cols)) * 4
+    }
+
+    /// The 4-bit codes' values of the table formats (IQ4_NL, IQ4_XS, MXFP4): value = d * table[code].
+    pub fn table(self) -> Option<&'static [i8; 16]> {
+        match self {
+            WFormat::IQ4_NL | WFormat::IQ4_XS => Some(&KVALUES_IQ4NL),
+            WFormat::MXFP4 => Some(&KVALUES_MXFP4),
+            _ => None,
+        }
     }
 
     /// The K-quants: 256-element super-blocks.
@@ -105,7 +128,18 @@ impl WFormat {
             WFormat::Q4_K => include_str!("../../shaders/wfmt_q4_k.wgsl"),
             WFormat::Q5_K => include_str!("../../shaders/wfmt_q5_k.wgsl"),
             WFormat::Q6_K => include_str!("../../shaders/wfmt_q6_k.wgsl"),
+            WFormat::IQ4_NL | WFormat::MXFP4 => include_str!("../../shaders/wfmt_table4.wgsl"),
+            WFormat::IQ4_XS => include_str!("../../shaders/wfmt_iq4_xs.wgsl"),
         };
+        if let Some(t) = self.table() {
+            let v: Vec<String> = t.iter().map(|k| format!("{k}.0")).collect();
+            let decl = format!(
+                "// The 4-bit codes' values (WFormat::table).\nvar<private> KTAB: array<f32, 16> = array<f32, 16>({});\n\
+                 fn ktab(c: vec4<u32>) -> vec4<f32> {{\n    return vec4<f32>(KTAB[c.x], KTAB[c.y], KTAB[c.z], KTAB[c.w]);\n}}",
+                v.join(", ")
+            );
+            return format!("{own}\n{}\n{decl}", include_str!("../../shaders/wfmt_table_codes.wgsl"));
+        }
         // The K-quants' scale records share their decoding.
         let shared = if matches!(self, WFormat::Q3_K | WFormat::Q4_K | WFormat::Q5_K | WFormat::Q6_K) {
             include_str!("../../shaders/wfmt_k_scales.wgsl")
@@ -129,6 +163,9 @@ impl WFormat {
             WFormat::Q4_K => "q4_k",
             WFormat::Q5_K => "q5_k",
             WFormat::Q6_K => "q6_k",
+            WFormat::IQ4_NL => "iq4_nl",
+            WFormat::IQ4_XS => "iq4_xs",
+            WFormat::MXFP4 => "mxfp4",
         }
     }
 }

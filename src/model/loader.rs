@@ -317,7 +317,8 @@ fn gguf_rope_scaling(g: &GgufFile, arch: &str) -> Result<RopeScaling> {
 }
 
 /// The GGUF tensor types a weight matrix may have.
-pub const SUPPORTED_GGUF_TYPES: &str = "F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K";
+pub const SUPPORTED_GGUF_TYPES: &str =
+    "F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, MXFP4";
 
 /// The GPU format of a quantized GGUF type (kept quantized, re-packed).
 pub fn block_format(t: GgmlType) -> Option<WFormat> {
@@ -332,6 +333,9 @@ pub fn block_format(t: GgmlType) -> Option<WFormat> {
         GgmlType::Q4_K => WFormat::Q4_K,
         GgmlType::Q5_K => WFormat::Q5_K,
         GgmlType::Q6_K => WFormat::Q6_K,
+        GgmlType::IQ4_NL => WFormat::IQ4_NL,
+        GgmlType::IQ4_XS => WFormat::IQ4_XS,
+        GgmlType::MXFP4 => WFormat::MXFP4,
         _ => return None,
     })
 }
@@ -352,6 +356,9 @@ pub fn gguf_type(f: WFormat) -> GgmlType {
         WFormat::Q4_K => GgmlType::Q4_K,
         WFormat::Q5_K => GgmlType::Q5_K,
         WFormat::Q6_K => GgmlType::Q6_K,
+        WFormat::IQ4_NL => GgmlType::IQ4_NL,
+        WFormat::IQ4_XS => GgmlType::IQ4_XS,
+        WFormat::MXFP4 => GgmlType::MXFP4,
     }
 }
 

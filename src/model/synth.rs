@@ -115,20 +115,20 @@ pub fn parse_format(name: &str) -> Result<WFormat> {
     })
 }
 
-/// The format a matrix with rows of `cols` elements is stored in: `format`, unless it is a
-/// K-quant whose 256-element super-blocks do not divide the row. Then, as llama.cpp's quantizer
-/// does, Q4_K falls back to Q5_0, Q5_K to Q5_1, Q6_K to Q8_0, and Q2_K/Q3_K to Q4_0 (llama.cpp
-/// takes IQ4_NL, which this engine does not load). So SmolLM2 (hidden 576) and Qwen2.5-0.5B
-/// (896) keep K-quants only in ffn_down, as real K-quant files of them do.
+/// The format a matrix with rows of `cols` elements is stored in: `format`, unless its
+/// 256-element super-blocks (K-quants, IQ4_XS) do not divide the row. Then, as llama.cpp's
+/// quantizer does, Q4_K falls back to Q5_0, Q5_K to Q5_1, Q6_K to Q8_0, and Q2_K, Q3_K and
+/// IQ4_XS to IQ4_NL. So SmolLM2 (hidden 576) and Qwen2.5-0.5B (896) keep K-quants only in
+/// ffn_down, as real K-quant files of them do.
 pub fn matrix_format(format: WFormat, cols: usize) -> WFormat {
-    if !format.is_k_quant() || cols.is_multiple_of(256) {
+    if format.scale_group() != 256 || cols.is_multiple_of(256) {
         return format;
     }
     match format {
         WFormat::Q4_K => WFormat::Q5_0,
         WFormat::Q5_K => WFormat::Q5_1,
         WFormat::Q6_K => WFormat::Q8_0,
-        _ => WFormat::Q4_0,
+        _ => WFormat::IQ4_NL,
     }
 }
 

@@ -4,7 +4,7 @@
 //! blocks for synthetic models.
 
 use super::tensor::XorShift64;
-use crate::gpu::wformat::WFormat;
+use crate::gpu::wformat::{WFormat, KVALUES_IQ4NL, KVALUES_MXFP4};
 use half::f16;
 
 /// GGUF's block geometry of a quantized format: (elements, bytes) per block.
@@ -21,6 +21,9 @@ pub fn gguf_block(format: WFormat) -> Option<(usize, usize)> {
         WFormat::Q4_K => (256, 144),
         WFormat::Q5_K => (256, 176),
         WFormat::Q6_K => (256, 210),
+        WFormat::IQ4_NL => (32, 18),
+        WFormat::IQ4_XS => (256, 136),
+        WFormat::MXFP4 => (32, 17),
     })
 }
 
@@ -63,7 +66,9 @@ fn q3_pack_scales(scales: &[i8; 16]) -> [u8; 12] {
 /// has one).
 pub(crate) fn gguf_scale_fields(format: WFormat) -> &'static [usize] {
     match format {
-        WFormat::Q8_0 | WFormat::Q4_0 | WFormat::Q5_0 => &[0],
+        WFormat::Q8_0 | WFormat::Q4_0 | WFormat::Q5_0 | WFormat::IQ4_NL | WFormat::IQ4_XS => &[0],
+        // MXFP4's scale is an e8m0 byte, not an f16.
+        WFormat::MXFP4 => &[],
         WFormat::Q4_1 | WFormat::Q5_1 | WFormat::Q4_K | WFormat::Q5_K => &[0, 2],
         WFormat::Q2_K => &[80, 82],
         WFormat::Q3_K => &[108],
@@ -146,8 +151,53 @@ pub fn fill_centered_block(format: WFormat, b: &mut [u8], rng: &mut XorShift64, 
                 *s = sc | ((0.75 * sc as f32).round() as u8) << 4;
             }
         }
+        WFormat::IQ4_NL => put(b, 0, scale(rng, table_std(&KVALUES_IQ4NL), true)),
+        WFormat::IQ4_XS => {
+            // value = d * (ls - 32) * table[code], ls - 32 signed in +-(8..=31).
+            put(b, 0, scale(rng, table_std(&KVALUES_IQ4NL) * 19.5, false));
+            let mut ls = [0u8; 8];
+            for v in &mut ls {
+                let m = rng.range(8, 31) as i32;
+                *v = (32 + if rng.next_u64() & 1 == 1 { -m } else { m }) as u8;
+            }
+            b[2..8].copy_from_slice(&iq4xs_pack_scales(&ls));
+        }
+        WFormat::MXFP4 => {
+            // value = 2^(e - 128) * table[code]. The scale is a power of two: 2^floor(x) or
+            // 2^ceil(x), x = log2(std / the table's std), chosen so that the mean variance over
+            // blocks is std^2.
+            let x = (std / table_std(&KVALUES_MXFP4)).log2();
+            let f = x.floor();
+            let up = rng.unit() < (4f32.powf(x - f) - 1.0) / 3.0;
+            b[0] = (128.0 + f + up as u8 as f32).clamp(2.0, 254.0) as u8;
+        }
         WFormat::F32 | WFormat::F16 => unreachable!("not a block format"),
     }
+}
+
+/// Standard deviation of a table's values, codes drawn uniformly.
+fn table_std(t: &[i8; 16]) -> f32 {
+    let mean = t.iter().map(|&v| v as f32).sum::<f32>() / 16.0;
+    (t.iter().map(|&v| (v as f32 - mean).powi(2)).sum::<f32>() / 16.0).sqrt()
+}
+
+/// IQ4_XS's eight 6-bit sub-block scales -> its scales_h (u16, two bits each) and scales_l
+/// (four bytes, a nibble each), as the block stores them from byte 2.
+fn iq4xs_pack_scales(ls: &[u8; 8]) -> [u8; 6] {
+    let mut h = 0u16;
+    let mut out = [0u8; 6];
+    for (ib, &v) in ls.iter().enumerate() {
+        out[2 + ib / 2] |= (v & 15) << (4 * (ib % 2));
+        h |= ((v >> 4) as u16 & 3) << (2 * ib);
+    }
+    out[..2].copy_from_slice(&h.to_le_bytes());
+    out
+}
+
+/// ggml's e8m0_to_fp32_half: 2^(e - 128), subnormal for e < 2 (exact in f32).
+pub(crate) fn e8m0_half(e: u8) -> f32 {
+    let bits = if e < 2 { 0x0020_0000u32 << e } else { ((e - 1) as u32) << 23 };
+    f32::from_bits(bits)
 }
 
 /// Q4_K/Q5_K's twelve bytes of 6-bit scales and mins -> (scales, mins), eight each.
@@ -254,6 +304,34 @@ pub(crate) fn decode_block(format: WFormat, b: &[u8], codes: &mut [u8], s: &mut 
                 }
             }
         }
+        WFormat::IQ4_NL | WFormat::MXFP4 => {
+            let (d, qs) =
+                if format == WFormat::MXFP4 { (e8m0_half(b[0]), &b[1..17]) } else { (f16_at(b, 0), &b[2..18]) };
+            s.push(f(d));
+            for j in 0..16 {
+                codes[j] = qs[j] & 15;
+                codes[j + 16] = qs[j] >> 4;
+            }
+        }
+        WFormat::IQ4_XS => {
+            // Sub-block ib's 6-bit scale: nibble ib % 2 of scales_l[ib / 2], and bits 2 ib..2 ib + 2
+            // of scales_h; stored as signed bytes (scale - 32). Its 16 bytes of qs: element j
+            // in the low nibble of byte j, element 16 + j in the high one.
+            let sh = u16::from_le_bytes([b[2], b[3]]);
+            let mut sc = [0u8; 8];
+            for (ib, v) in sc.iter_mut().enumerate() {
+                let ls = ((b[4 + ib / 2] >> (4 * (ib % 2))) & 15) | (((sh >> (2 * ib)) & 3) as u8) << 4;
+                *v = (ls as i8 - 32) as u8;
+            }
+            s.extend([f(f16_at(b, 0)), bytes_word(&sc[..4]), bytes_word(&sc[4..])]);
+            for ib in 0..8 {
+                for j in 0..16 {
+                    let q = b[8 + 16 * ib + j];
+                    codes[32 * ib + j] = q & 15;
+                    codes[32 * ib + 16 + j] = q >> 4;
+                }
+            }
+        }
         WFormat::Q2_K => {
             let (sc, qs) = (&b[..16], &b[16..80]);
             s.extend([f(f16_at(b, 80)), f(f16_at(b, 82))]);
@@ -309,6 +387,7 @@ pub(crate) fn pack_block(format: WFormat, c: &[u8], q: &mut Vec<u32>) {
     match format {
         WFormat::Q8_0 => q.extend(c.chunks_exact(4).map(bytes_word)),
         WFormat::Q4_0 | WFormat::Q4_1 | WFormat::Q4_K => nibbles(q),
+        WFormat::IQ4_NL | WFormat::IQ4_XS | WFormat::MXFP4 => nibbles(q),
         WFormat::Q5_0 | WFormat::Q5_1 | WFormat::Q5_K => {
             nibbles(q);
             bits(q, 4);
@@ -347,6 +426,7 @@ pub(crate) fn unpack_block(format: WFormat, w: &[u32]) -> [u32; 32] {
         *v = match format {
             WFormat::Q8_0 => (w[e / 4] >> (8 * (e % 4))) & 255,
             WFormat::Q4_0 | WFormat::Q4_1 | WFormat::Q4_K => nib(e),
+            WFormat::IQ4_NL | WFormat::IQ4_XS | WFormat::MXFP4 => nib(e),
             WFormat::Q5_0 | WFormat::Q5_1 | WFormat::Q5_K => nib(e) | bit(w[4], e) << 4,
             WFormat::Q6_K => nib(e) | pair(w[4], w[5], e) << 4,
             WFormat::Q3_K => pair(w[0], w[1], e) | bit(w[2], e) << 2,
@@ -358,14 +438,18 @@ pub(crate) fn unpack_block(format: WFormat, w: &[u32]) -> [u32; 32] {
 }
 
 /// How block codes become values: `Offset(o)`: (code - o) * d, with o = 128 meaning the code is
-/// a signed byte; `Min`: code * d + m. Mirrors GGUF's reference dequantization operation for
+/// a signed byte; `Min`: code * d + m; `Table(t)`: d * t[code]. Mirrors GGUF's reference dequantization operation for
 /// operation, so results are bit-identical.
 pub(crate) enum Affine {
     Offset(i32),
     Min,
+    Table(&'static [i8; 16]),
 }
 
 pub(crate) fn affine(format: WFormat) -> Affine {
+    if let Some(t) = format.table() {
+        return Affine::Table(t);
+    }
     match format {
         WFormat::Q8_0 => Affine::Offset(128),
         WFormat::Q4_0 => Affine::Offset(8),
@@ -382,7 +466,8 @@ pub(crate) fn half_scale(format: WFormat, r: &[u32], j: usize, half: usize) -> (
     let fl = |i: usize| f32::from_bits(r[i]);
     let byte = |w: &[u32], i: usize| (w[i / 4] >> (8 * (i % 4))) & 255;
     match format {
-        WFormat::Q8_0 | WFormat::Q4_0 | WFormat::Q5_0 => (fl(0), 0.0),
+        WFormat::Q8_0 | WFormat::Q4_0 | WFormat::Q5_0 | WFormat::IQ4_NL | WFormat::MXFP4 => (fl(0), 0.0),
+        WFormat::IQ4_XS => (fl(0) * byte(&r[1..3], j) as u8 as i8 as f32, 0.0),
         WFormat::Q4_1 | WFormat::Q5_1 => (fl(0), fl(1)),
         WFormat::Q4_K | WFormat::Q5_K => (fl(0) * byte(&r[2..4], j) as f32, -(fl(1) * byte(&r[4..6], j) as f32)),
         WFormat::Q3_K | WFormat::Q6_K => (fl(0) * byte(&r[1..5], 2 * j + half) as u8 as i8 as f32, 0.0),

@@ -175,6 +175,10 @@ impl QTensor {
         let n = rows * cols / block_elems;
         let mut bytes: Vec<u8> = (0..n * block_bytes).map(|_| (unit() * 256.0) as u8).collect();
         for b in bytes.chunks_exact_mut(block_bytes) {
+            if format == WFormat::MXFP4 {
+                // An e8m0 scale of 2^-10..2^-4 (values up to 12 times half of it).
+                b[0] = 118 + (unit() * 7.0) as u8;
+            }
             for &o in gguf_scale_fields(format) {
                 let mag = 1e-3 + unit() * 0.099;
                 let v = if unit() < 0.5 { -mag } else { mag };
@@ -262,6 +266,7 @@ impl QTensor {
                             Affine::Offset(128) => c as u8 as i8 as f32 * d,
                             Affine::Offset(o) => (c as i32 - o) as f32 * d,
                             Affine::Min => c as f32 * d + m,
+                            Affine::Table(t) => d * t[c as usize] as f32,
                         });
                     }
                 }
