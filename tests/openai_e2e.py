@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Drives a running `torus-wgpu serve` with the official `openai` Python package.
 
-Usage: python3 tests/openai_e2e.py [BASE_URL] [--tool-model | --structured]   (default:
+Usage: python3 tests/openai_e2e.py [BASE_URL] [--tool-model | --structured | --reasoning]   (default:
 $TORUS_BASE_URL, else http://127.0.0.1:8000/v1). Set TORUS_API_KEY when the server requires a key.
 
 Checks chat (non-streaming and streaming with usage), completions (non-streaming and
@@ -14,7 +14,9 @@ against the tool's JSON schema. With --structured (a small instruct model such a
 only the structured-output checks run: `chat.completions.parse` with a Pydantic model 20 times
 with varied prompts (every result parses and validates), `json_object` output parses, and
 `tool_choice="required"` returns calls whose arguments validate against the tool's schema,
-streamed and not, followed by a `role: tool` turn. Exits 0 when every check passes; otherwise
+streamed and not, followed by a `role: tool` turn. With --reasoning (a model whose chat template
+thinks), only the reasoning checks run: `reasoning_content` beside `content`, streamed equal to
+non-streamed, with and without `chat_template_kwargs`. Exits 0 when every check passes; otherwise
 prints what failed and exits 1.
 """
 
@@ -227,6 +229,38 @@ def check_structured(client: OpenAI, model: str) -> None:
     check(after.choices[0].finish_reason in ("stop", "length", "tool_calls"), "follow-up finish_reason")
 
 
+def field(obj, name: str):
+    """A field the client's types do not declare (kept as an extra), or None."""
+    extra = getattr(obj, "model_extra", None) or {}
+    return extra.get(name, getattr(obj, name, None))
+
+
+def check_reasoning(client: OpenAI, model: str) -> None:
+    """A model whose chat template thinks: `reasoning_content` beside `content`, streamed equal
+    to non-streamed, with and without `chat_template_kwargs` (enable_thinking off)."""
+    messages = [{"role": "user", "content": "What is 2 + 2?"}]
+    for extra in ({}, {"chat_template_kwargs": {"enable_thinking": False}}):
+        whole = client.chat.completions.create(model=model, messages=messages, max_tokens=20, temperature=0,
+                                               extra_body=extra)
+        msg = whole.choices[0].message
+        reasoning, content = field(msg, "reasoning_content"), msg.content
+        check("reasoning_content" in (msg.model_extra or {}), f"reasoning_content in the message: {msg}")
+        check(reasoning is None or isinstance(reasoning, str), f"reasoning_content: {reasoning!r}")
+        check(bool(reasoning) or bool(content), f"an answer: {msg}")
+        stream = client.chat.completions.create(model=model, messages=messages, max_tokens=20, temperature=0,
+                                                stream=True, extra_body=extra)
+        sr, sc, reasons = "", "", []
+        for chunk in stream:
+            for c in chunk.choices:
+                sr += field(c.delta, "reasoning_content") or ""
+                sc += c.delta.content or ""
+                if c.finish_reason:
+                    reasons.append(c.finish_reason)
+        check(sr == (reasoning or ""), f"streamed reasoning {sr!r} != {reasoning!r}")
+        check(sc == (content or ""), f"streamed content {sc!r} != {content!r}")
+        check(reasons == [whole.choices[0].finish_reason], f"finish reasons: {reasons}")
+
+
 def main() -> int:
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     tool_model = "--tool-model" in sys.argv[1:]
@@ -244,6 +278,10 @@ def main() -> int:
         return 0
     if structured:
         check_structured(client, model)
+        print("openai_e2e: all checks passed")
+        return 0
+    if "--reasoning" in sys.argv[1:]:
+        check_reasoning(client, model)
         print("openai_e2e: all checks passed")
         return 0
     check_tools(client, model, tool_model=False)

@@ -198,13 +198,27 @@ impl EngineCore {
         // Structured outputs: advance the grammar; once it is complete the request stops (the
         // token's text is still sent below).
         let mut grammar_done = false;
-        if let Some(c) = s.params.constraint.as_mut() {
+        if let Some(c) = s.params.constraint.as_mut().filter(|_| s.thinking.is_none()) {
             if let Err(e) = c.accept(id) {
                 return Some(FinishReason::Error(e));
             }
             grammar_done = c.is_stopped();
         }
-        s.pending.push_str(&s.detok.push(tok, id));
+        let piece = s.detok.push(tok, id);
+        // A grammar that waits for the end of the thinking starts with the next token.
+        if let (Some(tail), Some(tag)) = (s.thinking.as_mut(), s.params.constraint_after.as_deref()) {
+            tail.push_str(&piece);
+            if tail.contains(tag) {
+                s.thinking = None;
+            } else {
+                let mut cut = tail.len().saturating_sub(tag.len());
+                while !tail.is_char_boundary(cut) {
+                    cut -= 1;
+                }
+                tail.drain(..cut);
+            }
+        }
+        s.pending.push_str(&piece);
         let mut reason = None;
         let text = if let Some(pos) = stop.stop.iter().filter_map(|st| s.pending.find(st.as_str())).min() {
             let t = s.pending[..pos].to_string();

@@ -43,6 +43,9 @@ pub struct RequestParams {
     /// Structured outputs: every sampled token keeps the output inside this grammar, and the
     /// request stops when the grammar is complete (see [`crate::structured`]).
     pub constraint: Option<Constraint>,
+    /// Structured outputs of a reasoning model: the grammar starts after the output holds this
+    /// text (the end of its thinking, `</think>`), so it constrains the answer only.
+    pub constraint_after: Option<String>,
 }
 
 impl Default for RequestParams {
@@ -59,6 +62,7 @@ impl Default for RequestParams {
             cache_salt: None,
             skip_special_tokens: true,
             constraint: None,
+            constraint_after: None,
         }
     }
 }

@@ -41,6 +41,9 @@ pub(crate) struct Seq {
     pub(crate) cached_tokens: Option<usize>,
     /// Structured outputs: why the grammar could not give a mask (the sequence then fails).
     pub(crate) constraint_error: Option<String>,
+    /// Structured outputs after a reasoning span (`RequestParams::constraint_after`): the last
+    /// output text while the span's end is awaited (None once it is seen, or without one).
+    pub(crate) thinking: Option<String>,
     /// Prompt log-probabilities delivered so far (of tokens 1..=lp_done).
     pub(crate) lp_done: usize,
     /// Steps in which a request behind it started while it waited (see `schedule`).
@@ -58,6 +61,7 @@ impl Seq {
         let repetition = p.repetition_penalty != 1.0;
         let counting = repetition || p.frequency_penalty != 0.0 || p.presence_penalty != 0.0;
         let penalties = Penalties::new(&req.prompt, repetition, counting, &p.logit_bias);
+        let req_constraint_waits = p.constraint.is_some() && p.constraint_after.is_some();
         Seq {
             id,
             tokens: req.prompt,
@@ -77,6 +81,7 @@ impl Seq {
             penalties,
             cached_tokens: None,
             constraint_error: None,
+            thinking: (req_constraint_waits).then(String::new),
             lp_done: 0,
             passed_over: 0,
         }
@@ -135,7 +140,7 @@ impl Seq {
         // Structured outputs: the grammar's allowed tokens (computed here, while no step of
         // this sequence is in flight; see BENCHMARKS.md for its cost).
         let mask = match self.params.constraint.as_mut() {
-            Some(c) if self.constraint_error.is_none() => match c.mask(mask_words) {
+            Some(c) if self.constraint_error.is_none() && self.thinking.is_none() => match c.mask(mask_words) {
                 Ok(m) => Some(m),
                 Err(e) => {
                     self.constraint_error = Some(e);

@@ -68,6 +68,12 @@ pub struct ServeArgs {
     /// and the process exits (a second signal exits at once).
     #[arg(long, default_value_t = DEFAULT_SHUTDOWN_GRACE_S)]
     pub shutdown_grace_s: u64,
+    /// Where a chat answer's thinking goes: `auto` (from the chat template: one that uses
+    /// `<think>` is split, `qwen3` style when it has an `enable_thinking` switch, else
+    /// `deepseek_r1`), `none` (all in `content`), `deepseek_r1` or `qwen3` (vLLM's names). The
+    /// thinking span goes to `reasoning_content`, the rest to `content`.
+    #[arg(long, default_value = "auto", value_parser = super::reasoning::ReasoningChoice::parse)]
+    pub reasoning_parser: super::reasoning::ReasoningChoice,
 }
 
 /// `torus-wgpu serve`: binds, loads the model (503 until then), serves until SIGINT/SIGTERM,
@@ -134,6 +140,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         anyhow::bail!("--body-read-timeout-s must be at most 86400 (a day), or 0 for no limit");
     }
     scfg.body_read_timeout = secs(args.body_read_timeout_s);
+    scfg.reasoning_parser = args.reasoning_parser;
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().thread_name("torus-http").build()?;
     let r = rt.block_on(serve(args, cfg, scfg, model_path));
     // Never wait on work that is still running (dropping the runtime would).
@@ -180,6 +187,16 @@ async fn serve(args: ServeArgs, cfg: EngineConfig, scfg: ServerConfig, model_pat
         }
     };
     let i = engine.info.clone();
+    match args.reasoning_parser.resolve(engine.tokenizer.chat_template_source()) {
+        Some(k) => eprintln!(
+            "torus-wgpu serve: reasoning parser {k:?} ({:?}): thinking goes to reasoning_content",
+            args.reasoning_parser
+        ),
+        None if engine.tokenizer.chat_template_source().is_some_and(|t| t.contains(super::reasoning::OPEN)) => {
+            eprintln!("torus-wgpu serve: the chat template uses <think>, but --reasoning-parser is none")
+        }
+        None => {}
+    }
     if let Some(a) = i.kv_events_addr {
         eprintln!("torus-wgpu serve: publishing KV-cache events on tcp://{a} (ZeroMQ PUB, vLLM's format)");
     }

@@ -25,6 +25,7 @@ pub mod metrics;
 mod openai;
 mod params;
 mod prepare;
+pub mod reasoning;
 mod structured;
 mod token_ids;
 mod tokenize;
@@ -109,6 +110,8 @@ pub struct ServerConfig {
     pub body_read_timeout: Option<Duration>,
     /// The engine's KV-cache dtype (reported by `vllm:cache_config_info`).
     pub kv_cache_dtype: crate::config::KvDtype,
+    /// How chat outputs are split into `reasoning_content` and `content` (see `reasoning`).
+    pub reasoning_parser: reasoning::ReasoningChoice,
 }
 
 impl ServerConfig {
@@ -133,6 +136,7 @@ impl ServerConfig {
             max_connections_per_peer: default_max_connections_per_peer(DEFAULT_MAX_CONNECTIONS),
             body_read_timeout: Some(Duration::from_secs(DEFAULT_BODY_READ_TIMEOUT_S)),
             kv_cache_dtype: cfg.kv_cache_dtype,
+            reasoning_parser: reasoning::ReasoningChoice::Auto,
         }
     }
 }

@@ -59,6 +59,15 @@ fn as_int(v: &Value) -> Option<i64> {
 
 impl<'a> Fields<'a> {
     /// The field, unless it is missing or null.
+    /// `chat_template_kwargs`: an object of further chat-template variables, or absent.
+    pub fn template_kwargs(&self) -> Result<Option<serde_json::Map<String, Value>>, ApiError> {
+        match self.get("chat_template_kwargs") {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::Object(o)) => Ok(Some(o.clone())),
+            Some(_) => Err(ApiError::invalid("chat_template_kwargs", "`chat_template_kwargs` must be an object")),
+        }
+    }
+
     pub fn get(&self, k: &str) -> Option<&'a Value> {
         self.0.get(k).filter(|v| !v.is_null())
     }
@@ -156,6 +165,8 @@ pub struct Common {
     /// choice gets its own copy).
     pub constraint: Option<super::structured::Requested>,
     pub compiled: Option<crate::structured::Constraint>,
+    /// The server's reasoning parser (chat splits its output with it).
+    pub reasoning: super::reasoning::ReasoningChoice,
 }
 
 impl Common {
@@ -273,6 +284,7 @@ impl Common {
             timeout,
             constraint,
             compiled: None,
+            reasoning: Default::default(),
         })
     }
 
@@ -300,6 +312,7 @@ impl Common {
             cache_salt: self.cache_salt.clone(),
             skip_special_tokens: true,
             constraint: self.compiled.clone(),
+            constraint_after: None,
         }
     }
 }

@@ -11,6 +11,7 @@ use super::error::ApiError;
 use super::generate::{check_context, check_queue, Planned};
 use super::json::{self, Parsed};
 use super::params::{parse_messages, Common, Fields, Limits, Prompt, MAX_TOP_LOGPROBS};
+use super::reasoning::{self, Reasoning};
 use super::structured;
 use super::token_ids::IdField;
 use super::tools::{self, ToolRequest};
@@ -46,6 +47,8 @@ pub(crate) struct Prepared {
     pub echo: Vec<String>,
     /// Completions with `echo` and `logprobs`: each prompt's token ids.
     pub echo_ids: Vec<Vec<u32>>,
+    /// Chat with a reasoning parser: how its output is split.
+    pub reasoning: Option<Reasoning>,
 }
 
 fn limits(st: &AppState, e: &EngineHandle) -> Limits {
@@ -108,6 +111,8 @@ pub(crate) async fn begin(
         })
         .await??;
     st.check_model(c.model.as_deref())?;
+    let mut c = c;
+    c.reasoning = st.cfg.reasoning_parser;
     Ok((engine, parsed, c))
 }
 
@@ -140,6 +145,7 @@ fn chat_within(engine: &EngineHandle, parsed: Parsed, mut c: Common) -> Result<P
     }
     let lp = logprobs.then(|| top.unwrap_or(0) as u32);
     let tool_req = ToolRequest::parse(&f)?;
+    let kwargs = f.template_kwargs()?;
     drop(parsed);
     // `required` and named functions: the output is held to a valid call by a grammar.
     if let Some(tc) = tool_req.as_ref().and_then(|t| t.constraint_for(&engine.tokenizer)) {
@@ -153,13 +159,18 @@ fn chat_within(engine: &EngineHandle, parsed: Parsed, mut c: Common) -> Result<P
     }
     c.compiled = structured::compile(engine, c.constraint.take())?;
     let tok = &engine.tokenizer;
-    let text = tools::render_prompt(tok, &messages, tool_req.as_ref(), true)
+    let text = tools::render_prompt(tok, &messages, tool_req.as_ref(), true, kwargs.as_ref())
         .map_err(|e| ApiError::invalid("messages", format!("{e:#}")))?;
     drop(messages);
+    let reasoning = c.reasoning.resolve(tok.chat_template_source()).map(|k| Reasoning::new(k, &text));
     let prompt = tokenize_prompt(tok, &engine.info, &text, "messages")?;
     drop(text);
     let max_tokens = check_context(&engine.info, prompt.len(), c.max_tokens, "messages")?;
     let mut params: Vec<_> = (0..c.n).map(|j| c.request_params(j, max_tokens, lp)).collect();
+    // A grammar constrains the answer, not the thinking before it.
+    if reasoning.is_some_and(|r| r.starts_thinking()) && c.compiled.is_some() {
+        params.iter_mut().for_each(|p| p.constraint_after = Some(reasoning::CLOSE.to_string()));
+    }
     if tool_req.as_ref().is_some_and(ToolRequest::parses_output) {
         // As vLLM's Hermes parser: the tags may be special tokens (Qwen2.5's GGUF marks them so).
         params.iter_mut().for_each(|p| p.skip_special_tokens = false);
@@ -171,6 +182,7 @@ fn chat_within(engine: &EngineHandle, parsed: Parsed, mut c: Common) -> Result<P
         tools: tool_req.filter(ToolRequest::parses_output),
         echo: vec![],
         echo_ids: vec![],
+        reasoning,
     })
 }
 
@@ -220,5 +232,5 @@ pub(crate) fn completion(engine: &EngineHandle, parsed: Parsed, mut c: Common) -
         plans.push(Planned { prompt, choices });
         echoes.push(if echo { text } else { String::new() });
     }
-    Ok(Prepared { common: c, plans, logprobs: lp, tools: None, echo: echoes, echo_ids })
+    Ok(Prepared { common: c, plans, logprobs: lp, tools: None, echo: echoes, echo_ids, reasoning: None })
 }

@@ -103,10 +103,11 @@ async fn tokenize_body(st: Arc<AppState>, headers: HeaderMap, body: Body) -> Res
                 return Err(ApiError::invalid("continue_final_message", "`continue_final_message` is not supported"));
             }
             let tools = ToolRequest::parse(&f)?;
+            let kwargs = f.template_kwargs()?;
             let add = add_special.unwrap_or(false);
             drop(parsed);
             Box::new(move || {
-                let text = render_prompt(&tok, &messages, tools.as_ref(), generation_prompt)
+                let text = render_prompt(&tok, &messages, tools.as_ref(), generation_prompt, kwargs.as_ref())
                     .map_err(|e| ApiError::invalid("messages", format!("{e:#}")))?;
                 // As a chat completion's prompt (BOS only where the model wants it and the
                 // template did not write it), or with every special token the model adds.

@@ -28,6 +28,8 @@ pub(super) struct ChatTemplate {
     compile_error: Option<String>,
     /// Whether the source mentions `tools` (it renders tool definitions itself).
     pub(super) mentions_tools: bool,
+    /// The template's source (the reasoning parser's `auto` reads it).
+    pub(super) source: String,
 }
 
 impl ChatTemplate {
@@ -42,10 +44,10 @@ impl ChatTemplate {
         env.add_filter("tojson", tojson);
         let mentions_tools = source.contains("tools");
         let compile_error = env
-            .add_template_owned(NAME, source)
+            .add_template_owned(NAME, source.clone())
             .err()
             .map(|e| format!("cannot compile the chat template: {}", one_line(&e)));
-        ChatTemplate { env, compile_error, mentions_tools }
+        ChatTemplate { env, compile_error, mentions_tools, source }
     }
 
     pub(super) fn render(
@@ -55,6 +57,7 @@ impl ChatTemplate {
         add_generation_prompt: bool,
         bos_token: Option<&str>,
         eos_token: Option<&str>,
+        extra: Option<&serde_json::Map<String, Json>>,
     ) -> Result<String> {
         if let Some(e) = &self.compile_error {
             return Err(anyhow!("{e}"));
@@ -73,6 +76,13 @@ impl ChatTemplate {
         }
         if let Some(e) = eos_token {
             ctx.insert("eos_token", Value::from(e));
+        }
+        // A request's `chat_template_kwargs` (e.g. `enable_thinking`), never in place of the
+        // variables above.
+        for (k, v) in extra.into_iter().flatten() {
+            if !ctx.contains_key(k.as_str()) {
+                ctx.insert(k.as_str(), Value::from_serialize(v));
+            }
         }
         let mut out = Capped { buf: Vec::new(), cap: MAX_RENDER_BYTES };
         match tmpl.render_captured_to(ctx, &mut out) {
@@ -279,7 +289,7 @@ mod tests {
         );
         let tools =
             [serde_json::json!({"type": "function", "function": {"name": "f", "parameters": {}, "d": [1, "é"]}})];
-        let out = t.render(&[], Some(&tools), false, None, None).unwrap();
+        let out = t.render(&[], Some(&tools), false, None, None, None).unwrap();
         assert_eq!(
             out,
             "[{\"function\": {\"d\": [1, \"é\"], \"name\": \"f\", \"parameters\": {}}, \"type\": \"function\"}]|{\n  \
@@ -290,7 +300,20 @@ mod tests {
         assert!(!ChatTemplate::new("{{ messages }}".into()).mentions_tools);
         // Without tools, `tools` is undefined.
         let t = ChatTemplate::new("{% if tools %}yes{% else %}no{% endif %}".into());
-        assert_eq!(t.render(&[], None, false, None, None).unwrap(), "no");
+        assert_eq!(t.render(&[], None, false, None, None, None).unwrap(), "no");
+    }
+
+    #[test]
+    fn template_kwargs_are_variables_but_never_replace_the_standard_ones() {
+        let t = ChatTemplate::new(
+            "{% if enable_thinking is defined and not enable_thinking %}off{% else %}on{% endif %}|{{ add_generation_prompt }}|{{ messages | length }}".into(),
+        );
+        let kw = |v: serde_json::Value| v.as_object().unwrap().clone();
+        assert_eq!(t.render(&[], None, true, None, None, None).unwrap(), "on|True|0");
+        let off = kw(serde_json::json!({"enable_thinking": false}));
+        assert_eq!(t.render(&[], None, true, None, None, Some(&off)).unwrap(), "off|True|0");
+        let hostile = kw(serde_json::json!({"add_generation_prompt": false, "messages": [1, 2, 3]}));
+        assert_eq!(t.render(&[], None, true, None, None, Some(&hostile)).unwrap(), "on|True|0");
     }
 
     #[test]
@@ -300,19 +323,19 @@ mod tests {
             "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}".into(),
         );
         let t0 = std::time::Instant::now();
-        let e = t.render(&[], None, false, None, None).unwrap_err().to_string();
+        let e = t.render(&[], None, false, None, None, None).unwrap_err().to_string();
         assert!(e.contains("instructions"), "{e}");
         eprintln!("fuel ran out after {:?}", t0.elapsed());
         // Output past the cap.
         let t = ChatTemplate::new("{% for i in range(100000) %}{{ 'x' * 1000 }}{% endfor %}".into());
-        let e = t.render(&[], None, false, None, None).unwrap_err().to_string();
+        let e = t.render(&[], None, false, None, None, None).unwrap_err().to_string();
         assert!(e.contains(&MAX_RENDER_BYTES.to_string()), "{e}");
         // A real template on many messages stays within both.
         let t = ChatTemplate::new(
             "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}".into(),
         );
         let msgs: Vec<ChatMessage> = (0..20_000).map(|i| ChatMessage::new("user", format!("m{i}"))).collect();
-        let out = t.render(&msgs, None, true, None, None).unwrap();
+        let out = t.render(&msgs, None, true, None, None, None).unwrap();
         assert!(out.ends_with("<|im_start|>assistant\n") && out.contains("m19999"));
     }
 

@@ -351,10 +351,28 @@ impl Tokenizer {
         tools: Option<&[Json]>,
         add_generation_prompt: bool,
     ) -> Result<String> {
+        self.apply_chat_template_kwargs(messages, tools, add_generation_prompt, None)
+    }
+
+    /// [`apply_chat_template_with_tools`](Self::apply_chat_template_with_tools) with further
+    /// template variables (a request's `chat_template_kwargs`); they never replace `messages`,
+    /// `tools`, `add_generation_prompt` or the special tokens.
+    pub fn apply_chat_template_kwargs(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&[Json]>,
+        add_generation_prompt: bool,
+        kwargs: Option<&serde_json::Map<String, Json>>,
+    ) -> Result<String> {
         // No file path in these errors: they reach HTTP clients.
         let t = self.chat_template.as_ref().ok_or_else(|| anyhow!("the model has no chat template"))?;
-        t.render(messages, tools, add_generation_prompt, self.bos_token.as_deref(), self.eos_token.as_deref())
-            .context("chat template")
+        let (bos, eos) = (self.bos_token.as_deref(), self.eos_token.as_deref());
+        t.render(messages, tools, add_generation_prompt, bos, eos, kwargs).context("chat template")
+    }
+
+    /// The chat template's source, if the model has one.
+    pub fn chat_template_source(&self) -> Option<&str> {
+        self.chat_template.as_ref().map(|t| t.source.as_str())
     }
 
     pub fn has_chat_template(&self) -> bool {

@@ -5,6 +5,7 @@ use super::access::AccessRecord;
 use super::error::ApiError;
 use super::generate::{submit, total_usage, Choice, Collected, TokenOut};
 use super::prepare::{self, Prepared, Route};
+use super::reasoning::{self, Reasoning, Splitter};
 use super::tools::{self, Piece, ToolCallParser, ToolRequest};
 use super::{unix_now, AppState};
 use crate::engine::{EngineHandle, Event, FinishReason, PromptLogprob, Usage};
@@ -114,6 +115,7 @@ async fn respond(
         echo_ids: p.echo_ids,
         deadline: deadline(t0, c.timeout),
         tools: p.tools,
+        reasoning: p.reasoning,
         st: st.clone(),
     };
     Ok(if c.stream { out.stream(choices) } else { within(&st, t0, c.timeout, out.whole(choices)).await? })
@@ -200,6 +202,8 @@ struct Output {
     deadline: Option<(Duration, tokio::time::Instant)>,
     /// Chat with tools (tool_choice other than `none`): the output is parsed for tool calls.
     tools: Option<ToolRequest>,
+    /// Chat with a reasoning parser: the thinking goes to `reasoning_content` (before tools).
+    reasoning: Option<Reasoning>,
     st: Arc<AppState>,
 }
 
@@ -330,9 +334,16 @@ impl Output {
                 if self.chat {
                     let lp = if self.logprobs { self.chat_logprobs(&c.tokens) } else { Value::Null };
                     let mut message = json!({"role": "assistant", "content": c.text, "refusal": null});
+                    let mut text = c.text.clone();
+                    if let Some(r) = self.reasoning {
+                        let (thinking, content) = reasoning::split_whole(r, &c.text);
+                        message["reasoning_content"] = json!(thinking);
+                        message["content"] = json!(content);
+                        text = content.unwrap_or_default();
+                    }
                     let mut reason = json!(reason);
                     if let Some(t) = &self.tools {
-                        let (content, calls) = tools::parse_output(t, &c.text);
+                        let (content, calls) = tools::parse_output(t, &text);
                         message["content"] = json!(content);
                         if !calls.is_empty() {
                             let calls: Vec<Value> =

@@ -13,6 +13,7 @@ impl Output {
             usage: vec![],
             offsets: HashMap::new(),
             parsers: HashMap::new(),
+            splitters: HashMap::new(),
             open: choices.iter().map(|c| c.index).collect(),
             echo_pending: BTreeSet::new(),
             prompt_lps: HashMap::new(),
@@ -104,6 +105,8 @@ struct SseState {
     offsets: HashMap<usize, usize>,
     /// Chat with tools: each choice's tool-call parser.
     parsers: HashMap<usize, ToolCallParser>,
+    /// Chat with a reasoning parser: each choice's splitter.
+    splitters: HashMap<usize, Splitter>,
     /// Choices not finished yet.
     open: BTreeSet<usize>,
     /// Completions with `echo` and `logprobs`: choices whose echo chunk waits for the prompt's
@@ -147,6 +150,42 @@ impl SseState {
         }
     }
 
+    /// Chat output text as parts: through the choice's reasoning splitter when the request has
+    /// one (`last`: the output ends here), else all content.
+    fn split(&mut self, index: usize, text: &str, last: bool) -> Vec<reasoning::Part> {
+        let Some(r) = self.out.reasoning else { return vec![reasoning::Part::Content(text.to_string())] };
+        let s = self.splitters.entry(index).or_insert_with(|| Splitter::new(r));
+        let mut parts = s.push(text);
+        if last {
+            parts.extend(s.finish());
+        }
+        parts
+    }
+
+    /// Chunks for chat parts: `delta.reasoning_content`, and content (through the tool-call
+    /// parser when the request has tools). `lp` goes on the first chunk, or on an empty content
+    /// delta when nothing is sent.
+    fn push_parts(&mut self, index: usize, parts: Vec<reasoning::Part>, mut lp: Value) {
+        for part in parts {
+            let l = std::mem::take(&mut lp);
+            match part {
+                reasoning::Part::Reasoning(t) => self.push_choice(
+                    json!({"index": index, "delta": {"reasoning_content": t}, "logprobs": l, "finish_reason": null}),
+                ),
+                reasoning::Part::Content(t) if self.out.tools.is_some() => {
+                    let pieces = self.parser(index).push(&t);
+                    self.push_pieces(index, pieces, l);
+                }
+                reasoning::Part::Content(t) => self.push_choice(
+                    json!({"index": index, "delta": {"content": t}, "logprobs": l, "finish_reason": null}),
+                ),
+            }
+        }
+        if !lp.is_null() {
+            self.push_choice(json!({"index": index, "delta": {"content": ""}, "logprobs": lp, "finish_reason": null}));
+        }
+    }
+
     fn push_choice(&mut self, choice: Value) {
         let mut v = self.out.envelope(true, vec![choice]);
         if self.out.include_usage {
@@ -184,14 +223,8 @@ impl SseState {
                 let toks = [TokenOut { id, logprob, top }];
                 if self.out.chat {
                     let lp = if self.out.logprobs { self.out.chat_logprobs(&toks) } else { Value::Null };
-                    if self.out.tools.is_some() {
-                        let pieces = self.parser(index).push(&text);
-                        self.push_pieces(index, pieces, lp);
-                        return;
-                    }
-                    self.push_choice(
-                        json!({"index": index, "delta": {"content": text}, "logprobs": lp, "finish_reason": null}),
-                    );
+                    let parts = self.split(index, &text, false);
+                    self.push_parts(index, parts, lp);
                 } else {
                     let lp = if self.out.logprobs {
                         let off = self.offsets.entry(index).or_insert(0);
@@ -212,20 +245,19 @@ impl SseState {
                 }
                 self.usage.push((index, prompt_index, usage));
                 let mut reason = json!(finish.as_openai());
-                if self.out.chat && self.out.tools.is_some() {
-                    let parser = self.parser(index);
-                    let mut pieces = parser.push(&text);
-                    pieces.extend(parser.finish());
-                    if parser.calls() > 0 {
-                        reason = tool_calls_reason(&finish, reason);
-                    }
-                    self.push_pieces(index, pieces, Value::Null);
-                    self.push_choice(json!({"index": index, "delta": {}, "logprobs": null, "finish_reason": reason}));
-                } else if self.out.chat {
-                    if !text.is_empty() {
-                        self.push_choice(
-                            json!({"index": index, "delta": {"content": text}, "logprobs": null, "finish_reason": null}),
-                        );
+                if self.out.chat {
+                    let mut parts = self.split(index, &text, true);
+                    parts.retain(
+                        |p| !matches!(p, reasoning::Part::Reasoning(t) | reasoning::Part::Content(t) if t.is_empty()),
+                    );
+                    self.push_parts(index, parts, Value::Null);
+                    if self.out.tools.is_some() {
+                        let parser = self.parser(index);
+                        let pieces = parser.finish();
+                        if parser.calls() > 0 {
+                            reason = tool_calls_reason(&finish, reason);
+                        }
+                        self.push_pieces(index, pieces, Value::Null);
                     }
                     self.push_choice(json!({"index": index, "delta": {}, "logprobs": null, "finish_reason": reason}));
                 } else {

@@ -63,14 +63,16 @@ pub fn render_prompt(
     messages: &[ChatMessage],
     tools: Option<&ToolRequest>,
     add_generation_prompt: bool,
+    kwargs: Option<&serde_json::Map<String, serde_json::Value>>,
 ) -> anyhow::Result<String> {
     let specs = tools.map(ToolRequest::specs);
     let has_history = messages.iter().any(|m| m.tool_calls.is_some() || m.role == "tool");
     if tok.chat_template_supports_tools() {
-        tok.apply_chat_template_with_tools(messages, specs.as_deref(), add_generation_prompt)
+        tok.apply_chat_template_kwargs(messages, specs.as_deref(), add_generation_prompt, kwargs)
     } else if specs.is_some() || has_history {
-        tok.apply_chat_template(&generic_messages(messages, specs.as_deref()), add_generation_prompt)
+        let generic = generic_messages(messages, specs.as_deref());
+        tok.apply_chat_template_kwargs(&generic, None, add_generation_prompt, kwargs)
     } else {
-        tok.apply_chat_template(messages, add_generation_prompt)
+        tok.apply_chat_template_kwargs(messages, None, add_generation_prompt, kwargs)
     }
 }

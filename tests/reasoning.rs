@@ -1,0 +1,169 @@
+//! Reasoning output over HTTP: the tiny random Qwen3 (tests/fixtures/tiny-qwen3) served with
+//! two thinking chat templates written for these tests: a Qwen3-style one (an
+//! `enable_thinking` switch: off closes an empty `<think></think>` in the prompt) and a
+//! DeepSeek-R1-style one (the generation prompt opens `<think>`). The model's text is random, so
+//! the checks are of shape and consistency: against the same server with `--reasoning-parser
+//! none` (the raw text), streamed against whole, through the official `openai` client, and that
+//! a grammar waits for the end of the thinking. How a text is split at every boundary is
+//! tested in `server::reasoning`.
+
+mod common;
+
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+use torus_wgpu::config::EngineConfig;
+use torus_wgpu::server::reasoning::ReasoningChoice;
+use torus_wgpu::server::{model_id_for_path, start, ServerConfig, ServerHandle};
+
+/// Qwen3-style: ChatML; with `enable_thinking` false the prompt holds an empty thinking span.
+const QWEN3_STYLE: &str = "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% if enable_thinking is defined and not enable_thinking %}{{ '<think>\\n\\n</think>\\n\\n' }}{% endif %}{% endif %}";
+/// DeepSeek-R1-style: the generation prompt opens the thinking span.
+const R1_STYLE: &str = "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n<think>\\n' }}{% endif %}";
+
+struct TempDir(PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A copy of tiny-qwen3 with `template` as its chat template.
+fn model_with_template(name: &str, template: &str) -> TempDir {
+    let dir = std::env::temp_dir().join(format!("torus-reasoning-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-qwen3");
+    for f in ["config.json", "generation_config.json", "model.safetensors", "tokenizer.json"] {
+        std::fs::copy(src.join(f), dir.join(f)).unwrap();
+    }
+    let mut cfg: Value = serde_json::from_slice(&std::fs::read(src.join("tokenizer_config.json")).unwrap()).unwrap();
+    cfg["chat_template"] = json!(template);
+    std::fs::write(dir.join("tokenizer_config.json"), serde_json::to_vec(&cfg).unwrap()).unwrap();
+    TempDir(dir)
+}
+
+async fn serve(path: &Path, parser: ReasoningChoice) -> (ServerHandle, String) {
+    let cfg = EngineConfig {
+        max_num_batched_tokens: 256,
+        max_sequence_length: 512,
+        total_cache_size: 8 << 20,
+        ..Default::default()
+    };
+    let engine = common::start_engine_async(path, &cfg).await;
+    let mut scfg = ServerConfig::new(model_id_for_path(path), &cfg);
+    scfg.reasoning_parser = parser;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let h = start(listener, scfg, Some(engine)).unwrap();
+    let base = format!("http://{}/v1", h.addr);
+    (h, base)
+}
+
+async fn chat(base: &str, extra: Value) -> Value {
+    let mut body = json!({
+        "messages": [{"role": "user", "content": "What is 2 + 2?"}],
+        "max_tokens": 24,
+        "temperature": 0,
+    });
+    for (k, v) in extra.as_object().unwrap() {
+        body[k] = v.clone();
+    }
+    let r = reqwest::Client::new().post(format!("{base}/chat/completions")).json(&body).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    r.json().await.unwrap()
+}
+
+/// A stream's (reasoning, content) deltas joined, and its finish reason.
+async fn chat_streamed(base: &str, extra: Value) -> (String, String, String) {
+    let mut body = json!({
+        "messages": [{"role": "user", "content": "What is 2 + 2?"}],
+        "max_tokens": 24,
+        "temperature": 0,
+        "stream": true,
+    });
+    for (k, v) in extra.as_object().unwrap() {
+        body[k] = v.clone();
+    }
+    let r = reqwest::Client::new().post(format!("{base}/chat/completions")).json(&body).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let text = r.text().await.unwrap();
+    let (mut reasoning, mut content, mut finish) = (String::new(), String::new(), String::new());
+    for ev in text.split("\n\n").filter_map(|e| e.strip_prefix("data: ")).filter(|d| *d != "[DONE]") {
+        let v: Value = serde_json::from_str(ev).unwrap();
+        let c = &v["choices"][0];
+        reasoning.push_str(c["delta"]["reasoning_content"].as_str().unwrap_or(""));
+        content.push_str(c["delta"]["content"].as_str().unwrap_or(""));
+        if let Some(f) = c["finish_reason"].as_str() {
+            finish = f.to_string();
+        }
+    }
+    (reasoning, content, finish)
+}
+
+fn message(v: &Value) -> &Value {
+    &v["choices"][0]["message"]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thinking_goes_to_reasoning_content() {
+    let r1 = model_with_template("r1", R1_STYLE);
+    let qwen = model_with_template("qwen3", QWEN3_STYLE);
+
+    // The DeepSeek-R1-style template opens the span in the prompt, and the random model never
+    // closes it: everything is reasoning, the raw text (the same model without a parser) with
+    // its leading whitespace dropped.
+    let (h_raw, raw_base) = serve(&r1.0, ReasoningChoice::None).await;
+    let raw = chat(&raw_base, json!({})).await;
+    let raw_text = message(&raw)["content"].as_str().unwrap().to_string();
+    assert!(message(&raw).get("reasoning_content").is_none(), "{raw}");
+    let raw_json = chat(&raw_base, json!({"response_format": {"type": "json_object"}})).await;
+    h_raw.shutdown().await;
+
+    let (h, base) = serve(&r1.0, ReasoningChoice::Auto).await;
+    let v = chat(&base, json!({})).await;
+    eprintln!("r1-style: {}", message(&v));
+    assert!(!raw_text.trim().is_empty());
+    assert_eq!(message(&v)["reasoning_content"], json!(raw_text.trim_start()), "{v}");
+    assert_eq!(message(&v)["content"], Value::Null, "{v}");
+    let (sr, sc, finish) = chat_streamed(&base, json!({})).await;
+    assert_eq!((sr.as_str(), sc.as_str(), finish.as_str()), (raw_text.trim_start(), "", "length"));
+    // A grammar constrains the answer, not the thinking: the thinking is the unconstrained text,
+    // where the parser-less server's json_object output is held to JSON from its first token.
+    let j = chat(&base, json!({"response_format": {"type": "json_object"}})).await;
+    assert_eq!(message(&j)["reasoning_content"], json!(raw_text.trim_start()), "{j}");
+    let raw_json_text = message(&raw_json)["content"].as_str().unwrap();
+    assert!(raw_json_text.trim_start().starts_with('{'), "{raw_json}");
+    assert_ne!(raw_json_text, raw_text);
+    h.shutdown().await;
+
+    // The Qwen3-style template: without `<think>` at the start the output is all content.
+    // `chat_template_kwargs` reach the template: thinking off puts the empty span in the prompt.
+    let (h, base) = serve(&qwen.0, ReasoningChoice::Auto).await;
+    let on = chat(&base, json!({})).await;
+    let off = chat(&base, json!({"chat_template_kwargs": {"enable_thinking": false}})).await;
+    for v in [&on, &off] {
+        assert_eq!(message(v)["reasoning_content"], Value::Null, "{v}");
+        assert!(message(v)["content"].as_str().is_some_and(|c| !c.is_empty()), "{v}");
+    }
+    let (p_on, p_off) =
+        (on["usage"]["prompt_tokens"].as_u64().unwrap(), off["usage"]["prompt_tokens"].as_u64().unwrap());
+    assert!(p_off > p_on, "enable_thinking false must add the empty span to the prompt: {p_on} vs {p_off}");
+    let (sr, sc, _) = chat_streamed(&base, json!({})).await;
+    assert_eq!((sr.as_str(), Some(sc.as_str())), ("", message(&on)["content"].as_str()));
+    let bad = reqwest::Client::new()
+        .post(format!("{base}/chat/completions"))
+        .json(&json!({"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": [1]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bad.status(), 400);
+    let e: Value = bad.json().await.unwrap();
+    assert_eq!(e["error"]["param"], "chat_template_kwargs", "{e}");
+
+    // The official client exposes the field, streamed and not (tests/openai_e2e.py --reasoning).
+    let b = base.clone();
+    tokio::task::spawn_blocking(move || common::openai_e2e(&b, &["--reasoning"])).await.unwrap();
+    h.shutdown().await;
+    let (h, base) = serve(&r1.0, ReasoningChoice::Auto).await;
+    tokio::task::spawn_blocking(move || common::openai_e2e(&base, &["--reasoning"])).await.unwrap();
+    h.shutdown().await;
+}
