@@ -119,23 +119,20 @@ impl Splitter {
     /// The parts `text` completes (the text is appended to what is held).
     pub fn push(&mut self, text: &str) -> Vec<Part> {
         self.held.push_str(text);
-        let mut out = Vec::new();
-        loop {
-            let before = (self.state, self.held.len());
-            self.step(&mut out, false);
-            if (self.state, self.held.len()) == before {
-                break;
-            }
-        }
-        merge(out)
+        self.drive(false)
     }
 
     /// The output ended: what is held is given out as it stands.
     pub fn finish(&mut self) -> Vec<Part> {
+        self.drive(true)
+    }
+
+    /// Steps until nothing changes.
+    fn drive(&mut self, end: bool) -> Vec<Part> {
         let mut out = Vec::new();
         loop {
             let before = (self.state, self.held.len());
-            self.step(&mut out, true);
+            self.step(&mut out, end);
             if (self.state, self.held.len()) == before {
                 break;
             }
