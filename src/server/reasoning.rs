@@ -232,6 +232,11 @@ pub fn split_whole(r: Reasoning, text: &str) -> (Option<String>, Option<String>)
     let mut s = Splitter::new(r);
     let mut parts = s.push(text);
     parts.extend(s.finish());
+    joined(parts)
+}
+
+/// Parts joined by kind: (reasoning, content), each None when empty.
+fn joined(parts: Vec<Part>) -> (Option<String>, Option<String>) {
     let (mut reasoning, mut content) = (String::new(), String::new());
     for p in parts {
         match p {
@@ -262,15 +267,7 @@ mod tests {
                 parts.extend(s.push(&text[a..b]));
                 parts.extend(s.push(&text[b..]));
                 parts.extend(s.finish());
-                let (mut re, mut co) = (String::new(), String::new());
-                for p in parts {
-                    match p {
-                        Part::Reasoning(t) => re.push_str(&t),
-                        Part::Content(t) => co.push_str(&t),
-                    }
-                }
-                let got = ((!re.is_empty()).then_some(re), (!co.is_empty()).then_some(co));
-                assert_eq!(got, whole, "{text:?} cut at {a}, {b}");
+                assert_eq!(joined(parts), whole, "{text:?} cut at {a}, {b}");
             }
         }
     }
