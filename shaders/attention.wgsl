@@ -46,7 +46,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
         for (var d = 0u; d < HD4; d++) {
             s4 += q[d] * load_k(kb + d);
         }
-        let s = s4.x + s4.y + s4.z + s4.w;
+        let s = capped(s4.x + s4.y + s4.z + s4.w);
         let mn = max(mx, s);
         let corr = exp(mx - mn);
         let e = exp(s - mn);

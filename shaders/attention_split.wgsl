@@ -83,7 +83,7 @@ fn main(
                 }
             }
             for (var h = 0u; h < G; h++) {
-                sh[h] = s[h].x + s[h].y + s[h].z + s[h].w;
+                sh[h] = capped(s[h].x + s[h].y + s[h].z + s[h].w);
             }
         } else {
             for (var h = 0u; h < G; h++) {

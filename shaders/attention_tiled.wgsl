@@ -115,7 +115,7 @@ fn main(
                 for (var r = 0u; r < nrow; r++) {
                     let tt = r / GQ;
                     if (j >= tfirst[tt] && j <= tpos[tt]) {
-                        sh[r] = s[r].x + s[r].y + s[r].z + s[r].w;
+                        sh[r] = capped(s[r].x + s[r].y + s[r].z + s[r].w);
                     }
                 }
             }

@@ -51,3 +51,14 @@ fn sbyte(w: u32, i: u32) -> f32 {
 fn ubyte(w: u32, i: u32) -> u32 {
     return (w >> (8u * i)) & 255u;
 }
+
+// tanh with its argument clamped to +-15 (where it is +-1 in f32): a driver's tanh may compute
+// (e^2x - 1) / (e^2x + 1), which is inf / inf for large x.
+fn tanh_c(x: f32) -> f32 {
+    return tanh(clamp(x, -15.0, 15.0));
+}
+
+// GELU, tanh approximation (PyTorch's approximate="tanh", Gemma's gelu_pytorch_tanh).
+fn gelu_tanh(x: f32) -> f32 {
+    return 0.5 * x * (1.0 + tanh_c(0.7978845608028654 * (x + 0.044715 * x * x * x)));
+}

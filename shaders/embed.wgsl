@@ -1,4 +1,5 @@
-// hidden[t, :] = dequantized row tokens[t] of the embedding chunk holding rows [row0, row0 + n_rows).
+// hidden[t, :] = dequantized row tokens[t] of the embedding chunk holding rows [row0, row0 + n_rows),
+// times p.scale (Gemma's sqrt(hidden); else 1).
 // One thread per (token, 32-element block). wfmt_*.wgsl is prepended.
 
 @group(0) @binding(0) var<uniform> step: Step;
@@ -24,7 +25,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     let s = wscale(blk);
     for (var q = 0u; q < 4u; q++) {
         let w = wpart(blk, q, s);
-        hidden[base + q] = w.lo;
-        hidden[base + 4u + q] = w.hi;
+        hidden[base + q] = w.lo * p.scale;
+        hidden[base + 4u + q] = w.hi * p.scale;
     }
 }

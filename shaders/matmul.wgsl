@@ -55,7 +55,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 
 // Gate and up projections in one chunk (gate rows first, then up rows, n_rows each);
-// y[t, row0 + n] = silu(gate[n] . x[t]) * (up[n] . x[t]).
+// y[t, row0 + n] = glu(gate[n] . x[t]) * (up[n] . x[t]).
 @compute @workgroup_size({{WG}})
 fn main_swiglu(@builtin(global_invocation_id) gid: vec3<u32>) {
     // This dispatch covers rows base .. base + m of the step (a uniform-x window; else all).
@@ -98,7 +98,7 @@ fn main_swiglu(@builtin(global_invocation_id) gid: vec3<u32>) {
     for (var i = 0u; i < TM; i++) {
         for (var j = 0u; j < TN; j++) {
             if (t0 + i < m && n0 + j < p.n_rows) {
-                y[(base + t0 + i) * p.y_stride + p.row0 + n0 + j] = silu(g[i][j]) * u[i][j];
+                y[(base + t0 + i) * p.y_stride + p.row0 + n0 + j] = glu(g[i][j]) * u[i][j];
             }
         }
     }

@@ -15,18 +15,30 @@ fn silu(v: f32) -> f32 {
     return v / (1.0 + exp(-v));
 }
 
-// y[t, row0 + n] = v, with the bias added, accumulated into y, or as SwiGLU's up half.
+// The gated FFN's activation of the gate: SiLU (SwiGLU), or with MAT_GELU tanh-GELU (GeGLU).
+fn glu(v: f32) -> f32 {
+    if ((p.flags & MAT_GELU) != 0u) {
+        return gelu_tanh(v);
+    }
+    return silu(v);
+}
+
+// y[t, row0 + n] = v, with the bias added, soft-capped (cap * tanh(v / cap): Gemma 2's final
+// logits), accumulated into y, or as the gated FFN's up half.
 fn store(t: u32, n: u32, v: f32) {
     var r = v;
     if ((p.flags & MAT_BIAS) != 0u) {
         r += bias[p.row0 + n];
+    }
+    if ((p.flags & MAT_SOFTCAP) != 0u) {
+        r = p.cap * tanh_c(r / p.cap);
     }
     let idx = t * p.y_stride + p.row0 + n;
     if ((p.flags & MAT_ACCUMULATE) != 0u) {
         r += y[idx];
     }
     if ((p.flags & MAT_SWIGLU_UP) != 0u) {
-        r = silu(y[idx]) * r;
+        r = glu(y[idx]) * r;
     }
     y[idx] = r;
 }

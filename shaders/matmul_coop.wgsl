@@ -7,7 +7,7 @@
 // held through the whole K loop). At the end the fragments go to workgroup memory (ct[t * 64 +
 // r]) and the epilogue writes them with the usual bias / accumulate flags, consecutive
 // invocations on consecutive columns. With SWIGLU, tile rows 0..31 are gate rows and 32..63 the
-// same columns' up rows, and y = silu(gate . x) * (up . x).
+// same columns' up rows, and y = glu(gate . x) * (up . x).
 // The weight format's wfmt_*.wgsl and the tile loads (matmul_tile_load.wgsl) are prepended, and
 // the `enable` directives before everything.
 
@@ -88,7 +88,7 @@ fn main(
             let t = t0 + tt;
             let c = lid % 32u;
             if (t < m && n0 + c < p.n_rows) {
-                y[t * p.y_stride + p.row0 + n0 + c] = silu(ct[tt * 64u + c]) * ct[tt * 64u + 32u + c];
+                y[t * p.y_stride + p.row0 + n0 + c] = glu(ct[tt * 64u + c]) * ct[tt * 64u + 32u + c];
             }
         }
     } else {

@@ -15,7 +15,7 @@
 // partial sums of each invocation are reduced with subgroupAdd where the adapter has subgroups,
 // else through workgroup memory (the REDUCE snippet of sources.rs), into `tot`.
 // With SWIGLU, the NR weight rows are NR/2 gate rows and the same up rows (gate rows first in
-// the chunk, up rows n_rows later) and y = silu(gate . x) * (up . x).
+// the chunk, up rows n_rows later) and y = glu(gate . x) * (up . x).
 // The weight format's wfmt_*.wgsl (wq, ws, Sc, wscale, wcodes, wterms, WMIN) is prepended.
 
 @group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;
@@ -114,7 +114,7 @@ fn main(
             if (t0 + i < m && n0 + c < p.n_rows) {
                 let gate = tot[i * NR + c];
                 let up = tot[i * NR + c + h];
-                y[(t0 + i) * p.y_stride + p.row0 + n0 + c] = silu(gate) * up;
+                y[(t0 + i) * p.y_stride + p.row0 + n0 + c] = glu(gate) * up;
             }
         }
     } else if (lid < NV) {

@@ -9,7 +9,7 @@
 // block's weights and x are loaded into registers before the current block is multiplied
 // (double buffering through registers: one workgroup buffer of 16 KiB, two barriers per block).
 // With SWIGLU, tile rows 0..31 are 32 gate rows and 32..63 the same columns' up rows, so each
-// invocation holds gate and up of its 4 columns and y = silu(gate . x) * (up . x).
+// invocation holds gate and up of its 4 columns and y = glu(gate . x) * (up . x).
 // The weight format's wfmt_*.wgsl (wq, ws, Sc, wscale, wcodes, wterms) and the tile loads
 // (matmul_tile_load.wgsl: x, weight_row, load_w, load_x) are prepended.
 
@@ -89,7 +89,7 @@ fn main(
             for (var c = 0u; c < 4u; c++) {
                 let n = n0 + 4u * tx + c;
                 if (n < p.n_rows) {
-                    y[t * p.y_stride + p.row0 + n] = silu(acc[2u * j][c]) * acc[2u * j + 1u][c];
+                    y[t * p.y_stride + p.row0 + n] = glu(acc[2u * j][c]) * acc[2u * j + 1u][c];
                 }
             }
         } else {

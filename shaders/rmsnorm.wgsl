@@ -1,6 +1,7 @@
 // y[r, :] = x[src, :] * rsqrt(mean(x[src, :]^2) + eps) * weight, one workgroup per output row.
 // gather = 0: src = r over the step's n_tokens rows; gather = 1: src = md[off_sample + r]
-// over its n_sample rows (the final norm, computed only where logits are needed).
+// over its n_sample rows (the final norm, computed only where logits are needed). accumulate = 1:
+// y[r, :] += the normalised row instead (Gemma's post-norms, into the residual).
 
 @group(0) @binding(0) var<uniform> step: Step;
 @group(0) @binding(1) var<uniform> p: NormParams; // declared from Rust (ops/)
@@ -44,7 +45,13 @@ fn main(
     }
     let scale = inverseSqrt(partial[0] / f32(p.dim4 * 4u) + p.eps);
     let yb = r * p.dim4;
-    for (var i = lid; i < p.dim4; i += WG) {
-        y[yb + i] = x[xb + i] * scale * weight[i];
+    if (p.accumulate == 1u) {
+        for (var i = lid; i < p.dim4; i += WG) {
+            y[yb + i] += x[xb + i] * scale * weight[i];
+        }
+    } else {
+        for (var i = lid; i < p.dim4; i += WG) {
+            y[yb + i] = x[xb + i] * scale * weight[i];
+        }
     }
 }

@@ -24,7 +24,8 @@ gpu_struct! {
         pub window: u32,
         /// vec4s per KV-cache buffer of a layer (when the cache spans several).
         pub kv_chunk4: u32,
-        pub _p2: u32,
+        /// Scores become softcap * tanh(score / softcap) (Gemma 2), when positive.
+        pub softcap: f32,
     }
 }
 
@@ -61,10 +62,25 @@ impl AttnParams {
             scale: 1.0 / (head_dim as f32).sqrt(),
             window: window as u32,
             kv_chunk4: (kv_chunk / 4) as u32,
-            _p2: 0,
+            softcap: 0.0,
         }
     }
+
+    /// With the model's own score scale (Gemma's query_pre_attn_scalar^-1/2) and soft cap.
+    pub fn with_scores(self, scale: Option<f32>, softcap: Option<f32>) -> AttnParams {
+        AttnParams { scale: scale.unwrap_or(self.scale), softcap: softcap.unwrap_or(0.0), ..self }
+    }
 }
+
+/// The attention kernels' score function after AttnParams: the soft cap, when set.
+pub const WGSL_SCORE: &str = "
+fn capped(s: f32) -> f32 {
+    if (p.softcap > 0.0) {
+        return p.softcap * tanh_c(s / p.softcap);
+    }
+    return s;
+}
+";
 
 /// The attention op over a layer's KV cache chunks `k`, `v`.
 pub fn attention(

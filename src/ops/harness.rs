@@ -266,7 +266,7 @@ impl Harness {
         let mat = GpuMatrix::upload(g, "w", w, up, max_binding)?;
         let (step, _meta) = self.step_buffers(Self::header(m, 0), &[0]);
         let windows = g.uniform_init("windows", bytemuck::cast_slice(&window_entries(m + 1, window_stride(g))));
-        let io = MatmulIo { step: &step, x: xb, y: yb, bias: bb, windows: uniform_x.then_some(&windows) };
+        let io = MatmulIo { step: &step, x: xb, y: yb, bias: bb, windows: uniform_x.then_some(&windows), cap: 0.0 };
         let (ops, _params) = matmul::matmul(&self.kernels, g, &mat, &io, (0, w.rows), flags, false, up.is_some());
         let shape = StepShape { n_tokens: m as u32, n_sample: 0, n_splits: 1, any_adjust: false, ..Default::default() };
         // The weights stay alive through the bind groups.
@@ -300,7 +300,7 @@ impl Harness {
         let (step, meta) = self.step_buffers(Self::header(tokens.len(), 0), tokens);
         let out = g.storage("hidden", (tokens.len() * table.cols * 4) as u64);
         let dummy = g.storage("dummy", 16);
-        let (ops, _params) = matmul::embed(&self.kernels, g, &mat, &step, &meta, &dummy, &out);
+        let (ops, _params) = matmul::embed(&self.kernels, g, &mat, 1.0, &step, &meta, &dummy, &out);
         for op in ops {
             self.run_op(op, tokens.len(), 0)?;
         }

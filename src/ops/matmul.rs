@@ -29,7 +29,8 @@ gpu_struct! {
         pub m_src: u32,
         /// MAT_* flags.
         pub flags: u32,
-        pub _pad: u32,
+        /// The soft cap of MAT_SOFTCAP.
+        pub cap: f32,
     }
 }
 
@@ -43,7 +44,8 @@ gpu_struct! {
         pub n_rows: u32,
         /// First token id of this chunk.
         pub row0: u32,
-        pub _pad: u32,
+        /// Every value is multiplied by it (Gemma's sqrt(hidden); else 1).
+        pub scale: f32,
     }
 }
 
@@ -53,12 +55,17 @@ pub const MAT_BIAS: u32 = 1;
 pub const MAT_ACCUMULATE: u32 = 2;
 /// MatParams flag: y = silu(y) * result (the up half of an unfused SwiGLU; y holds the gate).
 pub const MAT_SWIGLU_UP: u32 = 4;
+/// MatParams flag: the gated FFN's activation is tanh-GELU (GeGLU) instead of SiLU.
+pub const MAT_GELU: u32 = 8;
+/// MatParams flag: every result becomes cap * tanh(result / cap) (MatParams::cap).
+pub const MAT_SOFTCAP: u32 = 16;
 
 /// The WGSL declarations of the matmul shaders: MatParams and its flags.
 pub fn wgsl_matmul() -> String {
     format!(
         "{}const MAT_BIAS: u32 = {MAT_BIAS}u;\nconst MAT_ACCUMULATE: u32 = {MAT_ACCUMULATE}u;\n\
-         const MAT_SWIGLU_UP: u32 = {MAT_SWIGLU_UP}u;\n",
+         const MAT_SWIGLU_UP: u32 = {MAT_SWIGLU_UP}u;\nconst MAT_GELU: u32 = {MAT_GELU}u;\n\
+         const MAT_SOFTCAP: u32 = {MAT_SOFTCAP}u;\n",
         MatParams::WGSL
     )
 }
@@ -116,6 +123,8 @@ pub struct MatmulIo<'a> {
     pub bias: &'a wgpu::Buffer,
     /// The uniform-x window entries, to also build the uniform-x bind group (cpu profile).
     pub windows: Option<&'a wgpu::Buffer>,
+    /// The soft cap of MAT_SOFTCAP (unused without it).
+    pub cap: f32,
 }
 
 /// The ops of y (columns col0.. of rows of `y_stride` floats; flags: MAT_*) = x W^T for every
@@ -137,7 +146,7 @@ pub fn matmul(
     for c in &m.chunks {
         let pb = g.uniform_init(
             "matmul_params",
-            bytemuck::bytes_of(&MatParams::new(m.cols, c, col0, y_stride, sampled, flags)),
+            bytemuck::bytes_of(&MatParams { cap: io.cap, ..MatParams::new(m.cols, c, col0, y_stride, sampled, flags) }),
         );
         let b = MatmulBinds { step: io.step, p: &pb, x: io.x, wq: &c.q, ws: &c.s, bias: io.bias, y: io.y };
         let entries = b.entries();
@@ -153,11 +162,14 @@ pub fn matmul(
 }
 
 /// The embedding lookup of the step's tokens (`tokens`: the step metadata, whose first words
-/// are the token ids) into `hidden`, one op per row chunk of the table `e`.
+/// are the token ids) into `hidden`, one op per row chunk of the table `e`, every value times
+/// `scale`.
+#[allow(clippy::too_many_arguments)]
 pub fn embed(
     k: &Kernels,
     g: &Gpu,
     e: &GpuMatrix,
+    scale: f32,
     step: &wgpu::Buffer,
     tokens: &wgpu::Buffer,
     placeholder: &wgpu::Buffer,
@@ -167,7 +179,7 @@ pub fn embed(
     let mut ops = Vec::new();
     let mut params = Vec::new();
     for c in &e.chunks {
-        let p = EmbedParams { k_blocks, n_rows: c.rows as u32, row0: c.row0 as u32, _pad: 0 };
+        let p = EmbedParams { k_blocks, n_rows: c.rows as u32, row0: c.row0 as u32, scale };
         let pb = g.uniform_init("embed_params", bytemuck::bytes_of(&p));
         let b = EmbedBinds { step, p: &pb, tokens, wq: &c.q, ws: &c.s, unused: placeholder, hidden };
         let kind = OpKind::Embed { format: e.format, k_blocks };

@@ -1,5 +1,5 @@
-//! RMSNorm (of every token row, or gathered sampled rows) and the per-head q/k RMSNorm of
-//! Qwen3: parameters, bindings and constructors.
+//! RMSNorm (of every token row, or gathered sampled rows; stored, or added into the output) and
+//! the per-head q/k RMSNorm of Qwen3 and Gemma 3: parameters, bindings and constructors.
 
 use super::kernels::Kernels;
 use super::{bindings, div_up, Dispatch, Op, OpKind, Recorder, StepShape};
@@ -17,6 +17,11 @@ gpu_struct! {
         pub gather: u32,
         /// Where the sampled rows' indices start in the metadata.
         pub off_sample: u32,
+        /// 1: y += the normalised row (Gemma's norms after attention and the FFN), else y =.
+        pub accumulate: u32,
+        pub _p0: u32,
+        pub _p1: u32,
+        pub _p2: u32,
     }
 }
 
@@ -61,7 +66,18 @@ bindings! {
 impl NormParams {
     /// RMSNorm over rows of `dim` floats; `gather`: of the sampled rows listed from `off_sample`.
     pub fn new(dim: usize, eps: f32, gather: bool, off_sample: usize) -> NormParams {
-        NormParams { dim4: (dim / 4) as u32, eps, gather: gather as u32, off_sample: off_sample as u32 }
+        NormParams {
+            dim4: (dim / 4) as u32,
+            eps,
+            gather: gather as u32,
+            off_sample: off_sample as u32,
+            ..Default::default()
+        }
+    }
+
+    /// RMSNorm of every token's row added into y (a post-norm into the residual).
+    pub fn accumulating(dim: usize, eps: f32) -> NormParams {
+        NormParams { accumulate: 1, ..NormParams::new(dim, eps, false, 0) }
     }
 }
 
