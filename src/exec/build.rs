@@ -114,7 +114,7 @@ pub fn step_limits(cfg: &EngineConfig, model: &ModelConfig) -> StepLimits {
         max_binding: 0,
         kv_dtype: b.kv_dtype,
         profile: b.profile,
-        sliding_window: model.sliding_window,
+        sliding_window: model.uniform_window(),
     }
 }
 

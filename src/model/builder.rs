@@ -19,8 +19,11 @@ use anyhow::Result;
 /// Per-layer uniform parameters, shared by every layer's ops.
 pub(crate) struct LayerParams {
     pub(crate) norm: wgpu::Buffer,
+    /// The norms after attention and the FFN (added into the residual).
+    pub(crate) post_norm: wgpu::Buffer,
     pub(crate) rope: wgpu::Buffer,
-    pub(crate) attn: wgpu::Buffer,
+    /// The attention's, per window the layers use (None: global).
+    attn: Vec<(Option<usize>, wgpu::Buffer)>,
     pub(crate) head_norm: wgpu::Buffer,
     /// The final norm's (gathers the sampled rows).
     pub(crate) final_norm: wgpu::Buffer,
@@ -32,11 +35,23 @@ impl LayerParams {
         let chunk = kv.chunk_elems(cfg, limits.block_size);
         let norm = |gather: bool| NormParams::new(cfg.hidden, cfg.rms_eps, gather, off_sample);
         let dims = (cfg.heads, cfg.kv_heads, cfg.head_dim);
-        let window = cfg.sliding_window.unwrap_or(0);
+        let mut windows: Vec<Option<usize>> = (0..cfg.layers).map(|l| cfg.layer_window(l)).collect();
+        windows.sort();
+        windows.dedup();
+        let st = &cfg.style;
+        let attn = windows
+            .into_iter()
+            .map(|w| {
+                let p = AttnParams::new(dims, limits.block_size, w.unwrap_or(0), chunk)
+                    .with_scores(st.attn_scale, st.attn_softcap);
+                (w, b.uniform(bytemuck::bytes_of(&p)))
+            })
+            .collect();
         LayerParams {
             norm: b.uniform(bytemuck::bytes_of(&norm(false))),
+            post_norm: b.uniform(bytemuck::bytes_of(&NormParams::accumulating(cfg.hidden, cfg.rms_eps))),
             rope: b.uniform(bytemuck::bytes_of(&RopeParams::new(cfg.heads, cfg.kv_heads, cfg.head_dim, chunk))),
-            attn: b.uniform(bytemuck::bytes_of(&AttnParams::new(dims, limits.block_size, window, chunk))),
+            attn,
             head_norm: b.uniform(bytemuck::bytes_of(&HeadNormParams::new(
                 cfg.heads,
                 cfg.kv_heads,
@@ -45,6 +60,14 @@ impl LayerParams {
             ))),
             final_norm: b.uniform(bytemuck::bytes_of(&norm(true))),
         }
+    }
+}
+
+impl LayerParams {
+    /// The attention parameters of layers attending within `window`.
+    pub(crate) fn attn(&self, window: Option<usize>) -> Result<&wgpu::Buffer> {
+        let found = self.attn.iter().find(|(w, _)| *w == window).map(|(_, b)| b);
+        found.ok_or_else(|| anyhow::anyhow!("no attention parameters for window {window:?}"))
     }
 }
 
@@ -93,7 +116,8 @@ impl OpBuilder<'_> {
     /// The embedding lookup, one op per row-chunk of the table.
     pub(crate) fn embed(&mut self, e: &GpuMatrix) {
         let s = self.s;
-        let ops = matmul::embed(self.kernels, self.g, e, &s.step_buf, &s.meta_buf, &s.dummy, &s.hidden);
+        let scale = self.cfg.style.embed_scale.unwrap_or(1.0);
+        let ops = matmul::embed(self.kernels, self.g, e, scale, &s.step_buf, &s.meta_buf, &s.dummy, &s.hidden);
         self.extend(ops);
     }
 
@@ -114,7 +138,9 @@ impl OpBuilder<'_> {
     ) {
         let s = self.s;
         let windows = self.uniform_x.then_some(&s.windows);
-        let io = MatmulIo { step: &s.step_buf, x, y, bias: bias.unwrap_or(&s.dummy), windows };
+        // The one soft-capped matmul is the LM head (Gemma 2's final_logit_softcapping).
+        let cap = self.cfg.style.final_softcap.unwrap_or(0.0);
+        let io = MatmulIo { step: &s.step_buf, x, y, bias: bias.unwrap_or(&s.dummy), windows, cap };
         let (mut ops, params) = matmul::matmul(self.kernels, self.g, m, &io, cols, flags, sampled, swiglu);
         ops.iter_mut().for_each(|op| op.label = label);
         self.extend((ops, params));

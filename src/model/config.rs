@@ -12,10 +12,49 @@ pub enum Arch {
     Mistral,
     /// Qwen2 without q/k/v biases, with per-head RMSNorm of q and k before RoPE.
     Qwen3,
+    /// Gemma 2: scaled embeddings, norms before and after attention and the FFN, GeGLU,
+    /// soft-capped attention scores and logits, sliding-window and global layers alternating.
+    Gemma2,
+    /// Gemma 3: Gemma 2's layers without the soft caps, with Qwen3's q/k norms, five
+    /// sliding-window layers (their own RoPE base) to one global.
+    Gemma3,
+}
+
+impl Arch {
+    /// Gemma 2 or 3 (model/gemma.rs is their recipe).
+    pub fn is_gemma(self) -> bool {
+        matches!(self, Arch::Gemma2 | Arch::Gemma3)
+    }
 }
 
 /// Hugging Face architectures this engine runs.
-pub const SUPPORTED_HF_ARCHS: &str = "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM";
+pub const SUPPORTED_HF_ARCHS: &str = "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, \
+                                      Gemma2ForCausalLM, Gemma3ForCausalLM";
+
+/// Where a family's layers differ from Llama's; the default is Llama's.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct LayerStyle {
+    /// The embedding is multiplied by it (Gemma: sqrt(hidden)).
+    pub embed_scale: Option<f32>,
+    /// RMSNorm of the attention output and of the FFN output before each is added into the
+    /// residual (Gemma's post_attention_norm, post_ffw_norm).
+    pub post_norms: bool,
+    /// The gated FFN's activation is tanh-GELU (GeGLU), not SiLU.
+    pub gelu: bool,
+    /// Attention scores are scaled by it instead of head_dim^-1/2 (Gemma's
+    /// query_pre_attn_scalar^-1/2).
+    pub attn_scale: Option<f32>,
+    /// Attention scores become cap * tanh(score / cap) (Gemma 2).
+    pub attn_softcap: Option<f32>,
+    /// Logits become cap * tanh(logit / cap) (Gemma 2).
+    pub final_softcap: Option<f32>,
+    /// Per layer, whether it attends within `sliding_window` (None: every layer does, when
+    /// there is a window).
+    pub sliding_layers: Option<Vec<bool>>,
+    /// RoPE base of the sliding-window layers, with no scaling (Gemma 3's
+    /// rope_local_base_freq); None: the model's own.
+    pub local_rope_theta: Option<f64>,
+}
 
 /// How RoPE frequencies are scaled for long contexts.
 #[derive(Clone, Debug, PartialEq)]
@@ -66,6 +105,8 @@ pub struct ModelConfig {
     pub sliding_window: Option<usize>,
     /// Per-head RMSNorm of q and k before RoPE (Qwen3).
     pub qk_norm: bool,
+    /// Where the layers differ from Llama's (Gemma).
+    pub style: LayerStyle,
 }
 
 /// YaRN's attention scaling for a context extension `scale` (HF's get_mscale).
@@ -197,6 +238,20 @@ impl ModelConfig {
         self.q_dim() + 2 * self.kv_dim()
     }
 
+    /// The window layer `l` attends within (None: every earlier position).
+    pub fn layer_window(&self, l: usize) -> Option<usize> {
+        match &self.style.sliding_layers {
+            Some(s) if !s.get(l).copied().unwrap_or(false) => None,
+            _ => self.sliding_window,
+        }
+    }
+
+    /// The window when every layer has it (then blocks that left it can be freed), else None.
+    pub fn uniform_window(&self) -> Option<usize> {
+        let all = self.style.sliding_layers.as_ref().is_none_or(|s| s.iter().all(|&w| w));
+        self.sliding_window.filter(|_| all)
+    }
+
     pub fn validate(&self, src: &str) -> Result<()> {
         let bad = |what: String| Err(anyhow!("{src}: {what}"));
         if self.hidden == 0 || self.layers == 0 || self.heads == 0 || self.kv_heads == 0 || self.vocab == 0 {
@@ -215,6 +270,21 @@ impl ModelConfig {
         }
         if self.sliding_window == Some(0) {
             return bad("sliding_window must be positive".into());
+        }
+        if let Some(s) = &self.style.sliding_layers {
+            if s.len() != self.layers {
+                return bad(format!("{} per-layer attention kinds for {} layers", s.len(), self.layers));
+            }
+        }
+        let positive = |x: Option<f32>| x.is_none_or(|x| x > 0.0 && x.is_finite());
+        let st = &self.style;
+        if !(positive(st.embed_scale)
+            && positive(st.attn_scale)
+            && positive(st.attn_softcap)
+            && positive(st.final_softcap))
+            || st.local_rope_theta.is_some_and(|t| !(t > 1.0 && t.is_finite()))
+        {
+            return bad("scales, soft caps and RoPE bases must be positive and finite".into());
         }
         if let RopeScaling::Freqs(f) = &self.rope_scaling {
             if f.len() != self.head_dim / 2 || f.iter().any(|x| !(*x > 0.0 && x.is_finite())) {
@@ -239,6 +309,8 @@ impl ModelConfig {
             "Qwen2ForCausalLM" => Arch::Qwen2,
             "MistralForCausalLM" => Arch::Mistral,
             "Qwen3ForCausalLM" => Arch::Qwen3,
+            "Gemma2ForCausalLM" => Arch::Gemma2,
+            "Gemma3ForCausalLM" => Arch::Gemma3,
             "" => bail!("{src}: field 'architectures' is missing"),
             other => bail!("{src}: unsupported architecture {other} (supported: {SUPPORTED_HF_ARCHS})"),
         };
@@ -285,7 +357,9 @@ impl ModelConfig {
             rope_scaling,
             sliding_window,
             qk_norm: arch == Arch::Qwen3,
+            style: LayerStyle::default(),
         };
+        let cfg = if arch.is_gemma() { super::gemma::hf_config(cfg, &v, &src)? } else { cfg };
         cfg.validate(&src)?;
         Ok(cfg)
     }

@@ -20,6 +20,9 @@ pub struct HostLayer {
     pub gate: QTensor,
     pub up: QTensor,
     pub down: QTensor,
+    /// RMSNorm weights of the attention output and of the FFN output before each is added
+    /// into the residual (Gemma), or None.
+    pub post_norms: Option<(Vec<f32>, Vec<f32>)>,
 }
 
 pub struct HostModel {
@@ -71,6 +74,9 @@ pub(crate) struct TensorNames {
     pub gate: &'static str,
     pub up: &'static str,
     pub down: &'static str,
+    /// The norms after attention and after the FFN (Gemma; "" where a format has none).
+    pub post_attn_norm: &'static str,
+    pub post_ffn_norm: &'static str,
 }
 
 /// Hugging Face (transformers) names.
@@ -93,6 +99,17 @@ pub(crate) const HF_NAMES: TensorNames = TensorNames {
     gate: "mlp.gate_proj.weight",
     up: "mlp.up_proj.weight",
     down: "mlp.down_proj.weight",
+    post_attn_norm: "",
+    post_ffn_norm: "",
+};
+
+/// Hugging Face names of Gemma 2 and 3: `post_attention_layernorm` is the norm after
+/// attention, the FFN's own norm is `pre_feedforward_layernorm`.
+pub(crate) const GEMMA_HF_NAMES: TensorNames = TensorNames {
+    ffn_norm: "pre_feedforward_layernorm.weight",
+    post_attn_norm: "post_attention_layernorm.weight",
+    post_ffn_norm: "post_feedforward_layernorm.weight",
+    ..HF_NAMES
 };
 
 /// llama.cpp's GGUF names.
@@ -115,6 +132,8 @@ pub(crate) const GGUF_NAMES: TensorNames = TensorNames {
     gate: "ffn_gate.weight",
     up: "ffn_up.weight",
     down: "ffn_down.weight",
+    post_attn_norm: "post_attention_norm.weight",
+    post_ffn_norm: "post_ffw_norm.weight",
 };
 
 /// Loads layers `range` of a model with hyper-parameters `cfg` (and the embedding, final norm
@@ -172,6 +191,11 @@ pub(crate) fn load_layers(
             gate: w.matrix(&t(n.gate), i, h)?,
             up: w.matrix(&t(n.up), i, h)?,
             down: w.matrix(&t(n.down), h, i)?,
+            post_norms: if cfg.style.post_norms {
+                Some((w.vector(&t(n.post_attn_norm), h)?, w.vector(&t(n.post_ffn_norm), h)?))
+            } else {
+                None
+            },
         });
     }
     progress(cfg.layers, cfg.layers);

@@ -1,14 +1,16 @@
-//! The recipe of the Llama family (Llama 3.x, Mistral, Qwen2/2.5, Qwen3): each layer is an
-//! attention mixer (RMSNorm, q/k/v, Qwen3's q/k norm, RoPE + KV write, attention global or
-//! within a sliding window, the output projection) and a dense SwiGLU FFN (RMSNorm, gate/up,
-//! down), each adding into the residual; then the head. Built from the ops' constructors; a
-//! family with other layer kinds adds a `LayerKind` and the ops it needs.
+//! The recipe of the dense transformers (Llama 3.x, Mistral, Qwen2/2.5, Qwen3, Gemma 2/3): each
+//! layer is an attention mixer (RMSNorm, q/k/v, the q/k norm of Qwen3 and Gemma 3, RoPE + KV
+//! write, attention global or within a sliding window, the output projection) and a gated FFN
+//! (RMSNorm, gate/up with SiLU or tanh-GELU, down), each adding into the residual, through a
+//! norm of its own where the family has one (Gemma); then the head. A family's differences are
+//! data (`LayerStyle`, read by model/gemma.rs for Gemma), turned into each layer's `LayerKind`
+//! here; a family with other layer kinds (MoE, recurrent mixers) adds a variant and its ops.
 
 use crate::model::builder::{LayerParams, OpBuilder};
 use crate::model::config::ModelConfig;
 use crate::model::loader::{HostLayer, HostModel};
 use crate::ops::attention::{self, AttnBinds};
-use crate::ops::matmul::{MAT_ACCUMULATE, MAT_BIAS, MAT_SWIGLU_UP};
+use crate::ops::matmul::{MAT_ACCUMULATE, MAT_BIAS, MAT_GELU, MAT_SOFTCAP, MAT_SWIGLU_UP};
 use crate::ops::norm::{self, HeadNormBinds, NormBinds};
 use crate::ops::rope::{self, RopeBinds};
 use crate::ops::sample::{self, AdjustBinds, SampleBinds, SamplerParams};
@@ -26,8 +28,8 @@ pub enum Mixer {
 /// A layer's feed-forward block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Ffn {
-    /// One SwiGLU MLP for every token.
-    Dense,
+    /// One gated MLP for every token: SwiGLU, or GeGLU (tanh-GELU) with `gelu`.
+    Dense { gelu: bool },
 }
 
 /// What one layer is made of.
@@ -35,12 +37,19 @@ pub enum Ffn {
 pub struct LayerKind {
     pub mixer: Mixer,
     pub ffn: Ffn,
+    /// The mixer's and the FFN's outputs are RMS-normed before they are added into the
+    /// residual (Gemma).
+    pub post_norms: bool,
 }
 
-/// The kind of layer `l` of a Llama-family model: every layer attends the same way (the
-/// model's sliding window, if any) and has a dense FFN.
-pub fn layer_kind(cfg: &ModelConfig, _l: usize) -> LayerKind {
-    LayerKind { mixer: Mixer::Attention { window: cfg.sliding_window }, ffn: Ffn::Dense }
+/// The kind of layer `l`: attention within the layer's window (the model's sliding window on
+/// every layer, or on the layers its style names), a dense gated FFN.
+pub fn layer_kind(cfg: &ModelConfig, l: usize) -> LayerKind {
+    LayerKind {
+        mixer: Mixer::Attention { window: cfg.layer_window(l) },
+        ffn: Ffn::Dense { gelu: cfg.style.gelu },
+        post_norms: cfg.style.post_norms,
+    }
 }
 
 impl OpBuilder<'_> {
@@ -54,15 +63,16 @@ impl OpBuilder<'_> {
         v: &[wgpu::Buffer],
     ) -> Result<()> {
         let kind = layer_kind(self.cfg, l);
+        let post = match (&hl.post_norms, kind.post_norms) {
+            (Some((a, f)), true) => Some((a.as_slice(), f.as_slice())),
+            (None, false) => None,
+            _ => bail!("layer {l}: its post-norm weights do not match its kind"),
+        };
         match kind.mixer {
-            // The window is in the layer parameters (one for the whole model).
-            Mixer::Attention { window } => {
-                debug_assert_eq!(window, self.cfg.sliding_window);
-                self.attention_mixer(hl, lp, k, v)?
-            }
+            Mixer::Attention { window } => self.attention_mixer(hl, lp, (k, v), window, post.map(|p| p.0))?,
         }
         match kind.ffn {
-            Ffn::Dense => self.dense_ffn(hl, lp)?,
+            Ffn::Dense { gelu } => self.dense_ffn(hl, lp, gelu, post.map(|p| p.1))?,
         }
         Ok(())
     }
@@ -75,14 +85,45 @@ impl OpBuilder<'_> {
         self.push(norm::norm(self.kernels, self.g, &b, false, self.cfg.hidden));
     }
 
-    /// RMSNorm, q/k/v (one matmul, or one per format), Qwen3's q/k norm, RoPE + KV write,
-    /// attention, the output projection added into the residual.
+    /// A block's output projection `m` of `x`, added into the residual: directly, or (`post`)
+    /// through an RMSNorm with those weights (the projection goes to `normed` first).
+    fn project_out(
+        &mut self,
+        label: &'static str,
+        m: &GpuMatrix,
+        x: &wgpu::Buffer,
+        lp: &LayerParams,
+        post: Option<&[f32]>,
+    ) {
+        let (s, h) = (self.s, self.cfg.hidden);
+        match post {
+            None => self.matmul(label, m, (x, &s.hidden), (0, h), None, MAT_ACCUMULATE, false, false),
+            Some(weight) => {
+                self.matmul(label, m, (x, &s.normed), (0, h), None, 0, false, false);
+                let w = self.storage("post_norm", weight);
+                let b = NormBinds {
+                    step: &s.step_buf,
+                    p: &lp.post_norm,
+                    x: &s.normed,
+                    weight: &w,
+                    md: &s.meta_buf,
+                    y: &s.hidden,
+                };
+                self.push(norm::norm(self.kernels, self.g, &b, false, h));
+            }
+        }
+    }
+
+    /// RMSNorm, q/k/v (one matmul, or one per format), the q/k norm, RoPE + KV write,
+    /// attention (within `window`), the output projection added into the residual (through
+    /// the `post` norm).
     fn attention_mixer(
         &mut self,
         hl: &HostLayer,
         lp: &LayerParams,
-        k: &[wgpu::Buffer],
-        v: &[wgpu::Buffer],
+        (k, v): (&[wgpu::Buffer], &[wgpu::Buffer]),
+        window: Option<usize>,
+        post: Option<&[f32]>,
     ) -> Result<()> {
         let (g, cfg, s, kern) = (self.g, self.cfg, self.s, self.kernels);
         // q, k and v in one matmul when they share a format (K-quant files often store v in
@@ -111,20 +152,32 @@ impl OpBuilder<'_> {
             self.push(norm::head_norm(kern, g, &b, cfg.heads + cfg.kv_heads, cfg.head_dim));
         }
         let dims = (cfg.heads, cfg.kv_heads, cfg.head_dim);
-        let b = RopeBinds { step: &s.step_buf, p: &lp.rope, md: &s.meta_buf, cos_sin: &s.cos_sin, qkv: &s.qkv };
+        // Windowed layers with a RoPE base of their own (Gemma 3) use its table.
+        let cos_sin = match (&s.cos_sin_local, window) {
+            (Some(local), Some(_)) => local,
+            _ => &s.cos_sin,
+        };
+        let b = RopeBinds { step: &s.step_buf, p: &lp.rope, md: &s.meta_buf, cos_sin, qkv: &s.qkv };
         self.push(rope::rope_kv(kern, g, &b, (k, v), dims));
-        let b = AttnBinds { step: &s.step_buf, p: &lp.attn, md: &s.meta_buf, qkv: &s.qkv, out: &s.attn, part: &s.part };
+        let b = AttnBinds {
+            step: &s.step_buf,
+            p: lp.attn(window)?,
+            md: &s.meta_buf,
+            qkv: &s.qkv,
+            out: &s.attn,
+            part: &s.part,
+        };
         self.push(attention::attention(kern, g, &b, (k, v), dims));
-        self.matmul("o_proj", &o_m, (&s.attn, &s.hidden), (0, cfg.hidden), None, MAT_ACCUMULATE, false, false);
+        self.project_out("o_proj", &o_m, &s.attn, lp, post);
         self.matrices.extend(qkv_ms.into_iter().map(|(m, _)| m));
         self.matrices.push(o_m);
         Ok(())
     }
 
-    /// RMSNorm, SwiGLU (gate and up fused when they share a format; else the gate is written
-    /// to act and the up projection's epilogue applies silu(gate) * up), the down projection
-    /// added into the residual.
-    fn dense_ffn(&mut self, hl: &HostLayer, lp: &LayerParams) -> Result<()> {
+    /// RMSNorm, SwiGLU or GeGLU (`gelu`; gate and up fused when they share a format; else the
+    /// gate is written to act and the up projection's epilogue applies act(gate) * up), the down
+    /// projection added into the residual (through the `post` norm).
+    fn dense_ffn(&mut self, hl: &HostLayer, lp: &LayerParams, gelu: bool, post: Option<&[f32]>) -> Result<()> {
         let (cfg, s) = (self.cfg, self.s);
         let (gu_m, up_m) = if hl.gate.format == hl.up.format {
             (self.upload("gate_up", &hl.gate, Some(&hl.up))?, None)
@@ -134,14 +187,15 @@ impl OpBuilder<'_> {
         let down_m = self.upload("down", &hl.down, None)?;
         self.rms_norm(lp, &hl.ffn_norm, "ffn_norm");
         let ffn = (0, cfg.intermediate);
+        let act = if gelu { MAT_GELU } else { 0 };
         match &up_m {
-            None => self.matmul("gate_up", &gu_m, (&s.normed, &s.act), ffn, None, 0, false, true),
+            None => self.matmul("gate_up", &gu_m, (&s.normed, &s.act), ffn, None, act, false, true),
             Some(up) => {
                 self.matmul("gate_up", &gu_m, (&s.normed, &s.act), ffn, None, 0, false, false);
-                self.matmul("gate_up", up, (&s.normed, &s.act), ffn, None, MAT_SWIGLU_UP, false, false);
+                self.matmul("gate_up", up, (&s.normed, &s.act), ffn, None, MAT_SWIGLU_UP | act, false, false);
             }
         }
-        self.matmul("down", &down_m, (&s.act, &s.hidden), (0, cfg.hidden), None, MAT_ACCUMULATE, false, false);
+        self.project_out("down", &down_m, &s.act, lp, post);
         self.matrices.extend([gu_m, down_m]);
         self.matrices.extend(up_m);
         Ok(())
@@ -172,7 +226,9 @@ impl OpBuilder<'_> {
             (_, Some(e)) if host.tied => e,
             _ => bail!("the output projection was not loaded from {}", host.source.display()),
         };
-        self.matmul("lm_head", &lm, (&s.final_normed, &s.logits), (0, cfg.vocab), None, 0, true, false);
+        // Gemma 2's final soft cap is the LM head's epilogue.
+        let flags = if cfg.style.final_softcap.is_some() { MAT_SOFTCAP } else { 0 };
+        self.matmul("lm_head", &lm, (&s.final_normed, &s.logits), (0, cfg.vocab), None, flags, true, false);
         let sp = SamplerParams { vocab: cfg.vocab as u32, off_params: off_params as u32, ..Default::default() };
         let sp = self.uniform(bytemuck::bytes_of(&sp));
         let b = AdjustBinds { step: &s.step_buf, p: &sp, md: &s.meta_buf, adj: &s.adjust_buf, logits: &s.logits };

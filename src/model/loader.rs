@@ -2,7 +2,7 @@
 //! (config.json + safetensors) or a GGUF file.
 
 use super::config::{Arch, ModelConfig, RopeScaling};
-use super::layers::{load_layers, WeightSource, GGUF_NAMES, HF_NAMES};
+use super::layers::{load_layers, WeightSource, GEMMA_HF_NAMES, GGUF_NAMES, HF_NAMES};
 pub use super::layers::{HostLayer, HostModel};
 use crate::formats::gguf::{GgmlType, GgufFile};
 use crate::gpu::wformat::WFormat;
@@ -198,6 +198,11 @@ fn to_f32(dtype: safetensors::Dtype, b: &[u8]) -> Result<Vec<f32>> {
 fn load_hf(dir: &Path, range: std::ops::Range<usize>, progress: &dyn Fn(usize, usize)) -> Result<HostModel> {
     let cfg = ModelConfig::from_hf_json(&dir.join("config.json"))?;
     let w = HfWeights::open(dir)?;
+    if cfg.arch.is_gemma() {
+        let mut m = load_layers(&w, &GEMMA_HF_NAMES, cfg, range, progress, false)?;
+        super::gemma::add_one_to_norms(&mut m);
+        return Ok(m);
+    }
     load_layers(&w, &HF_NAMES, cfg, range, progress, false)
 }
 
@@ -229,9 +234,12 @@ fn gguf_config(g: &GgufFile) -> Result<ModelConfig> {
         "llama" => Arch::Llama,
         "qwen2" => Arch::Qwen2,
         "qwen3" => Arch::Qwen3,
-        other => {
-            bail!("{src}: unsupported architecture '{other}' (supported: llama (also Mistral's files), qwen2, qwen3)")
-        }
+        "gemma2" => Arch::Gemma2,
+        "gemma3" => Arch::Gemma3,
+        other => bail!(
+            "{src}: unsupported architecture '{other}' (supported: llama (also Mistral's files), qwen2, qwen3, gemma2, \
+             gemma3)"
+        ),
     };
     let key = |k: &str| format!("{arch_name}.{k}");
     let req = |k: &str| -> Result<usize> { Ok(g.require_u64(&key(k))? as usize) };
@@ -265,7 +273,9 @@ fn gguf_config(g: &GgufFile) -> Result<ModelConfig> {
         rope_scaling: gguf_rope_scaling(g, arch_name)?,
         sliding_window: g.get_u64(&key("attention.sliding_window")).filter(|&w| w > 0).map(|w| w as usize),
         qk_norm: arch == Arch::Qwen3,
+        style: Default::default(),
     };
+    let cfg = if arch.is_gemma() { super::gemma::gguf_config(cfg, g, arch_name)? } else { cfg };
     cfg.validate(&src)?;
     Ok(cfg)
 }

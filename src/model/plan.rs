@@ -258,7 +258,7 @@ impl ScratchPlan {
         };
         let bytes = f(t_max * (2 * cfg.hidden + cfg.qkv_dim() + cfg.q_dim() + cfg.intermediate))
             + f(s_last * (cfg.vocab + cfg.hidden + SAMPLE_RESULT_STRIDE))
-            + f(limits.max_seq_len * cfg.head_dim)
+            + f(limits.max_seq_len * cfg.head_dim) * if cfg.style.local_rope_theta.is_some() { 2 } else { 1 }
             + f(layout.meta_len)
             + part_vec4 as u64 * 16
             + if last { (layout.adjust_cap * 16) as u64 } else { 0 };

@@ -2,7 +2,7 @@
 //! the next stage, the RoPE table and the split attention's partials.
 
 use crate::gpu::Gpu;
-use crate::model::config::ModelConfig;
+use crate::model::config::{ModelConfig, RopeScaling};
 use crate::model::plan::*;
 use crate::model::step::*;
 use crate::ops::kernels::{window_entries, window_stride};
@@ -27,6 +27,8 @@ pub(crate) struct Scratch {
     pub(crate) hidden_readback: Option<wgpu::Buffer>,
     pub(crate) part: wgpu::Buffer,
     pub(crate) cos_sin: wgpu::Buffer,
+    /// The RoPE table of the windowed layers when their base differs (Gemma 3), else None.
+    pub(crate) cos_sin_local: Option<wgpu::Buffer>,
     /// Bound where a kernel's binding is unused (no bias).
     pub(crate) dummy: wgpu::Buffer,
     /// Window entries of the uniform-x matmuls.
@@ -50,6 +52,10 @@ impl Scratch {
         let result_bytes = (plan.s_last * SAMPLE_RESULT_STRIDE * 4) as u64;
         let (inv_freq, attn) = cfg.rope_scaling.inv_freq(cfg.rope_theta, cfg.head_dim);
         let cs = rope_table(&inv_freq, attn, limits.max_seq_len);
+        let local = cfg.style.local_rope_theta.map(|theta| {
+            let (inv_freq, attn) = RopeScaling::None.inv_freq(theta, cfg.head_dim);
+            g.storage_init("cos_sin_local", bytemuck::cast_slice(&rope_table(&inv_freq, attn, limits.max_seq_len)))
+        });
         let s = Scratch {
             step_buf: g.uniform_init("step", bytemuck::bytes_of(&layout.header)),
             meta_buf: g.storage("meta", (layout.meta_len * 4) as u64),
@@ -67,11 +73,12 @@ impl Scratch {
             hidden_readback: (!last).then(|| g.readback("hidden_readback", f(t_max * cfg.hidden))),
             part: g.storage("attn_partials", plan.part_vec4 as u64 * 16),
             cos_sin: g.storage_init("cos_sin", bytemuck::cast_slice(&cs)),
+            cos_sin_local: local,
             dummy: g.storage("dummy", 16),
             windows: g.uniform_init("windows", bytemuck::cast_slice(&window_entries(t_max + 1, window_stride(g)))),
             keep: Vec::new(),
         };
-        let keep = vec![
+        let mut keep = vec![
             s.normed.clone(),
             s.qkv.clone(),
             s.attn.clone(),
@@ -82,6 +89,7 @@ impl Scratch {
             s.dummy.clone(),
             s.windows.clone(),
         ];
+        keep.extend(s.cos_sin_local.clone());
         Scratch { keep, ..s }
     }
 }

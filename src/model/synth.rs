@@ -94,6 +94,8 @@ impl SynthShape {
             Arch::Qwen2 => "qwen2",
             Arch::Qwen3 => "qwen3",
             Arch::Llama | Arch::Mistral => "llama",
+            Arch::Gemma2 => "gemma2",
+            Arch::Gemma3 => "gemma3",
         }
     }
 

@@ -187,6 +187,9 @@ async fn serve(args: ServeArgs, cfg: EngineConfig, scfg: ServerConfig, model_pat
         }
     };
     let i = engine.info.clone();
+    if let Some(name) = engine.tokenizer.builtin_template() {
+        eprintln!("torus-wgpu serve: the model file has no chat template; using the built-in '{name}' turn format");
+    }
     match args.reasoning_parser.resolve(engine.tokenizer.chat_template_source()) {
         Some(k) => eprintln!(
             "torus-wgpu serve: reasoning parser {k:?} ({:?}): thinking goes to reasoning_content",

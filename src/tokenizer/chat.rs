@@ -21,6 +21,35 @@ pub const TEMPLATE_FUEL: u64 = 20_000_000;
 /// The longest text a render may produce, in bytes.
 pub const MAX_RENDER_BYTES: usize = 16 << 20;
 
+/// Gemma's turn format, for Gemma GGUF files that carry no chat template (base models), as
+/// llama.cpp's built-in `gemma` template writes it: `<start_of_turn>{role}\n{content}<end_of_turn>\n`
+/// per message (the assistant's role is `model`; system text opens the first user turn, followed
+/// by a blank line), then `<start_of_turn>model\n` for the answer.
+pub(super) const GEMMA_TEMPLATE: &str = "{{ bos_token }}\
+{%- set ns = namespace(system='') -%}
+{%- for m in messages -%}
+{%- if m['role'] == 'system' -%}
+{%- set ns.system = ns.system + (m['content'] | trim) -%}
+{%- else -%}
+{%- set role = 'model' if m['role'] == 'assistant' else m['role'] -%}
+{{ '<start_of_turn>' + role + '\\n' }}
+{%- if ns.system and role != 'model' -%}
+{{ ns.system + '\\n\\n' }}
+{%- set ns.system = '' -%}
+{%- endif -%}
+{{ (m['content'] | trim) + '<end_of_turn>\\n' }}
+{%- endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+{{ '<start_of_turn>model\\n' }}
+{%- endif -%}";
+
+/// The built-in template (its name and source) for a GGUF `general.architecture` whose file
+/// has none, where the family has one format.
+pub(super) fn builtin_template(arch: &str) -> Option<(&'static str, &'static str)> {
+    matches!(arch, "gemma" | "gemma2" | "gemma3").then_some(("gemma", GEMMA_TEMPLATE))
+}
+
 pub(super) struct ChatTemplate {
     env: Environment<'static>,
     /// Set when the template failed to compile; reported on use so that a model with a broken

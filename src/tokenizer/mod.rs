@@ -82,6 +82,8 @@ pub struct Tokenizer {
     add_eos: bool,
     vocab_size: usize,
     chat_template: Option<ChatTemplate>,
+    /// The name of the built-in chat template used because the model has none.
+    builtin_template: Option<&'static str>,
     /// The longest token's text in bytes, made on first use (see `limited`).
     max_token_bytes: OnceLock<usize>,
 }
@@ -213,6 +215,7 @@ impl Tokenizer {
             add_eos,
             vocab_size,
             chat_template: template_src.map(ChatTemplate::new),
+            builtin_template: None,
             max_token_bytes: OnceLock::new(),
         })
     }
@@ -251,7 +254,19 @@ impl Tokenizer {
                 }
             }
         }
-        let template = g.get_str("tokenizer.chat_template").map(|t| ChatTemplate::new(t.to_string()));
+        // Gemma's end of turn ends generation, as llama.cpp treats it, also where the file
+        // names no end-of-turn token.
+        if let Some(id) = tokens.iter().position(|t| t == "<end_of_turn>") {
+            push_unique(&mut eos_ids, id as u32);
+        }
+        let arch = g.get_str("general.architecture").unwrap_or("");
+        let (template, builtin_template) = match g.get_str("tokenizer.chat_template") {
+            Some(t) => (Some(ChatTemplate::new(t.to_string())), None),
+            None => match chat::builtin_template(arch) {
+                Some((name, src)) => (Some(ChatTemplate::new(src.to_string())), Some(name)),
+                None => (None, None),
+            },
+        };
         Ok(Tokenizer {
             inner,
             plain: OnceLock::new(),
@@ -266,6 +281,7 @@ impl Tokenizer {
             add_eos,
             vocab_size: tokens.len(),
             chat_template: template,
+            builtin_template,
             max_token_bytes: OnceLock::new(),
         })
     }
@@ -373,6 +389,11 @@ impl Tokenizer {
     /// The chat template's source, if the model has one.
     pub fn chat_template_source(&self) -> Option<&str> {
         self.chat_template.as_ref().map(|t| t.source.as_str())
+    }
+
+    /// The built-in chat template in use because the model file has none (`gemma`), if any.
+    pub fn builtin_template(&self) -> Option<&'static str> {
+        self.builtin_template
     }
 
     pub fn has_chat_template(&self) -> bool {
