@@ -165,3 +165,25 @@ fn unsupported_architecture_and_rope_scaling_are_refused() {
     assert!(err.contains("longrope") && err.contains("llama3"), "{err}");
     std::fs::remove_dir_all(&tmp).ok();
 }
+
+/// Gemma 2 (transformers' Gemma2ForCausalLM): a windowed and a global layer, soft-capped scores
+/// and logits, query_pre_attn_scalar, GeGLU, the extra norms with their 1 + w weights.
+#[test]
+fn gemma2_from_hf() {
+    let cfg = read_config(&dir().join("tiny-gemma2")).unwrap();
+    assert_eq!((cfg.arch, cfg.sliding_window, cfg.uniform_window()), (Arch::Gemma2, Some(8), None));
+    assert_eq!(cfg.style.sliding_layers.as_deref(), Some(&[true, false][..]));
+    assert_eq!((cfg.style.attn_softcap, cfg.style.final_softcap), (Some(2.0), Some(10.0)));
+    check_model(&dir().join("tiny-gemma2"), "tiny-gemma2");
+}
+
+/// Gemma 3 (transformers' Gemma3ForCausalLM): windowed / global / windowed layers with their own
+/// RoPE bases, q/k norms, query_pre_attn_scalar, GeGLU, the extra norms.
+#[test]
+fn gemma3_from_hf() {
+    let cfg = read_config(&dir().join("tiny-gemma3")).unwrap();
+    assert_eq!((cfg.arch, cfg.sliding_window, cfg.qk_norm), (Arch::Gemma3, Some(8), true));
+    assert_eq!(cfg.style.sliding_layers.as_deref(), Some(&[true, false, true][..]));
+    assert_eq!((cfg.rope_theta, cfg.style.local_rope_theta), (1e6, Some(1e4)));
+    check_model(&dir().join("tiny-gemma3"), "tiny-gemma3");
+}

@@ -35,6 +35,13 @@ pub fn qwen25_coder() -> PathBuf {
     p
 }
 
+/// Gemma 3 270M (the base model) Q4_K_M (scripts/setup.sh fetches it; a missing file fails the test).
+pub fn gemma3_270m() -> PathBuf {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/gemma-3-270m-q4_k_m.gguf");
+    assert!(p.exists(), "{} is missing: run scripts/fetch-model.sh gemma3-270m (scripts/setup.sh does)", p.display());
+    p
+}
+
 /// Loads `path` with `cfg` on the default adapter (lavapipe here) and starts an engine.
 pub fn start_engine(path: &Path, cfg: &torus_wgpu::config::EngineConfig) -> torus_wgpu::engine::EngineHandle {
     let gpu = std::sync::Arc::new(torus_wgpu::gpu::Gpu::new(None).expect("a wgpu adapter (lavapipe in CI)"));
