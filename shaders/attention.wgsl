@@ -43,17 +43,16 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
         let blk = md[table + j / p.block_size];
         let kb = ((blk * p.block_size + j % p.block_size) * p.n_kv_heads + kvh) * HD4;
         var s4 = vec4<f32>(0.0);
-        for (var d = 0u; d < HD4; d++) {
-            s4 += q[d] * load_k(kb + d);
-        }
+        // The head's HD4 terms, written out (no inner loop): llvmpipe stops every loop of an
+        // invocation once 65535 iterations have run in total, so with loops over head_dim
+        // here (2 * 65 per key at head_dim 256) a token past ~500 keys lost its last keys.
+{{SCORE}}
         let s = capped(s4.x + s4.y + s4.z + s4.w);
         let mn = max(mx, s);
         let corr = exp(mx - mn);
         let e = exp(s - mn);
         l = l * corr + e;
-        for (var d = 0u; d < HD4; d++) {
-            acc[d] = acc[d] * corr + e * load_v(kb + d);
-        }
+{{ACCUM}}
         mx = mn;
     }
     let ob = (t * p.n_heads + h) * HD4;

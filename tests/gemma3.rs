@@ -2,10 +2,8 @@
 //! Q6_K, F32 norms), against an independent float32 reference (numpy over the gguf package's
 //! dequantized weights, tokenized by transformers' GemmaTokenizer from the same file):
 //! tests/fixtures/gemma3-270m-reference.json, made by scripts/fixtures/gemma3_reference.py.
-//! The reference also holds a prompt of 869 tokens (past the 512-token window of the local
-//! layers); it is left out here: from position 498 on our logits leave the reference's, with
-//! or without the window and in both kernel profiles (an open bug, see issue 23's notes), while
-//! every position below agrees. The model is fetched by scripts/setup.sh.
+//! Its prompts include one of 869 tokens, so the 512-token window of the local layers (and the
+//! global layers' reach past it) decides the logits. The model is fetched by scripts/setup.sh.
 
 mod common;
 
@@ -40,15 +38,13 @@ fn load(kv: KvDtype, profile: KernelProfile) -> (Model, Tokenizer) {
     load_model(&common::gemma3_270m(), &config(kv, profile), gpu, &|_, _| {}).unwrap()
 }
 
-/// Positions from which our logits are known to leave the reference's (the open bug above).
-const KNOWN_BAD_FROM: usize = 498;
-
-/// The prompts a profile is checked on: those whose 16 steps stay below KNOWN_BAD_FROM, and for
-/// the gpu profile (slower on lavapipe) those under 100 tokens.
+/// The prompts a profile is checked on: all, or for the gpu profile those under 100 tokens (it
+/// is slower on lavapipe, and its attention kernels still loop over the head inside their key
+/// loops, which llvmpipe's 65535-iteration loop limit cuts short past ~500 keys at head_dim
+/// 256; real GPUs have no such limit).
 fn prompts(reference: &Value, profile: KernelProfile) -> Vec<&Value> {
     let all = reference["prompts"].as_array().unwrap().iter();
-    let n = |p: &Value| p["input_ids"].as_array().unwrap().len();
-    all.filter(|p| n(p) + 16 <= KNOWN_BAD_FROM && (profile != KernelProfile::Gpu || n(p) < 100)).collect()
+    all.filter(|p| profile != KernelProfile::Gpu || p["input_ids"].as_array().unwrap().len() < 100).collect()
 }
 
 /// Per prompt: per-step logits under teacher forcing (the gpu profile: prefill and 5 steps).
@@ -75,7 +71,7 @@ fn top5_logits_match(profile: KernelProfile, tol: f32) {
     let mut worst = 0f32;
     let checked = prompts(&reference, profile);
     assert!(
-        checked.len() >= 3 && (profile == KernelProfile::Gpu || checked.len() == 4),
+        checked.len() >= 3 && (profile == KernelProfile::Gpu || checked.len() == 5),
         "{profile:?}: {} prompts checked",
         checked.len()
     );
@@ -131,7 +127,7 @@ fn greedy_tokens_match_reference_with_f16_kv_cache() {
         }
     }
     eprintln!("{compared} greedy tokens compared; max |logit - reference| (f16 KV cache): {worst}");
-    assert!(compared >= 40, "only {compared} steps had a margin above 0.1");
+    assert!(compared >= 50, "only {compared} steps had a margin above 0.1");
 }
 
 /// The file has no chat template: the built-in Gemma turn format renders the reference's chat

@@ -899,3 +899,52 @@ fn token_mask_is_never_crossed_with(h: &Harness) {
         }
     }
 }
+
+/// The cpu profile's attention at head_dim 256 (Gemma's) over 600 keys: llvmpipe ends every loop
+/// of an invocation after 65535 iterations in all, so a kernel looping over the head inside its
+/// key loop silently dropped the keys past ~500 (Gemma 3 270M went wrong from position 498).
+/// Every token's output against the f64 reference.
+#[test]
+fn cpu_attention_reaches_every_key_at_head_dim_256() {
+    let (heads, kv_heads, head_dim, n, theta) = (4usize, 1usize, 256usize, 600usize, 10000.0);
+    let h = Harness::attention_only(gpu(), (head_dim as u32, 4), KvDtype::F32, 1, KernelProfile::Cpu).unwrap();
+    let bs = 16;
+    let rig = h.attn_rig(AttnShape { heads, kv_heads, head_dim, block_size: bs }, n.div_ceil(bs), n, theta);
+    let mut rng = Rng::new(11);
+    let qkv_dim = (heads + 2 * kv_heads) * head_dim;
+    let qkv = randn(&mut rng, n * qkv_dim, 1.0);
+    let s = AttnStep {
+        positions: (0..n as u32).collect(),
+        slots: (0..n as u32).collect(),
+        seq_of_token: vec![0; n],
+        block_tables: vec![(0..n.div_ceil(bs) as u32).collect()],
+    };
+    let (_, out) = h.rope_attention(&rig, &qkv, &s).unwrap();
+    let row = |t: usize, part: usize| &qkv[t * qkv_dim + part * head_dim..t * qkv_dim + (part + 1) * head_dim];
+    let keys: Vec<Vec<f32>> = (0..n)
+        .map(|t| {
+            let mut k = row(t, heads).to_vec();
+            rope_ref(&mut k, t, theta);
+            k
+        })
+        .collect();
+    let scale = 1.0 / (head_dim as f64).sqrt();
+    let mut want = Vec::with_capacity(out.len());
+    for t in 0..n {
+        for hh in 0..heads {
+            let mut q = row(t, hh).to_vec();
+            rope_ref(&mut q, t, theta);
+            let sc: Vec<f64> = keys[..=t]
+                .iter()
+                .map(|k| q.iter().zip(k).map(|(a, b)| *a as f64 * *b as f64).sum::<f64>() * scale)
+                .collect();
+            let mx = sc.iter().cloned().fold(f64::MIN, f64::max);
+            let e: Vec<f64> = sc.iter().map(|x| (x - mx).exp()).collect();
+            let z: f64 = e.iter().sum();
+            for d in 0..head_dim {
+                want.push(((0..=t).map(|j| e[j] * row(j, heads + 1)[d] as f64).sum::<f64>() / z) as f32);
+            }
+        }
+    }
+    assert_close(&out, &want, |_| 1e-4, "attention over 600 keys at head_dim 256");
+}

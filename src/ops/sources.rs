@@ -401,10 +401,16 @@ pub fn embed_source(f: WFormat) -> Result<String> {
 }
 
 pub fn attention_source(head_dim: u32, kv: KvDtype, kv_chunks: usize) -> Result<String> {
+    // One statement per vec4 of the head (see the shader: llvmpipe's loop-iteration limit).
+    let unrolled = |line: &str| -> String {
+        (0..head_dim / 4).map(|d| format!("        {}\n", line.replace("{d}", &format!("{d}u")))).collect()
+    };
     Shader::new("attention", include_str!("../../shaders/attention.wgsl"))
         .after(common())
         .after(super::attention::AttnParams::WGSL)
         .after(super::attention::WGSL_SCORE)
+        .fill("SCORE", unrolled("s4 += q[{d}] * load_k(kb + {d});"))
+        .fill("ACCUM", unrolled("acc[{d}] = acc[{d}] * corr + e * load_v(kb + {d});"))
         .fill("HD4", head_dim / 4)
         .fill("KV", kv_snippet(kv, false, kv_chunks))
         .build()
