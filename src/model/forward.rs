@@ -316,11 +316,11 @@ impl Model {
         let cfg = &self.cfg;
         // Keys the longest-reaching token attends to (its window, with a sliding window).
         let max_keys = s.positions.iter().max().map_or(1, |&p| p as usize + 1);
-        let max_keys = cfg.uniform_window().map_or(max_keys, |w| max_keys.min(w.max(1)));
+        let max_keys = self.limits.sliding_window.map_or(max_keys, |w| max_keys.min(w.max(1)));
         self.header.n_splits =
             attention_splits(n as usize, max_keys, (cfg.heads, cfg.kv_heads, cfg.head_dim / 4), self.part_vec4);
         // Keys attended by all tokens (the ops' cost model).
-        let window = cfg.uniform_window().unwrap_or(usize::MAX).max(1) as u64;
+        let window = self.limits.sliding_window.unwrap_or(usize::MAX).max(1) as u64;
         let attn_keys = s.positions.iter().map(|&p| (p as u64 + 1).min(window)).sum();
         let h = self.header;
         // Reused every step: no per-step allocation of the metadata or adjustment words.
