@@ -45,7 +45,7 @@ fn bench(c: &mut Criterion) {
         }
     }
     // Every GGUF format at shapes whose rows are whole K-quant super-blocks (Qwen2.5-0.5B's
-    // ffn_down 896x4864, and a 2048x1024 projection), random blocks: the K-quants, Q5, the IQ4
+    // ffn_down 896x4864, and a 2048x1024 projection), random blocks: the K-quants, Q5, the IQ
     // types and MXFP4 beside the legacy formats on equal terms.
     let k_shapes = [("down05b", 896usize, 4864usize), ("proj", 2048, 1024)];
     for format in [
@@ -61,6 +61,13 @@ fn bench(c: &mut Criterion) {
         WFormat::IQ4_NL,
         WFormat::IQ4_XS,
         WFormat::MXFP4,
+        WFormat::IQ2_XXS,
+        WFormat::IQ2_XS,
+        WFormat::IQ2_S,
+        WFormat::IQ3_XXS,
+        WFormat::IQ3_S,
+        WFormat::IQ1_S,
+        WFormat::IQ1_M,
         WFormat::F16,
     ] {
         for &(name, n, k) in &k_shapes {

@@ -116,6 +116,12 @@ fn row_bytes(format: WFormat, k: usize) -> u64 {
     ((k / 32 * format.words_per_block()).max(format.scale_words_per_row(k)) * 4) as u64
 }
 
+/// A max storage binding that holds `rows` rows of a matrix (and a grid format's grid, which
+/// every chunk's scale buffer starts with).
+fn rows_binding(format: WFormat, k: usize, rows: u64) -> u64 {
+    rows * row_bytes(format, k) + format.grid_words() as u64 * 4
+}
+
 #[test]
 fn matmul_every_format_and_variant() {
     let legacy = [(1, 37, 64), (3, 130, 96), (5, 67, 160), (33, 45, 64), (20, 9, 288), (9, 20, 2048), (70, 13, 576)];
@@ -152,7 +158,7 @@ fn check_matmuls(
             let tol = dot_tol(&x, m, &w);
             // Chunks of about 16 rows, so several chunks (and a ragged last one) are used.
             for &(variant, ux) in variants {
-                for max_binding in [1 << 27, 16 * row_bytes(format, k)] {
+                for max_binding in [1 << 27, rows_binding(format, k, 16)] {
                     let what = format!(
                         "{format:?} tile {:?} uniform-x {ux} m={m} n={n} k={k} binding={max_binding}",
                         variant.map(|v| MATMUL_TILES[v])
@@ -210,7 +216,7 @@ fn check_swiglu(
             let (tg, tu) = (dot_tol(&x, m, &gate), dot_tol(&x, m, &up));
             let tol = |i: usize| 2.0 * (tg[i] * u[i].abs() + tu[i] * g[i].abs()) + 1e-5 * (1.0 + want[i].abs());
             for &(variant, ux) in variants {
-                for max_binding in [1 << 27, 2 * 10 * row_bytes(format, k)] {
+                for max_binding in [1 << 27, rows_binding(format, k, 2 * 10)] {
                     let got = h.matmul(&gate, Some(&up), &x, m, None, None, variant, ux, max_binding).unwrap();
                     let what = format!(
                         "swiglu {format:?} tile {:?} uniform-x {ux} m={m} n={n} k={k} binding={max_binding}",
@@ -267,7 +273,7 @@ fn embedding_lookup_every_format_across_chunks() {
         let dim = if format.scale_group() == 256 { 512 } else { 96 };
         let table = weights(format, vocab, dim, &mut rng, 1.0);
         let want: Vec<f32> = tokens.iter().flat_map(|&t| table.dequant_row(t as usize)).collect();
-        for max_binding in [1 << 27, 7 * row_bytes(format, dim)] {
+        for max_binding in [1 << 27, rows_binding(format, dim, 7)] {
             let got = h.embed(&table, &tokens, max_binding).unwrap();
             // The lookup is the dequantization itself: the CPU reference's values within one f32
             // ulp (a driver may fuse q * d + m into one multiply-add, whose rounding differs by

@@ -319,6 +319,42 @@ fn smollm2_shape_mxfp4_two_layers() {
     check_small_model(WFormat::MXFP4);
 }
 
+// The grid types (IQ1/IQ2/IQ3) in ffn_down (1536 = 6 super-blocks), IQ4_NL elsewhere.
+#[test]
+fn smollm2_shape_iq2_xxs_two_layers() {
+    check_small_model(WFormat::IQ2_XXS);
+}
+
+#[test]
+fn smollm2_shape_iq2_xs_two_layers() {
+    check_small_model(WFormat::IQ2_XS);
+}
+
+#[test]
+fn smollm2_shape_iq2_s_two_layers() {
+    check_small_model(WFormat::IQ2_S);
+}
+
+#[test]
+fn smollm2_shape_iq3_xxs_two_layers() {
+    check_small_model(WFormat::IQ3_XXS);
+}
+
+#[test]
+fn smollm2_shape_iq3_s_two_layers() {
+    check_small_model(WFormat::IQ3_S);
+}
+
+#[test]
+fn smollm2_shape_iq1_s_two_layers() {
+    check_small_model(WFormat::IQ1_S);
+}
+
+#[test]
+fn smollm2_shape_iq1_m_two_layers() {
+    check_small_model(WFormat::IQ1_M);
+}
+
 /// A one-layer Qwen2.5-7B-shaped file (untied head, q/k/v biases, K-quants everywhere since
 /// 3584 and 18944 are whole super-blocks): config, types, size, tokenizer and the host loader.
 #[test]

@@ -405,7 +405,7 @@ fn gguf_valid_handmade_file() {
         .tensor("a", &[3, 2], 0, &f32_data)
         .tensor("q", &[32, 2], 8, &[7u8; 68])
         .tensor("k4", &[256], 12, &[9u8; 144])
-        .tensor("iq", &[256], 16, &[5u8; 66]); // IQ2_XXS: unsupported here, but legal
+        .tensor("q8k", &[256], 15, &[5u8; 292]); // Q8_K (ggml's activation type): unsupported here, but legal
     let path = tmp.write("valid.gguf", &b.build());
     let g = GgufFile::open(&path).unwrap();
     assert_eq!(g.architecture().unwrap(), "qwen2");
@@ -427,10 +427,10 @@ fn gguf_valid_handmade_file() {
     let k4 = g.tensor("k4").unwrap();
     assert_eq!((k4.ggml_type, k4.n_bytes), (GgmlType::Q4_K, 144));
     assert!(k4.ggml_type.is_supported());
-    let iq = g.tensor("iq").unwrap();
-    assert_eq!((iq.ggml_type, iq.n_bytes), (GgmlType::Other(16), 66));
-    assert!(!iq.ggml_type.is_supported());
-    assert_eq!(iq.ggml_type.name(), "IQ2_XXS");
+    let q8k = g.tensor("q8k").unwrap();
+    assert_eq!((q8k.ggml_type, q8k.n_bytes), (GgmlType::Other(15), 292));
+    assert!(!q8k.ggml_type.is_supported());
+    assert_eq!(q8k.ggml_type.name(), "Q8_K");
 }
 
 #[test]
@@ -681,10 +681,21 @@ fn gguf_unsupported_tensor_type_architecture_and_rope_scaling() {
         b.build()
     };
     // Q8_1 (type 9, 32-element blocks of 36 bytes; ggml's activation type): legal, not loaded.
-    // The supported list names the IQ4 types and MXFP4.
+    // The supported list names the IQ types, MXFP4 and the ternary types.
     let path = tmp.write("iq.gguf", &model("llama", 9, (hidden * vocab / 32 * 36) as usize, &|_| {}));
     let err = HostModel::load(&path, &|_, _| {}).err().expect("Q8_1 must be refused").to_string();
-    for needle in ["iq.gguf", "token_embd.weight", "Q8_1", "not supported", "Q4_K", "IQ4_XS", "MXFP4"] {
+    for needle in [
+        "iq.gguf",
+        "token_embd.weight",
+        "Q8_1",
+        "not supported",
+        "Q4_K",
+        "IQ4_XS",
+        "MXFP4",
+        "IQ2_XXS",
+        "IQ1_M",
+        "TQ2_0",
+    ] {
         assert!(err.contains(needle), "{needle:?} missing from: {err}");
     }
     let path = tmp.write("arch.gguf", &model("gpt-neox", 0, (hidden * vocab * 4) as usize, &|_| {}));

@@ -23,6 +23,13 @@ pub enum WFormat {
     IQ4_NL,
     IQ4_XS,
     MXFP4,
+    IQ2_XXS,
+    IQ2_XS,
+    IQ2_S,
+    IQ3_XXS,
+    IQ3_S,
+    IQ1_S,
+    IQ1_M,
 }
 
 /// IQ4_NL's and IQ4_XS's non-linear 4-bit code values (ggml's kvalues_iq4nl).
@@ -31,7 +38,7 @@ pub const KVALUES_IQ4NL: [i8; 16] = [-127, -104, -83, -65, -49, -35, -22, -10, 1
 pub const KVALUES_MXFP4: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
 
 impl WFormat {
-    pub const ALL: [WFormat; 15] = [
+    pub const ALL: [WFormat; 22] = [
         WFormat::F32,
         WFormat::F16,
         WFormat::Q8_0,
@@ -47,6 +54,13 @@ impl WFormat {
         WFormat::IQ4_NL,
         WFormat::IQ4_XS,
         WFormat::MXFP4,
+        WFormat::IQ2_XXS,
+        WFormat::IQ2_XS,
+        WFormat::IQ2_S,
+        WFormat::IQ3_XXS,
+        WFormat::IQ3_S,
+        WFormat::IQ1_S,
+        WFormat::IQ1_M,
     ];
 
     /// u32 quant words per 32-element block.
@@ -59,14 +73,15 @@ impl WFormat {
             WFormat::IQ4_NL | WFormat::IQ4_XS | WFormat::MXFP4 => 4,
             WFormat::Q5_0 | WFormat::Q5_1 | WFormat::Q5_K => 5,
             WFormat::Q6_K => 6,
-            WFormat::Q3_K => 3,
-            WFormat::Q2_K => 2,
+            WFormat::Q3_K | WFormat::IQ3_XXS | WFormat::IQ3_S => 3,
+            WFormat::Q2_K | WFormat::IQ2_XXS | WFormat::IQ2_XS | WFormat::IQ2_S => 2,
+            WFormat::IQ1_S | WFormat::IQ1_M => 1,
         }
     }
 
     /// Elements covered by one scale record (a row length must be a multiple of it).
     pub fn scale_group(self) -> usize {
-        if self.is_k_quant() || self == WFormat::IQ4_XS {
+        if self.is_k_quant() || self.is_grid() || self == WFormat::IQ4_XS {
             256
         } else {
             32
@@ -87,6 +102,41 @@ impl WFormat {
             WFormat::Q2_K => 6,
             // d and sixteen signed scales as bytes.
             WFormat::Q3_K | WFormat::Q6_K => 5,
+            // The grid formats (src/weights/grids.rs): d, then their sub-block scales and
+            // index high bits.
+            WFormat::IQ2_XXS | WFormat::IQ3_XXS => 1,
+            WFormat::IQ2_XS => 3,
+            WFormat::IQ3_S => 4,
+            WFormat::IQ2_S | WFormat::IQ1_S => 5,
+            WFormat::IQ1_M => 7,
+        }
+    }
+
+    /// The grid formats (IQ1_*, IQ2_*, IQ3_*): values looked up in a fixed grid, which is
+    /// uploaded in front of each chunk's scale records.
+    pub fn is_grid(self) -> bool {
+        matches!(
+            self,
+            WFormat::IQ2_XXS
+                | WFormat::IQ2_XS
+                | WFormat::IQ2_S
+                | WFormat::IQ3_XXS
+                | WFormat::IQ3_S
+                | WFormat::IQ1_S
+                | WFormat::IQ1_M
+        )
+    }
+
+    /// u32 words of the grid in front of the scale records (0 for formats without one).
+    pub fn grid_words(self) -> usize {
+        match self {
+            WFormat::IQ2_XXS => 512,
+            WFormat::IQ2_XS => 1024,
+            WFormat::IQ2_S => 2048,
+            WFormat::IQ3_XXS => 256,
+            WFormat::IQ3_S => 512,
+            WFormat::IQ1_S | WFormat::IQ1_M => 4096,
+            _ => 0,
         }
     }
 
@@ -130,7 +180,21 @@ impl WFormat {
             WFormat::Q6_K => include_str!("../../shaders/wfmt_q6_k.wgsl"),
             WFormat::IQ4_NL | WFormat::MXFP4 => include_str!("../../shaders/wfmt_table4.wgsl"),
             WFormat::IQ4_XS => include_str!("../../shaders/wfmt_iq4_xs.wgsl"),
+            WFormat::IQ2_XXS => include_str!("../../shaders/wfmt_iq2_xxs.wgsl"),
+            WFormat::IQ2_XS => include_str!("../../shaders/wfmt_iq2_xs.wgsl"),
+            WFormat::IQ2_S => include_str!("../../shaders/wfmt_iq2_s.wgsl"),
+            WFormat::IQ3_XXS => include_str!("../../shaders/wfmt_iq3_xxs.wgsl"),
+            WFormat::IQ3_S => include_str!("../../shaders/wfmt_iq3_s.wgsl"),
+            WFormat::IQ1_S => include_str!("../../shaders/wfmt_iq1_s.wgsl"),
+            WFormat::IQ1_M => include_str!("../../shaders/wfmt_iq1_m.wgsl"),
         };
+        if self.is_grid() {
+            return format!(
+                "{own}\n{}\nconst GRID_WORDS: u32 = {}u;",
+                include_str!("../../shaders/wfmt_grid.wgsl"),
+                self.grid_words()
+            );
+        }
         if let Some(t) = self.table() {
             let v: Vec<String> = t.iter().map(|k| format!("{k}.0")).collect();
             let decl = format!(
@@ -166,6 +230,13 @@ impl WFormat {
             WFormat::IQ4_NL => "iq4_nl",
             WFormat::IQ4_XS => "iq4_xs",
             WFormat::MXFP4 => "mxfp4",
+            WFormat::IQ2_XXS => "iq2_xxs",
+            WFormat::IQ2_XS => "iq2_xs",
+            WFormat::IQ2_S => "iq2_s",
+            WFormat::IQ3_XXS => "iq3_xxs",
+            WFormat::IQ3_S => "iq3_s",
+            WFormat::IQ1_S => "iq1_s",
+            WFormat::IQ1_M => "iq1_m",
         }
     }
 }

@@ -7,6 +7,7 @@ pub use super::layers::{HostLayer, HostModel};
 use crate::formats::gguf::{GgmlType, GgufFile};
 use crate::gpu::wformat::WFormat;
 use crate::weights::tensor::QTensor;
+use crate::weights::ternary::{to_q2_k, Ternary};
 use anyhow::{anyhow, bail, Context, Result};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -328,7 +329,8 @@ fn gguf_rope_scaling(g: &GgufFile, arch: &str) -> Result<RopeScaling> {
 
 /// The GGUF tensor types a weight matrix may have.
 pub const SUPPORTED_GGUF_TYPES: &str =
-    "F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, MXFP4";
+    "F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, MXFP4, \
+     IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M, TQ1_0, TQ2_0";
 
 /// The GPU format of a quantized GGUF type (kept quantized, re-packed).
 pub fn block_format(t: GgmlType) -> Option<WFormat> {
@@ -346,6 +348,13 @@ pub fn block_format(t: GgmlType) -> Option<WFormat> {
         GgmlType::IQ4_NL => WFormat::IQ4_NL,
         GgmlType::IQ4_XS => WFormat::IQ4_XS,
         GgmlType::MXFP4 => WFormat::MXFP4,
+        GgmlType::IQ2_XXS => WFormat::IQ2_XXS,
+        GgmlType::IQ2_XS => WFormat::IQ2_XS,
+        GgmlType::IQ2_S => WFormat::IQ2_S,
+        GgmlType::IQ3_XXS => WFormat::IQ3_XXS,
+        GgmlType::IQ3_S => WFormat::IQ3_S,
+        GgmlType::IQ1_S => WFormat::IQ1_S,
+        GgmlType::IQ1_M => WFormat::IQ1_M,
         _ => return None,
     })
 }
@@ -369,7 +378,30 @@ pub fn gguf_type(f: WFormat) -> GgmlType {
         WFormat::IQ4_NL => GgmlType::IQ4_NL,
         WFormat::IQ4_XS => GgmlType::IQ4_XS,
         WFormat::MXFP4 => GgmlType::MXFP4,
+        WFormat::IQ2_XXS => GgmlType::IQ2_XXS,
+        WFormat::IQ2_XS => GgmlType::IQ2_XS,
+        WFormat::IQ2_S => GgmlType::IQ2_S,
+        WFormat::IQ3_XXS => GgmlType::IQ3_XXS,
+        WFormat::IQ3_S => GgmlType::IQ3_S,
+        WFormat::IQ1_S => GgmlType::IQ1_S,
+        WFormat::IQ1_M => GgmlType::IQ1_M,
     }
+}
+
+/// A TQ1_0 / TQ2_0 matrix, re-written as Q2_K blocks of the same values (weights::ternary).
+pub fn ternary_matrix(t: GgmlType, rows: usize, cols: usize, bytes: &[u8]) -> Result<QTensor> {
+    let tern = if t == GgmlType::TQ1_0 { Ternary::TQ1_0 } else { Ternary::TQ2_0 };
+    if !cols.is_multiple_of(256) {
+        bail!("{t} tensor: row length {cols} is not a positive multiple of 256");
+    }
+    if bytes.len() != rows * cols / 256 * tern.block_bytes() {
+        bail!(
+            "{} bytes of data for {t} tensor of shape [{rows}, {cols}] (expected {})",
+            bytes.len(),
+            rows * cols / 256 * tern.block_bytes()
+        );
+    }
+    QTensor::from_gguf_blocks(WFormat::Q2_K, rows, cols, &to_q2_k(tern, bytes)?)
 }
 
 fn gguf_matrix(g: &GgufFile, name: &str, rows: usize, cols: usize) -> Result<QTensor> {
@@ -384,6 +416,7 @@ fn gguf_matrix(g: &GgufFile, name: &str, rows: usize, cols: usize) -> Result<QTe
         GgmlType::F32 => QTensor::from_f32(rows, cols, &to_f32(safetensors::Dtype::F32, b)?),
         GgmlType::F16 => QTensor::from_f16_bits(rows, cols, &u16s(b)),
         GgmlType::BF16 => QTensor::from_bf16_bits_as_f16(rows, cols, &u16s(b)),
+        GgmlType::TQ1_0 | GgmlType::TQ2_0 => ternary_matrix(t.ggml_type, rows, cols, b),
         other => match block_format(other) {
             Some(f) => QTensor::from_gguf_blocks(f, rows, cols, b),
             None => bail!(

@@ -118,8 +118,8 @@ pub fn parse_format(name: &str) -> Result<WFormat> {
 }
 
 /// The format a matrix with rows of `cols` elements is stored in: `format`, unless its
-/// 256-element super-blocks (K-quants, IQ4_XS) do not divide the row. Then, as llama.cpp's
-/// quantizer does, Q4_K falls back to Q5_0, Q5_K to Q5_1, Q6_K to Q8_0, and Q2_K, Q3_K and
+/// 256-element super-blocks (K-quants, IQ4_XS, the IQ1/IQ2/IQ3 grid types) do not divide the row. Then, as llama.cpp's
+/// quantizer does, Q4_K falls back to Q5_0, Q5_K to Q5_1, Q6_K to Q8_0, and Q2_K, Q3_K, the grid types and
 /// IQ4_XS to IQ4_NL. So SmolLM2 (hidden 576) and Qwen2.5-0.5B (896) keep K-quants only in
 /// ffn_down, as real K-quant files of them do.
 pub fn matrix_format(format: WFormat, cols: usize) -> WFormat {

@@ -24,6 +24,13 @@ pub fn gguf_block(format: WFormat) -> Option<(usize, usize)> {
         WFormat::IQ4_NL => (32, 18),
         WFormat::IQ4_XS => (256, 136),
         WFormat::MXFP4 => (32, 17),
+        WFormat::IQ2_XXS => (256, 66),
+        WFormat::IQ2_XS => (256, 74),
+        WFormat::IQ2_S => (256, 82),
+        WFormat::IQ3_XXS => (256, 98),
+        WFormat::IQ3_S => (256, 110),
+        WFormat::IQ1_S => (256, 50),
+        WFormat::IQ1_M => (256, 56),
     })
 }
 
@@ -67,8 +74,10 @@ fn q3_pack_scales(scales: &[i8; 16]) -> [u8; 12] {
 pub(crate) fn gguf_scale_fields(format: WFormat) -> &'static [usize] {
     match format {
         WFormat::Q8_0 | WFormat::Q4_0 | WFormat::Q5_0 | WFormat::IQ4_NL | WFormat::IQ4_XS => &[0],
-        // MXFP4's scale is an e8m0 byte, not an f16.
-        WFormat::MXFP4 => &[],
+        WFormat::IQ2_XXS | WFormat::IQ2_XS | WFormat::IQ2_S | WFormat::IQ3_XXS | WFormat::IQ3_S => &[0],
+        WFormat::IQ1_S => &[0],
+        // MXFP4's scale is an e8m0 byte, not an f16; IQ1_M's d is spread over its scales.
+        WFormat::MXFP4 | WFormat::IQ1_M => &[],
         WFormat::Q4_1 | WFormat::Q5_1 | WFormat::Q4_K | WFormat::Q5_K => &[0, 2],
         WFormat::Q2_K => &[80, 82],
         WFormat::Q3_K => &[108],
@@ -171,7 +180,8 @@ pub fn fill_centered_block(format: WFormat, b: &mut [u8], rng: &mut XorShift64, 
             let up = rng.unit() < (4f32.powf(x - f) - 1.0) / 3.0;
             b[0] = (128.0 + f + up as u8 as f32).clamp(2.0, 254.0) as u8;
         }
-        WFormat::F32 | WFormat::F16 => unreachable!("not a block format"),
+        f if f.is_grid() => super::grids::fill_centered(f, b, rng, std),
+        f => unreachable!("{f:?}: not a block format with codes"),
     }
 }
 
@@ -344,7 +354,7 @@ pub(crate) fn decode_block(format: WFormat, b: &[u8], codes: &mut [u8], s: &mut 
                 }
             }
         }
-        WFormat::F32 | WFormat::F16 => unreachable!("not a block format"),
+        f => unreachable!("{f:?}: not a block format with codes"),
     }
 }
 
@@ -401,7 +411,7 @@ pub(crate) fn pack_block(format: WFormat, c: &[u8], q: &mut Vec<u32>) {
             bits(q, 2);
         }
         WFormat::Q2_K => pairs(q, 0),
-        WFormat::F32 | WFormat::F16 => unreachable!("not a block format"),
+        f => unreachable!("{f:?}: not a block format with codes"),
     }
 }
 
@@ -431,7 +441,7 @@ pub(crate) fn unpack_block(format: WFormat, w: &[u32]) -> [u32; 32] {
             WFormat::Q6_K => nib(e) | pair(w[4], w[5], e) << 4,
             WFormat::Q3_K => pair(w[0], w[1], e) | bit(w[2], e) << 2,
             WFormat::Q2_K => pair(w[0], w[1], e),
-            WFormat::F32 | WFormat::F16 => unreachable!("not a block format"),
+            f => unreachable!("{f:?}: not a block format with codes"),
         };
     }
     c
@@ -475,6 +485,6 @@ pub(crate) fn half_scale(format: WFormat, r: &[u32], j: usize, half: usize) -> (
             let sc = byte(&r[2..6], 2 * j + half);
             (fl(0) * (sc & 15) as f32, -(fl(1) * (sc >> 4) as f32))
         }
-        WFormat::F32 | WFormat::F16 => unreachable!("not a block format"),
+        f => unreachable!("{f:?}: not a block format with codes"),
     }
 }

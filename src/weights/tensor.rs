@@ -2,6 +2,7 @@
 
 use super::blocks::{affine, decode_block, gguf_scale_fields, half_scale, pack_block, unpack_block, Affine};
 pub use super::blocks::{fill_centered_block, gguf_block};
+use super::grids;
 use crate::gpu::wformat::WFormat;
 use anyhow::{bail, Result};
 use half::{bf16, f16};
@@ -142,6 +143,12 @@ impl QTensor {
         }
         let mut q = Vec::with_capacity(rows * cols / 32 * format.words_per_block());
         let mut s = Vec::with_capacity(rows * format.scale_words_per_row(cols));
+        if format.is_grid() {
+            for b in bytes.chunks_exact(block_bytes) {
+                grids::repack_block(format, b, &mut q, &mut s);
+            }
+            return Ok(QTensor { format, rows, cols, q, s });
+        }
         let mut codes = vec![0u8; block_elems];
         for b in bytes.chunks_exact(block_bytes) {
             decode_block(format, b, &mut codes, &mut s);
@@ -183,6 +190,9 @@ impl QTensor {
                 let mag = 1e-3 + unit() * 0.099;
                 let v = if unit() < 0.5 { -mag } else { mag };
                 b[o..o + 2].copy_from_slice(&f16::from_f32(v).to_le_bytes());
+            }
+            if format == WFormat::IQ1_M {
+                grids::set_iq1m_d(b, 1e-3 + unit() * 0.099);
             }
         }
         Self::from_gguf_blocks(format, rows, cols, &bytes)
@@ -254,6 +264,10 @@ impl QTensor {
                         out.push(f16::from_bits(*w as u16).to_f32());
                         out.push(f16::from_bits((*w >> 16) as u16).to_f32());
                     }
+                }
+                f if f.is_grid() => {
+                    let rec = (blk * 32) / group;
+                    out.extend(grids::dequant_block(f, words, &self.s[rec * sw..(rec + 1) * sw], blk % 8));
                 }
                 f => {
                     let rec = (blk * 32) / group;

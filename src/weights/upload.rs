@@ -2,6 +2,7 @@
 
 use crate::gpu::wformat::WFormat;
 use crate::gpu::Gpu;
+use crate::weights::grids;
 use crate::weights::tensor::QTensor;
 use anyhow::{bail, Result};
 
@@ -28,7 +29,9 @@ impl GpuMatrix {
         let per_row_s = (t.format.scale_words_per_row(t.cols) * 4) as u64;
         let mult = if pair.is_some() { 2 } else { 1 };
         let per_row = per_row_q.max(per_row_s) * mult;
-        let rows_per_chunk = (max_binding / per_row) as usize;
+        // The grid formats' grid goes in front of every chunk's scale records.
+        let grid = if t.format.is_grid() { grids::gpu_grid_words(t.format) } else { vec![] };
+        let rows_per_chunk = (max_binding.saturating_sub(grid.len() as u64 * 4) / per_row) as usize;
         if rows_per_chunk == 0 {
             bail!("{label}: one row ({per_row} bytes) exceeds the device's max storage binding");
         }
@@ -44,7 +47,11 @@ impl GpuMatrix {
                 row0: r0,
                 rows: r1 - r0,
                 q: gpu.storage_init(label, bytemuck::cast_slice(&part.q)),
-                s: gpu.storage_init(label, bytemuck::cast_slice(&part.s)),
+                s: if grid.is_empty() {
+                    gpu.storage_init(label, bytemuck::cast_slice(&part.s))
+                } else {
+                    gpu.storage_init(label, bytemuck::cast_slice(&[grid.as_slice(), &part.s].concat()))
+                },
             });
             r0 = r1;
         }
