@@ -10,7 +10,7 @@
 //! folded into db / 8, exact in f32, so the product is the same single rounding as ggml's
 //! `dl * (grid + delta)`).
 
-use super::blocks::{f16_at, u32_at};
+use super::blocks::{bytes_word, f16_at, gguf_scale_fields, u32_at as word};
 use super::iq_grids::*;
 use super::tensor::XorShift64;
 use crate::gpu::wformat::WFormat;
@@ -64,16 +64,6 @@ fn ksigns(s7: u32) -> u32 {
     s7 | (s7.count_ones() & 1) << 7
 }
 
-fn word(b: &[u8], at: usize) -> u32 {
-    u32_at(b, at)
-}
-
-fn bytes_word(b: &[u8]) -> u32 {
-    let mut w = [0u8; 4];
-    w[..b.len()].copy_from_slice(b);
-    u32::from_le_bytes(w)
-}
-
 /// IQ1_M's d: an f16 whose four nibbles are the top nibbles of its four scale u16s.
 fn iq1m_d(b: &[u8]) -> f32 {
     let sc = |k: usize| u16::from_le_bytes([b[48 + 2 * k], b[49 + 2 * k]]);
@@ -92,7 +82,7 @@ fn iq1m_d(b: &[u8]) -> f32 {
 /// - IQ1_M: q [4 index low bytes]; s [d, 4 scale u16, 16 qh bytes].
 pub(crate) fn repack_block(format: WFormat, b: &[u8], q: &mut Vec<u32>, s: &mut Vec<u32>) {
     let d = |at: usize| f16_at(b, at).to_bits();
-    let words = |s: &mut Vec<u32>, bytes: &[u8]| s.extend(bytes.chunks(4).map(bytes_word));
+    let words = |s: &mut Vec<u32>, bytes: &[u8]| s.extend(bytes.chunks_exact(4).map(bytes_word));
     match format {
         WFormat::IQ2_XXS | WFormat::IQ2_XS => {
             (0..16).for_each(|i| q.push(word(b, 2 + 4 * i)));
@@ -205,11 +195,6 @@ pub(crate) fn dequant_block(format: WFormat, w: &[u32], r: &[u32], j: usize) -> 
     out
 }
 
-/// Byte offset of a GGUF block's f16 d, where it has one (IQ1_M spreads it over its scales).
-pub(crate) fn d_offset(format: WFormat) -> Option<usize> {
-    (format != WFormat::IQ1_M).then_some(0)
-}
-
 /// Sets a random block's scale so that its values have standard deviation about `std` (random
 /// indices and signs keep the mean about 0): the d field, with the block's 4-bit (IQ2, IQ3) or
 /// 3-bit (IQ1) sub-block scales left random.
@@ -237,8 +222,9 @@ pub(crate) fn fill_centered(format: WFormat, b: &mut [u8], rng: &mut XorShift64,
     let levels = if iq1 { 8 } else { 16 };
     let s_rms = ((0..levels).map(|l| factor(l).powi(2)).sum::<f64>() / levels as f64).sqrt();
     let d = std / (v_rms * s_rms) as f32 * (0.75 + 0.5 * rng.unit());
-    match d_offset(format) {
-        Some(o) => b[o..o + 2].copy_from_slice(&f16::from_f32(d).to_le_bytes()),
+    // The f16 d's offset (gguf_scale_fields); IQ1_M spreads it over its scales.
+    match gguf_scale_fields(format).first() {
+        Some(&o) => b[o..o + 2].copy_from_slice(&f16::from_f32(d).to_le_bytes()),
         None => set_iq1m_d(b, d),
     }
 }
