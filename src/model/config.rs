@@ -12,6 +12,9 @@ pub enum Arch {
     Mistral,
     /// Qwen2 without q/k/v biases, with per-head RMSNorm of q and k before RoPE.
     Qwen3,
+    /// Qwen3's attention with mixture-of-experts FFNs (model/moe.rs), dense on the layers its
+    /// config names.
+    Qwen3Moe,
     /// Gemma 2: scaled embeddings, norms before and after attention and the FFN, GeGLU,
     /// soft-capped attention scores and logits, sliding-window and global layers alternating.
     Gemma2,
@@ -29,7 +32,7 @@ impl Arch {
 
 /// Hugging Face architectures this engine runs.
 pub const SUPPORTED_HF_ARCHS: &str = "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, \
-                                      Gemma2ForCausalLM, Gemma3ForCausalLM";
+                                      Qwen3MoeForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM";
 
 /// Where a family's layers differ from Llama's; the default is Llama's.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -107,6 +110,8 @@ pub struct ModelConfig {
     pub qk_norm: bool,
     /// Where the layers differ from Llama's (Gemma).
     pub style: LayerStyle,
+    /// The mixture-of-experts layers (Qwen3-MoE), or None for a dense model.
+    pub moe: Option<super::moe::MoeConfig>,
 }
 
 /// YaRN's attention scaling for a context extension `scale` (HF's get_mscale).
@@ -238,6 +243,12 @@ impl ModelConfig {
         self.q_dim() + 2 * self.kv_dim()
     }
 
+    /// Floats per token of the FFN's activations: the dense intermediate size, or the top_k
+    /// experts' (a mixture of experts).
+    pub fn act_width(&self) -> usize {
+        self.moe.as_ref().map_or(self.intermediate, |m| self.intermediate.max(m.top_k * m.ffn))
+    }
+
     /// The window layer `l` attends within (None: every earlier position).
     pub fn layer_window(&self, l: usize) -> Option<usize> {
         match &self.style.sliding_layers {
@@ -267,6 +278,13 @@ impl ModelConfig {
             if v % 32 != 0 {
                 return bad(format!("{name} {v} must be a multiple of 32"));
             }
+        }
+        let dense_layers = self.moe.as_ref().map_or(self.layers, |m| m.sparse_layers.iter().filter(|s| !**s).count());
+        if dense_layers > 0 && self.intermediate == 0 {
+            return bad("intermediate_size must be positive".into());
+        }
+        if let Some(m) = &self.moe {
+            m.validate(self.layers, src)?;
         }
         if self.sliding_window == Some(0) {
             return bad("sliding_window must be positive".into());
@@ -309,6 +327,7 @@ impl ModelConfig {
             "Qwen2ForCausalLM" => Arch::Qwen2,
             "MistralForCausalLM" => Arch::Mistral,
             "Qwen3ForCausalLM" => Arch::Qwen3,
+            "Qwen3MoeForCausalLM" => Arch::Qwen3Moe,
             "Gemma2ForCausalLM" => Arch::Gemma2,
             "Gemma3ForCausalLM" => Arch::Gemma3,
             "" => bail!("{src}: field 'architectures' is missing"),
@@ -335,7 +354,7 @@ impl ModelConfig {
         // use_sliding_window is set; Mistral's window applies whenever it is given.
         let sliding_window = match arch {
             Arch::Mistral => v["sliding_window"].as_u64(),
-            Arch::Qwen2 | Arch::Qwen3 if v["use_sliding_window"].as_bool() == Some(true) => {
+            Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe if v["use_sliding_window"].as_bool() == Some(true) => {
                 bail!("{src}: use_sliding_window with per-layer windows (max_window_layers) is not supported")
             }
             _ => None,
@@ -356,8 +375,15 @@ impl ModelConfig {
             qkv_bias: arch == Arch::Qwen2 || v["attention_bias"].as_bool().unwrap_or(false),
             rope_scaling,
             sliding_window,
-            qk_norm: arch == Arch::Qwen3,
+            qk_norm: matches!(arch, Arch::Qwen3 | Arch::Qwen3Moe),
             style: LayerStyle::default(),
+            moe: None,
+        };
+        let cfg = match arch {
+            Arch::Qwen3Moe => {
+                ModelConfig { moe: Some(super::moe::hf_config(&v, cfg.layers, &src)?), ..cfg }
+            }
+            _ => cfg,
         };
         let cfg = if arch.is_gemma() { super::gemma::hf_config(cfg, &v, &src)? } else { cfg };
         cfg.validate(&src)?;

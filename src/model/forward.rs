@@ -123,6 +123,7 @@ impl Model {
             g,
             &KernelSpec {
                 formats: host.formats(),
+                moe_formats: host.moe_formats(),
                 head_dim: cfg.head_dim as u32,
                 group: (cfg.heads / cfg.kv_heads.max(1)) as u32,
                 kv: limits.kv_dtype,

@@ -17,9 +17,12 @@ pub struct HostLayer {
     pub qk_norm: Option<Vec<f32>>,
     pub o: QTensor,
     pub ffn_norm: Vec<f32>,
+    /// The dense FFN (0 rows in a mixture-of-experts layer).
     pub gate: QTensor,
     pub up: QTensor,
     pub down: QTensor,
+    /// The mixture-of-experts FFN, in a sparse layer.
+    pub moe: Option<super::moe::HostMoe>,
     /// RMSNorm weights of the attention output and of the FFN output before each is added
     /// into the residual (Gemma), or None.
     pub post_norms: Option<(Vec<f32>, Vec<f32>)>,
@@ -49,6 +52,9 @@ pub(crate) trait WeightSource {
     fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<QTensor>;
     /// A vector of `len` values.
     fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>>;
+    /// `experts` [rows, cols] matrices as one [experts * rows, cols] matrix: a 3-D tensor
+    /// (GGUF's `*_exps`), or one matrix per expert where `name` holds `{e}` (Hugging Face).
+    fn experts(&self, name: &str, experts: usize, rows: usize, cols: usize) -> Result<QTensor>;
     /// The file or directory (for messages).
     fn path(&self) -> &Path;
 }
@@ -77,6 +83,11 @@ pub(crate) struct TensorNames {
     /// The norms after attention and after the FFN (Gemma; "" where a format has none).
     pub post_attn_norm: &'static str,
     pub post_ffn_norm: &'static str,
+    /// The MoE router and expert tensors (`{e}`: the expert's index, where stored per expert).
+    pub router: &'static str,
+    pub gate_exps: &'static str,
+    pub up_exps: &'static str,
+    pub down_exps: &'static str,
 }
 
 /// Hugging Face (transformers) names.
@@ -101,6 +112,10 @@ pub(crate) const HF_NAMES: TensorNames = TensorNames {
     down: "mlp.down_proj.weight",
     post_attn_norm: "",
     post_ffn_norm: "",
+    router: "mlp.gate.weight",
+    gate_exps: "mlp.experts.{e}.gate_proj.weight",
+    up_exps: "mlp.experts.{e}.up_proj.weight",
+    down_exps: "mlp.experts.{e}.down_proj.weight",
 };
 
 /// Hugging Face names of Gemma 2 and 3: `post_attention_layernorm` is the norm after
@@ -134,6 +149,10 @@ pub(crate) const GGUF_NAMES: TensorNames = TensorNames {
     down: "ffn_down.weight",
     post_attn_norm: "post_attention_norm.weight",
     post_ffn_norm: "post_ffw_norm.weight",
+    router: "ffn_gate_inp.weight",
+    gate_exps: "ffn_gate_exps.weight",
+    up_exps: "ffn_up_exps.weight",
+    down_exps: "ffn_down_exps.weight",
 };
 
 /// Loads layers `range` of a model with hyper-parameters `cfg` (and the embedding, final norm
@@ -179,6 +198,14 @@ pub(crate) fn load_layers(
         } else {
             None
         };
+        let sparse = cfg.moe.as_ref().is_some_and(|m| m.is_sparse(l));
+        let (gate, up, down, moe) = if sparse {
+            let none = || QTensor::from_f32(0, h, &[]);
+            let t: &dyn Fn(&str) -> String = &t;
+            (none()?, none()?, QTensor::from_f32(0, 32, &[])?, Some(super::moe::load(w, n, t, &cfg)?))
+        } else {
+            (w.matrix(&t(n.gate), i, h)?, w.matrix(&t(n.up), i, h)?, w.matrix(&t(n.down), h, i)?, None)
+        };
         layers.push(HostLayer {
             qk_norm,
             attn_norm: w.vector(&t(n.attn_norm), h)?,
@@ -188,9 +215,10 @@ pub(crate) fn load_layers(
             qkv_bias,
             o: w.matrix(&t(n.o), h, q)?,
             ffn_norm: w.vector(&t(n.ffn_norm), h)?,
-            gate: w.matrix(&t(n.gate), i, h)?,
-            up: w.matrix(&t(n.up), i, h)?,
-            down: w.matrix(&t(n.down), h, i)?,
+            gate,
+            up,
+            down,
+            moe,
             post_norms: if cfg.style.post_norms {
                 Some((w.vector(&t(n.post_attn_norm), h)?, w.vector(&t(n.post_ffn_norm), h)?))
             } else {

@@ -30,6 +30,8 @@ pub enum Mixer {
 pub enum Ffn {
     /// One gated MLP for every token: SwiGLU, or GeGLU (tanh-GELU) with `gelu`.
     Dense { gelu: bool },
+    /// A mixture of experts (model/moe.rs): each token's top-k gated MLPs, weighted.
+    Moe { gelu: bool },
 }
 
 /// What one layer is made of.
@@ -47,7 +49,10 @@ pub struct LayerKind {
 pub fn layer_kind(cfg: &ModelConfig, l: usize) -> LayerKind {
     LayerKind {
         mixer: Mixer::Attention { window: cfg.layer_window(l) },
-        ffn: Ffn::Dense { gelu: cfg.style.gelu },
+        ffn: match &cfg.moe {
+            Some(m) if m.is_sparse(l) => Ffn::Moe { gelu: cfg.style.gelu },
+            _ => Ffn::Dense { gelu: cfg.style.gelu },
+        },
         post_norms: cfg.style.post_norms,
     }
 }
@@ -73,12 +78,14 @@ impl OpBuilder<'_> {
         }
         match kind.ffn {
             Ffn::Dense { gelu } => self.dense_ffn(hl, lp, gelu, post.map(|p| p.1))?,
+            Ffn::Moe { .. } if post.is_some() => bail!("layer {l}: a mixture of experts with a post-FFN norm"),
+            Ffn::Moe { gelu } => self.moe_ffn(hl, lp, gelu)?,
         }
         Ok(())
     }
 
     /// RMSNorm of the residual into `normed`.
-    fn rms_norm(&mut self, lp: &LayerParams, weight: &[f32], label: &str) {
+    pub(crate) fn rms_norm(&mut self, lp: &LayerParams, weight: &[f32], label: &str) {
         let s = self.s;
         let w = self.storage(label, weight);
         let b = NormBinds { step: &s.step_buf, p: &lp.norm, x: &s.hidden, weight: &w, md: &s.meta_buf, y: &s.normed };

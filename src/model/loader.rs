@@ -26,7 +26,17 @@ impl HostModel {
         let mut f: Vec<WFormat> = self.embed.iter().chain(self.lm_head()).map(|t| t.format).collect();
         for l in &self.layers {
             f.extend([l.q.format, l.k.format, l.v.format, l.o.format, l.gate.format, l.up.format, l.down.format]);
+            f.extend(l.moe.iter().map(|m| m.router.format));
         }
+        f.sort();
+        f.dedup();
+        f
+    }
+
+    /// The formats of the expert tensors (none for a dense model).
+    pub fn moe_formats(&self) -> Vec<WFormat> {
+        let mut f: Vec<WFormat> =
+            self.layers.iter().flat_map(|l| l.moe.iter().flat_map(|m| [m.gate_up.format, m.down.format])).collect();
         f.sort();
         f.dedup();
         f
@@ -220,6 +230,17 @@ impl WeightSource for HfWeights {
         HfWeights::vector(self, name, len)
     }
 
+    fn experts(&self, name: &str, experts: usize, rows: usize, cols: usize) -> Result<QTensor> {
+        if !name.contains("{e}") {
+            bail!("{}: fused expert tensors ({name}) are not supported", self.dir.display());
+        }
+        let parts = (0..experts)
+            .map(|e| HfWeights::matrix(self, &name.replace("{e}", &e.to_string()), rows, cols))
+            .collect::<Result<Vec<_>>>()?;
+        QTensor::concat_rows(&parts.iter().collect::<Vec<_>>())
+            .map_err(|err| anyhow!("{}: {name}: {err}", self.dir.display()))
+    }
+
     fn path(&self) -> &Path {
         &self.dir
     }
@@ -235,11 +256,12 @@ fn gguf_config(g: &GgufFile) -> Result<ModelConfig> {
         "llama" => Arch::Llama,
         "qwen2" => Arch::Qwen2,
         "qwen3" => Arch::Qwen3,
+        "qwen3moe" => Arch::Qwen3Moe,
         "gemma2" => Arch::Gemma2,
         "gemma3" => Arch::Gemma3,
         other => bail!(
-            "{src}: unsupported architecture '{other}' (supported: llama (also Mistral's files), qwen2, qwen3, gemma2, \
-             gemma3)"
+            "{src}: unsupported architecture '{other}' (supported: llama (also Mistral's files), qwen2, qwen3, qwen3moe, \
+             gemma2, gemma3)"
         ),
     };
     let key = |k: &str| format!("{arch_name}.{k}");
@@ -265,7 +287,12 @@ fn gguf_config(g: &GgufFile) -> Result<ModelConfig> {
         heads,
         kv_heads,
         head_dim,
-        intermediate: req("feed_forward_length")?,
+        // A MoE file whose every layer is sparse may have no dense FFN size.
+        intermediate: match (req("feed_forward_length"), arch) {
+            (Ok(v), _) => v,
+            (Err(_), Arch::Qwen3Moe) => 0,
+            (Err(e), _) => return Err(e),
+        },
         vocab,
         rope_theta: g.get_f32(&key("rope.freq_base")).unwrap_or(10000.0) as f64,
         rms_eps: g.get_f32(&key("attention.layer_norm_rms_epsilon")).unwrap_or(1e-5),
@@ -273,8 +300,14 @@ fn gguf_config(g: &GgufFile) -> Result<ModelConfig> {
         qkv_bias: arch == Arch::Qwen2,
         rope_scaling: gguf_rope_scaling(g, arch_name)?,
         sliding_window: g.get_u64(&key("attention.sliding_window")).filter(|&w| w > 0).map(|w| w as usize),
-        qk_norm: arch == Arch::Qwen3,
+        qk_norm: matches!(arch, Arch::Qwen3 | Arch::Qwen3Moe),
         style: Default::default(),
+        moe: None,
+    };
+    let layers = cfg.layers;
+    let cfg = match arch {
+        Arch::Qwen3Moe => ModelConfig { moe: Some(super::moe::gguf_config(g, arch_name, layers)?), ..cfg },
+        _ => cfg,
     };
     let cfg = if arch.is_gemma() { super::gemma::gguf_config(cfg, g, arch_name)? } else { cfg };
     cfg.validate(&src)?;
@@ -405,12 +438,23 @@ pub fn ternary_matrix(t: GgmlType, rows: usize, cols: usize, bytes: &[u8]) -> Re
 }
 
 fn gguf_matrix(g: &GgufFile, name: &str, rows: usize, cols: usize) -> Result<QTensor> {
+    gguf_rows(g, name, &[cols as u64, rows as u64])
+}
+
+/// A tensor of dims `want` (GGUF order: the row length first) as a matrix of its rows: a 2-D
+/// matrix, or an expert tensor [cols, rows, experts] as [experts * rows, cols].
+fn gguf_rows(g: &GgufFile, name: &str, want: &[u64]) -> Result<QTensor> {
     let src = g.path.display().to_string();
     let t = g.tensor(name).ok_or_else(|| anyhow!("{src}: tensor {name} is missing"))?;
-    if t.dims.len() != 2 {
-        bail!("{src}: tensor {name} has {} dimensions, expected 2", t.dims.len());
+    if t.dims.len() != want.len() {
+        bail!("{src}: tensor {name} has {} dimensions, expected {}", t.dims.len(), want.len());
     }
-    check_shape(&src, name, (t.dims[1] as usize, t.dims[0] as usize), (rows, cols))?;
+    if want.len() == 2 {
+        check_shape(&src, name, (t.dims[1] as usize, t.dims[0] as usize), (want[1] as usize, want[0] as usize))?;
+    } else if t.dims != want {
+        bail!("{src}: tensor {name} has dims {:?} (GGUF order), expected {:?}", t.dims, want);
+    }
+    let (cols, rows) = (want[0] as usize, want[1..].iter().product::<u64>() as usize);
     let b = g.tensor_data(t);
     let r = match t.ggml_type {
         GgmlType::F32 => QTensor::from_f32(rows, cols, &to_f32(safetensors::Dtype::F32, b)?),
@@ -465,6 +509,10 @@ impl WeightSource for GgufSource<'_> {
 
     fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>> {
         gguf_vector(self.0, name, len)
+    }
+
+    fn experts(&self, name: &str, experts: usize, rows: usize, cols: usize) -> Result<QTensor> {
+        gguf_rows(self.0, name, &[cols as u64, rows as u64, experts as u64])
     }
 
     fn path(&self) -> &Path {

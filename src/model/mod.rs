@@ -11,6 +11,7 @@ pub mod gemma;
 pub mod layers;
 pub mod llama;
 pub mod loader;
+pub mod moe;
 pub mod plan;
 pub mod profile;
 pub mod record;

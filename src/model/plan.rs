@@ -105,7 +105,8 @@ impl StepLayout {
         // run in token order, so a token still sees every earlier token's K/V: the result is
         // the whole step's.
         let f = |n: usize| (n * 4) as u64;
-        let widest = cfg.hidden.max(cfg.qkv_dim()).max(cfg.q_dim()).max(cfg.intermediate);
+        let moe = cfg.moe.as_ref().map_or(0, |m| m.experts.max(2 * m.top_k));
+        let widest = cfg.hidden.max(cfg.qkv_dim()).max(cfg.q_dim()).max(cfg.act_width()).max(moe);
         let t_max = t_all.min((mb / f(widest)) as usize);
         let per_sampled = f(cfg.vocab).max((adjust_per_row(cfg.vocab, limits) * 16) as u64);
         let s_max = s_all.min(t_max).min(if last { (mb / per_sampled) as usize } else { s_all });
@@ -219,7 +220,8 @@ pub(crate) fn stage_weight_bytes(host: &HostModel, layers: &std::ops::Range<usiz
     host.layer_slice(layers)
         .iter()
         .map(|l| {
-            let m = [&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down].iter().map(|t| t.bytes() as u64).sum::<u64>();
+            let m = [&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down].iter().map(|t| t.bytes() as u64).sum::<u64>()
+                + l.moe.as_ref().map_or(0, |m| m.bytes() as u64);
             m + f(l.attn_norm.len() + l.ffn_norm.len())
                 + l.qkv_bias.as_ref().map_or(0, |b| f(b.len()))
                 + l.qk_norm.as_ref().map_or(0, |b| f(b.len()))
@@ -256,7 +258,9 @@ impl ScratchPlan {
         } else {
             0
         };
-        let bytes = f(t_max * (2 * cfg.hidden + cfg.qkv_dim() + cfg.q_dim() + cfg.intermediate))
+        // The MoE router's logits and route words.
+        let moe = cfg.moe.as_ref().map_or(0, |m| m.experts + 2 * m.top_k);
+        let bytes = f(t_max * (2 * cfg.hidden + cfg.qkv_dim() + cfg.q_dim() + cfg.act_width() + moe))
             + f(s_last * (cfg.vocab + cfg.hidden + SAMPLE_RESULT_STRIDE))
             + f(limits.max_seq_len * cfg.head_dim) * if cfg.style.local_rope_theta.is_some() { 2 } else { 1 }
             + f(layout.meta_len)

@@ -20,6 +20,10 @@ pub(crate) struct Scratch {
     pub(crate) qkv: wgpu::Buffer,
     pub(crate) attn: wgpu::Buffer,
     pub(crate) act: wgpu::Buffer,
+    /// The MoE router's logits [tokens, experts] and route words [tokens, 2 * top_k] (None for
+    /// a dense model).
+    pub(crate) moe_logits: Option<wgpu::Buffer>,
+    pub(crate) moe_route: Option<wgpu::Buffer>,
     pub(crate) final_normed: wgpu::Buffer,
     pub(crate) logits: wgpu::Buffer,
     pub(crate) result: wgpu::Buffer,
@@ -64,7 +68,9 @@ impl Scratch {
             normed: g.activation("normed", f(t_max * cfg.hidden)),
             qkv: g.storage("qkv", f(t_max * cfg.qkv_dim())),
             attn: g.activation("attn", f(t_max * cfg.q_dim())),
-            act: g.activation("act", f(t_max * cfg.intermediate)),
+            act: g.activation("act", f(t_max * cfg.act_width())),
+            moe_logits: cfg.moe.as_ref().map(|m| g.storage("moe_logits", f(t_max * m.experts))),
+            moe_route: cfg.moe.as_ref().map(|m| g.storage("moe_route", f(t_max * 2 * m.top_k))),
             // Logits and sampler results only on the last stage; hidden states leave the others.
             final_normed: g.activation("final_normed", f(plan.s_last * cfg.hidden)),
             logits: g.storage("logits", f(plan.s_last * cfg.vocab)),
@@ -90,6 +96,8 @@ impl Scratch {
             s.windows.clone(),
         ];
         keep.extend(s.cos_sin_local.clone());
+        keep.extend(s.moe_logits.clone());
+        keep.extend(s.moe_route.clone());
         Scratch { keep, ..s }
     }
 }

@@ -93,6 +93,7 @@ impl SynthShape {
         match self.arch {
             Arch::Qwen2 => "qwen2",
             Arch::Qwen3 => "qwen3",
+            Arch::Qwen3Moe => "qwen3moe",
             Arch::Llama | Arch::Mistral => "llama",
             Arch::Gemma2 => "gemma2",
             Arch::Gemma3 => "gemma3",

@@ -5,6 +5,7 @@
 
 use super::attention::{AttnBinds, ATTN_KV};
 use super::matmul::{EmbedBinds, MatmulBinds};
+use super::moe::MoeBinds;
 use super::norm::{HeadNormBinds, NormBinds};
 use super::rope::{RopeBinds, ROPE_KV};
 use super::sample::{AdjustBinds, SampleBinds};
@@ -67,6 +68,7 @@ fn bindings_match_the_shaders() {
         matmul.push(matmul_coop_source(f, true, shape).unwrap());
         check("matmul", MatmulBinds::SLOTS, &matmul, None);
         check("embed", EmbedBinds::SLOTS, &[embed_source(f).unwrap()], None);
+        check("moe", MoeBinds::SLOTS, &[moe_source(f).unwrap(), moe_route_source().unwrap()], None);
         // The uniform-x variant: x is a uniform, plus the window entry.
         let ux = declared(&matmul_source(f, 1, 4, true).unwrap());
         assert_eq!(ux[&2], ("x".to_string(), Slot::Uniform));

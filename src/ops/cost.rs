@@ -36,6 +36,9 @@ impl OpKind {
             OpKind::HeadNorm { .. } => "head_norm",
             OpKind::RopeKv { .. } => "rope_kv",
             OpKind::Attention { .. } => "attention",
+            OpKind::MoeRoute { .. } => "moe_route",
+            OpKind::MoeExperts { down: false, .. } => "moe_gate_up",
+            OpKind::MoeExperts { down: true, .. } => "moe_down",
             OpKind::LogitAdjust { .. } => "logit_adjust",
             OpKind::Sample { .. } => "sample",
         }
@@ -80,6 +83,19 @@ impl OpKind {
                 // The tiled kernel reads a tile's keys once for its tokens.
                 let kv = 2 * s.attn_keys * kv_heads as u64 * hd * kv_bytes / s.attn_tile.max(1) as u64;
                 Cost { bytes: kv + 2 * 4 * n * heads as u64 * hd, flops: 4 * s.attn_keys * heads as u64 * hd }
+            }
+            // The router reads each token's logits and writes 2 words per choice.
+            OpKind::MoeRoute { experts } => Cost { bytes: 4 * n * experts as u64, flops: 4 * n * experts as u64 },
+            OpKind::MoeExperts { format, n_out, top_k, down, cols, chunk_experts, experts } => {
+                // The (token, choice) pairs routed to this chunk if routing is even, and the
+                // experts they touch at most (all distinct); each touched expert's rows are
+                // read once.
+                let (k, ce) = (cols as u64, chunk_experts as u64);
+                let pairs = (n * top_k as u64 * ce).div_ceil(experts.max(1) as u64);
+                let rows = if down { n_out as u64 } else { 2 * n_out as u64 };
+                let weights = pairs.min(ce) * rows * format.row_bytes(k as usize) as u64;
+                let outs = if down { n * n_out as u64 } else { pairs * n_out as u64 };
+                Cost { bytes: weights + 4 * pairs * k + 4 * outs, flops: 2 * pairs * rows * k }
             }
             OpKind::LogitAdjust { vocab } if s.any_adjust => {
                 Cost { bytes: 8 * ns * vocab as u64, flops: ns * vocab as u64 }

@@ -89,6 +89,20 @@ impl Harness {
         Self::build(gpu, WFormat::ALL.to_vec(), head_dim, group, KvDtype::default(), 1, profile)
     }
 
+    /// The matmuls and the mixture-of-experts kernels of the given formats, in `profile`.
+    pub fn for_moe(gpu: Arc<Gpu>, formats: &[WFormat], profile: KernelProfile) -> Result<Harness> {
+        let spec = KernelSpec {
+            formats: formats.to_vec(),
+            moe_formats: formats.to_vec(),
+            head_dim: 64,
+            group: 1,
+            kv: KvDtype::default(),
+            kv_chunks: 1,
+            profile,
+        };
+        Ok(Harness { kernels: Kernels::new(&gpu, &spec)?, gpu })
+    }
+
     /// The given weight formats only (quicker to build), in `profile`.
     pub fn with_formats(
         gpu: Arc<Gpu>,
@@ -120,14 +134,14 @@ impl Harness {
         kv_chunks: usize,
         profile: KernelProfile,
     ) -> Result<Harness> {
-        let spec = KernelSpec { formats, head_dim, group, kv, kv_chunks, profile };
+        let spec = KernelSpec { formats, moe_formats: vec![], head_dim, group, kv, kv_chunks, profile };
         let kernels = Kernels::new(&gpu, &spec)?;
         Ok(Harness { gpu, kernels })
     }
 
     /// The ops' dispatches for a step of `shape`, as the forward step records them; `tile`:
     /// the cpu profile's storage-x matmul tile to force.
-    fn calls(&self, ops: &[Op], shape: StepShape, tile: Option<usize>) -> Vec<Call> {
+    pub(crate) fn calls(&self, ops: &[Op], shape: StepShape, tile: Option<usize>) -> Vec<Call> {
         let RecordParams { align, win_stride } = RecordParams::new(&self.gpu);
         let rec = Recorder { kernels: &self.kernels, gpu: &self.gpu, align, win_stride, tile_override: tile };
         let mut calls = Vec::new();
@@ -151,14 +165,14 @@ impl Harness {
         self.run(&self.calls(&[op], shape, None), 1).map(|_| ())
     }
 
-    fn step_buffers(&self, header: StepHeader, meta: &[u32]) -> (wgpu::Buffer, wgpu::Buffer) {
+    pub(crate) fn step_buffers(&self, header: StepHeader, meta: &[u32]) -> (wgpu::Buffer, wgpu::Buffer) {
         (
             self.gpu.uniform_init("step", bytemuck::bytes_of(&header)),
             self.gpu.storage_init("meta", bytemuck::cast_slice(meta)),
         )
     }
 
-    fn header(n_tokens: usize, n_sample: usize) -> StepHeader {
+    pub(crate) fn header(n_tokens: usize, n_sample: usize) -> StepHeader {
         StepHeader {
             n_tokens: n_tokens as u32,
             n_sample: n_sample as u32,
@@ -235,7 +249,7 @@ impl Harness {
         self.run(&calls, iters)
     }
 
-    fn x_buffer(&self, x: &[f32]) -> wgpu::Buffer {
+    pub(crate) fn x_buffer(&self, x: &[f32]) -> wgpu::Buffer {
         let xb = self.gpu.activation("x", (x.len() * 4) as u64);
         self.gpu.queue.write_buffer(&xb, 0, bytemuck::cast_slice(x));
         xb

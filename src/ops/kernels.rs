@@ -5,6 +5,7 @@
 use super::attention::{AttnBinds, ATTN_KV};
 use super::layout_of;
 use super::matmul::MatmulBinds;
+use super::moe::MoeBinds;
 use super::norm::{HeadNormBinds, NormBinds};
 use super::rope::{RopeBinds, ROPE_KV};
 use super::sample::SampleBinds;
@@ -127,10 +128,18 @@ pub struct GpuPipelines {
     pub attention_tiled: Option<(wgpu::ComputePipeline, u32)>,
 }
 
+/// The mixture-of-experts kernels of one weight format (moe.wgsl).
+pub struct MoePipelines {
+    pub gate_up: wgpu::ComputePipeline,
+    pub down: wgpu::ComputePipeline,
+}
+
 /// What a set of kernels is built for.
 #[derive(Clone, Debug)]
 pub struct KernelSpec {
     pub formats: Vec<WFormat>,
+    /// The formats of expert tensors (none for a dense model).
+    pub moe_formats: Vec<WFormat>,
     pub head_dim: u32,
     /// Query heads per KV head (the split attention is built for it).
     pub group: u32,
@@ -168,13 +177,17 @@ pub struct Kernels {
     pub kv: KvDtype,
     /// Buffers per layer's K (and V) cache they bind.
     pub kv_chunks: usize,
+    /// `MoeBinds`: the router and the expert kernels per format of the expert tensors.
+    pub moe_family: Family,
+    pub moe_route: wgpu::ComputePipeline,
+    pub moe: BTreeMap<WFormat, MoePipelines>,
     /// The gpu profile's kernels, when built for it.
     pub gpu: Option<GpuPipelines>,
 }
 
 impl Kernels {
     pub fn new(gpu: &Gpu, spec: &KernelSpec) -> Result<Kernels> {
-        let KernelSpec { ref formats, head_dim, group, kv, kv_chunks, profile } = *spec;
+        let KernelSpec { ref formats, ref moe_formats, head_dim, group, kv, kv_chunks, profile } = *spec;
         let kv_chunks = kv_chunks.clamp(1, MAX_KV_CHUNKS);
         use Slot::*;
         let matmul_family = Family::new(gpu, &layout_of(MatmulBinds::SLOTS));
@@ -234,6 +247,19 @@ impl Kernels {
         let sample_family = Family::new(gpu, &layout_of(SampleBinds::SLOTS));
         let sample = sample_family.pipeline(gpu, "sample", &sample_source(profile == KernelProfile::Gpu)?, "main")?;
         let logit_adjust = sample_family.pipeline(gpu, "logit_adjust", &logit_adjust_source()?, "main")?;
+        // Both profiles run the same expert kernels (a thread per few outputs, no workgroup memory).
+        let moe_family = Family::new(gpu, &layout_of(MoeBinds::SLOTS));
+        let moe_route = moe_family.pipeline(gpu, "moe_route", &moe_route_source()?, "main")?;
+        let mut moe = BTreeMap::new();
+        for &f in moe_formats.iter() {
+            if !moe.contains_key(&f) {
+                let src = moe_source(f)?;
+                let n = f.name();
+                let gate_up = moe_family.pipeline(gpu, &format!("moe_gate_up_{n}"), &src, "gate_up_main")?;
+                let down = moe_family.pipeline(gpu, &format!("moe_down_{n}"), &src, "down_main")?;
+                moe.insert(f, MoePipelines { gate_up, down });
+            }
+        }
         let gpu_kernels = if profile == KernelProfile::Gpu {
             let mut matmul = BTreeMap::new();
             for &f in formats.iter() {
@@ -294,6 +320,9 @@ impl Kernels {
             logit_adjust,
             kv,
             kv_chunks,
+            moe_family,
+            moe_route,
+            moe,
             gpu: gpu_kernels,
         })
     }

@@ -20,8 +20,10 @@ pub mod attention;
 mod binding_tests;
 pub mod cost;
 pub mod harness;
+pub mod harness_moe;
 pub mod kernels;
 pub mod matmul;
+pub mod moe;
 pub mod norm;
 pub mod rope;
 pub mod sample;
@@ -98,6 +100,22 @@ pub enum OpKind {
         heads: u32,
         kv_heads: u32,
         hd4: u32,
+    },
+    /// The MoE router: each token's experts and weights.
+    MoeRoute {
+        experts: u32,
+    },
+    /// One chunk of an expert tensor: gate/up (with the activation) of every (token, choice)
+    /// routed to it, or (`down`) the weighted down projections added into the residual.
+    MoeExperts {
+        format: WFormat,
+        n_out: u32,
+        top_k: u32,
+        down: bool,
+        /// Input columns, experts in this chunk and in the tensor (the cost model's).
+        cols: u32,
+        chunk_experts: u32,
+        experts: u32,
     },
     LogitAdjust {
         vocab: u32,
@@ -221,6 +239,10 @@ impl Op {
             OpKind::RopeKv { threads } => rope::dispatches(self, r, s, threads, out),
             OpKind::Attention { heads, kv_heads, hd4 } => {
                 attention::dispatches(self, r, s, (heads, kv_heads, hd4), out)
+            }
+            OpKind::MoeRoute { .. } => moe::route_dispatches(self, r, s, out),
+            OpKind::MoeExperts { format, n_out, top_k, down, .. } => {
+                moe::expert_dispatches(self, r, s, (format, n_out, top_k, down), out)
             }
             OpKind::LogitAdjust { .. } => sample::logit_adjust_dispatches(self, r, s, out),
             OpKind::Sample { .. } => sample::sample_dispatches(self, r, s, out),

@@ -400,6 +400,24 @@ pub fn embed_source(f: WFormat) -> Result<String> {
         .build()
 }
 
+/// The mixture-of-experts kernels of one weight format (moe.wgsl: gate_up_main, down_main).
+pub fn moe_source(f: WFormat) -> Result<String> {
+    Shader::new(format!("moe_{}", f.name()), include_str!("../../shaders/moe.wgsl"))
+        .after(common())
+        .after(super::moe::wgsl_moe())
+        .after(f.snippet())
+        .fill("TN", super::moe::MOE_TN)
+        .build()
+}
+
+/// The mixture-of-experts router (moe_route.wgsl).
+pub fn moe_route_source() -> Result<String> {
+    Shader::new("moe_route", include_str!("../../shaders/moe_route.wgsl"))
+        .after(common())
+        .after(super::moe::wgsl_moe())
+        .build()
+}
+
 pub fn attention_source(head_dim: u32, kv: KvDtype, kv_chunks: usize) -> Result<String> {
     // One statement per vec4 of the head (see the shader: llvmpipe's loop-iteration limit).
     let unrolled = |line: &str| -> String {
@@ -474,6 +492,7 @@ pub fn all_sources(head_dims: &[u32]) -> Vec<(String, String)> {
             v.push((format!("matmul_{}_{tm}x{tn}_ux", f.name()), matmul_source(f, tm, tn, true)));
         }
         v.push((format!("embed_{}", f.name()), embed_source(f)));
+        v.push((format!("moe_{}", f.name()), moe_source(f)));
         for swiglu in [false, true] {
             for tm in GPU_DECODE_TM {
                 for sg in [false, true] {
@@ -519,6 +538,7 @@ pub fn all_sources(head_dims: &[u32]) -> Vec<(String, String)> {
         v.push((format!("sample_{gpu}"), sample_source(gpu)));
     }
     v.push(("logit_adjust".into(), logit_adjust_source()));
+    v.push(("moe_route".into(), moe_route_source()));
     // Tests and tools: an assembly error is a bug in a template, named here.
     v.into_iter().map(|(l, s)| (s.unwrap_or_else(|e| panic!("{l}: {e:#}")), l)).map(|(s, l)| (l, s)).collect()
 }

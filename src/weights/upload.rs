@@ -25,15 +25,35 @@ impl GpuMatrix {
     /// Uploads `t`; with `pair` (same shape), each chunk holds `t`'s rows then `pair`'s same rows
     /// (gate then up, for the fused SwiGLU matmul).
     pub fn upload(gpu: &Gpu, label: &str, t: &QTensor, pair: Option<&QTensor>, max_binding: u64) -> Result<GpuMatrix> {
+        Self::upload_in_units(gpu, label, t, pair, 1, max_binding)
+    }
+
+    /// Uploads `t` in chunks of whole groups of `unit` rows (a mixture-of-experts tensor: one
+    /// expert's rows per group), so that no group spans two chunks.
+    pub fn upload_grouped(gpu: &Gpu, label: &str, t: &QTensor, unit: usize, max_binding: u64) -> Result<GpuMatrix> {
+        Self::upload_in_units(gpu, label, t, None, unit, max_binding)
+    }
+
+    fn upload_in_units(
+        gpu: &Gpu,
+        label: &str,
+        t: &QTensor,
+        pair: Option<&QTensor>,
+        unit: usize,
+        max_binding: u64,
+    ) -> Result<GpuMatrix> {
+        if unit == 0 || !t.rows.is_multiple_of(unit) {
+            bail!("{label}: {} rows are not whole groups of {unit}", t.rows);
+        }
         let per_row_q = (t.blocks_per_row() * t.format.words_per_block() * 4) as u64;
         let per_row_s = (t.format.scale_words_per_row(t.cols) * 4) as u64;
         let mult = if pair.is_some() { 2 } else { 1 };
         let per_row = per_row_q.max(per_row_s) * mult;
         // The grid formats' grid goes in front of every chunk's scale records.
         let grid = if t.format.is_grid() { grids::gpu_grid_words(t.format) } else { vec![] };
-        let rows_per_chunk = (max_binding.saturating_sub(grid.len() as u64 * 4) / per_row) as usize;
+        let rows_per_chunk = (max_binding.saturating_sub(grid.len() as u64 * 4) / per_row) as usize / unit * unit;
         if rows_per_chunk == 0 {
-            bail!("{label}: one row ({per_row} bytes) exceeds the device's max storage binding");
+            bail!("{label}: {unit} row(s) of {per_row} bytes exceed the device's max storage binding");
         }
         let mut chunks = Vec::new();
         let mut r0 = 0;

@@ -1,0 +1,57 @@
+// The mixture-of-experts router (ops/moe.rs): per token, the top_k experts and their weights,
+// into `route` (y[2p] = expert, y[2p + 1] = weight bits, for pair p = t * top_k + j; read
+// by moe.wgsl). MoeParams precedes this file.
+
+@group(0) @binding(0) var<uniform> step: Step;
+@group(0) @binding(1) var<uniform> p: MoeParams;
+@group(0) @binding(2) var<storage, read> x: array<f32>;
+@group(0) @binding(6) var<storage, read_write> y: array<u32>;
+
+// Router: one thread per token. x = the router's logits [n_tokens, n_experts] (with the
+// router's bias, where it has one). The top_k largest (lowest index first among equals), with
+// weights softmax(all logits)[e], renormalised over the chosen ones with MOE_NORM (which is also
+// gpt-oss's softmax over the chosen logits).
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let t = gid.x + gid.y * nwg.x * 64u;
+    if (t >= step.n_tokens) {
+        return;
+    }
+    let ne = p.n_experts;
+    let base = t * ne;
+    var mx = -3.0e38;
+    for (var e = 0u; e < ne; e++) {
+        mx = max(mx, x[base + e]);
+    }
+    var z = 0.0;
+    for (var e = 0u; e < ne; e++) {
+        z += exp(x[base + e] - mx);
+    }
+    var taken: array<u32, 16>;
+    var chosen_sum = 0.0;
+    for (var j = 0u; j < p.top_k; j++) {
+        var best = 0u;
+        var bv = -3.4e38;
+        var found = false;
+        for (var e = 0u; e < ne; e++) {
+            let free = (taken[e / 32u] & (1u << (e % 32u))) == 0u;
+            let v = x[base + e];
+            if (free && (!found || v > bv)) {
+                best = e;
+                bv = v;
+                found = true;
+            }
+        }
+        taken[best / 32u] |= 1u << (best % 32u);
+        let w = exp(bv - mx) / z;
+        chosen_sum += w;
+        y[2u * (t * p.top_k + j)] = best;
+        y[2u * (t * p.top_k + j) + 1u] = bitcast<u32>(w);
+    }
+    if ((p.flags & MOE_NORM) != 0u) {
+        for (var j = 0u; j < p.top_k; j++) {
+            let i = 2u * (t * p.top_k + j) + 1u;
+            y[i] = bitcast<u32>(bitcast<f32>(y[i]) / chosen_sum);
+        }
+    }
+}

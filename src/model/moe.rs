@@ -1,0 +1,205 @@
+//! Mixture-of-experts FFNs (Qwen3-MoE; the layer kind gpt-oss also uses): what the configs say
+//! (`MoeConfig`), how the expert tensors are read from either weight source into one matrix per
+//! projection with an expert dimension (`HostMoe`), and the layer's ops: RMSNorm, the router
+//! matmul, the GPU's top-k routing, the chosen experts' gate/up and down projections summed into
+//! the residual (ops/moe.rs). No host round trip inside a step.
+
+use super::builder::{LayerParams, OpBuilder};
+use super::config::ModelConfig;
+use super::layers::{HostLayer, TensorNames, WeightSource};
+use crate::formats::gguf::GgufFile;
+use crate::ops::matmul::MAT_BIAS;
+use crate::ops::moe::{self, MoeIo, MoeSpec, MAX_EXPERTS, MAX_TOP_K};
+use crate::weights::tensor::QTensor;
+use anyhow::{anyhow, bail, Result};
+use serde_json::Value;
+
+/// A model's mixture-of-experts layers.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MoeConfig {
+    pub experts: usize,
+    /// Experts per token.
+    pub top_k: usize,
+    /// Each expert's intermediate size.
+    pub ffn: usize,
+    /// The chosen experts' weights are renormalised to sum to 1 (Qwen3-MoE's norm_topk_prob).
+    pub norm_topk: bool,
+    /// Per layer: its FFN is the mixture (else the dense FFN of `intermediate_size`).
+    pub sparse_layers: Vec<bool>,
+}
+
+impl MoeConfig {
+    /// What the ops need, with the model's activation.
+    pub fn spec(&self, gelu: bool) -> MoeSpec {
+        MoeSpec {
+            experts: self.experts,
+            top_k: self.top_k,
+            ffn: self.ffn,
+            norm: self.norm_topk,
+            gelu,
+            clamped: None,
+        }
+    }
+
+    pub fn is_sparse(&self, l: usize) -> bool {
+        self.sparse_layers.get(l).copied().unwrap_or(false)
+    }
+
+    pub fn validate(&self, layers: usize, src: &str) -> Result<()> {
+        if self.experts == 0 || self.experts > MAX_EXPERTS {
+            bail!("{src}: {} experts (supported: 1 to {MAX_EXPERTS})", self.experts);
+        }
+        if self.top_k == 0 || self.top_k > self.experts.min(MAX_TOP_K) {
+            bail!("{src}: {} experts per token of {} (supported: 1 to {MAX_TOP_K})", self.top_k, self.experts);
+        }
+        if self.ffn == 0 || !self.ffn.is_multiple_of(32) {
+            bail!("{src}: the experts' intermediate size {} must be a positive multiple of 32", self.ffn);
+        }
+        if self.sparse_layers.len() != layers {
+            bail!("{src}: {} per-layer FFN kinds for {layers} layers", self.sparse_layers.len());
+        }
+        Ok(())
+    }
+}
+
+/// Qwen3-MoE's config.json: num_experts (or num_local_experts), num_experts_per_tok,
+/// moe_intermediate_size, norm_topk_prob, and the sparse layers: every decoder_sparse_step-th
+/// (layer l is sparse when (l + 1) % step == 0) except those in mlp_only_layers.
+pub(crate) fn hf_config(v: &Value, layers: usize, src: &str) -> Result<MoeConfig> {
+    let int = |k: &str| v[k].as_u64().map(|x| x as usize);
+    let experts = int("num_experts")
+        .or_else(|| int("num_local_experts"))
+        .ok_or_else(|| anyhow!("{src}: field 'num_experts' is missing"))?;
+    let step = int("decoder_sparse_step").unwrap_or(1).max(1);
+    let dense: Vec<usize> = v["mlp_only_layers"]
+        .as_array()
+        .map(|a| a.iter().filter_map(|x| x.as_u64().map(|x| x as usize)).collect())
+        .unwrap_or_default();
+    let c = MoeConfig {
+        experts,
+        top_k: int("num_experts_per_tok").ok_or_else(|| anyhow!("{src}: field 'num_experts_per_tok' is missing"))?,
+        ffn: int("moe_intermediate_size").ok_or_else(|| anyhow!("{src}: field 'moe_intermediate_size' is missing"))?,
+        norm_topk: v["norm_topk_prob"].as_bool().unwrap_or(false),
+        sparse_layers: (0..layers).map(|l| !dense.contains(&l) && (l + 1) % step == 0).collect(),
+    };
+    c.validate(layers, src)?;
+    Ok(c)
+}
+
+/// A GGUF file's MoE metadata (`<arch>.expert_count`, `.expert_used_count`,
+/// `.expert_feed_forward_length`, `.expert_weights_norm`, true for Qwen3-MoE where absent, as
+/// llama.cpp has it); a layer is sparse when it has a router tensor (`ffn_gate_inp`).
+pub(crate) fn gguf_config(g: &GgufFile, arch: &str, layers: usize) -> Result<MoeConfig> {
+    let src = g.path.display().to_string();
+    let key = |k: &str| format!("{arch}.{k}");
+    let c = MoeConfig {
+        experts: g.require_u64(&key("expert_count"))? as usize,
+        top_k: g.require_u64(&key("expert_used_count"))? as usize,
+        ffn: g.require_u64(&key("expert_feed_forward_length"))? as usize,
+        norm_topk: g.get_bool(&key("expert_weights_norm")).unwrap_or(true),
+        sparse_layers: (0..layers).map(|l| g.tensor(&format!("blk.{l}.ffn_gate_inp.weight")).is_some()).collect(),
+    };
+    c.validate(layers, &src)?;
+    Ok(c)
+}
+
+/// One MoE layer's weights on the host: the router [experts, hidden], each expert's gate rows
+/// then up rows [experts * 2 * ffn, hidden], the down projections [experts * hidden, ffn].
+pub struct HostMoe {
+    pub router: QTensor,
+    pub router_bias: Option<Vec<f32>>,
+    pub gate_up: QTensor,
+    pub down: QTensor,
+    /// Per-expert biases of gate/up and of down, in the same row order (gpt-oss).
+    pub biases: Option<(Vec<f32>, Vec<f32>)>,
+}
+
+impl HostMoe {
+    pub fn bytes(&self) -> usize {
+        let b = self.biases.as_ref().map_or(0, |(a, b)| a.len() + b.len()) + self.router_bias.as_ref().map_or(0, Vec::len);
+        self.router.bytes() + self.gate_up.bytes() + self.down.bytes() + 4 * b
+    }
+}
+
+/// Rows of `a` and `b` ([groups * unit, cols] each) interleaved a group at a time: a's group g,
+/// then b's group g.
+pub fn interleave_groups(a: &QTensor, b: &QTensor, unit: usize) -> Result<QTensor> {
+    if a.format != b.format || a.cols != b.cols || a.rows != b.rows || unit == 0 || !a.rows.is_multiple_of(unit) {
+        bail!(
+            "expert gate and up tensors differ ({:?} [{}, {}] and {:?} [{}, {}]) or are not whole experts of {unit} rows",
+            a.format,
+            a.rows,
+            a.cols,
+            b.format,
+            b.rows,
+            b.cols
+        );
+    }
+    let (wq, ws) = (a.q.len() / a.rows.max(1), a.s.len() / a.rows.max(1));
+    let mut out = QTensor { format: a.format, rows: 2 * a.rows, cols: a.cols, q: Vec::new(), s: Vec::new() };
+    out.q.reserve(2 * a.q.len());
+    out.s.reserve(2 * a.s.len());
+    for g in 0..a.rows / unit {
+        for t in [a, b] {
+            out.q.extend_from_slice(&t.q[g * unit * wq..(g + 1) * unit * wq]);
+            out.s.extend_from_slice(&t.s[g * unit * ws..(g + 1) * unit * ws]);
+        }
+    }
+    Ok(out)
+}
+
+/// Layer `p`'s MoE weights (`t` names a tensor of the layer).
+pub(crate) fn load(w: &dyn WeightSource, n: &TensorNames, t: &dyn Fn(&str) -> String, cfg: &ModelConfig) -> Result<HostMoe> {
+    let m = cfg.moe.as_ref().ok_or_else(|| anyhow!("the model has no experts"))?;
+    let (h, e, f) = (cfg.hidden, m.experts, m.ffn);
+    let gate = w.experts(&t(n.gate_exps), e, f, h)?;
+    let up = w.experts(&t(n.up_exps), e, f, h)?;
+    let gate_up = interleave_groups(&gate, &up, f).map_err(|err| anyhow!("{}: layer {}: {err}", w.path().display(), t("")))?;
+    Ok(HostMoe {
+        router: w.matrix(&t(n.router), e, h)?,
+        router_bias: None,
+        gate_up,
+        down: w.experts(&t(n.down_exps), e, h, f)?,
+        biases: None,
+    })
+}
+
+impl OpBuilder<'_> {
+    /// RMSNorm, the router (its logits, then each token's experts and weights on the GPU), the
+    /// chosen experts' gate/up with the gated activation, their down projections weighted and
+    /// added into the residual.
+    pub(crate) fn moe_ffn(&mut self, hl: &HostLayer, lp: &LayerParams, gelu: bool) -> Result<()> {
+        let (cfg, s) = (self.cfg, self.s);
+        let hm = hl.moe.as_ref().ok_or_else(|| anyhow!("a mixture-of-experts layer without its experts"))?;
+        let mc = cfg.moe.as_ref().ok_or_else(|| anyhow!("the model has no experts"))?;
+        let (Some(logits), Some(route)) = (&s.moe_logits, &s.moe_route) else {
+            bail!("the step has no MoE scratch");
+        };
+        let spec = mc.spec(gelu);
+        let router = self.upload("router", &hm.router, None)?;
+        let gate_up = crate::weights::upload::GpuMatrix::upload_grouped(self.g, "experts_gate_up", &hm.gate_up, 2 * mc.ffn, self.mb)?;
+        let down = crate::weights::upload::GpuMatrix::upload_grouped(self.g, "experts_down", &hm.down, cfg.hidden, self.mb)?;
+        let rbias = hm.router_bias.as_ref().map(|b| self.storage("router_bias", b));
+        let biases = hm.biases.as_ref().map(|(a, b)| (self.storage("experts_bias", a), self.storage("experts_bias", b)));
+        self.rms_norm(lp, &hl.ffn_norm, "ffn_norm");
+        let flags = if rbias.is_some() { MAT_BIAS } else { 0 };
+        self.matmul("router", &router, (&s.normed, logits), (0, mc.experts), rbias.as_ref(), flags, false, false);
+        let io = MoeIo {
+            step: &s.step_buf,
+            logits,
+            route,
+            x: &s.normed,
+            act: &s.act,
+            hidden: &s.hidden,
+            dummy: &s.dummy,
+        };
+        let (op, p) = moe::route(self.kernels, self.g, &spec, &io);
+        self.extend((vec![op], vec![p]));
+        let ops = moe::experts(self.kernels, self.g, &spec, &gate_up, &io, false, biases.as_ref().map(|b| &b.0));
+        self.extend(ops);
+        let ops = moe::experts(self.kernels, self.g, &spec, &down, &io, true, biases.as_ref().map(|b| &b.1));
+        self.extend(ops);
+        self.matrices.extend([router, gate_up, down]);
+        Ok(())
+    }
+}

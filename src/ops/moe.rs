@@ -1,0 +1,298 @@
+//! The mixture-of-experts FFN's ops (shaders/moe_route.wgsl, shaders/moe.wgsl): the router's
+//! top-k selection of each token's experts and their weights, the selected experts' gate/up
+//! projections (with the gated activation), and their down projections weighted and summed into
+//! the residual. Each expert tensor is one matrix of `experts * rows_per_expert` rows, uploaded
+//! in chunks of whole experts; an op per chunk reads only the rows of the experts routed to it,
+//! so a token costs its k experts' weights, not all of them (ggml's `mul_mat_id`). The CPU
+//! reference of the whole block is `moe_ref`.
+
+use super::kernels::Kernels;
+use super::{bindings, div_up, Dispatch, Op, OpKind, Recorder, StepShape};
+use crate::gpu::shared::gpu_struct;
+use crate::gpu::{Gpu, WFormat};
+use crate::weights::tensor::{matmul_ref, QTensor};
+use crate::weights::upload::GpuMatrix;
+
+gpu_struct! {
+    /// Parameters of the router and of one expert chunk's projection (WGSL `MoeParams`).
+    wgsl MoeParams;
+    pub struct MoeParams {
+        /// Input columns / 32.
+        pub k_blocks: u32,
+        /// Outputs per expert (gate/up: the expert's intermediate size; down: hidden).
+        pub n_out: u32,
+        /// Weight rows per expert (gate/up: 2 * n_out, gate rows then up rows; down: n_out).
+        pub rows_per_expert: u32,
+        /// Experts e0..e1 are in this chunk.
+        pub e0: u32,
+        pub e1: u32,
+        pub top_k: u32,
+        pub n_experts: u32,
+        /// vec4s per input row.
+        pub x_stride4: u32,
+        /// Floats per output row.
+        pub y_stride: u32,
+        /// MOE_* flags.
+        pub flags: u32,
+        /// gpt-oss's clamped SwiGLU (MOE_CLAMPED): gate * sigmoid(alpha * gate) * (up + 1).
+        pub alpha: f32,
+        pub limit: f32,
+    }
+}
+
+/// Router flag: the chosen experts' weights are renormalised to sum to 1.
+pub const MOE_NORM: u32 = 1;
+/// Gate/up flag: tanh-GELU instead of SiLU.
+pub const MOE_GELU: u32 = 2;
+/// Gate/up flag: gpt-oss's clamped SwiGLU.
+pub const MOE_CLAMPED: u32 = 4;
+/// Gate/up and down flag: add the expert's bias.
+pub const MOE_BIAS: u32 = 8;
+
+/// Outputs per thread of the expert kernels.
+pub const MOE_TN: u32 = 4;
+/// Most experts and experts per token the router handles.
+pub const MAX_EXPERTS: usize = 512;
+pub const MAX_TOP_K: usize = 16;
+
+/// The WGSL declarations of the MoE shaders: MoeParams and its flags.
+pub fn wgsl_moe() -> String {
+    format!(
+        "{}const MOE_NORM: u32 = {MOE_NORM}u;\nconst MOE_GELU: u32 = {MOE_GELU}u;\n\
+         const MOE_CLAMPED: u32 = {MOE_CLAMPED}u;\nconst MOE_BIAS: u32 = {MOE_BIAS}u;\n",
+        MoeParams::WGSL
+    )
+}
+
+bindings! {
+    /// moe.wgsl (the router, moe_route.wgsl, binds x and route at 6 and the rest unused).
+    MoeBinds {
+        step: Uniform @ 0,
+        p: Uniform @ 1,
+        x: Read @ 2,
+        wq: Read @ 3,
+        ws: Read @ 4,
+        route: Read @ 5,
+        y: ReadWrite @ 6,
+        bias: Read @ 7,
+    }
+}
+
+/// How a MoE block routes and activates (the model's, as the ops need it).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MoeSpec {
+    pub experts: usize,
+    pub top_k: usize,
+    /// Each expert's intermediate size.
+    pub ffn: usize,
+    /// The chosen experts' weights are renormalised (Qwen3-MoE's norm_topk_prob; gpt-oss's
+    /// softmax over the chosen logits is the same).
+    pub norm: bool,
+    /// The activation: SiLU, tanh-GELU, or gpt-oss's clamped SwiGLU (alpha, limit).
+    pub gelu: bool,
+    pub clamped: Option<(f32, f32)>,
+}
+
+impl MoeSpec {
+    fn act_flags(&self) -> (u32, f32, f32) {
+        match self.clamped {
+            Some((alpha, limit)) => (MOE_CLAMPED, alpha, limit),
+            None if self.gelu => (MOE_GELU, 0.0, 0.0),
+            None => (0, 0.0, 0.0),
+        }
+    }
+}
+
+/// The buffers of one MoE block's ops.
+pub struct MoeIo<'a> {
+    pub step: &'a wgpu::Buffer,
+    /// The router's logits [tokens, experts] (its matmul's output).
+    pub logits: &'a wgpu::Buffer,
+    /// The (expert, weight) pairs, 2 words per (token, choice).
+    pub route: &'a wgpu::Buffer,
+    /// The normed input rows [tokens, hidden].
+    pub x: &'a wgpu::Buffer,
+    /// The gate/up outputs [tokens * top_k, ffn].
+    pub act: &'a wgpu::Buffer,
+    /// The residual [tokens, hidden], which the down projections add into.
+    pub hidden: &'a wgpu::Buffer,
+    /// Bound where nothing is (unused bindings, no bias).
+    pub dummy: &'a wgpu::Buffer,
+}
+
+/// The router's op (over the step's tokens).
+pub fn route(k: &Kernels, g: &Gpu, spec: &MoeSpec, io: &MoeIo) -> (Op, wgpu::Buffer) {
+    let p = MoeParams {
+        n_experts: spec.experts as u32,
+        top_k: spec.top_k as u32,
+        flags: if spec.norm { MOE_NORM } else { 0 },
+        ..Default::default()
+    };
+    let pb = g.uniform_init("moe_route_params", bytemuck::bytes_of(&p));
+    let d = io.dummy;
+    let b = MoeBinds { step: io.step, p: &pb, x: io.logits, wq: d, ws: d, route: d, y: io.route, bias: d };
+    let kind = OpKind::MoeRoute { experts: spec.experts as u32 };
+    (Op { kind, label: "moe_route", bind: k.moe_family.bind(g, &b.entries()), bind_u: None }, pb)
+}
+
+/// The experts' gate/up ops (`down` false: `m` holds each expert's gate rows then its up rows,
+/// output into io.act) or down ops (`down`: added into io.hidden), one per chunk of `m` (each
+/// chunk whole experts); `bias`: the per-expert biases [experts * rows_per_expert].
+pub fn experts(
+    k: &Kernels,
+    g: &Gpu,
+    spec: &MoeSpec,
+    m: &GpuMatrix,
+    io: &MoeIo,
+    down: bool,
+    bias: Option<&wgpu::Buffer>,
+) -> (Vec<Op>, Vec<wgpu::Buffer>) {
+    let rows_per_expert = m.rows / spec.experts;
+    let n_out = if down { rows_per_expert } else { rows_per_expert / 2 };
+    let (act, alpha, limit) = spec.act_flags();
+    let flags = if down { 0 } else { act } | if bias.is_some() { MOE_BIAS } else { 0 };
+    let (x, y) = if down { (io.act, io.hidden) } else { (io.x, io.act) };
+    let mut ops = Vec::new();
+    let mut params = Vec::new();
+    for c in &m.chunks {
+        let p = MoeParams {
+            k_blocks: (m.cols / 32) as u32,
+            n_out: n_out as u32,
+            rows_per_expert: rows_per_expert as u32,
+            e0: (c.row0 / rows_per_expert) as u32,
+            e1: ((c.row0 + c.rows) / rows_per_expert) as u32,
+            top_k: spec.top_k as u32,
+            n_experts: spec.experts as u32,
+            x_stride4: (m.cols / 4) as u32,
+            y_stride: if down { n_out } else { spec.ffn } as u32,
+            flags,
+            alpha,
+            limit,
+        };
+        let pb = g.uniform_init("moe_params", bytemuck::bytes_of(&p));
+        let b = MoeBinds {
+            step: io.step,
+            p: &pb,
+            x,
+            wq: &c.q,
+            ws: &c.s,
+            route: io.route,
+            y,
+            bias: bias.unwrap_or(io.dummy),
+        };
+        let kind = OpKind::MoeExperts {
+            format: m.format,
+            n_out: n_out as u32,
+            top_k: spec.top_k as u32,
+            down,
+            cols: m.cols as u32,
+            chunk_experts: p.e1 - p.e0,
+            experts: spec.experts as u32,
+        };
+        let label = if down { "moe_down" } else { "moe_gate_up" };
+        ops.push(Op { kind, label, bind: k.moe_family.bind(g, &b.entries()), bind_u: None });
+        params.push(pb);
+    }
+    (ops, params)
+}
+
+/// The router's grid: a thread per token.
+pub(super) fn route_dispatches<'a>(op: &'a Op, r: &Recorder<'a>, s: &StepShape, mut out: impl FnMut(Dispatch<'a>)) {
+    if s.n_tokens > 0 {
+        out(r.folded(&r.kernels.moe_route, &op.bind, div_up(s.n_tokens, 64)));
+    }
+}
+
+/// An expert chunk's grid: a thread per (token, choice) pair (gate/up) or per token (down) and
+/// MOE_TN outputs.
+pub(super) fn expert_dispatches<'a>(
+    op: &'a Op,
+    r: &Recorder<'a>,
+    s: &StepShape,
+    (format, n_out, top_k, down): (WFormat, u32, u32, bool),
+    mut out: impl FnMut(Dispatch<'a>),
+) {
+    if s.n_tokens == 0 {
+        return;
+    }
+    let p = &r.kernels.moe[&format];
+    let (pipe, rows) = if down { (&p.down, s.n_tokens) } else { (&p.gate_up, s.n_tokens * top_k) };
+    out(r.folded(pipe, &op.bind, div_up(rows * div_up(n_out, MOE_TN), 64)));
+}
+
+/// The experts and weights the router gives one token's logits: the top_k largest (lowest
+/// index first among equals), weighted by softmax over all logits, renormalised with `norm`.
+pub fn route_ref(logits: &[f32], top_k: usize, norm: bool) -> Vec<(usize, f32)> {
+    let mx = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+    let z: f64 = logits.iter().map(|&l| ((l - mx) as f64).exp()).sum();
+    let mut idx: Vec<usize> = (0..logits.len()).collect();
+    idx.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
+    let mut out: Vec<(usize, f32)> =
+        idx[..top_k].iter().map(|&e| (e, (((logits[e] - mx) as f64).exp() / z) as f32)).collect();
+    if norm {
+        let s: f32 = out.iter().map(|x| x.1).sum();
+        out.iter_mut().for_each(|x| x.1 /= s);
+    }
+    out
+}
+
+/// The MoE block's output for `t` rows of `x` (to be added into the residual), on the CPU:
+/// router (with its bias), top-k, each chosen expert's gated FFN, the weighted sum. `gate_up`:
+/// [experts * 2 * ffn, hidden] (each expert's gate rows then up rows); `down`: [experts *
+/// hidden, ffn]; biases per expert in the same row order.
+#[allow(clippy::too_many_arguments)]
+pub fn moe_ref(
+    spec: &MoeSpec,
+    x: &[f32],
+    t: usize,
+    router: &QTensor,
+    router_bias: Option<&[f32]>,
+    gate_up: &QTensor,
+    down: &QTensor,
+    biases: Option<(&[f32], &[f32])>,
+) -> Vec<f32> {
+    let (h, f) = (router.cols, spec.ffn);
+    let mut logits = matmul_ref(x, t, router);
+    if let Some(b) = router_bias {
+        logits.chunks_mut(spec.experts).for_each(|r| r.iter_mut().zip(b).for_each(|(l, b)| *l += b));
+    }
+    let mut y = vec![0f32; t * h];
+    for i in 0..t {
+        let xi = &x[i * h..(i + 1) * h];
+        for (e, w) in route_ref(&logits[i * spec.experts..(i + 1) * spec.experts], spec.top_k, spec.norm) {
+            let dot = |m: &QTensor, r: usize, v: &[f32]| -> f32 {
+                m.dequant_row(r).iter().zip(v).map(|(a, b)| *a as f64 * *b as f64).sum::<f64>() as f32
+            };
+            let act: Vec<f32> = (0..f)
+                .map(|n| {
+                    let (mut g, mut u) = (dot(gate_up, e * 2 * f + n, xi), dot(gate_up, e * 2 * f + f + n, xi));
+                    if let Some((bgu, _)) = biases {
+                        g += bgu[e * 2 * f + n];
+                        u += bgu[e * 2 * f + f + n];
+                    }
+                    match spec.clamped {
+                        Some((alpha, limit)) => {
+                            let (g, u) = (g.min(limit), u.clamp(-limit, limit));
+                            g / (1.0 + (-alpha * g).exp()) * (u + 1.0)
+                        }
+                        None if spec.gelu => gelu_tanh(g) * u,
+                        None => g / (1.0 + (-g).exp()) * u,
+                    }
+                })
+                .collect();
+            for n in 0..h {
+                let mut d = dot(down, e * h + n, &act);
+                if let Some((_, bd)) = biases {
+                    d += bd[e * h + n];
+                }
+                y[i * h + n] += w * d;
+            }
+        }
+    }
+    y
+}
+
+fn gelu_tanh(x: f32) -> f32 {
+    let c = (2.0f32 / std::f32::consts::PI).sqrt();
+    0.5 * x * (1.0 + (c * (x + 0.044715 * x * x * x)).tanh())
+}
