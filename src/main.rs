@@ -113,7 +113,8 @@ enum Cmd {
     /// Write a synthetic GGUF model (random weights, real shape and tokenizer) for speed and
     /// correctness checks on machines without model files.
     SynthModel {
-        /// Model shape: smollm2-135m, qwen2.5-0.5b, qwen2.5-7b or llama-3-8b.
+        /// Model shape: smollm2-135m, qwen2.5-0.5b, qwen2.5-7b, llama-3-8b or qwen3-30b-a3b (a mixture of
+        /// experts).
         #[arg(long)]
         shape: String,
         /// Weight format of the matrices: f32, f16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k,

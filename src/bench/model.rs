@@ -54,6 +54,11 @@ pub struct BenchModelArgs {
     /// Decode steps profiled per batch size (the prefill is profiled whole).
     #[arg(long, default_value_t = 4)]
     pub profile_steps: usize,
+    /// Benchmark only, for mixture-of-experts models: route every token to this many experts
+    /// instead of the model's own number (the expert count: every expert active), to measure what
+    /// the sparse path saves. The outputs are no longer the model's.
+    #[arg(long)]
+    pub moe_top_k: Option<usize>,
 }
 
 /// The adapter a measurement ran on.
@@ -97,6 +102,26 @@ pub struct ModelSummary {
     pub formats: Vec<String>,
     /// Bytes of weights on the device (`Model::plan.weights`).
     pub weight_bytes: u64,
+    /// Mixture of experts: experts per layer and per token (as run), and the bytes of all expert
+    /// tensors (part of weight_bytes).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub experts: Option<(usize, usize)>,
+    pub expert_bytes: u64,
+}
+
+impl ModelSummary {
+    /// Weight bytes one decode step of `batch` sequences reads: every weight outside the experts,
+    /// and of each MoE layer the experts its tokens chose (batch * top_k of them, at most all:
+    /// the upper bound, every choice distinct). A dense model reads weight_bytes.
+    pub fn step_weight_bytes(&self, batch: usize) -> u64 {
+        match self.experts {
+            None => self.weight_bytes,
+            Some((e, k)) => {
+                let active = (batch * k).min(e) as u64;
+                self.weight_bytes - self.expert_bytes + self.expert_bytes * active / e.max(1) as u64
+            }
+        }
+    }
 }
 
 impl ModelSummary {
@@ -119,8 +144,20 @@ impl ModelSummary {
             head_dim: c.head_dim,
             intermediate: c.intermediate,
             vocab: c.vocab,
-            formats: host.formats().iter().map(|f| f.name().to_string()).collect(),
+            formats: {
+                let mut f = [host.formats(), host.moe_formats()].concat();
+                f.sort();
+                f.dedup();
+                f.iter().map(|f| f.name().to_string()).collect()
+            },
             weight_bytes,
+            experts: c.moe.as_ref().map(|m| (m.experts, m.top_k)),
+            expert_bytes: host
+                .layers
+                .iter()
+                .flat_map(|l| &l.moe)
+                .map(|m| (m.gate_up.bytes() + m.down.bytes()) as u64)
+                .sum(),
         }
     }
 }
@@ -137,6 +174,9 @@ pub struct DecodeResult {
     /// Weight bytes read per second if every step reads every weight once: weight_bytes *
     /// steps / seconds, in 1e9 bytes.
     pub weight_gb_s: f64,
+    /// The same for the weights a step reads (`ModelSummary::step_weight_bytes`; a MoE model's
+    /// chosen experts only).
+    pub read_gb_s: f64,
 }
 
 /// Prefill speed of one prompt.
@@ -199,10 +239,17 @@ pub fn sized_config(
 
 /// Loads the model `cfg` names onto `gpu` (weights only: no tokenizer), compiles every pipeline.
 /// Prints how long reading the file and building the model on the device took.
-pub fn load_model(cfg: &EngineConfig, gpu: Arc<Gpu>) -> Result<(Model, HostModel)> {
+pub fn load_model(cfg: &EngineConfig, gpu: Arc<Gpu>, moe_top_k: Option<usize>) -> Result<(Model, HostModel)> {
     let path = cfg.model_path();
     let t = Instant::now();
-    let host = HostModel::load(&path, &|_, _| {}).with_context(|| format!("loading {}", path.display()))?;
+    let mut host = HostModel::load(&path, &|_, _| {}).with_context(|| format!("loading {}", path.display()))?;
+    if let Some(k) = moe_top_k {
+        let layers = host.cfg.layers;
+        let Some(m) = host.cfg.moe.as_mut() else { bail!("--moe-top-k: {} has no experts", path.display()) };
+        m.top_k = k;
+        m.validate(layers, "--moe-top-k")?;
+        eprintln!("benchmark override: {k} experts per token of {} (outputs are not the model's)", m.experts);
+    }
     let read_s = t.elapsed().as_secs_f64();
     let t = Instant::now();
     let limits = crate::exec::step_limits(cfg, &host.cfg);
@@ -323,6 +370,7 @@ pub fn measure_decode(
         seconds,
         tok_s: (batch * steps) as f64 / seconds,
         weight_gb_s: model.plan.weights as f64 * steps as f64 / seconds / 1e9,
+        read_gb_s: model.plan.weights as f64 * steps as f64 / seconds / 1e9,
     };
     Ok((r, run))
 }
@@ -388,15 +436,16 @@ pub fn bench_model(args: &BenchModelArgs) -> Result<BenchModelReport> {
     let cfg = sized_config(&args.engine, &mcfg, max_batch, decode_len.max(args.prefill_tokens), step_tokens, &blocks)?;
     let gpu = Arc::new(Gpu::new(cfg.adapter.as_deref())?);
     eprintln!("adapter: {}", gpu.describe());
-    let (mut model, host) = load_model(&cfg, gpu.clone())?;
+    let (mut model, host) = load_model(&cfg, gpu.clone(), args.moe_top_k)?;
     let model_summary = ModelSummary::of(&path, &host, model.plan.weights);
     drop(host);
     let mut rng = XorShift64::new(args.seed);
     let mut decode = Vec::new();
     let sizes = (args.prompt_tokens, args.warmup_steps, args.decode_steps);
     for &b in &args.batches {
-        let (r, _) =
+        let (mut r, _) =
             measure_decode(&mut model, b, sizes, &mut rng, false).with_context(|| format!("decode at batch {b}"))?;
+        r.read_gb_s = model_summary.step_weight_bytes(b) as f64 * r.steps as f64 / r.seconds / 1e9;
         eprintln!("batch {b}: {:.2} tok/s", r.tok_s);
         decode.push(r);
     }
@@ -456,11 +505,23 @@ pub fn format_report(r: &BenchModelReport) -> String {
         m.weight_bytes as f64 / (1u64 << 20) as f64,
         m.formats.join(", ")
     ));
-    t.push_str(&format!("{:>8} {:>8} {:>10} {:>12} {:>14}\n", "batch", "steps", "seconds", "tok/s", "weight GB/s"));
+    if let Some((e, k)) = m.experts {
+        t.push_str(&format!(
+            "experts: {k} of {e} per token; {:.1} MiB of experts; a batch-1 step reads {:.1} MiB of weights \
+             (a dense model of this size: {:.1} MiB)\n",
+            m.expert_bytes as f64 / (1u64 << 20) as f64,
+            m.step_weight_bytes(1) as f64 / (1u64 << 20) as f64,
+            m.weight_bytes as f64 / (1u64 << 20) as f64
+        ));
+    }
+    t.push_str(&format!(
+        "{:>8} {:>8} {:>10} {:>12} {:>14} {:>12}\n",
+        "batch", "steps", "seconds", "tok/s", "weight GB/s", "read GB/s"
+    ));
     for d in &r.decode {
         t.push_str(&format!(
-            "{:>8} {:>8} {:>10.3} {:>12.2} {:>14.2}\n",
-            d.batch, d.steps, d.seconds, d.tok_s, d.weight_gb_s
+            "{:>8} {:>8} {:>10.3} {:>12.2} {:>14.2} {:>12.2}\n",
+            d.batch, d.steps, d.seconds, d.tok_s, d.weight_gb_s, d.read_gb_s
         ));
     }
     if let Some(p) = &r.prefill {

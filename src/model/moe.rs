@@ -9,7 +9,7 @@ use super::config::ModelConfig;
 use super::layers::{HostLayer, TensorNames, WeightSource};
 use crate::formats::gguf::GgufFile;
 use crate::ops::matmul::MAT_BIAS;
-use crate::ops::moe::{self, MoeIo, MoeSpec, MAX_EXPERTS, MAX_TOP_K};
+use crate::ops::moe::{self, MoeIo, MoeSpec, MAX_EXPERTS, MAX_ROUTE_WORK, MAX_TOP_K};
 use crate::weights::tensor::QTensor;
 use anyhow::{anyhow, bail, Result};
 use serde_json::Value;
@@ -49,8 +49,13 @@ impl MoeConfig {
         if self.experts == 0 || self.experts > MAX_EXPERTS {
             bail!("{src}: {} experts (supported: 1 to {MAX_EXPERTS})", self.experts);
         }
-        if self.top_k == 0 || self.top_k > self.experts.min(MAX_TOP_K) {
-            bail!("{src}: {} experts per token of {} (supported: 1 to {MAX_TOP_K})", self.top_k, self.experts);
+        if self.top_k == 0 || self.top_k > self.experts.min(MAX_TOP_K) || self.top_k * self.experts > MAX_ROUTE_WORK {
+            bail!(
+                "{src}: {} experts per token of {} (supported: 1 to {MAX_TOP_K}, with experts per token times experts at \
+                 most {MAX_ROUTE_WORK})",
+                self.top_k,
+                self.experts
+            );
         }
         if self.ffn == 0 || !self.ffn.is_multiple_of(32) {
             bail!("{src}: the experts' intermediate size {} must be a positive multiple of 32", self.ffn);

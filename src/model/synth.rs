@@ -39,10 +39,21 @@ pub struct SynthShape {
     pub context_length: usize,
     /// `tokenizer.ggml.pre` of the real model's GGUF.
     pub pre_tokenizer: &'static str,
+    /// Mixture-of-experts FFNs on every layer (Qwen3-MoE), or None.
+    pub moe: Option<SynthMoe>,
+}
+
+/// The experts of a synthetic mixture-of-experts shape.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SynthMoe {
+    pub experts: usize,
+    pub top_k: usize,
+    /// Each expert's intermediate size.
+    pub ffn: usize,
 }
 
 /// The shapes [`synth_shape`] knows.
-pub const SYNTH_SHAPES: &[&str] = &["smollm2-135m", "qwen2.5-0.5b", "qwen2.5-7b", "llama-3-8b"];
+pub const SYNTH_SHAPES: &[&str] = &["smollm2-135m", "qwen2.5-0.5b", "qwen2.5-7b", "llama-3-8b", "qwen3-30b-a3b"];
 
 /// The shape of a named model (one of [`SYNTH_SHAPES`]).
 pub fn synth_shape(name: &str) -> Option<SynthShape> {
@@ -61,6 +72,7 @@ pub fn synth_shape(name: &str) -> Option<SynthShape> {
         rms_eps: 1e-5,
         context_length: ctx,
         pre_tokenizer: pre,
+        moe: None,
     };
     let qwen2 = |name, hidden, heads, kv_heads, intermediate, vocab, layers, tied| SynthShape {
         name,
@@ -77,12 +89,22 @@ pub fn synth_shape(name: &str) -> Option<SynthShape> {
         rms_eps: 1e-6,
         context_length: 32768,
         pre_tokenizer: "qwen2",
+        moe: None,
     };
     Some(match name {
         "smollm2-135m" => llama("smollm2-135m", 576, 9, 3, 1536, 49152, 30, true, 100000.0, 8192, "smollm"),
         "qwen2.5-0.5b" => qwen2("qwen2.5-0.5b", 896, 14, 2, 4864, 151936, 24, true),
         "qwen2.5-7b" => qwen2("qwen2.5-7b", 3584, 28, 4, 18944, 152064, 28, false),
         "llama-3-8b" => llama("llama-3-8b", 4096, 32, 8, 14336, 128256, 32, false, 500000.0, 8192, "llama-bpe"),
+        // Qwen3-30B-A3B: 128 experts of 768, 8 per token, on all 48 layers; q/k norms; head_dim
+        // 128 with 32 query heads (4096 > hidden 2048).
+        "qwen3-30b-a3b" => SynthShape {
+            arch: Arch::Qwen3Moe,
+            head_dim: 128,
+            context_length: 40960,
+            moe: Some(SynthMoe { experts: 128, top_k: 8, ffn: 768 }),
+            ..qwen2("qwen3-30b-a3b", 2048, 32, 4, 6144, 151936, 48, false)
+        },
         _ => return None,
     })
 }
@@ -180,8 +202,29 @@ pub fn synth_tensors(shape: &SynthShape, format: WFormat, layers: usize) -> Vec<
             t.push(vector(format!("{p}.attn_k.bias"), kv, Fill::Bias));
             t.push(vector(format!("{p}.attn_v.bias"), kv, Fill::Bias));
         }
+        if shape.arch == Arch::Qwen3Moe {
+            t.push(vector(format!("{p}.attn_q_norm.weight"), shape.head_dim, Fill::Norm));
+            t.push(vector(format!("{p}.attn_k_norm.weight"), shape.head_dim, Fill::Norm));
+        }
         t.push(matrix(format!("{p}.attn_output.weight"), h, q));
         t.push(vector(format!("{p}.ffn_norm.weight"), h, Fill::Norm));
+        if let Some(m) = shape.moe {
+            // The router in f32 (as real files keep it), each projection's experts one 3-D tensor.
+            t.push(SynthTensor {
+                spec: GgufTensorSpec {
+                    name: format!("{p}.ffn_gate_inp.weight"),
+                    dims: vec![h as u64, m.experts as u64],
+                    ggml_type: gguf_type(WFormat::F32),
+                },
+                fill: Fill::Matrix { format: WFormat::F32, cols: h },
+            });
+            for (name, rows, cols) in [("gate", m.ffn, h), ("up", m.ffn, h), ("down", h, m.ffn)] {
+                let mut e = matrix(format!("{p}.ffn_{name}_exps.weight"), rows, cols);
+                e.spec.dims.push(m.experts as u64);
+                t.push(e);
+            }
+            continue;
+        }
         t.push(matrix(format!("{p}.ffn_gate.weight"), i, h));
         t.push(matrix(format!("{p}.ffn_up.weight"), i, h));
         t.push(matrix(format!("{p}.ffn_down.weight"), h, i));
@@ -287,6 +330,13 @@ fn metadata(
         (k("attention.layer_norm_rms_epsilon"), GgufValue::F32(shape.rms_eps)),
         (k("vocab_size"), u(shape.vocab)),
     ];
+    if let Some(e) = shape.moe {
+        m.extend([
+            (k("expert_count"), u(e.experts)),
+            (k("expert_used_count"), u(e.top_k)),
+            (k("expert_feed_forward_length"), u(e.ffn)),
+        ]);
+    }
     m.extend(tokenizer_metadata(shape.vocab, shape.pre_tokenizer, chat_template));
     m
 }

@@ -51,9 +51,12 @@ pub const MOE_BIAS: u32 = 8;
 
 /// Outputs per thread of the expert kernels.
 pub const MOE_TN: u32 = 4;
-/// Most experts and experts per token the router handles.
+/// Most experts and experts per token the router handles; the router's loops run top_k * experts
+/// times per token, kept within MAX_ROUTE_WORK (llvmpipe stops an invocation's loops after 65535
+/// iterations in all).
 pub const MAX_EXPERTS: usize = 512;
-pub const MAX_TOP_K: usize = 16;
+pub const MAX_TOP_K: usize = 128;
+pub const MAX_ROUTE_WORK: usize = 32768;
 
 /// The WGSL declarations of the MoE shaders: MoeParams and its flags.
 pub fn wgsl_moe() -> String {
