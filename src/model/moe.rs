@@ -177,7 +177,9 @@ impl OpBuilder<'_> {
         let (cfg, s) = (self.cfg, self.s);
         let hm = hl.moe.as_ref().ok_or_else(|| anyhow!("a mixture-of-experts layer without its experts"))?;
         let mc = cfg.moe.as_ref().ok_or_else(|| anyhow!("the model has no experts"))?;
-        let (Some(logits), Some(route)) = (&s.moe_logits, &s.moe_route) else {
+        let (Some(logits), Some(route), Some(pair_out), Some(layout)) =
+            (&s.moe_logits, &s.moe_route, &s.moe_pair_out, s.moe_layout)
+        else {
             bail!("the step has no MoE scratch");
         };
         let spec = mc.spec(gelu);
@@ -195,15 +197,19 @@ impl OpBuilder<'_> {
             route,
             x: &s.normed,
             act: &s.act,
+            pair_out,
+            layout,
             hidden: &s.hidden,
             dummy: &s.dummy,
         };
-        let (op, p) = moe::route(self.kernels, self.g, &spec, &io);
-        self.extend((vec![op], vec![p]));
+        let ops = moe::route(self.kernels, self.g, &spec, &io);
+        self.extend(ops);
         let ops = moe::experts(self.kernels, self.g, &spec, &gate_up, &io, false, biases.as_ref().map(|b| &b.0));
         self.extend(ops);
         let ops = moe::experts(self.kernels, self.g, &spec, &down, &io, true, biases.as_ref().map(|b| &b.1));
         self.extend(ops);
+        let (op, p) = moe::combine(self.kernels, self.g, &spec, &io, cfg.hidden);
+        self.extend((vec![op], vec![p]));
         self.matrices.extend([router, gate_up, down]);
         Ok(())
     }

@@ -105,7 +105,9 @@ impl StepLayout {
         // run in token order, so a token still sees every earlier token's K/V: the result is
         // the whole step's.
         let f = |n: usize| (n * 4) as u64;
-        let moe = cfg.moe.as_ref().map_or(0, |m| m.experts.max(2 * m.top_k));
+        // MoE: the router's logits, the route words (per token about 4 per choice), the pairs'
+        // down projections.
+        let moe = cfg.moe.as_ref().map_or(0, |m| m.experts.max(4 * m.top_k + m.experts).max(m.top_k * cfg.hidden));
         let widest = cfg.hidden.max(cfg.qkv_dim()).max(cfg.q_dim()).max(cfg.act_width()).max(moe);
         let t_max = t_all.min((mb / f(widest)) as usize);
         let per_sampled = f(cfg.vocab).max((adjust_per_row(cfg.vocab, limits) * 16) as u64);
@@ -259,7 +261,7 @@ impl ScratchPlan {
             0
         };
         // The MoE router's logits and route words.
-        let moe = cfg.moe.as_ref().map_or(0, |m| m.experts + 2 * m.top_k);
+        let moe = cfg.moe.as_ref().map_or(0, |m| m.experts + 4 * m.top_k + 2 * m.experts + m.top_k * cfg.hidden);
         let bytes = f(t_max * (2 * cfg.hidden + cfg.qkv_dim() + cfg.q_dim() + cfg.act_width() + moe))
             + f(s_last * (cfg.vocab + cfg.hidden + SAMPLE_RESULT_STRIDE))
             + f(limits.max_seq_len * cfg.head_dim) * if cfg.style.local_rope_theta.is_some() { 2 } else { 1 }

@@ -24,6 +24,10 @@ pub(crate) struct Scratch {
     /// a dense model).
     pub(crate) moe_logits: Option<wgpu::Buffer>,
     pub(crate) moe_route: Option<wgpu::Buffer>,
+    /// The down projection of every (token, choice) pair [tokens * top_k, hidden], and the route
+    /// buffer's layout.
+    pub(crate) moe_pair_out: Option<wgpu::Buffer>,
+    pub(crate) moe_layout: Option<crate::ops::moe::RouteLayout>,
     pub(crate) final_normed: wgpu::Buffer,
     pub(crate) logits: wgpu::Buffer,
     pub(crate) result: wgpu::Buffer,
@@ -70,7 +74,11 @@ impl Scratch {
             attn: g.activation("attn", f(t_max * cfg.q_dim())),
             act: g.activation("act", f(t_max * cfg.act_width())),
             moe_logits: cfg.moe.as_ref().map(|m| g.storage("moe_logits", f(t_max * m.experts))),
-            moe_route: cfg.moe.as_ref().map(|m| g.storage("moe_route", f(t_max * 2 * m.top_k))),
+            moe_route: cfg.moe.as_ref().map(|m| {
+                g.storage("moe_route", f(crate::ops::moe::RouteLayout::new(t_max, m.experts, m.top_k).words))
+            }),
+            moe_pair_out: cfg.moe.as_ref().map(|m| g.activation("moe_pair_out", f(t_max * m.top_k * cfg.hidden))),
+            moe_layout: cfg.moe.as_ref().map(|m| crate::ops::moe::RouteLayout::new(t_max, m.experts, m.top_k)),
             // Logits and sampler results only on the last stage; hidden states leave the others.
             final_normed: g.activation("final_normed", f(plan.s_last * cfg.hidden)),
             logits: g.storage("logits", f(plan.s_last * cfg.vocab)),
@@ -98,6 +106,7 @@ impl Scratch {
         keep.extend(s.cos_sin_local.clone());
         keep.extend(s.moe_logits.clone());
         keep.extend(s.moe_route.clone());
+        keep.extend(s.moe_pair_out.clone());
         Scratch { keep, ..s }
     }
 }

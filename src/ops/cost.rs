@@ -37,6 +37,8 @@ impl OpKind {
             OpKind::RopeKv { .. } => "rope_kv",
             OpKind::Attention { .. } => "attention",
             OpKind::MoeRoute { .. } => "moe_route",
+            OpKind::MoeGroup { .. } => "moe_group",
+            OpKind::MoeCombine { .. } => "moe_combine",
             OpKind::MoeExperts { down: false, .. } => "moe_gate_up",
             OpKind::MoeExperts { down: true, .. } => "moe_down",
             OpKind::LogitAdjust { .. } => "logit_adjust",
@@ -86,6 +88,8 @@ impl OpKind {
             }
             // The router reads each token's logits and writes 2 words per choice.
             OpKind::MoeRoute { experts } => Cost { bytes: 4 * n * experts as u64, flops: 4 * n * experts as u64 },
+            OpKind::MoeGroup { top_k, .. } => Cost { bytes: 16 * n * top_k as u64, flops: 0 },
+            OpKind::MoeCombine { hidden } => Cost { bytes: 4 * n * hidden as u64 * 3, flops: 2 * n * hidden as u64 },
             OpKind::MoeExperts { format, n_out, top_k, down, cols, chunk_experts, experts } => {
                 // The (token, choice) pairs routed to this chunk if routing is even, and the
                 // experts they touch at most (all distinct); each touched expert's rows are
@@ -94,7 +98,7 @@ impl OpKind {
                 let pairs = (n * top_k as u64 * ce).div_ceil(experts.max(1) as u64);
                 let rows = if down { n_out as u64 } else { 2 * n_out as u64 };
                 let weights = pairs.min(ce) * rows * format.row_bytes(k as usize) as u64;
-                let outs = if down { n * n_out as u64 } else { pairs * n_out as u64 };
+                let outs = pairs * n_out as u64;
                 Cost { bytes: weights + 4 * pairs * k + 4 * outs, flops: 2 * pairs * rows * k }
             }
             OpKind::LogitAdjust { vocab } if s.any_adjust => {

@@ -3,7 +3,7 @@
 
 use super::harness::{Call, Harness};
 use super::matmul::{self, MatmulIo, MAT_BIAS};
-use super::moe::{self, MoeIo, MoeSpec};
+use super::moe::{self, MoeIo, MoeSpec, RouteLayout};
 use super::StepShape;
 use crate::weights::tensor::QTensor;
 use crate::weights::upload::GpuMatrix;
@@ -63,8 +63,10 @@ impl Harness {
         let xb = self.x_buffer(x);
         let hidden = g.storage_init("hidden", bytemuck::cast_slice(y_init));
         let logits = g.storage("moe_logits", (t * spec.experts * 4) as u64);
-        let route = g.storage("moe_route", (t * spec.top_k * 8) as u64);
+        let layout = RouteLayout::new(t, spec.experts, spec.top_k);
+        let route = g.storage("moe_route", (layout.words * 4) as u64);
         let act = g.storage("moe_act", (t * spec.top_k * spec.ffn * 4) as u64);
+        let pair_out = g.storage("moe_pair_out", (t * spec.top_k * h * 4) as u64);
         let dummy = g.storage("dummy", 16);
         let rbias = g.storage_init("router_bias", bytemuck::cast_slice(w.router_bias.unwrap_or(&[0.0])));
         let (bgu, bd) = match w.biases {
@@ -78,13 +80,21 @@ impl Harness {
         let io = MatmulIo { step: &step, x: &xb, y: &logits, bias: &rbias, windows: None, cap: 0.0 };
         let flags = if w.router_bias.is_some() { MAT_BIAS } else { 0 };
         let (mut ops, _p) = matmul::matmul(&self.kernels, g, &router, &io, (0, spec.experts), flags, false, false);
-        let mio = MoeIo { step: &step, logits: &logits, route: &route, x: &xb, act: &act, hidden: &hidden, dummy: &dummy };
-        let (r, _p1) = moe::route(&self.kernels, g, spec, &mio);
-        ops.push(r);
-        let (gu, _p2) = moe::experts(&self.kernels, g, spec, &gate_up, &mio, false, bgu.as_ref());
-        let (dn, _p3) = moe::experts(&self.kernels, g, spec, &down, &mio, true, bd.as_ref());
-        ops.extend(gu);
-        ops.extend(dn);
+        let mio = MoeIo {
+            step: &step,
+            logits: &logits,
+            route: &route,
+            x: &xb,
+            act: &act,
+            pair_out: &pair_out,
+            layout,
+            hidden: &hidden,
+            dummy: &dummy,
+        };
+        ops.extend(moe::route(&self.kernels, g, spec, &mio).0);
+        ops.extend(moe::experts(&self.kernels, g, spec, &gate_up, &mio, false, bgu.as_ref()).0);
+        ops.extend(moe::experts(&self.kernels, g, spec, &down, &mio, true, bd.as_ref()).0);
+        ops.push(moe::combine(&self.kernels, g, spec, &mio, h).0);
         let shape = StepShape { n_tokens: t as u32, n_splits: 1, ..Default::default() };
         Ok((self.calls(&ops, shape, None), hidden, vec![router, gate_up, down]))
     }

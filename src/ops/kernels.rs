@@ -130,8 +130,12 @@ pub struct GpuPipelines {
 
 /// The mixture-of-experts kernels of one weight format (moe.wgsl).
 pub struct MoePipelines {
+    /// A thread per pair (decode-sized steps).
     pub gate_up: wgpu::ComputePipeline,
     pub down: wgpu::ComputePipeline,
+    /// A thread per MOE_TG pairs of one expert (prefill-sized steps).
+    pub gate_up_grouped: wgpu::ComputePipeline,
+    pub down_grouped: wgpu::ComputePipeline,
 }
 
 /// What a set of kernels is built for.
@@ -179,7 +183,9 @@ pub struct Kernels {
     pub kv_chunks: usize,
     /// `MoeBinds`: the router and the expert kernels per format of the expert tensors.
     pub moe_family: Family,
-    pub moe_route: wgpu::ComputePipeline,
+    /// The router, then the grouping's count, offsets and scatter (moe_route.wgsl).
+    pub moe_route: [wgpu::ComputePipeline; 4],
+    pub moe_combine: wgpu::ComputePipeline,
     pub moe: BTreeMap<WFormat, MoePipelines>,
     /// The gpu profile's kernels, when built for it.
     pub gpu: Option<GpuPipelines>,
@@ -249,7 +255,14 @@ impl Kernels {
         let logit_adjust = sample_family.pipeline(gpu, "logit_adjust", &logit_adjust_source()?, "main")?;
         // Both profiles run the same expert kernels (a thread per few outputs, no workgroup memory).
         let moe_family = Family::new(gpu, &layout_of(MoeBinds::SLOTS));
-        let moe_route = moe_family.pipeline(gpu, "moe_route", &moe_route_source()?, "main")?;
+        let src = moe_route_source()?;
+        let mut moe_route = Vec::new();
+        for entry in ["main", "count_main", "offsets_main", "scatter_main"] {
+            moe_route.push(moe_family.pipeline(gpu, &format!("moe_route_{entry}"), &src, entry)?);
+        }
+        let moe_route: [wgpu::ComputePipeline; 4] =
+            moe_route.try_into().map_err(|_| anyhow::anyhow!("moe_route: four pipelines expected"))?;
+        let moe_combine = moe_family.pipeline(gpu, "moe_combine", &moe_source(WFormat::F32)?, "combine_main")?;
         let mut moe = BTreeMap::new();
         for &f in moe_formats.iter() {
             if !moe.contains_key(&f) {
@@ -257,7 +270,10 @@ impl Kernels {
                 let n = f.name();
                 let gate_up = moe_family.pipeline(gpu, &format!("moe_gate_up_{n}"), &src, "gate_up_main")?;
                 let down = moe_family.pipeline(gpu, &format!("moe_down_{n}"), &src, "down_main")?;
-                moe.insert(f, MoePipelines { gate_up, down });
+                let gate_up_grouped =
+                    moe_family.pipeline(gpu, &format!("moe_gate_up_grouped_{n}"), &src, "gate_up_grouped")?;
+                let down_grouped = moe_family.pipeline(gpu, &format!("moe_down_grouped_{n}"), &src, "down_grouped")?;
+                moe.insert(f, MoePipelines { gate_up, down, gate_up_grouped, down_grouped });
             }
         }
         let gpu_kernels = if profile == KernelProfile::Gpu {
@@ -322,6 +338,7 @@ impl Kernels {
             kv_chunks,
             moe_family,
             moe_route,
+            moe_combine,
             moe,
             gpu: gpu_kernels,
         })

@@ -105,6 +105,17 @@ pub enum OpKind {
     MoeRoute {
         experts: u32,
     },
+    /// The grouping of a prefill-sized step's pairs by expert: count (stage 0), place the runs
+    /// (1), scatter (2).
+    MoeGroup {
+        stage: u32,
+        top_k: u32,
+        experts: u32,
+    },
+    /// Each token's weighted pair projections added into the residual.
+    MoeCombine {
+        hidden: u32,
+    },
     /// One chunk of an expert tensor: gate/up (with the activation) of every (token, choice)
     /// routed to it, or (`down`) the weighted down projections added into the residual.
     MoeExperts {
@@ -241,8 +252,10 @@ impl Op {
                 attention::dispatches(self, r, s, (heads, kv_heads, hd4), out)
             }
             OpKind::MoeRoute { .. } => moe::route_dispatches(self, r, s, out),
-            OpKind::MoeExperts { format, n_out, top_k, down, .. } => {
-                moe::expert_dispatches(self, r, s, (format, n_out, top_k, down), out)
+            OpKind::MoeGroup { stage, top_k, experts } => moe::group_dispatches(self, r, s, (stage, top_k, experts), out),
+            OpKind::MoeCombine { hidden } => moe::combine_dispatches(self, r, s, hidden, out),
+            OpKind::MoeExperts { format, n_out, top_k, down, experts, .. } => {
+                moe::expert_dispatches(self, r, s, (format, n_out, top_k, down, experts), out)
             }
             OpKind::LogitAdjust { .. } => sample::logit_adjust_dispatches(self, r, s, out),
             OpKind::Sample { .. } => sample::sample_dispatches(self, r, s, out),

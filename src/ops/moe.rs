@@ -37,6 +37,52 @@ gpu_struct! {
         /// gpt-oss's clamped SwiGLU (MOE_CLAMPED): gate * sigmoid(alpha * gate) * (up + 1).
         pub alpha: f32,
         pub limit: f32,
+        /// Words of the route buffer (`RouteLayout`): the counts (then the runs' starts and
+        /// end), each pair's rank, the grouped pairs.
+        pub off_counts: u32,
+        pub off_rank: u32,
+        pub off_order: u32,
+        pub _pad: u32,
+    }
+}
+
+/// Pairs per thread of the grouped (prefill-sized) expert kernels: each weight part is loaded
+/// once for MOE_TG tokens.
+pub const MOE_TG: u32 = 4;
+
+/// Whether a step of `n_tokens` runs the grouped kernels: when its experts average two pairs or
+/// more (a decode-sized step runs a thread per pair).
+pub fn grouped(n_tokens: u32, top_k: u32, experts: u32) -> bool {
+    n_tokens * top_k >= 2 * experts
+}
+
+/// The route buffer's words for steps of at most `t_max` tokens: 2 per pair (expert, weight),
+/// the per-expert counts, the runs' starts and end, each pair's rank, and the grouped pairs (each
+/// expert's run padded to a multiple of MOE_TG).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RouteLayout {
+    pub off_counts: usize,
+    pub off_rank: usize,
+    pub off_order: usize,
+    pub words: usize,
+}
+
+impl RouteLayout {
+    pub fn new(t_max: usize, experts: usize, top_k: usize) -> RouteLayout {
+        let pairs = t_max * top_k;
+        let off_counts = 2 * pairs;
+        let off_rank = off_counts + 2 * experts + 1;
+        let off_order = off_rank + pairs;
+        RouteLayout { off_counts, off_rank, off_order, words: off_order + pairs + experts * (MOE_TG as usize - 1) }
+    }
+
+    fn fill(&self, p: MoeParams) -> MoeParams {
+        MoeParams {
+            off_counts: self.off_counts as u32,
+            off_rank: self.off_rank as u32,
+            off_order: self.off_order as u32,
+            ..p
+        }
     }
 }
 
@@ -117,30 +163,58 @@ pub struct MoeIo<'a> {
     pub x: &'a wgpu::Buffer,
     /// The gate/up outputs [tokens * top_k, ffn].
     pub act: &'a wgpu::Buffer,
+    /// The down projections of the pairs [tokens * top_k, hidden].
+    pub pair_out: &'a wgpu::Buffer,
+    pub layout: RouteLayout,
     /// The residual [tokens, hidden], which the down projections add into.
     pub hidden: &'a wgpu::Buffer,
     /// Bound where nothing is (unused bindings, no bias).
     pub dummy: &'a wgpu::Buffer,
 }
 
-/// The router's op (over the step's tokens).
-pub fn route(k: &Kernels, g: &Gpu, spec: &MoeSpec, io: &MoeIo) -> (Op, wgpu::Buffer) {
-    let p = MoeParams {
+/// The router's ops over the step's tokens: each token's experts and weights, then (for
+/// prefill-sized steps) the pairs grouped by expert.
+pub fn route(k: &Kernels, g: &Gpu, spec: &MoeSpec, io: &MoeIo) -> (Vec<Op>, Vec<wgpu::Buffer>) {
+    let p = io.layout.fill(MoeParams {
         n_experts: spec.experts as u32,
         top_k: spec.top_k as u32,
         flags: if spec.norm { MOE_NORM } else { 0 },
         ..Default::default()
-    };
+    });
     let pb = g.uniform_init("moe_route_params", bytemuck::bytes_of(&p));
     let d = io.dummy;
     let b = MoeBinds { step: io.step, p: &pb, x: io.logits, wq: d, ws: d, route: d, y: io.route, bias: d };
-    let kind = OpKind::MoeRoute { experts: spec.experts as u32 };
-    (Op { kind, label: "moe_route", bind: k.moe_family.bind(g, &b.entries()), bind_u: None }, pb)
+    let (experts, top_k) = (spec.experts as u32, spec.top_k as u32);
+    let ops = [
+        (OpKind::MoeRoute { experts }, "moe_route"),
+        (OpKind::MoeGroup { stage: 0, top_k, experts }, "moe_group"),
+        (OpKind::MoeGroup { stage: 1, top_k, experts }, "moe_group"),
+        (OpKind::MoeGroup { stage: 2, top_k, experts }, "moe_group"),
+    ]
+    .map(|(kind, label)| Op { kind, label, bind: k.moe_family.bind(g, &b.entries()), bind_u: None });
+    (ops.into(), vec![pb])
+}
+
+/// The op adding each token's weighted pair projections into the residual.
+pub fn combine(k: &Kernels, g: &Gpu, spec: &MoeSpec, io: &MoeIo, hidden: usize) -> (Op, wgpu::Buffer) {
+    let p = MoeParams {
+        n_out: hidden as u32,
+        top_k: spec.top_k as u32,
+        n_experts: spec.experts as u32,
+        y_stride: hidden as u32,
+        ..Default::default()
+    };
+    let pb = g.uniform_init("moe_combine_params", bytemuck::bytes_of(&p));
+    let d = io.dummy;
+    let b = MoeBinds { step: io.step, p: &pb, x: io.pair_out, wq: d, ws: d, route: io.route, y: io.hidden, bias: d };
+    let kind = OpKind::MoeCombine { hidden: hidden as u32 };
+    (Op { kind, label: "moe_combine", bind: k.moe_family.bind(g, &b.entries()), bind_u: None }, pb)
 }
 
 /// The experts' gate/up ops (`down` false: `m` holds each expert's gate rows then its up rows,
-/// output into io.act) or down ops (`down`: added into io.hidden), one per chunk of `m` (each
-/// chunk whole experts); `bias`: the per-expert biases [experts * rows_per_expert].
+/// output into io.act) or down ops (`down`: each pair's projection into io.pair_out), one per
+/// chunk of `m` (each chunk whole experts); `bias`: the per-expert biases [experts *
+/// rows_per_expert].
 pub fn experts(
     k: &Kernels,
     g: &Gpu,
@@ -154,11 +228,11 @@ pub fn experts(
     let n_out = if down { rows_per_expert } else { rows_per_expert / 2 };
     let (act, alpha, limit) = spec.act_flags();
     let flags = if down { 0 } else { act } | if bias.is_some() { MOE_BIAS } else { 0 };
-    let (x, y) = if down { (io.act, io.hidden) } else { (io.x, io.act) };
+    let (x, y) = if down { (io.act, io.pair_out) } else { (io.x, io.act) };
     let mut ops = Vec::new();
     let mut params = Vec::new();
     for c in &m.chunks {
-        let p = MoeParams {
+        let p = io.layout.fill(MoeParams {
             k_blocks: (m.cols / 32) as u32,
             n_out: n_out as u32,
             rows_per_expert: rows_per_expert as u32,
@@ -167,11 +241,12 @@ pub fn experts(
             top_k: spec.top_k as u32,
             n_experts: spec.experts as u32,
             x_stride4: (m.cols / 4) as u32,
-            y_stride: if down { n_out } else { spec.ffn } as u32,
+            y_stride: n_out as u32,
             flags,
             alpha,
             limit,
-        };
+            ..Default::default()
+        });
         let pb = g.uniform_init("moe_params", bytemuck::bytes_of(&p));
         let b = MoeBinds {
             step: io.step,
@@ -202,25 +277,62 @@ pub fn experts(
 /// The router's grid: a thread per token.
 pub(super) fn route_dispatches<'a>(op: &'a Op, r: &Recorder<'a>, s: &StepShape, mut out: impl FnMut(Dispatch<'a>)) {
     if s.n_tokens > 0 {
-        out(r.folded(&r.kernels.moe_route, &op.bind, div_up(s.n_tokens, 64)));
+        out(r.folded(&r.kernels.moe_route[0], &op.bind, div_up(s.n_tokens, 64)));
     }
 }
 
-/// An expert chunk's grid: a thread per (token, choice) pair (gate/up) or per token (down) and
-/// MOE_TN outputs.
+/// The grouping's grids (prefill-sized steps only): a thread per pair to count, one to place
+/// the runs, a thread per pair to scatter.
+pub(super) fn group_dispatches<'a>(
+    op: &'a Op,
+    r: &Recorder<'a>,
+    s: &StepShape,
+    (stage, top_k, experts): (u32, u32, u32),
+    mut out: impl FnMut(Dispatch<'a>),
+) {
+    if s.n_tokens == 0 || !grouped(s.n_tokens, top_k, experts) {
+        return;
+    }
+    let groups = if stage == 1 { 1 } else { div_up(s.n_tokens * top_k, 64) };
+    out(r.folded(&r.kernels.moe_route[1 + stage as usize], &op.bind, groups));
+}
+
+/// The combine's grid: a thread per (token, hidden output).
+pub(super) fn combine_dispatches<'a>(
+    op: &'a Op,
+    r: &Recorder<'a>,
+    s: &StepShape,
+    hidden: u32,
+    mut out: impl FnMut(Dispatch<'a>),
+) {
+    if s.n_tokens > 0 {
+        out(r.folded(&r.kernels.moe_combine, &op.bind, div_up(s.n_tokens * hidden, 64)));
+    }
+}
+
+/// An expert chunk's grid: a thread per (pair, MOE_TN outputs) for decode-sized steps, per
+/// (MOE_TG grouped pairs, MOE_TN outputs) for prefill-sized ones.
 pub(super) fn expert_dispatches<'a>(
     op: &'a Op,
     r: &Recorder<'a>,
     s: &StepShape,
-    (format, n_out, top_k, down): (WFormat, u32, u32, bool),
+    (format, n_out, top_k, down, experts): (WFormat, u32, u32, bool, u32),
     mut out: impl FnMut(Dispatch<'a>),
 ) {
     if s.n_tokens == 0 {
         return;
     }
     let p = &r.kernels.moe[&format];
-    let (pipe, rows) = if down { (&p.down, s.n_tokens) } else { (&p.gate_up, s.n_tokens * top_k) };
-    out(r.folded(pipe, &op.bind, div_up(rows * div_up(n_out, MOE_TN), 64)));
+    let pairs = s.n_tokens * top_k;
+    let (pipe, units) = match (grouped(s.n_tokens, top_k, experts), down) {
+        (false, false) => (&p.gate_up, pairs),
+        (false, true) => (&p.down, pairs),
+        (true, down) => {
+            let slots = div_up(pairs + experts * (MOE_TG - 1), MOE_TG);
+            (if down { &p.down_grouped } else { &p.gate_up_grouped }, slots)
+        }
+    };
+    out(r.folded(pipe, &op.bind, div_up(units * div_up(n_out, MOE_TN), 64)));
 }
 
 /// The experts and weights the router gives one token's logits: the top_k largest (lowest

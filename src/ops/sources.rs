@@ -407,6 +407,7 @@ pub fn moe_source(f: WFormat) -> Result<String> {
         .after(super::moe::wgsl_moe())
         .after(f.snippet())
         .fill("TN", super::moe::MOE_TN)
+        .fill("TG", super::moe::MOE_TG)
         .build()
 }
 
@@ -415,6 +416,7 @@ pub fn moe_route_source() -> Result<String> {
     Shader::new("moe_route", include_str!("../../shaders/moe_route.wgsl"))
         .after(common())
         .after(super::moe::wgsl_moe())
+        .fill("TG", super::moe::MOE_TG)
         .build()
 }
 
