@@ -18,7 +18,8 @@ use torus_wgpu::ops::moe::{moe_ref, route_ref, MoeSpec};
 use torus_wgpu::sampling::Rng;
 use torus_wgpu::weights::tensor::QTensor;
 
-const FORMATS: [WFormat; 6] = [WFormat::Q4_K, WFormat::Q5_K, WFormat::Q6_K, WFormat::Q8_0, WFormat::MXFP4, WFormat::F16];
+const FORMATS: [WFormat; 6] =
+    [WFormat::Q4_K, WFormat::Q5_K, WFormat::Q6_K, WFormat::Q8_0, WFormat::MXFP4, WFormat::F16];
 
 fn gpu() -> Arc<Gpu> {
     static GPU: OnceLock<Arc<Gpu>> = OnceLock::new();

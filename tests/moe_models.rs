@@ -99,8 +99,11 @@ fn qwen3_moe_matches_transformers() {
 fn qwen3_moe_in_two_pipeline_stages() {
     let r = reference();
     let path = fixture("tiny-qwen3moe.gguf");
-    let stages = [(0, 1), (1, 3)]
-        .map(|(a, b)| StageConfig { stage_start_layer: Some(a), stage_end_layer: Some(b), ..Default::default() });
+    let stages = [(0, 1), (1, 3)].map(|(a, b)| StageConfig {
+        stage_start_layer: Some(a),
+        stage_end_layer: Some(b),
+        ..Default::default()
+    });
     let c = EngineConfig {
         model: Some(path.display().to_string()),
         enable_pipeline_parallel: true,

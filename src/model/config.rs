@@ -380,9 +380,7 @@ impl ModelConfig {
             moe: None,
         };
         let cfg = match arch {
-            Arch::Qwen3Moe => {
-                ModelConfig { moe: Some(super::moe::hf_config(&v, cfg.layers, &src)?), ..cfg }
-            }
+            Arch::Qwen3Moe => ModelConfig { moe: Some(super::moe::hf_config(&v, cfg.layers, &src)?), ..cfg },
             _ => cfg,
         };
         let cfg = if arch.is_gemma() { super::gemma::hf_config(cfg, &v, &src)? } else { cfg };

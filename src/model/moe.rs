@@ -31,14 +31,7 @@ pub struct MoeConfig {
 impl MoeConfig {
     /// What the ops need, with the model's activation.
     pub fn spec(&self, gelu: bool) -> MoeSpec {
-        MoeSpec {
-            experts: self.experts,
-            top_k: self.top_k,
-            ffn: self.ffn,
-            norm: self.norm_topk,
-            gelu,
-            clamped: None,
-        }
+        MoeSpec { experts: self.experts, top_k: self.top_k, ffn: self.ffn, norm: self.norm_topk, gelu, clamped: None }
     }
 
     pub fn is_sparse(&self, l: usize) -> bool {
@@ -121,7 +114,8 @@ pub struct HostMoe {
 
 impl HostMoe {
     pub fn bytes(&self) -> usize {
-        let b = self.biases.as_ref().map_or(0, |(a, b)| a.len() + b.len()) + self.router_bias.as_ref().map_or(0, Vec::len);
+        let b =
+            self.biases.as_ref().map_or(0, |(a, b)| a.len() + b.len()) + self.router_bias.as_ref().map_or(0, Vec::len);
         self.router.bytes() + self.gate_up.bytes() + self.down.bytes() + 4 * b
     }
 }
@@ -154,12 +148,18 @@ pub fn interleave_groups(a: &QTensor, b: &QTensor, unit: usize) -> Result<QTenso
 }
 
 /// Layer `p`'s MoE weights (`t` names a tensor of the layer).
-pub(crate) fn load(w: &dyn WeightSource, n: &TensorNames, t: &dyn Fn(&str) -> String, cfg: &ModelConfig) -> Result<HostMoe> {
+pub(crate) fn load(
+    w: &dyn WeightSource,
+    n: &TensorNames,
+    t: &dyn Fn(&str) -> String,
+    cfg: &ModelConfig,
+) -> Result<HostMoe> {
     let m = cfg.moe.as_ref().ok_or_else(|| anyhow!("the model has no experts"))?;
     let (h, e, f) = (cfg.hidden, m.experts, m.ffn);
     let gate = w.experts(&t(n.gate_exps), e, f, h)?;
     let up = w.experts(&t(n.up_exps), e, f, h)?;
-    let gate_up = interleave_groups(&gate, &up, f).map_err(|err| anyhow!("{}: layer {}: {err}", w.path().display(), t("")))?;
+    let gate_up =
+        interleave_groups(&gate, &up, f).map_err(|err| anyhow!("{}: layer {}: {err}", w.path().display(), t("")))?;
     Ok(HostMoe {
         router: w.matrix(&t(n.router), e, h)?,
         router_bias: None,
@@ -184,10 +184,18 @@ impl OpBuilder<'_> {
         };
         let spec = mc.spec(gelu);
         let router = self.upload("router", &hm.router, None)?;
-        let gate_up = crate::weights::upload::GpuMatrix::upload_grouped(self.g, "experts_gate_up", &hm.gate_up, 2 * mc.ffn, self.mb)?;
-        let down = crate::weights::upload::GpuMatrix::upload_grouped(self.g, "experts_down", &hm.down, cfg.hidden, self.mb)?;
+        let gate_up = crate::weights::upload::GpuMatrix::upload_grouped(
+            self.g,
+            "experts_gate_up",
+            &hm.gate_up,
+            2 * mc.ffn,
+            self.mb,
+        )?;
+        let down =
+            crate::weights::upload::GpuMatrix::upload_grouped(self.g, "experts_down", &hm.down, cfg.hidden, self.mb)?;
         let rbias = hm.router_bias.as_ref().map(|b| self.storage("router_bias", b));
-        let biases = hm.biases.as_ref().map(|(a, b)| (self.storage("experts_bias", a), self.storage("experts_bias", b)));
+        let biases =
+            hm.biases.as_ref().map(|(a, b)| (self.storage("experts_bias", a), self.storage("experts_bias", b)));
         self.rms_norm(lp, &hl.ffn_norm, "ffn_norm");
         let flags = if rbias.is_some() { MAT_BIAS } else { 0 };
         self.matmul("router", &router, (&s.normed, logits), (0, mc.experts), rbias.as_ref(), flags, false, false);

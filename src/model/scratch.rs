@@ -74,9 +74,10 @@ impl Scratch {
             attn: g.activation("attn", f(t_max * cfg.q_dim())),
             act: g.activation("act", f(t_max * cfg.act_width())),
             moe_logits: cfg.moe.as_ref().map(|m| g.storage("moe_logits", f(t_max * m.experts))),
-            moe_route: cfg.moe.as_ref().map(|m| {
-                g.storage("moe_route", f(crate::ops::moe::RouteLayout::new(t_max, m.experts, m.top_k).words))
-            }),
+            moe_route: cfg
+                .moe
+                .as_ref()
+                .map(|m| g.storage("moe_route", f(crate::ops::moe::RouteLayout::new(t_max, m.experts, m.top_k).words))),
             moe_pair_out: cfg.moe.as_ref().map(|m| g.activation("moe_pair_out", f(t_max * m.top_k * cfg.hidden))),
             moe_layout: cfg.moe.as_ref().map(|m| crate::ops::moe::RouteLayout::new(t_max, m.experts, m.top_k)),
             // Logits and sampler results only on the last stage; hidden states leave the others.

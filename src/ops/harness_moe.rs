@@ -70,7 +70,10 @@ impl Harness {
         let dummy = g.storage("dummy", 16);
         let rbias = g.storage_init("router_bias", bytemuck::cast_slice(w.router_bias.unwrap_or(&[0.0])));
         let (bgu, bd) = match w.biases {
-            Some((a, b)) => (Some(g.storage_init("bias_gu", bytemuck::cast_slice(a))), Some(g.storage_init("bias_d", bytemuck::cast_slice(b)))),
+            Some((a, b)) => (
+                Some(g.storage_init("bias_gu", bytemuck::cast_slice(a))),
+                Some(g.storage_init("bias_d", bytemuck::cast_slice(b))),
+            ),
             None => (None, None),
         };
         let (step, _meta) = self.step_buffers(Self::header(t, 0), &[0]);

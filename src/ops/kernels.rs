@@ -265,7 +265,7 @@ impl Kernels {
         let moe_combine = moe_family.pipeline(gpu, "moe_combine", &moe_source(WFormat::F32)?, "combine_main")?;
         let mut moe = BTreeMap::new();
         for &f in moe_formats.iter() {
-            if !moe.contains_key(&f) {
+            if let std::collections::btree_map::Entry::Vacant(slot) = moe.entry(f) {
                 let src = moe_source(f)?;
                 let n = f.name();
                 let gate_up = moe_family.pipeline(gpu, &format!("moe_gate_up_{n}"), &src, "gate_up_main")?;
@@ -273,7 +273,7 @@ impl Kernels {
                 let gate_up_grouped =
                     moe_family.pipeline(gpu, &format!("moe_gate_up_grouped_{n}"), &src, "gate_up_grouped")?;
                 let down_grouped = moe_family.pipeline(gpu, &format!("moe_down_grouped_{n}"), &src, "down_grouped")?;
-                moe.insert(f, MoePipelines { gate_up, down, gate_up_grouped, down_grouped });
+                slot.insert(MoePipelines { gate_up, down, gate_up_grouped, down_grouped });
             }
         }
         let gpu_kernels = if profile == KernelProfile::Gpu {

@@ -252,7 +252,9 @@ impl Op {
                 attention::dispatches(self, r, s, (heads, kv_heads, hd4), out)
             }
             OpKind::MoeRoute { .. } => moe::route_dispatches(self, r, s, out),
-            OpKind::MoeGroup { stage, top_k, experts } => moe::group_dispatches(self, r, s, (stage, top_k, experts), out),
+            OpKind::MoeGroup { stage, top_k, experts } => {
+                moe::group_dispatches(self, r, s, (stage, top_k, experts), out)
+            }
             OpKind::MoeCombine { hidden } => moe::combine_dispatches(self, r, s, hidden, out),
             OpKind::MoeExperts { format, n_out, top_k, down, experts, .. } => {
                 moe::expert_dispatches(self, r, s, (format, n_out, top_k, down, experts), out)

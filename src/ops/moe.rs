@@ -51,9 +51,11 @@ gpu_struct! {
 pub const MOE_TG: u32 = 4;
 
 /// Whether a step of `n_tokens` runs the grouped kernels: when its experts average two pairs or
-/// more (a decode-sized step runs a thread per pair).
+/// more (a decode-sized step runs a thread per pair). TORUS_MOE_PER_PAIR=1 keeps every step on
+/// the per-pair kernels (for comparisons).
 pub fn grouped(n_tokens: u32, top_k: u32, experts: u32) -> bool {
-    n_tokens * top_k >= 2 * experts
+    static PER_PAIR: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    n_tokens * top_k >= 2 * experts && !*PER_PAIR.get_or_init(|| std::env::var_os("TORUS_MOE_PER_PAIR").is_some())
 }
 
 /// The route buffer's words for steps of at most `t_max` tokens: 2 per pair (expert, weight),
