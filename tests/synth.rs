@@ -55,7 +55,10 @@ fn every_shape_is_known_and_consistent() {
     for name in SYNTH_SHAPES {
         let s = synth_shape(name).unwrap();
         assert_eq!(s.name, *name);
-        assert_eq!(s.heads * s.head_dim, s.hidden, "{name}");
+        // Qwen3's head_dim is its own (32 x 128 = 4096 > hidden 2048 in Qwen3-30B-A3B).
+        if s.moe.is_none() {
+            assert_eq!(s.heads * s.head_dim, s.hidden, "{name}");
+        }
         assert_eq!(s.heads % s.kv_heads, 0, "{name}");
     }
     assert!(synth_shape("gpt-5").is_none());
@@ -68,6 +71,12 @@ fn every_shape_is_known_and_consistent() {
     assert_eq!(
         (s.hidden, s.heads, s.kv_heads, s.intermediate, s.vocab, s.layers, s.tied),
         (4096, 32, 8, 14336, 128256, 32, false)
+    );
+    let s = synth_shape("qwen3-30b-a3b").unwrap();
+    let m = s.moe.unwrap();
+    assert_eq!(
+        (s.hidden, s.heads, s.kv_heads, s.head_dim, s.vocab, s.layers, s.tied, m.experts, m.top_k, m.ffn),
+        (2048, 32, 4, 128, 151936, 48, false, 128, 8, 768)
     );
 }
 

@@ -183,9 +183,10 @@ pub struct Kernels {
     pub kv_chunks: usize,
     /// `MoeBinds`: the router and the expert kernels per format of the expert tensors.
     pub moe_family: Family,
-    /// The router, then the grouping's count, offsets and scatter (moe_route.wgsl).
-    pub moe_route: [wgpu::ComputePipeline; 4],
-    pub moe_combine: wgpu::ComputePipeline,
+    /// The router, then the grouping's count, offsets and scatter (moe_route.wgsl), and the
+    /// combine: built only with expert formats (a MoE model).
+    pub moe_route: Option<[wgpu::ComputePipeline; 4]>,
+    pub moe_combine: Option<wgpu::ComputePipeline>,
     pub moe: BTreeMap<WFormat, MoePipelines>,
     /// The gpu profile's kernels, when built for it.
     pub gpu: Option<GpuPipelines>,
@@ -255,14 +256,18 @@ impl Kernels {
         let logit_adjust = sample_family.pipeline(gpu, "logit_adjust", &logit_adjust_source()?, "main")?;
         // Both profiles run the same expert kernels (a thread per few outputs, no workgroup memory).
         let moe_family = Family::new(gpu, &layout_of(MoeBinds::SLOTS));
-        let src = moe_route_source()?;
-        let mut moe_route = Vec::new();
-        for entry in ["main", "count_main", "offsets_main", "scatter_main"] {
-            moe_route.push(moe_family.pipeline(gpu, &format!("moe_route_{entry}"), &src, entry)?);
-        }
-        let moe_route: [wgpu::ComputePipeline; 4] =
-            moe_route.try_into().map_err(|_| anyhow::anyhow!("moe_route: four pipelines expected"))?;
-        let moe_combine = moe_family.pipeline(gpu, "moe_combine", &moe_source(WFormat::F32)?, "combine_main")?;
+        let (moe_route, moe_combine) = if moe_formats.is_empty() {
+            (None, None)
+        } else {
+            let src = moe_route_source()?;
+            let mut route = Vec::new();
+            for entry in ["main", "count_main", "offsets_main", "scatter_main"] {
+                route.push(moe_family.pipeline(gpu, &format!("moe_route_{entry}"), &src, entry)?);
+            }
+            let route: [wgpu::ComputePipeline; 4] =
+                route.try_into().map_err(|_| anyhow::anyhow!("moe_route: four pipelines expected"))?;
+            (Some(route), Some(moe_family.pipeline(gpu, "moe_combine", &moe_source(WFormat::F32)?, "combine_main")?))
+        };
         let mut moe = BTreeMap::new();
         for &f in moe_formats.iter() {
             if let std::collections::btree_map::Entry::Vacant(slot) = moe.entry(f) {

@@ -278,8 +278,8 @@ pub fn experts(
 
 /// The router's grid: a thread per token.
 pub(super) fn route_dispatches<'a>(op: &'a Op, r: &Recorder<'a>, s: &StepShape, mut out: impl FnMut(Dispatch<'a>)) {
-    if s.n_tokens > 0 {
-        out(r.folded(&r.kernels.moe_route[0], &op.bind, div_up(s.n_tokens, 64)));
+    if let (Some(route), true) = (&r.kernels.moe_route, s.n_tokens > 0) {
+        out(r.folded(&route[0], &op.bind, div_up(s.n_tokens, 64)));
     }
 }
 
@@ -292,11 +292,12 @@ pub(super) fn group_dispatches<'a>(
     (stage, top_k, experts): (u32, u32, u32),
     mut out: impl FnMut(Dispatch<'a>),
 ) {
+    let Some(route) = &r.kernels.moe_route else { return };
     if s.n_tokens == 0 || !grouped(s.n_tokens, top_k, experts) {
         return;
     }
     let groups = if stage == 1 { 1 } else { div_up(s.n_tokens * top_k, 64) };
-    out(r.folded(&r.kernels.moe_route[1 + stage as usize], &op.bind, groups));
+    out(r.folded(&route[1 + stage as usize], &op.bind, groups));
 }
 
 /// The combine's grid: a thread per (token, hidden output).
@@ -307,8 +308,8 @@ pub(super) fn combine_dispatches<'a>(
     hidden: u32,
     mut out: impl FnMut(Dispatch<'a>),
 ) {
-    if s.n_tokens > 0 {
-        out(r.folded(&r.kernels.moe_combine, &op.bind, div_up(s.n_tokens * hidden, 64)));
+    if let (Some(combine), true) = (&r.kernels.moe_combine, s.n_tokens > 0) {
+        out(r.folded(combine, &op.bind, div_up(s.n_tokens * hidden, 64)));
     }
 }
 
