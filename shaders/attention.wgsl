@@ -1,6 +1,7 @@
 // Paged attention with online softmax and GQA. One thread per (token, query head): the token at
 // position pos attends causally to keys 0..=pos of its sequence (cached prefix and this step's
-// chunk alike), read from the KV cache through the sequence's block table.
+// chunk alike), read from the KV cache through the sequence's block table; with AttnParams.sinks,
+// the head's sink logit joins the softmax's denominator (gpt-oss).
 // HD4 (head_dim / 4) and the KV cache's bindings and loads (the KV snippet: load_k / load_v return
 // elements 4i..4i+4, whether the cache holds f32 or f16) are substituted when the pipeline is built.
 
@@ -56,7 +57,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
         mx = mn;
     }
     let ob = (t * p.n_heads + h) * HD4;
-    let inv = 1.0 / l;
+    let inv = normaliser(h, mx, l);
     for (var d = 0u; d < HD4; d++) {
         out[ob + d] = acc[d] * inv;
     }

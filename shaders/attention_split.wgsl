@@ -114,7 +114,7 @@ fn main(
             let d = i % HD4;
             let hl = i / HD4;
             if (ns == 1u) {
-                out[(t * p.n_heads + h) * HD4 + d] = acc[a] / lstat[hl];
+                out[(t * p.n_heads + h) * HD4 + d] = acc[a] * normaliser(h, mstat[hl], lstat[hl]);
             } else {
                 let rec = ((t * p.n_heads + h) * ns + sp) * (HD4 + 1u);
                 part[rec + d] = acc[a];
@@ -150,5 +150,5 @@ fn combine(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroup
         num += part[rec + d] * w;
         den += st.y * w;
     }
-    out[th * HD4 + d] = num / den;
+    out[th * HD4 + d] = num * normaliser(th % p.n_heads, mx, den);
 }

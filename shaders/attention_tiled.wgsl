@@ -142,7 +142,7 @@ fn main(
             let r = i / HD4;
             if (i < G * HD4 && r < nrow) {
                 let h = kvh * GQ + r % GQ;
-                out[((s0 + r / GQ) * p.n_heads + h) * HD4 + i % HD4] = acc[a] / lstat[r];
+                out[((s0 + r / GQ) * p.n_heads + h) * HD4 + i % HD4] = acc[a] * normaliser(h, mstat[r], lstat[r]);
             }
         }
         // The next segment reuses the workgroup's arrays.

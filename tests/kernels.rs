@@ -333,19 +333,26 @@ fn rope_ref(v: &mut [f32], pos: usize, theta: f64) {
 fn rope_and_paged_attention_with_gqa() {
     let theta = 10000.0;
     let shapes = [(4, 4, 16), (4, 2, 16), (8, 2, 64), (9, 3, 64), (6, 1, 32)];
-    // (KV-cache dtype, sliding window (0: none), KV buffers per layer, shape).
-    let cases =
-        [KvDtype::F32, KvDtype::F16].into_iter().flat_map(|kv| shapes.iter().map(move |s| (kv, 0, 1, s))).chain([
-            (KvDtype::F32, 6, 1, &shapes[2]),
-            (KvDtype::F16, 3, 1, &shapes[3]),
-            (KvDtype::F32, 1, 1, &shapes[1]),
+    // (KV-cache dtype, sliding window (0: none), KV buffers per layer, shape, a sink logit per
+    // head (gpt-oss)).
+    let cases = [KvDtype::F32, KvDtype::F16]
+        .into_iter()
+        .flat_map(|kv| shapes.iter().map(move |s| (kv, 0, 1, s, false)))
+        .chain([
+            (KvDtype::F32, 6, 1, &shapes[2], false),
+            (KvDtype::F16, 3, 1, &shapes[3], false),
+            (KvDtype::F32, 1, 1, &shapes[1], false),
             // The cache of each layer split over several buffers (the block tables cross them).
-            (KvDtype::F32, 0, 3, &shapes[2]),
-            (KvDtype::F16, 0, 4, &shapes[3]),
-            (KvDtype::F16, 5, 2, &shapes[1]),
+            (KvDtype::F32, 0, 3, &shapes[2], false),
+            (KvDtype::F16, 0, 4, &shapes[3], false),
+            (KvDtype::F16, 5, 2, &shapes[1], false),
+            // Sinks, globally and (as gpt-oss's alternate layers) within a window.
+            (KvDtype::F32, 0, 1, &shapes[2], true),
+            (KvDtype::F32, 4, 1, &shapes[3], true),
+            (KvDtype::F16, 0, 2, &shapes[1], true),
         ]);
     // A case again with its grids folded into 2-D at 1 workgroup in x.
-    let cases = cases.map(|c| (c, false)).chain([((KvDtype::F16, 5, 2, &shapes[3]), true)]);
+    let cases = cases.map(|c| (c, false)).chain([((KvDtype::F16, 5, 2, &shapes[3], false), true)]);
     // The cpu profile's attention, and the gpu profile's split attention with as many key
     // ranges as the forward step picks, 3 ranges, and 5 (more than some tokens have keys); its
     // tile softmax with subgroup reductions, and (false) without; the gpu profile's query-tiled
@@ -360,8 +367,10 @@ fn rope_and_paged_attention_with_gqa() {
         (KernelProfile::Gpu, None, true, Some(true)),
         (KernelProfile::Gpu, None, false, Some(true)),
     ];
-    for (((kv, window, chunks, &(heads, kv_heads, head_dim)), folded), (profile, splits, subgroups, tiled)) in
-        cases.flat_map(|c| profiles.map(|p| (c, p)))
+    for (
+        ((kv, window, chunks, &(heads, kv_heads, head_dim), with_sinks), folded),
+        (profile, splits, subgroups, tiled),
+    ) in cases.flat_map(|c| profiles.map(|p| (c, p)))
     {
         let gpu = if folded || !subgroups {
             let mut g = Gpu::new(None).unwrap();
@@ -388,6 +397,10 @@ fn rope_and_paged_attention_with_gqa() {
         rig.window = window;
         rig.splits = splits;
         rig.tiled = tiled;
+        // Sinks from well below to well above the scores (a sink above every score takes most of
+        // the weight).
+        let sinks: Option<Vec<f32>> = with_sinks.then(|| (0..heads).map(|h| h as f32 * 1.5 - 3.0).collect());
+        rig.sinks = sinks.clone();
         if tiled == Some(true) {
             assert!(
                 h.kernels.gpu.as_ref().unwrap().attention_tiled.is_some(),
@@ -448,9 +461,11 @@ fn rope_and_paged_attention_with_gqa() {
                             q.iter().zip(kk).map(|(a, b)| *a as f64 * *b as f64).sum::<f64>() * scale
                         })
                         .collect();
-                    let mx = scores.iter().cloned().fold(f64::MIN, f64::max);
+                    let sink = sinks.as_ref().map(|s| s[hh] as f64);
+                    let mx = scores.iter().cloned().chain(sink).fold(f64::MIN, f64::max);
                     let e: Vec<f64> = scores.iter().map(|s| (s - mx).exp()).collect();
-                    let z: f64 = e.iter().sum();
+                    // A sink is one more logit in the denominator, with no value.
+                    let z: f64 = e.iter().sum::<f64>() + sink.map_or(0.0, |s| (s - mx).exp());
                     for d in 0..head_dim {
                         let o: f64 = keys.iter().zip(&e).map(|((_, _, v), w)| w * v[kvh * head_dim + d] as f64).sum();
                         want.push((o / z) as f32);
@@ -460,7 +475,7 @@ fn rope_and_paged_attention_with_gqa() {
             // f16: a key element rounded on the other side of a half-way point shifts a score.
             let tol = if kv == KvDtype::F16 { 2e-4 } else { 2e-5 };
             let what = format!(
-                "attention {profile:?} splits {splits:?} tiled {tiled:?} subgroups {subgroups} {kv:?} window {window} chunks {chunks} \
+                "attention {profile:?} splits {splits:?} tiled {tiled:?} subgroups {subgroups} {kv:?} window {window} chunks {chunks} sinks {with_sinks} \
                  heads={heads} kv={kv_heads} d={head_dim}"
             );
             assert_close(&out, &want, |_| tol, &what);

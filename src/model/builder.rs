@@ -43,7 +43,8 @@ impl LayerParams {
             .into_iter()
             .map(|w| {
                 let p = AttnParams::new(dims, limits.block_size, w.unwrap_or(0), chunk)
-                    .with_scores(st.attn_scale, st.attn_softcap);
+                    .with_scores(st.attn_scale, st.attn_softcap)
+                    .with_sinks(st.attn_sinks);
                 (w, b.uniform(bytemuck::bytes_of(&p)))
             })
             .collect();

@@ -26,6 +26,12 @@ gpu_struct! {
         pub kv_chunk4: u32,
         /// Scores become softcap * tanh(score / softcap) (Gemma 2), when positive.
         pub softcap: f32,
+        /// 1: each head's learned sink logit (`sinks`, gpt-oss) joins its softmax's
+        /// denominator; 0: no sinks.
+        pub sinks: u32,
+        pub _p0: u32,
+        pub _p1: u32,
+        pub _p2: u32,
     }
 }
 
@@ -39,6 +45,7 @@ bindings! {
         qkv: Read @ 3,
         out: ReadWrite @ 6,
         part: ReadWrite @ 7,
+        sinks: Read @ 8,
     }
 }
 
@@ -63,7 +70,13 @@ impl AttnParams {
             window: window as u32,
             kv_chunk4: (kv_chunk / 4) as u32,
             softcap: 0.0,
+            ..Default::default()
         }
+    }
+
+    /// With a sink logit per head (the `sinks` binding) in every softmax's denominator.
+    pub fn with_sinks(self, sinks: bool) -> AttnParams {
+        AttnParams { sinks: sinks as u32, ..self }
     }
 
     /// With the model's own score scale (Gemma's query_pre_attn_scalar^-1/2) and soft cap.
@@ -72,13 +85,30 @@ impl AttnParams {
     }
 }
 
-/// The attention kernels' score function after AttnParams: the soft cap, when set.
+/// The attention kernels' score function after AttnParams: the soft cap, when set; and the
+/// softmax's end: with sinks, head h's sink logit joins the denominator as one more score with
+/// no value (gpt-oss), so the weights sum to less than 1.
 pub const WGSL_SCORE: &str = "
+@group(0) @binding(8) var<storage, read> sinks: array<f32>;
+
 fn capped(s: f32) -> f32 {
     if (p.softcap > 0.0) {
         return p.softcap * tanh_c(s / p.softcap);
     }
     return s;
+}
+
+// The factor the unnormalised sum of values (relative to the running max mx, with sum of
+// exponentials l) is multiplied by: 1 / l, or with head h's sink s
+// exp(mx - m) / (l exp(mx - m) + exp(s - m)), m = max(mx, s).
+fn normaliser(h: u32, mx: f32, l: f32) -> f32 {
+    if (p.sinks == 0u) {
+        return 1.0 / l;
+    }
+    let s = sinks[h];
+    let m = max(mx, s);
+    let c = exp(mx - m);
+    return c / (l * c + exp(s - m));
 }
 ";
 

@@ -65,6 +65,8 @@ pub struct AttnRig {
     /// gpu profile: run the query-tiled attention (Some(true)), the split one (Some(false)), or
     /// (None) as the forward step picks.
     pub tiled: Option<bool>,
+    /// A sink logit per query head (gpt-oss), or None.
+    pub sinks: Option<Vec<f32>>,
     /// The cache's chunks (as many as the kernels were built for), `blocks_per_chunk` blocks each.
     pub k: Vec<wgpu::Buffer>,
     pub v: Vec<wgpu::Buffer>,
@@ -455,6 +457,7 @@ impl Harness {
             window: 0,
             splits: None,
             tiled: None,
+            sinks: None,
             k: (0..chunks).map(|_| g.storage("k", bytes)).collect(),
             v: (0..chunks).map(|_| g.storage("v", bytes)).collect(),
             cos_sin: g.storage_init("cos_sin", bytemuck::cast_slice(&cs)),
@@ -520,12 +523,14 @@ impl Harness {
         let dims = (rig.heads, rig.kv_heads, rig.head_dim);
         let rp =
             g.uniform_init("rope", bytemuck::bytes_of(&RopeParams::new(rig.heads, rig.kv_heads, rig.head_dim, chunk)));
-        let ap = g.uniform_init("attn", bytemuck::bytes_of(&AttnParams::new(dims, rig.block_size, rig.window, chunk)));
+        let ap = AttnParams::new(dims, rig.block_size, rig.window, chunk).with_sinks(rig.sinks.is_some());
+        let ap = g.uniform_init("attn", bytemuck::bytes_of(&ap));
+        let sinks = g.storage_init("sinks", bytemuck::cast_slice(rig.sinks.as_deref().unwrap_or(&[0.0; 4])));
         let k = &self.kernels;
         let kv = (&rig.k[..], &rig.v[..]);
         let b = RopeBinds { step: &step, p: &rp, md: &meta, cos_sin: &rig.cos_sin, qkv: &qkv_b };
         let rope = rope::rope_kv(k, g, &b, kv, dims);
-        let b = AttnBinds { step: &step, p: &ap, md: &meta, qkv: &qkv_b, out: &out, part: &part };
+        let b = AttnBinds { step: &step, p: &ap, md: &meta, qkv: &qkv_b, out: &out, part: &part, sinks: &sinks };
         let attention = attention::attention(k, g, &b, kv, dims);
         let attn_tile = match rig.tiled {
             None => attention_tiled(&self.kernels, n, s.block_tables.len()),
