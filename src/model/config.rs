@@ -21,6 +21,9 @@ pub enum Arch {
     /// Gemma 3: Gemma 2's layers without the soft caps, with Qwen3's q/k norms, five
     /// sliding-window layers (their own RoPE base) to one global.
     Gemma3,
+    /// gpt-oss (model/gptoss.rs): biased attention with sinks, alternating sliding-window and
+    /// full layers, YaRN, a mixture of experts with the clamped SwiGLU on every layer.
+    GptOss,
 }
 
 impl Arch {
@@ -32,7 +35,7 @@ impl Arch {
 
 /// Hugging Face architectures this engine runs.
 pub const SUPPORTED_HF_ARCHS: &str = "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, \
-                                      Qwen3MoeForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM";
+                                      Qwen3MoeForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, GptOssForCausalLM";
 
 /// Where a family's layers differ from Llama's; the default is Llama's.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -57,6 +60,27 @@ pub struct LayerStyle {
     /// RoPE base of the sliding-window layers, with no scaling (Gemma 3's
     /// rope_local_base_freq); None: the model's own.
     pub local_rope_theta: Option<f64>,
+    /// The attention's output projection has a bias (gpt-oss).
+    pub out_bias: bool,
+    /// A learned logit per head joins each attention softmax's denominator (gpt-oss's sinks).
+    pub attn_sinks: bool,
+}
+
+/// HF's `layer_types`: per layer whether it is `sliding_attention` (else `full_attention`);
+/// None when the config has no such list.
+pub(crate) fn layer_types(v: &Value, src: &str) -> Result<Option<Vec<bool>>> {
+    let Some(types) = v["layer_types"].as_array() else { return Ok(None) };
+    let kinds: Option<Vec<bool>> = types
+        .iter()
+        .map(|t| match t.as_str() {
+            Some("sliding_attention") => Some(true),
+            Some("full_attention") => Some(false),
+            _ => None,
+        })
+        .collect();
+    kinds
+        .map(Some)
+        .ok_or_else(|| anyhow!("{src}: layer_types holds a kind other than sliding_attention / full_attention"))
 }
 
 /// How RoPE frequencies are scaled for long contexts.
@@ -330,6 +354,7 @@ impl ModelConfig {
             "Qwen3MoeForCausalLM" => Arch::Qwen3Moe,
             "Gemma2ForCausalLM" => Arch::Gemma2,
             "Gemma3ForCausalLM" => Arch::Gemma3,
+            "GptOssForCausalLM" => Arch::GptOss,
             "" => bail!("{src}: field 'architectures' is missing"),
             other => bail!("{src}: unsupported architecture {other} (supported: {SUPPORTED_HF_ARCHS})"),
         };
@@ -383,7 +408,11 @@ impl ModelConfig {
             Arch::Qwen3Moe => ModelConfig { moe: Some(super::moe::hf_config(&v, cfg.layers, &src)?), ..cfg },
             _ => cfg,
         };
-        let cfg = if arch.is_gemma() { super::gemma::hf_config(cfg, &v, &src)? } else { cfg };
+        let cfg = match arch {
+            _ if arch.is_gemma() => super::gemma::hf_config(cfg, &v, &src)?,
+            Arch::GptOss => super::gptoss::hf_config(cfg, &v, &src)?,
+            _ => cfg,
+        };
         cfg.validate(&src)?;
         Ok(cfg)
     }

@@ -60,18 +60,8 @@ pub(crate) fn hf_config(mut cfg: ModelConfig, v: &Value, src: &str) -> Result<Mo
     style.attn_softcap = cap("attn_logit_softcapping");
     style.final_softcap = cap("final_logit_softcapping");
     // Newer configs list each layer's kind; older ones give Gemma 3's pattern length.
-    if let Some(types) = v["layer_types"].as_array() {
-        let kinds: Option<Vec<bool>> = types
-            .iter()
-            .map(|t| match t.as_str() {
-                Some("sliding_attention") => Some(true),
-                Some("full_attention") => Some(false),
-                _ => None,
-            })
-            .collect();
-        style.sliding_layers = Some(kinds.ok_or_else(|| {
-            anyhow::anyhow!("{src}: layer_types holds a kind other than sliding_attention / full_attention")
-        })?);
+    if let Some(kinds) = super::config::layer_types(v, src)? {
+        style.sliding_layers = Some(kinds);
     } else if let Some(n) = v["sliding_window_pattern"].as_u64().filter(|_| cfg.arch == Arch::Gemma3) {
         style.sliding_layers = Some(sliding_pattern(cfg.layers, n.max(1) as usize));
     }

@@ -16,6 +16,10 @@ pub struct HostLayer {
     /// Per-head RMSNorm weights of q then k ([2 * head_dim], Qwen3), or None.
     pub qk_norm: Option<Vec<f32>>,
     pub o: QTensor,
+    /// The output projection's bias (gpt-oss), or None.
+    pub o_bias: Option<Vec<f32>>,
+    /// Each head's sink logit (gpt-oss), or None.
+    pub sinks: Option<Vec<f32>>,
     pub ffn_norm: Vec<f32>,
     /// The dense FFN (0 rows in a mixture-of-experts layer).
     pub gate: QTensor,
@@ -55,6 +59,11 @@ pub(crate) trait WeightSource {
     /// `experts` [rows, cols] matrices as one [experts * rows, cols] matrix: a 3-D tensor
     /// (GGUF's `*_exps`), or one matrix per expert where `name` holds `{e}` (Hugging Face).
     fn experts(&self, name: &str, experts: usize, rows: usize, cols: usize) -> Result<QTensor>;
+    /// The values of a float tensor of `shape` (outermost first, as Hugging Face writes it; a
+    /// GGUF file stores the dims reversed), and whether it is stored as F32.
+    fn array(&self, name: &str, shape: &[usize]) -> Result<(Vec<f32>, bool)>;
+    /// The bytes of a U8 tensor of `shape` (Hugging Face's MXFP4 blocks and scales).
+    fn bytes(&self, name: &str, shape: &[usize]) -> Result<Vec<u8>>;
     /// The file or directory (for messages).
     fn path(&self) -> &Path;
 }
@@ -76,6 +85,10 @@ pub(crate) struct TensorNames {
     pub q_norm: &'static str,
     pub k_norm: &'static str,
     pub o: &'static str,
+    /// The output projection's bias and the heads' sinks (gpt-oss; read only when the style
+    /// says so).
+    pub o_bias: &'static str,
+    pub sinks: &'static str,
     pub ffn_norm: &'static str,
     pub gate: &'static str,
     pub up: &'static str,
@@ -106,6 +119,8 @@ pub(crate) const HF_NAMES: TensorNames = TensorNames {
     q_norm: "self_attn.q_norm.weight",
     k_norm: "self_attn.k_norm.weight",
     o: "self_attn.o_proj.weight",
+    o_bias: "self_attn.o_proj.bias",
+    sinks: "self_attn.sinks",
     ffn_norm: "post_attention_layernorm.weight",
     gate: "mlp.gate_proj.weight",
     up: "mlp.up_proj.weight",
@@ -143,6 +158,8 @@ pub(crate) const GGUF_NAMES: TensorNames = TensorNames {
     q_norm: "attn_q_norm.weight",
     k_norm: "attn_k_norm.weight",
     o: "attn_output.weight",
+    o_bias: "attn_output.bias",
+    sinks: "attn_sinks.weight",
     ffn_norm: "ffn_norm.weight",
     gate: "ffn_gate.weight",
     up: "ffn_up.weight",
@@ -202,7 +219,11 @@ pub(crate) fn load_layers(
         let (gate, up, down, moe) = if sparse {
             let none = || QTensor::from_f32(0, h, &[]);
             let t: &dyn Fn(&str) -> String = &t;
-            (none()?, none()?, QTensor::from_f32(0, 32, &[])?, Some(super::moe::load(w, n, t, &cfg)?))
+            let moe = match cfg.arch {
+                super::config::Arch::GptOss => super::gptoss::load_experts(w, n, t, &cfg)?,
+                _ => super::moe::load(w, n, t, &cfg)?,
+            };
+            (none()?, none()?, QTensor::from_f32(0, 32, &[])?, Some(moe))
         } else {
             (w.matrix(&t(n.gate), i, h)?, w.matrix(&t(n.up), i, h)?, w.matrix(&t(n.down), h, i)?, None)
         };
@@ -214,6 +235,8 @@ pub(crate) fn load_layers(
             v: w.matrix(&t(n.v), kv, h)?,
             qkv_bias,
             o: w.matrix(&t(n.o), h, q)?,
+            o_bias: if cfg.style.out_bias { Some(w.vector(&t(n.o_bias), h)?) } else { None },
+            sinks: if cfg.style.attn_sinks { Some(w.vector(&t(n.sinks), cfg.heads)?) } else { None },
             ffn_norm: w.vector(&t(n.ffn_norm), h)?,
             gate,
             up,

@@ -92,21 +92,22 @@ impl OpBuilder<'_> {
         self.push(norm::norm(self.kernels, self.g, &b, false, self.cfg.hidden));
     }
 
-    /// A block's output projection `m` of `x`, added into the residual: directly, or (`post`)
-    /// through an RMSNorm with those weights (the projection goes to `normed` first).
+    /// A block's output projection `m` of `x` (plus `bias`), added into the residual: directly,
+    /// or (`post`) through an RMSNorm with those weights (the projection goes to `normed` first).
     fn project_out(
         &mut self,
         label: &'static str,
-        m: &GpuMatrix,
+        (m, bias): (&GpuMatrix, Option<&wgpu::Buffer>),
         x: &wgpu::Buffer,
         lp: &LayerParams,
         post: Option<&[f32]>,
     ) {
         let (s, h) = (self.s, self.cfg.hidden);
+        let b = if bias.is_some() { MAT_BIAS } else { 0 };
         match post {
-            None => self.matmul(label, m, (x, &s.hidden), (0, h), None, MAT_ACCUMULATE, false, false),
+            None => self.matmul(label, m, (x, &s.hidden), (0, h), bias, MAT_ACCUMULATE | b, false, false),
             Some(weight) => {
-                self.matmul(label, m, (x, &s.normed), (0, h), None, 0, false, false);
+                self.matmul(label, m, (x, &s.normed), (0, h), bias, b, false, false);
                 let w = self.storage("post_norm", weight);
                 let b = NormBinds {
                     step: &s.step_buf,
@@ -146,6 +147,11 @@ impl OpBuilder<'_> {
         };
         let o_m = self.upload("o_proj", &hl.o, None)?;
         let bias = hl.qkv_bias.as_ref().map(|b| self.storage("qkv_bias", b));
+        let o_bias = hl.o_bias.as_ref().map(|b| self.storage("o_bias", b));
+        let sinks = hl.sinks.as_ref().map(|b| self.storage("sinks", b));
+        if sinks.is_some() != cfg.style.attn_sinks {
+            bail!("a layer's attention sinks do not match the model's style");
+        }
 
         self.rms_norm(lp, &hl.attn_norm, "attn_norm");
         let bias_flag = if bias.is_some() { MAT_BIAS } else { 0 };
@@ -173,9 +179,10 @@ impl OpBuilder<'_> {
             qkv: &s.qkv,
             out: &s.attn,
             part: &s.part,
+            sinks: sinks.as_ref().unwrap_or(&s.dummy),
         };
         self.push(attention::attention(kern, g, &b, (k, v), dims));
-        self.project_out("o_proj", &o_m, &s.attn, lp, post);
+        self.project_out("o_proj", (&o_m, o_bias.as_ref()), &s.attn, lp, post);
         self.matrices.extend(qkv_ms.into_iter().map(|(m, _)| m));
         self.matrices.push(o_m);
         Ok(())
@@ -202,7 +209,7 @@ impl OpBuilder<'_> {
                 self.matmul("gate_up", up, (&s.normed, &s.act), ffn, None, MAT_SWIGLU_UP | act, false, false);
             }
         }
-        self.project_out("down", &down_m, &s.act, lp, post);
+        self.project_out("down", (&down_m, None), &s.act, lp, post);
         self.matrices.extend([gu_m, down_m]);
         self.matrices.extend(up_m);
         Ok(())

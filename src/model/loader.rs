@@ -214,7 +214,8 @@ fn load_hf(dir: &Path, range: std::ops::Range<usize>, progress: &dyn Fn(usize, u
         super::gemma::add_one_to_norms(&mut m);
         return Ok(m);
     }
-    load_layers(&w, &HF_NAMES, cfg, range, progress, false)
+    let names = if cfg.arch == Arch::GptOss { &super::gptoss::GPTOSS_HF_NAMES } else { &HF_NAMES };
+    load_layers(&w, names, cfg, range, progress, false)
 }
 
 impl WeightSource for HfWeights {
@@ -241,6 +242,23 @@ impl WeightSource for HfWeights {
             .map_err(|err| anyhow!("{}: {name}: {err}", self.dir.display()))
     }
 
+    fn array(&self, name: &str, shape: &[usize]) -> Result<(Vec<f32>, bool)> {
+        let (t, bytes, src) = self.get(name)?;
+        if t.shape != shape {
+            bail!("{src}: tensor {name} has shape {:?}, expected {shape:?}", t.shape);
+        }
+        let v = to_f32(t.dtype, bytes).map_err(|e| anyhow!("{src}: tensor {name}: {e}"))?;
+        Ok((v, t.dtype == safetensors::Dtype::F32))
+    }
+
+    fn bytes(&self, name: &str, shape: &[usize]) -> Result<Vec<u8>> {
+        let (t, bytes, src) = self.get(name)?;
+        if t.shape != shape || t.dtype != safetensors::Dtype::U8 {
+            bail!("{src}: tensor {name} is {:?} {:?}, expected U8 {shape:?}", t.dtype, t.shape);
+        }
+        Ok(bytes.to_vec())
+    }
+
     fn path(&self) -> &Path {
         &self.dir
     }
@@ -259,9 +277,10 @@ fn gguf_config(g: &GgufFile) -> Result<ModelConfig> {
         "qwen3moe" => Arch::Qwen3Moe,
         "gemma2" => Arch::Gemma2,
         "gemma3" => Arch::Gemma3,
+        "gpt-oss" => Arch::GptOss,
         other => bail!(
             "{src}: unsupported architecture '{other}' (supported: llama (also Mistral's files), qwen2, qwen3, qwen3moe, \
-             gemma2, gemma3)"
+             gemma2, gemma3, gpt-oss)"
         ),
     };
     let key = |k: &str| format!("{arch_name}.{k}");
@@ -290,7 +309,7 @@ fn gguf_config(g: &GgufFile) -> Result<ModelConfig> {
         // A MoE file whose every layer is sparse may have no dense FFN size.
         intermediate: match (req("feed_forward_length"), arch) {
             (Ok(v), _) => v,
-            (Err(_), Arch::Qwen3Moe) => 0,
+            (Err(_), Arch::Qwen3Moe | Arch::GptOss) => 0,
             (Err(e), _) => return Err(e),
         },
         vocab,
@@ -309,7 +328,11 @@ fn gguf_config(g: &GgufFile) -> Result<ModelConfig> {
         Arch::Qwen3Moe => ModelConfig { moe: Some(super::moe::gguf_config(g, arch_name, layers)?), ..cfg },
         _ => cfg,
     };
-    let cfg = if arch.is_gemma() { super::gemma::gguf_config(cfg, g, arch_name)? } else { cfg };
+    let cfg = match arch {
+        _ if arch.is_gemma() => super::gemma::gguf_config(cfg, g, arch_name)?,
+        Arch::GptOss => super::gptoss::gguf_config(cfg, g, arch_name)?,
+        _ => cfg,
+    };
     cfg.validate(&src)?;
     Ok(cfg)
 }
@@ -492,7 +515,8 @@ pub fn load_gguf(g: &GgufFile, range: std::ops::Range<usize>, progress: &dyn Fn(
     let cfg = gguf_config(g)?;
     // llama.cpp's converter permutes Llama's q/k rows for interleaved RoPE; undone here.
     let unpermute = cfg.arch == Arch::Llama;
-    load_layers(&GgufSource(g), &GGUF_NAMES, cfg, range, progress, unpermute)
+    let names = if cfg.arch == Arch::GptOss { &super::gptoss::GPTOSS_GGUF_NAMES } else { &GGUF_NAMES };
+    load_layers(&GgufSource(g), names, cfg, range, progress, unpermute)
 }
 
 /// A GGUF file as a weight source.
@@ -513,6 +537,27 @@ impl WeightSource for GgufSource<'_> {
 
     fn experts(&self, name: &str, experts: usize, rows: usize, cols: usize) -> Result<QTensor> {
         gguf_rows(self.0, name, &[cols as u64, rows as u64, experts as u64])
+    }
+
+    fn array(&self, name: &str, shape: &[usize]) -> Result<(Vec<f32>, bool)> {
+        let g = self.0;
+        let src = g.path.display();
+        let t = g.tensor(name).ok_or_else(|| anyhow!("{src}: tensor {name} is missing"))?;
+        let want: Vec<u64> = shape.iter().rev().map(|&d| d as u64).collect();
+        if t.dims != want {
+            bail!("{src}: tensor {name} has dims {:?} (GGUF order), expected {want:?}", t.dims);
+        }
+        let dtype = match t.ggml_type {
+            GgmlType::F32 => safetensors::Dtype::F32,
+            GgmlType::F16 => safetensors::Dtype::F16,
+            GgmlType::BF16 => safetensors::Dtype::BF16,
+            other => bail!("{src}: tensor {name} has type {}, expected F32/F16/BF16", other.name()),
+        };
+        Ok((to_f32(dtype, g.tensor_data(t))?, t.ggml_type == GgmlType::F32))
+    }
+
+    fn bytes(&self, name: &str, _shape: &[usize]) -> Result<Vec<u8>> {
+        bail!("{}: tensor {name}: GGUF files hold no byte tensors", self.0.path.display())
     }
 
     fn path(&self) -> &Path {

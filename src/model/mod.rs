@@ -8,6 +8,7 @@ pub mod builder;
 pub mod config;
 pub mod forward;
 pub mod gemma;
+pub mod gptoss;
 pub mod layers;
 pub mod llama;
 pub mod loader;

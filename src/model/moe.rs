@@ -26,12 +26,21 @@ pub struct MoeConfig {
     pub norm_topk: bool,
     /// Per layer: its FFN is the mixture (else the dense FFN of `intermediate_size`).
     pub sparse_layers: Vec<bool>,
+    /// gpt-oss's clamped SwiGLU (alpha, limit) instead of the model's activation.
+    pub clamped: Option<(f32, f32)>,
 }
 
 impl MoeConfig {
     /// What the ops need, with the model's activation.
     pub fn spec(&self, gelu: bool) -> MoeSpec {
-        MoeSpec { experts: self.experts, top_k: self.top_k, ffn: self.ffn, norm: self.norm_topk, gelu, clamped: None }
+        MoeSpec {
+            experts: self.experts,
+            top_k: self.top_k,
+            ffn: self.ffn,
+            norm: self.norm_topk,
+            gelu,
+            clamped: self.clamped,
+        }
     }
 
     pub fn is_sparse(&self, l: usize) -> bool {
@@ -52,6 +61,9 @@ impl MoeConfig {
         }
         if self.ffn == 0 || !self.ffn.is_multiple_of(32) {
             bail!("{src}: the experts' intermediate size {} must be a positive multiple of 32", self.ffn);
+        }
+        if self.clamped.is_some_and(|(a, l)| !(a > 0.0 && a.is_finite() && l > 0.0 && l.is_finite())) {
+            bail!("{src}: the clamped SwiGLU's alpha and limit must be positive and finite");
         }
         if self.sparse_layers.len() != layers {
             bail!("{src}: {} per-layer FFN kinds for {layers} layers", self.sparse_layers.len());
@@ -79,6 +91,7 @@ pub(crate) fn hf_config(v: &Value, layers: usize, src: &str) -> Result<MoeConfig
         ffn: int("moe_intermediate_size").ok_or_else(|| anyhow!("{src}: field 'moe_intermediate_size' is missing"))?,
         norm_topk: v["norm_topk_prob"].as_bool().unwrap_or(false),
         sparse_layers: (0..layers).map(|l| !dense.contains(&l) && (l + 1) % step == 0).collect(),
+        clamped: None,
     };
     c.validate(layers, src)?;
     Ok(c)
@@ -96,6 +109,7 @@ pub(crate) fn gguf_config(g: &GgufFile, arch: &str, layers: usize) -> Result<Moe
         ffn: g.require_u64(&key("expert_feed_forward_length"))? as usize,
         norm_topk: g.get_bool(&key("expert_weights_norm")).unwrap_or(true),
         sparse_layers: (0..layers).map(|l| g.tensor(&format!("blk.{l}.ffn_gate_inp.weight")).is_some()).collect(),
+        clamped: None,
     };
     c.validate(layers, &src)?;
     Ok(c)

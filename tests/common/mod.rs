@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod reference;
+pub mod tiny;
 
 use serde_json::Value;
 use std::path::{Path, PathBuf};
