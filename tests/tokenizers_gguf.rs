@@ -135,6 +135,7 @@ fn byte_level_bpe_pre_tokenizers_match_the_reference() {
         "refact",
         "command-r",
         "default",
+        "gpt-4o",
     ] {
         assert!(names.iter().any(|n| n == required), "no fixture for pre-tokenizer {required}");
         assert!(supported_pre_tokenizers().contains(&required), "{required} is not supported");

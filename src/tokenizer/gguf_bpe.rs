@@ -26,6 +26,10 @@ const GPT2: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]
 /// `(?i)` case folding cannot match e.g. U+017F LATIN SMALL LETTER LONG S).
 const LLAMA3: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
+/// gpt-oss's o200k split (llama.cpp's `gpt-4o`): words split before capitals, optional
+/// contractions attached, up to three digits, punctuation runs with trailing newlines or slashes.
+const GPT4O: &str = r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
 /// Qwen2's split: Llama 3's with single digits.
 const QWEN2: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
@@ -74,6 +78,7 @@ const PRE_TOKENIZERS: &[PreTokenizer] = &[
         ignore_merges: true,
         add_bos: true,
     },
+    PreTokenizer { names: &["gpt-4o"], regexes: &[GPT4O], ignore_merges: false, add_bos: false },
     PreTokenizer { names: &["dbrx", "smaug-bpe"], regexes: &[LLAMA3], ignore_merges: false, add_bos: false },
     PreTokenizer {
         names: &["qwen2", "deepseek-r1-qwen", "stablelm2", "megrez"],

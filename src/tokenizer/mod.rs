@@ -136,6 +136,18 @@ fn push_unique(v: &mut Vec<u32>, id: u32) {
     }
 }
 
+/// gpt-oss's harmony vocabulary (`<|return|>` and `<|call|>` both present): both end
+/// generation, and `<|end|>` does not (it ends one message, the thinking, and the answer
+/// follows), whatever the file's end-of-text ids say, as llama.cpp treats it.
+fn harmony_stops(eos_ids: &mut Vec<u32>, id_of: impl Fn(&str) -> Option<u32>) {
+    let (Some(ret), Some(call)) = (id_of("<|return|>"), id_of("<|call|>")) else { return };
+    push_unique(eos_ids, ret);
+    push_unique(eos_ids, call);
+    if let Some(end) = id_of("<|end|>") {
+        eos_ids.retain(|&id| id != end);
+    }
+}
+
 impl Tokenizer {
     /// The tokenizer of a model: a Hugging Face directory or a .gguf file.
     pub fn from_path(path: &Path) -> Result<Self> {
@@ -196,6 +208,7 @@ impl Tokenizer {
         if let Some(id) = eos_token.as_deref().and_then(|t| inner.token_to_id(t)) {
             push_unique(&mut eos_ids, id);
         }
+        harmony_stops(&mut eos_ids, |t| inner.token_to_id(t));
 
         let eos_id = eos_token.as_deref().and_then(|t| inner.token_to_id(t));
         let add_eos = cfg.get("add_eos_token").and_then(|v| v.as_bool()).unwrap_or(false) && eos_id.is_some();
@@ -259,6 +272,7 @@ impl Tokenizer {
         if let Some(id) = tokens.iter().position(|t| t == "<end_of_turn>") {
             push_unique(&mut eos_ids, id as u32);
         }
+        harmony_stops(&mut eos_ids, |t| tokens.iter().position(|x| x == t).map(|i| i as u32));
         let arch = g.get_str("general.architecture").unwrap_or("");
         let (template, builtin_template) = match g.get_str("tokenizer.chat_template") {
             Some(t) => (Some(ChatTemplate::new(t.to_string())), None),
@@ -481,4 +495,22 @@ fn detect_post_processor_bos(inner: &tokenizers::Tokenizer) -> Option<u32> {
     let with = inner.encode("a", true).ok()?;
     let (p, w) = (plain.get_ids(), with.get_ids());
     (w.len() == p.len() + 1 && w[1..] == *p).then(|| w[0])
+}
+
+#[cfg(test)]
+mod harmony_tests {
+    use super::harmony_stops;
+
+    #[test]
+    fn harmony_vocabularies_stop_at_return_and_call_not_at_end() {
+        let vocab = ["<|endoftext|>", "<|return|>", "<|call|>", "<|end|>", "x"];
+        let id_of = |t: &str| vocab.iter().position(|v| *v == t).map(|i| i as u32);
+        let mut eos = vec![0, 3];
+        harmony_stops(&mut eos, id_of);
+        assert_eq!(eos, [0, 1, 2]);
+        // Without both markers nothing changes.
+        let mut eos = vec![3];
+        harmony_stops(&mut eos, |t| (t == "<|end|>").then_some(3));
+        assert_eq!(eos, [3]);
+    }
 }
