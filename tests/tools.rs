@@ -119,9 +119,10 @@ fn qwen_template_renders_tools_and_history() {
     result.tool_call_id = Some("call_1".into());
     let msgs = [ChatMessage::new("user", "Weather in Paris?"), call, result];
     let text = tok.apply_chat_template_with_tools(&msgs, Some(&[weather_tool()]), true).unwrap();
-    let tool_json = "{\"function\": {\"description\": \"Get the current weather in a given city\", \"name\": \
-                     \"get_weather\", \"parameters\": {\"properties\": {\"city\": {\"description\": \"The city name\", \
-                     \"type\": \"string\"}}, \"required\": [\"city\"], \"type\": \"object\"}}, \"type\": \"function\"}";
+    // Keys in the request's order, as Python's json.dumps writes a dict (transformers, vLLM).
+    let tool_json = "{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": \"Get the \
+                     current weather in a given city\", \"parameters\": {\"type\": \"object\", \"properties\": {\"city\": \
+                     {\"type\": \"string\", \"description\": \"The city name\"}}, \"required\": [\"city\"]}}}";
     let want_system = format!(
         "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.\n\n# Tools\n\n\
          You may call one or more functions to assist with the user query.\n\nYou are provided with function \

@@ -321,9 +321,10 @@ mod tests {
         let out = t.render(&[], Some(&tools), false, None, None, None).unwrap();
         assert_eq!(
             out,
-            "[{\"function\": {\"d\": [1, \"é\"], \"name\": \"f\", \"parameters\": {}}, \"type\": \"function\"}]|{\n  \
-             \"function\": {\n    \"d\": [\n      1,\n      \"é\"\n    ],\n    \"name\": \"f\",\n    \"parameters\": {}\n  },\n  \
-             \"type\": \"function\"\n}|\"a<b\"|[]"
+            // Keys in their given order, as Python's dicts keep them.
+            "[{\"type\": \"function\", \"function\": {\"name\": \"f\", \"parameters\": {}, \"d\": [1, \"é\"]}}]|{\n  \
+             \"type\": \"function\",\n  \"function\": {\n    \"name\": \"f\",\n    \"parameters\": {},\n    \"d\": [\n      1,\n      \
+             \"é\"\n    ]\n  }\n}|\"a<b\"|[]"
         );
         assert!(t.mentions_tools);
         assert!(!ChatTemplate::new("{{ messages }}".into()).mentions_tools);
