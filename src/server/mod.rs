@@ -19,6 +19,7 @@ mod cli;
 mod conn;
 mod error;
 mod generate;
+pub mod harmony;
 mod info;
 mod json;
 pub mod metrics;

@@ -147,8 +147,18 @@ fn chat_within(engine: &EngineHandle, parsed: Parsed, mut c: Common) -> Result<P
     let tool_req = ToolRequest::parse(&f)?;
     let kwargs = f.template_kwargs()?;
     drop(parsed);
+    let tok = &engine.tokenizer;
+    let kind = c.reasoning.resolve(tok.chat_template_source());
+    let harmony = kind == Some(reasoning::ReasoningKind::Harmony);
     // `required` and named functions: the output is held to a valid call by a grammar.
     if let Some(tc) = tool_req.as_ref().and_then(|t| t.constraint_for(&engine.tokenizer)) {
+        if harmony {
+            return Err(ApiError::invalid(
+                "tool_choice",
+                "this model answers in the harmony format: `tool_choice` may be `auto` or `none` (a required or \
+                 named function cannot be enforced)",
+            ));
+        }
         if c.constraint.is_some() {
             return Err(ApiError::invalid(
                 "tool_choice",
@@ -158,21 +168,21 @@ fn chat_within(engine: &EngineHandle, parsed: Parsed, mut c: Common) -> Result<P
         c.constraint = Some(structured::Requested { spec: ConstraintSpec::Lark(tc.lark), param: "tools" });
     }
     c.compiled = structured::compile(engine, c.constraint.take())?;
-    let tok = &engine.tokenizer;
     let text = tools::render_prompt(tok, &messages, tool_req.as_ref(), true, kwargs.as_ref())
         .map_err(|e| ApiError::invalid("messages", format!("{e:#}")))?;
     drop(messages);
-    let reasoning = c.reasoning.resolve(tok.chat_template_source()).map(|k| Reasoning::new(k, &text));
+    let reasoning = kind.map(|k| Reasoning::new(k, &text));
     let prompt = tokenize_prompt(tok, &engine.info, &text, "messages")?;
     drop(text);
     let max_tokens = check_context(&engine.info, prompt.len(), c.max_tokens, "messages")?;
     let mut params: Vec<_> = (0..c.n).map(|j| c.request_params(j, max_tokens, lp)).collect();
     // A grammar constrains the answer, not the thinking before it.
-    if reasoning.is_some_and(|r| r.starts_thinking()) && c.compiled.is_some() {
-        params.iter_mut().for_each(|p| p.constraint_after = Some(reasoning::CLOSE.to_string()));
+    if let Some(r) = reasoning.filter(|r| r.starts_thinking() && c.compiled.is_some()) {
+        params.iter_mut().for_each(|p| p.constraint_after = Some(r.answer_starts_after().to_string()));
     }
-    if tool_req.as_ref().is_some_and(ToolRequest::parses_output) {
-        // As vLLM's Hermes parser: the tags may be special tokens (Qwen2.5's GGUF marks them so).
+    if harmony || tool_req.as_ref().is_some_and(ToolRequest::parses_output) {
+        // Harmony's channel markers are special tokens; as vLLM's Hermes parser, Hermes' tags may
+        // be too (Qwen2.5's GGUF marks them so).
         params.iter_mut().for_each(|p| p.skip_special_tokens = false);
     }
     Ok(Prepared {

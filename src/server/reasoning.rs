@@ -9,6 +9,9 @@
 //!   the Qwen3 thinking-only models'); otherwise it is all content, so `enable_thinking: false`
 //!   (its template closes an empty span in the prompt) gives plain content.
 //!
+//! - `openai_gptoss`: gpt-oss's harmony channels (its own parser, server/harmony.rs, which also
+//!   reads its tool calls); picked by `auto` for a template that writes `<|channel|>`.
+//!
 //! Streamed and whole outputs go through the same [`Splitter`], so the deltas always add up to
 //! the whole response, whatever the token boundaries. Around a span, the whitespace at its start,
 //! at its end and at the start of the content after it is dropped (the newlines around the
@@ -29,10 +32,14 @@ pub enum ReasoningChoice {
 pub enum ReasoningKind {
     DeepSeekR1,
     Qwen3,
+    /// gpt-oss's harmony format (server/harmony.rs, not the [`Splitter`]).
+    Harmony,
 }
 
 pub const OPEN: &str = "<think>";
 pub const CLOSE: &str = "</think>";
+/// Where a harmony answer (gpt-oss) starts.
+pub const HARMONY_FINAL: &str = "<|channel|>final<|message|>";
 
 impl ReasoningChoice {
     pub fn parse(s: &str) -> Result<ReasoningChoice, String> {
@@ -41,7 +48,12 @@ impl ReasoningChoice {
             "none" | "off" => ReasoningChoice::None,
             "deepseek_r1" => ReasoningChoice::Parser(ReasoningKind::DeepSeekR1),
             "qwen3" => ReasoningChoice::Parser(ReasoningKind::Qwen3),
-            o => return Err(format!("unknown reasoning parser '{o}' (known: auto, none, deepseek_r1, qwen3)")),
+            "openai_gptoss" | "harmony" => ReasoningChoice::Parser(ReasoningKind::Harmony),
+            o => {
+                return Err(format!(
+                    "unknown reasoning parser '{o}' (known: auto, none, deepseek_r1, qwen3, openai_gptoss)"
+                ))
+            }
         })
     }
 
@@ -52,7 +64,9 @@ impl ReasoningChoice {
             ReasoningChoice::Parser(k) => Some(k),
             ReasoningChoice::Auto => {
                 let t = template?;
-                if !t.contains(OPEN) {
+                if t.contains("<|channel|>") {
+                    Some(ReasoningKind::Harmony)
+                } else if !t.contains(OPEN) {
                     None
                 } else if t.contains("enable_thinking") {
                     Some(ReasoningKind::Qwen3)
@@ -80,7 +94,20 @@ impl Reasoning {
     /// Whether the output starts inside the thinking span for certain (a grammar then waits for
     /// its end: it constrains the answer, not the thinking).
     pub fn starts_thinking(&self) -> bool {
-        self.prompt_open || self.kind == ReasoningKind::DeepSeekR1
+        self.prompt_open || matches!(self.kind, ReasoningKind::DeepSeekR1 | ReasoningKind::Harmony)
+    }
+
+    /// The text after which a grammar starts: the end of the thinking, or a harmony answer's
+    /// header.
+    pub fn answer_starts_after(&self) -> &'static str {
+        match self.kind {
+            ReasoningKind::Harmony => HARMONY_FINAL,
+            _ => CLOSE,
+        }
+    }
+
+    pub fn is_harmony(&self) -> bool {
+        self.kind == ReasoningKind::Harmony
     }
 }
 
@@ -319,6 +346,8 @@ mod tests {
         assert_eq!(auto.resolve(Some("{% if enable_thinking %}<think>{% endif %}")), Some(ReasoningKind::Qwen3));
         assert_eq!(auto.resolve(Some("<｜Assistant｜><think>\n")), Some(ReasoningKind::DeepSeekR1));
         assert_eq!(auto.resolve(Some("<|im_start|>assistant\n")), None);
+        assert_eq!(auto.resolve(Some("<|start|>assistant<|channel|>final<|message|>")), Some(ReasoningKind::Harmony));
+        assert_eq!(ReasoningChoice::parse("openai_gptoss"), Ok(ReasoningChoice::Parser(ReasoningKind::Harmony)));
         assert_eq!(auto.resolve(None), None);
         assert_eq!(ReasoningChoice::None.resolve(Some("<think>")), None);
         assert_eq!(ReasoningChoice::parse("qwen3"), Ok(ReasoningChoice::Parser(ReasoningKind::Qwen3)));

@@ -4,6 +4,7 @@
 use super::access::AccessRecord;
 use super::error::ApiError;
 use super::generate::{submit, total_usage, Choice, Collected, TokenOut};
+use super::harmony::{self, HarmonyParser, HarmonyPart};
 use super::prepare::{self, Prepared, Route};
 use super::reasoning::{self, Reasoning, Splitter};
 use super::tools::{self, Piece, ToolCallParser, ToolRequest};
@@ -335,14 +336,24 @@ impl Output {
                     let lp = if self.logprobs { self.chat_logprobs(&c.tokens) } else { Value::Null };
                     let mut message = json!({"role": "assistant", "content": c.text, "refusal": null});
                     let mut text = c.text.clone();
-                    if let Some(r) = self.reasoning {
+                    let mut reason = json!(reason);
+                    if self.reasoning.is_some_and(|r| r.is_harmony()) {
+                        let (thinking, content, calls) = harmony::parse_whole(self.tools.as_ref(), &c.text);
+                        message["reasoning_content"] = json!(thinking);
+                        message["content"] = json!(content);
+                        if !calls.is_empty() {
+                            let calls: Vec<Value> =
+                                calls.iter().map(|k| tools::call_json(&self.call_id(), k)).collect();
+                            message["tool_calls"] = Value::Array(calls);
+                            reason = tool_calls_reason(&c.reason, reason);
+                        }
+                    } else if let Some(r) = self.reasoning {
                         let (thinking, content) = reasoning::split_whole(r, &c.text);
                         message["reasoning_content"] = json!(thinking);
                         message["content"] = json!(content);
                         text = content.unwrap_or_default();
                     }
-                    let mut reason = json!(reason);
-                    if let Some(t) = &self.tools {
+                    if let Some(t) = self.tools.as_ref().filter(|_| !self.reasoning.is_some_and(|r| r.is_harmony())) {
                         let (content, calls) = tools::parse_output(t, &text);
                         message["content"] = json!(content);
                         if !calls.is_empty() {

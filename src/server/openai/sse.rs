@@ -14,6 +14,7 @@ impl Output {
             offsets: HashMap::new(),
             parsers: HashMap::new(),
             splitters: HashMap::new(),
+            harmony: HashMap::new(),
             open: choices.iter().map(|c| c.index).collect(),
             echo_pending: BTreeSet::new(),
             prompt_lps: HashMap::new(),
@@ -107,6 +108,8 @@ struct SseState {
     parsers: HashMap<usize, ToolCallParser>,
     /// Chat with a reasoning parser: each choice's splitter.
     splitters: HashMap<usize, Splitter>,
+    /// Chat in the harmony format: each choice's parser (reasoning and tool calls).
+    harmony: HashMap<usize, HarmonyParser>,
     /// Choices not finished yet.
     open: BTreeSet<usize>,
     /// Completions with `echo` and `logprobs`: choices whose echo chunk waits for the prompt's
@@ -148,6 +151,32 @@ impl SseState {
             let lp = std::mem::take(&mut lp);
             self.push_choice(json!({"index": index, "delta": delta, "logprobs": lp, "finish_reason": null}));
         }
+    }
+
+    /// Chunks for a harmony choice's `text` (`last`: the output ends here); returns how many
+    /// calls the choice has made.
+    fn push_harmony(&mut self, index: usize, text: &str, last: bool, mut lp: Value) -> usize {
+        let tools = &self.out.tools;
+        let p = self.harmony.entry(index).or_insert_with(|| HarmonyParser::new(tools.clone()));
+        let mut parts = p.push(text);
+        if last {
+            parts.extend(p.finish());
+        }
+        let calls = p.calls();
+        for part in parts {
+            let l = std::mem::take(&mut lp);
+            match part {
+                HarmonyPart::Reasoning(t) => self.push_choice(
+                    json!({"index": index, "delta": {"reasoning_content": t}, "logprobs": l, "finish_reason": null}),
+                ),
+                HarmonyPart::Content(t) => self.push_pieces(index, vec![Piece::Content(t)], l),
+                HarmonyPart::Call(c) => self.push_pieces(index, vec![Piece::Call(c)], l),
+            }
+        }
+        if !lp.is_null() {
+            self.push_choice(json!({"index": index, "delta": {"content": ""}, "logprobs": lp, "finish_reason": null}));
+        }
+        calls
     }
 
     /// Chat output text as parts: through the choice's reasoning splitter when the request has
@@ -223,6 +252,10 @@ impl SseState {
                 let toks = [TokenOut { id, logprob, top }];
                 if self.out.chat {
                     let lp = if self.out.logprobs { self.out.chat_logprobs(&toks) } else { Value::Null };
+                    if self.out.reasoning.is_some_and(|r| r.is_harmony()) {
+                        self.push_harmony(index, &text, false, lp);
+                        return;
+                    }
                     let parts = self.split(index, &text, false);
                     self.push_parts(index, parts, lp);
                 } else {
@@ -245,7 +278,12 @@ impl SseState {
                 }
                 self.usage.push((index, prompt_index, usage));
                 let mut reason = json!(finish.as_openai());
-                if self.out.chat {
+                if self.out.chat && self.out.reasoning.is_some_and(|r| r.is_harmony()) {
+                    if self.push_harmony(index, &text, true, Value::Null) > 0 {
+                        reason = tool_calls_reason(&finish, reason);
+                    }
+                    self.push_choice(json!({"index": index, "delta": {}, "logprobs": null, "finish_reason": reason}));
+                } else if self.out.chat {
                     let mut parts = self.split(index, &text, true);
                     parts.retain(
                         |p| !matches!(p, reasoning::Part::Reasoning(t) | reasoning::Part::Content(t) if t.is_empty()),

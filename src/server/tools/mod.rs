@@ -162,7 +162,7 @@ impl ToolRequest {
     }
 
     /// Whether a call of `name` is accepted from the output.
-    fn accepts(&self, name: &str) -> bool {
+    pub(crate) fn accepts(&self, name: &str) -> bool {
         match &self.choice {
             ToolChoice::Named(n) => n == name,
             _ => self.tools.iter().any(|t| t.name == name),
@@ -371,5 +371,5 @@ mod render;
 #[cfg(test)]
 mod tests;
 
-pub use parse::{call_json, parse_output, Piece, ToolCallParser};
+pub use parse::{call_json, parse_output, ParsedCall, Piece, ToolCallParser};
 pub use render::render_prompt;

@@ -65,7 +65,16 @@ pub fn render_prompt(
     add_generation_prompt: bool,
     kwargs: Option<&serde_json::Map<String, serde_json::Value>>,
 ) -> anyhow::Result<String> {
-    let specs = tools.map(ToolRequest::specs);
+    let mut specs = tools.map(ToolRequest::specs);
+    // gpt-oss's template joins `"// " + tool.description`, which fails on a tool without one
+    // (OpenAI's API makes it optional): give such tools an empty description there.
+    if tok.chat_template_source().is_some_and(|t| t.contains("<|channel|>")) {
+        for s in specs.iter_mut().flatten() {
+            if let Some(f) = s["function"].as_object_mut() {
+                f.entry("description").or_insert(serde_json::Value::String(String::new()));
+            }
+        }
+    }
     let has_history = messages.iter().any(|m| m.tool_calls.is_some() || m.role == "tool");
     if tok.chat_template_supports_tools() {
         tok.apply_chat_template_kwargs(messages, specs.as_deref(), add_generation_prompt, kwargs)
