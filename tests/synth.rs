@@ -46,7 +46,7 @@ fn check_config(path: &Path, s: &SynthShape, layers: usize) {
     );
     assert_eq!(c.rope_theta, s.rope_theta as f64, "{what}");
     assert_eq!(c.rms_eps, s.rms_eps, "{what}");
-    assert_eq!(c.qkv_bias, s.arch == Arch::Qwen2, "{what}");
+    assert_eq!(c.qkv_bias, matches!(s.arch, Arch::Qwen2 | Arch::GptOss), "{what}");
     assert_eq!(c.max_positions, s.context_length, "{what}");
 }
 
@@ -77,6 +77,12 @@ fn every_shape_is_known_and_consistent() {
     assert_eq!(
         (s.hidden, s.heads, s.kv_heads, s.head_dim, s.vocab, s.layers, s.tied, m.experts, m.top_k, m.ffn),
         (2048, 32, 4, 128, 151936, 48, false, 128, 8, 768)
+    );
+    let s = synth_shape("gpt-oss-20b").unwrap();
+    let m = s.moe.unwrap();
+    assert_eq!(
+        (s.hidden, s.heads, s.kv_heads, s.head_dim, s.vocab, s.layers, s.tied, m.experts, m.top_k, m.ffn),
+        (2880, 64, 8, 64, 201088, 24, false, 32, 4, 2880)
     );
 }
 
@@ -390,4 +396,45 @@ fn qwen25_7b_shape_one_layer_loads_on_the_host() {
     let host = HostModel::load(&path, &|_, _| {}).unwrap();
     assert!(!host.tied && host.lm_head.is_some());
     assert_eq!(host.layers[0].qkv_bias.as_ref().unwrap().len(), shape.q_dim() + 2 * shape.kv_dim());
+}
+
+/// gpt-oss's synthetic layout at a small size (the real shape's vocabulary alone is 0.4 GB):
+/// biases, sinks, the post-attention norm's name, experts in MXFP4 whatever the other matrices
+/// are, router and expert biases; it loads, the o200k pre-tokenizer is known, and both kernel
+/// profiles agree on it.
+#[test]
+fn gptoss_layout_small_loads_and_profiles_agree() {
+    let real = synth_shape("gpt-oss-20b").unwrap();
+    let shape = SynthShape {
+        hidden: 256,
+        heads: 8,
+        kv_heads: 2,
+        intermediate: 256,
+        vocab: 2048,
+        moe: Some(torus_wgpu::model::synth::SynthMoe { experts: 8, top_k: 2, ffn: 256 }),
+        ..real
+    };
+    let dir = TempDir::new("gptoss");
+    let path = dir.0.join("model.gguf");
+    write_synthetic_gguf(&path, &shape, WFormat::Q8_0, Some(2), 3).unwrap();
+    check_config(&path, &shape, 2);
+    let c = read_config(&path).unwrap();
+    assert!(c.style.attn_sinks && c.style.out_bias);
+    assert_eq!(c.style.sliding_layers.as_deref(), Some(&[true, false][..]));
+    let g = GgufFile::open(&path).unwrap();
+    let ty = |name: &str| g.tensor(name).unwrap_or_else(|| panic!("{name} missing")).ggml_type;
+    assert_eq!(ty("blk.1.ffn_gate_exps.weight"), GgmlType::MXFP4);
+    assert_eq!(ty("blk.1.ffn_down_exps.weight"), GgmlType::MXFP4);
+    assert_eq!(ty("blk.1.attn_q.weight"), GgmlType::Q8_0);
+    assert_eq!(ty("blk.1.attn_sinks.weight"), GgmlType::F32);
+    drop(g);
+    check_tokenizer(&path, shape.vocab);
+    let host = HostModel::load(&path, &|_, _| {}).unwrap();
+    assert_eq!(host.layers[1].sinks.as_ref().unwrap().len(), shape.heads);
+    let gpu = Arc::new(Gpu::new(None).expect("a wgpu adapter (lavapipe in CI)"));
+    let prompt: Vec<u32> = vec![17, 400, 123, 2000, 9, 256, 300];
+    let check = check_profiles(gpu, &host, limits(), &prompt, 4).unwrap();
+    eprint!("{}", check.format());
+    assert!(check.passed(), "gpt-oss layout: kernel profiles disagree:\n{}", check.format());
+    assert!(check.steps.iter().all(|s| s.max_abs_diff.is_finite()));
 }

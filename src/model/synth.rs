@@ -53,7 +53,8 @@ pub struct SynthMoe {
 }
 
 /// The shapes [`synth_shape`] knows.
-pub const SYNTH_SHAPES: &[&str] = &["smollm2-135m", "qwen2.5-0.5b", "qwen2.5-7b", "llama-3-8b", "qwen3-30b-a3b"];
+pub const SYNTH_SHAPES: &[&str] =
+    &["smollm2-135m", "qwen2.5-0.5b", "qwen2.5-7b", "llama-3-8b", "qwen3-30b-a3b", "gpt-oss-20b"];
 
 /// The shape of a named model (one of [`SYNTH_SHAPES`]).
 pub fn synth_shape(name: &str) -> Option<SynthShape> {
@@ -105,6 +106,20 @@ pub fn synth_shape(name: &str) -> Option<SynthShape> {
             moe: Some(SynthMoe { experts: 128, top_k: 8, ffn: 768 }),
             ..qwen2("qwen3-30b-a3b", 2048, 32, 4, 6144, 151936, 48, false)
         },
+        // gpt-oss-20b: 32 experts of 2880 (in MXFP4, as its files have them), 4 per token, on all
+        // 24 layers; 64 query heads of 64 (4096 > hidden 2880), q/k/v/output biases, sinks,
+        // windows of 128 on the even layers, YaRN (32x of 4096) as its GGUF has it; the o200k
+        // pre-tokenizer.
+        "gpt-oss-20b" => SynthShape {
+            arch: Arch::GptOss,
+            head_dim: 64,
+            rope_theta: 150000.0,
+            rms_eps: 1e-5,
+            context_length: 131072,
+            pre_tokenizer: "gpt-4o",
+            moe: Some(SynthMoe { experts: 32, top_k: 4, ffn: 2880 }),
+            ..qwen2("gpt-oss-20b", 2880, 64, 8, 2880, 201088, 24, false)
+        },
         _ => return None,
     })
 }
@@ -119,6 +134,7 @@ impl SynthShape {
             Arch::Llama | Arch::Mistral => "llama",
             Arch::Gemma2 => "gemma2",
             Arch::Gemma3 => "gemma3",
+            Arch::GptOss => "gpt-oss",
         }
     }
 
@@ -178,13 +194,14 @@ pub struct SynthTensor {
 /// Every tensor of a synthetic model of `shape` with `layers` layers, in file order, with
 /// llama.cpp's names and ggml dims (innermost first).
 pub fn synth_tensors(shape: &SynthShape, format: WFormat, layers: usize) -> Vec<SynthTensor> {
-    let matrix = |name: String, rows: usize, cols: usize| {
+    let matrix_in = |format: WFormat, name: String, rows: usize, cols: usize| {
         let format = matrix_format(format, cols);
         SynthTensor {
             spec: GgufTensorSpec { name, dims: vec![cols as u64, rows as u64], ggml_type: gguf_type(format) },
             fill: Fill::Matrix { format, cols },
         }
     };
+    let matrix = |name: String, rows: usize, cols: usize| matrix_in(format, name, rows, cols);
     let vector = |name: String, len: usize, fill: Fill| SynthTensor {
         spec: GgufTensorSpec { name, dims: vec![len as u64], ggml_type: gguf_type(WFormat::F32) },
         fill,
@@ -197,7 +214,8 @@ pub fn synth_tensors(shape: &SynthShape, format: WFormat, layers: usize) -> Vec<
         t.push(matrix(format!("{p}.attn_q.weight"), q, h));
         t.push(matrix(format!("{p}.attn_k.weight"), kv, h));
         t.push(matrix(format!("{p}.attn_v.weight"), kv, h));
-        if shape.arch == Arch::Qwen2 {
+        let gptoss = shape.arch == Arch::GptOss;
+        if shape.arch == Arch::Qwen2 || gptoss {
             t.push(vector(format!("{p}.attn_q.bias"), q, Fill::Bias));
             t.push(vector(format!("{p}.attn_k.bias"), kv, Fill::Bias));
             t.push(vector(format!("{p}.attn_v.bias"), kv, Fill::Bias));
@@ -207,7 +225,12 @@ pub fn synth_tensors(shape: &SynthShape, format: WFormat, layers: usize) -> Vec<
             t.push(vector(format!("{p}.attn_k_norm.weight"), shape.head_dim, Fill::Norm));
         }
         t.push(matrix(format!("{p}.attn_output.weight"), h, q));
-        t.push(vector(format!("{p}.ffn_norm.weight"), h, Fill::Norm));
+        if gptoss {
+            t.push(vector(format!("{p}.attn_output.bias"), h, Fill::Bias));
+            t.push(vector(format!("{p}.attn_sinks.weight"), shape.heads, Fill::Bias));
+        }
+        let ffn_norm = if gptoss { "post_attention_norm" } else { "ffn_norm" };
+        t.push(vector(format!("{p}.{ffn_norm}.weight"), h, Fill::Norm));
         if let Some(m) = shape.moe {
             // The router in f32 (as real files keep it), each projection's experts one 3-D tensor.
             t.push(SynthTensor {
@@ -218,10 +241,21 @@ pub fn synth_tensors(shape: &SynthShape, format: WFormat, layers: usize) -> Vec<
                 },
                 fill: Fill::Matrix { format: WFormat::F32, cols: h },
             });
+            // gpt-oss's files keep their experts in MXFP4 whatever the other tensors are.
+            let expert_format = if gptoss { WFormat::MXFP4 } else { format };
             for (name, rows, cols) in [("gate", m.ffn, h), ("up", m.ffn, h), ("down", h, m.ffn)] {
-                let mut e = matrix(format!("{p}.ffn_{name}_exps.weight"), rows, cols);
+                let mut e = matrix_in(expert_format, format!("{p}.ffn_{name}_exps.weight"), rows, cols);
                 e.spec.dims.push(m.experts as u64);
                 t.push(e);
+            }
+            if gptoss {
+                // Biases of the router and of every expert's projections ([rows, experts]).
+                t.push(vector(format!("{p}.ffn_gate_inp.bias"), m.experts, Fill::Bias));
+                for (name, rows) in [("gate", m.ffn), ("up", m.ffn), ("down", h)] {
+                    let mut b = vector(format!("{p}.ffn_{name}_exps.bias"), rows, Fill::Bias);
+                    b.spec.dims.push(m.experts as u64);
+                    t.push(b);
+                }
             }
             continue;
         }
@@ -335,6 +369,14 @@ fn metadata(
             (k("expert_count"), u(e.experts)),
             (k("expert_used_count"), u(e.top_k)),
             (k("expert_feed_forward_length"), u(e.ffn)),
+        ]);
+    }
+    if shape.arch == Arch::GptOss {
+        m.extend([
+            (k("attention.sliding_window"), u(128)),
+            (k("rope.scaling.type"), GgufValue::Str("yarn".into())),
+            (k("rope.scaling.factor"), GgufValue::F32(32.0)),
+            (k("rope.scaling.original_context_length"), u(4096)),
         ]);
     }
     m.extend(tokenizer_metadata(shape.vocab, shape.pre_tokenizer, chat_template));
