@@ -214,3 +214,17 @@ fn combine_main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_work
     }
     y[t * p.y_stride + n] += acc;
 }
+
+// The shared expert's gate (Qwen2-MoE): y (the shared expert's activations, p.n_out wide) [t, n]
+// *= sigmoid(x[t * p.y_stride]) (x: the router logits' buffer, where the gate's logit of token t
+// was written at column 0). A thread per (token, activation).
+@compute @workgroup_size(64)
+fn shared_gate_main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let inv = linear(gid, nwg);
+    let t = inv / p.n_out;
+    if (t >= step.n_tokens) {
+        return;
+    }
+    let i = t * p.y_stride;
+    y[inv] = y[inv] / (1.0 + exp(-x[i / 4u][i % 4u]));
+}

@@ -1,8 +1,9 @@
-//! Mixture-of-experts models end to end: the tiny Qwen3-MoE of scripts/fixtures/gen_tiny_moe.py
-//! (a dense layer between two sparse ones) from its Hugging Face directory and its GGUF
-//! conversion, against transformers' float32 logits and greedy tokens, in both kernel profiles
-//! and split over 2 pipeline stages; and the engine's properties on it: a prompt alone and
-//! inside a busy batch gives the same greedy tokens, prefix cache on == off, preemption.
+//! Mixture-of-experts models end to end: the tiny Qwen3-MoE and Qwen2-MoE (with its gated
+//! shared expert) of scripts/fixtures/gen_tiny_moe.py (a dense layer between two sparse ones)
+//! from their Hugging Face directories and GGUF conversions, against transformers' float32
+//! logits and greedy tokens, in both kernel profiles and split over 2 pipeline stages; and the
+//! engine's properties on them: a prompt alone and inside a busy batch gives the same greedy
+//! tokens, prefix cache on == off, preemption.
 
 mod common;
 
@@ -28,6 +29,18 @@ fn qwen3_moe_config_from_hf_and_gguf() {
     assert_eq!(len, r["gguf"]["size"].as_u64().unwrap());
 }
 
+#[test]
+fn qwen2_moe_config_from_hf_and_gguf() {
+    for f in ["tiny-qwen2moe", "tiny-qwen2moe.gguf"] {
+        let c = read_config(&local(f)).unwrap_or_else(|e| panic!("{f}: {e:#}"));
+        assert_eq!(c.arch, Arch::Qwen2Moe, "{f}");
+        assert!(c.qkv_bias && !c.qk_norm, "{f}");
+        let m = c.moe.as_ref().unwrap();
+        assert_eq!((m.experts, m.top_k, m.ffn, m.norm_topk, m.shared_ffn), (8, 2, 32, false, 64), "{f}");
+        assert_eq!(m.sparse_layers, [true, false, true], "{f}");
+    }
+}
+
 /// Every prompt's last-position logits within 1e-3 of transformers and its 20 greedy tokens, from
 /// the HF directory and the GGUF, in both kernel profiles.
 #[test]
@@ -38,6 +51,19 @@ fn qwen3_moe_matches_transformers() {
             tiny::assert_matches_reference(f, &r, profile);
         }
     }
+}
+
+/// The shared expert (its gate/up, the sigmoid of its gate, its down projection added beside
+/// the routed experts'), from the HF directory and the GGUF, in both kernel profiles.
+#[test]
+fn qwen2_moe_matches_transformers() {
+    let r = reference("tiny-qwen2moe-reference.json");
+    for f in ["tiny-qwen2moe", "tiny-qwen2moe.gguf"] {
+        for profile in [KernelProfile::Cpu, KernelProfile::Gpu] {
+            tiny::assert_matches_reference(f, &r, profile);
+        }
+    }
+    tiny::assert_stages_match_reference("tiny-qwen2moe.gguf", &r, &[(0, 2), (2, 3)]);
 }
 
 /// Two in-process pipeline stages (a sparse layer, then the dense and the other sparse one): the

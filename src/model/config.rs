@@ -15,6 +15,9 @@ pub enum Arch {
     /// Qwen3's attention with mixture-of-experts FFNs (model/moe.rs), dense on the layers its
     /// config names.
     Qwen3Moe,
+    /// Qwen2-MoE (Qwen1.5-MoE, Qwen2-57B-A14B): Qwen2's attention (QKV bias) with a mixture of
+    /// experts beside a gated shared expert.
+    Qwen2Moe,
     /// Gemma 2: scaled embeddings, norms before and after attention and the FFN, GeGLU,
     /// soft-capped attention scores and logits, sliding-window and global layers alternating.
     Gemma2,
@@ -35,7 +38,8 @@ impl Arch {
 
 /// Hugging Face architectures this engine runs.
 pub const SUPPORTED_HF_ARCHS: &str = "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, \
-                                      Qwen3MoeForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, GptOssForCausalLM";
+                                      Qwen3MoeForCausalLM, Qwen2MoeForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, \
+                                      GptOssForCausalLM";
 
 /// Where a family's layers differ from Llama's; the default is Llama's.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -270,7 +274,7 @@ impl ModelConfig {
     /// Floats per token of the FFN's activations: the dense intermediate size, or the top_k
     /// experts' (a mixture of experts).
     pub fn act_width(&self) -> usize {
-        self.moe.as_ref().map_or(self.intermediate, |m| self.intermediate.max(m.top_k * m.ffn))
+        self.moe.as_ref().map_or(self.intermediate, |m| self.intermediate.max(m.top_k * m.ffn).max(m.shared_ffn))
     }
 
     /// The window layer `l` attends within (None: every earlier position).
@@ -352,6 +356,7 @@ impl ModelConfig {
             "MistralForCausalLM" => Arch::Mistral,
             "Qwen3ForCausalLM" => Arch::Qwen3,
             "Qwen3MoeForCausalLM" => Arch::Qwen3Moe,
+            "Qwen2MoeForCausalLM" => Arch::Qwen2Moe,
             "Gemma2ForCausalLM" => Arch::Gemma2,
             "Gemma3ForCausalLM" => Arch::Gemma3,
             "GptOssForCausalLM" => Arch::GptOss,
@@ -379,7 +384,9 @@ impl ModelConfig {
         // use_sliding_window is set; Mistral's window applies whenever it is given.
         let sliding_window = match arch {
             Arch::Mistral => v["sliding_window"].as_u64(),
-            Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe if v["use_sliding_window"].as_bool() == Some(true) => {
+            Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe | Arch::Qwen2Moe
+                if v["use_sliding_window"].as_bool() == Some(true) =>
+            {
                 bail!("{src}: use_sliding_window with per-layer windows (max_window_layers) is not supported")
             }
             _ => None,
@@ -397,7 +404,7 @@ impl ModelConfig {
             rope_theta,
             rms_eps: v["rms_norm_eps"].as_f64().unwrap_or(1e-6) as f32,
             max_positions,
-            qkv_bias: arch == Arch::Qwen2 || v["attention_bias"].as_bool().unwrap_or(false),
+            qkv_bias: matches!(arch, Arch::Qwen2 | Arch::Qwen2Moe) || v["attention_bias"].as_bool().unwrap_or(false),
             rope_scaling,
             sliding_window,
             qk_norm: matches!(arch, Arch::Qwen3 | Arch::Qwen3Moe),
@@ -405,7 +412,9 @@ impl ModelConfig {
             moe: None,
         };
         let cfg = match arch {
-            Arch::Qwen3Moe => ModelConfig { moe: Some(super::moe::hf_config(&v, cfg.layers, &src)?), ..cfg },
+            Arch::Qwen3Moe | Arch::Qwen2Moe => {
+                ModelConfig { moe: Some(super::moe::hf_config(&v, cfg.layers, &src)?), ..cfg }
+            }
             _ => cfg,
         };
         let cfg = match arch {

@@ -16,7 +16,7 @@
 
 use super::config::{LayerStyle, ModelConfig, RopeScaling};
 use super::layers::{TensorNames, WeightSource, GGUF_NAMES, HF_NAMES};
-use super::moe::{interleave_groups, HostMoe, MoeConfig};
+use super::moe::{gate_up_apart, HostMoe, MoeConfig};
 use crate::formats::gguf::GgufFile;
 use crate::gpu::wformat::WFormat;
 use crate::weights::mxfp4_hf;
@@ -71,6 +71,7 @@ pub(crate) fn hf_config(mut cfg: ModelConfig, v: &Value, src: &str) -> Result<Mo
         norm_topk: true,
         sparse_layers: vec![true; cfg.layers],
         clamped: Some((SWIGLU_ALPHA, limit)),
+        shared_ffn: 0,
     };
     if v["attention_bias"].as_bool() == Some(false) {
         bail!("{src}: gpt-oss without attention biases (attention_bias false) is not supported");
@@ -85,7 +86,7 @@ pub(crate) fn hf_config(mut cfg: ModelConfig, v: &Value, src: &str) -> Result<Mo
 /// A gpt-oss GGUF's metadata on top of the keys every family has: the experts (every layer's),
 /// the window (`attention.sliding_window`) on the even layers.
 pub(crate) fn gguf_config(mut cfg: ModelConfig, g: &GgufFile, arch_name: &str) -> Result<ModelConfig> {
-    let mut moe = super::moe::gguf_config(g, arch_name, cfg.layers)?;
+    let mut moe = super::moe::gguf_config(g, arch_name, cfg.layers, true)?;
     if let Some(l) = moe.sparse_layers.iter().position(|s| !s) {
         bail!("{}: gpt-oss layer {l} has no router (blk.{l}.ffn_gate_inp.weight)", g.path.display());
     }
@@ -130,7 +131,7 @@ pub(crate) fn load_experts(
         };
         (gate_up, down, (bias.collect(), dnb))
     };
-    Ok(HostMoe { router, router_bias, gate_up, down, biases: Some(biases) })
+    Ok(HostMoe { router, router_bias, gate_up, down, biases: Some(biases), shared: None })
 }
 
 /// Within one expert, the stored (interleaved) row of our row `r` (gate rows, then up rows).
@@ -201,6 +202,9 @@ fn hf_mxfp4_experts(
     Ok((read(n.gate_exps, 2 * f, h, Some(&order))?, read(n.down_exps, h, f, None)?))
 }
 
+/// Per-expert biases of gate/up (in their row order) and of down.
+type ExpertBiases = (Vec<f32>, Vec<f32>);
+
 /// llama.cpp's layout: gate and up apart (or, from newer converters, fused as
 /// `ffn_gate_up_exps`, gate rows then up rows per expert), biases `[experts, rows]` beside them.
 fn gguf_experts(
@@ -208,16 +212,13 @@ fn gguf_experts(
     n: &TensorNames,
     t: &dyn Fn(&str) -> String,
     (h, e, f): (usize, usize, usize),
-) -> Result<(QTensor, QTensor, (Vec<f32>, Vec<f32>))> {
+) -> Result<(QTensor, QTensor, ExpertBiases)> {
     let bias_of = |name: &str| name.replace(".weight", ".bias");
     let fused = n.gate_exps.replace("ffn_gate_exps", "ffn_gate_up_exps");
     let (gate_up, bias) = if w.has(&t(&fused)) {
         (w.experts(&t(&fused), e, 2 * f, h)?, w.array(&t(&bias_of(&fused)), &[e, 2 * f])?.0)
     } else {
-        let gate = w.experts(&t(n.gate_exps), e, f, h)?;
-        let up = w.experts(&t(n.up_exps), e, f, h)?;
-        let gate_up = interleave_groups(&gate, &up, f)
-            .map_err(|err| anyhow!("{}: layer {}: {err}", w.path().display(), t("")))?;
+        let gate_up = gate_up_apart(w, n, t, (h, e, f))?;
         let (gb, _) = w.array(&t(&bias_of(n.gate_exps)), &[e, f])?;
         let (ub, _) = w.array(&t(&bias_of(n.up_exps)), &[e, f])?;
         let bias = (0..e).flat_map(|x| gb[x * f..(x + 1) * f].iter().chain(&ub[x * f..(x + 1) * f])).copied().collect();

@@ -101,6 +101,11 @@ pub(crate) struct TensorNames {
     pub gate_exps: &'static str,
     pub up_exps: &'static str,
     pub down_exps: &'static str,
+    /// A shared expert's projections and its gate (Qwen2-MoE).
+    pub gate_shexp: &'static str,
+    pub up_shexp: &'static str,
+    pub down_shexp: &'static str,
+    pub gate_inp_shexp: &'static str,
 }
 
 /// Hugging Face (transformers) names.
@@ -131,6 +136,10 @@ pub(crate) const HF_NAMES: TensorNames = TensorNames {
     gate_exps: "mlp.experts.{e}.gate_proj.weight",
     up_exps: "mlp.experts.{e}.up_proj.weight",
     down_exps: "mlp.experts.{e}.down_proj.weight",
+    gate_shexp: "mlp.shared_expert.gate_proj.weight",
+    up_shexp: "mlp.shared_expert.up_proj.weight",
+    down_shexp: "mlp.shared_expert.down_proj.weight",
+    gate_inp_shexp: "mlp.shared_expert_gate.weight",
 };
 
 /// Hugging Face names of Gemma 2 and 3: `post_attention_layernorm` is the norm after
@@ -170,6 +179,10 @@ pub(crate) const GGUF_NAMES: TensorNames = TensorNames {
     gate_exps: "ffn_gate_exps.weight",
     up_exps: "ffn_up_exps.weight",
     down_exps: "ffn_down_exps.weight",
+    gate_shexp: "ffn_gate_shexp.weight",
+    up_shexp: "ffn_up_shexp.weight",
+    down_shexp: "ffn_down_shexp.weight",
+    gate_inp_shexp: "ffn_gate_inp_shexp.weight",
 };
 
 /// Loads layers `range` of a model with hyper-parameters `cfg` (and the embedding, final norm

@@ -275,12 +275,13 @@ fn gguf_config(g: &GgufFile) -> Result<ModelConfig> {
         "qwen2" => Arch::Qwen2,
         "qwen3" => Arch::Qwen3,
         "qwen3moe" => Arch::Qwen3Moe,
+        "qwen2moe" => Arch::Qwen2Moe,
         "gemma2" => Arch::Gemma2,
         "gemma3" => Arch::Gemma3,
         "gpt-oss" => Arch::GptOss,
         other => bail!(
             "{src}: unsupported architecture '{other}' (supported: llama (also Mistral's files), qwen2, qwen3, qwen3moe, \
-             gemma2, gemma3, gpt-oss)"
+             qwen2moe, gemma2, gemma3, gpt-oss)"
         ),
     };
     let key = |k: &str| format!("{arch_name}.{k}");
@@ -309,14 +310,14 @@ fn gguf_config(g: &GgufFile) -> Result<ModelConfig> {
         // A MoE file whose every layer is sparse may have no dense FFN size.
         intermediate: match (req("feed_forward_length"), arch) {
             (Ok(v), _) => v,
-            (Err(_), Arch::Qwen3Moe | Arch::GptOss) => 0,
+            (Err(_), Arch::Qwen3Moe | Arch::Qwen2Moe | Arch::GptOss) => 0,
             (Err(e), _) => return Err(e),
         },
         vocab,
         rope_theta: g.get_f32(&key("rope.freq_base")).unwrap_or(10000.0) as f64,
         rms_eps: g.get_f32(&key("attention.layer_norm_rms_epsilon")).unwrap_or(1e-5),
         max_positions: g.get_u64(&key("context_length")).unwrap_or(4096) as usize,
-        qkv_bias: arch == Arch::Qwen2,
+        qkv_bias: matches!(arch, Arch::Qwen2 | Arch::Qwen2Moe),
         rope_scaling: gguf_rope_scaling(g, arch_name)?,
         sliding_window: g.get_u64(&key("attention.sliding_window")).filter(|&w| w > 0).map(|w| w as usize),
         qk_norm: matches!(arch, Arch::Qwen3 | Arch::Qwen3Moe),
@@ -325,7 +326,8 @@ fn gguf_config(g: &GgufFile) -> Result<ModelConfig> {
     };
     let layers = cfg.layers;
     let cfg = match arch {
-        Arch::Qwen3Moe => ModelConfig { moe: Some(super::moe::gguf_config(g, arch_name, layers)?), ..cfg },
+        Arch::Qwen3Moe => ModelConfig { moe: Some(super::moe::gguf_config(g, arch_name, layers, true)?), ..cfg },
+        Arch::Qwen2Moe => ModelConfig { moe: Some(super::moe::gguf_config(g, arch_name, layers, false)?), ..cfg },
         _ => cfg,
     };
     let cfg = match arch {

@@ -1,14 +1,16 @@
-//! Mixture-of-experts FFNs (Qwen3-MoE; the layer kind gpt-oss also uses): what the configs say
-//! (`MoeConfig`), how the expert tensors are read from either weight source into one matrix per
-//! projection with an expert dimension (`HostMoe`), and the layer's ops: RMSNorm, the router
-//! matmul, the GPU's top-k routing, the chosen experts' gate/up and down projections summed into
-//! the residual (ops/moe.rs). No host round trip inside a step.
+//! Mixture-of-experts FFNs (Qwen3-MoE, Qwen2-MoE; the layer kind gpt-oss also uses): what the
+//! configs say (`MoeConfig`), how the expert tensors are read from either weight source into one
+//! matrix per projection with an expert dimension (`HostMoe`), and the layer's ops: RMSNorm, the
+//! router matmul, the GPU's top-k routing, the chosen experts' gate/up and down projections
+//! summed into the residual (ops/moe.rs), and a shared expert where the model has one (a dense
+//! FFN every token runs, scaled by the sigmoid of its own gate: Qwen2-MoE's). No host round
+//! trip inside a step.
 
 use super::builder::{LayerParams, OpBuilder};
 use super::config::ModelConfig;
 use super::layers::{HostLayer, TensorNames, WeightSource};
 use crate::formats::gguf::GgufFile;
-use crate::ops::matmul::MAT_BIAS;
+use crate::ops::matmul::{MAT_ACCUMULATE, MAT_BIAS, MAT_GELU, MAT_SWIGLU_UP};
 use crate::ops::moe::{self, MoeIo, MoeSpec, MAX_EXPERTS, MAX_ROUTE_WORK, MAX_TOP_K};
 use crate::weights::tensor::QTensor;
 use anyhow::{anyhow, bail, Result};
@@ -28,6 +30,9 @@ pub struct MoeConfig {
     pub sparse_layers: Vec<bool>,
     /// gpt-oss's clamped SwiGLU (alpha, limit) instead of the model's activation.
     pub clamped: Option<(f32, f32)>,
+    /// The shared expert's intermediate size (Qwen2-MoE's shared_expert_intermediate_size;
+    /// 0: none).
+    pub shared_ffn: usize,
 }
 
 impl MoeConfig {
@@ -65,6 +70,9 @@ impl MoeConfig {
         if self.clamped.is_some_and(|(a, l)| !(a > 0.0 && a.is_finite() && l > 0.0 && l.is_finite())) {
             bail!("{src}: the clamped SwiGLU's alpha and limit must be positive and finite");
         }
+        if self.shared_ffn > 0 && !self.shared_ffn.is_multiple_of(32) {
+            bail!("{src}: the shared expert's intermediate size {} must be a multiple of 32", self.shared_ffn);
+        }
         if self.sparse_layers.len() != layers {
             bail!("{src}: {} per-layer FFN kinds for {layers} layers", self.sparse_layers.len());
         }
@@ -72,9 +80,10 @@ impl MoeConfig {
     }
 }
 
-/// Qwen3-MoE's config.json: num_experts (or num_local_experts), num_experts_per_tok,
-/// moe_intermediate_size, norm_topk_prob, and the sparse layers: every decoder_sparse_step-th
-/// (layer l is sparse when (l + 1) % step == 0) except those in mlp_only_layers.
+/// Qwen3-MoE's and Qwen2-MoE's config.json: num_experts (or num_local_experts),
+/// num_experts_per_tok, moe_intermediate_size, norm_topk_prob, shared_expert_intermediate_size
+/// (Qwen2-MoE), and the sparse layers: every decoder_sparse_step-th (layer l is sparse when
+/// (l + 1) % step == 0) except those in mlp_only_layers.
 pub(crate) fn hf_config(v: &Value, layers: usize, src: &str) -> Result<MoeConfig> {
     let int = |k: &str| v[k].as_u64().map(|x| x as usize);
     let experts = int("num_experts")
@@ -92,24 +101,27 @@ pub(crate) fn hf_config(v: &Value, layers: usize, src: &str) -> Result<MoeConfig
         norm_topk: v["norm_topk_prob"].as_bool().unwrap_or(false),
         sparse_layers: (0..layers).map(|l| !dense.contains(&l) && (l + 1) % step == 0).collect(),
         clamped: None,
+        shared_ffn: int("shared_expert_intermediate_size").unwrap_or(0),
     };
     c.validate(layers, src)?;
     Ok(c)
 }
 
 /// A GGUF file's MoE metadata (`<arch>.expert_count`, `.expert_used_count`,
-/// `.expert_feed_forward_length`, `.expert_weights_norm`, true for Qwen3-MoE where absent, as
-/// llama.cpp has it); a layer is sparse when it has a router tensor (`ffn_gate_inp`).
-pub(crate) fn gguf_config(g: &GgufFile, arch: &str, layers: usize) -> Result<MoeConfig> {
+/// `.expert_feed_forward_length`, `.expert_shared_feed_forward_length`, `.expert_weights_norm`,
+/// where absent `norm_default`: true for Qwen3-MoE, false for Qwen2-MoE, as llama.cpp has them);
+/// a layer is sparse when it has a router tensor (`ffn_gate_inp`).
+pub(crate) fn gguf_config(g: &GgufFile, arch: &str, layers: usize, norm_default: bool) -> Result<MoeConfig> {
     let src = g.path.display().to_string();
     let key = |k: &str| format!("{arch}.{k}");
     let c = MoeConfig {
         experts: g.require_u64(&key("expert_count"))? as usize,
         top_k: g.require_u64(&key("expert_used_count"))? as usize,
         ffn: g.require_u64(&key("expert_feed_forward_length"))? as usize,
-        norm_topk: g.get_bool(&key("expert_weights_norm")).unwrap_or(true),
+        norm_topk: g.get_bool(&key("expert_weights_norm")).unwrap_or(norm_default),
         sparse_layers: (0..layers).map(|l| g.tensor(&format!("blk.{l}.ffn_gate_inp.weight")).is_some()).collect(),
         clamped: None,
+        shared_ffn: g.get_u64(&key("expert_shared_feed_forward_length")).unwrap_or(0) as usize,
     };
     c.validate(layers, &src)?;
     Ok(c)
@@ -124,13 +136,28 @@ pub struct HostMoe {
     pub down: QTensor,
     /// Per-expert biases of gate/up and of down, in the same row order (gpt-oss).
     pub biases: Option<(Vec<f32>, Vec<f32>)>,
+    /// The shared expert (Qwen2-MoE).
+    pub shared: Option<SharedExpert>,
+}
+
+/// A dense FFN every token of a MoE layer runs beside its chosen experts, its output scaled by
+/// sigmoid(gate . x) where the model has that gate.
+pub struct SharedExpert {
+    pub gate: QTensor,
+    pub up: QTensor,
+    pub down: QTensor,
+    /// The gate's row [1, hidden], or None.
+    pub gate_inp: Option<QTensor>,
 }
 
 impl HostMoe {
     pub fn bytes(&self) -> usize {
         let b =
             self.biases.as_ref().map_or(0, |(a, b)| a.len() + b.len()) + self.router_bias.as_ref().map_or(0, Vec::len);
-        self.router.bytes() + self.gate_up.bytes() + self.down.bytes() + 4 * b
+        let shared = self.shared.as_ref().map_or(0, |s| {
+            s.gate.bytes() + s.up.bytes() + s.down.bytes() + s.gate_inp.as_ref().map_or(0, QTensor::bytes)
+        });
+        self.router.bytes() + self.gate_up.bytes() + self.down.bytes() + 4 * b + shared
     }
 }
 
@@ -161,6 +188,19 @@ pub fn interleave_groups(a: &QTensor, b: &QTensor, unit: usize) -> Result<QTenso
     Ok(out)
 }
 
+/// The experts' gate and up projections stored apart (`n.gate_exps`, `n.up_exps`), as one
+/// matrix of per-expert gate rows then up rows.
+pub(crate) fn gate_up_apart(
+    w: &dyn WeightSource,
+    n: &TensorNames,
+    t: &dyn Fn(&str) -> String,
+    (h, e, f): (usize, usize, usize),
+) -> Result<QTensor> {
+    let gate = w.experts(&t(n.gate_exps), e, f, h)?;
+    let up = w.experts(&t(n.up_exps), e, f, h)?;
+    interleave_groups(&gate, &up, f).map_err(|err| anyhow!("{}: layer {}: {err}", w.path().display(), t("")))
+}
+
 /// Layer `p`'s MoE weights (`t` names a tensor of the layer).
 pub(crate) fn load(
     w: &dyn WeightSource,
@@ -170,16 +210,35 @@ pub(crate) fn load(
 ) -> Result<HostMoe> {
     let m = cfg.moe.as_ref().ok_or_else(|| anyhow!("the model has no experts"))?;
     let (h, e, f) = (cfg.hidden, m.experts, m.ffn);
-    let gate = w.experts(&t(n.gate_exps), e, f, h)?;
-    let up = w.experts(&t(n.up_exps), e, f, h)?;
-    let gate_up =
-        interleave_groups(&gate, &up, f).map_err(|err| anyhow!("{}: layer {}: {err}", w.path().display(), t("")))?;
     Ok(HostMoe {
         router: w.matrix(&t(n.router), e, h)?,
         router_bias: None,
-        gate_up,
+        gate_up: gate_up_apart(w, n, t, (h, e, f))?,
         down: w.experts(&t(n.down_exps), e, h, f)?,
         biases: None,
+        shared: (m.shared_ffn > 0).then(|| load_shared(w, n, t, h, m.shared_ffn)).transpose()?,
+    })
+}
+
+/// A layer's shared expert of intermediate size `sf`, and its gate: [1, hidden] in Hugging Face
+/// files, a vector of `hidden` in GGUF ones; a model without the gate tensor has none.
+fn load_shared(
+    w: &dyn WeightSource,
+    n: &TensorNames,
+    t: &dyn Fn(&str) -> String,
+    h: usize,
+    sf: usize,
+) -> Result<SharedExpert> {
+    let gi = t(n.gate_inp_shexp);
+    let gate_inp = match w.has(&gi) {
+        false => None,
+        true => Some(w.matrix(&gi, 1, h).or_else(|_| QTensor::from_f32(1, h, &w.vector(&gi, h)?))?),
+    };
+    Ok(SharedExpert {
+        gate: w.matrix(&t(n.gate_shexp), sf, h)?,
+        up: w.matrix(&t(n.up_shexp), sf, h)?,
+        down: w.matrix(&t(n.down_shexp), h, sf)?,
+        gate_inp,
     })
 }
 
@@ -233,6 +292,38 @@ impl OpBuilder<'_> {
         let (op, p) = moe::combine(self.kernels, self.g, &spec, &io, cfg.hidden);
         self.extend((vec![op], vec![p]));
         self.matrices.extend([router, gate_up, down]);
+        if let Some(sh) = &hm.shared {
+            self.shared_expert(sh, &spec, &io, gelu)?;
+        }
+        Ok(())
+    }
+
+    /// The shared expert on the normed rows: gate/up with the activation into act, scaled by
+    /// the sigmoid of its gate's logit (written to column 0 of the router's logits, which the
+    /// routing has consumed), the down projection added into the residual.
+    fn shared_expert(&mut self, sh: &SharedExpert, spec: &MoeSpec, io: &MoeIo, gelu: bool) -> Result<()> {
+        let (s, sf) = (self.s, sh.gate.rows);
+        let act = if gelu { MAT_GELU } else { 0 };
+        if sh.gate.format == sh.up.format {
+            let gu = self.upload("shexp_gate_up", &sh.gate, Some(&sh.up))?;
+            self.matmul("shexp_gate_up", &gu, (&s.normed, &s.act), (0, sf), None, act, false, true);
+            self.matrices.push(gu);
+        } else {
+            let (g, u) = (self.upload("shexp_gate", &sh.gate, None)?, self.upload("shexp_up", &sh.up, None)?);
+            self.matmul("shexp_gate_up", &g, (&s.normed, &s.act), (0, sf), None, 0, false, false);
+            self.matmul("shexp_gate_up", &u, (&s.normed, &s.act), (0, sf), None, MAT_SWIGLU_UP | act, false, false);
+            self.matrices.extend([g, u]);
+        }
+        if let Some(gi) = &sh.gate_inp {
+            let gm = self.upload("shexp_gate_inp", gi, None)?;
+            self.matmul("shexp_gate_inp", &gm, (&s.normed, io.logits), (0, spec.experts), None, 0, false, false);
+            let (op, p) = moe::shared_gate(self.kernels, self.g, spec, io, sf);
+            self.extend((vec![op], vec![p]));
+            self.matrices.push(gm);
+        }
+        let down = self.upload("shexp_down", &sh.down, None)?;
+        self.matmul("shexp_down", &down, (&s.act, &s.hidden), (0, self.cfg.hidden), None, MAT_ACCUMULATE, false, false);
+        self.matrices.push(down);
         Ok(())
     }
 }

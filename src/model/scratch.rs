@@ -73,7 +73,8 @@ impl Scratch {
             qkv: g.storage("qkv", f(t_max * cfg.qkv_dim())),
             attn: g.activation("attn", f(t_max * cfg.q_dim())),
             act: g.activation("act", f(t_max * cfg.act_width())),
-            moe_logits: cfg.moe.as_ref().map(|m| g.storage("moe_logits", f(t_max * m.experts))),
+            // Whole vec4s: the shared expert's gate reads its logits through a vec4 binding.
+            moe_logits: cfg.moe.as_ref().map(|m| g.storage("moe_logits", f((t_max * m.experts).next_multiple_of(4)))),
             moe_route: cfg
                 .moe
                 .as_ref()

@@ -131,6 +131,7 @@ impl SynthShape {
             Arch::Qwen2 => "qwen2",
             Arch::Qwen3 => "qwen3",
             Arch::Qwen3Moe => "qwen3moe",
+            Arch::Qwen2Moe => "qwen2moe",
             Arch::Llama | Arch::Mistral => "llama",
             Arch::Gemma2 => "gemma2",
             Arch::Gemma3 => "gemma3",

@@ -39,6 +39,7 @@ impl OpKind {
             OpKind::MoeRoute { .. } => "moe_route",
             OpKind::MoeGroup { .. } => "moe_group",
             OpKind::MoeCombine { .. } => "moe_combine",
+            OpKind::MoeSharedGate { .. } => "moe_shared_gate",
             OpKind::MoeExperts { down: false, .. } => "moe_gate_up",
             OpKind::MoeExperts { down: true, .. } => "moe_down",
             OpKind::LogitAdjust { .. } => "logit_adjust",
@@ -90,6 +91,7 @@ impl OpKind {
             OpKind::MoeRoute { experts } => Cost { bytes: 4 * n * experts as u64, flops: 4 * n * experts as u64 },
             OpKind::MoeGroup { top_k, .. } => Cost { bytes: 16 * n * top_k as u64, flops: 0 },
             OpKind::MoeCombine { hidden } => Cost { bytes: 4 * n * hidden as u64 * 3, flops: 2 * n * hidden as u64 },
+            OpKind::MoeSharedGate { width } => Cost { bytes: 8 * n * width as u64, flops: 4 * n * width as u64 },
             OpKind::MoeExperts { format, n_out, top_k, down, cols, chunk_experts, experts } => {
                 // The (token, choice) pairs routed to this chunk if routing is even, and the
                 // experts they touch at most (all distinct); each touched expert's rows are

@@ -183,10 +183,11 @@ pub struct Kernels {
     pub kv_chunks: usize,
     /// `MoeBinds`: the router and the expert kernels per format of the expert tensors.
     pub moe_family: Family,
-    /// The router, then the grouping's count, offsets and scatter (moe_route.wgsl), and the
-    /// combine: built only with expert formats (a MoE model).
+    /// The router, then the grouping's count, offsets and scatter (moe_route.wgsl), the
+    /// combine and the shared expert's gate: built only with expert formats (a MoE model).
     pub moe_route: Option<[wgpu::ComputePipeline; 4]>,
     pub moe_combine: Option<wgpu::ComputePipeline>,
+    pub moe_shared_gate: Option<wgpu::ComputePipeline>,
     pub moe: BTreeMap<WFormat, MoePipelines>,
     /// The gpu profile's kernels, when built for it.
     pub gpu: Option<GpuPipelines>,
@@ -256,8 +257,8 @@ impl Kernels {
         let logit_adjust = sample_family.pipeline(gpu, "logit_adjust", &logit_adjust_source()?, "main")?;
         // Both profiles run the same expert kernels (a thread per few outputs, no workgroup memory).
         let moe_family = Family::new(gpu, &layout_of(MoeBinds::SLOTS));
-        let (moe_route, moe_combine) = if moe_formats.is_empty() {
-            (None, None)
+        let (moe_route, moe_combine, moe_shared_gate) = if moe_formats.is_empty() {
+            (None, None, None)
         } else {
             let src = moe_route_source()?;
             let mut route = Vec::new();
@@ -266,7 +267,10 @@ impl Kernels {
             }
             let route: [wgpu::ComputePipeline; 4] =
                 route.try_into().map_err(|_| anyhow::anyhow!("moe_route: four pipelines expected"))?;
-            (Some(route), Some(moe_family.pipeline(gpu, "moe_combine", &moe_source(WFormat::F32)?, "combine_main")?))
+            let src = moe_source(WFormat::F32)?;
+            let combine = moe_family.pipeline(gpu, "moe_combine", &src, "combine_main")?;
+            let shared_gate = moe_family.pipeline(gpu, "moe_shared_gate", &src, "shared_gate_main")?;
+            (Some(route), Some(combine), Some(shared_gate))
         };
         let mut moe = BTreeMap::new();
         for &f in moe_formats.iter() {
@@ -344,6 +348,7 @@ impl Kernels {
             moe_family,
             moe_route,
             moe_combine,
+            moe_shared_gate,
             moe,
             gpu: gpu_kernels,
         })

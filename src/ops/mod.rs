@@ -116,6 +116,10 @@ pub enum OpKind {
     MoeCombine {
         hidden: u32,
     },
+    /// The shared expert's activations scaled by the sigmoid of its gate's logit.
+    MoeSharedGate {
+        width: u32,
+    },
     /// One chunk of an expert tensor: gate/up (with the activation) of every (token, choice)
     /// routed to it, or (`down`) the weighted down projections added into the residual.
     MoeExperts {
@@ -256,6 +260,7 @@ impl Op {
                 moe::group_dispatches(self, r, s, (stage, top_k, experts), out)
             }
             OpKind::MoeCombine { hidden } => moe::combine_dispatches(self, r, s, hidden, out),
+            OpKind::MoeSharedGate { width } => moe::shared_gate_dispatches(self, r, s, width, out),
             OpKind::MoeExperts { format, n_out, top_k, down, experts, .. } => {
                 moe::expert_dispatches(self, r, s, (format, n_out, top_k, down, experts), out)
             }

@@ -213,6 +213,17 @@ pub fn combine(k: &Kernels, g: &Gpu, spec: &MoeSpec, io: &MoeIo, hidden: usize) 
     (Op { kind, label: "moe_combine", bind: k.moe_family.bind(g, &b.entries()), bind_u: None }, pb)
 }
 
+/// The op scaling the shared expert's activations `act` ([tokens, width]) by the sigmoid of
+/// each token's gate logit (column 0 of `io.logits`, rows of `spec.experts`).
+pub fn shared_gate(k: &Kernels, g: &Gpu, spec: &MoeSpec, io: &MoeIo, width: usize) -> (Op, wgpu::Buffer) {
+    let p = MoeParams { n_out: width as u32, y_stride: spec.experts as u32, ..Default::default() };
+    let pb = g.uniform_init("moe_shared_gate_params", bytemuck::bytes_of(&p));
+    let d = io.dummy;
+    let b = MoeBinds { step: io.step, p: &pb, x: io.logits, wq: d, ws: d, route: d, y: io.act, bias: d };
+    let kind = OpKind::MoeSharedGate { width: width as u32 };
+    (Op { kind, label: "moe_shared_gate", bind: k.moe_family.bind(g, &b.entries()), bind_u: None }, pb)
+}
+
 /// The experts' gate/up ops (`down` false: `m` holds each expert's gate rows then its up rows,
 /// output into io.act) or down ops (`down`: each pair's projection into io.pair_out), one per
 /// chunk of `m` (each chunk whole experts); `bias`: the per-expert biases [experts *
@@ -310,6 +321,19 @@ pub(super) fn combine_dispatches<'a>(
 ) {
     if let (Some(combine), true) = (&r.kernels.moe_combine, s.n_tokens > 0) {
         out(r.folded(combine, &op.bind, div_up(s.n_tokens * hidden, 64)));
+    }
+}
+
+/// The shared gate's grid: a thread per (token, activation).
+pub(super) fn shared_gate_dispatches<'a>(
+    op: &'a Op,
+    r: &Recorder<'a>,
+    s: &StepShape,
+    width: u32,
+    mut out: impl FnMut(Dispatch<'a>),
+) {
+    if let (Some(pipe), true) = (&r.kernels.moe_shared_gate, s.n_tokens > 0) {
+        out(r.folded(pipe, &op.bind, div_up(s.n_tokens * width, 64)));
     }
 }
 

@@ -33,7 +33,7 @@ pub fn gguf_bytes(blocks: &[u8], scales: &[u8], rows: usize, cols: usize, order:
         }
         for g in r * per_row..(r + 1) * per_row {
             let b = &blocks[g * 16..(g + 1) * 16];
-            let code = |k: usize| if k % 2 == 0 { b[k / 2] & 0x0f } else { b[k / 2] >> 4 };
+            let code = |k: usize| if k.is_multiple_of(2) { b[k / 2] & 0x0f } else { b[k / 2] >> 4 };
             out.push(scales[g]);
             out.extend((0..16).map(|j| code(j) | (code(j + 16) << 4)));
         }
