@@ -7,42 +7,25 @@
 
 mod common;
 
+use common::served::{self, TempDir};
 use common::tiny::local;
 use serde_json::{json, Value};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use torus_wgpu::config::EngineConfig;
 use torus_wgpu::server::reasoning::ReasoningChoice;
-use torus_wgpu::server::{model_id_for_path, start, ServerConfig, ServerHandle};
+use torus_wgpu::server::ServerHandle;
 use torus_wgpu::tokenizer::{ChatMessage, Tokenizer};
-
-struct TempDir(PathBuf);
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 fn template() -> String {
     std::fs::read_to_string(local("templates/gpt-oss.jinja")).unwrap()
 }
 
-/// A copy of tiny-gptoss with gpt-oss's chat template.
+/// A copy of tiny-gptoss with gpt-oss's chat template, and room for the template's system
+/// message in byte-level tokens (the weights are random).
 fn tiny_gptoss_with_template(tag: &str) -> TempDir {
-    let dir = std::env::temp_dir().join(format!("torus-harmony-{}-{tag}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let src = local("tiny-gptoss");
-    for f in ["generation_config.json", "model.safetensors", "tokenizer.json"] {
-        std::fs::copy(src.join(f), dir.join(f)).unwrap();
-    }
-    // Room for the template's system message in byte-level tokens (the weights are random).
-    let mut config: Value = serde_json::from_slice(&std::fs::read(src.join("config.json")).unwrap()).unwrap();
-    config["max_position_embeddings"] = json!(1024);
-    std::fs::write(dir.join("config.json"), serde_json::to_vec(&config).unwrap()).unwrap();
-    let mut cfg: Value = serde_json::from_slice(&std::fs::read(src.join("tokenizer_config.json")).unwrap()).unwrap();
-    cfg["chat_template"] = json!(template());
-    std::fs::write(dir.join("tokenizer_config.json"), serde_json::to_vec(&cfg).unwrap()).unwrap();
-    TempDir(dir)
+    served::with_template(&local("tiny-gptoss"), &format!("harmony-{tag}"), &template(), |c| {
+        c["max_position_embeddings"] = json!(1024)
+    })
 }
 
 /// The text with its "Current date: ..." line (the day it was rendered) taken out.
@@ -79,13 +62,7 @@ async fn serve(path: &Path, parser: ReasoningChoice) -> (ServerHandle, String) {
         total_cache_size: 16 << 20,
         ..Default::default()
     };
-    let engine = common::start_engine_async(path, &cfg).await;
-    let mut scfg = ServerConfig::new(model_id_for_path(path), &cfg);
-    scfg.reasoning_parser = parser;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let h = start(listener, scfg, Some(engine)).unwrap();
-    let base = format!("http://{}/v1", h.addr);
-    (h, base)
+    served::serve(path, &cfg, parser).await
 }
 
 fn body(extra: Value) -> Value {
@@ -110,18 +87,7 @@ async fn streamed(base: &str, extra: Value) -> (String, String, String) {
     extra["stream"] = json!(true);
     let r = post(base, extra).await;
     assert_eq!(r.status(), 200);
-    let text = r.text().await.unwrap();
-    let (mut reasoning, mut content, mut finish) = (String::new(), String::new(), String::new());
-    for ev in text.split("\n\n").filter_map(|e| e.strip_prefix("data: ")).filter(|d| *d != "[DONE]") {
-        let v: Value = serde_json::from_str(ev).unwrap();
-        let c = &v["choices"][0];
-        reasoning.push_str(c["delta"]["reasoning_content"].as_str().unwrap_or(""));
-        content.push_str(c["delta"]["content"].as_str().unwrap_or(""));
-        if let Some(f) = c["finish_reason"].as_str() {
-            finish = f.to_string();
-        }
-    }
-    (reasoning, content, finish)
+    served::joined_stream(&r.text().await.unwrap())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

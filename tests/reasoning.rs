@@ -9,37 +9,22 @@
 
 mod common;
 
+use common::served::{self, TempDir};
 use serde_json::{json, Value};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use torus_wgpu::config::EngineConfig;
 use torus_wgpu::server::reasoning::ReasoningChoice;
-use torus_wgpu::server::{model_id_for_path, start, ServerConfig, ServerHandle};
+use torus_wgpu::server::ServerHandle;
 
 /// Qwen3-style: ChatML; with `enable_thinking` false the prompt holds an empty thinking span.
 const QWEN3_STYLE: &str = "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% if enable_thinking is defined and not enable_thinking %}{{ '<think>\\n\\n</think>\\n\\n' }}{% endif %}{% endif %}";
 /// DeepSeek-R1-style: the generation prompt opens the thinking span.
 const R1_STYLE: &str = "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n<think>\\n' }}{% endif %}";
 
-struct TempDir(PathBuf);
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 /// A copy of tiny-qwen3 with `template` as its chat template.
 fn model_with_template(name: &str, template: &str) -> TempDir {
-    let dir = std::env::temp_dir().join(format!("torus-reasoning-{}-{name}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-qwen3");
-    for f in ["config.json", "generation_config.json", "model.safetensors", "tokenizer.json"] {
-        std::fs::copy(src.join(f), dir.join(f)).unwrap();
-    }
-    let mut cfg: Value = serde_json::from_slice(&std::fs::read(src.join("tokenizer_config.json")).unwrap()).unwrap();
-    cfg["chat_template"] = json!(template);
-    std::fs::write(dir.join("tokenizer_config.json"), serde_json::to_vec(&cfg).unwrap()).unwrap();
-    TempDir(dir)
+    served::with_template(&src, &format!("reasoning-{name}"), template, |_| {})
 }
 
 async fn serve(path: &Path, parser: ReasoningChoice) -> (ServerHandle, String) {
@@ -49,13 +34,7 @@ async fn serve(path: &Path, parser: ReasoningChoice) -> (ServerHandle, String) {
         total_cache_size: 8 << 20,
         ..Default::default()
     };
-    let engine = common::start_engine_async(path, &cfg).await;
-    let mut scfg = ServerConfig::new(model_id_for_path(path), &cfg);
-    scfg.reasoning_parser = parser;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let h = start(listener, scfg, Some(engine)).unwrap();
-    let base = format!("http://{}/v1", h.addr);
-    (h, base)
+    served::serve(path, &cfg, parser).await
 }
 
 async fn chat(base: &str, extra: Value) -> Value {
@@ -85,18 +64,7 @@ async fn chat_streamed(base: &str, extra: Value) -> (String, String, String) {
     }
     let r = reqwest::Client::new().post(format!("{base}/chat/completions")).json(&body).send().await.unwrap();
     assert_eq!(r.status(), 200);
-    let text = r.text().await.unwrap();
-    let (mut reasoning, mut content, mut finish) = (String::new(), String::new(), String::new());
-    for ev in text.split("\n\n").filter_map(|e| e.strip_prefix("data: ")).filter(|d| *d != "[DONE]") {
-        let v: Value = serde_json::from_str(ev).unwrap();
-        let c = &v["choices"][0];
-        reasoning.push_str(c["delta"]["reasoning_content"].as_str().unwrap_or(""));
-        content.push_str(c["delta"]["content"].as_str().unwrap_or(""));
-        if let Some(f) = c["finish_reason"].as_str() {
-            finish = f.to_string();
-        }
-    }
-    (reasoning, content, finish)
+    served::joined_stream(&r.text().await.unwrap())
 }
 
 fn message(v: &Value) -> &Value {

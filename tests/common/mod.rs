@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod reference;
+pub mod served;
 pub mod tiny;
 
 use serde_json::Value;

@@ -335,33 +335,27 @@ impl Output {
                 if self.chat {
                     let lp = if self.logprobs { self.chat_logprobs(&c.tokens) } else { Value::Null };
                     let mut message = json!({"role": "assistant", "content": c.text, "refusal": null});
-                    let mut text = c.text.clone();
-                    let mut reason = json!(reason);
-                    if self.reasoning.is_some_and(|r| r.is_harmony()) {
-                        let (thinking, content, calls) = harmony::parse_whole(self.tools.as_ref(), &c.text);
-                        message["reasoning_content"] = json!(thinking);
-                        message["content"] = json!(content);
-                        if !calls.is_empty() {
-                            let calls: Vec<Value> =
-                                calls.iter().map(|k| tools::call_json(&self.call_id(), k)).collect();
-                            message["tool_calls"] = Value::Array(calls);
-                            reason = tool_calls_reason(&c.reason, reason);
+                    let harmony = self.reasoning.is_some_and(|r| r.is_harmony());
+                    let (thinking, mut content, mut calls) = match self.reasoning {
+                        Some(_) if harmony => harmony::parse_whole(self.tools.as_ref(), &c.text),
+                        Some(r) => {
+                            let (thinking, content) = reasoning::split_whole(r, &c.text);
+                            (thinking, content, vec![])
                         }
-                    } else if let Some(r) = self.reasoning {
-                        let (thinking, content) = reasoning::split_whole(r, &c.text);
+                        None => (None, Some(c.text.clone()), vec![]),
+                    };
+                    if self.reasoning.is_some() {
                         message["reasoning_content"] = json!(thinking);
-                        message["content"] = json!(content);
-                        text = content.unwrap_or_default();
                     }
-                    if let Some(t) = self.tools.as_ref().filter(|_| !self.reasoning.is_some_and(|r| r.is_harmony())) {
-                        let (content, calls) = tools::parse_output(t, &text);
-                        message["content"] = json!(content);
-                        if !calls.is_empty() {
-                            let calls: Vec<Value> =
-                                calls.iter().map(|k| tools::call_json(&self.call_id(), k)).collect();
-                            message["tool_calls"] = Value::Array(calls);
-                            reason = tool_calls_reason(&c.reason, reason);
-                        }
+                    if let Some(t) = self.tools.as_ref().filter(|_| !harmony) {
+                        (content, calls) = tools::parse_output(t, content.as_deref().unwrap_or_default());
+                    }
+                    message["content"] = json!(content);
+                    let mut reason = json!(reason);
+                    if !calls.is_empty() {
+                        let calls: Vec<Value> = calls.iter().map(|k| tools::call_json(&self.call_id(), k)).collect();
+                        message["tool_calls"] = Value::Array(calls);
+                        reason = tool_calls_reason(&c.reason, reason);
                     }
                     json!({
                         "index": c.index,
