@@ -107,20 +107,30 @@ pub struct ModelSummary {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub experts: Option<(usize, usize)>,
     pub expert_bytes: u64,
+    /// Bytes of an untied token embedding (part of weight_bytes): a step reads only its tokens'
+    /// rows of it. 0 when tied (the LM head reads it whole).
+    pub lookup_bytes: u64,
 }
 
 impl ModelSummary {
-    /// Weight bytes one decode step of `batch` sequences reads: every weight outside the experts,
-    /// and of each MoE layer the experts its tokens chose (batch * top_k of them, at most all:
-    /// the upper bound, every choice distinct). A dense model reads weight_bytes.
+    /// Weight bytes one decode step of `batch` sequences reads: every weight but an untied
+    /// embedding (a row per token, not counted) and the experts, and of each MoE layer the
+    /// experts its tokens chose (batch * top_k of them, at most all: the upper bound, every
+    /// choice distinct).
     pub fn step_weight_bytes(&self, batch: usize) -> u64 {
+        let dense = self.dense_step_bytes();
         match self.experts {
-            None => self.weight_bytes,
+            None => dense,
             Some((e, k)) => {
                 let active = (batch * k).min(e) as u64;
-                self.weight_bytes - self.expert_bytes + self.expert_bytes * active / e.max(1) as u64
+                dense - self.expert_bytes + self.expert_bytes * active / e.max(1) as u64
             }
         }
+    }
+
+    /// What a step of a dense model of this size reads: every weight but an untied embedding.
+    pub fn dense_step_bytes(&self) -> u64 {
+        self.weight_bytes - self.lookup_bytes
     }
 }
 
@@ -158,6 +168,10 @@ impl ModelSummary {
                 .flat_map(|l| &l.moe)
                 .map(|m| (m.gate_up.bytes() + m.down.bytes()) as u64)
                 .sum(),
+            lookup_bytes: match (&host.embed, host.tied) {
+                (Some(e), false) => e.bytes() as u64,
+                _ => 0,
+            },
         }
     }
 }
@@ -511,7 +525,7 @@ pub fn format_report(r: &BenchModelReport) -> String {
              (a dense model of this size: {:.1} MiB)\n",
             m.expert_bytes as f64 / (1u64 << 20) as f64,
             m.step_weight_bytes(1) as f64 / (1u64 << 20) as f64,
-            m.weight_bytes as f64 / (1u64 << 20) as f64
+            m.dense_step_bytes() as f64 / (1u64 << 20) as f64
         ));
     }
     t.push_str(&format!(
