@@ -9,15 +9,17 @@
 # The out dir gets four files: summary.txt, log.txt, checks.json and bench.json. It goes on
 # after a failed shape and exits 1 at the end if any check failed.
 #
-#   scripts/gpu-check.sh [--shapes smollm2-135m,qwen2.5-0.5b,qwen2.5-7b,llama-3-8b,qwen3-30b-a3b] [--format q4_k]
+#   scripts/gpu-check.sh [--shapes smollm2-135m,qwen2.5-0.5b,qwen2.5-7b,llama-3-8b,qwen3-30b-a3b,gpt-oss-20b]
+#       [--format q4_k]
 #       [--layers N] [--out DIR (./gpu-check-out)] [--tmp DIR ($TMPDIR or /tmp)]
 #       [--batches 1,8,32] [--decode-steps 32] [--prefill-tokens 512] [--quick]
 #
 # --quick (for lavapipe): 2 layers, batches 1,8, 4 decode steps, a 64-token prefill, a shorter
 # profile check. The 7B/8B shapes at full depth need about 5 GB of disk and GPU memory each.
-# The mixture-of-experts shape (qwen3-30b-a3b) runs 12 of its 48 layers unless --layers is given
-# (about 4.6 GB in Q4_K), and once more at batch 1 with every expert active (bench-model
-# --moe-top-k 128): what the sparse path saves.
+# The mixture-of-experts shapes run 12 of their layers unless --layers is given (qwen3-30b-a3b:
+# 12 of 48, about 4.6 GB in Q4_K; gpt-oss-20b: 12 of 24, its experts MXFP4 whatever --format
+# says, about 6 GB), and once more at batch 1 with every expert active (bench-model
+# --moe-top-k 128 or 32): what the sparse path saves.
 #
 # The binary: $TORUS_BIN, else target/release/torus-wgpu, else $CARGO_TARGET_DIR/release/torus-wgpu.
 #
@@ -31,7 +33,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-shapes="smollm2-135m,qwen2.5-0.5b,qwen2.5-7b,llama-3-8b,qwen3-30b-a3b"
+shapes="smollm2-135m,qwen2.5-0.5b,qwen2.5-7b,llama-3-8b,qwen3-30b-a3b,gpt-oss-20b"
 format="q4_k"
 layers=""
 out="gpu-check-out"
@@ -122,7 +124,10 @@ for shape in ${shapes//,/ }; do
     model="$work/$shape-$format.gguf"
     shape_layers="$layers"
     moe=0
-    case "$shape" in qwen3-30b-a3b) moe=1; [ -z "$shape_layers" ] && shape_layers=12 ;; esac
+    case "$shape" in
+        qwen3-30b-a3b) moe=128; [ -z "$shape_layers" ] && shape_layers=12 ;;
+        gpt-oss-20b) moe=32; [ -z "$shape_layers" ] && shape_layers=12 ;;
+    esac
     say ""
     say "== $shape ($format${shape_layers:+, $shape_layers layers})"
     if ! run "$bin" synth-model --shape "$shape" --format "$format" ${shape_layers:+--layers "$shape_layers"} --out "$model"; then
@@ -151,15 +156,15 @@ for shape in ${shapes//,/ }; do
             failed=1
         fi
     done
-    if [ "$moe" = 1 ]; then
+    if [ "$moe" != 0 ]; then
         if run "$bin" bench-model --model "$model" --batches 1 --decode-steps "$decode_steps" \
-            --warmup-steps "$warmup_steps" --prefill-tokens 0 --moe-top-k 128 \
+            --warmup-steps "$warmup_steps" --prefill-tokens 0 --moe-top-k "$moe" \
             --json "$work/bench-$n-all-experts.json" >"$work/bench.out"; then
             cat "$work/bench.out"
-            say "bench-model, every expert active (--moe-top-k 128; the outputs are not the model's):"
+            say "bench-model, every expert active (--moe-top-k $moe; the outputs are not the model's):"
             grep -v -e '^adapter:' -e '^loaded ' -e '^batch [0-9]*:' -e '^wrote ' "$work/bench.out" >>"$summary"
         else
-            say "FAIL: $shape: bench-model --moe-top-k 128 ($(tail -n 1 "$log"))"
+            say "FAIL: $shape: bench-model --moe-top-k $moe ($(tail -n 1 "$log"))"
             failed=1
         fi
     fi
