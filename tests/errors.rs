@@ -99,10 +99,29 @@ fn shape_mismatch_names_the_tensor() {
 
 #[test]
 fn unsupported_architecture() {
-    let d = tiny_copy("arch");
-    edit_json(&d.join("config.json"), |v| v["architectures"] = serde_json::json!(["MambaForCausalLM"]));
-    let e = fails(&["--model", d.to_str().unwrap(), "--prompt", "hi"], &[]);
-    assert!(e.contains("config.json") && e.contains("MambaForCausalLM"), "{e}");
+    // A recurrent model, DeepSeek's MLA and Llama 4's interleaved MoE: each named at load.
+    for arch in ["MambaForCausalLM", "DeepseekV3ForCausalLM", "Llama4ForCausalLM"] {
+        let d = tiny_copy(&format!("arch-{arch}"));
+        edit_json(&d.join("config.json"), |v| v["architectures"] = serde_json::json!([arch]));
+        let e = fails(&["--model", d.to_str().unwrap(), "--prompt", "hi"], &[]);
+        assert!(e.contains("config.json") && e.contains(arch) && e.contains("supported"), "{e}");
+    }
+    // A GGUF file of llama.cpp's `deepseek` architecture (the tiny Qwen3-MoE file with its
+    // architecture name, and the keys under it, renamed: same length, so still a valid file).
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-qwen3moe.gguf");
+    let mut bytes = std::fs::read(src).unwrap();
+    let (from, to) = (b"qwen3moe", b"deepseek");
+    let mut i = 0;
+    while i + from.len() <= bytes.len() {
+        if &bytes[i..i + from.len()] == from {
+            bytes[i..i + from.len()].copy_from_slice(to);
+        }
+        i += 1;
+    }
+    let f = scratch("arch-gguf").join("deepseek.gguf");
+    std::fs::write(&f, bytes).unwrap();
+    let e = fails(&["--model", f.to_str().unwrap(), "--prompt", "hi"], &[]);
+    assert!(e.contains("deepseek.gguf") && e.contains("unsupported architecture 'deepseek'"), "{e}");
 }
 
 #[test]
