@@ -370,8 +370,11 @@ fn rope_and_paged_attention_with_gqa() {
     for (
         ((kv, window, chunks, &(heads, kv_heads, head_dim), with_sinks), folded),
         (profile, splits, subgroups, tiled),
-    ) in cases.flat_map(|c| profiles.map(|p| (c, p)))
-    {
+    ) in cases.flat_map(|c| profiles.map(|p| (c, p))).filter(|&(((.., sinks), _), (_, splits, subgroups, _))| {
+        // Sinks change only how each kernel normalises its sums: the cpu kernel, the split
+        // kernel with one range and with a combine, the tiled one.
+        !sinks || (subgroups && splits != Some(5))
+    }) {
         let gpu = if folded || !subgroups {
             let mut g = Gpu::new(None).unwrap();
             if folded {
