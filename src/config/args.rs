@@ -2,7 +2,7 @@
 //! may be overridden, generated (with how it applies) from one list, so a new setting is one
 //! line here and one field in `EngineConfig`.
 
-use super::{EngineConfig, KernelProfile, KvDtype, Secret};
+use super::{EngineConfig, KernelProfile, KvDtype, Secret, SpecMethod, VllmSpeculativeConfig};
 use anyhow::Result;
 use std::path::PathBuf;
 
@@ -21,7 +21,13 @@ macro_rules! apply_plain {
         })*
     };
 }
-apply_plain!(usize, u64, u32, f32, f64, bool, String, KvDtype, KernelProfile);
+apply_plain!(usize, u64, u32, f32, f64, bool, String, KvDtype, KernelProfile, SpecMethod);
+
+/// `--speculative-config JSON` (vLLM's flag): parsed when applied; a bad object is reported by
+/// `resolve`.
+impl Apply<String> for Option<VllmSpeculativeConfig> {
+    fn apply(&mut self, _v: &String) {}
+}
 
 impl<T: Clone> Apply<T> for Option<T> {
     fn apply(&mut self, v: &T) {
@@ -123,6 +129,18 @@ engine_args! {
     kv_events_endpoint: String;
     /// The KV-cache events' ZeroMQ topic (default: empty, as vLLM's).
     kv_events_topic: String;
+    /// Speculative decoding: ngram (prompt lookup) or off (default).
+    speculative: SpecMethod;
+    /// Tokens proposed per sequence and step at most (default 4).
+    num_speculative_tokens: usize;
+    /// Shortest n-gram the lookup matches (default 2).
+    prompt_lookup_min: usize;
+    /// Longest n-gram the lookup matches (default 4).
+    prompt_lookup_max: usize;
+    /// No speculation in steps with more decoding sequences than this (default 4).
+    speculative_max_batch: usize;
+    /// vLLM's speculative_config as JSON, e.g. '{"method": "ngram", "num_speculative_tokens": 4}'.
+    speculative_config: String;
 }
 
 impl EngineArgs {
@@ -138,6 +156,10 @@ impl EngineArgs {
             c.world_size = n;
         }
         c.kv_events_connect |= self.kv_events_connect;
+        if let Some(json) = &self.speculative_config {
+            c.speculative_config =
+                Some(serde_json::from_str(json).map_err(|e| anyhow::anyhow!("--speculative-config: {e}"))?);
+        }
         c.validate()?;
         Ok(c)
     }

@@ -10,9 +10,11 @@ use std::path::{Path, PathBuf};
 
 mod args;
 mod choices;
+mod spec;
 mod views;
 pub use args::EngineArgs;
 pub use choices::{KernelProfile, KvDtype};
+pub use spec::{SpecMethod, SpecSettings, VllmSpeculativeConfig, MAX_NGRAM, MAX_SPECULATIVE_TOKENS};
 pub use views::{BatchBudget, StepBudget};
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -75,6 +77,19 @@ pub struct EngineConfig {
     /// Connect the PUB socket to `kv_events_endpoint` (a subscriber that binds there, as llm-d's
     /// endpoint picker does) instead of binding it; reconnects when the connection drops.
     pub kv_events_connect: bool,
+    /// Speculative decoding: `off` (default) or `ngram` (prompt lookup).
+    pub speculative: SpecMethod,
+    /// Tokens proposed per sequence and step at most (each sequence adapts its own number to
+    /// how many of its proposals were accepted).
+    pub num_speculative_tokens: usize,
+    /// The n-gram sizes looked up, longest first.
+    pub prompt_lookup_min: usize,
+    pub prompt_lookup_max: usize,
+    /// No sequence speculates in a step with more decoding sequences than this: decode is then
+    /// no longer bound by reading the weights, and verifying proposals costs real work.
+    pub speculative_max_batch: usize,
+    /// vLLM's `speculative_config` object (its keys that map here), applied over the keys above.
+    pub speculative_config: Option<VllmSpeculativeConfig>,
 }
 
 /// A secret string (the worker token): serialized as a plain string, never printed by Debug.
@@ -144,6 +159,12 @@ impl Default for EngineConfig {
             kv_events_endpoint: None,
             kv_events_topic: String::new(),
             kv_events_connect: false,
+            speculative: SpecMethod::Off,
+            num_speculative_tokens: 4,
+            prompt_lookup_min: 2,
+            prompt_lookup_max: 4,
+            speculative_max_batch: 4,
+            speculative_config: None,
         }
     }
 }
@@ -202,6 +223,7 @@ impl EngineConfig {
         } else if self.kv_events_connect || !self.kv_events_topic.is_empty() {
             bail!("kv_events_topic and kv_events_connect need kv_events_endpoint");
         }
+        self.spec_settings()?;
         if !self.stages.is_empty() {
             if !self.enable_pipeline_parallel {
                 bail!("stages are given but enable_pipeline_parallel is false");
