@@ -20,6 +20,7 @@ pub mod ops;
 pub mod sampling;
 pub mod server;
 pub mod shutdown;
+pub mod spec;
 pub mod structured;
 pub mod tokenizer;
 pub mod weights;

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 const LEAVES: [&str; 4] = ["config", "sampling", "shutdown", "formats"];
 
 /// Each room's level: a room may use rooms of a lower level (and the leaves).
-const LEVELS: [(&str, u32); 12] = [
+const LEVELS: [(&str, u32); 13] = [
     ("gpu", 1),
     ("kv", 1),
     ("weights", 2),
@@ -21,9 +21,10 @@ const LEVELS: [(&str, u32); 12] = [
     ("model", 4),
     ("exec", 5),
     ("kv_events", 5),
-    ("engine", 6),
-    ("server", 7),
-    ("bench", 7),
+    ("spec", 6),
+    ("engine", 7),
+    ("server", 8),
+    ("bench", 8),
 ];
 
 fn src() -> PathBuf {
