@@ -163,6 +163,7 @@ impl EngineHandle {
             max_seq_len: limits.max_seq_len,
             block_size: limits.block_size,
             sliding_window: limits.sliding_window,
+            spec: cfg.spec_settings()?,
         };
         let max_blocks_per_seq =
             limits.sliding_window.map(|w| (w + sched.max_num_batched_tokens).div_ceil(limits.block_size) + 1);

@@ -32,6 +32,12 @@ pub struct EngineMetrics {
     /// KV-cache events (`--kv-events-endpoint`): events and batches (messages) published,
     /// subscribers with a subscription, and messages dropped for subscribers too far behind.
     pub kv_events: std::sync::Arc<crate::kv_events::Counters>,
+    /// Speculative decoding: verifications (a sequence's proposals checked in a step),
+    /// proposed tokens, accepted ones, and accepted ones by position in their proposal.
+    pub spec_drafts: AtomicU64,
+    pub spec_draft_tokens: AtomicU64,
+    pub spec_accepted_tokens: AtomicU64,
+    pub spec_accepted_per_pos: [AtomicU64; crate::config::MAX_SPECULATIVE_TOKENS],
     /// Why the engine can no longer serve (its thread stopped, or its device was lost).
     down: std::sync::Mutex<Option<String>>,
 }
@@ -62,6 +68,10 @@ pub struct MetricsSnapshot {
     pub kv_event_batches_published: u64,
     pub kv_events_subscribers: u64,
     pub kv_events_dropped: u64,
+    pub spec_drafts: u64,
+    pub spec_draft_tokens: u64,
+    pub spec_accepted_tokens: u64,
+    pub spec_accepted_per_pos: [u64; crate::config::MAX_SPECULATIVE_TOKENS],
     /// False once the engine can no longer serve (see `EngineMetrics::down`).
     pub healthy: bool,
 }
@@ -92,6 +102,10 @@ impl EngineMetrics {
             kv_event_batches_published: self.kv_events.batches_published.load(Relaxed),
             kv_events_subscribers: self.kv_events.subscribers.load(Relaxed),
             kv_events_dropped: self.kv_events.dropped.load(Relaxed),
+            spec_drafts: self.spec_drafts.load(Relaxed),
+            spec_draft_tokens: self.spec_draft_tokens.load(Relaxed),
+            spec_accepted_tokens: self.spec_accepted_tokens.load(Relaxed),
+            spec_accepted_per_pos: std::array::from_fn(|i| self.spec_accepted_per_pos[i].load(Relaxed)),
             healthy: self.down().is_none(),
         }
     }

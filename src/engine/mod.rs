@@ -7,7 +7,7 @@
 //!
 //! Owns: requests, sequences, the scheduler, the runner, output handling, the loop and its
 //! handle, engine metrics.
-//! May use: exec, model, kv, kv_events, tokenizer, structured, gpu, config, sampling.
+//! May use: exec, model, kv, kv_events, spec, tokenizer, structured, gpu, config, sampling.
 //! Never uses: server, HTTP.
 
 pub mod core;
@@ -23,6 +23,7 @@ mod scheduler_tests;
 #[cfg(test)]
 mod scripted;
 mod sequence;
+mod speculate;
 #[cfg(test)]
 mod trace_tests;
 

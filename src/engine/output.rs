@@ -4,9 +4,11 @@
 
 use super::core::EngineCore;
 use super::runner::Row;
+use super::scheduler::SchedulerConfig;
 use super::sequence::Seq;
 use crate::engine::request::{Event, FinishReason, PromptLogprob};
 use crate::exec::{StageFailure, StepResult};
+use crate::kv::BlockManager;
 
 use crate::gpu::GpuFault;
 use crate::sampling::Sampled;
@@ -81,44 +83,42 @@ impl EngineCore {
             }
         };
         self.metrics.steps.fetch_add(1, Relaxed);
-        let bs = self.sched.cfg.block_size;
         for p in &step.plan {
-            // Aborted while in flight: nothing to apply.
+            // Aborted while in flight: nothing to apply. A verification is applied with its
+            // rows (engine/speculate.rs).
             let Some(s) = self.sched.running.iter_mut().find(|s| s.id == p.id) else { continue };
+            if !p.draft.is_empty() {
+                continue;
+            }
             let decode = p.len == 1 && p.start + 1 == s.tokens.len() && s.generated() > 0;
             if !decode {
                 self.metrics.prefill_tokens.fetch_add(p.len as u64, Relaxed);
             }
             s.computed += p.len;
-            // Register blocks that just became full in the prefix cache.
-            let full = s.computed / bs;
-            let salted = s.params.cache_salt.is_some();
-            while s.keys.len() < full {
-                let i = s.keys.len();
-                let parent = if i == 0 { s.root } else { s.keys[i - 1] };
-                let key = self.sched.bm.register(s.table[i], &parent, i == 0, &s.tokens[i * bs..(i + 1) * bs], salted);
-                s.keys.push(key);
-            }
-            // Sliding window: the next query (position `computed`) and every later one attend
-            // to positions >= computed + 1 - window only; whole blocks before that are freed
-            // (they stay in the prefix cache while unreferenced).
-            if let Some(w) = self.sched.cfg.sliding_window {
-                let gone = ((s.computed + 1).saturating_sub(w) / bs).min(s.table.len());
-                if gone > s.released {
-                    self.sched.bm.release(&s.table[s.released..gone]);
-                    s.released = gone;
-                }
-            }
+            commit_computed(&mut self.sched.bm, &self.sched.cfg, s);
         }
         let mut done: Vec<(u64, FinishReason)> = Vec::new();
-        // A sequence's rows are consecutive: its prompt logprobs (if any), then its next token.
+        // A sequence's rows are consecutive: its prompt logprobs (if any), then its next token
+        // (or, verifying proposals, a row per proposal and one after them).
         let mut lps: Vec<PromptLogprob> = Vec::new();
-        for (k, (&(id, row), r)) in step.sampled.iter().zip(out.sampled).enumerate() {
+        let mut results = out.sampled.into_iter();
+        let mut k = 0;
+        while let (Some(&(id, row)), Some(r)) = (step.sampled.get(k), results.next()) {
+            k += 1;
+            if let Some(p) = step.plan.iter().find(|p| p.id == id && !p.draft.is_empty() && row == Row::Next) {
+                let mut rows = vec![r];
+                rows.extend(results.by_ref().take(p.draft.len()));
+                k += p.draft.len();
+                if let Some(reason) = self.apply_verified(id, &p.draft, rows) {
+                    done.push((id, reason));
+                }
+                continue;
+            }
             let Some(s) = self.sched.running.iter_mut().find(|s| s.id == id) else { continue };
             if row == Row::Prompt {
                 s.lp_done += 1;
                 lps.push(PromptLogprob { id: r.id, logprob: r.logprob, top: r.top });
-                let more = step.sampled.get(k + 1) == Some(&(id, Row::Prompt));
+                let more = step.sampled.get(k) == Some(&(id, Row::Prompt));
                 if !more && s.out.send(Event::PromptLogprobs(std::mem::take(&mut lps))).is_err() {
                     done.push((id, FinishReason::Abort));
                 }
@@ -242,6 +242,31 @@ impl EngineCore {
             reason = Some(FinishReason::Length);
         }
         reason
+    }
+}
+
+/// Brings `s`'s cache state to its `computed` positions: blocks that just became full are
+/// registered in the prefix cache (their keys from the sequence's tokens), and with a sliding
+/// window the blocks every later query has left behind are freed.
+pub(crate) fn commit_computed(bm: &mut BlockManager, cfg: &SchedulerConfig, s: &mut Seq) {
+    let bs = cfg.block_size;
+    let full = s.computed / bs;
+    let salted = s.params.cache_salt.is_some();
+    while s.keys.len() < full {
+        let i = s.keys.len();
+        let parent = if i == 0 { s.root } else { s.keys[i - 1] };
+        let key = bm.register(s.table[i], &parent, i == 0, &s.tokens[i * bs..(i + 1) * bs], salted);
+        s.keys.push(key);
+    }
+    // Sliding window: the next query (position `computed`) and every later one attend to
+    // positions >= computed + 1 - window only; whole blocks before that are freed (they stay in
+    // the prefix cache while unreferenced).
+    if let Some(w) = cfg.sliding_window {
+        let gone = ((s.computed + 1).saturating_sub(w) / bs).min(s.table.len());
+        if gone > s.released {
+            bm.release(&s.table[s.released..gone]);
+            s.released = gone;
+        }
     }
 }
 

@@ -27,7 +27,8 @@ impl Scheduler {
         let mut sampled = Vec::new();
         for (j, p) in plan.iter().enumerate() {
             let s = &mut self.running[index[&p.id]];
-            for pos in p.start..p.start + p.len {
+            let own = p.len - p.draft.len();
+            for pos in p.start..p.start + own {
                 input.tokens.push(s.tokens[pos]);
                 input.positions.push(pos as u32);
                 input.slots.push(s.table[pos / bs as usize] * bs + pos as u32 % bs);
@@ -43,13 +44,30 @@ impl Scheduler {
                     sampled.push((p.id, Row::Prompt));
                 }
             }
+            // Proposed tokens (speculative decoding) after the sequence's last one.
+            for (i, &t) in p.draft.iter().enumerate() {
+                let pos = (s.tokens.len() + i) as u32;
+                input.tokens.push(t);
+                input.positions.push(pos);
+                input.slots.push(s.table[(pos / bs) as usize] * bs + pos % bs);
+                input.seq_of_token.push(j as u32);
+            }
             input.block_tables.push(s.table.clone());
-            if p.start + p.len == s.tokens.len() {
+            if p.start + own == s.tokens.len() && p.draft.is_empty() {
                 input.sample_rows.push(input.tokens.len() as u32 - 1);
                 input.sampling.push(s.sample_params(mask_words));
                 sampled.push((p.id, Row::Next));
+            } else if p.start + own == s.tokens.len() {
+                // A row at the last token and at each proposal: the tokens that follow each.
+                let first = input.tokens.len() - p.draft.len() - 1;
+                for (i, params) in s.verify_params(&p.draft).into_iter().enumerate() {
+                    input.sample_rows.push((first + i) as u32);
+                    input.sampling.push(params);
+                    sampled.push((p.id, Row::Next));
+                }
             }
-            s.scheduled = p.start + p.len;
+            // Proposals are not the sequence's tokens until accepted.
+            s.scheduled = p.start + own;
             *self.busy.entry(p.id).or_insert(0) += 1;
         }
         (input, sampled)

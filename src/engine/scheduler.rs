@@ -7,6 +7,7 @@
 
 use super::metrics::EngineMetrics;
 use super::sequence::Seq;
+use crate::config::SpecSettings;
 use crate::kv::BlockManager;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering::Relaxed;
@@ -27,13 +28,17 @@ pub struct SchedulerConfig {
     pub block_size: usize,
     /// The model attends to the last `n` positions only: blocks that left the window are freed.
     pub sliding_window: Option<usize>,
+    /// Speculative decoding (engine/speculate.rs).
+    pub spec: SpecSettings,
 }
 
-/// One sequence's share of a step.
+/// One sequence's share of a step: tokens `start..start + len` of it, the last `draft.len()`
+/// of them proposed tokens after its last one (speculative decoding), verified in this step.
 pub(crate) struct Planned {
     pub(crate) id: u64,
     pub(crate) start: usize,
     pub(crate) len: usize,
+    pub(crate) draft: Vec<u32>,
 }
 
 /// The queues and the cache: what the scheduler decides over.
@@ -86,6 +91,7 @@ impl Scheduler {
         let (mut n_decode, mut n_prefill) = (0, 0);
         let idle = self.running.iter().filter(|s| !self.busy.contains_key(&s.id)).count();
         let decode_cap = self.cfg.max_decode_batch_size.min(idle.div_ceil(slots_left).max(1));
+        let speculate = self.speculates(decode_cap);
 
         // Sample rows so far: one per sequence that samples, plus prompt-logprob rows (at most
         // max_seqs in all, the step's row limit).
@@ -106,6 +112,11 @@ impl Scheduler {
                 continue;
             }
             let len = s.chunk_within_rows(s.scheduled, remaining.min(budget), max_seqs - rows);
+            let draft = match decode && speculate {
+                true => self.draft(s, (budget - len).min(max_seqs - rows - s.rows_in(s.scheduled, len))),
+                false => Vec::new(),
+            };
+            let len = len + draft.len();
             let need = (s.scheduled + len).div_ceil(bs);
             let mut stop = false;
             while self.running[i].table.len() < need {
@@ -131,8 +142,8 @@ impl Scheduler {
                 break;
             }
             let s = &self.running[i];
-            rows += s.rows_in(s.scheduled, len);
-            plan.push(Planned { id: s.id, start: s.scheduled, len });
+            rows += s.rows_in(s.scheduled, len - draft.len()) + draft.len();
+            plan.push(Planned { id: s.id, start: s.scheduled, len, draft });
             budget -= len;
             if decode {
                 n_decode += 1;
@@ -191,7 +202,7 @@ impl Scheduler {
             s.scheduled = computed;
             s.cached_tokens.get_or_insert(computed.min(s.prompt_len));
             rows += s.rows_in(computed, len);
-            plan.push(Planned { id: s.id, start: computed, len });
+            plan.push(Planned { id: s.id, start: computed, len, draft: Vec::new() });
             budget -= len;
             n_prefill += 1;
             self.running.push(s);

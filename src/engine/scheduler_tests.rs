@@ -20,6 +20,7 @@ fn sched(num_blocks: usize, budget: usize, decode: usize, prefill: usize) -> Sch
         max_seq_len: 512,
         block_size: BS,
         sliding_window: None,
+        spec: crate::config::SpecSettings::off(),
     };
     Scheduler::new(cfg, BlockManager::new(num_blocks, BS, true), Arc::new(EngineMetrics::default()))
 }

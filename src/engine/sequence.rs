@@ -8,6 +8,7 @@ use crate::kv::root_key;
 use crate::kv::{BlockId, BlockKey};
 use crate::sampling::Rng;
 use crate::sampling::SampleParams;
+use crate::spec::AdaptiveK;
 use crate::tokenizer::IncrementalDecoder;
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -48,6 +49,8 @@ pub(crate) struct Seq {
     pub(crate) lp_done: usize,
     /// Steps in which a request behind it started while it waited (see `schedule`).
     pub(crate) passed_over: u32,
+    /// Speculative decoding: how many tokens it proposes next.
+    pub(crate) spec_k: AdaptiveK,
 }
 
 impl Seq {
@@ -84,7 +87,45 @@ impl Seq {
             thinking: (req_constraint_waits).then(String::new),
             lp_done: 0,
             passed_over: 0,
+            spec_k: AdaptiveK::new(crate::config::MAX_SPECULATIVE_TOKENS),
         }
+    }
+
+    /// Whether it may speculate: proposals are verified row by row with the sampler's own
+    /// parameters, except a grammar's mask, which would have to be advanced over them.
+    pub(crate) fn may_speculate(&self) -> bool {
+        self.params.constraint.is_none()
+    }
+
+    /// The sample rows of a decode step that verifies `draft`: row i samples the token after
+    /// draft[..i], with the penalties counting draft[..i] and the i-th uniform after the
+    /// sequence's (the same the token at that place would get without speculation). The
+    /// sequence's generator is not advanced (see `output`).
+    pub(crate) fn verify_params(&self, draft: &[u32]) -> Vec<SampleParams> {
+        let p = &self.params;
+        let mut rng = self.rng.clone();
+        let mut penalties = self.penalties.clone();
+        (0..=draft.len())
+            .map(|i| {
+                if i > 0 {
+                    penalties.push(draft[i - 1]);
+                }
+                SampleParams {
+                    temperature: p.sampling.temperature,
+                    top_p: p.sampling.top_p,
+                    top_k: p.sampling.top_k,
+                    min_p: p.sampling.min_p,
+                    u: rng.uniform(),
+                    repetition_penalty: p.repetition_penalty,
+                    frequency_penalty: p.frequency_penalty,
+                    presence_penalty: p.presence_penalty,
+                    n_top: p.logprobs.unwrap_or(0),
+                    adjust: penalties.list().to_vec(),
+                    mask: None,
+                    force: None,
+                }
+            })
+            .collect()
     }
 
     pub(crate) fn generated(&self) -> usize {

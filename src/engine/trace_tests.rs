@@ -43,6 +43,7 @@ fn sched_cfg(sliding_window: Option<usize>) -> SchedulerConfig {
         max_seq_len: 256,
         block_size: 4,
         sliding_window,
+        spec: crate::config::SpecSettings::off(),
     }
 }
 

@@ -203,6 +203,12 @@ async fn serve(args: ServeArgs, cfg: EngineConfig, scfg: ServerConfig, model_pat
     if let Some(a) = i.kv_events_addr {
         eprintln!("torus-wgpu serve: publishing KV-cache events on tcp://{a} (ZeroMQ PUB, vLLM's format)");
     }
+    if let Some(sp) = cfg.spec_settings().ok().filter(|s| s.enabled()) {
+        eprintln!(
+            "torus-wgpu serve: speculative decoding {:?}: up to {} tokens per step, n-grams of {} to {}, in steps of at most {} decoding sequences",
+            sp.method, sp.max_tokens, sp.ngram_min, sp.ngram_max, sp.max_batch
+        );
+    }
     server.set_engine(engine);
     eprintln!(
         "torus-wgpu serve: ready on http://{} | model {name:?} ({}) | adapter {} | KV cache ({}) {} blocks x {} tokens = {} tokens | max_sequence_length {} | max batch {} decode + {} prefill, {} tokens/step",

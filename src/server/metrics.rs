@@ -417,6 +417,18 @@ impl ServerMetrics {
                 "Cumulative number of preemptions.",
                 m.preemptions.to_string(),
             );
+            for (name, help, value) in [
+                ("vllm:spec_decode_num_drafts_total", "Number of spec decoding drafts.", m.spec_drafts),
+                ("vllm:spec_decode_num_draft_tokens_total", "Number of draft tokens.", m.spec_draft_tokens),
+                ("vllm:spec_decode_num_accepted_tokens_total", "Number of accepted tokens.", m.spec_accepted_tokens),
+            ] {
+                one(out, name, "counter", help, value.to_string());
+            }
+            let name = "vllm:spec_decode_num_accepted_tokens_per_pos_total";
+            let _ = writeln!(out, "# HELP {name} Accepted tokens per draft position.\n# TYPE {name} counter");
+            for (pos, n) in m.spec_accepted_per_pos.iter().enumerate() {
+                let _ = writeln!(out, "{name}{{{labels},position=\"{pos}\"}} {n}");
+            }
             let _ = writeln!(
                 out,
                 "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig.\n\
