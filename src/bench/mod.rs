@@ -13,6 +13,7 @@ pub mod kernels;
 pub mod metrics;
 pub mod model;
 pub mod profiles;
+pub mod spec_counters;
 
 use anyhow::{anyhow, bail, Context, Result};
 use futures_util::StreamExt;
@@ -100,6 +101,9 @@ pub struct BenchReport {
     pub model: String,
     pub summary: Summary,
     pub records: Vec<RequestRecord>,
+    /// What the server's speculative-decoding counters did during the run (None where it
+    /// exports none).
+    pub spec_decode: Option<spec_counters::SpecCounters>,
 }
 
 /// Common short English words: each is usually one token (with its leading space) in BPE
@@ -391,6 +395,7 @@ pub async fn run_bench(a: &BenchArgs) -> Result<BenchReport> {
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
     let mut rng = crate::sampling::Rng::new(a.seed ^ 0x5eed);
+    let spec_before = spec_counters::scrape(&client, &a.base_url, a.api_key.as_deref()).await;
     let t0 = Instant::now();
     let mut next_send = 0.0f64;
     let mut tasks = Vec::with_capacity(prompts.len());
@@ -420,7 +425,12 @@ pub async fn run_bench(a: &BenchArgs) -> Result<BenchReport> {
     let duration = t0.elapsed().as_secs_f64();
     bar.finish_and_clear();
     let summary = summarize(&records, duration, &slo);
-    Ok(BenchReport { settings: a.clone(), model, summary, records })
+    let spec_after = spec_counters::scrape(&client, &a.base_url, a.api_key.as_deref()).await;
+    let spec_decode = match (spec_after, spec_before) {
+        (Some(after), Some(before)) => Some(after.since(&before)),
+        _ => None,
+    };
+    Ok(BenchReport { settings: a.clone(), model, summary, records, spec_decode })
 }
 
 /// The result table, in the layout of vLLM's serving benchmark.
@@ -451,6 +461,16 @@ pub fn format_table(r: &BenchReport) -> String {
     block(&mut t, "Time per Output Token (excl. 1st token)", "TPOT", &s.tpot_ms);
     block(&mut t, "Inter-token Latency", "ITL", &s.itl_ms);
     block(&mut t, "End-to-end Latency", "E2EL", &s.e2el_ms);
+    if let Some(c) = r.spec_decode.as_ref().filter(|c| c.drafts > 0.0) {
+        t.push_str(&format!("{:-^52}\n", " Speculative Decoding "));
+        line(&mut t, "Drafts:", format!("{}", c.drafts));
+        line(&mut t, "Draft tokens:", format!("{}", c.draft_tokens));
+        line(&mut t, "Accepted tokens:", format!("{}", c.accepted_tokens));
+        line(&mut t, "Acceptance rate (%):", format!("{:.2}", 100.0 * c.acceptance_rate()));
+        line(&mut t, "Mean accepted length:", format!("{:.2}", c.mean_accepted_length()));
+        let per: Vec<String> = c.accepted_per_position.iter().take(8).map(|v| format!("{v}")).collect();
+        line(&mut t, "Accepted per position:", per.join(","));
+    }
     t.push_str(&"=".repeat(52));
     t.push('\n');
     let failures: Vec<&str> = r.records.iter().filter_map(|x| x.error.as_deref()).take(5).collect();
