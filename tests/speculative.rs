@@ -1,0 +1,267 @@
+//! Speculative decoding with n-gram (prompt lookup) proposals: the output with speculation on
+//! equals the output with it off, token for token, for greedy and seeded sampled requests,
+//! with penalties, logprobs, stop strings and max_tokens ending inside an accepted run, alone
+//! and in busy batches, across preemption and over pipeline stages; proposals are really
+//! accepted (the counters say so); KV blocks are all free afterwards and the prefix cache hits
+//! the same blocks either way. How proposals are looked up and how k adapts is tested in
+//! `spec`.
+
+mod common;
+use common::{smollm2, tiny};
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use torus_wgpu::config::{EngineConfig, SpecMethod, StageConfig};
+use torus_wgpu::engine::{load_model, Completion, EngineHandle, Request, RequestParams, StopConditions};
+use torus_wgpu::gpu::Gpu;
+use torus_wgpu::sampling::SamplingParams;
+
+fn engine(path: &Path, spec: bool, f: impl FnOnce(&mut EngineConfig)) -> EngineHandle {
+    let gpu = Arc::new(Gpu::new(None).expect("a wgpu adapter (lavapipe in CI)"));
+    let mut cfg = EngineConfig {
+        max_num_batched_tokens: 256,
+        max_sequence_length: 320,
+        total_cache_size: 32 << 20,
+        max_decode_batch_size: 16,
+        max_prefill_batch_size: 4,
+        speculative: if spec { SpecMethod::Ngram } else { SpecMethod::Off },
+        num_speculative_tokens: 5,
+        prompt_lookup_min: 1,
+        prompt_lookup_max: 4,
+        speculative_max_batch: 16,
+        ..Default::default()
+    };
+    f(&mut cfg);
+    let (model, tok) = load_model(path, &cfg, gpu, &|_, _| {}).unwrap();
+    EngineHandle::start(model, tok, &cfg)
+}
+
+fn run_alone(e: &EngineHandle, reqs: &[Request]) -> Vec<Completion> {
+    reqs.iter().map(|r| e.submit(r.clone()).unwrap().collect_blocking()).collect()
+}
+
+fn run_together(e: &EngineHandle, reqs: &[Request]) -> Vec<Completion> {
+    let streams: Vec<_> = reqs.iter().map(|r| e.submit(r.clone()).unwrap()).collect();
+    streams.into_iter().map(|s| s.collect_blocking()).collect()
+}
+
+fn assert_all_blocks_free(e: &EngineHandle) {
+    let t = Instant::now();
+    loop {
+        let m = e.metrics.snapshot();
+        if m.running == 0 && m.waiting == 0 && m.kv_blocks_used == 0 {
+            assert_eq!(m.kv_blocks_free, m.kv_blocks_total);
+            return;
+        }
+        assert!(t.elapsed() < Duration::from_secs(20), "blocks still in use: {m:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Prompts that repeat themselves (as code edits and quotes do), so lookups find matches.
+fn prompts(n: usize) -> Vec<Vec<u32>> {
+    (0..n)
+        .map(|i| {
+            let unit: Vec<u32> = (0..5 + i % 4).map(|j| (37 + 53 * i as u32 + 11 * j as u32) % 500).collect();
+            let mut p: Vec<u32> = unit.iter().cycle().take(unit.len() * 3).copied().collect();
+            p.extend((0..i % 3).map(|j| 400 + j as u32));
+            p
+        })
+        .collect()
+}
+
+fn request(prompt: &[u32], params: RequestParams) -> Request {
+    Request { prompt: prompt.to_vec(), params }
+}
+
+fn greedy(max_tokens: usize) -> RequestParams {
+    RequestParams {
+        stop: StopConditions { max_tokens: Some(max_tokens), ignore_eos: true, ..Default::default() },
+        ..Default::default()
+    }
+}
+
+/// Ids, text, logprobs and finish reasons of `a` and `b` are the same.
+fn assert_same(a: &[Completion], b: &[Completion], what: &str) {
+    assert_eq!(a.len(), b.len());
+    for (i, (x, y)) in a.iter().zip(b).enumerate() {
+        assert_eq!(x.ids, y.ids, "{what}: request {i}: tokens");
+        assert_eq!(x.text, y.text, "{what}: request {i}: text");
+        assert_eq!(x.reason, y.reason, "{what}: request {i}: finish reason");
+        assert_eq!(x.logprobs.len(), y.logprobs.len(), "{what}: request {i}: logprobs");
+        for (p, q) in x.logprobs.iter().zip(&y.logprobs) {
+            assert!((p - q).abs() < 1e-3, "{what}: request {i}: logprob {p} vs {q}");
+        }
+    }
+}
+
+/// Greedy, seeded sampling (with penalties and logprobs), stop strings and max_tokens:
+/// speculation on gives exactly what it gives off, alone and in one busy batch; proposals are
+/// accepted; every block is free afterwards.
+#[test]
+fn tiny_model_speculation_on_equals_off() {
+    let p = prompts(6);
+    let mut reqs: Vec<Request> = p.iter().map(|p| request(p, greedy(40))).collect();
+    for (i, p) in p.iter().enumerate().take(4) {
+        let params = RequestParams {
+            sampling: SamplingParams {
+                temperature: 0.8,
+                top_p: 0.95,
+                seed: Some(100 + i as u64),
+                ..Default::default()
+            },
+            repetition_penalty: if i % 2 == 0 { 1.1 } else { 1.0 },
+            presence_penalty: if i == 1 { 0.3 } else { 0.0 },
+            logprobs: Some(2),
+            ..greedy(40)
+        };
+        reqs.push(request(p, params));
+    }
+    // max_tokens small enough to end inside an accepted run.
+    reqs.push(request(&p[0], greedy(3)));
+    reqs.push(request(&p[1], greedy(7)));
+
+    let off = engine(&tiny(), false, |_| {});
+    let want = run_alone(&off, &reqs);
+    assert_all_blocks_free(&off);
+    // Stop strings: a piece of each greedy answer's text from its middle.
+    let stops: Vec<Request> = want
+        .iter()
+        .zip(&reqs)
+        .take(3)
+        .filter_map(|(c, r)| {
+            let mid: String = c.text.chars().skip(c.text.chars().count() / 2).take(3).collect();
+            (!mid.trim().is_empty()).then(|| {
+                let mut r = r.clone();
+                r.params.stop.stop = vec![mid];
+                r
+            })
+        })
+        .collect();
+    assert!(!stops.is_empty());
+    let want_stops = run_alone(&off, &stops);
+
+    let on = engine(&tiny(), true, |_| {});
+    assert_same(&run_alone(&on, &reqs), &want, "alone");
+    assert_same(&run_together(&on, &reqs), &want, "together");
+    assert_same(&run_alone(&on, &stops), &want_stops, "stop strings");
+    let m = on.metrics.snapshot();
+    eprintln!(
+        "drafts {} draft tokens {} accepted {} per position {:?}",
+        m.spec_drafts,
+        m.spec_draft_tokens,
+        m.spec_accepted_tokens,
+        &m.spec_accepted_per_pos[..5]
+    );
+    assert!(m.spec_drafts > 0 && m.spec_accepted_tokens > 0, "{m:?}");
+    assert!(m.spec_accepted_tokens <= m.spec_draft_tokens);
+    assert_eq!(m.spec_accepted_per_pos.iter().sum::<u64>(), m.spec_accepted_tokens);
+    assert!(m.spec_accepted_per_pos[0] >= m.spec_accepted_per_pos[1]);
+    // Fewer steps than tokens: proposals were verified several at a time.
+    assert!(m.decode_tokens > m.steps, "{m:?}");
+    assert_all_blocks_free(&on);
+    assert_eq!(off.metrics.snapshot().spec_drafts, 0);
+}
+
+/// The prefix cache sees only accepted tokens: the same requests hit the same cached blocks
+/// with speculation on and off; preemption (a cache of a few blocks) keeps the outputs.
+#[test]
+fn tiny_model_speculation_with_prefix_cache_and_preemption() {
+    let shared: Vec<u32> = prompts(1)[0].iter().cycle().take(40).copied().collect();
+    let reqs: Vec<Request> = (0..4)
+        .map(|i| {
+            let mut p = shared.clone();
+            p.extend([7 + i, 9 + 2 * i]);
+            request(&p, greedy(30))
+        })
+        .collect();
+    let run = |spec: bool| {
+        let e = engine(&tiny(), spec, |c| c.enable_prefix_cache = true);
+        let out = run_alone(&e, &reqs);
+        let again = run_alone(&e, &reqs);
+        assert_same(&again, &out, "a second time, from the prefix cache");
+        let m = e.metrics.snapshot();
+        assert_all_blocks_free(&e);
+        (out, m.prefix_hits, m.prefix_hit_tokens)
+    };
+    let (off, hits_off, tokens_off) = run(false);
+    let (on, hits_on, tokens_on) = run(true);
+    assert_same(&on, &off, "prefix cache");
+    assert!(hits_off > 0);
+    assert_eq!((hits_on, tokens_on), (hits_off, tokens_off), "prefix-cache hits with speculation on and off");
+
+    // 16-token blocks of the tiny model: 4 KiB each; 10 of them, where the 4 requests need 5 each.
+    let small = |spec: bool| {
+        engine(&tiny(), spec, |c| {
+            c.total_cache_size = 10 * 4096;
+            c.enable_prefix_cache = false;
+        })
+    };
+    let (e_off, e_on) = (small(false), small(true));
+    assert_eq!(e_on.info.num_blocks, 10);
+    let want = run_alone(&e_off, &reqs);
+    let got = run_together(&e_on, &reqs);
+    assert!(e_on.metrics.snapshot().preemptions > 0, "expected preemption: {:?}", e_on.metrics.snapshot());
+    assert_same(&got, &want, "preemption");
+    assert_all_blocks_free(&e_on);
+}
+
+/// Two pipeline stages verify proposals like one model does.
+#[test]
+fn tiny_model_speculation_over_two_stages() {
+    let reqs: Vec<Request> = prompts(3).iter().map(|p| request(p, greedy(24))).collect();
+    let want = run_alone(&engine(&tiny(), false, |_| {}), &reqs);
+    let path = tiny();
+    let staged = |spec: bool| -> EngineHandle {
+        let c = EngineConfig {
+            model: Some(path.display().to_string()),
+            enable_pipeline_parallel: true,
+            world_size: 2,
+            stages: vec![StageConfig::default(), StageConfig::default()],
+            max_num_batched_tokens: 256,
+            max_sequence_length: 320,
+            total_cache_size: 32 << 20,
+            speculative: if spec { SpecMethod::Ngram } else { SpecMethod::Off },
+            num_speculative_tokens: 5,
+            prompt_lookup_min: 1,
+            speculative_max_batch: 16,
+            ..Default::default()
+        };
+        let exec = torus_wgpu::exec::build(&c, &path, &|_, _| {}, &|_| {}).unwrap();
+        let tok = torus_wgpu::tokenizer::Tokenizer::from_path(&path).unwrap();
+        EngineHandle::start(exec, tok, &c)
+    };
+    let e = staged(true);
+    assert_same(&run_together(&e, &reqs), &want, "two stages");
+    assert!(e.metrics.snapshot().spec_accepted_tokens > 0);
+    assert_all_blocks_free(&e);
+}
+
+/// The default model on a code edit (repeat a function with one change): greedy output with
+/// speculation equals the output without, and most proposals hold.
+#[test]
+fn smollm2_code_edit_speculation_on_equals_off() {
+    let path = smollm2();
+    let tok = torus_wgpu::tokenizer::Tokenizer::from_path(&path).unwrap();
+    let code =
+        "def area(width, height):\n    if width < 0 or height < 0:\n        raise ValueError(\"negative\")\n    \
+                return width * height\n\n";
+    let text = format!(
+        "<|im_start|>user\nRename `area` to `surface` in this function and repeat it:\n{code}<|im_end|>\n\
+         <|im_start|>assistant\n"
+    );
+    let prompt = tok.encode(&text).unwrap();
+    let reqs = [request(&prompt, greedy(48))];
+    let want = run_alone(&engine(&path, false, |_| {}), &reqs);
+    let e = engine(&path, true, |_| {});
+    let got = run_alone(&e, &reqs);
+    assert_same(&got, &want, "SmolLM2 code edit");
+    let m = e.metrics.snapshot();
+    eprintln!(
+        "{:?}\nSmolLM2 code edit: {} of {} proposed tokens accepted",
+        got[0].text, m.spec_accepted_tokens, m.spec_draft_tokens
+    );
+    assert!(m.spec_accepted_tokens > 0, "{m:?}");
+    assert_all_blocks_free(&e);
+}
