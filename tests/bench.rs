@@ -127,8 +127,9 @@ fn sse_body() -> String {
     events.iter().map(|e| format!("data: {e}\n\n")).collect()
 }
 
-/// Reads one HTTP/1.1 request (head and content-length body); false at end of stream.
-async fn read_request(s: &mut TcpStream) -> bool {
+/// Reads one HTTP/1.1 request (head and content-length body); its request line, or None at end
+/// of stream.
+async fn read_request(s: &mut TcpStream) -> Option<String> {
     let mut buf = Vec::new();
     let mut tmp = [0u8; 4096];
     loop {
@@ -137,31 +138,38 @@ async fn read_request(s: &mut TcpStream) -> bool {
             let len: usize =
                 head.lines().find_map(|l| l.strip_prefix("content-length:")).map_or(0, |v| v.trim().parse().unwrap());
             if buf.len() >= end + 4 + len {
-                return true;
+                return Some(head.lines().next().unwrap_or("").to_string());
             }
         }
         match s.read(&mut tmp).await {
-            Ok(0) | Err(_) => return false,
+            Ok(0) | Err(_) => return None,
             Ok(n) => buf.extend_from_slice(&tmp[..n]),
         }
     }
 }
 
-/// A server on 127.0.0.1 behaving as `mode`; returns its address and the count of requests it
-/// read.
-async fn test_server(mode: Conn) -> (String, Arc<AtomicUsize>) {
+/// A server on 127.0.0.1 behaving as `mode` for completion requests; returns its address, the
+/// count of completion requests it read and the count of `GET /metrics` (answered 404 on a
+/// connection it closes, as a server without metrics would).
+async fn test_server(mode: Conn) -> (String, Arc<AtomicUsize>, Arc<AtomicUsize>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let seen = Arc::new(AtomicUsize::new(0));
-    let seen2 = seen.clone();
+    let metrics = Arc::new(AtomicUsize::new(0));
+    let (seen2, metrics2) = (seen.clone(), metrics.clone());
     tokio::spawn(async move {
         loop {
             let (mut s, _) = listener.accept().await.expect("the test server accepts a connection");
-            let seen = seen2.clone();
+            let (seen, metrics) = (seen2.clone(), metrics2.clone());
             tokio::spawn(async move {
-                if !read_request(&mut s).await {
+                let Some(line) = read_request(&mut s).await else { return };
+                if line.starts_with("get /metrics") {
+                    metrics.fetch_add(1, SeqCst);
+                    let _ = s.write_all(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n").await;
+                    let _ = s.flush().await;
                     return;
                 }
+                assert!(line.starts_with("post /v1/chat/completions"), "{line}");
                 seen.fetch_add(1, SeqCst);
                 let body = sse_body();
                 let head = format!(
@@ -181,14 +189,14 @@ async fn test_server(mode: Conn) -> (String, Arc<AtomicUsize>) {
                         let _ = s.flush().await;
                     }
                 }
-                if mode == Conn::CloseOnSecondRequest && read_request(&mut s).await {
+                if mode == Conn::CloseOnSecondRequest && read_request(&mut s).await.is_some() {
                     seen.fetch_add(1, SeqCst);
                 }
                 // Dropping the socket closes it.
             });
         }
     });
-    (format!("http://{addr}"), seen)
+    (format!("http://{addr}"), seen, metrics)
 }
 
 fn conn_args(base_url: String) -> BenchArgs {
@@ -219,9 +227,12 @@ fn conn_args(base_url: String) -> BenchArgs {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn closed_keep_alive_connections_are_retried_on_a_fresh_one() {
     for mode in [Conn::CloseOnSecondRequest, Conn::CloseAfterResponse] {
-        let (base, seen) = test_server(mode).await;
+        let (base, seen, metrics) = test_server(mode).await;
         let report = run_bench(&conn_args(base)).await.unwrap();
         let s = &report.summary;
+        // Speculative counters are read before and after the run; a 404 means none.
+        assert_eq!(metrics.load(SeqCst), 2, "{mode:?}");
+        assert!(report.spec_decode.is_none());
         assert_eq!((s.completed, s.failed), (32, 0), "{mode:?}: {:?}", report.records.iter().find(|r| !r.success));
         assert!(report.records.iter().all(|r| r.output_tokens == 2 && r.chunks.len() == 2), "{mode:?}");
         assert_eq!(s.retries, report.records.iter().map(|r| r.retries).sum::<usize>());
@@ -254,7 +265,7 @@ async fn closed_keep_alive_connections_are_retried_on_a_fresh_one() {
 /// one that never answers is resent a bounded number of times and then fails.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failures_after_a_response_began_are_not_retried() {
-    let (base, seen) = test_server(Conn::CloseMidResponse).await;
+    let (base, seen, _) = test_server(Conn::CloseMidResponse).await;
     let report = run_bench(&conn_args(base)).await.unwrap();
     assert_eq!((report.summary.completed, report.summary.failed, report.summary.retries), (0, 32, 0));
     assert_eq!(seen.load(SeqCst), 32);
@@ -264,7 +275,7 @@ async fn failures_after_a_response_began_are_not_retried() {
         report.records[0]
     );
 
-    let (base, seen) = test_server(Conn::NeverAnswer).await;
+    let (base, seen, _) = test_server(Conn::NeverAnswer).await;
     let mut a = conn_args(base);
     a.num_prompts = 4;
     let report = run_bench(&a).await.unwrap();

@@ -83,9 +83,11 @@ impl SpecCounters {
     }
 }
 
-/// The server's counters now (None without /metrics or without speculative counters).
+/// The server's counters now (None without /metrics or without speculative counters, or when
+/// it does not answer within 10 s).
 pub async fn scrape(client: &reqwest::Client, base_url: &str, api_key: Option<&str>) -> Option<SpecCounters> {
-    let mut req = client.get(format!("{}/metrics", base_url.trim_end_matches('/')));
+    let url = format!("{}/metrics", base_url.trim_end_matches('/'));
+    let mut req = client.get(url).timeout(std::time::Duration::from_secs(10));
     if let Some(k) = api_key {
         req = req.bearer_auth(k);
     }
