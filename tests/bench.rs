@@ -165,7 +165,8 @@ async fn test_server(mode: Conn) -> (String, Arc<AtomicUsize>, Arc<AtomicUsize>)
                 let Some(line) = read_request(&mut s).await else { return };
                 if line.starts_with("get /metrics") {
                     metrics.fetch_add(1, SeqCst);
-                    let _ = s.write_all(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n").await;
+                    let _ =
+                        s.write_all(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n").await;
                     let _ = s.flush().await;
                     return;
                 }

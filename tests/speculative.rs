@@ -1,10 +1,12 @@
 //! Speculative decoding with n-gram (prompt lookup) proposals: the output with speculation on
 //! equals the output with it off, token for token, for greedy and seeded sampled requests,
 //! with penalties, logprobs, stop strings and max_tokens ending inside an accepted run, alone
-//! and in busy batches, across preemption and over pipeline stages; proposals are really
-//! accepted (the counters say so); KV blocks are all free afterwards and the prefix cache hits
-//! the same blocks either way. How proposals are looked up and how k adapts is tested in
-//! `spec`.
+//! and in busy batches, under grammars, across preemption and over pipeline stages, on the tiny
+//! model, SmolLM2 and Qwen2.5-Coder-0.5B; sampled continuations have the same distribution over
+//! independent seeds (chi-square); proposals are really accepted (the counters say so); KV
+//! blocks are all free afterwards and the prefix cache hits the same blocks either way. How
+//! proposals are looked up and how k adapts is tested in `spec`; draft models in
+//! `speculative_draft.rs`.
 
 mod common;
 use common::{smollm2, tiny};
@@ -264,4 +266,150 @@ fn smollm2_code_edit_speculation_on_equals_off() {
     );
     assert!(m.spec_accepted_tokens > 0, "{m:?}");
     assert_all_blocks_free(&e);
+}
+
+/// Under a grammar (a JSON schema and a regex), proposals are verified with the grammar's
+/// state after the proposals before them: greedy and seeded sampled outputs equal those
+/// without speculation, follow the grammar, and proposals are accepted.
+#[test]
+fn smollm2_speculation_under_a_grammar() {
+    use torus_wgpu::structured::ConstraintSpec;
+    let path = smollm2();
+    let tok = torus_wgpu::tokenizer::Tokenizer::from_path(&path).unwrap();
+    let text = "<|im_start|>user\nCopy this JSON exactly: {\"name\": \"Ann Lee\", \"city\": \"Paris\", \
+                \"tags\": [\"red\", \"blue\", \"green\"]}<|im_end|>\n<|im_start|>assistant\n";
+    let prompt = tok.encode(text).unwrap();
+    let schema = serde_json::json!({
+        "type": "object",
+        "properties": {
+            "name": {"type": "string"},
+            "city": {"type": "string"},
+            "tags": {"type": "array", "items": {"type": "string"}}
+        },
+        "required": ["name", "city", "tags"],
+        "additionalProperties": false
+    });
+    let specs = [
+        ConstraintSpec::JsonSchema { schema, strict: true },
+        ConstraintSpec::Regex("\\{\"name\": \"[A-Za-z ]+\", \"city\": \"[A-Za-z]+\".*".into()),
+    ];
+    let run = |spec: bool| {
+        let e = engine(&path, spec, |_| {});
+        let g = e.grammars().unwrap();
+        let mut reqs = Vec::new();
+        for s in &specs {
+            for seed in [None, Some(5)] {
+                let mut params = greedy(48);
+                params.stop.ignore_eos = false;
+                params.constraint = Some(g.compile(s).unwrap());
+                if let Some(seed) = seed {
+                    params.sampling = SamplingParams { temperature: 0.6, seed: Some(seed), ..Default::default() };
+                }
+                reqs.push(request(&prompt, params));
+            }
+        }
+        let out = run_alone(&e, &reqs);
+        let m = e.metrics.snapshot();
+        assert_all_blocks_free(&e);
+        (out, m)
+    };
+    let (want, _) = run(false);
+    let (got, m) = run(true);
+    assert_same(&got, &want, "under a grammar");
+    eprintln!("{:?}\n{} of {} proposals accepted", got[0].text, m.spec_accepted_tokens, m.spec_draft_tokens);
+    let v: serde_json::Value = serde_json::from_str(&got[0].text).expect("the schema's JSON");
+    assert!(v["tags"].is_array(), "{v}");
+    assert!(got[2].text.starts_with("{\"name\": \""), "{:?}", got[2].text);
+    assert!(m.spec_accepted_tokens > 0, "{m:?}");
+}
+
+/// Qwen2.5-Coder-0.5B on a code edit: greedy output with speculation equals the output without.
+#[test]
+fn qwen25_coder_code_edit_speculation_on_equals_off() {
+    let path = common::qwen25_coder();
+    let tok = torus_wgpu::tokenizer::Tokenizer::from_path(&path).unwrap();
+    let text = "<|im_start|>user\nRename `total` to `acc` and repeat the code:\n\
+                def add_all(xs):\n    total = 0\n    for x in xs:\n        total += x\n    return total\n\
+                <|im_end|>\n<|im_start|>assistant\n";
+    let reqs = [request(&tok.encode(text).unwrap(), greedy(40))];
+    let want = run_alone(&engine(&path, false, |_| {}), &reqs);
+    let e = engine(&path, true, |_| {});
+    assert_same(&run_alone(&e, &reqs), &want, "Qwen2.5-Coder code edit");
+    let m = e.metrics.snapshot();
+    eprintln!("{:?}\n{} of {} proposals accepted", want[0].text, m.spec_accepted_tokens, m.spec_draft_tokens);
+    assert!(m.spec_accepted_tokens > 0, "{m:?}");
+    assert_all_blocks_free(&e);
+}
+
+/// The distribution of sampled continuations is the same with speculation as without, over
+/// independent seeds (the equality above is per seed): a chi-square test of the first four
+/// tokens over 1200 requests each way. A logit bias keeps the choice to three tokens that
+/// cycle in the prompt, so n-gram lookups propose at every position, and the model's own
+/// logits weigh the three. A rule that kept proposals more often than the model samples them
+/// shifts the counts far past the threshold.
+#[test]
+fn sampled_distribution_with_speculation_matches_without() {
+    let unit = [41u32, 97, 12];
+    let prompt: Vec<u32> = unit.iter().cycle().take(30).copied().collect();
+    let n = 1200;
+    let sample = |spec: bool, seed0: u64| -> std::collections::HashMap<Vec<u32>, usize> {
+        let e = engine(&tiny(), spec, |_| {});
+        let reqs: Vec<Request> = (0..n as u64)
+            .map(|i| {
+                let params = RequestParams {
+                    sampling: SamplingParams {
+                        temperature: 4.0,
+                        top_k: 3,
+                        seed: Some(seed0 + i),
+                        ..Default::default()
+                    },
+                    logit_bias: unit.iter().map(|&t| (t, 30.0)).collect(),
+                    ..greedy(4)
+                };
+                request(&prompt, params)
+            })
+            .collect();
+        let mut counts = std::collections::HashMap::new();
+        for chunk in reqs.chunks(16) {
+            for c in run_together(&e, chunk) {
+                assert!(c.ids.iter().all(|t| unit.contains(t)), "{:?}", c.ids);
+                *counts.entry(c.ids).or_insert(0) += 1;
+            }
+        }
+        if spec {
+            let m = e.metrics.snapshot();
+            eprintln!("{} of {} proposals accepted", m.spec_accepted_tokens, m.spec_draft_tokens);
+            assert!(m.spec_draft_tokens >= n as u64 && m.spec_accepted_tokens > 0, "{m:?}");
+        }
+        counts
+    };
+    let off = sample(false, 0);
+    let on = sample(true, 1_000_000);
+    // Two-sample chi-square over outcomes seen at least 10 times in all (the rest pooled).
+    let mut keys: Vec<&Vec<u32>> = off.keys().chain(on.keys()).collect();
+    keys.sort();
+    keys.dedup();
+    let (mut stat, mut bins, mut pool) = (0.0, 0usize, (0usize, 0usize));
+    let mut add = |a: usize, b: usize| {
+        let (a, b) = (a as f64, b as f64);
+        stat += (a - b) * (a - b) / (a + b);
+        bins += 1;
+    };
+    for k in keys {
+        let (a, b) = (off.get(k).copied().unwrap_or(0), on.get(k).copied().unwrap_or(0));
+        if a + b >= 10 {
+            add(a, b);
+        } else {
+            pool = (pool.0 + a, pool.1 + b);
+        }
+    }
+    if pool.0 + pool.1 > 0 {
+        add(pool.0, pool.1);
+    }
+    let df = (bins - 1) as f64;
+    // The 0.999 quantile of chi-square is below df + 3.3 sqrt(2 df) + 8 for these df.
+    let limit = df + 3.3 * (2.0 * df).sqrt() + 8.0;
+    eprintln!("chi-square {stat:.1} over {bins} bins (limit {limit:.1})");
+    assert!(bins >= 5, "too few outcomes to compare: {off:?}");
+    assert!(stat < limit, "chi-square {stat:.1} >= {limit:.1}: the distributions differ");
 }

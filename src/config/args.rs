@@ -129,8 +129,11 @@ engine_args! {
     kv_events_endpoint: String;
     /// The KV-cache events' ZeroMQ topic (default: empty, as vLLM's).
     kv_events_topic: String;
-    /// Speculative decoding: ngram (prompt lookup) or off (default).
+    /// Speculative decoding: ngram (prompt lookup), draft (a draft model) or off (default).
     speculative: SpecMethod;
+    /// Draft model (Hugging Face directory or .gguf file, same vocabulary) for speculative
+    /// decoding; implies --speculative draft.
+    draft_model: String;
     /// Tokens proposed per sequence and step at most (default 4).
     num_speculative_tokens: usize;
     /// Shortest n-gram the lookup matches (default 2).

@@ -77,8 +77,12 @@ pub struct EngineConfig {
     /// Connect the PUB socket to `kv_events_endpoint` (a subscriber that binds there, as llm-d's
     /// endpoint picker does) instead of binding it; reconnects when the connection drops.
     pub kv_events_connect: bool,
-    /// Speculative decoding: `off` (default) or `ngram` (prompt lookup).
+    /// Speculative decoding: `off` (default), `ngram` (prompt lookup) or `draft` (a draft
+    /// model proposes; implied by `draft_model`).
     pub speculative: SpecMethod,
+    /// The draft model (Hugging Face directory or .gguf file): same vocabulary as the model,
+    /// run on the same device with its own KV cache (as many blocks as the model's).
+    pub draft_model: Option<String>,
     /// Tokens proposed per sequence and step at most (each sequence adapts its own number to
     /// how many of its proposals were accepted).
     pub num_speculative_tokens: usize,
@@ -160,6 +164,7 @@ impl Default for EngineConfig {
             kv_events_topic: String::new(),
             kv_events_connect: false,
             speculative: SpecMethod::Off,
+            draft_model: None,
             num_speculative_tokens: 4,
             prompt_lookup_min: 2,
             prompt_lookup_max: 4,

@@ -1,6 +1,7 @@
-//! Speculative decoding's settings: the method, tokens proposed per step, the n-gram sizes and
-//! the batch size from which speculation steps back; vLLM's `speculative_config` object mapped
-//! onto them; the typed view the scheduler takes (`SpecSettings`).
+//! Speculative decoding's settings: the method, tokens proposed per step, the n-gram sizes, the
+//! draft model and the batch size from which speculation steps back; vLLM's
+//! `speculative_config` object mapped onto them; the typed view the scheduler takes
+//! (`SpecSettings`).
 
 use super::EngineConfig;
 use anyhow::{bail, Result};
@@ -20,6 +21,8 @@ pub enum SpecMethod {
     /// Prompt lookup: the tokens that followed the longest recent match of the sequence's last
     /// n tokens in its own prompt and output.
     Ngram,
+    /// A smaller model with the same vocabulary (`draft_model`) proposes greedily.
+    Draft,
 }
 
 impl std::str::FromStr for SpecMethod {
@@ -28,7 +31,8 @@ impl std::str::FromStr for SpecMethod {
         match s.to_ascii_lowercase().as_str() {
             "off" | "none" => Ok(SpecMethod::Off),
             "ngram" | "prompt_lookup" => Ok(SpecMethod::Ngram),
-            _ => Err(format!("unknown speculative method '{s}' (expected ngram or off)")),
+            "draft" | "draft_model" => Ok(SpecMethod::Draft),
+            _ => Err(format!("unknown speculative method '{s}' (expected ngram, draft or off)")),
         }
     }
 }
@@ -37,8 +41,9 @@ impl std::str::FromStr for SpecMethod {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct VllmSpeculativeConfig {
-    /// `ngram` (vLLM also says so with `model: "[ngram]"`).
+    /// `ngram` (vLLM also says so with `model: "[ngram]"`) or `draft_model`.
     pub method: Option<String>,
+    /// The draft model's path (a draft model when no method is given).
     pub model: Option<String>,
     pub num_speculative_tokens: Option<usize>,
     pub prompt_lookup_max: Option<usize>,
@@ -76,16 +81,34 @@ impl EngineConfig {
             ngram_max: self.prompt_lookup_max,
             max_batch: self.speculative_max_batch,
         };
+        if self.draft_model.is_some() {
+            match s.method {
+                SpecMethod::Off | SpecMethod::Draft => s.method = SpecMethod::Draft,
+                SpecMethod::Ngram => bail!("draft_model is given but speculative is ngram; give one of them"),
+            }
+        }
         if let Some(v) = &self.speculative_config {
-            let method = v.method.as_deref().or(v.model.as_deref().filter(|m| *m == "[ngram]"));
+            let model = v.model.as_deref();
+            let method = v.method.as_deref().or(model.map(|m| if m == "[ngram]" { "ngram" } else { "draft_model" }));
             s.method = match method {
                 Some("ngram") | Some("[ngram]") => SpecMethod::Ngram,
-                Some(other) => bail!("speculative_config: method {other:?} is not supported (supported: ngram)"),
-                None => bail!("speculative_config: give method \"ngram\""),
+                Some("draft_model") | Some("draft") => {
+                    if model.is_none() && self.draft_model.is_none() {
+                        bail!("speculative_config: method draft_model needs \"model\" (the draft model's path)");
+                    }
+                    SpecMethod::Draft
+                }
+                Some(other) => {
+                    bail!("speculative_config: method {other:?} is not supported (supported: ngram, draft_model)")
+                }
+                None => bail!("speculative_config: give method \"ngram\", or a draft \"model\""),
             };
             s.max_tokens = v.num_speculative_tokens.unwrap_or(s.max_tokens);
             s.ngram_max = v.prompt_lookup_max.unwrap_or(s.ngram_max);
             s.ngram_min = v.prompt_lookup_min.unwrap_or(s.ngram_min.min(s.ngram_max));
+        }
+        if s.method == SpecMethod::Draft && self.draft_model_path().is_none() {
+            bail!("speculative draft needs draft_model (--draft-model FILE_OR_DIR)");
         }
         if s.max_tokens > MAX_SPECULATIVE_TOKENS {
             bail!("num_speculative_tokens {} is above the limit of {MAX_SPECULATIVE_TOKENS}", s.max_tokens);
@@ -101,6 +124,15 @@ impl EngineConfig {
             );
         }
         Ok(s)
+    }
+}
+
+impl EngineConfig {
+    /// The draft model's path: `draft_model`, else `speculative_config`'s `model` (not
+    /// `[ngram]`).
+    pub fn draft_model_path(&self) -> Option<std::path::PathBuf> {
+        let from_vllm = self.speculative_config.as_ref().and_then(|v| v.model.clone()).filter(|m| m != "[ngram]");
+        self.draft_model.clone().or(from_vllm).map(std::path::PathBuf::from)
     }
 }
 
@@ -128,6 +160,21 @@ mod tests {
             EngineConfig { speculative_config: Some(v), ..Default::default() }.spec_settings().unwrap_err().to_string()
         };
         assert!(bad(r#"{"method": "eagle3"}"#).contains("eagle3"));
+        assert!(bad(r#"{"method": "draft_model"}"#).contains("model"));
+        // A draft model: by path in vLLM's object, or by the plain keys.
+        let v: VllmSpeculativeConfig =
+            serde_json::from_str(r#"{"model": "d.gguf", "num_speculative_tokens": 3}"#).unwrap();
+        let c = EngineConfig { speculative_config: Some(v), ..Default::default() };
+        assert_eq!(
+            (c.spec_settings().unwrap().method, c.draft_model_path()),
+            (SpecMethod::Draft, Some("d.gguf".into()))
+        );
+        let c = EngineConfig { draft_model: Some("d".into()), ..Default::default() };
+        assert_eq!(c.spec_settings().unwrap().method, SpecMethod::Draft);
+        let c = EngineConfig { speculative: SpecMethod::Draft, ..Default::default() };
+        assert!(c.spec_settings().unwrap_err().to_string().contains("draft_model"));
+        let c = EngineConfig { speculative: SpecMethod::Ngram, draft_model: Some("d".into()), ..Default::default() };
+        assert!(c.spec_settings().is_err());
         assert!(bad(r#"{"method": "ngram", "num_speculative_tokens": 99}"#).contains("num_speculative_tokens"));
         assert!(bad(r#"{"method": "ngram", "prompt_lookup_min": 5, "prompt_lookup_max": 3}"#).contains("prompt_lookup"));
     }

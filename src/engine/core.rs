@@ -63,6 +63,8 @@ pub(crate) struct EngineCore {
     pub(crate) draining: bool,
     /// Where each step's KV-cache events go (`--kv-events-endpoint`), with the batches sent.
     pub(crate) kv_events: Option<(std::sync::mpsc::Sender<Vec<KvEvent>>, u64)>,
+    /// Speculative decoding's draft model (engine/draft.rs).
+    pub(crate) draft: Option<super::draft::DraftModel>,
 }
 
 impl EngineCore {
@@ -88,6 +90,7 @@ impl EngineCore {
             metrics,
             draining: false,
             kv_events: kv_events.map(|tx| (tx, 0)),
+            draft: None,
         };
         core.publish();
         core
@@ -232,7 +235,11 @@ impl EngineCore {
         }
     }
 
-    pub(crate) fn submit_step(&mut self, plan: Vec<Planned>) {
+    pub(crate) fn submit_step(&mut self, mut plan: Vec<Planned>) {
+        if self.sched.cfg.spec.method == crate::config::SpecMethod::Draft && plan.iter().any(|p| !p.draft.is_empty()) {
+            self.fill_drafts(&mut plan);
+        }
+        self.grammar_drafts(&mut plan, self.exec.vocab().div_ceil(32));
         let (input, sampled) = self.sched.step_input(&plan, self.exec.vocab().div_ceil(32));
         if !self.in_flight.is_empty() {
             self.metrics.steps_overlapped.fetch_add(1, Relaxed);

@@ -153,7 +153,21 @@ impl EngineHandle {
         tokenizer: Tokenizer,
         cfg: &EngineConfig,
     ) -> anyhow::Result<EngineHandle> {
+        Self::try_start_with_draft(exec, None, tokenizer, cfg)
+    }
+
+    /// `try_start` with speculative decoding's draft model (`load_draft`), which the config's
+    /// speculative method `draft` needs.
+    pub fn try_start_with_draft(
+        exec: impl Into<Box<dyn Executor>>,
+        draft: Option<super::draft::DraftModel>,
+        tokenizer: Tokenizer,
+        cfg: &EngineConfig,
+    ) -> anyhow::Result<EngineHandle> {
         let exec = exec.into();
+        if cfg.spec_settings()?.method == crate::config::SpecMethod::Draft && draft.is_none() {
+            anyhow::bail!("speculative draft: the draft model is not loaded (engine::load_draft)");
+        }
         let limits = exec.limits();
         let b = cfg.batch_budget(limits.max_tokens);
         let sched = SchedulerConfig {
@@ -192,7 +206,9 @@ impl EngineHandle {
         let stages = exec.health();
         let gpu_faults = exec.gpu_faults();
         let tokenizer = Arc::new(tokenizer);
-        let core = EngineCore::new(exec, tokenizer.clone(), sched, cfg.enable_prefix_cache, metrics.clone(), kv_events);
+        let mut core =
+            EngineCore::new(exec, tokenizer.clone(), sched, cfg.enable_prefix_cache, metrics.clone(), kv_events);
+        core.draft = draft;
         let (tx, rx) = std::sync::mpsc::channel();
         let m = metrics.clone();
         let thread = std::thread::Builder::new()

@@ -2,7 +2,8 @@
 //! submits and gets back), `sequence` (a request's state), `scheduler` (pure: sequences and the
 //! block manager in, a step plan out), `runner` (the plan as step input), `output` (results
 //! applied: stops, detokenization, prefix registration, window release, failures), `core` (the
-//! loop), `handle` (the thread and its API), `metrics`; plus `generate`, one sequence straight
+//! loop), `handle` (the thread and its API), `metrics`, `speculate` and `draft` (speculative
+//! decoding: verification, the draft model); plus `generate`, one sequence straight
 //! on a `Model` (the `generate` command), and the model loaders the commands share.
 //!
 //! Owns: requests, sequences, the scheduler, the runner, output handling, the loop and its
@@ -11,6 +12,7 @@
 //! Never uses: server, HTTP.
 
 pub mod core;
+mod draft;
 pub mod handle;
 pub mod metrics;
 mod output;
@@ -27,6 +29,7 @@ mod speculate;
 #[cfg(test)]
 mod trace_tests;
 
+pub use draft::{load_draft, DraftModel};
 pub use handle::{Completion, EngineHandle, RequestStream};
 pub use request::{Event, FinishReason, PromptLogprob, Request, RequestParams, StopConditions, Usage};
 

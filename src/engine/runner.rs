@@ -60,7 +60,7 @@ impl Scheduler {
             } else if p.start + own == s.tokens.len() {
                 // A row at the last token and at each proposal: the tokens that follow each.
                 let first = input.tokens.len() - p.draft.len() - 1;
-                for (i, params) in s.verify_params(&p.draft).into_iter().enumerate() {
+                for (i, params) in s.verify_params(&p.draft, p.masks.as_deref()).into_iter().enumerate() {
                     input.sample_rows.push((first + i) as u32);
                     input.sampling.push(params);
                     sampled.push((p.id, Row::Next));

@@ -39,6 +39,8 @@ pub(crate) struct Planned {
     pub(crate) start: usize,
     pub(crate) len: usize,
     pub(crate) draft: Vec<u32>,
+    /// Under a grammar: the masks of the rows verifying `draft` (engine/speculate.rs).
+    pub(crate) masks: Option<Vec<Vec<u32>>>,
 }
 
 /// The queues and the cache: what the scheduler decides over.
@@ -76,6 +78,7 @@ impl Scheduler {
         s.keys.clear();
         s.computed = 0;
         s.scheduled = 0;
+        s.draft_computed = 0;
         self.metrics.preemptions.fetch_add(1, Relaxed);
         self.waiting.push_front(s);
     }
@@ -143,7 +146,7 @@ impl Scheduler {
             }
             let s = &self.running[i];
             rows += s.rows_in(s.scheduled, len - draft.len()) + draft.len();
-            plan.push(Planned { id: s.id, start: s.scheduled, len, draft });
+            plan.push(Planned { id: s.id, start: s.scheduled, len, draft, masks: None });
             budget -= len;
             if decode {
                 n_decode += 1;
@@ -202,7 +205,7 @@ impl Scheduler {
             s.scheduled = computed;
             s.cached_tokens.get_or_insert(computed.min(s.prompt_len));
             rows += s.rows_in(computed, len);
-            plan.push(Planned { id: s.id, start: computed, len, draft: Vec::new() });
+            plan.push(Planned { id: s.id, start: computed, len, draft: Vec::new(), masks: None });
             budget -= len;
             n_prefill += 1;
             self.running.push(s);

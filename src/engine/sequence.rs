@@ -51,6 +51,8 @@ pub(crate) struct Seq {
     pub(crate) passed_over: u32,
     /// Speculative decoding: how many tokens it proposes next.
     pub(crate) spec_k: AdaptiveK,
+    /// Positions whose K/V the draft model's cache holds (engine/draft.rs).
+    pub(crate) draft_computed: usize,
 }
 
 impl Seq {
@@ -88,20 +90,57 @@ impl Seq {
             lp_done: 0,
             passed_over: 0,
             spec_k: AdaptiveK::new(crate::config::MAX_SPECULATIVE_TOKENS),
+            draft_computed: 0,
         }
     }
 
     /// Whether it may speculate: proposals are verified row by row with the sampler's own
-    /// parameters, except a grammar's mask, which would have to be advanced over them.
+    /// parameters and, under a grammar, the grammar's state after the proposals before each
+    /// row (`draft_masks`); not while a grammar waits for the end of a reasoning span (where it
+    /// starts depends on the text).
     pub(crate) fn may_speculate(&self) -> bool {
-        self.params.constraint.is_none()
+        self.params.constraint.is_none() || (self.thinking.is_none() && self.constraint_error.is_none())
+    }
+
+    /// Under a grammar: the masks of the rows that verify `draft` (row i: the grammar after
+    /// draft[..i], on a copy of its state), with `draft` cut before the first proposal the
+    /// grammar refuses (it could never be sampled) or after which it is complete. None without
+    /// a grammar; an empty draft when the grammar fails (the next row reports it).
+    pub(crate) fn draft_masks(&mut self, draft: &mut Vec<u32>, words: usize) -> Option<Vec<Vec<u32>>> {
+        let live = self.params.constraint.as_mut()?;
+        let first = match live.mask(words) {
+            Ok(m) => m,
+            Err(_) => {
+                draft.clear();
+                return None;
+            }
+        };
+        let mut c = live.clone();
+        let mut masks = vec![first];
+        for i in 0..draft.len() {
+            let t = draft[i] as usize;
+            let allowed = masks[i].get(t / 32).is_some_and(|w| (w >> (t % 32)) & 1 == 1);
+            let next = match allowed && c.accept(draft[i]).is_ok() && !c.is_stopped() {
+                true => c.mask(words).ok(),
+                false => None,
+            };
+            match next {
+                Some(m) => masks.push(m),
+                None => {
+                    draft.truncate(i);
+                    break;
+                }
+            }
+        }
+        masks.truncate(draft.len() + 1);
+        Some(masks)
     }
 
     /// The sample rows of a decode step that verifies `draft`: row i samples the token after
     /// draft[..i], with the penalties counting draft[..i] and the i-th uniform after the
     /// sequence's (the same the token at that place would get without speculation). The
     /// sequence's generator is not advanced (see `output`).
-    pub(crate) fn verify_params(&self, draft: &[u32]) -> Vec<SampleParams> {
+    pub(crate) fn verify_params(&self, draft: &[u32], masks: Option<&[Vec<u32>]>) -> Vec<SampleParams> {
         let p = &self.params;
         let mut rng = self.rng.clone();
         let mut penalties = self.penalties.clone();
@@ -121,7 +160,7 @@ impl Seq {
                     presence_penalty: p.presence_penalty,
                     n_top: p.logprobs.unwrap_or(0),
                     adjust: penalties.list().to_vec(),
-                    mask: None,
+                    mask: masks.and_then(|m| m.get(i)).cloned(),
                     force: None,
                 }
             })

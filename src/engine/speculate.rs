@@ -14,16 +14,19 @@
 //! sequence, its penalties, its KV blocks' prefix keys and KV events; the cache slots of
 //! rejected proposals are written again when their positions are computed.
 //!
+//! Under a grammar, row i's mask is the grammar's after the proposals before it (computed on a
+//! copy of its state), and the proposals end before the first one the grammar refuses.
+//!
 //! When to speculate: only while a step has at most `speculative_max_batch` decoding
 //! sequences (beyond that a step is no longer bound by reading the weights, so verifying
-//! proposals costs real work), never under a grammar (its mask would have to be advanced over
-//! the proposals), and each sequence proposes as many tokens as it recently got accepted
+//! proposals costs real work), not while a grammar waits for a reasoning span to end, and each
+//! sequence proposes as many tokens as it recently got accepted
 //! (`spec::AdaptiveK`).
 
 use super::core::EngineCore;
 use super::output::commit_computed;
 use super::request::FinishReason;
-use super::scheduler::Scheduler;
+use super::scheduler::{Planned, Scheduler};
 use super::sequence::Seq;
 use crate::sampling::Sampled;
 use std::sync::atomic::Ordering::Relaxed;
@@ -63,11 +66,30 @@ impl Scheduler {
         if k == 0 {
             return Vec::new();
         }
+        if spec.method == crate::config::SpecMethod::Draft {
+            // Placeholders, filled by the draft model before the step is built (engine/draft.rs).
+            return vec![0; k];
+        }
         crate::spec::propose(spec, &s.tokens, k)
     }
 }
 
 impl EngineCore {
+    /// Proposals under a grammar: each verifying row gets the grammar's mask after the
+    /// proposals before it, and a proposal the grammar refuses ends the draft (it would be
+    /// rejected). A sequence left with no proposal samples as without speculation.
+    pub(crate) fn grammar_drafts(&mut self, plan: &mut [Planned], words: usize) {
+        for p in plan.iter_mut().filter(|p| !p.draft.is_empty()) {
+            let Some(s) = self.sched.running.iter_mut().find(|s| s.id == p.id) else { continue };
+            let before = p.draft.len();
+            p.masks = s.draft_masks(&mut p.draft, words);
+            p.len -= before - p.draft.len();
+            if p.draft.is_empty() {
+                p.masks = None;
+            }
+        }
+    }
+
     /// Sequence `id`'s verification of `draft`: its `rows` (one per proposal, and one after the
     /// last) taken in order while each matches its proposal, then its computed positions, prefix
     /// keys and sampler state brought to the accepted tokens. Returns why it finished, if it did.
@@ -96,8 +118,10 @@ impl EngineCore {
         for pos in 0..accepted {
             self.metrics.spec_accepted_per_pos[pos].fetch_add(1, Relaxed);
         }
-        // Every token but the last taken one has its K/V in the cache now.
+        // Every token but the last taken one has its K/V in the cache now; the draft's cache
+        // holds the accepted ones it was given.
         s.computed = s.tokens.len() - 1;
+        s.draft_computed = s.draft_computed.min(s.computed);
         s.scheduled = s.computed;
         commit_computed(&mut self.sched.bm, &self.sched.cfg, s);
         reason

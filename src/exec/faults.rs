@@ -56,6 +56,10 @@ impl Executor for FaultInjector {
         self.inner.gpu_faults()
     }
 
+    fn device(&self) -> Option<Arc<crate::gpu::Gpu>> {
+        self.inner.device()
+    }
+
     fn submit(&mut self, id: u64, input: StepInput) {
         let fault = self.armed.take_if(|f| *f != Fault::StepIdMismatch);
         self.inner.run(id, input, |model| match fault {

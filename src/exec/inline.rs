@@ -53,6 +53,10 @@ impl Executor for Inline {
         Some(self.model.gpu.faults.clone())
     }
 
+    fn device(&self) -> Option<Arc<crate::gpu::Gpu>> {
+        Some(self.model.gpu.clone())
+    }
+
     fn submit(&mut self, id: u64, input: StepInput) {
         self.run(id, input, |_| {})
     }

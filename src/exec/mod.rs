@@ -52,6 +52,11 @@ pub trait Executor: Send {
     fn gpu_faults(&self) -> Option<Arc<crate::gpu::GpuFaults>> {
         None
     }
+    /// The device the whole model runs on (single device only): a draft model for speculative
+    /// decoding is loaded there.
+    fn device(&self) -> Option<Arc<crate::gpu::Gpu>> {
+        None
+    }
     /// Queues a step; its result comes back from `recv`, in submission order.
     fn submit(&mut self, id: u64, input: StepInput);
     /// The oldest step's result (None when nothing is in flight).

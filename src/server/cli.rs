@@ -164,7 +164,10 @@ async fn serve(args: ServeArgs, cfg: EngineConfig, scfg: ServerConfig, model_pat
     let load_cfg = cfg.clone();
     // A plain thread, so that a signal during loading can end the process without waiting.
     std::thread::Builder::new().name("torus-load".into()).spawn(move || {
-        let r = crate::engine::load_configured(&load_cfg).and_then(|(m, t)| EngineHandle::try_start(m, t, &load_cfg));
+        let r = crate::engine::load_configured(&load_cfg).and_then(|(m, t)| {
+            let draft = crate::engine::load_draft(&load_cfg, &*m, &t)?;
+            EngineHandle::try_start_with_draft(m, draft, t, &load_cfg)
+        });
         let _ = tx.send(r);
     })?;
     let mut signal = std::pin::pin!(crate::shutdown::signal());
@@ -204,9 +207,13 @@ async fn serve(args: ServeArgs, cfg: EngineConfig, scfg: ServerConfig, model_pat
         eprintln!("torus-wgpu serve: publishing KV-cache events on tcp://{a} (ZeroMQ PUB, vLLM's format)");
     }
     if let Some(sp) = cfg.spec_settings().ok().filter(|s| s.enabled()) {
+        let how = match cfg.draft_model_path() {
+            Some(d) if sp.method == crate::config::SpecMethod::Draft => format!("draft model {}", d.display()),
+            _ => format!("n-grams of {} to {}", sp.ngram_min, sp.ngram_max),
+        };
         eprintln!(
-            "torus-wgpu serve: speculative decoding {:?}: up to {} tokens per step, n-grams of {} to {}, in steps of at most {} decoding sequences",
-            sp.method, sp.max_tokens, sp.ngram_min, sp.ngram_max, sp.max_batch
+            "torus-wgpu serve: speculative decoding {:?}: up to {} tokens per step, {how}, in steps of at most {} decoding sequences",
+            sp.method, sp.max_tokens, sp.max_batch
         );
     }
     server.set_engine(engine);

@@ -34,10 +34,11 @@ impl AdaptiveK {
     }
 }
 
-/// Up to `k` tokens proposed to follow `tokens` under `s` (none when speculation is off).
+/// Up to `k` tokens proposed to follow `tokens` under `s` (none when speculation is off; a
+/// draft model's proposals come from the engine, which runs it).
 pub fn propose(s: &SpecSettings, tokens: &[u32], k: usize) -> Vec<u32> {
     match s.method {
-        crate::config::SpecMethod::Off => Vec::new(),
+        crate::config::SpecMethod::Off | crate::config::SpecMethod::Draft => Vec::new(),
         crate::config::SpecMethod::Ngram => ngram::lookup(tokens, k, s.ngram_min, s.ngram_max),
     }
 }
