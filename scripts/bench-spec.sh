@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Speculative decoding's figures: the same server with --speculative off and ngram (or, with
-# --draft PATH, off and a draft model), back to back, on three workloads at concurrency 1 (benches/spec/code-edit.jsonl: repeat a 53-line
-# function with one rename; summary.jsonl: summarize a paragraph; chat.jsonl: a short story),
-# then the three mixed at concurrency 1, 4 and 8 (--rounds R: R*c prompts at concurrency c, at
-# least 3). Prints each run's output tok/s, TPOT and the
-# speculation counters (drafts, acceptance rate, mean accepted length); writes the reports to
-# --out. Needs a release binary and the model (default: Qwen2.5-Coder-0.5B, scripts/fetch-model.sh).
+# --draft PATH, off and that draft model), back to back, on three workloads at concurrency 1
+# (benches/spec/code-edit.jsonl: repeat a 53-line function with one rename; summary.jsonl:
+# summarize a paragraph; chat.jsonl: a short story; code-edit-short.jsonl: a 16-line function,
+# for slow models), then the three mixed at concurrency 1, 4 and 8 (--rounds R: R*c prompts at
+# concurrency c, at least 3). Prints each run's output tok/s, TPOT and the speculation counters
+# (drafts, acceptance rate, mean accepted length); writes the reports to --out. Needs a release
+# binary and the model (default: Qwen2.5-Coder-0.5B, scripts/fetch-model.sh).
 #
 #   scripts/bench-spec.sh [--model PATH] [--draft PATH] [--k 5] [--out bench-results/spec] [--port 8123] [--runs 1]
 #       [--workloads code-edit,summary,chat] [--concurrency 1,4,8] [--rounds 3]
@@ -62,7 +63,7 @@ serve() {
 
 bench() { # label dataset concurrency prompts
     "$bin" bench --base-url "http://127.0.0.1:$port" --endpoint chat --dataset "$2" --concurrency "$3" \
-        --num-prompts "$4" --quiet --json-out "$out/$1.json" >"$out/$1.txt"
+        --num-prompts "$4" --timeout 3600 --quiet --json-out "$out/$1.json" >"$out/$1.txt"
     local tput tpot acc len
     field() { grep -m1 "$1" "$2" | awk '{print $NF}' || true; }
     tput=$(field 'Output token throughput' "$out/$1.txt")

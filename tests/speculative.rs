@@ -32,6 +32,8 @@ fn engine(path: &Path, spec: bool, f: impl FnOnce(&mut EngineConfig)) -> EngineH
         prompt_lookup_min: 1,
         prompt_lookup_max: 4,
         speculative_max_batch: 16,
+        // The tests count proposals: no timing-dependent backing off.
+        speculative_cost_gate: false,
         ..Default::default()
     };
     f(&mut cfg);

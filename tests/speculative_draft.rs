@@ -26,6 +26,8 @@ fn config(draft: Option<&Path>, f: impl FnOnce(&mut EngineConfig)) -> EngineConf
         draft_model: draft.map(|d| d.display().to_string()),
         num_speculative_tokens: 5,
         speculative_max_batch: 16,
+        // The tests count proposals: no timing-dependent backing off.
+        speculative_cost_gate: false,
         ..Default::default()
     };
     f(&mut cfg);

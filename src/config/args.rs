@@ -142,6 +142,8 @@ engine_args! {
     prompt_lookup_max: usize;
     /// No speculation in steps with more decoding sequences than this (default 4).
     speculative_max_batch: usize;
+    /// Stop speculating for a while where it is measured slower than plain decoding (default true).
+    speculative_cost_gate: bool;
     /// vLLM's speculative_config as JSON, e.g. '{"method": "ngram", "num_speculative_tokens": 4}'.
     speculative_config: String;
 }

@@ -92,6 +92,9 @@ pub struct EngineConfig {
     /// No sequence speculates in a step with more decoding sequences than this: decode is then
     /// no longer bound by reading the weights, and verifying proposals costs real work.
     pub speculative_max_batch: usize,
+    /// Time decode steps with and without verification and stop speculating for a while where
+    /// it costs more per token than it saves (default on; tests that count proposals turn it off).
+    pub speculative_cost_gate: bool,
     /// vLLM's `speculative_config` object (its keys that map here), applied over the keys above.
     pub speculative_config: Option<VllmSpeculativeConfig>,
 }
@@ -169,6 +172,7 @@ impl Default for EngineConfig {
             prompt_lookup_min: 2,
             prompt_lookup_max: 4,
             speculative_max_batch: 4,
+            speculative_cost_gate: true,
             speculative_config: None,
         }
     }

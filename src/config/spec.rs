@@ -59,11 +59,14 @@ pub struct SpecSettings {
     pub ngram_min: usize,
     pub ngram_max: usize,
     pub max_batch: usize,
+    /// Stop speculating for a while where it is measured to cost more per token than plain
+    /// decoding (`spec::CostGate`).
+    pub cost_gate: bool,
 }
 
 impl SpecSettings {
     pub fn off() -> SpecSettings {
-        SpecSettings { method: SpecMethod::Off, max_tokens: 0, ngram_min: 1, ngram_max: 1, max_batch: 0 }
+        SpecSettings { method: SpecMethod::Off, max_tokens: 0, ngram_min: 1, ngram_max: 1, max_batch: 0, cost_gate: false }
     }
 
     pub fn enabled(&self) -> bool {
@@ -80,6 +83,7 @@ impl EngineConfig {
             ngram_min: self.prompt_lookup_min,
             ngram_max: self.prompt_lookup_max,
             max_batch: self.speculative_max_batch,
+            cost_gate: self.speculative_cost_gate,
         };
         if self.draft_model.is_some() {
             match s.method {

@@ -50,6 +50,9 @@ pub(crate) struct InFlight {
     pub(crate) plan: Vec<Planned>,
     /// What each sample row of this step is for, in sample-row order.
     pub(crate) sampled: Vec<(u64, Row)>,
+    /// A decode-only step on a single device: when it began (its draft rounds included) and
+    /// whether it verified proposals, for the cost gate.
+    pub(crate) timing: Option<(std::time::Instant, bool)>,
 }
 
 pub(crate) struct EngineCore {
@@ -65,6 +68,8 @@ pub(crate) struct EngineCore {
     pub(crate) kv_events: Option<(std::sync::mpsc::Sender<Vec<KvEvent>>, u64)>,
     /// Speculative decoding's draft model (engine/draft.rs).
     pub(crate) draft: Option<super::draft::DraftModel>,
+    /// Whether speculating pays here, measured (single device only).
+    pub(crate) gate: crate::spec::CostGate,
 }
 
 impl EngineCore {
@@ -91,6 +96,7 @@ impl EngineCore {
             draining: false,
             kv_events: kv_events.map(|tx| (tx, 0)),
             draft: None,
+            gate: crate::spec::CostGate::default(),
         };
         core.publish();
         core
@@ -131,6 +137,8 @@ impl EngineCore {
             // Fill the pipeline: up to one step per stage, over sequences not already in flight.
             while self.in_flight.len() < self.exec.depth() {
                 let slots_left = self.exec.depth().saturating_sub(self.in_flight.len());
+                let spec = &self.sched.cfg.spec;
+                self.sched.spec_allowed = self.exec.depth() > 1 || !spec.enabled() || !spec.cost_gate || self.gate.allow();
                 let plan = self.sched.schedule(self.exec.limits().max_seqs, slots_left);
                 if plan.is_empty() {
                     break;
@@ -148,7 +156,25 @@ impl EngineCore {
                 continue;
             }
             match self.exec.recv() {
-                Some(r) => self.complete(r),
+                Some(r) => {
+                    let timing = self.in_flight.front().and_then(|f| f.timing);
+                    let before = self.metrics.decode_tokens.load(Relaxed);
+                    self.complete(r);
+                    if let Some((t0, spec)) = timing {
+                        let tokens = self.metrics.decode_tokens.load(Relaxed).saturating_sub(before);
+                        let backoffs = self.gate.backoffs;
+                        let (plain, spec_cost) = self.gate.costs();
+                        self.gate.record(spec, t0.elapsed().as_secs_f64(), tokens as usize);
+                        if self.gate.backoffs > backoffs {
+                            tracing::info!(
+                                "speculative decoding costs more per token than plain decoding here ({:.1} vs {:.1} ms); off for {} steps",
+                                spec_cost.unwrap_or(0.0) * 1e3,
+                                plain.unwrap_or(0.0) * 1e3,
+                                crate::spec::gate::BACKOFF
+                            );
+                        }
+                    }
+                }
                 // Cannot happen (the executor counts the same steps); never wait forever on it.
                 None => {
                     self.in_flight.clear();
@@ -236,6 +262,7 @@ impl EngineCore {
     }
 
     pub(crate) fn submit_step(&mut self, mut plan: Vec<Planned>) {
+        let t0 = std::time::Instant::now();
         if self.sched.cfg.spec.method == crate::config::SpecMethod::Draft && plan.iter().any(|p| !p.draft.is_empty()) {
             self.fill_drafts(&mut plan);
         }
@@ -246,7 +273,13 @@ impl EngineCore {
         }
         self.next_step += 1;
         let id = self.next_step;
-        self.in_flight.push_back(InFlight { id, epoch: self.epoch, plan, sampled });
+        // Decode-only: every planned sequence computes its last token (and proposals) only.
+        let timed = self.exec.depth() == 1
+            && self.sched.cfg.spec.enabled()
+            && self.sched.cfg.spec.cost_gate
+            && plan.iter().all(|p| p.len - p.draft.len() == 1 && sampled.iter().any(|(id, _)| *id == p.id));
+        let timing = timed.then(|| (t0, plan.iter().any(|p| !p.draft.is_empty())));
+        self.in_flight.push_back(InFlight { id, epoch: self.epoch, plan, sampled, timing });
         self.exec.submit(id, input);
     }
 

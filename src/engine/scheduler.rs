@@ -54,11 +54,14 @@ pub(crate) struct Scheduler {
     /// Sequences in steps in flight, with how many steps each (never preempted).
     pub(crate) busy: HashMap<u64, usize>,
     pub(crate) metrics: Arc<EngineMetrics>,
+    /// Whether the next step may speculate (the loop's cost gate, `spec::CostGate`).
+    pub(crate) spec_allowed: bool,
 }
 
 impl Scheduler {
     pub(crate) fn new(cfg: SchedulerConfig, bm: BlockManager, metrics: Arc<EngineMetrics>) -> Scheduler {
-        Scheduler { cfg, bm, waiting: VecDeque::new(), running: Vec::new(), busy: HashMap::new(), metrics }
+        let (waiting, running, busy) = (VecDeque::new(), Vec::new(), HashMap::new());
+        Scheduler { cfg, bm, waiting, running, busy, metrics, spec_allowed: true }
     }
 
     pub(crate) fn is_idle(&self) -> bool {

@@ -21,7 +21,9 @@
 //! sequences (beyond that a step is no longer bound by reading the weights, so verifying
 //! proposals costs real work), not while a grammar waits for a reasoning span to end, and each
 //! sequence proposes as many tokens as it recently got accepted
-//! (`spec::AdaptiveK`).
+//! (`spec::AdaptiveK`). On a single device the loop also times decode-only steps with and
+//! without verification and stops speculating for a while where it costs more per token than
+//! it saves (`spec::CostGate`).
 
 use super::core::EngineCore;
 use super::output::commit_computed;
@@ -36,7 +38,7 @@ impl Scheduler {
     /// running sequences are decoding (the step takes at most `decode_cap` of them).
     pub(crate) fn speculates(&self, decode_cap: usize) -> bool {
         let spec = &self.cfg.spec;
-        if !spec.enabled() {
+        if !spec.enabled() || !self.spec_allowed {
             return false;
         }
         let decoding = self

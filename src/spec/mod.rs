@@ -1,11 +1,15 @@
 //! Speculative decoding's proposers: what a sequence is likely to say next, offered to the
 //! engine, which verifies the proposals in one step and keeps the longest accepted run.
 //!
-//! Owns: the n-gram (prompt lookup) proposer and the per-sequence adaptive proposal length.
+//! Owns: the n-gram (prompt lookup) proposer, the per-sequence adaptive proposal length and the
+//! cost gate (whether speculating pays on this device, measured).
 //! May use: config.
 //! Never uses: engine, exec, model, server, gpu (a proposer sees only token ids).
 
+pub mod gate;
 pub mod ngram;
+
+pub use gate::CostGate;
 
 use crate::config::SpecSettings;
 
