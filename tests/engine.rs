@@ -3,6 +3,7 @@
 //! off) and against the fixtures.
 
 mod common;
+use common::completions::assert_all_blocks_free;
 use common::{assert_greedy_matches, fixtures, floats, greedy_req, smollm2, tiny, F16_MARGIN};
 
 use serde_json::Value;
@@ -36,20 +37,6 @@ fn run_alone(e: &EngineHandle, reqs: &[Request]) -> Vec<Vec<u32>> {
 fn run_together(e: &EngineHandle, reqs: &[Request]) -> Vec<Vec<u32>> {
     let streams: Vec<_> = reqs.iter().map(|r| e.submit(r.clone()).unwrap()).collect();
     streams.into_iter().map(|s| s.collect_blocking().ids).collect()
-}
-
-/// Waits (bounded) until the engine is idle with every KV block free.
-fn assert_all_blocks_free(e: &EngineHandle) {
-    let t = Instant::now();
-    loop {
-        let m = e.metrics.snapshot();
-        if m.running == 0 && m.waiting == 0 && m.kv_blocks_used == 0 {
-            assert_eq!(m.kv_blocks_free, m.kv_blocks_total);
-            return;
-        }
-        assert!(t.elapsed() < Duration::from_secs(20), "blocks still in use: {m:?}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 fn ids(v: &Value) -> Vec<u32> {

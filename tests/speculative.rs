@@ -9,13 +9,13 @@
 //! `speculative_draft.rs`.
 
 mod common;
+use common::completions::{assert_all_blocks_free, assert_same, greedy, request, run_alone, run_together};
 use common::{smollm2, tiny};
 
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 use torus_wgpu::config::{EngineConfig, SpecMethod, StageConfig};
-use torus_wgpu::engine::{load_model, Completion, EngineHandle, Request, RequestParams, StopConditions};
+use torus_wgpu::engine::{load_model, EngineHandle, Request, RequestParams};
 use torus_wgpu::gpu::Gpu;
 use torus_wgpu::sampling::SamplingParams;
 
@@ -41,28 +41,6 @@ fn engine(path: &Path, spec: bool, f: impl FnOnce(&mut EngineConfig)) -> EngineH
     EngineHandle::start(model, tok, &cfg)
 }
 
-fn run_alone(e: &EngineHandle, reqs: &[Request]) -> Vec<Completion> {
-    reqs.iter().map(|r| e.submit(r.clone()).unwrap().collect_blocking()).collect()
-}
-
-fn run_together(e: &EngineHandle, reqs: &[Request]) -> Vec<Completion> {
-    let streams: Vec<_> = reqs.iter().map(|r| e.submit(r.clone()).unwrap()).collect();
-    streams.into_iter().map(|s| s.collect_blocking()).collect()
-}
-
-fn assert_all_blocks_free(e: &EngineHandle) {
-    let t = Instant::now();
-    loop {
-        let m = e.metrics.snapshot();
-        if m.running == 0 && m.waiting == 0 && m.kv_blocks_used == 0 {
-            assert_eq!(m.kv_blocks_free, m.kv_blocks_total);
-            return;
-        }
-        assert!(t.elapsed() < Duration::from_secs(20), "blocks still in use: {m:?}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// Prompts that repeat themselves (as code edits and quotes do), so lookups find matches.
 fn prompts(n: usize) -> Vec<Vec<u32>> {
     (0..n)
@@ -73,31 +51,6 @@ fn prompts(n: usize) -> Vec<Vec<u32>> {
             p
         })
         .collect()
-}
-
-fn request(prompt: &[u32], params: RequestParams) -> Request {
-    Request { prompt: prompt.to_vec(), params }
-}
-
-fn greedy(max_tokens: usize) -> RequestParams {
-    RequestParams {
-        stop: StopConditions { max_tokens: Some(max_tokens), ignore_eos: true, ..Default::default() },
-        ..Default::default()
-    }
-}
-
-/// Ids, text, logprobs and finish reasons of `a` and `b` are the same.
-fn assert_same(a: &[Completion], b: &[Completion], what: &str) {
-    assert_eq!(a.len(), b.len());
-    for (i, (x, y)) in a.iter().zip(b).enumerate() {
-        assert_eq!(x.ids, y.ids, "{what}: request {i}: tokens");
-        assert_eq!(x.text, y.text, "{what}: request {i}: text");
-        assert_eq!(x.reason, y.reason, "{what}: request {i}: finish reason");
-        assert_eq!(x.logprobs.len(), y.logprobs.len(), "{what}: request {i}: logprobs");
-        for (p, q) in x.logprobs.iter().zip(&y.logprobs) {
-            assert!((p - q).abs() < 1e-3, "{what}: request {i}: logprob {p} vs {q}");
-        }
-    }
 }
 
 /// Greedy, seeded sampling (with penalties and logprobs), stop strings and max_tokens:

@@ -5,13 +5,13 @@
 //! vocabulary, a missing file and a pipeline are refused at load with the reason.
 
 mod common;
+use common::completions::{assert_all_blocks_free, assert_same, greedy, request, run_alone, run_together};
 use common::{smollm2, tiny};
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 use torus_wgpu::config::{EngineConfig, SpecMethod, StageConfig};
-use torus_wgpu::engine::{load_draft, load_model, Completion, EngineHandle, Request, RequestParams, StopConditions};
+use torus_wgpu::engine::{load_draft, load_model, EngineHandle, Request, RequestParams};
 use torus_wgpu::exec::Executor;
 use torus_wgpu::gpu::Gpu;
 use torus_wgpu::sampling::SamplingParams;
@@ -46,54 +46,8 @@ fn engine(path: &Path, draft: Option<&Path>, f: impl FnOnce(&mut EngineConfig)) 
     try_engine(path, &config(draft, f)).unwrap()
 }
 
-fn run_alone(e: &EngineHandle, reqs: &[Request]) -> Vec<Completion> {
-    reqs.iter().map(|r| e.submit(r.clone()).unwrap().collect_blocking()).collect()
-}
-
-fn run_together(e: &EngineHandle, reqs: &[Request]) -> Vec<Completion> {
-    let streams: Vec<_> = reqs.iter().map(|r| e.submit(r.clone()).unwrap()).collect();
-    streams.into_iter().map(|s| s.collect_blocking()).collect()
-}
-
-fn assert_all_blocks_free(e: &EngineHandle) {
-    let t = Instant::now();
-    loop {
-        let m = e.metrics.snapshot();
-        if m.running == 0 && m.waiting == 0 && m.kv_blocks_used == 0 {
-            assert_eq!(m.kv_blocks_free, m.kv_blocks_total);
-            return;
-        }
-        assert!(t.elapsed() < Duration::from_secs(20), "blocks still in use: {m:?}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-fn assert_same(a: &[Completion], b: &[Completion], what: &str) {
-    assert_eq!(a.len(), b.len());
-    for (i, (x, y)) in a.iter().zip(b).enumerate() {
-        assert_eq!(x.ids, y.ids, "{what}: request {i}: tokens");
-        assert_eq!(x.text, y.text, "{what}: request {i}: text");
-        assert_eq!(x.reason, y.reason, "{what}: request {i}: finish reason");
-        assert_eq!(x.logprobs.len(), y.logprobs.len(), "{what}: request {i}: logprobs");
-        for (p, q) in x.logprobs.iter().zip(&y.logprobs) {
-            assert!((p - q).abs() < 1e-3, "{what}: request {i}: logprob {p} vs {q}");
-        }
-    }
-}
-
-fn greedy(max_tokens: usize) -> RequestParams {
-    RequestParams {
-        stop: StopConditions { max_tokens: Some(max_tokens), ignore_eos: true, ..Default::default() },
-        ..Default::default()
-    }
-}
-
 fn prompts(n: usize) -> Vec<Vec<u32>> {
     (0..n).map(|i| (0..12 + 5 * i as u32).map(|j| (29 + 71 * i as u32 + 13 * j) % 500).collect()).collect()
-}
-
-fn request(prompt: &[u32], params: RequestParams) -> Request {
-    Request { prompt: prompt.to_vec(), params }
 }
 
 /// A copy of the tiny model with every weight replaced by a deterministic pseudo-random value

@@ -66,7 +66,14 @@ pub struct SpecSettings {
 
 impl SpecSettings {
     pub fn off() -> SpecSettings {
-        SpecSettings { method: SpecMethod::Off, max_tokens: 0, ngram_min: 1, ngram_max: 1, max_batch: 0, cost_gate: false }
+        SpecSettings {
+            method: SpecMethod::Off,
+            max_tokens: 0,
+            ngram_min: 1,
+            ngram_max: 1,
+            max_batch: 0,
+            cost_gate: false,
+        }
     }
 
     pub fn enabled(&self) -> bool {

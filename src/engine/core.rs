@@ -96,7 +96,10 @@ impl EngineCore {
             draining: false,
             kv_events: kv_events.map(|tx| (tx, 0)),
             draft: None,
-            gate: crate::spec::CostGate::default(),
+            gate: crate::spec::CostGate::with_min_backoff(match cfg.spec.method {
+                crate::config::SpecMethod::Draft => crate::spec::gate::DRAFT_BACKOFF_MIN,
+                _ => crate::spec::gate::BACKOFF_MIN,
+            }),
         };
         core.publish();
         core
@@ -138,7 +141,8 @@ impl EngineCore {
             while self.in_flight.len() < self.exec.depth() {
                 let slots_left = self.exec.depth().saturating_sub(self.in_flight.len());
                 let spec = &self.sched.cfg.spec;
-                self.sched.spec_allowed = self.exec.depth() > 1 || !spec.enabled() || !spec.cost_gate || self.gate.allow();
+                self.sched.spec_allowed =
+                    self.exec.depth() > 1 || !spec.enabled() || !spec.cost_gate || self.gate.allow();
                 let plan = self.sched.schedule(self.exec.limits().max_seqs, slots_left);
                 if plan.is_empty() {
                     break;
@@ -160,20 +164,7 @@ impl EngineCore {
                     let timing = self.in_flight.front().and_then(|f| f.timing);
                     let before = self.metrics.decode_tokens.load(Relaxed);
                     self.complete(r);
-                    if let Some((t0, spec)) = timing {
-                        let tokens = self.metrics.decode_tokens.load(Relaxed).saturating_sub(before);
-                        let backoffs = self.gate.backoffs;
-                        let (plain, spec_cost) = self.gate.costs();
-                        self.gate.record(spec, t0.elapsed().as_secs_f64(), tokens as usize);
-                        if self.gate.backoffs > backoffs {
-                            tracing::info!(
-                                "speculative decoding costs more per token than plain decoding here ({:.1} vs {:.1} ms); off for {} steps",
-                                spec_cost.unwrap_or(0.0) * 1e3,
-                                plain.unwrap_or(0.0) * 1e3,
-                                crate::spec::gate::BACKOFF
-                            );
-                        }
-                    }
+                    self.time_step(timing, before);
                 }
                 // Cannot happen (the executor counts the same steps); never wait forever on it.
                 None => {

@@ -77,6 +77,29 @@ impl Scheduler {
 }
 
 impl EngineCore {
+    /// The cost gate learns a decode-only step's seconds per token (`timing`: when it began and
+    /// whether it verified proposals; `before`: the decode-token count before its result).
+    pub(crate) fn time_step(&mut self, timing: Option<(std::time::Instant, bool)>, before: u64) {
+        let Some((t0, spec)) = timing else { return };
+        let tokens = self.metrics.decode_tokens.load(Relaxed).saturating_sub(before);
+        let backoffs = self.gate.backoffs;
+        let (plain, spec_cost) = self.gate.costs();
+        self.gate.record(spec, t0.elapsed().as_secs_f64(), tokens as usize);
+        if self.gate.backoffs > backoffs {
+            let msg = format!(
+                "speculative decoding costs more per token than plain decoding here ({:.1} vs {:.1} ms); off for {} steps, then measured again",
+                spec_cost.unwrap_or(0.0) * 1e3,
+                plain.unwrap_or(0.0) * 1e3,
+                self.gate.backing_off_for()
+            );
+            // The first time on stderr (the default log shows errors only).
+            if self.gate.backoffs == 1 {
+                eprintln!("torus-wgpu: {msg}");
+            }
+            tracing::info!("{msg}");
+        }
+    }
+
     /// Proposals under a grammar: each verifying row gets the grammar's mask after the
     /// proposals before it, and a proposal the grammar refuses ends the draft (it would be
     /// rejected). A sequence left with no proposal samples as without speculation.

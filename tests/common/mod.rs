@@ -1,6 +1,7 @@
 //! Paths shared by the integration tests.
 #![allow(dead_code)]
 
+pub mod completions;
 pub mod reference;
 pub mod served;
 pub mod tiny;

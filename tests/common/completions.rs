@@ -1,0 +1,54 @@
+//! Running requests on an engine and comparing completions: alone or together, every field
+//! equal, and every KV block free afterwards.
+
+use std::time::{Duration, Instant};
+use torus_wgpu::engine::{Completion, EngineHandle, Request, RequestParams, StopConditions};
+
+pub fn run_alone(e: &EngineHandle, reqs: &[Request]) -> Vec<Completion> {
+    reqs.iter().map(|r| e.submit(r.clone()).unwrap().collect_blocking()).collect()
+}
+
+pub fn run_together(e: &EngineHandle, reqs: &[Request]) -> Vec<Completion> {
+    let streams: Vec<_> = reqs.iter().map(|r| e.submit(r.clone()).unwrap()).collect();
+    streams.into_iter().map(|s| s.collect_blocking()).collect()
+}
+
+/// Waits (bounded) until the engine is idle with every KV block free.
+pub fn assert_all_blocks_free(e: &EngineHandle) {
+    let t = Instant::now();
+    loop {
+        let m = e.metrics.snapshot();
+        if m.running == 0 && m.waiting == 0 && m.kv_blocks_used == 0 {
+            assert_eq!(m.kv_blocks_free, m.kv_blocks_total);
+            return;
+        }
+        assert!(t.elapsed() < Duration::from_secs(20), "blocks still in use: {m:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Ids, text, logprobs (within 1e-3) and finish reasons of `a` and `b` are the same.
+pub fn assert_same(a: &[Completion], b: &[Completion], what: &str) {
+    assert_eq!(a.len(), b.len());
+    for (i, (x, y)) in a.iter().zip(b).enumerate() {
+        assert_eq!(x.ids, y.ids, "{what}: request {i}: tokens");
+        assert_eq!(x.text, y.text, "{what}: request {i}: text");
+        assert_eq!(x.reason, y.reason, "{what}: request {i}: finish reason");
+        assert_eq!(x.logprobs.len(), y.logprobs.len(), "{what}: request {i}: logprobs");
+        for (p, q) in x.logprobs.iter().zip(&y.logprobs) {
+            assert!((p - q).abs() < 1e-3, "{what}: request {i}: logprob {p} vs {q}");
+        }
+    }
+}
+
+/// Greedy, `max_tokens` new tokens, end-of-sequence ignored.
+pub fn greedy(max_tokens: usize) -> RequestParams {
+    RequestParams {
+        stop: StopConditions { max_tokens: Some(max_tokens), ignore_eos: true, ..Default::default() },
+        ..Default::default()
+    }
+}
+
+pub fn request(prompt: &[u32], params: RequestParams) -> Request {
+    Request { prompt: prompt.to_vec(), params }
+}
