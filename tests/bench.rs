@@ -162,42 +162,48 @@ async fn test_server(mode: Conn) -> (String, Arc<AtomicUsize>, Arc<AtomicUsize>)
             let (mut s, _) = listener.accept().await.expect("the test server accepts a connection");
             let (seen, metrics) = (seen2.clone(), metrics2.clone());
             tokio::spawn(async move {
-                let Some(line) = read_request(&mut s).await else { return };
-                if line.starts_with("get /metrics") {
-                    metrics.fetch_add(1, SeqCst);
-                    let _ =
-                        s.write_all(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n").await;
-                    let _ = s.flush().await;
-                    return;
-                }
-                assert!(line.starts_with("post /v1/chat/completions"), "{line}");
-                seen.fetch_add(1, SeqCst);
-                let body = sse_body();
-                let head = format!(
-                    "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: {}\r\nconnection: keep-alive\r\n\r\n",
-                    body.len()
-                );
-                match mode {
-                    Conn::NeverAnswer => return,
-                    Conn::CloseMidResponse => {
-                        let first = body.find("\n\n").unwrap() + 2;
-                        let _ = s.write_all(format!("{head}{}", &body[..first]).as_bytes()).await;
-                        let _ = s.flush().await;
-                        return;
-                    }
-                    Conn::CloseAfterResponse | Conn::CloseOnSecondRequest => {
-                        let _ = s.write_all(format!("{head}{body}").as_bytes()).await;
-                        let _ = s.flush().await;
-                    }
-                }
-                if mode == Conn::CloseOnSecondRequest && read_request(&mut s).await.is_some() {
-                    seen.fetch_add(1, SeqCst);
+                // A connection closed before sending a request needs no answer.
+                if let Some(line) = read_request(&mut s).await {
+                    answer(&mut s, &line, mode, &seen, &metrics).await;
                 }
                 // Dropping the socket closes it.
             });
         }
     });
     (format!("http://{addr}"), seen, metrics)
+}
+
+/// The test server's answer to one request on `s` (see `Conn`).
+async fn answer(s: &mut TcpStream, line: &str, mode: Conn, seen: &AtomicUsize, metrics: &AtomicUsize) {
+    if line.starts_with("get /metrics") {
+        metrics.fetch_add(1, SeqCst);
+        let _ = s.write_all(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n").await;
+        let _ = s.flush().await;
+        return;
+    }
+    assert!(line.starts_with("post /v1/chat/completions"), "{line}");
+    seen.fetch_add(1, SeqCst);
+    let body = sse_body();
+    let head = format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: {}\r\nconnection: keep-alive\r\n\r\n",
+        body.len()
+    );
+    match mode {
+        Conn::NeverAnswer => return,
+        Conn::CloseMidResponse => {
+            let first = body.find("\n\n").unwrap() + 2;
+            let _ = s.write_all(format!("{head}{}", &body[..first]).as_bytes()).await;
+            let _ = s.flush().await;
+            return;
+        }
+        Conn::CloseAfterResponse | Conn::CloseOnSecondRequest => {
+            let _ = s.write_all(format!("{head}{body}").as_bytes()).await;
+            let _ = s.flush().await;
+        }
+    }
+    if mode == Conn::CloseOnSecondRequest && read_request(s).await.is_some() {
+        seen.fetch_add(1, SeqCst);
+    }
 }
 
 fn conn_args(base_url: String) -> BenchArgs {

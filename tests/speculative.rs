@@ -9,7 +9,9 @@
 //! `speculative_draft.rs`.
 
 mod common;
-use common::completions::{assert_all_blocks_free, assert_same, greedy, request, run_alone, run_together};
+use common::completions::{
+    assert_all_blocks_free, assert_same, greedy, request, run_alone, run_together, stops_mid_text,
+};
 use common::{smollm2, tiny};
 
 use std::path::Path;
@@ -83,20 +85,7 @@ fn tiny_model_speculation_on_equals_off() {
     let want = run_alone(&off, &reqs);
     assert_all_blocks_free(&off);
     // Stop strings: a piece of each greedy answer's text from its middle.
-    let stops: Vec<Request> = want
-        .iter()
-        .zip(&reqs)
-        .take(3)
-        .filter_map(|(c, r)| {
-            let mid: String = c.text.chars().skip(c.text.chars().count() / 2).take(3).collect();
-            (!mid.trim().is_empty()).then(|| {
-                let mut r = r.clone();
-                r.params.stop.stop = vec![mid];
-                r
-            })
-        })
-        .collect();
-    assert!(!stops.is_empty());
+    let stops = stops_mid_text(&want[..3], &reqs);
     let want_stops = run_alone(&off, &stops);
 
     let on = engine(&tiny(), true, |_| {});

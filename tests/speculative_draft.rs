@@ -5,7 +5,9 @@
 //! vocabulary, a missing file and a pipeline are refused at load with the reason.
 
 mod common;
-use common::completions::{assert_all_blocks_free, assert_same, greedy, request, run_alone, run_together};
+use common::completions::{
+    assert_all_blocks_free, assert_same, greedy, request, run_alone, run_together, stops_mid_text,
+};
 use common::{smollm2, tiny};
 
 use std::path::{Path, PathBuf};
@@ -115,20 +117,7 @@ fn tiny_model_with_a_draft_model_equals_without() {
     let off = engine(&tiny(), None, |_| {});
     let want = run_alone(&off, &reqs);
     let want_sampled = run_alone(&off, &sampled);
-    let stops: Vec<Request> = want
-        .iter()
-        .zip(&reqs)
-        .take(3)
-        .filter_map(|(c, r)| {
-            let mid: String = c.text.chars().skip(c.text.chars().count() / 2).take(3).collect();
-            (!mid.trim().is_empty()).then(|| {
-                let mut r = r.clone();
-                r.params.stop.stop = vec![mid];
-                r
-            })
-        })
-        .collect();
-    assert!(!stops.is_empty());
+    let stops = stops_mid_text(&want[..3], &reqs);
     let want_stops = run_alone(&off, &stops);
 
     // The model drafting for itself: greedy proposals are the model's own greedy tokens.

@@ -268,7 +268,8 @@ impl EngineCore {
         let timed = self.exec.depth() == 1
             && self.sched.cfg.spec.enabled()
             && self.sched.cfg.spec.cost_gate
-            && plan.iter().all(|p| p.len - p.draft.len() == 1 && sampled.iter().any(|(id, _)| *id == p.id));
+            && plan.iter().all(|p| p.len - p.draft.len() == 1)
+            && sampled.iter().all(|(_, row)| *row == Row::Next);
         let timing = timed.then(|| (t0, plan.iter().any(|p| !p.draft.is_empty())));
         self.in_flight.push_back(InFlight { id, epoch: self.epoch, plan, sampled, timing });
         self.exec.submit(id, input);

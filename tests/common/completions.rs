@@ -4,6 +4,25 @@
 use std::time::{Duration, Instant};
 use torus_wgpu::engine::{Completion, EngineHandle, Request, RequestParams, StopConditions};
 
+/// `reqs` again with a stop string each: three characters from the middle of the text its
+/// completion in `want` gave (requests whose middle is blank are left out; at least one stays).
+pub fn stops_mid_text(want: &[Completion], reqs: &[Request]) -> Vec<Request> {
+    let stops: Vec<Request> = want
+        .iter()
+        .zip(reqs)
+        .filter_map(|(c, r)| {
+            let mid: String = c.text.chars().skip(c.text.chars().count() / 2).take(3).collect();
+            (!mid.trim().is_empty()).then(|| {
+                let mut r = r.clone();
+                r.params.stop.stop = vec![mid];
+                r
+            })
+        })
+        .collect();
+    assert!(!stops.is_empty(), "every completion's middle is blank");
+    stops
+}
+
 pub fn run_alone(e: &EngineHandle, reqs: &[Request]) -> Vec<Completion> {
     reqs.iter().map(|r| e.submit(r.clone()).unwrap().collect_blocking()).collect()
 }
