@@ -10,7 +10,8 @@
 
 mod common;
 use common::completions::{
-    assert_all_blocks_free, assert_same, greedy, request, run_alone, run_together, stops_mid_text,
+    assert_all_blocks_free, assert_same, greedy, request, run_alone, run_together, shared_prefix_requests,
+    stops_mid_text,
 };
 use common::{smollm2, tiny};
 
@@ -114,14 +115,7 @@ fn tiny_model_speculation_on_equals_off() {
 /// with speculation on and off; preemption (a cache of a few blocks) keeps the outputs.
 #[test]
 fn tiny_model_speculation_with_prefix_cache_and_preemption() {
-    let shared: Vec<u32> = prompts(1)[0].iter().cycle().take(40).copied().collect();
-    let reqs: Vec<Request> = (0..4)
-        .map(|i| {
-            let mut p = shared.clone();
-            p.extend([7 + i, 9 + 2 * i]);
-            request(&p, greedy(30))
-        })
-        .collect();
+    let reqs = shared_prefix_requests(&prompts(1)[0]);
     let run = |spec: bool| {
         let e = engine(&tiny(), spec, |c| c.enable_prefix_cache = true);
         let out = run_alone(&e, &reqs);

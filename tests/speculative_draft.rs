@@ -6,7 +6,8 @@
 
 mod common;
 use common::completions::{
-    assert_all_blocks_free, assert_same, greedy, request, run_alone, run_together, stops_mid_text,
+    assert_all_blocks_free, assert_same, greedy, request, run_alone, run_together, shared_prefix_requests,
+    stops_mid_text,
 };
 use common::{smollm2, tiny};
 
@@ -149,14 +150,7 @@ fn tiny_model_with_a_draft_model_equals_without() {
 /// without speculation) and under preemption (a cache of a few blocks) outputs are unchanged.
 #[test]
 fn draft_model_with_prefix_cache_and_preemption() {
-    let shared: Vec<u32> = prompts(1)[0].iter().cycle().take(40).copied().collect();
-    let reqs: Vec<Request> = (0..4)
-        .map(|i| {
-            let mut p = shared.clone();
-            p.extend([7 + i, 9 + 2 * i]);
-            request(&p, greedy(30))
-        })
-        .collect();
+    let reqs = shared_prefix_requests(&prompts(1)[0]);
     let run = |draft: Option<&Path>| {
         let e = engine(&tiny(), draft, |c| c.enable_prefix_cache = true);
         let out = run_alone(&e, &reqs);

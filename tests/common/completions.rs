@@ -71,3 +71,16 @@ pub fn greedy(max_tokens: usize) -> RequestParams {
 pub fn request(prompt: &[u32], params: RequestParams) -> Request {
     Request { prompt: prompt.to_vec(), params }
 }
+
+/// Four greedy requests (30 tokens) on a 40-token prefix cycled from `unit`, each with two
+/// tokens of its own: the prefix cache's full blocks are shared.
+pub fn shared_prefix_requests(unit: &[u32]) -> Vec<Request> {
+    let shared: Vec<u32> = unit.iter().cycle().take(40).copied().collect();
+    (0..4)
+        .map(|i| {
+            let mut p = shared.clone();
+            p.extend([7 + i, 9 + 2 * i]);
+            request(&p, greedy(30))
+        })
+        .collect()
+}
