@@ -29,7 +29,10 @@
 # `dpkg -x libvulkan1_*.deb DIR` and LD_LIBRARY_PATH=DIR/usr/lib/x86_64-linux-gnu. Where the
 # loader then finds no driver (`torus-wgpu adapters` lists only llvmpipe or nothing), point it
 # at the vendor's ICD file, e.g. VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
-# (NVIDIA containers; elsewhere /usr/share/vulkan/icd.d/nvidia_icd.json).
+# (NVIDIA containers; elsewhere /usr/share/vulkan/icd.d/nvidia_icd.json). Headless, an ICD file
+# that names libGLX_nvidia.so.0 can fail ("Could not get 'vkCreateInstance'"); write one naming
+# the EGL library instead, e.g. {"file_format_version":"1.0.1","ICD":{"library_path":
+# "/usr/local/nvidia/lib64/libEGL_nvidia.so.0","api_version":"1.3.0"}}, and point VK_DRIVER_FILES at it.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
