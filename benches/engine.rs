@@ -22,6 +22,7 @@ fn step_input(tokens: &[u32], start: usize, table: &[u32]) -> StepInput {
         block_tables: vec![table.to_vec()],
         sample_rows: vec![n as u32 - 1],
         sampling: vec![SampleParams::default()],
+        state_slots: Vec::new(),
     }
 }
 
@@ -71,6 +72,7 @@ fn bench(c: &mut Criterion) {
                 .collect(),
             sample_rows: (0..batch as u32).collect(),
             sampling: vec![SampleParams::default(); batch],
+            state_slots: Vec::new(),
         };
         g.throughput(Throughput::Elements(batch as u64));
         g.bench_function(format!("decode_batch{batch}_ctx330"), |b| b.iter(|| model.step(&step).unwrap()));

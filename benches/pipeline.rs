@@ -52,6 +52,7 @@ fn step_input(n: usize) -> StepInput {
         block_tables: vec![(0..32).collect()],
         sample_rows: vec![n as u32 - 1],
         sampling: vec![SampleParams::default()],
+        state_slots: Vec::new(),
     }
 }
 

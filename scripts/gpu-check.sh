@@ -9,7 +9,7 @@
 # The out dir gets four files: summary.txt, log.txt, checks.json and bench.json. It goes on
 # after a failed shape and exits 1 at the end if any check failed.
 #
-#   scripts/gpu-check.sh [--shapes smollm2-135m,qwen2.5-0.5b,qwen2.5-7b,llama-3-8b,qwen3-30b-a3b,gpt-oss-20b]
+#   scripts/gpu-check.sh [--shapes smollm2-135m,qwen2.5-0.5b,qwen2.5-7b,llama-3-8b,qwen3-30b-a3b,gpt-oss-20b,qwen3.5-9b,qwen3.6-35b-a3b]
 #       [--format q4_k]
 #       [--layers N] [--out DIR (./gpu-check-out)] [--tmp DIR ($TMPDIR or /tmp)]
 #       [--batches 1,8,32] [--decode-steps 32] [--prefill-tokens 512] [--quick]
@@ -36,7 +36,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-shapes="smollm2-135m,qwen2.5-0.5b,qwen2.5-7b,llama-3-8b,qwen3-30b-a3b,gpt-oss-20b"
+shapes="smollm2-135m,qwen2.5-0.5b,qwen2.5-7b,llama-3-8b,qwen3-30b-a3b,gpt-oss-20b,qwen3.5-9b,qwen3.6-35b-a3b"
 format="q4_k"
 layers=""
 out="gpu-check-out"

@@ -32,6 +32,7 @@ fn prefill(model: &mut Model, tokens: &[u32], start: usize, chunk: usize, table:
                 block_tables: vec![table.to_vec()],
                 sample_rows: vec![c.len() as u32 - 1],
                 sampling: vec![SampleParams::default()],
+                state_slots: Vec::new(),
             })
             .unwrap();
         out = Some(r[0].id);

@@ -23,6 +23,7 @@ fn step(prompt: &[u32]) -> StepInput {
         block_tables: vec![(0..n.div_ceil(16) as u32).collect()],
         sample_rows: vec![n as u32 - 1],
         sampling: vec![SampleParams { n_top: 3, ..Default::default() }],
+        state_slots: Vec::new(),
     }
 }
 

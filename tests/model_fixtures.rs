@@ -60,6 +60,7 @@ fn last_logits(model: &mut Model, prompt: &[u32]) -> Vec<f32> {
         block_tables: vec![(0..blocks).collect()],
         sample_rows: vec![n as u32 - 1],
         sampling: vec![SampleParams::default()],
+        state_slots: Vec::new(),
     };
     model.step(&step).unwrap();
     model.last_logits(1).unwrap()
@@ -173,6 +174,7 @@ fn greedy_with_table(model: &mut Model, prompt: &[u32], n: usize, table: &[u32])
                 block_tables: vec![table.to_vec()],
                 sample_rows: vec![(end - start) as u32 - 1],
                 sampling: vec![SampleParams::default()],
+                state_slots: Vec::new(),
             })
             .unwrap();
         start = end;

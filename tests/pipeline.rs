@@ -79,6 +79,7 @@ fn greedy(step: &mut dyn FnMut(&StepInput) -> (u32, Vec<f32>), prompt: &[u32], n
             block_tables: vec![table.clone()],
             sample_rows: vec![len - 1],
             sampling: vec![SampleParams::default()],
+            state_slots: Vec::new(),
         };
         let (t, l) = step(&s);
         toks.push(t);

@@ -269,6 +269,7 @@ fn check_small_model(format: WFormat) {
             block_tables: vec![table.clone()],
             sample_rows: vec![n as u32 - 1],
             sampling: vec![SampleParams::default()],
+            state_slots: Vec::new(),
         })
         .unwrap();
     let gpu_logits = model.last_logits(1).unwrap();
@@ -297,6 +298,7 @@ fn check_small_model(format: WFormat) {
                 block_tables: vec![table.clone()],
                 sample_rows: vec![0],
                 sampling: vec![SampleParams::default()],
+                state_slots: Vec::new(),
             })
             .unwrap();
         let l = model.last_logits(1).unwrap();
@@ -437,4 +439,54 @@ fn gptoss_layout_small_loads_and_profiles_agree() {
     eprint!("{}", check.format());
     assert!(check.passed(), "gpt-oss layout: kernel profiles disagree:\n{}", check.format());
     assert!(check.steps.iter().all(|s| s.max_abs_diff.is_finite()));
+}
+
+/// Qwen3.5's synthetic layout at a small size, dense (qwen3.5-9b's) and with experts
+/// (qwen3.6-35b-a3b's): Gated DeltaNet layers with llama.cpp's names (`attn_qkv`, `attn_gate`,
+/// `ssm_*`), a gated attention layer every 4th with the gate rows in `attn_q`,
+/// `post_attention_norm` as the FFN's norm, the `ssm.*` keys, the MoE's shared expert; each loads
+/// as a hybrid and both kernel profiles agree on it.
+#[test]
+fn qwen35_layouts_small_load_and_profiles_agree() {
+    for name in ["qwen3.5-9b", "qwen3.6-35b-a3b"] {
+        let real = synth_shape(name).unwrap();
+        let lin = real.linear.unwrap();
+        let shape = SynthShape {
+            hidden: 256,
+            heads: 4,
+            kv_heads: 2,
+            head_dim: 64,
+            intermediate: 512,
+            vocab: 2048,
+            linear: Some(torus_wgpu::model::synth_hybrid::SynthLinear {
+                k_heads: 2,
+                v_heads: 4,
+                k_dim: 32,
+                v_dim: 32,
+                rotary_dim: 16,
+                ..lin
+            }),
+            moe: real.moe.map(|_| torus_wgpu::model::synth::SynthMoe { experts: 8, top_k: 2, ffn: 256 }),
+            ..real
+        };
+        let dir = TempDir::new(name);
+        let path = dir.0.join("model.gguf");
+        write_synthetic_gguf(&path, &shape, WFormat::Q4_K, Some(4), 5).unwrap();
+        check_config(&path, &shape, 4);
+        let c = read_config(&path).unwrap();
+        let l = c.linear.as_ref().unwrap();
+        assert_eq!(l.layers, [true, true, true, false], "{name}");
+        assert_eq!((l.dims.k_heads, l.dims.v_heads, l.dims.k_dim, l.dims.v_dim, l.dims.kernel), (2, 4, 32, 32, 4));
+        assert!(l.tiled && c.style.attn_gate && c.qk_norm, "{name}");
+        assert_eq!(c.rope_dim(), 16, "{name}");
+        assert_eq!(c.moe.as_ref().map(|m| (m.experts, m.top_k, m.shared_ffn)), shape.moe.map(|_| (8, 2, 256)));
+        check_tokenizer(&path, shape.vocab);
+        let host = HostModel::load(&path, &|_, _| {}).unwrap();
+        assert!(host.layers[0].linear.is_some() && host.layers[3].attn_gate.is_some(), "{name}");
+        let gpu = Arc::new(Gpu::new(None).expect("a wgpu adapter (lavapipe in CI)"));
+        let prompt: Vec<u32> = vec![17, 400, 123, 2000, 9, 256, 300];
+        let check = check_profiles(gpu, &host, limits(), &prompt, 4).unwrap();
+        eprint!("{}", check.format());
+        assert!(check.passed(), "{name} layout: kernel profiles disagree:\n{}", check.format());
+    }
 }

@@ -172,6 +172,7 @@ fn rogue_step(n: usize, hidden: usize, bs: u32) -> proto::StepRequest {
             data: bytemuck::cast_slice(&data).to_vec().into(),
         }),
         want_logits: false,
+        state_slots: vec![],
     }
 }
 
@@ -552,6 +553,7 @@ fn in_process_steps_are_checked_before_anything_is_written() {
         sample_rows: vec![tokens.len() as u32 - 1],
         sampling: vec![SampleParams::default()],
         tokens,
+        state_slots: Vec::new(),
     };
     let first = m.step(&step(pa.clone(), 0)).unwrap()[0].id;
     let second = m.step(&step(vec![first], n)).unwrap()[0].id;

@@ -372,6 +372,7 @@ pub fn measure_decode(
             block_tables: tables.clone(),
             sample_rows: (0..batch as u32).collect(),
             sampling: vec![SampleParams::default(); batch],
+            state_slots: Vec::new(),
         };
         last = model.step(&step)?.iter().map(|r| r.id).collect();
     }
@@ -423,6 +424,7 @@ pub fn measure_prefill(
             block_tables: vec![table.clone()],
             sample_rows: if is_last { vec![(c1 - c0) as u32 - 1] } else { vec![] },
             sampling: if is_last { vec![SampleParams::default()] } else { vec![] },
+            state_slots: Vec::new(),
         })?;
         steps += 1;
     }

@@ -162,6 +162,7 @@ pub fn check_profiles(
             block_tables: vec![table.clone()],
             sample_rows: if sampled { vec![tokens.len() as u32 - 1] } else { vec![] },
             sampling: if sampled { vec![SampleParams::default()] } else { vec![] },
+            state_slots: Vec::new(),
         }
     };
     let mut out = Vec::new();

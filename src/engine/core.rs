@@ -72,6 +72,17 @@ pub(crate) struct EngineCore {
     pub(crate) gate: crate::spec::CostGate,
 }
 
+/// Whether `what` is turned off because the model has recurrent layers (`hybrid`), logged
+/// once. A cached prefix's KV blocks do not hold the recurrent layers' state after it, and a
+/// verification step's rejected proposals would stay in that state: both need state snapshots
+/// the engine does not keep yet, so they are off rather than wrong.
+fn hybrid_turns_off(what: &str, hybrid: bool) -> bool {
+    if hybrid {
+        tracing::warn!("{what} is off: the model has recurrent (linear-attention) layers");
+    }
+    hybrid
+}
+
 impl EngineCore {
     pub(crate) fn new(
         exec: Box<dyn Executor>,
@@ -81,6 +92,12 @@ impl EngineCore {
         metrics: Arc<EngineMetrics>,
         kv_events: Option<std::sync::mpsc::Sender<Vec<KvEvent>>>,
     ) -> EngineCore {
+        let mut cfg = cfg;
+        let slots = exec.state_slots();
+        let enable_prefix_cache = enable_prefix_cache && !hybrid_turns_off("prefix caching", slots > 0);
+        if cfg.spec.enabled() && hybrid_turns_off("speculative decoding", slots > 0) {
+            cfg.spec.method = crate::config::SpecMethod::Off;
+        }
         let mut bm = BlockManager::new(exec.num_blocks(), cfg.block_size, enable_prefix_cache);
         if kv_events.is_some() {
             bm = bm.with_events();
@@ -101,6 +118,7 @@ impl EngineCore {
                 _ => crate::spec::gate::BACKOFF_MIN,
             }),
         };
+        core.sched.slots = crate::kv::StateSlots::new(slots);
         core.publish();
         core
     }
@@ -297,6 +315,9 @@ impl EngineCore {
         m.kv_blocks_total.store(st.total as u64, Relaxed);
         m.kv_blocks_used.store(st.in_use as u64, Relaxed);
         m.kv_blocks_free.store((st.free + st.cached_idle) as u64, Relaxed);
+        let slots = &self.sched.slots;
+        m.state_slots_total.store((slots.in_use() + slots.available()) as u64, Relaxed);
+        m.state_slots_used.store(slots.in_use() as u64, Relaxed);
         m.prefix_queries.store(st.prefix_queries, Relaxed);
         m.prefix_hits.store(st.prefix_hits, Relaxed);
     }

@@ -9,6 +9,9 @@ pub struct EngineMetrics {
     pub kv_blocks_total: AtomicU64,
     pub kv_blocks_used: AtomicU64,
     pub kv_blocks_free: AtomicU64,
+    /// Recurrent-state slots (hybrid models) in all, and held by running sequences.
+    pub state_slots_total: AtomicU64,
+    pub state_slots_used: AtomicU64,
     pub prefix_queries: AtomicU64,
     pub prefix_hits: AtomicU64,
     /// Prompt tokens of admitted requests, and those of them found in the prefix cache (vLLM's
@@ -50,6 +53,8 @@ pub struct MetricsSnapshot {
     pub kv_blocks_total: u64,
     pub kv_blocks_used: u64,
     pub kv_blocks_free: u64,
+    pub state_slots_total: u64,
+    pub state_slots_used: u64,
     pub prefix_queries: u64,
     pub prefix_hits: u64,
     pub prefix_query_tokens: u64,
@@ -84,6 +89,8 @@ impl EngineMetrics {
             kv_blocks_total: self.kv_blocks_total.load(Relaxed),
             kv_blocks_used: self.kv_blocks_used.load(Relaxed),
             kv_blocks_free: self.kv_blocks_free.load(Relaxed),
+            state_slots_total: self.state_slots_total.load(Relaxed),
+            state_slots_used: self.state_slots_used.load(Relaxed),
             prefix_queries: self.prefix_queries.load(Relaxed),
             prefix_hits: self.prefix_hits.load(Relaxed),
             prefix_query_tokens: self.prefix_query_tokens.load(Relaxed),

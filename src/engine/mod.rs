@@ -118,6 +118,7 @@ pub fn generate(
             block_tables: vec![table.clone()],
             sample_rows: if is_last { vec![n as u32 - 1] } else { vec![] },
             sampling: if is_last { vec![draw(&mut rng)] } else { vec![] },
+            state_slots: Vec::new(),
         };
         if let Some(r) = model.step(&step)?.first() {
             last = (r.id, r.logprob);
@@ -140,6 +141,7 @@ pub fn generate(
             block_tables: vec![table.clone()],
             sample_rows: vec![0],
             sampling: vec![draw(&mut rng)],
+            state_slots: Vec::new(),
         };
         let r = &model.step(&step)?[0];
         last = (r.id, r.logprob);

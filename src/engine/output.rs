@@ -21,6 +21,9 @@ impl EngineCore {
         self.sched.bm.release(&s.table[s.released..]);
         s.table.clear();
         s.released = 0;
+        if let Some(slot) = s.state_slot.take() {
+            self.sched.slots.release(slot);
+        }
         let counter = match reason {
             FinishReason::Abort => &self.metrics.requests_aborted,
             FinishReason::Error(_) => &self.metrics.requests_failed,

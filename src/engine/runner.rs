@@ -53,6 +53,9 @@ impl Scheduler {
                 input.seq_of_token.push(j as u32);
             }
             input.block_tables.push(s.table.clone());
+            if let Some(slot) = s.state_slot {
+                input.state_slots.push(slot);
+            }
             if p.start + own == s.tokens.len() && p.draft.is_empty() {
                 input.sample_rows.push(input.tokens.len() as u32 - 1);
                 input.sampling.push(s.sample_params(mask_words));

@@ -8,7 +8,7 @@
 use super::metrics::EngineMetrics;
 use super::sequence::Seq;
 use crate::config::SpecSettings;
-use crate::kv::BlockManager;
+use crate::kv::{BlockManager, StateSlots};
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
@@ -47,6 +47,8 @@ pub(crate) struct Planned {
 pub(crate) struct Scheduler {
     pub(crate) cfg: SchedulerConfig,
     pub(crate) bm: BlockManager,
+    /// Recurrent-state slots (hybrid models): a running sequence holds one.
+    pub(crate) slots: StateSlots,
     pub(crate) waiting: VecDeque<Seq>,
     /// In admission order: admitted sequences are pushed last and removals keep the order, so
     /// the newest (the first to preempt) is last.
@@ -61,7 +63,7 @@ pub(crate) struct Scheduler {
 impl Scheduler {
     pub(crate) fn new(cfg: SchedulerConfig, bm: BlockManager, metrics: Arc<EngineMetrics>) -> Scheduler {
         let (waiting, running, busy) = (VecDeque::new(), Vec::new(), HashMap::new());
-        Scheduler { cfg, bm, waiting, running, busy, metrics, spec_allowed: true }
+        Scheduler { cfg, bm, slots: StateSlots::new(0), waiting, running, busy, metrics, spec_allowed: true }
     }
 
     pub(crate) fn is_idle(&self) -> bool {
@@ -77,6 +79,9 @@ impl Scheduler {
     pub(crate) fn requeue(&mut self, mut s: Seq) {
         self.bm.release(&s.table[s.released..]);
         s.table.clear();
+        if let Some(slot) = s.state_slot.take() {
+            self.slots.release(slot);
+        }
         s.released = 0;
         s.keys.clear();
         s.computed = 0;
@@ -168,6 +173,10 @@ impl Scheduler {
         let mut skipped = 0;
         while budget > 0 && n_prefill < self.cfg.max_prefill_batch_size && plan.len() < max_seqs && rows < max_seqs {
             let Some(s) = self.waiting.get(at) else { break };
+            // A hybrid model's sequence needs a state slot: none free, none behind it starts.
+            if self.slots.needed() && self.slots.available() == 0 {
+                break;
+            }
             // Reuse cached full blocks, but always compute the last token (its logits are needed),
             // and every position whose prompt logprob is still wanted.
             let reusable = (s.tokens.len() - 1).min(s.prompt_rows_from());
@@ -200,6 +209,7 @@ impl Scheduler {
                 w.passed_over += 1;
             }
             s.table = hit.blocks;
+            s.state_slot = if self.slots.needed() { self.slots.acquire() } else { None };
             for _ in 0..need {
                 s.table.push(self.bm.allocate().expect("checked available"));
             }

@@ -23,6 +23,8 @@ pub(crate) struct Seq {
     /// earlier ones are still in the pipeline, as each stage runs its steps in order.
     pub(crate) scheduled: usize,
     pub(crate) table: Vec<BlockId>,
+    /// Its recurrent-state slot while running (hybrid models).
+    pub(crate) state_slot: Option<u32>,
     /// Leading table entries already released because they left the sliding window (their
     /// ids stay as placeholders; attention never reads them).
     pub(crate) released: usize,
@@ -74,6 +76,7 @@ impl Seq {
             computed: 0,
             scheduled: 0,
             table: vec![],
+            state_slot: None,
             released: 0,
             keys: vec![],
             root: root_key(req.params.cache_salt.as_deref()),

@@ -196,5 +196,8 @@ pub fn build(
         h.link = link.clone();
         built.push((Box::new(remote::RemoteStage::new(&addr, want, link.clone())?), Arc::new(h)));
     }
-    Pipeline::new(built, limits, num_blocks, mcfg.vocab)
+    let mut p = Pipeline::new(built, limits, num_blocks, mcfg.vocab)?;
+    // Every stage with recurrent layers holds a state slot per sequence of a step.
+    p.state_slots = if mcfg.linear.is_some() { limits.max_seqs } else { 0 };
+    Ok(p)
 }

@@ -48,6 +48,10 @@ impl Executor for FaultInjector {
         self.inner.vocab()
     }
 
+    fn state_slots(&self) -> usize {
+        self.inner.state_slots()
+    }
+
     fn describe(&self) -> String {
         self.inner.describe()
     }

@@ -44,6 +44,10 @@ impl Executor for Inline {
         self.model.cfg.vocab
     }
 
+    fn state_slots(&self) -> usize {
+        self.model.state_slots
+    }
+
     fn describe(&self) -> String {
         let m = &self.model;
         format!("{} (kernel profile {}; memory: {})", m.gpu.describe(), m.limits.profile.name(), m.plan)

@@ -37,6 +37,11 @@ pub trait Executor: Send {
     /// KV blocks per layer (the same ids on every stage).
     fn num_blocks(&self) -> usize;
     fn vocab(&self) -> usize;
+    /// Recurrent-state slots (models with recurrent layers; 0: none): a running sequence holds
+    /// one, so at most this many run at once.
+    fn state_slots(&self) -> usize {
+        0
+    }
     /// One line for the start-up log: devices, kernel profile, memory.
     fn describe(&self) -> String;
     /// Steps that may be in flight at once (one per stage).

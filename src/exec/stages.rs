@@ -111,6 +111,8 @@ pub struct Pipeline {
     pub limits: StepLimits,
     pub num_blocks: usize,
     pub vocab: usize,
+    /// Recurrent-state slots of a hybrid model's stages (0: none; set by `exec::build`).
+    pub state_slots: usize,
     /// Ids of the steps in flight, oldest first.
     in_flight: VecDeque<u64>,
 }
@@ -188,6 +190,7 @@ impl Pipeline {
             limits,
             num_blocks,
             vocab,
+            state_slots: 0,
             in_flight: VecDeque::new(),
         })
     }
@@ -260,6 +263,10 @@ impl Executor for Pipeline {
 
     fn vocab(&self) -> usize {
         self.vocab
+    }
+
+    fn state_slots(&self) -> usize {
+        self.state_slots
     }
 
     fn describe(&self) -> String {

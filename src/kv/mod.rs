@@ -6,9 +6,13 @@
 //! reusable) until memory is needed, then are evicted least-recently-used first.
 //! The GPU side (the cache buffers) lives in model::plan; this is host-side state only.
 //!
-//! Owns: KV block ids and keys, the block manager (ref counts, prefix cache, LRU, events).
+//! Owns: KV block ids and keys, the block manager (ref counts, prefix cache, LRU, events), and
+//! the recurrent-state slots of hybrid models (`state`).
 //! May use: nothing.
 //! Never uses: gpu, wgpu, model, engine.
+
+pub mod state;
+pub use state::StateSlots;
 
 use sha2::{Digest, Sha256};
 use std::collections::{BTreeMap, HashMap};

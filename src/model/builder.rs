@@ -7,6 +7,7 @@ use crate::model::plan::KvPlan;
 use crate::model::scratch::Scratch;
 use crate::model::step::StepLimits;
 use crate::ops::attention::AttnParams;
+use crate::ops::delta::{DeltaDims, DeltaParams};
 use crate::ops::kernels::Kernels;
 use crate::ops::matmul::{self, MatmulIo};
 use crate::ops::norm::{HeadNormParams, NormParams};
@@ -27,10 +28,19 @@ pub(crate) struct LayerParams {
     pub(crate) head_norm: wgpu::Buffer,
     /// The final norm's (gathers the sampled rows).
     pub(crate) final_norm: wgpu::Buffer,
+    /// The Gated DeltaNet stages' and the attention output gate's (ops/delta.rs), where the
+    /// model has either.
+    pub(crate) delta: Option<wgpu::Buffer>,
 }
 
 impl LayerParams {
-    pub(crate) fn new(b: &mut OpBuilder, limits: &StepLimits, kv: &KvPlan, off_sample: usize) -> LayerParams {
+    /// `off_state`: where the step metadata's state records start.
+    pub(crate) fn new(
+        b: &mut OpBuilder,
+        limits: &StepLimits,
+        kv: &KvPlan,
+        (off_sample, off_state): (usize, usize),
+    ) -> LayerParams {
         let cfg = b.cfg;
         let chunk = kv.chunk_elems(cfg, limits.block_size);
         let norm = |gather: bool| NormParams::new(cfg.hidden, cfg.rms_eps, gather, off_sample);
@@ -51,7 +61,9 @@ impl LayerParams {
         LayerParams {
             norm: b.uniform(bytemuck::bytes_of(&norm(false))),
             post_norm: b.uniform(bytemuck::bytes_of(&NormParams::accumulating(cfg.hidden, cfg.rms_eps))),
-            rope: b.uniform(bytemuck::bytes_of(&RopeParams::new(cfg.heads, cfg.kv_heads, cfg.head_dim, chunk))),
+            rope: b.uniform(bytemuck::bytes_of(
+                &RopeParams::new(cfg.heads, cfg.kv_heads, cfg.head_dim, chunk).with_rotary(cfg.rope_dim()),
+            )),
             attn,
             head_norm: b.uniform(bytemuck::bytes_of(&HeadNormParams::new(
                 cfg.heads,
@@ -60,7 +72,23 @@ impl LayerParams {
                 cfg.rms_eps,
             ))),
             final_norm: b.uniform(bytemuck::bytes_of(&norm(true))),
+            delta: delta_dims(cfg).map(|(d, tiled)| {
+                let p = DeltaParams::new(&d, cfg.rms_eps, off_state, cfg.q_dim(), tiled);
+                b.uniform(bytemuck::bytes_of(&p))
+            }),
         }
+    }
+}
+
+/// The Gated DeltaNet sizes the delta kernels are built for (and their value-head order): the
+/// model's, or placeholders where only the attention output gate uses them; None where neither.
+pub(crate) fn delta_dims(cfg: &ModelConfig) -> Option<(DeltaDims, bool)> {
+    match &cfg.linear {
+        Some(l) => Some((l.dims, l.tiled)),
+        None if cfg.style.attn_gate => {
+            Some((DeltaDims { k_heads: 1, v_heads: 1, k_dim: 4, v_dim: 4, kernel: 4 }, false))
+        }
+        None => None,
     }
 }
 

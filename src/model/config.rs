@@ -27,6 +27,9 @@ pub enum Arch {
     /// gpt-oss (model/gptoss.rs): biased attention with sinks, alternating sliding-window and
     /// full layers, YaRN, a mixture of experts with the clamped SwiGLU on every layer.
     GptOss,
+    /// Qwen3.5 (model/qwen35.rs): Gated DeltaNet layers with a gated full-attention layer every
+    /// few, partial RoPE, zero-centred norms.
+    Qwen35,
 }
 
 impl Arch {
@@ -39,7 +42,8 @@ impl Arch {
 /// Hugging Face architectures this engine runs.
 pub const SUPPORTED_HF_ARCHS: &str = "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, \
                                       Qwen3MoeForCausalLM, Qwen2MoeForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, \
-                                      GptOssForCausalLM";
+                                      GptOssForCausalLM, Qwen3_5ForCausalLM, Qwen3_5MoeForCausalLM, \
+                                      Qwen3_5ForConditionalGeneration and Qwen3_5MoeForConditionalGeneration (text)";
 
 /// Where a family's layers differ from Llama's; the default is Llama's.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -68,6 +72,11 @@ pub struct LayerStyle {
     pub out_bias: bool,
     /// A learned logit per head joins each attention softmax's denominator (gpt-oss's sinks).
     pub attn_sinks: bool,
+    /// The query projection also gives a gate per output element: attention's output is
+    /// multiplied by its sigmoid (Qwen3.5).
+    pub attn_gate: bool,
+    /// RoPE rotates only the first `n` elements of each head (partial rotary); None: all.
+    pub rotary_dim: Option<usize>,
 }
 
 /// HF's `layer_types`: per layer whether it is `sliding_attention` (else `full_attention`);
@@ -140,6 +149,8 @@ pub struct ModelConfig {
     pub style: LayerStyle,
     /// The mixture-of-experts layers (Qwen3-MoE), or None for a dense model.
     pub moe: Option<super::moe::MoeConfig>,
+    /// The recurrent (Gated DeltaNet) layers of a hybrid model (Qwen3.5), or None.
+    pub linear: Option<super::qwen35::LinearConfig>,
 }
 
 /// YaRN's attention scaling for a context extension `scale` (HF's get_mscale).
@@ -277,6 +288,21 @@ impl ModelConfig {
         self.moe.as_ref().map_or(self.intermediate, |m| self.intermediate.max(m.top_k * m.ffn).max(m.shared_ffn))
     }
 
+    /// Whether layer `l` is a recurrent (linear-attention) layer.
+    pub fn is_linear(&self, l: usize) -> bool {
+        self.linear.as_ref().is_some_and(|c| c.layers.get(l).copied().unwrap_or(false))
+    }
+
+    /// Layers with attention (and a KV cache) among `range`.
+    pub fn attn_layers_in(&self, range: std::ops::Range<usize>) -> usize {
+        range.filter(|&l| !self.is_linear(l)).count()
+    }
+
+    /// Elements of each head that RoPE rotates.
+    pub fn rope_dim(&self) -> usize {
+        self.style.rotary_dim.unwrap_or(self.head_dim)
+    }
+
     /// The window layer `l` attends within (None: every earlier position).
     pub fn layer_window(&self, l: usize) -> Option<usize> {
         match &self.style.sliding_layers {
@@ -337,6 +363,14 @@ impl ModelConfig {
                 return bad(format!("rope_freqs must hold {} positive factors", self.head_dim / 2));
             }
         }
+        if let Some(r) = self.style.rotary_dim {
+            if r == 0 || r > self.head_dim || !r.is_multiple_of(4) {
+                return bad(format!("the rotary dimensions {r} must be a positive multiple of 4 up to head_dim"));
+            }
+        }
+        if let Some(l) = &self.linear {
+            l.validate(self.layers, src)?;
+        }
         if !self.q_dim().is_multiple_of(32) {
             return bad(format!("heads * head_dim = {} must be a multiple of 32", self.q_dim()));
         }
@@ -349,6 +383,11 @@ impl ModelConfig {
         let text = std::fs::read_to_string(path).map_err(|e| anyhow!("{src}: {e}"))?;
         let v: Value = serde_json::from_str(&text).map_err(|e| anyhow!("{src}: invalid JSON: {e}"))?;
         let archs = v["architectures"].as_array().cloned().unwrap_or_default();
+        // A multimodal checkpoint's language model has its own config (Qwen3.5's text_config).
+        let v = match v.get("text_config") {
+            Some(t) if t.is_object() => super::qwen35::merged_text_config(&v, t),
+            _ => v,
+        };
         let arch_name = archs.first().and_then(|a| a.as_str()).unwrap_or("");
         let arch = match arch_name {
             "LlamaForCausalLM" => Arch::Llama,
@@ -360,6 +399,10 @@ impl ModelConfig {
             "Gemma2ForCausalLM" => Arch::Gemma2,
             "Gemma3ForCausalLM" => Arch::Gemma3,
             "GptOssForCausalLM" => Arch::GptOss,
+            "Qwen3_5ForCausalLM"
+            | "Qwen3_5ForConditionalGeneration"
+            | "Qwen3_5MoeForCausalLM"
+            | "Qwen3_5MoeForConditionalGeneration" => Arch::Qwen35,
             "" => bail!("{src}: field 'architectures' is missing"),
             other => bail!("{src}: unsupported architecture {other} (supported: {SUPPORTED_HF_ARCHS})"),
         };
@@ -399,7 +442,11 @@ impl ModelConfig {
             heads,
             kv_heads,
             head_dim,
-            intermediate: int("intermediate_size")?,
+            // Qwen3.5-MoE's configs give only the experts' sizes.
+            intermediate: match v["num_experts"].as_u64() {
+                Some(_) if v["intermediate_size"].is_null() => 0,
+                _ => int("intermediate_size")?,
+            },
             vocab: int("vocab_size")?,
             rope_theta,
             rms_eps: v["rms_norm_eps"].as_f64().unwrap_or(1e-6) as f32,
@@ -410,6 +457,7 @@ impl ModelConfig {
             qk_norm: matches!(arch, Arch::Qwen3 | Arch::Qwen3Moe),
             style: LayerStyle::default(),
             moe: None,
+            linear: None,
         };
         let cfg = match arch {
             Arch::Qwen3Moe | Arch::Qwen2Moe => {
@@ -420,6 +468,7 @@ impl ModelConfig {
         let cfg = match arch {
             _ if arch.is_gemma() => super::gemma::hf_config(cfg, &v, &src)?,
             Arch::GptOss => super::gptoss::hf_config(cfg, &v, &src)?,
+            Arch::Qwen35 => super::qwen35::hf_config(cfg, &v, &src)?,
             _ => cfg,
         };
         cfg.validate(&src)?;

@@ -10,6 +10,8 @@ use crate::model::config::ModelConfig;
 use crate::model::loader::HostModel;
 use crate::model::plan::*;
 use crate::model::record::record_step;
+use crate::model::recurrent::LayerCache;
+use crate::model::recurrent::{state_buffers, state_records};
 use crate::model::scratch::*;
 use crate::model::step::*;
 use crate::model::validate::*;
@@ -31,8 +33,12 @@ pub struct Model {
     pub gpu: Arc<Gpu>,
     pub limits: StepLimits,
     pub layers: std::ops::Range<usize>,
-    /// KV cache of this stage's layers only.
+    /// KV cache of this stage's attention layers only.
     pub kv: KvCache,
+    /// Recurrent-state slots of this stage's recurrent layers (0: it has none), one per
+    /// sequence of a step at most.
+    pub state_slots: usize,
+    off_state: usize,
     /// What this model (or stage) allocated on its device.
     pub plan: MemoryPlan,
     kernels: Kernels,
@@ -102,9 +108,13 @@ impl Model {
         let layout = StepLayout::new(&cfg, &limits, last)?;
         let kv_plan = KvPlan::new(&cfg, &limits, g.kv_chunk_limit(), layout.header.max_blocks as usize)?;
         let scratch_plan = ScratchPlan::new(&cfg, &limits, &layout, last);
+        let attn_layers = cfg.attn_layers_in(layers.clone());
+        // A slot per sequence a step can hold.
+        let state_slots = if cfg.attn_layers_in(layers.clone()) < layers.len() { limits.max_seqs } else { 0 };
         let plan = MemoryPlan {
             weights: stage_weight_bytes(host, &layers),
-            kv_cache: kv_plan.bytes_per_layer() * layers.len() as u64,
+            kv_cache: kv_plan.bytes_per_layer() * attn_layers as u64,
+            state: cfg.linear.as_ref().map_or(0, |l| l.slot_bytes(layers.clone()) * state_slots as u64),
             scratch: scratch_plan.bytes(),
         };
         if let Some(mem) = g.memory_limit.filter(|&m| plan.total() > m) {
@@ -118,7 +128,8 @@ impl Model {
                 mib(plan.kv_cache)
             );
         }
-        let kv = kv_plan.allocate(g, layers.len(), limits.block_size);
+        let kv = kv_plan.allocate(g, attn_layers, limits.block_size);
+        let states = state_buffers(g, &cfg, layers.clone(), state_slots, limits.max_binding)?;
         let kernels = Kernels::new(
             g,
             &KernelSpec {
@@ -129,6 +140,7 @@ impl Model {
                 kv: limits.kv_dtype,
                 kv_chunks: kv_plan.chunks,
                 profile: limits.profile,
+                delta_k_dim: delta_dims(&cfg).map(|(d, _)| d.k_dim as u32),
             },
         )?;
         let scratch = Scratch::new(g, &cfg, &limits, &layout, &scratch_plan, last);
@@ -153,9 +165,17 @@ impl Model {
         if let Some(e) = embed.as_ref().filter(|_| first) {
             b.embed(e);
         }
-        let lp = LayerParams::new(&mut b, &limits, &kv_plan, layout.off_sample);
+        let lp = LayerParams::new(&mut b, &limits, &kv_plan, (layout.off_sample, layout.off_state));
+        let (mut ai, mut ri) = (0, 0);
         for (l, hl) in host.layer_slice(&layers).iter().enumerate() {
-            b.layer(layers.start + l, hl, &lp, &kv.k[l], &kv.v[l])?;
+            let cache = if cfg.is_linear(layers.start + l) {
+                ri += 1;
+                LayerCache::State(&states[ri - 1].0, &states[ri - 1].1)
+            } else {
+                ai += 1;
+                LayerCache::Kv(&kv.k[ai - 1], &kv.v[ai - 1])
+            };
+            b.layer(layers.start + l, hl, &lp, cache)?;
         }
         if last {
             b.head(host, embed, &lp, layout.off_params)?;
@@ -170,6 +190,8 @@ impl Model {
             limits,
             layers,
             kv,
+            state_slots,
+            off_state: layout.off_state,
             plan,
             kernels,
             ops,
@@ -191,7 +213,7 @@ impl Model {
             readback: scratch.readback,
             hidden: scratch.hidden,
             hidden_readback: scratch.hidden_readback,
-            _keep: [keep, scratch.keep].concat(),
+            _keep: [keep, scratch.keep, states.into_iter().flat_map(|(c, r)| [c, r]).collect()].concat(),
             _matrices: matrices,
             provoke_gpu_error: false,
             profiler: None,
@@ -222,6 +244,7 @@ impl Model {
             vocab: self.cfg.vocab,
             hidden: self.cfg.hidden,
             first: self.is_first(),
+            state_slots: self.state_slots,
         }
     }
 
@@ -284,6 +307,7 @@ impl Model {
                 block_tables: s.block_tables.clone(),
                 sample_rows: pick.iter().map(|&i| s.sample_rows[i] - a as u32).collect(),
                 sampling: pick.iter().map(|&i| s.sampling[i].clone()).collect(),
+                state_slots: s.state_slots.clone(),
             };
             match self.run_one(&sub, hidden.map(|h| &h[a * row..b * row]))? {
                 StageOutput::Hidden(h) => hidden_out.extend(h),
@@ -342,6 +366,9 @@ impl Model {
                 p.push_adjust(adjust);
             }
         }
+        if self.state_slots > 0 {
+            state_records(&mut meta[self.off_state..], s);
+        }
         let mb = h.max_blocks as usize;
         for (i, tbl) in s.block_tables.iter().enumerate() {
             let b = h.off_table as usize + i * mb;
@@ -349,8 +376,11 @@ impl Model {
             meta[b + tbl.len()..b + mb].fill(0);
         }
         let g = &self.gpu;
-        // Only the used part of the tables is uploaded.
-        let used = h.off_table as usize + s.block_tables.len() * mb;
+        // Only the used part of the tables (and the state records) is uploaded.
+        let used = match self.state_slots {
+            0 => h.off_table as usize + s.block_tables.len() * mb,
+            _ => self.off_state + s.block_tables.len() * crate::ops::delta::STATE_RECORD,
+        };
         g.queue.write_buffer(&self.meta_buf, 0, bytemuck::cast_slice(&meta[..used]));
         g.queue.write_buffer(&self.step_buf, 0, bytemuck::bytes_of(&h));
         if !adjust.is_empty() {
@@ -361,7 +391,9 @@ impl Model {
         let RecordParams { align, win_stride } = self.record;
         let rec = Recorder { kernels: &self.kernels, gpu: g, align, win_stride, tile_override: None };
         let attn_tile = attention_tiled(&self.kernels, n as usize, s.block_tables.len());
-        let shape = StepShape { n_tokens: n, n_sample: ns, n_splits: h.n_splits, attn_tile, any_adjust, attn_keys };
+        let n_seqs = h.n_seqs;
+        let shape =
+            StepShape { n_tokens: n, n_sample: ns, n_splits: h.n_splits, attn_tile, any_adjust, attn_keys, n_seqs };
         let mut enc = match &mut self.profiler {
             Some(p) => p.record(g, &rec, &self.ops, &shape)?,
             None => record_step(g, &rec, &self.ops, &shape, self.limits.profile == KernelProfile::Gpu),
@@ -427,6 +459,7 @@ impl Model {
                     repetition_penalty: 1.1,
                     ..Default::default()
                 }],
+                state_slots: vec![0],
             };
             self.run(&step, hidden.as_deref())?;
         }

@@ -30,6 +30,10 @@ pub struct HostLayer {
     /// RMSNorm weights of the attention output and of the FFN output before each is added
     /// into the residual (Gemma), or None.
     pub post_norms: Option<(Vec<f32>, Vec<f32>)>,
+    /// The attention output's gate projection (Qwen3.5), or None.
+    pub attn_gate: Option<QTensor>,
+    /// A recurrent layer's mixer (q/k/v/o then have no rows), or None.
+    pub linear: Option<super::qwen35::HostLinear>,
 }
 
 pub struct HostModel {
@@ -106,6 +110,8 @@ pub(crate) struct TensorNames {
     pub up_shexp: &'static str,
     pub down_shexp: &'static str,
     pub gate_inp_shexp: &'static str,
+    /// A Gated DeltaNet layer's tensors (Qwen3.5).
+    pub linear: &'static super::qwen35::LinearNames,
 }
 
 /// Hugging Face (transformers) names.
@@ -140,6 +146,7 @@ pub(crate) const HF_NAMES: TensorNames = TensorNames {
     up_shexp: "mlp.shared_expert.up_proj.weight",
     down_shexp: "mlp.shared_expert.down_proj.weight",
     gate_inp_shexp: "mlp.shared_expert_gate.weight",
+    linear: &super::qwen35::HF_LINEAR,
 };
 
 /// Hugging Face names of Gemma 2 and 3: `post_attention_layernorm` is the norm after
@@ -183,6 +190,7 @@ pub(crate) const GGUF_NAMES: TensorNames = TensorNames {
     up_shexp: "ffn_up_shexp.weight",
     down_shexp: "ffn_down_shexp.weight",
     gate_inp_shexp: "ffn_gate_inp_shexp.weight",
+    linear: &super::qwen35::GGUF_LINEAR,
 };
 
 /// Loads layers `range` of a model with hyper-parameters `cfg` (and the embedding, final norm
@@ -208,12 +216,33 @@ pub(crate) fn load_layers(
         progress(l, cfg.layers);
         let p = n.layer.replace("{l}", &l.to_string());
         let t = |name: &str| format!("{p}.{name}");
-        let (mut wq, mut wk) = (w.matrix(&t(n.q), q, h)?, w.matrix(&t(n.k), kv, h)?);
-        if let Some((q_perm, k_perm)) = &perms {
+        let mut attn_gate = None;
+        let linear = match &cfg.linear {
+            Some(lc) if cfg.is_linear(l) => Some(super::qwen35::load_linear(w, n.linear, &t, &cfg, lc)?),
+            _ => None,
+        };
+        let none = |cols: usize| QTensor::from_f32(0, cols, &[]);
+        let (mut wq, mut wk, wv, wo) = match linear {
+            Some(_) => (none(h)?, none(h)?, none(h)?, none(32)?),
+            None if cfg.style.attn_gate => {
+                let both = w.matrix(&t(n.q), 2 * q, h)?;
+                let (query, gate) = super::qwen35::split_query_gate(&both, cfg.heads, cfg.head_dim);
+                attn_gate = Some(gate);
+                (query, w.matrix(&t(n.k), kv, h)?, w.matrix(&t(n.v), kv, h)?, w.matrix(&t(n.o), h, q)?)
+            }
+            None => (
+                w.matrix(&t(n.q), q, h)?,
+                w.matrix(&t(n.k), kv, h)?,
+                w.matrix(&t(n.v), kv, h)?,
+                w.matrix(&t(n.o), h, q)?,
+            ),
+        };
+        if let Some((q_perm, k_perm)) = perms.as_ref().filter(|_| linear.is_none()) {
             wq = wq.permute_rows(q_perm);
             wk = wk.permute_rows(k_perm);
         }
-        let qkv_bias = if cfg.qkv_bias {
+        let attn = linear.is_none();
+        let qkv_bias = if cfg.qkv_bias && attn {
             let mut b = w.vector(&t(n.q_bias), q)?;
             b.extend(w.vector(&t(n.k_bias), kv)?);
             b.extend(w.vector(&t(n.v_bias), kv)?);
@@ -221,7 +250,7 @@ pub(crate) fn load_layers(
         } else {
             None
         };
-        let qk_norm = if cfg.qk_norm {
+        let qk_norm = if cfg.qk_norm && attn {
             let mut v = w.vector(&t(n.q_norm), cfg.head_dim)?;
             v.extend(w.vector(&t(n.k_norm), cfg.head_dim)?);
             Some(v)
@@ -245,11 +274,11 @@ pub(crate) fn load_layers(
             attn_norm: w.vector(&t(n.attn_norm), h)?,
             q: wq,
             k: wk,
-            v: w.matrix(&t(n.v), kv, h)?,
+            v: wv,
             qkv_bias,
-            o: w.matrix(&t(n.o), h, q)?,
-            o_bias: if cfg.style.out_bias { Some(w.vector(&t(n.o_bias), h)?) } else { None },
-            sinks: if cfg.style.attn_sinks { Some(w.vector(&t(n.sinks), cfg.heads)?) } else { None },
+            o: wo,
+            o_bias: if cfg.style.out_bias && attn { Some(w.vector(&t(n.o_bias), h)?) } else { None },
+            sinks: if cfg.style.attn_sinks && attn { Some(w.vector(&t(n.sinks), cfg.heads)?) } else { None },
             ffn_norm: w.vector(&t(n.ffn_norm), h)?,
             gate,
             up,
@@ -260,6 +289,8 @@ pub(crate) fn load_layers(
             } else {
                 None
             },
+            attn_gate,
+            linear,
         });
     }
     progress(cfg.layers, cfg.layers);

@@ -9,6 +9,7 @@
 use crate::model::builder::{LayerParams, OpBuilder};
 use crate::model::config::ModelConfig;
 use crate::model::loader::{HostLayer, HostModel};
+use crate::model::recurrent::LayerCache;
 use crate::ops::attention::{self, AttnBinds};
 use crate::ops::matmul::{MAT_ACCUMULATE, MAT_BIAS, MAT_GELU, MAT_SOFTCAP, MAT_SWIGLU_UP};
 use crate::ops::norm::{self, HeadNormBinds, NormBinds};
@@ -23,6 +24,8 @@ use anyhow::{bail, Result};
 pub enum Mixer {
     /// Attention over every earlier position, or (`window`) over the last `window` only.
     Attention { window: Option<usize> },
+    /// A recurrent mixer with a fixed-size state per sequence (Gated DeltaNet, model/recurrent.rs).
+    Linear,
 }
 
 /// A layer's feed-forward block.
@@ -48,7 +51,7 @@ pub struct LayerKind {
 /// every layer, or on the layers its style names), a dense gated FFN.
 pub fn layer_kind(cfg: &ModelConfig, l: usize) -> LayerKind {
     LayerKind {
-        mixer: Mixer::Attention { window: cfg.layer_window(l) },
+        mixer: if cfg.is_linear(l) { Mixer::Linear } else { Mixer::Attention { window: cfg.layer_window(l) } },
         ffn: match &cfg.moe {
             Some(m) if m.is_sparse(l) => Ffn::Moe { gelu: cfg.style.gelu },
             _ => Ffn::Dense { gelu: cfg.style.gelu },
@@ -59,22 +62,19 @@ pub fn layer_kind(cfg: &ModelConfig, l: usize) -> LayerKind {
 
 impl OpBuilder<'_> {
     /// Layer `l`: its mixer, then its FFN, as `layer_kind` says.
-    pub(crate) fn layer(
-        &mut self,
-        l: usize,
-        hl: &HostLayer,
-        lp: &LayerParams,
-        k: &[wgpu::Buffer],
-        v: &[wgpu::Buffer],
-    ) -> Result<()> {
+    pub(crate) fn layer(&mut self, l: usize, hl: &HostLayer, lp: &LayerParams, cache: LayerCache) -> Result<()> {
         let kind = layer_kind(self.cfg, l);
         let post = match (&hl.post_norms, kind.post_norms) {
             (Some((a, f)), true) => Some((a.as_slice(), f.as_slice())),
             (None, false) => None,
             _ => bail!("layer {l}: its post-norm weights do not match its kind"),
         };
-        match kind.mixer {
-            Mixer::Attention { window } => self.attention_mixer(hl, lp, (k, v), window, post.map(|p| p.0))?,
+        match (kind.mixer, cache) {
+            (Mixer::Attention { window }, LayerCache::Kv(k, v)) => {
+                self.attention_mixer(hl, lp, (k, v), window, post.map(|p| p.0))?
+            }
+            (Mixer::Linear, LayerCache::State(conv, rec)) => self.linear_mixer(hl, lp, (conv, rec))?,
+            _ => bail!("layer {l}: its cache does not match its mixer"),
         }
         match kind.ffn {
             Ffn::Dense { gelu } => self.dense_ffn(hl, lp, gelu, post.map(|p| p.1))?,
@@ -94,7 +94,7 @@ impl OpBuilder<'_> {
 
     /// A block's output projection `m` of `x` (plus `bias`), added into the residual: directly,
     /// or (`post`) through an RMSNorm with those weights (the projection goes to `normed` first).
-    fn project_out(
+    pub(crate) fn project_out(
         &mut self,
         label: &'static str,
         (m, bias): (&GpuMatrix, Option<&wgpu::Buffer>),
@@ -182,6 +182,11 @@ impl OpBuilder<'_> {
             sinks: sinks.as_ref().unwrap_or(&s.dummy),
         };
         self.push(attention::attention(kern, g, &b, (k, v), dims));
+        match (&hl.attn_gate, cfg.style.attn_gate) {
+            (Some(gate), true) => self.attn_output_gate(gate, lp)?,
+            (None, false) => {}
+            _ => bail!("a layer's output gate does not match the model's style"),
+        }
         self.project_out("o_proj", (&o_m, o_bias.as_ref()), &s.attn, lp, post);
         self.matrices.extend(qkv_ms.into_iter().map(|(m, _)| m));
         self.matrices.push(o_m);

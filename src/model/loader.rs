@@ -27,6 +27,15 @@ impl HostModel {
         for l in &self.layers {
             f.extend([l.q.format, l.k.format, l.v.format, l.o.format, l.gate.format, l.up.format, l.down.format]);
             f.extend(l.moe.iter().map(|m| m.router.format));
+            // A shared expert runs through the dense matmuls.
+            if let Some(sh) = l.moe.as_ref().and_then(|m| m.shared.as_ref()) {
+                f.extend([sh.gate.format, sh.up.format, sh.down.format]);
+                f.extend(sh.gate_inp.iter().map(|t| t.format));
+            }
+            f.extend(l.attn_gate.iter().map(|t| t.format));
+            if let Some(lin) = &l.linear {
+                f.extend(lin.proj.iter().chain([&lin.out]).map(|t| t.format));
+            }
         }
         f.sort();
         f.dedup();
@@ -214,6 +223,13 @@ fn load_hf(dir: &Path, range: std::ops::Range<usize>, progress: &dyn Fn(usize, u
         super::gemma::add_one_to_norms(&mut m);
         return Ok(m);
     }
+    if cfg.arch == Arch::Qwen35 {
+        let multimodal = w.has(super::qwen35::VL_HF_NAMES.embed);
+        let names = if multimodal { &super::qwen35::VL_HF_NAMES } else { &HF_NAMES };
+        let mut m = load_layers(&w, names, cfg, range, progress, false)?;
+        super::gemma::add_one_to_norms(&mut m);
+        return Ok(m);
+    }
     let names = if cfg.arch == Arch::GptOss { &super::gptoss::GPTOSS_HF_NAMES } else { &HF_NAMES };
     load_layers(&w, names, cfg, range, progress, false)
 }
@@ -279,9 +295,10 @@ fn gguf_config(g: &GgufFile) -> Result<ModelConfig> {
         "gemma2" => Arch::Gemma2,
         "gemma3" => Arch::Gemma3,
         "gpt-oss" => Arch::GptOss,
+        "qwen35" | "qwen35moe" => Arch::Qwen35,
         other => bail!(
             "{src}: unsupported architecture '{other}' (supported: llama (also Mistral's files), qwen2, qwen3, qwen3moe, \
-             qwen2moe, gemma2, gemma3, gpt-oss)"
+             qwen2moe, gemma2, gemma3, gpt-oss, qwen35, qwen35moe)"
         ),
     };
     let key = |k: &str| format!("{arch_name}.{k}");
@@ -310,7 +327,7 @@ fn gguf_config(g: &GgufFile) -> Result<ModelConfig> {
         // A MoE file whose every layer is sparse may have no dense FFN size.
         intermediate: match (req("feed_forward_length"), arch) {
             (Ok(v), _) => v,
-            (Err(_), Arch::Qwen3Moe | Arch::Qwen2Moe | Arch::GptOss) => 0,
+            (Err(_), Arch::Qwen3Moe | Arch::Qwen2Moe | Arch::GptOss | Arch::Qwen35) => 0,
             (Err(e), _) => return Err(e),
         },
         vocab,
@@ -323,6 +340,7 @@ fn gguf_config(g: &GgufFile) -> Result<ModelConfig> {
         qk_norm: matches!(arch, Arch::Qwen3 | Arch::Qwen3Moe),
         style: Default::default(),
         moe: None,
+        linear: None,
     };
     let layers = cfg.layers;
     let cfg = match arch {
@@ -333,6 +351,7 @@ fn gguf_config(g: &GgufFile) -> Result<ModelConfig> {
     let cfg = match arch {
         _ if arch.is_gemma() => super::gemma::gguf_config(cfg, g, arch_name)?,
         Arch::GptOss => super::gptoss::gguf_config(cfg, g, arch_name)?,
+        Arch::Qwen35 => super::qwen35::gguf_config(cfg, g, arch_name)?,
         _ => cfg,
     };
     cfg.validate(&src)?;
@@ -517,7 +536,11 @@ pub fn load_gguf(g: &GgufFile, range: std::ops::Range<usize>, progress: &dyn Fn(
     let cfg = gguf_config(g)?;
     // llama.cpp's converter permutes Llama's q/k rows for interleaved RoPE; undone here.
     let unpermute = cfg.arch == Arch::Llama;
-    let names = if cfg.arch == Arch::GptOss { &super::gptoss::GPTOSS_GGUF_NAMES } else { &GGUF_NAMES };
+    let names = match cfg.arch {
+        Arch::GptOss => &super::gptoss::GPTOSS_GGUF_NAMES,
+        Arch::Qwen35 => &super::qwen35::QWEN35_GGUF_NAMES,
+        _ => &GGUF_NAMES,
+    };
     load_layers(&GgufSource(g), names, cfg, range, progress, unpermute)
 }
 

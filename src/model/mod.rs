@@ -15,10 +15,13 @@ pub mod loader;
 pub mod moe;
 pub mod plan;
 pub mod profile;
+pub mod qwen35;
 pub mod record;
+pub mod recurrent;
 pub mod scratch;
 pub mod step;
 pub mod synth;
+pub mod synth_hybrid;
 pub mod validate;
 
 pub use forward::Model;

@@ -27,27 +27,26 @@ pub struct KvCache {
 pub struct MemoryPlan {
     pub weights: u64,
     pub kv_cache: u64,
+    /// Recurrent-state slots (models with recurrent layers).
+    pub state: u64,
     /// Activations, logits, RoPE table, step metadata and logit adjustments.
     pub scratch: u64,
 }
 
 impl MemoryPlan {
     pub fn total(&self) -> u64 {
-        self.weights + self.kv_cache + self.scratch
+        self.weights + self.kv_cache + self.state + self.scratch
     }
 }
 
 impl std::fmt::Display for MemoryPlan {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
-        write!(
-            f,
-            "weights {:.1} MiB + KV cache {:.1} MiB + scratch {:.1} MiB = {:.1} MiB",
-            mib(self.weights),
-            mib(self.kv_cache),
-            mib(self.scratch),
-            mib(self.total())
-        )
+        write!(f, "weights {:.1} MiB + KV cache {:.1} MiB", mib(self.weights), mib(self.kv_cache))?;
+        if self.state > 0 {
+            write!(f, " + recurrent states {:.1} MiB", mib(self.state))?;
+        }
+        write!(f, " + scratch {:.1} MiB = {:.1} MiB", mib(self.scratch), mib(self.total()))
     }
 }
 
@@ -69,10 +68,11 @@ pub fn kv_block_bytes(cfg: &ModelConfig, limits: &StepLimits) -> u64 {
     (limits.block_size * cfg.kv_dim() * limits.kv_dtype.bytes()) as u64
 }
 
-/// KV blocks of one layer's cache: `cache_bytes` spread over every layer of the model (all
-/// stages of a pipeline agree).
+/// KV blocks of one layer's cache: `cache_bytes` spread over every attention layer of the model
+/// (all stages of a pipeline agree; recurrent layers keep no KV cache).
 pub fn kv_blocks(cfg: &ModelConfig, limits: &StepLimits) -> usize {
-    (limits.cache_bytes / (kv_block_bytes(cfg, limits) * 2 * cfg.layers as u64)) as usize
+    let layers = cfg.attn_layers_in(0..cfg.layers).max(1) as u64;
+    (limits.cache_bytes / (kv_block_bytes(cfg, limits) * 2 * layers)) as usize
 }
 
 /// Adjustment entries one sampled row may take: one per token of its sequence (penalties), its
@@ -89,6 +89,8 @@ pub(crate) struct StepLayout {
     pub(crate) header: StepHeader,
     pub(crate) off_sample: usize,
     pub(crate) off_params: usize,
+    /// Where each sequence's recurrent-state record starts (ops/delta.rs's STATE_RECORD words).
+    pub(crate) off_state: usize,
     pub(crate) meta_len: usize,
     /// Logit adjustments: up to one entry per token of every sampled sequence, plus its
     /// logit-bias entries.
@@ -108,7 +110,8 @@ impl StepLayout {
         // MoE: the router's logits, the route words (per token about 4 per choice), the pairs'
         // down projections.
         let moe = cfg.moe.as_ref().map_or(0, |m| m.experts.max(4 * m.top_k + m.experts).max(m.top_k * cfg.hidden));
-        let widest = cfg.hidden.max(cfg.qkv_dim()).max(cfg.q_dim()).max(cfg.act_width()).max(moe);
+        let lin = crate::model::scratch::lin_width(cfg).max(crate::model::scratch::lin_out_width(cfg));
+        let widest = cfg.hidden.max(cfg.qkv_dim()).max(cfg.q_dim()).max(cfg.act_width()).max(moe).max(lin);
         let t_max = t_all.min((mb / f(widest)) as usize);
         let per_sampled = f(cfg.vocab).max((adjust_per_row(cfg.vocab, limits) * 16) as u64);
         let s_max = s_all.min(t_max).min(if last { (mb / per_sampled) as usize } else { s_all });
@@ -141,8 +144,9 @@ impl StepLayout {
             header,
             off_sample: 4 * t_max,
             off_params: 4 * t_max + s_max,
-            // Every sequence of the step has its block table in every sub-step.
-            meta_len: 4 * t_max + (1 + ps) * s_max + s_all * max_blocks,
+            // Every sequence of the step has its block table (and state record) in every sub-step.
+            off_state: 4 * t_max + (1 + ps) * s_max + s_all * max_blocks,
+            meta_len: 4 * t_max + (1 + ps) * s_max + s_all * (max_blocks + crate::ops::delta::STATE_RECORD),
             adjust_cap: s_max * adjust_per_row(cfg.vocab, limits),
         })
     }
@@ -227,6 +231,8 @@ pub(crate) fn stage_weight_bytes(host: &HostModel, layers: &std::ops::Range<usiz
             m + f(l.attn_norm.len() + l.ffn_norm.len())
                 + l.qkv_bias.as_ref().map_or(0, |b| f(b.len()))
                 + l.qk_norm.as_ref().map_or(0, |b| f(b.len()))
+                + l.attn_gate.as_ref().map_or(0, |t| t.bytes() as u64)
+                + l.linear.as_ref().map_or(0, |t| t.bytes())
         })
         .sum::<u64>()
         + host.embed.as_ref().filter(|_| first || (last && host.tied)).map_or(0, |e| e.bytes() as u64)
@@ -262,9 +268,11 @@ impl ScratchPlan {
         };
         // The MoE router's logits and route words.
         let moe = cfg.moe.as_ref().map_or(0, |m| m.experts + 4 * m.top_k + 2 * m.experts + m.top_k * cfg.hidden);
-        let bytes = f(t_max * (2 * cfg.hidden + cfg.qkv_dim() + cfg.q_dim() + cfg.act_width() + moe))
+        let lin = crate::model::scratch::lin_width(cfg);
+        let attn = cfg.q_dim().max(crate::model::scratch::lin_out_width(cfg));
+        let bytes = f(t_max * (2 * cfg.hidden + cfg.qkv_dim() + attn + cfg.act_width() + moe + lin))
             + f(s_last * (cfg.vocab + cfg.hidden + SAMPLE_RESULT_STRIDE))
-            + f(limits.max_seq_len * cfg.head_dim) * if cfg.style.local_rope_theta.is_some() { 2 } else { 1 }
+            + f(limits.max_seq_len * cfg.rope_dim()) * if cfg.style.local_rope_theta.is_some() { 2 } else { 1 }
             + f(layout.meta_len)
             + part_vec4 as u64 * 16
             + if last { (layout.adjust_cap * 16) as u64 } else { 0 };

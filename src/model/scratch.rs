@@ -9,6 +9,18 @@ use crate::ops::kernels::{window_entries, window_stride};
 use crate::ops::rope::*;
 use crate::sampling::row::SAMPLE_RESULT_STRIDE;
 
+/// Floats per token of the `lin` buffer: the Gated DeltaNet projections, or the attention
+/// output gate's (0: the model has neither).
+pub(crate) fn lin_width(cfg: &ModelConfig) -> usize {
+    let gate = if cfg.style.attn_gate { cfg.q_dim() } else { 0 };
+    cfg.linear.as_ref().map_or(0, |l| l.dims.proj_width()).max(gate)
+}
+
+/// Floats per token of the Gated DeltaNet's output (written where attention's goes).
+pub(crate) fn lin_out_width(cfg: &ModelConfig) -> usize {
+    cfg.linear.as_ref().map_or(0, |l| l.dims.value_dim())
+}
+
 /// The step's buffers: metadata, activations, logits and sampler results, hidden states for
 /// the next stage, the RoPE table and the split attention's partials.
 pub(crate) struct Scratch {
@@ -20,6 +32,9 @@ pub(crate) struct Scratch {
     pub(crate) qkv: wgpu::Buffer,
     pub(crate) attn: wgpu::Buffer,
     pub(crate) act: wgpu::Buffer,
+    /// Each token's Gated DeltaNet projections, or the attention output gate's (None where the
+    /// model has neither).
+    pub(crate) lin: Option<wgpu::Buffer>,
     /// The MoE router's logits [tokens, experts] and route words [tokens, 2 * top_k] (None for
     /// a dense model).
     pub(crate) moe_logits: Option<wgpu::Buffer>,
@@ -58,7 +73,7 @@ impl Scratch {
         let t_max = layout.t_max;
         // Only the last stage samples: the others get placeholders for its buffers.
         let result_bytes = (plan.s_last * SAMPLE_RESULT_STRIDE * 4) as u64;
-        let (inv_freq, attn) = cfg.rope_scaling.inv_freq(cfg.rope_theta, cfg.head_dim);
+        let (inv_freq, attn) = cfg.rope_scaling.inv_freq(cfg.rope_theta, cfg.rope_dim());
         let cs = rope_table(&inv_freq, attn, limits.max_seq_len);
         let local = cfg.style.local_rope_theta.map(|theta| {
             let (inv_freq, attn) = RopeScaling::None.inv_freq(theta, cfg.head_dim);
@@ -71,8 +86,9 @@ impl Scratch {
             hidden: g.storage("hidden", f(t_max * cfg.hidden)),
             normed: g.activation("normed", f(t_max * cfg.hidden)),
             qkv: g.storage("qkv", f(t_max * cfg.qkv_dim())),
-            attn: g.activation("attn", f(t_max * cfg.q_dim())),
+            attn: g.activation("attn", f(t_max * cfg.q_dim().max(lin_out_width(cfg)))),
             act: g.activation("act", f(t_max * cfg.act_width())),
+            lin: (lin_width(cfg) > 0).then(|| g.activation("lin", f(t_max * lin_width(cfg)))),
             // Whole vec4s: the shared expert's gate reads its logits through a vec4 binding.
             moe_logits: cfg.moe.as_ref().map(|m| g.storage("moe_logits", f((t_max * m.experts).next_multiple_of(4)))),
             moe_route: cfg
@@ -106,6 +122,7 @@ impl Scratch {
             s.windows.clone(),
         ];
         keep.extend(s.cos_sin_local.clone());
+        keep.extend(s.lin.clone());
         keep.extend(s.moe_logits.clone());
         keep.extend(s.moe_route.clone());
         keep.extend(s.moe_pair_out.clone());

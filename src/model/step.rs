@@ -39,6 +39,9 @@ pub struct StepInput {
     pub block_tables: Vec<Vec<u32>>,
     pub sample_rows: Vec<u32>,
     pub sampling: Vec<SampleParams>,
+    /// Each sequence's recurrent-state slot (models with recurrent layers; empty: sequence i
+    /// uses slot i).
+    pub state_slots: Vec<u32>,
 }
 
 /// What one step of a stage returns: hidden states for the next stage ([tokens, hidden] f32,

@@ -41,6 +41,8 @@ pub struct SynthShape {
     pub pre_tokenizer: &'static str,
     /// Mixture-of-experts FFNs on every layer (Qwen3-MoE), or None.
     pub moe: Option<SynthMoe>,
+    /// Gated DeltaNet layers (Qwen3.5, model/synth_hybrid.rs), or None.
+    pub linear: Option<super::synth_hybrid::SynthLinear>,
 }
 
 /// The experts of a synthetic mixture-of-experts shape.
@@ -53,8 +55,16 @@ pub struct SynthMoe {
 }
 
 /// The shapes [`synth_shape`] knows.
-pub const SYNTH_SHAPES: &[&str] =
-    &["smollm2-135m", "qwen2.5-0.5b", "qwen2.5-7b", "llama-3-8b", "qwen3-30b-a3b", "gpt-oss-20b"];
+pub const SYNTH_SHAPES: &[&str] = &[
+    "smollm2-135m",
+    "qwen2.5-0.5b",
+    "qwen2.5-7b",
+    "llama-3-8b",
+    "qwen3-30b-a3b",
+    "gpt-oss-20b",
+    "qwen3.5-9b",
+    "qwen3.6-35b-a3b",
+];
 
 /// The shape of a named model (one of [`SYNTH_SHAPES`]).
 pub fn synth_shape(name: &str) -> Option<SynthShape> {
@@ -74,6 +84,7 @@ pub fn synth_shape(name: &str) -> Option<SynthShape> {
         context_length: ctx,
         pre_tokenizer: pre,
         moe: None,
+        linear: None,
     };
     let qwen2 = |name, hidden, heads, kv_heads, intermediate, vocab, layers, tied| SynthShape {
         name,
@@ -91,6 +102,7 @@ pub fn synth_shape(name: &str) -> Option<SynthShape> {
         context_length: 32768,
         pre_tokenizer: "qwen2",
         moe: None,
+        linear: None,
     };
     Some(match name {
         "smollm2-135m" => llama("smollm2-135m", 576, 9, 3, 1536, 49152, 30, true, 100000.0, 8192, "smollm"),
@@ -120,6 +132,10 @@ pub fn synth_shape(name: &str) -> Option<SynthShape> {
             moe: Some(SynthMoe { experts: 32, top_k: 4, ffn: 2880 }),
             ..qwen2("gpt-oss-20b", 2880, 64, 8, 2880, 201088, 24, false)
         },
+        "qwen3.5-9b" => super::synth_hybrid::qwen35_9b(qwen2("qwen3.5-9b", 4096, 16, 4, 12288, 248320, 32, false)),
+        "qwen3.6-35b-a3b" => {
+            super::synth_hybrid::qwen36_35b_a3b(qwen2("qwen3.6-35b-a3b", 2048, 16, 2, 512, 248320, 40, false))
+        }
         _ => return None,
     })
 }
@@ -136,6 +152,8 @@ impl SynthShape {
             Arch::Gemma2 => "gemma2",
             Arch::Gemma3 => "gemma3",
             Arch::GptOss => "gpt-oss",
+            Arch::Qwen35 if self.moe.is_some() => "qwen35moe",
+            Arch::Qwen35 => "qwen35",
         }
     }
 
@@ -176,13 +194,15 @@ pub fn matrix_format(format: WFormat, cols: usize) -> WFormat {
 
 /// How a tensor's values are made.
 #[derive(Clone, Copy, Debug, PartialEq)]
-enum Fill {
+pub(super) enum Fill {
     /// RMSNorm weights: f32 in 0.9..1.1.
     Norm,
     /// q/k/v biases: f32 in -0.05..0.05.
     Bias,
     /// A [rows, cols] weight matrix in `format`, values of standard deviation 1/sqrt(cols).
     Matrix { format: WFormat, cols: usize },
+    /// Gated DeltaNet's A (= -exp(A_log)): f32 in -1.5..-0.5.
+    Decay,
 }
 
 /// One tensor of a synthetic file.
@@ -192,25 +212,36 @@ pub struct SynthTensor {
     fill: Fill,
 }
 
-/// Every tensor of a synthetic model of `shape` with `layers` layers, in file order, with
-/// llama.cpp's names and ggml dims (innermost first).
-pub fn synth_tensors(shape: &SynthShape, format: WFormat, layers: usize) -> Vec<SynthTensor> {
-    let matrix_in = |format: WFormat, name: String, rows: usize, cols: usize| {
+impl SynthTensor {
+    /// A [rows, cols] matrix in `format` (with [`matrix_format`]'s fallbacks).
+    pub(super) fn matrix(format: WFormat, name: String, rows: usize, cols: usize) -> SynthTensor {
         let format = matrix_format(format, cols);
         SynthTensor {
             spec: GgufTensorSpec { name, dims: vec![cols as u64, rows as u64], ggml_type: gguf_type(format) },
             fill: Fill::Matrix { format, cols },
         }
-    };
+    }
+
+    /// A vector of `len` f32 values.
+    pub(super) fn vector(name: String, len: usize, fill: Fill) -> SynthTensor {
+        SynthTensor { spec: GgufTensorSpec { name, dims: vec![len as u64], ggml_type: gguf_type(WFormat::F32) }, fill }
+    }
+}
+
+/// Every tensor of a synthetic model of `shape` with `layers` layers, in file order, with
+/// llama.cpp's names and ggml dims (innermost first).
+pub fn synth_tensors(shape: &SynthShape, format: WFormat, layers: usize) -> Vec<SynthTensor> {
+    let matrix_in = SynthTensor::matrix;
     let matrix = |name: String, rows: usize, cols: usize| matrix_in(format, name, rows, cols);
-    let vector = |name: String, len: usize, fill: Fill| SynthTensor {
-        spec: GgufTensorSpec { name, dims: vec![len as u64], ggml_type: gguf_type(WFormat::F32) },
-        fill,
-    };
+    let vector = SynthTensor::vector;
     let (h, q, kv, i) = (shape.hidden, shape.q_dim(), shape.kv_dim(), shape.intermediate);
     let mut t = vec![matrix("token_embd.weight".into(), shape.vocab, h)];
     for l in 0..layers {
         let p = format!("blk.{l}");
+        if let Some(lin) = &shape.linear {
+            t.extend(super::synth_hybrid::layer_tensors(shape, lin, format, l));
+            continue;
+        }
         t.push(vector(format!("{p}.attn_norm.weight"), h, Fill::Norm));
         t.push(matrix(format!("{p}.attn_q.weight"), q, h));
         t.push(matrix(format!("{p}.attn_k.weight"), kv, h));
@@ -372,6 +403,10 @@ fn metadata(
             (k("expert_feed_forward_length"), u(e.ffn)),
         ]);
     }
+    if let Some(lin) = &shape.linear {
+        m.retain(|(key, _)| *key != k("rope.dimension_count"));
+        m.extend(super::synth_hybrid::metadata(shape, lin));
+    }
     if shape.arch == Arch::GptOss {
         m.extend([
             (k("attention.sliding_window"), u(128)),
@@ -401,6 +436,12 @@ fn write_data(out: &mut impl Write, fill: Fill, n_elements: usize, rng: &mut Xor
         Fill::Bias => {
             for _ in 0..n_elements {
                 buf.extend_from_slice(&uniform(rng, 0.05).to_le_bytes());
+            }
+            out.write_all(&buf)
+        }
+        Fill::Decay => {
+            for _ in 0..n_elements {
+                buf.extend_from_slice(&(-1.0 + uniform(rng, 0.5)).to_le_bytes());
             }
             out.write_all(&buf)
         }

@@ -23,6 +23,8 @@ pub struct StepBounds {
     pub hidden: usize,
     /// The first stage takes token ids; every other stage hidden states.
     pub first: bool,
+    /// Recurrent-state slots (0: the model has no recurrent layers).
+    pub state_slots: usize,
 }
 
 impl StepBounds {
@@ -58,6 +60,23 @@ impl StepBounds {
             }
             if let Some(b) = t.iter().find(|&&b| b as usize >= self.num_blocks) {
                 bail!("sequence {j}: block {b} is outside the KV cache ({} blocks)", self.num_blocks);
+            }
+        }
+        if self.state_slots > 0 {
+            let seqs = s.block_tables.len();
+            if !s.state_slots.is_empty() && s.state_slots.len() != seqs {
+                bail!("step has {} state slots for {seqs} sequences", s.state_slots.len());
+            }
+            if s.state_slots.is_empty() && seqs > self.state_slots {
+                bail!("step has {seqs} sequences and names no state slots ({} exist)", self.state_slots);
+            }
+            let mut seen = vec![false; self.state_slots];
+            for &slot in &s.state_slots {
+                match seen.get_mut(slot as usize) {
+                    None => bail!("state slot {slot} is outside the {} slots", self.state_slots),
+                    Some(true) => bail!("state slot {slot} is given to two sequences of one step"),
+                    Some(x) => *x = true,
+                }
             }
         }
         let bs = self.block_size;

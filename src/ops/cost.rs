@@ -42,6 +42,7 @@ impl OpKind {
             OpKind::MoeSharedGate { .. } => "moe_shared_gate",
             OpKind::MoeExperts { down: false, .. } => "moe_gate_up",
             OpKind::MoeExperts { down: true, .. } => "moe_down",
+            OpKind::Delta { stage, .. } => stage.label(),
             OpKind::LogitAdjust { .. } => "logit_adjust",
             OpKind::Sample { .. } => "sample",
         }
@@ -102,6 +103,20 @@ impl OpKind {
                 let weights = pairs.min(ce) * rows * format.row_bytes(k as usize) as u64;
                 let outs = pairs * n_out as u64;
                 Cost { bytes: weights + 4 * pairs * k + 4 * outs, flops: 2 * pairs * rows * k }
+            }
+            OpKind::Delta { stage, per } => {
+                use super::delta::DeltaStage;
+                let per = per as u64;
+                match stage {
+                    // Each channel's taps and state read and written once, its inputs in place.
+                    DeltaStage::Conv => Cost { bytes: 8 * n * per + 16 * per, flops: 8 * n * per },
+                    // The recurrence: a workgroup's 64 columns of state read and written once
+                    // per step; q, k read per column per token (the FLOPs: 4 per state element
+                    // and token, 64 k_dim-long columns per workgroup, k_dim unknown here: the
+                    // state traffic is the bound that matters).
+                    DeltaStage::Recur => Cost { bytes: 2 * 4 * 64 * 128 * s.n_seqs as u64 * per, flops: 0 },
+                    _ => Cost { bytes: 8 * n * per, flops: 4 * n * per },
+                }
             }
             OpKind::LogitAdjust { vocab } if s.any_adjust => {
                 Cost { bytes: 8 * ns * vocab as u64, flops: ns * vocab as u64 }

@@ -101,6 +101,7 @@ impl Harness {
             kv: KvDtype::default(),
             kv_chunks: 1,
             profile,
+            delta_k_dim: None,
         };
         Ok(Harness { kernels: Kernels::new(&gpu, &spec)?, gpu })
     }
@@ -136,7 +137,8 @@ impl Harness {
         kv_chunks: usize,
         profile: KernelProfile,
     ) -> Result<Harness> {
-        let spec = KernelSpec { formats, moe_formats: vec![], head_dim, group, kv, kv_chunks, profile };
+        let spec =
+            KernelSpec { formats, moe_formats: vec![], head_dim, group, kv, kv_chunks, profile, delta_k_dim: None };
         let kernels = Kernels::new(&gpu, &spec)?;
         Ok(Harness { gpu, kernels })
     }
@@ -537,8 +539,7 @@ impl Harness {
             Some(true) => attention::tiled_tokens(&self.kernels),
             Some(false) => 0,
         };
-        let shape =
-            StepShape { n_tokens: n as u32, n_sample: 0, n_splits: splits, attn_tile, any_adjust: false, attn_keys: 0 };
+        let shape = StepShape { n_tokens: n as u32, n_splits: splits, attn_tile, n_seqs: 1, ..Default::default() };
         self.run(&self.calls(&[rope], shape, None), 1)?;
         let attention = self.calls(&[attention], shape, None);
         self.run(&attention, 1)?;

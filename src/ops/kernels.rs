@@ -151,6 +151,8 @@ pub struct KernelSpec {
     pub kv_chunks: usize,
     /// `cpu` or `gpu` (`auto` counts as `cpu`).
     pub profile: KernelProfile,
+    /// The key head size of a model with Gated DeltaNet layers (its kernels are built for it).
+    pub delta_k_dim: Option<u32>,
 }
 
 /// All pipelines of one model: the weight-format-specific ones for the formats it uses.
@@ -191,11 +193,13 @@ pub struct Kernels {
     pub moe: BTreeMap<WFormat, MoePipelines>,
     /// The gpu profile's kernels, when built for it.
     pub gpu: Option<GpuPipelines>,
+    /// Gated DeltaNet's kernels (a model with linear-attention layers).
+    pub delta: Option<super::delta::DeltaPipelines>,
 }
 
 impl Kernels {
     pub fn new(gpu: &Gpu, spec: &KernelSpec) -> Result<Kernels> {
-        let KernelSpec { ref formats, ref moe_formats, head_dim, group, kv, kv_chunks, profile } = *spec;
+        let KernelSpec { ref formats, ref moe_formats, head_dim, group, kv, kv_chunks, profile, delta_k_dim } = *spec;
         let kv_chunks = kv_chunks.clamp(1, MAX_KV_CHUNKS);
         use Slot::*;
         let matmul_family = Family::new(gpu, &layout_of(MatmulBinds::SLOTS));
@@ -351,6 +355,7 @@ impl Kernels {
             moe_shared_gate,
             moe,
             gpu: gpu_kernels,
+            delta: delta_k_dim.map(|k| super::delta::DeltaPipelines::new(gpu, k)).transpose()?,
         })
     }
 }

@@ -1,7 +1,7 @@
 //! The GPU ops of a forward step: the kernels (their WGSL assembly in `sources`, their
 //! pipelines in `kernels`) and one file per kernel family — `matmul` (and the embedding),
 //! `norm` (RMSNorm, the per-head q/k norm), `rope` (RoPE + KV write), `attention`, `sample`
-//! (logit adjustments, the sampler) — each with its parameter struct (one Rust definition that
+//! (logit adjustments, the sampler), `delta` (Gated DeltaNet) — each with its parameter struct (one Rust definition that
 //! generates the WGSL declaration), its bindings by name (checked against the shader), and the
 //! constructor of its ops; `harness` runs single ops on host data for tests and benches.
 //!
@@ -19,7 +19,9 @@ pub mod attention;
 #[cfg(test)]
 mod binding_tests;
 pub mod cost;
+pub mod delta;
 pub mod harness;
+pub mod harness_delta;
 pub mod harness_moe;
 pub mod kernels;
 pub mod matmul;
@@ -132,6 +134,12 @@ pub enum OpKind {
         chunk_experts: u32,
         experts: u32,
     },
+    /// A stage of the Gated DeltaNet mixer, or the attention's output gate (`delta::DeltaStage`):
+    /// `per` threads (workgroups for the recurrence) per token or sequence.
+    Delta {
+        stage: delta::DeltaStage,
+        per: u32,
+    },
     LogitAdjust {
         vocab: u32,
     },
@@ -167,6 +175,8 @@ pub struct StepShape {
     /// Keys attended over all tokens of the step (causal, within the window): what attention
     /// reads (the cost model's; no grid depends on it).
     pub attn_keys: u64,
+    /// Sequences in the step (the recurrent mixer's grids).
+    pub n_seqs: u32,
 }
 
 /// One dispatch.
@@ -264,6 +274,7 @@ impl Op {
             OpKind::MoeExperts { format, n_out, top_k, down, experts, .. } => {
                 moe::expert_dispatches(self, r, s, (format, n_out, top_k, down, experts), out)
             }
+            OpKind::Delta { stage, per } => delta::dispatches(self, r, s, (stage, per), out),
             OpKind::LogitAdjust { .. } => sample::logit_adjust_dispatches(self, r, s, out),
             OpKind::Sample { .. } => sample::sample_dispatches(self, r, s, out),
         }

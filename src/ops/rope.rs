@@ -18,7 +18,9 @@ gpu_struct! {
         pub qkv_stride: u32,
         /// Elements per KV-cache buffer of a layer (when the cache spans several).
         pub kv_chunk: u32,
-        pub _p0: u32,
+        /// Leading elements of each q/k head that RoPE rotates (partial rotary; head_dim when
+        /// all): pairs (i, i + rot_dim / 2), the rest copied as they are.
+        pub rot_dim: u32,
         pub _p1: u32,
         pub _p2: u32,
     }
@@ -47,14 +49,21 @@ impl RopeParams {
             head_dim: head_dim as u32,
             qkv_stride: ((heads + 2 * kv_heads) * head_dim) as u32,
             kv_chunk: kv_chunk as u32,
+            rot_dim: head_dim as u32,
             ..Default::default()
         }
+    }
+
+    /// RoPE on the first `rot_dim` elements of each head only (a multiple of 4).
+    pub fn with_rotary(self, rot_dim: usize) -> RopeParams {
+        RopeParams { rot_dim: rot_dim as u32, ..self }
     }
 }
 
 /// cos/sin of pos * inv_freq[i] for every position below `max_pos` and i < d/2, with f32
 /// inverse frequencies (as the model's rope scaling gives them) and f32 angles as Hugging Face
-/// computes them, times the scaling's attention factor `attn` (YaRN): [pos][i] = (cos, sin).
+/// computes them, times the scaling's attention factor `attn` (YaRN): [pos][i] = (cos, sin), i
+/// below the rotated dimensions / 2.
 pub fn rope_table(inv_freq: &[f64], attn: f64, max_pos: usize) -> Vec<f32> {
     let inv: Vec<f32> = inv_freq.iter().map(|&f| f as f32).collect();
     let attn = attn as f32;

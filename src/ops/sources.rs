@@ -448,6 +448,15 @@ pub fn rmsnorm_source() -> Result<String> {
     Shader::new("rmsnorm", RMSNORM_WGSL).after(common()).after(super::norm::NormParams::WGSL).build()
 }
 
+/// Gated DeltaNet's kernels for keys of `k_dim` (delta.wgsl).
+pub fn delta_source(k_dim: u32) -> Result<String> {
+    Shader::new("delta", include_str!("../../shaders/delta.wgsl"))
+        .after(common())
+        .after(super::delta::DeltaParams::WGSL)
+        .fill("DK", k_dim)
+        .build()
+}
+
 pub fn head_norm_source() -> Result<String> {
     Shader::new("head_norm", HEAD_NORM_WGSL).after(common()).after(super::norm::HeadNormParams::WGSL).build()
 }
@@ -536,6 +545,7 @@ pub fn all_sources(head_dims: &[u32]) -> Vec<(String, String)> {
     }
     v.push(("rmsnorm".into(), rmsnorm_source()));
     v.push(("head_norm".into(), head_norm_source()));
+    v.push(("delta".into(), delta_source(128)));
     for gpu in [false, true] {
         v.push((format!("sample_{gpu}"), sample_source(gpu)));
     }

@@ -227,6 +227,10 @@ impl ServerMetrics {
             );
             metric("torus_num_requests_running", "gauge", "Sequences the engine is running.", m.running.to_string());
             metric("torus_kv_cache_blocks_total", "gauge", "KV-cache blocks.", m.kv_blocks_total.to_string());
+            if m.state_slots_total > 0 {
+                let help = "Recurrent-state slots held by running sequences (hybrid models).";
+                metric("torus_state_slots_used", "gauge", help, m.state_slots_used.to_string());
+            }
             metric(
                 "torus_kv_cache_blocks_used",
                 "gauge",

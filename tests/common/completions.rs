@@ -32,13 +32,15 @@ pub fn run_together(e: &EngineHandle, reqs: &[Request]) -> Vec<Completion> {
     streams.into_iter().map(|s| s.collect_blocking()).collect()
 }
 
-/// Waits (bounded) until the engine is idle with every KV block free.
+/// Waits (bounded) until the engine is idle with every KV block (and state slot) free.
 pub fn assert_all_blocks_free(e: &EngineHandle) {
     let t = Instant::now();
     loop {
         let m = e.metrics.snapshot();
         if m.running == 0 && m.waiting == 0 && m.kv_blocks_used == 0 {
             assert_eq!(m.kv_blocks_free, m.kv_blocks_total);
+            // Recurrent-state slots (hybrid models) come back with the blocks.
+            assert_eq!(m.state_slots_used, 0, "{m:?}");
             return;
         }
         assert!(t.elapsed() < Duration::from_secs(20), "blocks still in use: {m:?}");

@@ -142,6 +142,7 @@ pub fn logits_steps(model: &mut Model, prompt: &[u32], forced: &[u32]) -> Vec<Ve
                 block_tables: vec![table.clone()],
                 sample_rows: vec![n as u32 - 1],
                 sampling: vec![SampleParams::default()],
+                state_slots: Vec::new(),
             })
             .unwrap();
         out.push(model.last_logits(1).unwrap());

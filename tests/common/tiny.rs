@@ -92,6 +92,7 @@ pub fn assert_stages_match_reference(file: &str, r: &Value, ranges: &[(usize, us
             block_tables: vec![(0..10).collect()],
             sample_rows: vec![n - 1],
             sampling: vec![SampleParams::default()],
+            state_slots: Vec::new(),
         };
         let out = p.step(s, true).unwrap();
         let d = max_diff(&out.logits.unwrap(), &floats(&pr["last_position_logits_full"]));

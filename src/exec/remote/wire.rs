@@ -91,6 +91,7 @@ pub(super) fn step_request(
         hidden,
         want_logits,
         session: 0,
+        state_slots: s.state_slots.clone(),
     }
 }
 
@@ -104,6 +105,7 @@ pub(super) fn step_input(r: proto::StepRequest) -> StepInput {
         block_tables: r.block_tables.into_iter().map(|b| b.blocks).collect(),
         sample_rows: r.sample_rows,
         sampling: r.sampling.into_iter().map(SampleParams::from).collect(),
+        state_slots: r.state_slots,
     }
 }
 

@@ -1,0 +1,297 @@
+//! Qwen3.5 (HF `Qwen3_5ForCausalLM`, the text model of `Qwen3_5ForConditionalGeneration`; GGUF
+//! `qwen35`): what its configs say and how its weights are read. Three of every four layers are
+//! Gated DeltaNet layers (`LinearConfig`, mixer in model/recurrent.rs); the others are Qwen3's
+//! attention with partial RoPE and an output gate: `q_proj` gives per head the query then a gate
+//! (split apart at load), and attention's output is multiplied by the gate's sigmoid. Its
+//! RMSNorms multiply by 1 + w in Hugging Face checkpoints (+1 at load, as llama.cpp's converter
+//! does), except the DeltaNet's gated norm. Text positions only: the multimodal RoPE sections all
+//! carry the same position, which is plain RoPE.
+//!
+//! GGUF (llama.cpp's converter): A_log is stored as A = -exp(A_log) (`ssm_a`); when value heads
+//! outnumber key heads their order is tiled (value head h uses key head h % k_heads), which the
+//! kernels follow; `block_count` includes the NextN (MTP) layers (`nextn_predict_layers`), which
+//! are not loaded.
+
+use super::config::ModelConfig;
+use super::layers::{TensorNames, WeightSource, GGUF_NAMES, HF_NAMES};
+use crate::formats::gguf::GgufFile;
+use crate::ops::delta::DeltaDims;
+use crate::weights::tensor::QTensor;
+use anyhow::{anyhow, bail, Result};
+use serde_json::Value;
+
+/// Most taps of the convolution the kernels keep (delta.wgsl's MAX_KERNEL).
+pub const MAX_CONV_KERNEL: usize = 8;
+/// Most rows of the state one kernel thread keeps in registers (k_dim).
+pub const MAX_K_DIM: usize = 256;
+
+/// Hugging Face names of the language model inside `Qwen3_5ForConditionalGeneration`.
+pub(crate) const VL_HF_NAMES: TensorNames = TensorNames {
+    embed: "model.language_model.embed_tokens.weight",
+    final_norm: "model.language_model.norm.weight",
+    layer: "model.language_model.layers.{l}",
+    ..HF_NAMES
+};
+
+/// llama.cpp's names of Qwen3.5: the FFN's norm is `post_attention_norm`.
+pub(crate) const QWEN35_GGUF_NAMES: TensorNames = TensorNames { ffn_norm: "post_attention_norm.weight", ..GGUF_NAMES };
+
+/// A hybrid model's recurrent layers.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LinearConfig {
+    pub dims: DeltaDims,
+    /// Per layer: a Gated DeltaNet layer (else attention).
+    pub layers: Vec<bool>,
+    /// llama.cpp's value-head order (value head h uses key head h % k_heads).
+    pub tiled: bool,
+}
+
+impl LinearConfig {
+    pub fn validate(&self, layers: usize, src: &str) -> Result<()> {
+        let d = &self.dims;
+        if self.layers.len() != layers {
+            bail!("{src}: {} layer kinds for {layers} layers", self.layers.len());
+        }
+        if d.k_heads == 0 || d.v_heads == 0 || !d.v_heads.is_multiple_of(d.k_heads) {
+            bail!("{src}: {} linear value heads must be a positive multiple of {} key heads", d.v_heads, d.k_heads);
+        }
+        if d.k_dim == 0 || d.k_dim > MAX_K_DIM || d.v_dim == 0 || !d.v_dim.is_multiple_of(4) {
+            bail!(
+                "{src}: linear key head size {} (1..={MAX_K_DIM}) or value head size {} (a multiple of 4)",
+                d.k_dim,
+                d.v_dim
+            );
+        }
+        if d.kernel == 0 || d.kernel > MAX_CONV_KERNEL {
+            bail!("{src}: linear_conv_kernel_dim {} must be 1..={MAX_CONV_KERNEL}", d.kernel);
+        }
+        if !d.proj_width().is_multiple_of(4) {
+            bail!("{src}: the linear layers' projections ({} per token) must be a multiple of 4", d.proj_width());
+        }
+        Ok(())
+    }
+
+    /// Per slot, the bytes of every recurrent layer's states among `layers`.
+    pub fn slot_bytes(&self, layers: std::ops::Range<usize>) -> u64 {
+        let n = layers.filter(|&l| self.layers.get(l).copied().unwrap_or(false)).count();
+        (n * (self.dims.conv_state() + self.dims.rec_state()) * 4) as u64
+    }
+}
+
+/// The text model's config of a multimodal checkpoint: `text_config` with the top level's
+/// `architectures` (and its tie_word_embeddings where the text config has none).
+pub(crate) fn merged_text_config(top: &Value, text: &Value) -> Value {
+    let mut t = text.clone();
+    if let Some(o) = t.as_object_mut() {
+        o.insert("architectures".into(), top["architectures"].clone());
+        if !o.contains_key("tie_word_embeddings") {
+            o.insert("tie_word_embeddings".into(), top["tie_word_embeddings"].clone());
+        }
+    }
+    t
+}
+
+/// A Qwen3.5 config.json on top of the fields every family has (`cfg`).
+pub(crate) fn hf_config(mut cfg: ModelConfig, v: &Value, src: &str) -> Result<ModelConfig> {
+    let int = |k: &str, d: u64| v[k].as_u64().unwrap_or(d) as usize;
+    let dims = DeltaDims {
+        k_heads: int("linear_num_key_heads", 16),
+        v_heads: int("linear_num_value_heads", 32),
+        k_dim: int("linear_key_head_dim", 128),
+        v_dim: int("linear_value_head_dim", 128),
+        kernel: int("linear_conv_kernel_dim", 4),
+    };
+    let layers = match v["layer_types"].as_array() {
+        Some(types) => types
+            .iter()
+            .map(|t| match t.as_str() {
+                Some("linear_attention") => Ok(true),
+                Some("full_attention") => Ok(false),
+                other => Err(anyhow!("{src}: layer type {other:?} (expected linear_attention / full_attention)")),
+            })
+            .collect::<Result<Vec<_>>>()?,
+        None => interval_layers(cfg.layers, int("full_attention_interval", 4)),
+    };
+    let factor = v["rope_parameters"]["partial_rotary_factor"]
+        .as_f64()
+        .or_else(|| v["partial_rotary_factor"].as_f64())
+        .unwrap_or(0.25);
+    if !(factor > 0.0 && factor <= 1.0) {
+        bail!("{src}: partial_rotary_factor {factor} must be in (0, 1]");
+    }
+    cfg.style.rotary_dim = Some((cfg.head_dim as f64 * factor) as usize);
+    cfg.style.attn_gate = true;
+    cfg.qk_norm = true;
+    cfg.qkv_bias = v["attention_bias"].as_bool().unwrap_or(false);
+    cfg.linear = Some(LinearConfig { dims, layers, tiled: false });
+    if v["num_experts"].as_u64().is_some() {
+        // Qwen3.5-MoE: every layer's FFN a mixture (renormalised top k) beside a gated shared
+        // expert (checkpoints store each expert's projections apart, as Qwen2-MoE's).
+        let mut m = super::moe::hf_config(v, cfg.layers, src)?;
+        m.norm_topk = true;
+        cfg.moe = Some(m);
+    }
+    Ok(cfg)
+}
+
+/// Every layer recurrent but every `interval`-th (Qwen3.5's full_attention_interval).
+fn interval_layers(layers: usize, interval: usize) -> Vec<bool> {
+    (0..layers).map(|l| !(l + 1).is_multiple_of(interval.max(1))).collect()
+}
+
+/// A `qwen35` GGUF's metadata on top of the keys every family has: the `ssm.*` sizes,
+/// `full_attention_interval`, `rope.dimension_count` (the rotated part), and `block_count` less
+/// the NextN layers.
+pub(crate) fn gguf_config(mut cfg: ModelConfig, g: &GgufFile, arch: &str) -> Result<ModelConfig> {
+    let src = g.path.display().to_string();
+    let key = |k: &str| format!("{arch}.{k}");
+    let req = |k: &str| -> Result<usize> { Ok(g.require_u64(&key(k))? as usize) };
+    let nextn = g.get_u64(&key("nextn_predict_layers")).unwrap_or(0) as usize;
+    if nextn >= cfg.layers {
+        bail!("{src}: {nextn} NextN layers of {} blocks", cfg.layers);
+    }
+    cfg.layers -= nextn;
+    let v_heads = req("ssm.time_step_rank")?;
+    let dims = DeltaDims {
+        k_heads: req("ssm.group_count")?,
+        v_heads,
+        k_dim: req("ssm.state_size")?,
+        v_dim: req("ssm.inner_size")? / v_heads.max(1),
+        kernel: req("ssm.conv_kernel")?,
+    };
+    let interval = g.get_u64(&key("full_attention_interval")).unwrap_or(4) as usize;
+    cfg.style.rotary_dim = g.get_u64(&key("rope.dimension_count")).map(|d| d as usize).filter(|&d| d < cfg.head_dim);
+    cfg.style.attn_gate = true;
+    cfg.qk_norm = true;
+    cfg.qkv_bias = false;
+    cfg.linear = Some(LinearConfig { dims, layers: interval_layers(cfg.layers, interval), tiled: true });
+    if arch == "qwen35moe" {
+        cfg.moe = Some(super::moe::gguf_config(g, arch, cfg.layers, true)?);
+    }
+    Ok(cfg)
+}
+
+/// A Gated DeltaNet layer's weights on the host.
+pub struct HostLinear {
+    /// The input projections: [q; k; v] (conv_dim rows), z (value_dim), b and a (v_heads each).
+    pub proj: [QTensor; 4],
+    /// The convolution [conv_dim, kernel], A (-exp(A_log)) and dt_bias [v_heads], the gated
+    /// norm [v_dim], concatenated in that order (what delta.wgsl reads).
+    pub small: Vec<f32>,
+    pub out: QTensor,
+}
+
+impl HostLinear {
+    pub fn bytes(&self) -> u64 {
+        (self.proj.iter().map(|t| t.bytes()).sum::<usize>() + self.out.bytes() + 4 * self.small.len()) as u64
+    }
+}
+
+/// Tensor names of a Gated DeltaNet layer (after the layer's prefix).
+pub(crate) struct LinearNames {
+    pub qkv: &'static str,
+    pub z: &'static str,
+    pub b: &'static str,
+    pub a: &'static str,
+    pub conv: &'static str,
+    pub dt_bias: &'static str,
+    /// A_log (Hugging Face) or A itself (GGUF, `a_is_log` false).
+    pub a_param: &'static str,
+    pub a_is_log: bool,
+    pub norm: &'static str,
+    pub out: &'static str,
+}
+
+pub(crate) const HF_LINEAR: LinearNames = LinearNames {
+    qkv: "linear_attn.in_proj_qkv.weight",
+    z: "linear_attn.in_proj_z.weight",
+    b: "linear_attn.in_proj_b.weight",
+    a: "linear_attn.in_proj_a.weight",
+    conv: "linear_attn.conv1d.weight",
+    dt_bias: "linear_attn.dt_bias",
+    a_param: "linear_attn.A_log",
+    a_is_log: true,
+    norm: "linear_attn.norm.weight",
+    out: "linear_attn.out_proj.weight",
+};
+
+pub(crate) const GGUF_LINEAR: LinearNames = LinearNames {
+    qkv: "attn_qkv.weight",
+    z: "attn_gate.weight",
+    b: "ssm_beta.weight",
+    a: "ssm_alpha.weight",
+    conv: "ssm_conv1d.weight",
+    dt_bias: "ssm_dt.bias",
+    a_param: "ssm_a",
+    a_is_log: false,
+    norm: "ssm_norm.weight",
+    out: "ssm_out.weight",
+};
+
+/// Loads a Gated DeltaNet layer's mixer (`t` names a tensor of the layer).
+pub(crate) fn load_linear(
+    w: &dyn WeightSource,
+    n: &LinearNames,
+    t: &dyn Fn(&str) -> String,
+    cfg: &ModelConfig,
+    lc: &LinearConfig,
+) -> Result<HostLinear> {
+    let (d, h) = (&lc.dims, cfg.hidden);
+    let proj = [
+        w.matrix(&t(n.qkv), d.conv_dim(), h)?,
+        w.matrix(&t(n.z), d.value_dim(), h)?,
+        w.matrix(&t(n.b), d.v_heads, h)?,
+        w.matrix(&t(n.a), d.v_heads, h)?,
+    ];
+    // Hugging Face keeps Conv1d's [channels, 1, kernel]; llama.cpp squeezes it.
+    let conv = if n.a_is_log {
+        w.array(&t(n.conv), &[d.conv_dim(), 1, d.kernel])?.0
+    } else {
+        w.array(&t(n.conv), &[d.conv_dim(), d.kernel])?.0
+    };
+    let a = w.vector(&t(n.a_param), d.v_heads)?;
+    let a: Vec<f32> = if n.a_is_log { a.iter().map(|x| -x.exp()).collect() } else { a };
+    if a.iter().any(|x| !x.is_finite()) {
+        bail!("{}: {}: A is not finite", w.path().display(), t(n.a_param));
+    }
+    let mut small = conv;
+    small.extend(a);
+    small.extend(w.vector(&t(n.dt_bias), d.v_heads)?);
+    small.extend(w.vector(&t(n.norm), d.v_dim)?);
+    Ok(HostLinear { proj, small, out: w.matrix(&t(n.out), h, d.value_dim())? })
+}
+
+/// Splits Qwen3.5's query projection ([heads * 2 * head_dim] rows: each head's query rows then
+/// its gate rows) into the query rows and the gate rows.
+pub(crate) fn split_query_gate(q: &QTensor, heads: usize, head_dim: usize) -> (QTensor, QTensor) {
+    let rows = heads * head_dim;
+    let order: Vec<usize> = (0..2 * rows)
+        .map(|i| {
+            let (part, j) = (i / rows, i % rows);
+            (j / head_dim) * 2 * head_dim + part * head_dim + j % head_dim
+        })
+        .collect();
+    let p = q.permute_rows(&order);
+    (p.slice_rows(0, rows), p.slice_rows(rows, 2 * rows))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_fourth_layer_attends() {
+        assert_eq!(interval_layers(8, 4), [true, true, true, false, true, true, true, false]);
+    }
+
+    #[test]
+    fn the_query_projection_splits_per_head() {
+        // 2 heads of 2: rows q0 q0 g0 g0 q1 q1 g1 g1 (values = row index).
+        let data: Vec<f32> = (0..8).flat_map(|r| [r as f32; 4]).collect();
+        let q = QTensor::from_f32(8, 4, &data).unwrap();
+        let (query, gate) = split_query_gate(&q, 2, 2);
+        let first = |t: &QTensor| (0..t.rows).map(|r| t.dequant_row(r)[0]).collect::<Vec<_>>();
+        assert_eq!(first(&query), [0.0, 1.0, 4.0, 5.0]);
+        assert_eq!(first(&gate), [2.0, 3.0, 6.0, 7.0]);
+    }
+}

@@ -1,0 +1,131 @@
+//! Synthetic Qwen3.5 (Gated DeltaNet hybrid) files: the recurrent layers' tensors and metadata as
+//! llama.cpp's converter names them (model/qwen35.rs reads them back), for `synth-model`,
+//! `bench-model` and gpu-check.
+
+use super::synth::{Fill, SynthShape, SynthTensor};
+use crate::formats::gguf::GgufValue;
+use crate::gpu::wformat::WFormat;
+
+/// A hybrid shape's Gated DeltaNet layers: every layer but each `interval`-th.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SynthLinear {
+    pub k_heads: usize,
+    pub v_heads: usize,
+    pub k_dim: usize,
+    pub v_dim: usize,
+    pub kernel: usize,
+    pub interval: usize,
+    /// Elements of each attention head that RoPE rotates.
+    pub rotary_dim: usize,
+}
+
+impl SynthLinear {
+    fn is_linear(&self, l: usize) -> bool {
+        !(l + 1).is_multiple_of(self.interval)
+    }
+}
+
+/// Qwen3.5-9B (transformers' Qwen3_5TextConfig defaults): 32 layers, every 4th gated attention
+/// (16 heads / 4 KV heads of 256, a quarter rotated), the others Gated DeltaNet (16 key heads,
+/// 32 value heads of 128, conv kernel 4); vocabulary 248320, rope_theta 1e7.
+pub fn qwen35_9b(base: SynthShape) -> SynthShape {
+    SynthShape {
+        arch: super::config::Arch::Qwen35,
+        head_dim: 256,
+        rope_theta: 1e7,
+        context_length: 262144,
+        linear: Some(SynthLinear {
+            k_heads: 16,
+            v_heads: 32,
+            k_dim: 128,
+            v_dim: 128,
+            kernel: 4,
+            interval: 4,
+            rotary_dim: 64,
+        }),
+        ..base
+    }
+}
+
+/// Qwen3.6-35B-A3B (Qwen3.5-MoE's code; transformers' Qwen3_5MoeTextConfig defaults): 40 layers,
+/// every 4th gated attention (16 heads / 2 KV heads of 256), the others Gated DeltaNet (16 key
+/// heads, 32 value heads of 128); every FFN 256 experts of 512, 8 per token, beside a gated
+/// shared expert of 512.
+pub fn qwen36_35b_a3b(base: SynthShape) -> SynthShape {
+    SynthShape {
+        head_dim: 256,
+        moe: Some(super::synth::SynthMoe { experts: 256, top_k: 8, ffn: 512 }),
+        ..qwen35_9b(base)
+    }
+}
+
+/// Layer `l`'s tensors: a Gated DeltaNet mixer or gated attention (q_proj with the gate rows),
+/// then the dense FFN with `post_attention_norm` as its norm.
+pub(super) fn layer_tensors(shape: &SynthShape, lin: &SynthLinear, format: WFormat, l: usize) -> Vec<SynthTensor> {
+    let p = format!("blk.{l}");
+    let m = |name: &str, rows: usize, cols: usize| SynthTensor::matrix(format, format!("{p}.{name}"), rows, cols);
+    let v = |name: &str, len: usize, fill: Fill| SynthTensor::vector(format!("{p}.{name}"), len, fill);
+    let h = shape.hidden;
+    let mut t = vec![v("attn_norm.weight", h, Fill::Norm)];
+    if lin.is_linear(l) {
+        let (key, value) = (lin.k_heads * lin.k_dim, lin.v_heads * lin.v_dim);
+        let conv = 2 * key + value;
+        t.push(m("attn_qkv.weight", conv, h));
+        t.push(m("attn_gate.weight", value, h));
+        t.push(m("ssm_beta.weight", lin.v_heads, h));
+        t.push(m("ssm_alpha.weight", lin.v_heads, h));
+        t.push(SynthTensor::matrix(WFormat::F32, format!("{p}.ssm_conv1d.weight"), conv, lin.kernel));
+        t.push(v("ssm_dt.bias", lin.v_heads, Fill::Bias));
+        t.push(v("ssm_a", lin.v_heads, Fill::Decay));
+        t.push(v("ssm_norm.weight", lin.v_dim, Fill::Norm));
+        t.push(m("ssm_out.weight", h, value));
+    } else {
+        let (q, kv) = (shape.q_dim(), shape.kv_dim());
+        t.push(m("attn_q.weight", 2 * q, h));
+        t.push(m("attn_k.weight", kv, h));
+        t.push(m("attn_v.weight", kv, h));
+        t.push(v("attn_q_norm.weight", shape.head_dim, Fill::Norm));
+        t.push(v("attn_k_norm.weight", shape.head_dim, Fill::Norm));
+        t.push(m("attn_output.weight", h, q));
+    }
+    t.push(v("post_attention_norm.weight", h, Fill::Norm));
+    let Some(e) = shape.moe else {
+        let i = shape.intermediate;
+        t.extend([m("ffn_gate.weight", i, h), m("ffn_up.weight", i, h), m("ffn_down.weight", h, i)]);
+        return t;
+    };
+    // The router in f32 (as real files keep it), each projection's experts one 3-D tensor, the
+    // shared expert (as large as one routed expert) and its gate.
+    t.push(SynthTensor::matrix(WFormat::F32, format!("{p}.ffn_gate_inp.weight"), e.experts, h));
+    for (name, rows, cols) in [("gate", e.ffn, h), ("up", e.ffn, h), ("down", h, e.ffn)] {
+        let mut x = m(&format!("ffn_{name}_exps.weight"), rows, cols);
+        x.spec.dims.push(e.experts as u64);
+        t.push(x);
+    }
+    t.extend([
+        m("ffn_gate_shexp.weight", e.ffn, h),
+        m("ffn_up_shexp.weight", e.ffn, h),
+        m("ffn_down_shexp.weight", h, e.ffn),
+    ]);
+    t.push(v("ffn_gate_inp_shexp.weight", h, Fill::Bias));
+    t
+}
+
+/// The `ssm.*` keys, the attention interval and the rotated dimensions.
+pub(super) fn metadata(shape: &SynthShape, lin: &SynthLinear) -> Vec<(String, GgufValue)> {
+    let k = |suffix: &str| format!("{}.{suffix}", shape.arch_name());
+    let u = |v: usize| GgufValue::U32(v as u32);
+    let shared = shape.moe.map(|e| (k("expert_shared_feed_forward_length"), u(e.ffn)));
+    shared
+        .into_iter()
+        .chain([
+            (k("ssm.conv_kernel"), u(lin.kernel)),
+            (k("ssm.state_size"), u(lin.k_dim)),
+            (k("ssm.group_count"), u(lin.k_heads)),
+            (k("ssm.time_step_rank"), u(lin.v_heads)),
+            (k("ssm.inner_size"), u(lin.v_heads * lin.v_dim)),
+            (k("full_attention_interval"), u(lin.interval)),
+            (k("rope.dimension_count"), u(lin.rotary_dim)),
+        ])
+        .collect()
+}

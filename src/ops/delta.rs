@@ -1,0 +1,313 @@
+//! Gated DeltaNet, the recurrent mixer of Qwen3.5's linear-attention layers (shaders/delta.wgsl):
+//! the causal convolution with its state, the q/k normalisation and per-head decay and beta,
+//! the delta-rule recurrence over each sequence's tokens from its state slot, the gated RMSNorm;
+//! and the sigmoid output gate of Qwen3.5's attention layers. Parameters, bindings, the op
+//! constructor, grids, and the CPU reference of the whole mixer (`delta_ref`).
+
+use super::kernels::Kernels;
+use super::{bindings, div_up, Dispatch, Op, OpKind, Recorder, StepShape};
+use crate::gpu::shared::gpu_struct;
+use crate::gpu::Gpu;
+
+gpu_struct! {
+    /// delta.wgsl's parameters (WGSL `DeltaParams`).
+    wgsl DeltaParams;
+    pub struct DeltaParams {
+        pub k_heads: u32,
+        pub v_heads: u32,
+        pub k_dim: u32,
+        pub v_dim: u32,
+        /// Taps of the causal convolution.
+        pub kernel: u32,
+        /// Floats per row of x (the projections).
+        pub x_stride: u32,
+        /// Columns of z, b and a in a row of x.
+        pub off_z: u32,
+        pub off_b: u32,
+        pub off_a: u32,
+        /// Where the sequences' state records start in the metadata.
+        pub off_state: u32,
+        /// Where A and dt_bias ([v_heads] each) and the norm weight ([v_dim]) start in w.
+        pub w_a: u32,
+        pub w_dt: u32,
+        pub w_norm: u32,
+        pub eps: f32,
+        /// gate_main: floats per row of the gate and of its output.
+        pub gate_width: u32,
+        /// 1: value head h uses key head h % k_heads (llama.cpp's order), else h / (v_heads /
+        /// k_heads) (Hugging Face's).
+        pub tiled: u32,
+    }
+}
+
+bindings! {
+    /// delta.wgsl.
+    DeltaBinds {
+        step: Uniform @ 0,
+        p: Uniform @ 1,
+        md: Read @ 2,
+        w: Read @ 3,
+        x: ReadWrite @ 4,
+        conv_state: ReadWrite @ 5,
+        rec_state: ReadWrite @ 6,
+        out: ReadWrite @ 7,
+    }
+}
+
+/// Words of a sequence's state record in the step metadata: slot, first token row, tokens,
+/// reset (its first token is at position 0, so it starts from a zero state).
+pub const STATE_RECORD: usize = 4;
+
+/// Gated DeltaNet's sizes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeltaDims {
+    pub k_heads: usize,
+    pub v_heads: usize,
+    pub k_dim: usize,
+    pub v_dim: usize,
+    pub kernel: usize,
+}
+
+impl DeltaDims {
+    pub fn key_dim(&self) -> usize {
+        self.k_heads * self.k_dim
+    }
+    pub fn value_dim(&self) -> usize {
+        self.v_heads * self.v_dim
+    }
+    /// Channels of the convolution: q, k and v.
+    pub fn conv_dim(&self) -> usize {
+        2 * self.key_dim() + self.value_dim()
+    }
+    /// Floats per token of the projections: q, k, v, z, b, a.
+    pub fn proj_width(&self) -> usize {
+        self.conv_dim() + self.value_dim() + 2 * self.v_heads
+    }
+    /// Floats of one slot's convolution state and recurrent state.
+    pub fn conv_state(&self) -> usize {
+        (self.kernel - 1) * self.conv_dim()
+    }
+    pub fn rec_state(&self) -> usize {
+        self.v_heads * self.k_dim * self.v_dim
+    }
+}
+
+impl DeltaParams {
+    /// `off_state`: the state records' offset in the metadata; `gate_width`: the attention
+    /// layers' gate width (heads * head_dim); `tiled`: llama.cpp's value-head order.
+    pub fn new(d: &DeltaDims, eps: f32, off_state: usize, gate_width: usize, tiled: bool) -> DeltaParams {
+        let conv = d.conv_dim();
+        DeltaParams {
+            k_heads: d.k_heads as u32,
+            v_heads: d.v_heads as u32,
+            k_dim: d.k_dim as u32,
+            v_dim: d.v_dim as u32,
+            kernel: d.kernel as u32,
+            x_stride: d.proj_width() as u32,
+            off_z: conv as u32,
+            off_b: (conv + d.value_dim()) as u32,
+            off_a: (conv + d.value_dim() + d.v_heads) as u32,
+            off_state: off_state as u32,
+            w_a: (conv * d.kernel) as u32,
+            w_dt: (conv * d.kernel + d.v_heads) as u32,
+            w_norm: (conv * d.kernel + 2 * d.v_heads) as u32,
+            eps,
+            gate_width: gate_width as u32,
+            tiled: tiled as u32,
+        }
+    }
+}
+
+/// The entry points of delta.wgsl, in the order a layer runs them (and the attention gate).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeltaStage {
+    Conv,
+    Prep,
+    Recur,
+    GatedNorm,
+    Gate,
+}
+
+impl DeltaStage {
+    pub const ALL: [DeltaStage; 5] =
+        [DeltaStage::Conv, DeltaStage::Prep, DeltaStage::Recur, DeltaStage::GatedNorm, DeltaStage::Gate];
+
+    pub fn entry(self) -> &'static str {
+        match self {
+            DeltaStage::Conv => "conv_main",
+            DeltaStage::Prep => "prep_main",
+            DeltaStage::Recur => "delta_main",
+            DeltaStage::GatedNorm => "gnorm_main",
+            DeltaStage::Gate => "gate_main",
+        }
+    }
+
+    pub fn label(self) -> &'static str {
+        match self {
+            DeltaStage::Conv => "delta_conv",
+            DeltaStage::Prep => "delta_prep",
+            DeltaStage::Recur => "delta_rule",
+            DeltaStage::GatedNorm => "delta_norm",
+            DeltaStage::Gate => "attn_gate",
+        }
+    }
+
+    /// Threads (workgroups for the recurrence) per sequence or per token of the step: conv per
+    /// sequence and channel, prep per token and head, the recurrence per sequence, value head
+    /// and 64 columns, the norm per token and value head, the gate per token and element.
+    pub fn per_unit(self, d: &DeltaDims, gate_width: usize) -> u32 {
+        (match self {
+            DeltaStage::Conv => d.conv_dim(),
+            DeltaStage::Prep => d.k_heads + d.v_heads,
+            DeltaStage::Recur => d.v_heads * d.v_dim.div_ceil(64),
+            DeltaStage::GatedNorm => d.v_heads,
+            DeltaStage::Gate => gate_width,
+        }) as u32
+    }
+}
+
+/// A Gated DeltaNet stage's op (`per`: `DeltaStage::per_unit`).
+pub fn delta(k: &Kernels, g: &Gpu, b: &DeltaBinds, stage: DeltaStage, per: u32) -> anyhow::Result<Op> {
+    let fam = k.delta.as_ref().ok_or_else(|| anyhow::anyhow!("the Gated DeltaNet kernels were not built"))?;
+    let kind = OpKind::Delta { stage, per };
+    Ok(Op { kind, label: stage.label(), bind: fam.family.bind(g, &b.entries()), bind_u: None })
+}
+
+/// A stage's grid: `per` threads per sequence (conv) or token, 64 to a workgroup; the recurrence
+/// `per` workgroups per sequence.
+pub(super) fn dispatches<'a>(
+    op: &'a Op,
+    r: &Recorder<'a>,
+    s: &StepShape,
+    (stage, per): (DeltaStage, u32),
+    mut out: impl FnMut(Dispatch<'a>),
+) {
+    let Some(fam) = r.kernels.delta.as_ref() else { return };
+    let pipe = &fam.pipelines[DeltaStage::ALL.iter().position(|&x| x == stage).unwrap_or(0)];
+    let groups = match stage {
+        DeltaStage::Conv => div_up(s.n_seqs * per, 64),
+        DeltaStage::Recur => s.n_seqs * per,
+        _ => div_up(s.n_tokens * per, 64),
+    };
+    if groups > 0 {
+        out(r.folded(pipe, &op.bind, groups));
+    }
+}
+
+/// The pipelines of delta.wgsl (one family), built for a model with linear-attention layers.
+pub struct DeltaPipelines {
+    pub family: crate::gpu::family::Family,
+    /// One per `DeltaStage::ALL` entry.
+    pub pipelines: Vec<wgpu::ComputePipeline>,
+}
+
+impl DeltaPipelines {
+    pub fn new(g: &Gpu, k_dim: u32) -> anyhow::Result<DeltaPipelines> {
+        let family = crate::gpu::family::Family::new(g, &super::layout_of(DeltaBinds::SLOTS));
+        let src = super::sources::delta_source(k_dim)?;
+        let pipelines = DeltaStage::ALL
+            .iter()
+            .map(|s| family.pipeline(g, &format!("{}_{k_dim}", s.label()), &src, s.entry()))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        Ok(DeltaPipelines { family, pipelines })
+    }
+}
+
+/// One sequence's state for the CPU reference: the convolution's last kernel - 1 inputs per
+/// channel and the delta rule's matrix per value head ([v_head][k_dim][v_dim]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct DeltaState {
+    pub conv: Vec<f32>,
+    pub rec: Vec<f32>,
+}
+
+impl DeltaState {
+    pub fn zero(d: &DeltaDims) -> DeltaState {
+        DeltaState { conv: vec![0.0; d.conv_state()], rec: vec![0.0; d.rec_state()] }
+    }
+}
+
+/// The weights the mixer's kernels read after the projections: conv [conv_dim, kernel], A
+/// (-exp(A_log)) and dt_bias [v_heads], the norm [v_dim].
+pub struct DeltaWeights<'a> {
+    pub conv: &'a [f32],
+    pub a: &'a [f32],
+    pub dt_bias: &'a [f32],
+    pub norm: &'a [f32],
+}
+
+fn silu(v: f32) -> f32 {
+    v / (1.0 + (-v).exp())
+}
+
+fn sigmoid(v: f32) -> f32 {
+    1.0 / (1.0 + (-v).exp())
+}
+
+/// The CPU reference of the mixer after its projections, written as transformers' recurrent
+/// form (not the kernels' order): `x` holds `tokens` rows of [q | k | v | z | b | a] (the
+/// projections, `DeltaDims::proj_width` each) of one sequence continuing from `state`; returns
+/// the gated-norm outputs [tokens, value_dim] and updates `state`. Value head h uses key head
+/// h / (v_heads / k_heads), or h % k_heads when `tiled` (llama.cpp's order).
+pub fn delta_ref(
+    d: &DeltaDims,
+    w: &DeltaWeights,
+    x: &[f32],
+    state: &mut DeltaState,
+    eps: f32,
+    tiled: bool,
+) -> Vec<f32> {
+    let (pw, conv, kd, vd) = (d.proj_width(), d.conv_dim(), d.key_dim(), d.value_dim());
+    let n = x.len() / pw;
+    let taps = d.kernel - 1;
+    let mut out = vec![0.0; n * vd];
+    for t in 0..n {
+        let row = &x[t * pw..(t + 1) * pw];
+        // Convolution over [state | input], then SiLU.
+        let mut c = vec![0.0f32; conv];
+        for (ch, cv) in c.iter_mut().enumerate() {
+            let mut acc = w.conv[ch * d.kernel + taps] * row[ch];
+            for j in 0..taps {
+                acc += w.conv[ch * d.kernel + j] * state.conv[j * conv + ch];
+            }
+            for j in 0..taps.saturating_sub(1) {
+                state.conv[j * conv + ch] = state.conv[(j + 1) * conv + ch];
+            }
+            if taps > 0 {
+                state.conv[(taps - 1) * conv + ch] = row[ch];
+            }
+            *cv = silu(acc);
+        }
+        let l2 = |v: &[f32]| -> Vec<f32> {
+            let r = 1.0 / (v.iter().map(|a| a * a).sum::<f32>() + 1e-6).sqrt();
+            v.iter().map(|a| a * r).collect()
+        };
+        for h in 0..d.v_heads {
+            let kh = if tiled { h % d.k_heads } else { h / (d.v_heads / d.k_heads) };
+            let q: Vec<f32> =
+                l2(&c[kh * d.k_dim..(kh + 1) * d.k_dim]).iter().map(|v| v / (d.k_dim as f32).sqrt()).collect();
+            let k = l2(&c[kd + kh * d.k_dim..kd + (kh + 1) * d.k_dim]);
+            let v = &c[2 * kd + h * d.v_dim..2 * kd + (h + 1) * d.v_dim];
+            let a = row[conv + vd + d.v_heads + h] + w.dt_bias[h];
+            let sp = if a > 20.0 { a } else { a.exp().ln_1p() };
+            let decay = (w.a[h] * sp).exp();
+            let beta = sigmoid(row[conv + vd + h]);
+            let s = &mut state.rec[h * d.k_dim * d.v_dim..(h + 1) * d.k_dim * d.v_dim];
+            s.iter_mut().for_each(|e| *e *= decay);
+            for j in 0..d.v_dim {
+                let kv: f32 = (0..d.k_dim).map(|i| s[i * d.v_dim + j] * k[i]).sum();
+                let delta = (v[j] - kv) * beta;
+                for i in 0..d.k_dim {
+                    s[i * d.v_dim + j] += k[i] * delta;
+                }
+            }
+            let o: Vec<f32> = (0..d.v_dim).map(|j| (0..d.k_dim).map(|i| s[i * d.v_dim + j] * q[i]).sum()).collect();
+            let r = 1.0 / (o.iter().map(|a| a * a).sum::<f32>() / d.v_dim as f32 + eps).sqrt();
+            for j in 0..d.v_dim {
+                let z = row[conv + h * d.v_dim + j];
+                out[t * vd + h * d.v_dim + j] = w.norm[j] * (o[j] * r) * silu(z);
+            }
+        }
+    }
+    out
+}

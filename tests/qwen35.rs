@@ -1,0 +1,222 @@
+//! Qwen3.5, the Gated DeltaNet hybrid: the tiny model of scripts/fixtures/gen_tiny_qwen35.py (three
+//! DeltaNet layers, then a gated attention layer with partial RoPE) from its Hugging Face directory
+//! and its llama.cpp-layout GGUF (tiled value heads, A = -exp(A_log), +1 norms), against
+//! transformers' float32 logits and greedy tokens, in both kernel profiles and over 2 pipeline
+//! stages; the DeltaNet kernels against a CPU reference (chunks == one step == token by token,
+//! several sequences and slots); and the engine's properties on a hybrid model: batching and
+//! chunked-prefill invariance, prefix cache asked for == off (it is turned off), preemption, and
+//! every state slot back afterwards.
+
+mod common;
+
+use common::tiny::{self, local, reference};
+use std::sync::Arc;
+use torus_wgpu::config::KernelProfile;
+use torus_wgpu::gpu::Gpu;
+use torus_wgpu::model::config::Arch;
+use torus_wgpu::model::loader::read_config;
+use torus_wgpu::ops::delta::{delta_ref, DeltaDims, DeltaState, DeltaWeights};
+use torus_wgpu::ops::harness::Harness;
+use torus_wgpu::ops::harness_delta::{DeltaSeq, DeltaSlots};
+use torus_wgpu::weights::tensor::XorShift64;
+
+#[test]
+fn qwen35_config_from_hf_and_gguf() {
+    for (f, tiled) in [("tiny-qwen35", false), ("tiny-qwen35.gguf", true)] {
+        let c = read_config(&local(f)).unwrap_or_else(|e| panic!("{f}: {e:#}"));
+        assert_eq!(c.arch, Arch::Qwen35, "{f}");
+        let l = c.linear.as_ref().unwrap();
+        assert_eq!(l.layers, [true, true, true, false], "{f}");
+        let d = l.dims;
+        assert_eq!((d.k_heads, d.v_heads, d.k_dim, d.v_dim, d.kernel), (2, 4, 16, 16, 4), "{f}");
+        assert_eq!(l.tiled, tiled, "{f}");
+        assert_eq!((c.rope_dim(), c.head_dim, c.heads, c.kv_heads), (8, 32, 4, 2), "{f}");
+        assert!(c.qk_norm && c.style.attn_gate, "{f}");
+        assert_eq!(c.attn_layers_in(0..4), 1);
+    }
+    let r = reference("tiny-qwen35-reference.json");
+    let len = std::fs::metadata(local("tiny-qwen35.gguf")).unwrap().len();
+    assert_eq!(len, r["gguf"]["size"].as_u64().unwrap());
+}
+
+/// Every prompt's last-position logits within 1e-3 of transformers and its 20 greedy tokens
+/// (each decoded token continuing the recurrent state), from the HF directory and the GGUF, in
+/// both kernel profiles.
+#[test]
+fn qwen35_matches_transformers() {
+    let r = reference("tiny-qwen35-reference.json");
+    for f in ["tiny-qwen35", "tiny-qwen35.gguf"] {
+        for profile in [KernelProfile::Cpu, KernelProfile::Gpu] {
+            tiny::assert_matches_reference(f, &r, profile);
+        }
+    }
+}
+
+/// Qwen3.5-MoE: the same hybrid layers with every FFN a mixture of 8 experts (2 per token,
+/// renormalised) beside a gated shared expert; per-expert HF tensors and llama.cpp's stacked ones.
+#[test]
+fn qwen35_moe_config_and_matches_transformers() {
+    for f in ["tiny-qwen35moe", "tiny-qwen35moe.gguf"] {
+        let c = read_config(&local(f)).unwrap_or_else(|e| panic!("{f}: {e:#}"));
+        assert_eq!(c.arch, Arch::Qwen35, "{f}");
+        assert_eq!(c.linear.as_ref().unwrap().layers, [true, true, true, false], "{f}");
+        let m = c.moe.as_ref().unwrap();
+        assert_eq!((m.experts, m.top_k, m.ffn, m.norm_topk, m.shared_ffn), (8, 2, 32, true, 64), "{f}");
+        assert_eq!(m.sparse_layers, [true; 4], "{f}");
+    }
+    let r = reference("tiny-qwen35moe-reference.json");
+    for f in ["tiny-qwen35moe", "tiny-qwen35moe.gguf"] {
+        for profile in [KernelProfile::Cpu, KernelProfile::Gpu] {
+            tiny::assert_matches_reference(f, &r, profile);
+        }
+    }
+}
+
+/// Two in-process stages: DeltaNet layers only (no KV cache at all), then a DeltaNet and the
+/// attention layer.
+#[test]
+fn qwen35_in_two_pipeline_stages() {
+    tiny::assert_stages_match_reference(
+        "tiny-qwen35.gguf",
+        &reference("tiny-qwen35-reference.json"),
+        &[(0, 2), (2, 4)],
+    );
+}
+
+fn rand_vec(rng: &mut XorShift64, n: usize, scale: f32) -> Vec<f32> {
+    (0..n).map(|_| (rng.unit() * 2.0 - 1.0) * scale).collect()
+}
+
+/// The DeltaNet kernels against the CPU reference: three sequences in slots 2, 0 and 1 (one
+/// continuing from a state, two from zero), as one step; the same tokens in chunks of 3 and
+/// token by token end in the same outputs and states; grouped and tiled value heads.
+#[test]
+fn delta_kernels_match_the_reference_in_chunks_and_token_by_token() {
+    let gpu = Arc::new(Gpu::new(None).expect("a wgpu adapter"));
+    for (tiled, d) in [
+        (false, DeltaDims { k_heads: 2, v_heads: 4, k_dim: 16, v_dim: 12, kernel: 4 }),
+        (true, DeltaDims { k_heads: 1, v_heads: 3, k_dim: 32, v_dim: 80, kernel: 3 }),
+    ] {
+        let h = Harness::for_delta(gpu.clone(), d.k_dim as u32, KernelProfile::Cpu).unwrap();
+        let mut rng = XorShift64::new(11);
+        let conv = rand_vec(&mut rng, d.conv_dim() * d.kernel, 0.5);
+        let a: Vec<f32> = (0..d.v_heads).map(|i| -0.2 - 0.3 * i as f32).collect();
+        let dt = rand_vec(&mut rng, d.v_heads, 0.5);
+        let norm: Vec<f32> = (0..d.v_dim).map(|_| 1.0 + 0.2 * (rng.unit() - 0.5)).collect();
+        let w = DeltaWeights { conv: &conv, a: &a, dt_bias: &dt, norm: &norm };
+        let lens = [7usize, 5, 9];
+        let x: Vec<Vec<f32>> = lens.iter().map(|&n| rand_vec(&mut rng, n * d.proj_width(), 1.0)).collect();
+        // Slot 2 continues from a random state; the others start from zero (reset).
+        let slots = 3;
+        let mut start = DeltaSlots { conv: vec![0.0; slots * d.conv_state()], rec: vec![0.0; slots * d.rec_state()] };
+        let prior =
+            DeltaState { conv: rand_vec(&mut rng, d.conv_state(), 1.0), rec: rand_vec(&mut rng, d.rec_state(), 0.3) };
+        start.conv[2 * d.conv_state()..3 * d.conv_state()].copy_from_slice(&prior.conv);
+        start.rec[2 * d.rec_state()..3 * d.rec_state()].copy_from_slice(&prior.rec);
+        // Garbage in the reset slots: a reset must not read it.
+        start.conv[..d.conv_state()].fill(9.0);
+        start.rec[d.rec_state()..2 * d.rec_state()].fill(-7.0);
+        let order = [(2u32, false), (0, true), (1, true)];
+        let eps = 1e-6;
+        let mut want = Vec::new();
+        let mut want_states = Vec::new();
+        for (i, &(slot, reset)) in order.iter().enumerate() {
+            let mut st = if reset { DeltaState::zero(&d) } else { prior.clone() };
+            want.push(delta_ref(&d, &w, &x[i], &mut st, eps, tiled));
+            want_states.push((slot, st));
+        }
+        let check = |got: &[Vec<f32>], st: &DeltaSlots, what: &str| {
+            for (i, (slot, s)) in want_states.iter().enumerate() {
+                let dmax = tiny::max_diff(&got[i], &want[i]);
+                assert!(dmax < 2e-4, "{what} tiled={tiled}: sequence {i} outputs differ by {dmax}");
+                let s0 = *slot as usize;
+                let dr = tiny::max_diff(&st.rec[s0 * d.rec_state()..(s0 + 1) * d.rec_state()], &s.rec);
+                let dc = tiny::max_diff(&st.conv[s0 * d.conv_state()..(s0 + 1) * d.conv_state()], &s.conv);
+                assert!(dr < 2e-4 && dc == 0.0, "{what} tiled={tiled}: sequence {i} state differs by {dr} / {dc}");
+            }
+        };
+        // One step with all three sequences.
+        let mut st = start.clone();
+        let seqs: Vec<DeltaSeq> =
+            order.iter().zip(&lens).map(|(&(slot, reset), &tokens)| DeltaSeq { slot, tokens, reset }).collect();
+        let out = h.delta(&d, &w, &x.concat(), &seqs, &mut st, (eps, tiled)).unwrap();
+        let mut got = Vec::new();
+        let mut at = 0;
+        for &n in &lens {
+            got.push(out[at * d.value_dim()..(at + n) * d.value_dim()].to_vec());
+            at += n;
+        }
+        check(&got, &st, "one step");
+        // Chunks of `c` tokens of every sequence per step (c = 1: token by token).
+        for c in [3usize, 1] {
+            let mut st = start.clone();
+            let mut got = vec![Vec::new(); 3];
+            for step in 0.. {
+                let mut seqs = Vec::new();
+                let mut xs = Vec::new();
+                let mut which = Vec::new();
+                for (i, &(slot, reset)) in order.iter().enumerate() {
+                    let (a, b) = (step * c, ((step + 1) * c).min(lens[i]));
+                    if a < b {
+                        seqs.push(DeltaSeq { slot, tokens: b - a, reset: reset && a == 0 });
+                        xs.extend_from_slice(&x[i][a * d.proj_width()..b * d.proj_width()]);
+                        which.push((i, b - a));
+                    }
+                }
+                if seqs.is_empty() {
+                    break;
+                }
+                let out = h.delta(&d, &w, &xs, &seqs, &mut st, (eps, tiled)).unwrap();
+                let mut at = 0;
+                for (i, n) in which {
+                    got[i].extend_from_slice(&out[at * d.value_dim()..(at + n) * d.value_dim()]);
+                    at += n;
+                }
+            }
+            check(&got, &st, &format!("chunks of {c}"));
+        }
+    }
+}
+
+/// The attention's output gate: out * sigmoid(gate).
+#[test]
+fn attention_output_gate_matches_the_reference() {
+    let gpu = Arc::new(Gpu::new(None).expect("a wgpu adapter"));
+    let h = Harness::for_delta(gpu, 16, KernelProfile::Cpu).unwrap();
+    let mut rng = XorShift64::new(3);
+    let (gate, out) = (rand_vec(&mut rng, 5 * 96, 4.0), rand_vec(&mut rng, 5 * 96, 1.0));
+    let got = h.attn_gate(&gate, &out, 96).unwrap();
+    let want: Vec<f32> = gate.iter().zip(&out).map(|(g, o)| o / (1.0 + (-g).exp())).collect();
+    assert!(tiny::max_diff(&got, &want) < 1e-6);
+}
+
+/// Batching and chunked-prefill invariance, prefix cache asked for == off (a hybrid model turns
+/// it off: the cached KV blocks do not hold the recurrent state), every state slot back after.
+#[test]
+fn qwen35_engine_batched_chunked_and_prefix_cache_requests_equal_alone() {
+    let reqs = tiny::shared_prefix_requests(6, 12);
+    let off = tiny::engine("tiny-qwen35", |c| c.enable_prefix_cache = false);
+    let alone = tiny::run_alone(&off, &reqs);
+    assert_eq!(tiny::run_together(&off, &reqs), alone, "batched != alone");
+    // Prompts of 41..60 tokens in steps of 16: every prompt prefilled over several chunks.
+    let chunked = tiny::engine("tiny-qwen35", |c| {
+        c.enable_prefix_cache = false;
+        c.max_num_batched_tokens = 16;
+    });
+    assert_eq!(tiny::run_together(&chunked, &reqs), alone, "chunked prefill != one step");
+    let on = tiny::engine("tiny-qwen35", |c| c.enable_prefix_cache = true);
+    assert_eq!(tiny::run_together(&on, &reqs), alone, "prefix cache asked for != off");
+    for e in [&off, &chunked, &on] {
+        common::completions::assert_all_blocks_free(e);
+        let m = e.metrics.snapshot();
+        assert_eq!(m.prefix_hits, 0, "{m:?}");
+        assert!(m.state_slots_total > 0, "{m:?}");
+    }
+}
+
+/// Preemption frees a sequence's slot; recomputed from its tokens it gives what it gives alone.
+#[test]
+fn qwen35_preemption() {
+    // One 16-token block of K+V of the one attention layer: 2 * 16 * 2 * 32 * 2 bytes (f16).
+    tiny::assert_preemption_keeps_outputs("tiny-qwen35", 12, 4096);
+}
