@@ -11,7 +11,9 @@ use std::time::Duration;
 use torus_wgpu::config::KernelProfile;
 use torus_wgpu::gpu::wformat::WFormat;
 use torus_wgpu::gpu::Gpu;
+use torus_wgpu::ops::delta::{DeltaDims, DeltaWeights};
 use torus_wgpu::ops::harness::{AttnShape, AttnStep, Harness};
+use torus_wgpu::ops::harness_delta::{DeltaSeq, DeltaSlots};
 use torus_wgpu::sampling::Rng;
 use torus_wgpu::sampling::SampleParams;
 use torus_wgpu::weights::tensor::QTensor;
@@ -105,6 +107,54 @@ fn bench(c: &mut Criterion) {
         g.throughput(Throughput::Elements(ctx as u64));
         g.bench_function(format!("attention_decode_ctx{ctx}"), |b| {
             b.iter_custom(|iters| h.time_attention(&rig, &q, &step, iters).unwrap())
+        });
+    }
+    // A hybrid model's token mixers per decode token and layer: Qwen3.5-9B's Gated DeltaNet
+    // (conv, q/k norm + decay, the delta rule over 32 value heads of 128 x 128, the gated norm;
+    // its cost does not grow with the context) beside paged attention at 4096 keys of Qwen2.5-7B
+    // (28 / 4 heads of 128) and of Qwen3.5-9B's attention layers (16 / 4 heads of 256).
+    // Run: cargo bench --bench kernels -- mixer_decode
+    let d = DeltaDims { k_heads: 16, v_heads: 32, k_dim: 128, v_dim: 128, kernel: 4 };
+    let dh = Harness::for_delta(h.gpu.clone(), 128, KernelProfile::Cpu).unwrap();
+    let (conv, a, dt, norm) = (rand(&mut rng, d.conv_dim() * 4), vec![-0.5; 32], vec![0.1; 32], vec![1.0; 128]);
+    let w = DeltaWeights { conv: &conv, a: &a, dt_bias: &dt, norm: &norm };
+    let x = rand(&mut rng, d.proj_width());
+    let mut st = DeltaSlots { conv: vec![0.0; d.conv_state()], rec: vec![0.0; d.rec_state()] };
+    let seqs = [DeltaSeq { slot: 0, tokens: 1, reset: false }];
+    g.throughput(Throughput::Elements(1));
+    g.bench_function("mixer_decode_gated_deltanet_qwen35_9b", |b| {
+        b.iter_custom(|iters| dh.time_delta(&d, &w, &x, &seqs, &mut st, iters).unwrap())
+    });
+    for (name, heads, kv_heads, head_dim) in [("qwen25_7b", 28usize, 4usize, 128usize), ("qwen35_9b", 16, 4, 256)] {
+        let ah = Harness::attention_only(
+            h.gpu.clone(),
+            (head_dim as u32, (heads / kv_heads) as u32),
+            Default::default(),
+            1,
+            KernelProfile::Cpu,
+        )
+        .unwrap();
+        let ctx = 4096;
+        let shape = AttnShape { heads, kv_heads, head_dim, block_size: 16 };
+        let rig = ah.attn_rig(shape, ctx / 16 + 1, ctx + 1, 1e6);
+        let table: Vec<u32> = (0..(ctx / 16 + 1) as u32).collect();
+        let qkv_dim = (heads + 2 * kv_heads) * head_dim;
+        let fill = AttnStep {
+            positions: (0..ctx as u32).collect(),
+            slots: (0..ctx as u32).collect(),
+            seq_of_token: vec![0; ctx],
+            block_tables: vec![table.clone()],
+        };
+        ah.rope_attention(&rig, &rand(&mut rng, ctx * qkv_dim), &fill).unwrap();
+        let step = AttnStep {
+            positions: vec![ctx as u32],
+            slots: vec![ctx as u32],
+            seq_of_token: vec![0],
+            block_tables: vec![table],
+        };
+        let q = rand(&mut rng, qkv_dim);
+        g.bench_function(format!("mixer_decode_attention_ctx4096_{name}"), |b| {
+            b.iter_custom(|iters| ah.time_attention(&rig, &q, &step, iters).unwrap())
         });
     }
     // Sampling over the vocabulary: greedy, temperature + top-k + top-p, and top-p alone, in

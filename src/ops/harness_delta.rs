@@ -54,6 +54,35 @@ impl Harness {
         st: &mut DeltaSlots,
         (eps, tiled): (f32, bool),
     ) -> Result<Vec<f32>> {
+        self.delta_iters(d, w, x, seqs, st, (eps, tiled), 1).map(|r| r.0)
+    }
+
+    /// Wall time of `iters` repetitions of the mixer's four stages over the step (one submit;
+    /// the states advance each time).
+    #[allow(clippy::too_many_arguments)]
+    pub fn time_delta(
+        &self,
+        d: &DeltaDims,
+        w: &DeltaWeights,
+        x: &[f32],
+        seqs: &[DeltaSeq],
+        st: &mut DeltaSlots,
+        iters: u64,
+    ) -> Result<std::time::Duration> {
+        self.delta_iters(d, w, x, seqs, st, (1e-6, false), iters).map(|r| r.1)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn delta_iters(
+        &self,
+        d: &DeltaDims,
+        w: &DeltaWeights,
+        x: &[f32],
+        seqs: &[DeltaSeq],
+        st: &mut DeltaSlots,
+        (eps, tiled): (f32, bool),
+        iters: u64,
+    ) -> Result<(Vec<f32>, std::time::Duration)> {
         let g = &*self.gpu;
         let n: usize = seqs.iter().map(|s| s.tokens).sum();
         let slots = st.rec.len() / d.rec_state().max(1);
@@ -89,10 +118,10 @@ impl Harness {
             .map(|stage| delta::delta(&self.kernels, g, &b, stage, stage.per_unit(d, 0)))
             .collect::<Result<Vec<_>>>()?;
         let shape = StepShape { n_tokens: n as u32, n_seqs: seqs.len() as u32, n_splits: 1, ..Default::default() };
-        self.run(&self.calls(&ops, shape, None), 1)?;
+        let t = self.run(&self.calls(&ops, shape, None), iters)?;
         st.conv = g.download_f32(&conv, st.conv.len())?;
         st.rec = g.download_f32(&rec, st.rec.len())?;
-        g.download_f32(&out, n * d.value_dim())
+        Ok((g.download_f32(&out, n * d.value_dim())?, t))
     }
 
     /// out * sigmoid(gate), elementwise over `n` rows of `width` (the attention's output gate).
