@@ -38,16 +38,19 @@ const DK: u32 = {{DK}}u;
 // Most taps of the convolution.
 const MAX_KERNEL: u32 = 8u;
 
+const NO_BACKUP: u32 = 0xffffffffu;
+
 struct SeqRec {
     slot: u32,
     first: u32,
     count: u32,
     reset: u32,
+    backup: u32,
 }
 
 fn seq_rec(s: u32) -> SeqRec {
-    let b = p.off_state + 4u * s;
-    return SeqRec(md[b], md[b + 1u], md[b + 2u], md[b + 3u]);
+    let b = p.off_state + 5u * s;
+    return SeqRec(md[b], md[b + 1u], md[b + 2u], md[b + 3u], md[b + 4u]);
 }
 
 fn silu(v: f32) -> f32 {
@@ -80,8 +83,12 @@ fn conv_main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgro
     let sbase = r.slot * taps * conv_dim + c;
     // hist[j]: the input j + 1 - kernel positions before the current one (oldest first).
     var hist: array<f32, MAX_KERNEL>;
+    let bbase = r.backup * taps * conv_dim + c;
     for (var j = 0u; j < taps; j++) {
         hist[j] = select(conv_state[sbase + j * conv_dim], 0.0, r.reset != 0u);
+        if (r.backup != NO_BACKUP) {
+            conv_state[bbase + j * conv_dim] = hist[j];
+        }
     }
     let wb = c * p.kernel;
     for (var t = r.first; t < r.first + r.count; t++) {
@@ -166,9 +173,13 @@ fn delta_main(
     let key_dim = p.k_heads * p.k_dim;
     let value_dim = p.v_heads * p.v_dim;
     let sbase = ((r.slot * p.v_heads + vh) * p.k_dim) * p.v_dim + j;
+    let bbase = ((r.backup * p.v_heads + vh) * p.k_dim) * p.v_dim + j;
     var col: array<f32, DK>;
     for (var i = 0u; i < DK; i++) {
         col[i] = select(rec_state[sbase + i * p.v_dim], 0.0, r.reset != 0u);
+        if (r.backup != NO_BACKUP) {
+            rec_state[bbase + i * p.v_dim] = col[i];
+        }
     }
     for (var t = r.first; t < r.first + r.count; t++) {
         let row = t * p.x_stride;

@@ -107,7 +107,8 @@ fn delta_kernels_match_the_reference_in_chunks_and_token_by_token() {
         let lens = [7usize, 5, 9];
         let x: Vec<Vec<f32>> = lens.iter().map(|&n| rand_vec(&mut rng, n * d.proj_width(), 1.0)).collect();
         // Slot 2 continues from a random state; the others start from zero (reset).
-        let slots = 3;
+        // Slot 3: the first sequence's backup (its state before the step is copied there).
+        let slots = 4;
         let mut start = DeltaSlots { conv: vec![0.0; slots * d.conv_state()], rec: vec![0.0; slots * d.rec_state()] };
         let prior =
             DeltaState { conv: rand_vec(&mut rng, d.conv_state(), 1.0), rec: rand_vec(&mut rng, d.rec_state(), 0.3) };
@@ -137,9 +138,15 @@ fn delta_kernels_match_the_reference_in_chunks_and_token_by_token() {
         };
         // One step with all three sequences.
         let mut st = start.clone();
-        let seqs: Vec<DeltaSeq> =
-            order.iter().zip(&lens).map(|(&(slot, reset), &tokens)| DeltaSeq { slot, tokens, reset }).collect();
+        let seqs: Vec<DeltaSeq> = order
+            .iter()
+            .zip(&lens)
+            .enumerate()
+            .map(|(i, (&(slot, reset), &tokens))| DeltaSeq { slot, tokens, reset, backup: (i == 0).then_some(3) })
+            .collect();
         let out = h.delta(&d, &w, &x.concat(), &seqs, &mut st, (eps, tiled)).unwrap();
+        assert_eq!(&st.rec[3 * d.rec_state()..], &prior.rec[..], "the backup holds the state before the step");
+        assert_eq!(&st.conv[3 * d.conv_state()..], &prior.conv[..]);
         let mut got = Vec::new();
         let mut at = 0;
         for &n in &lens {
@@ -158,7 +165,7 @@ fn delta_kernels_match_the_reference_in_chunks_and_token_by_token() {
                 for (i, &(slot, reset)) in order.iter().enumerate() {
                     let (a, b) = (step * c, ((step + 1) * c).min(lens[i]));
                     if a < b {
-                        seqs.push(DeltaSeq { slot, tokens: b - a, reset: reset && a == 0 });
+                        seqs.push(DeltaSeq { slot, tokens: b - a, reset: reset && a == 0, backup: None });
                         xs.extend_from_slice(&x[i][a * d.proj_width()..b * d.proj_width()]);
                         which.push((i, b - a));
                     }
@@ -211,6 +218,66 @@ fn qwen35_engine_batched_chunked_and_prefix_cache_requests_equal_alone() {
         let m = e.metrics.snapshot();
         assert_eq!(m.prefix_hits, 0, "{m:?}");
         assert!(m.state_slots_total > 0, "{m:?}");
+    }
+}
+
+/// Speculative decoding (n-gram) on a hybrid: a verification step keeps each sequence's state
+/// from before it in a backup slot; where a proposal is rejected the sequence goes on from that
+/// state and computes its accepted tokens again. Greedy and seeded sampling give exactly what
+/// they give with speculation off, alone and batched, dense and MoE; proposals are both accepted
+/// and rejected; every slot and block is back afterwards.
+#[test]
+fn qwen35_speculation_on_equals_off() {
+    use common::completions::{assert_all_blocks_free, assert_same, greedy, request, run_alone, run_together};
+    use torus_wgpu::config::SpecMethod;
+    use torus_wgpu::engine::RequestParams;
+    use torus_wgpu::sampling::SamplingParams;
+    // Prompts that repeat themselves, so lookups find matches.
+    let prompts: Vec<Vec<u32>> = (0..4)
+        .map(|i| {
+            let unit: Vec<u32> = (0..5 + i % 3).map(|j| (37 + 53 * i as u32 + 11 * j as u32) % 500).collect();
+            unit.iter().cycle().take(unit.len() * 3).copied().collect()
+        })
+        .collect();
+    let mut reqs: Vec<_> = prompts.iter().map(|p| request(p, greedy(24))).collect();
+    for (i, p) in prompts.iter().enumerate().take(2) {
+        let sampling = SamplingParams { temperature: 0.8, top_p: 0.95, seed: Some(7 + i as u64), ..Default::default() };
+        reqs.push(request(p, RequestParams { sampling, logprobs: Some(1), ..greedy(24) }));
+    }
+    // A logit bias keeps the choice to three tokens that cycle in the prompt: lookups propose
+    // at every position and the model's own logits pick among the three (some proposals kept,
+    // some rejected).
+    let unit = [41u32, 97, 12];
+    let cycle: Vec<u32> = unit.iter().cycle().take(30).copied().collect();
+    for i in 0..4u64 {
+        let sampling = SamplingParams { temperature: 4.0, top_k: 3, seed: Some(100 + i), ..Default::default() };
+        let logit_bias = unit.iter().map(|&t| (t, 30.0)).collect();
+        reqs.push(request(&cycle, RequestParams { sampling, logit_bias, ..greedy(24) }));
+    }
+    for file in ["tiny-qwen35", "tiny-qwen35moe"] {
+        let engine = |spec: bool| {
+            tiny::engine(file, |c| {
+                c.enable_prefix_cache = false;
+                c.speculative = if spec { SpecMethod::Ngram } else { SpecMethod::Off };
+                c.num_speculative_tokens = 4;
+                c.prompt_lookup_min = 1;
+                c.speculative_max_batch = 16;
+                c.speculative_cost_gate = false;
+            })
+        };
+        let off = engine(false);
+        let want = run_alone(&off, &reqs);
+        let on = engine(true);
+        assert_same(&run_alone(&on, &reqs), &want, &format!("{file}: alone"));
+        assert_same(&run_together(&on, &reqs), &want, &format!("{file}: together"));
+        let m = on.metrics.snapshot();
+        eprintln!(
+            "{file}: {} of {} proposals accepted in {} drafts",
+            m.spec_accepted_tokens, m.spec_draft_tokens, m.spec_drafts
+        );
+        assert!(m.spec_accepted_tokens > 0, "{file}: {m:?}");
+        assert!(m.spec_accepted_tokens < m.spec_draft_tokens, "{file}: some proposals rejected: {m:?}");
+        assert_all_blocks_free(&on);
     }
 }
 

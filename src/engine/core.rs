@@ -73,9 +73,9 @@ pub(crate) struct EngineCore {
 }
 
 /// Whether `what` is turned off because the model has recurrent layers (`hybrid`), logged
-/// once. A cached prefix's KV blocks do not hold the recurrent layers' state after it, and a
-/// verification step's rejected proposals would stay in that state: both need state snapshots
-/// the engine does not keep yet, so they are off rather than wrong.
+/// once. A cached prefix's KV blocks do not hold the recurrent layers' state after it: that
+/// needs state snapshots the engine does not keep yet, so prefix caching is off rather than
+/// wrong.
 fn hybrid_turns_off(what: &str, hybrid: bool) -> bool {
     if hybrid {
         tracing::warn!("{what} is off: the model has recurrent (linear-attention) layers");
@@ -92,12 +92,8 @@ impl EngineCore {
         metrics: Arc<EngineMetrics>,
         kv_events: Option<std::sync::mpsc::Sender<Vec<KvEvent>>>,
     ) -> EngineCore {
-        let mut cfg = cfg;
         let slots = exec.state_slots();
         let enable_prefix_cache = enable_prefix_cache && !hybrid_turns_off("prefix caching", slots > 0);
-        if cfg.spec.enabled() && hybrid_turns_off("speculative decoding", slots > 0) {
-            cfg.spec.method = crate::config::SpecMethod::Off;
-        }
         let mut bm = BlockManager::new(exec.num_blocks(), cfg.block_size, enable_prefix_cache);
         if kv_events.is_some() {
             bm = bm.with_events();

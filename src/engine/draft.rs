@@ -69,6 +69,9 @@ pub fn load_draft(cfg: &EngineConfig, target: &dyn Executor, tok: &Tokenizer) ->
     let dtok = Tokenizer::from_path(&path).with_context(ctx)?;
     same_vocabulary(tok, &dtok).with_context(ctx)?;
     let host = HostModel::load(&path, &|_, _| {}).with_context(ctx)?;
+    if host.cfg.linear.is_some() {
+        bail!("{}: a draft model with recurrent (linear-attention) layers is not supported", ctx());
+    }
     let t = target.limits();
     let mut limits = crate::exec::step_limits(cfg, &host.cfg);
     limits.max_seq_len = limits.max_seq_len.min(t.max_seq_len);

@@ -21,7 +21,7 @@ impl EngineCore {
         self.sched.bm.release(&s.table[s.released..]);
         s.table.clear();
         s.released = 0;
-        if let Some(slot) = s.state_slot.take() {
+        for slot in [s.state_slot.take(), s.backup_slot.take()].into_iter().flatten() {
             self.sched.slots.release(slot);
         }
         let counter = match reason {

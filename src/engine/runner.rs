@@ -54,7 +54,14 @@ impl Scheduler {
             }
             input.block_tables.push(s.table.clone());
             if let Some(slot) = s.state_slot {
-                input.state_slots.push(slot);
+                // A backup taken for proposals that were all dropped since (grammar, draft
+                // model) goes back.
+                if p.draft.is_empty() {
+                    if let Some(b) = s.backup_slot.take() {
+                        self.slots.release(b);
+                    }
+                }
+                input.state_slots.push(crate::model::step::pack_state_slot(slot, s.backup_slot));
             }
             if p.start + own == s.tokens.len() && p.draft.is_empty() {
                 input.sample_rows.push(input.tokens.len() as u32 - 1);

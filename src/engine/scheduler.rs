@@ -79,7 +79,7 @@ impl Scheduler {
     pub(crate) fn requeue(&mut self, mut s: Seq) {
         self.bm.release(&s.table[s.released..]);
         s.table.clear();
-        if let Some(slot) = s.state_slot.take() {
+        for slot in [s.state_slot.take(), s.backup_slot.take()].into_iter().flatten() {
             self.slots.release(slot);
         }
         s.released = 0;
@@ -123,11 +123,11 @@ impl Scheduler {
                 continue;
             }
             let len = s.chunk_within_rows(s.scheduled, remaining.min(budget), max_seqs - rows);
-            let draft = match decode && speculate {
+            let mut draft = match decode && speculate {
                 true => self.draft(s, (budget - len).min(max_seqs - rows - s.rows_in(s.scheduled, len))),
                 false => Vec::new(),
             };
-            let len = len + draft.len();
+            let mut len = len + draft.len();
             let need = (s.scheduled + len).div_ceil(bs);
             let mut stop = false;
             while self.running[i].table.len() < need {
@@ -151,6 +151,18 @@ impl Scheduler {
             }
             if stop {
                 break;
+            }
+            // A hybrid model's sequence verifies proposals only with a free slot to keep its
+            // state from before them in (engine/speculate.rs); without one it decodes plainly
+            // (the blocks taken for the proposals serve its next tokens).
+            if !draft.is_empty() && self.slots.needed() {
+                match self.slots.acquire() {
+                    Some(b) => self.running[i].backup_slot = Some(b),
+                    None => {
+                        len -= draft.len();
+                        draft.clear();
+                    }
+                }
             }
             let s = &self.running[i];
             rows += s.rows_in(s.scheduled, len - draft.len()) + draft.len();

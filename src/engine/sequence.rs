@@ -25,6 +25,8 @@ pub(crate) struct Seq {
     pub(crate) table: Vec<BlockId>,
     /// Its recurrent-state slot while running (hybrid models).
     pub(crate) state_slot: Option<u32>,
+    /// While it verifies proposals (hybrid models): the slot holding its state from before them.
+    pub(crate) backup_slot: Option<u32>,
     /// Leading table entries already released because they left the sliding window (their
     /// ids stay as placeholders; attention never reads them).
     pub(crate) released: usize,
@@ -77,6 +79,7 @@ impl Seq {
             scheduled: 0,
             table: vec![],
             state_slot: None,
+            backup_slot: None,
             released: 0,
             keys: vec![],
             root: root_key(req.params.cache_salt.as_deref()),

@@ -145,9 +145,25 @@ impl EngineCore {
         }
         // Every token but the last taken one has its K/V in the cache now; the draft's cache
         // holds the accepted ones it was given.
+        let start = s.computed;
         s.computed = s.tokens.len() - 1;
         s.draft_computed = s.draft_computed.min(s.computed);
         s.scheduled = s.computed;
+        // A recurrent state took every proposal in: where one was rejected, the sequence goes on
+        // from its state before the step (kept in the backup slot) and computes its accepted
+        // tokens again (the next step's chunk; their K/V are rewritten the same).
+        if let Some(backup) = s.backup_slot.take() {
+            if accepted < draft.len() && reason.is_none() {
+                if let Some(old) = s.state_slot.replace(backup) {
+                    self.sched.slots.release(old);
+                }
+                s.computed = start;
+                s.scheduled = start;
+                s.draft_computed = s.draft_computed.min(start);
+            } else {
+                self.sched.slots.release(backup);
+            }
+        }
         commit_computed(&mut self.sched.bm, &self.sched.cfg, s);
         reason
     }

@@ -40,8 +40,20 @@ pub struct StepInput {
     pub sample_rows: Vec<u32>,
     pub sampling: Vec<SampleParams>,
     /// Each sequence's recurrent-state slot (models with recurrent layers; empty: sequence i
-    /// uses slot i).
+    /// uses slot i), with a backup slot where it verifies proposals (`pack_state_slot`).
     pub state_slots: Vec<u32>,
+}
+
+/// A sequence's state slot word: the slot in the low 16 bits; with `backup`, that slot (+ 1) in
+/// the high 16 bits: the step first copies the sequence's state there (the state before its
+/// tokens, kept for when proposals it verifies are rejected).
+pub fn pack_state_slot(slot: u32, backup: Option<u32>) -> u32 {
+    slot | backup.map_or(0, |b| (b + 1) << 16)
+}
+
+/// A state slot word's (slot, backup).
+pub fn unpack_state_slot(w: u32) -> (u32, Option<u32>) {
+    (w & 0xffff, (w >> 16).checked_sub(1))
 }
 
 /// What one step of a stage returns: hidden states for the next stage ([tokens, hidden] f32,

@@ -71,11 +71,14 @@ impl StepBounds {
                 bail!("step has {seqs} sequences and names no state slots ({} exist)", self.state_slots);
             }
             let mut seen = vec![false; self.state_slots];
-            for &slot in &s.state_slots {
-                match seen.get_mut(slot as usize) {
-                    None => bail!("state slot {slot} is outside the {} slots", self.state_slots),
-                    Some(true) => bail!("state slot {slot} is given to two sequences of one step"),
-                    Some(x) => *x = true,
+            for &w in &s.state_slots {
+                let (slot, backup) = unpack_state_slot(w);
+                for slot in std::iter::once(slot).chain(backup) {
+                    match seen.get_mut(slot as usize) {
+                        None => bail!("state slot {slot} is outside the {} slots", self.state_slots),
+                        Some(true) => bail!("state slot {slot} is used twice in one step"),
+                        Some(x) => *x = true,
+                    }
                 }
             }
         }

@@ -55,8 +55,10 @@ bindings! {
 }
 
 /// Words of a sequence's state record in the step metadata: slot, first token row, tokens,
-/// reset (its first token is at position 0, so it starts from a zero state).
-pub const STATE_RECORD: usize = 4;
+/// reset (its first token is at position 0, so it starts from a zero state), backup slot (its
+/// state before the step is copied there first; NO_BACKUP: none).
+pub const STATE_RECORD: usize = 5;
+pub const NO_BACKUP: u32 = u32::MAX;
 
 /// Gated DeltaNet's sizes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

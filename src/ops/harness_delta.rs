@@ -18,6 +18,8 @@ pub struct DeltaSeq {
     pub slot: u32,
     pub tokens: usize,
     pub reset: bool,
+    /// A slot the state before the step is copied to.
+    pub backup: Option<u32>,
 }
 
 /// The states of every slot: [slots, conv_state] and [slots, rec_state] floats.
@@ -88,14 +90,14 @@ impl Harness {
         let slots = st.rec.len() / d.rec_state().max(1);
         if x.len() != n * d.proj_width()
             || st.conv.len() != slots * d.conv_state()
-            || seqs.iter().any(|s| s.slot as usize >= slots)
+            || seqs.iter().any(|s| s.slot as usize >= slots || s.backup.is_some_and(|b| b as usize >= slots))
         {
             bail!("delta: x, the states or a slot do not match {n} tokens and {slots} slots");
         }
         let mut meta = Vec::new();
         let mut first = 0;
         for s in seqs {
-            meta.extend([s.slot, first as u32, s.tokens as u32, s.reset as u32]);
+            meta.extend([s.slot, first as u32, s.tokens as u32, s.reset as u32, s.backup.unwrap_or(delta::NO_BACKUP)]);
             first += s.tokens;
         }
         debug_assert_eq!(meta.len(), seqs.len() * STATE_RECORD);
