@@ -38,7 +38,7 @@ const DK: u32 = {{DK}}u;
 // Most taps of the convolution.
 const MAX_KERNEL: u32 = 8u;
 
-const NO_BACKUP: u32 = 0xffffffffu;
+const NO_SLOT: u32 = 0xffffffffu;
 
 struct SeqRec {
     slot: u32,
@@ -46,11 +46,13 @@ struct SeqRec {
     count: u32,
     reset: u32,
     backup: u32,
+    snap: u32,
+    snap_at: u32,
 }
 
 fn seq_rec(s: u32) -> SeqRec {
-    let b = p.off_state + 5u * s;
-    return SeqRec(md[b], md[b + 1u], md[b + 2u], md[b + 3u], md[b + 4u]);
+    let b = p.off_state + 7u * s;
+    return SeqRec(md[b], md[b + 1u], md[b + 2u], md[b + 3u], md[b + 4u], md[b + 5u], md[b + 6u]);
 }
 
 fn silu(v: f32) -> f32 {
@@ -86,7 +88,7 @@ fn conv_main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgro
     let bbase = r.backup * taps * conv_dim + c;
     for (var j = 0u; j < taps; j++) {
         hist[j] = select(conv_state[sbase + j * conv_dim], 0.0, r.reset != 0u);
-        if (r.backup != NO_BACKUP) {
+        if (r.backup != NO_SLOT) {
             conv_state[bbase + j * conv_dim] = hist[j];
         }
     }
@@ -105,6 +107,12 @@ fn conv_main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgro
             hist[taps - 1u] = v;
         }
         x[xi] = silu(acc);
+        if (r.snap != NO_SLOT && t - r.first == r.snap_at) {
+            let nb = r.snap * taps * conv_dim + c;
+            for (var j = 0u; j < taps; j++) {
+                conv_state[nb + j * conv_dim] = hist[j];
+            }
+        }
     }
     for (var j = 0u; j < taps; j++) {
         conv_state[sbase + j * conv_dim] = hist[j];
@@ -177,7 +185,7 @@ fn delta_main(
     var col: array<f32, DK>;
     for (var i = 0u; i < DK; i++) {
         col[i] = select(rec_state[sbase + i * p.v_dim], 0.0, r.reset != 0u);
-        if (r.backup != NO_BACKUP) {
+        if (r.backup != NO_SLOT) {
             rec_state[bbase + i * p.v_dim] = col[i];
         }
     }
@@ -199,6 +207,12 @@ fn delta_main(
             o += col[i] * x[qb + i];
         }
         out[t * value_dim + vh * p.v_dim + j] = o;
+        if (r.snap != NO_SLOT && t - r.first == r.snap_at) {
+            let nb = ((r.snap * p.v_heads + vh) * p.k_dim) * p.v_dim + j;
+            for (var i = 0u; i < DK; i++) {
+                rec_state[nb + i * p.v_dim] = col[i];
+            }
+        }
     }
     for (var i = 0u; i < DK; i++) {
         rec_state[sbase + i * p.v_dim] = col[i];

@@ -107,8 +107,9 @@ fn delta_kernels_match_the_reference_in_chunks_and_token_by_token() {
         let lens = [7usize, 5, 9];
         let x: Vec<Vec<f32>> = lens.iter().map(|&n| rand_vec(&mut rng, n * d.proj_width(), 1.0)).collect();
         // Slot 2 continues from a random state; the others start from zero (reset).
-        // Slot 3: the first sequence's backup (its state before the step is copied there).
-        let slots = 4;
+        // Slot 3: the first sequence's backup (its state before the step is copied there); slot
+        // 4: the second's snapshot after its third token.
+        let slots = 5;
         let mut start = DeltaSlots { conv: vec![0.0; slots * d.conv_state()], rec: vec![0.0; slots * d.rec_state()] };
         let prior =
             DeltaState { conv: rand_vec(&mut rng, d.conv_state(), 1.0), rec: rand_vec(&mut rng, d.rec_state(), 0.3) };
@@ -142,11 +143,23 @@ fn delta_kernels_match_the_reference_in_chunks_and_token_by_token() {
             .iter()
             .zip(&lens)
             .enumerate()
-            .map(|(i, (&(slot, reset), &tokens))| DeltaSeq { slot, tokens, reset, backup: (i == 0).then_some(3) })
+            .map(|(i, (&(slot, reset), &tokens))| DeltaSeq {
+                slot,
+                tokens,
+                reset,
+                backup: (i == 0).then_some(3),
+                snapshot: (i == 1).then_some((4, 2)),
+            })
             .collect();
         let out = h.delta(&d, &w, &x.concat(), &seqs, &mut st, (eps, tiled)).unwrap();
-        assert_eq!(&st.rec[3 * d.rec_state()..], &prior.rec[..], "the backup holds the state before the step");
-        assert_eq!(&st.conv[3 * d.conv_state()..], &prior.conv[..]);
+        let slot = |v: &[f32], i: usize, n: usize| v[i * n..(i + 1) * n].to_vec();
+        assert_eq!(slot(&st.rec, 3, d.rec_state()), prior.rec, "the backup holds the state before the step");
+        assert_eq!(slot(&st.conv, 3, d.conv_state()), prior.conv);
+        let mut after3 = DeltaState::zero(&d);
+        delta_ref(&d, &w, &x[1][..3 * d.proj_width()], &mut after3, eps, tiled);
+        let dr = tiny::max_diff(&slot(&st.rec, 4, d.rec_state()), &after3.rec);
+        assert!(dr < 2e-4, "the snapshot holds the state after the third token ({dr})");
+        assert_eq!(slot(&st.conv, 4, d.conv_state()), after3.conv);
         let mut got = Vec::new();
         let mut at = 0;
         for &n in &lens {
@@ -165,7 +178,8 @@ fn delta_kernels_match_the_reference_in_chunks_and_token_by_token() {
                 for (i, &(slot, reset)) in order.iter().enumerate() {
                     let (a, b) = (step * c, ((step + 1) * c).min(lens[i]));
                     if a < b {
-                        seqs.push(DeltaSeq { slot, tokens: b - a, reset: reset && a == 0, backup: None });
+                        let reset = reset && a == 0;
+                        seqs.push(DeltaSeq { slot, tokens: b - a, reset, backup: None, snapshot: None });
                         xs.extend_from_slice(&x[i][a * d.proj_width()..b * d.proj_width()]);
                         which.push((i, b - a));
                     }
@@ -197,8 +211,9 @@ fn attention_output_gate_matches_the_reference() {
     assert!(tiny::max_diff(&got, &want) < 1e-6);
 }
 
-/// Batching and chunked-prefill invariance, prefix cache asked for == off (a hybrid model turns
-/// it off: the cached KV blocks do not hold the recurrent state), every state slot back after.
+/// Batching and chunked-prefill invariance; prefix cache on == off, where a hybrid model reuses
+/// a cached prefix from a state snapshot after its last block (hits counted), also run a
+/// second time and batched; every state slot back after.
 #[test]
 fn qwen35_engine_batched_chunked_and_prefix_cache_requests_equal_alone() {
     let reqs = tiny::shared_prefix_requests(6, 12);
@@ -211,12 +226,34 @@ fn qwen35_engine_batched_chunked_and_prefix_cache_requests_equal_alone() {
         c.max_num_batched_tokens = 16;
     });
     assert_eq!(tiny::run_together(&chunked, &reqs), alone, "chunked prefill != one step");
-    let on = tiny::engine("tiny-qwen35", |c| c.enable_prefix_cache = true);
-    assert_eq!(tiny::run_together(&on, &reqs), alone, "prefix cache asked for != off");
-    for e in [&off, &chunked, &on] {
+    for file in ["tiny-qwen35", "tiny-qwen35moe"] {
+        let want = if file == "tiny-qwen35" {
+            alone.clone()
+        } else {
+            tiny::run_alone(&tiny::engine(file, |c| c.enable_prefix_cache = false), &reqs)
+        };
+        let on = tiny::engine(file, |c| c.enable_prefix_cache = true);
+        assert_eq!(tiny::run_alone(&on, &reqs), want, "{file}: prefix cache on != off");
+        let hits = on.metrics.snapshot().prefix_hits;
+        assert!(hits > 0, "{file}: the shared prefix is reused from a snapshot");
+        assert_eq!(tiny::run_alone(&on, &reqs), want, "{file}: prefix cache on != off, a second time");
+        assert!(on.metrics.snapshot().prefix_hits > hits, "{file}: the same prompts hit again");
+        assert_eq!(tiny::run_together(&on, &reqs), want, "{file}: prefix cache on, batched != alone");
+        // Chunks of 16: every chunk ends on a block, each leaves a snapshot.
+        let on_chunked = tiny::engine(file, |c| {
+            c.enable_prefix_cache = true;
+            c.max_num_batched_tokens = 16;
+        });
+        assert_eq!(tiny::run_together(&on_chunked, &reqs), want, "{file}: chunked with the prefix cache");
+        assert_eq!(tiny::run_together(&on_chunked, &reqs), want, "{file}: chunked with the prefix cache, again");
+        assert!(on_chunked.metrics.snapshot().prefix_hits > 0);
+        for e in [&on, &on_chunked] {
+            common::completions::assert_all_blocks_free(e);
+        }
+    }
+    for e in [&off, &chunked] {
         common::completions::assert_all_blocks_free(e);
         let m = e.metrics.snapshot();
-        assert_eq!(m.prefix_hits, 0, "{m:?}");
         assert!(m.state_slots_total > 0, "{m:?}");
     }
 }

@@ -72,17 +72,6 @@ pub(crate) struct EngineCore {
     pub(crate) gate: crate::spec::CostGate,
 }
 
-/// Whether `what` is turned off because the model has recurrent layers (`hybrid`), logged
-/// once. A cached prefix's KV blocks do not hold the recurrent layers' state after it: that
-/// needs state snapshots the engine does not keep yet, so prefix caching is off rather than
-/// wrong.
-fn hybrid_turns_off(what: &str, hybrid: bool) -> bool {
-    if hybrid {
-        tracing::warn!("{what} is off: the model has recurrent (linear-attention) layers");
-    }
-    hybrid
-}
-
 impl EngineCore {
     pub(crate) fn new(
         exec: Box<dyn Executor>,
@@ -93,7 +82,6 @@ impl EngineCore {
         kv_events: Option<std::sync::mpsc::Sender<Vec<KvEvent>>>,
     ) -> EngineCore {
         let slots = exec.state_slots();
-        let enable_prefix_cache = enable_prefix_cache && !hybrid_turns_off("prefix caching", slots > 0);
         let mut bm = BlockManager::new(exec.num_blocks(), cfg.block_size, enable_prefix_cache);
         if kv_events.is_some() {
             bm = bm.with_events();

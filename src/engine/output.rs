@@ -2,7 +2,7 @@
 //! sliding-window release, prompt logprobs, accepted tokens (stops, grammar, detokenized text),
 //! and each finished sequence's end.
 
-use super::core::EngineCore;
+use super::core::{EngineCore, InFlight};
 use super::runner::Row;
 use super::scheduler::SchedulerConfig;
 use super::sequence::Seq;
@@ -37,20 +37,41 @@ impl EngineCore {
         let _ = s.out.send(Event::Done { text, reason, usage: s.usage() });
     }
 
-    /// Applies the oldest step's result.
+    /// Applies the oldest step's result, then keeps (or, where the step failed or its sequence
+    /// is gone, gives back) the state snapshots it took.
     pub(crate) fn complete(&mut self, r: StepResult) {
         let Some(step) = self.in_flight.pop_front() else { return };
+        let snaps: Vec<(u64, u32, usize)> =
+            step.plan.iter().filter_map(|p| p.snap.map(|(s, b)| (p.id, s, b))).collect();
+        let done = self.apply_step(step, r);
+        for (id, slot, block) in snaps {
+            let key = self.sched.running.iter().find(|s| s.id == id).and_then(|s| s.keys.get(block).copied());
+            match key {
+                Some(key) if done.is_some() => self.sched.slots.store(key, slot),
+                _ => self.sched.slots.release(slot),
+            }
+        }
+        for (id, reason) in done.unwrap_or_default() {
+            if let Some(i) = self.sched.running.iter().position(|s| s.id == id) {
+                let s = self.sched.running.remove(i);
+                self.finish(s, reason);
+            }
+        }
+    }
+
+    /// Applies a step's result: the sequences it finished, with why, or None where it failed.
+    fn apply_step(&mut self, step: InFlight, r: StepResult) -> Option<Vec<(u64, FinishReason)>> {
         if step.epoch != self.epoch {
             // Submitted before a stage failure: its sequences were already failed or requeued,
             // and `busy` was reset then (it may count their new steps by now).
-            return;
+            return None;
         }
         let got = r.id;
         if got != step.id {
             // Results must come back in submission order; one that does not could hand tokens to
             // the wrong sequences, so nothing of it is applied.
             self.fault_all(&format!("engine step {} returned the result of step {got}", step.id));
-            return;
+            return None;
         }
         for p in &step.plan {
             if let Some(n) = self.sched.busy.get_mut(&p.id) {
@@ -65,11 +86,11 @@ impl EngineCore {
             Err(e) => {
                 if let Some(f) = e.downcast_ref::<StageFailure>() {
                     self.stage_failed(f);
-                    return;
+                    return None;
                 }
                 if let Some(GpuFault::Lost(_)) = e.downcast_ref::<GpuFault>() {
                     self.device_lost(&format!("{e:#}"));
-                    return;
+                    return None;
                 }
                 tracing::error!("step {} failed: {e:#}", step.id);
                 self.metrics.step_failures.fetch_add(1, Relaxed);
@@ -82,7 +103,7 @@ impl EngineCore {
                         self.finish(s, FinishReason::Error(msg.clone()));
                     }
                 }
-                return;
+                return None;
             }
         };
         self.metrics.steps.fetch_add(1, Relaxed);
@@ -132,17 +153,9 @@ impl EngineCore {
                 done.push((id, reason));
             }
         }
-        for (id, reason) in done {
-            if let Some(i) = self.sched.running.iter().position(|s| s.id == id) {
-                let s = self.sched.running.remove(i);
-                self.finish(s, reason);
-            }
-        }
+        Some(done)
     }
 
-    /// A step's result cannot be trusted to belong to its sequences: every running sequence is
-    /// failed, steps still in flight are discarded, and the prefix cache is dropped (their K/V
-    /// may have been written for other positions). Waiting requests are served afterwards.
     pub(crate) fn fault_all(&mut self, msg: &str) {
         tracing::error!("{msg}");
         self.metrics.step_failures.fetch_add(1, Relaxed);
@@ -152,6 +165,7 @@ impl EngineCore {
             self.finish(s, FinishReason::Error(msg.to_string()));
         }
         self.sched.bm.drop_prefix_cache();
+        self.sched.slots.drop_snapshots();
     }
 
     /// The device is gone: every request fails, /health answers 503 from now on, and new
@@ -184,6 +198,7 @@ impl EngineCore {
             }
         }
         self.sched.bm.drop_prefix_cache();
+        self.sched.slots.drop_snapshots();
     }
 
     /// Appends a sampled token, streams its text, and says whether the sequence is finished.

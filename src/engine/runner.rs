@@ -3,6 +3,7 @@
 //! their sampling parameters.
 
 use super::scheduler::{Planned, Scheduler};
+use crate::model::step::SeqState;
 use crate::model::StepInput;
 use crate::sampling::SampleParams;
 
@@ -61,7 +62,12 @@ impl Scheduler {
                         self.slots.release(b);
                     }
                 }
-                input.state_slots.push(crate::model::step::pack_state_slot(slot, s.backup_slot));
+                let st = SeqState {
+                    slot,
+                    backup: s.backup_slot,
+                    snapshot: p.snap.map(|(b, block)| (b, snap_at(p, block, bs))),
+                };
+                input.state_slots.extend(st.encode());
             }
             if p.start + own == s.tokens.len() && p.draft.is_empty() {
                 input.sample_rows.push(input.tokens.len() as u32 - 1);
@@ -82,4 +88,10 @@ impl Scheduler {
         }
         (input, sampled)
     }
+}
+
+/// The token of `p`'s step (counted from its first) after which the state covers block `block`
+/// of `bs` tokens: the block's last token.
+fn snap_at(p: &Planned, block: usize, bs: u32) -> u32 {
+    ((block + 1) * bs as usize - 1 - p.start) as u32
 }

@@ -41,6 +41,9 @@ pub(crate) struct Planned {
     pub(crate) draft: Vec<u32>,
     /// Under a grammar: the masks of the rows verifying `draft` (engine/speculate.rs).
     pub(crate) masks: Option<Vec<Vec<u32>>>,
+    /// A hybrid model's state snapshot taken in this step (the prefix cache): the slot it goes
+    /// to and the sequence's block it follows (`Scheduler::snapshot`).
+    pub(crate) snap: Option<(u32, usize)>,
 }
 
 /// The queues and the cache: what the scheduler decides over.
@@ -166,7 +169,9 @@ impl Scheduler {
             }
             let s = &self.running[i];
             rows += s.rows_in(s.scheduled, len - draft.len()) + draft.len();
-            plan.push(Planned { id: s.id, start: s.scheduled, len, draft, masks: None });
+            let snap = self.snapshot(s.scheduled, len - draft.len());
+            let s = &self.running[i];
+            plan.push(Planned { id: s.id, start: s.scheduled, len, draft, masks: None, snap });
             budget -= len;
             if decode {
                 n_decode += 1;
@@ -192,7 +197,15 @@ impl Scheduler {
             // Reuse cached full blocks, but always compute the last token (its logits are needed),
             // and every position whose prompt logprob is still wanted.
             let reusable = (s.tokens.len() - 1).min(s.prompt_rows_from());
-            let hit = self.bm.lookup_prefix(&s.tokens, reusable, &s.root);
+            let mut hit = self.bm.lookup_prefix(&s.tokens, reusable, &s.root);
+            // A hybrid model starts after a cached prefix only from a state snapshot of it: the
+            // hit ends at the last block with one (kv/state.rs).
+            if self.slots.needed() {
+                let keep = hit.keys.iter().rposition(|k| self.slots.has(k)).map_or(0, |i| i + 1);
+                self.bm.release(&hit.blocks[keep..]);
+                hit.blocks.truncate(keep);
+                hit.keys.truncate(keep);
+            }
             let computed = hit.blocks.len() * bs;
             let len = s.chunk_within_rows(computed, (s.tokens.len() - computed).min(budget), max_seqs - rows);
             let need = (computed + len).div_ceil(bs) - hit.blocks.len();
@@ -221,7 +234,11 @@ impl Scheduler {
                 w.passed_over += 1;
             }
             s.table = hit.blocks;
-            s.state_slot = if self.slots.needed() { self.slots.acquire() } else { None };
+            s.state_slot = match keys.last() {
+                Some(k) if self.slots.needed() => self.slots.take(k),
+                _ if self.slots.needed() => self.slots.acquire(),
+                _ => None,
+            };
             for _ in 0..need {
                 s.table.push(self.bm.allocate().expect("checked available"));
             }
@@ -230,11 +247,31 @@ impl Scheduler {
             s.scheduled = computed;
             s.cached_tokens.get_or_insert(computed.min(s.prompt_len));
             rows += s.rows_in(computed, len);
-            plan.push(Planned { id: s.id, start: computed, len, draft: Vec::new(), masks: None });
+            let id = s.id;
+            self.running.push(s);
+            let snap = self.snapshot(computed, len);
+            plan.push(Planned { id, start: computed, len, draft: Vec::new(), masks: None, snap });
             budget -= len;
             n_prefill += 1;
-            self.running.push(s);
         }
         plan
+    }
+
+    /// A state snapshot for the prefix cache (hybrid models): when a sequence's tokens
+    /// `start..start + len` of this step complete a KV block, the state after the last such
+    /// block goes to a slot of its own, stored under the block's key once the step is done
+    /// (engine/output.rs). Only a slot that waiting requests can spare is taken (the oldest
+    /// snapshot's, if none is free).
+    fn snapshot(&mut self, start: usize, len: usize) -> Option<(u32, usize)> {
+        let bs = self.cfg.block_size;
+        let end = (start + len) / bs * bs;
+        if !self.slots.needed()
+            || !self.bm.enable_prefix_cache
+            || end <= start
+            || self.slots.available() <= self.waiting.len()
+        {
+            return None;
+        }
+        self.slots.acquire().map(|slot| (slot, end / bs - 1))
     }
 }

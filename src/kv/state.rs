@@ -2,11 +2,21 @@
 //! sequence, beside its KV blocks. A sequence takes a slot when it is admitted and gives it back
 //! when it finishes or is preempted (recomputed from its tokens later, from a zero state). The
 //! GPU side (the state buffers) lives in model::recurrent; this is host-side bookkeeping only.
+//!
+//! Free slots also hold **state snapshots** for the prefix cache: the state after a full KV
+//! block, kept under that block's key (which names the whole prefix up to it). A new sequence
+//! whose cached prefix ends at such a block takes the snapshot's slot as its own and starts
+//! after the prefix. Snapshots are a cache: the least recently stored is given up whenever a slot
+//! is needed and none is free.
 
-/// The free slots of `total`.
+use super::BlockKey;
+
+/// The slots of a hybrid model: free, lent to sequences, or holding snapshots.
 #[derive(Clone, Debug)]
 pub struct StateSlots {
     free: Vec<u32>,
+    /// Snapshots, oldest first.
+    snapshots: Vec<(BlockKey, u32)>,
     total: usize,
 }
 
@@ -14,7 +24,7 @@ impl StateSlots {
     /// `total` slots (0: the model has no recurrent layers, and sequences need none).
     pub fn new(total: usize) -> StateSlots {
         // Handed out lowest first.
-        StateSlots { free: (0..total as u32).rev().collect(), total }
+        StateSlots { free: (0..total as u32).rev().collect(), snapshots: Vec::new(), total }
     }
 
     /// Whether sequences need a slot at all.
@@ -22,23 +32,56 @@ impl StateSlots {
         self.total > 0
     }
 
+    /// Slots that `acquire` can give: free ones and those holding snapshots.
     pub fn available(&self) -> usize {
-        self.free.len()
+        self.free.len() + self.snapshots.len()
     }
 
+    /// Slots lent to sequences (or to snapshots being taken).
     pub fn in_use(&self) -> usize {
-        self.total - self.free.len()
+        self.total - self.available()
     }
 
+    pub fn snapshots(&self) -> usize {
+        self.snapshots.len()
+    }
+
+    /// A free slot, else the oldest snapshot's.
     pub fn acquire(&mut self) -> Option<u32> {
-        self.free.pop()
+        self.free.pop().or_else(|| (!self.snapshots.is_empty()).then(|| self.snapshots.remove(0).1))
     }
 
-    /// Gives a slot back (one that is already free, or out of range, is ignored).
+    /// Gives a slot back (one that is already free or cached, or out of range, is ignored).
     pub fn release(&mut self, slot: u32) {
-        if (slot as usize) < self.total && !self.free.contains(&slot) {
+        if (slot as usize) < self.total && !self.free.contains(&slot) && !self.snapshots.iter().any(|s| s.1 == slot) {
             self.free.push(slot);
         }
+    }
+
+    /// Keeps `slot` (lent, and now holding the state after the block `key`) as that block's
+    /// snapshot; a snapshot already there for the key stays, and `slot` is freed.
+    pub fn store(&mut self, key: BlockKey, slot: u32) {
+        if self.snapshots.iter().any(|s| s.0 == key) {
+            self.release(slot);
+        } else if (slot as usize) < self.total && !self.free.contains(&slot) {
+            self.snapshots.push((key, slot));
+        }
+    }
+
+    /// Whether the state after block `key` is kept.
+    pub fn has(&self, key: &BlockKey) -> bool {
+        self.snapshots.iter().any(|s| &s.0 == key)
+    }
+
+    /// Forgets every snapshot (the KV cache they follow is gone).
+    pub fn drop_snapshots(&mut self) {
+        self.free.extend(self.snapshots.drain(..).map(|s| s.1));
+    }
+
+    /// Takes the snapshot after block `key`: its slot is lent to the caller.
+    pub fn take(&mut self, key: &BlockKey) -> Option<u32> {
+        let i = self.snapshots.iter().position(|s| &s.0 == key)?;
+        Some(self.snapshots.remove(i).1)
     }
 }
 
@@ -59,5 +102,23 @@ mod tests {
         assert_eq!((s.available(), s.in_use()), (1, 1));
         assert_eq!(s.acquire(), Some(a));
         assert!(!StateSlots::new(0).needed());
+    }
+
+    #[test]
+    fn snapshots_are_kept_taken_and_given_up_oldest_first() {
+        let mut s = StateSlots::new(3);
+        let (a, b, c) = (s.acquire().unwrap(), s.acquire().unwrap(), s.acquire().unwrap());
+        s.store([1; 32], a);
+        s.store([2; 32], b);
+        // A second snapshot of the same block frees its slot.
+        s.store([2; 32], c);
+        assert_eq!((s.snapshots(), s.available(), s.in_use()), (2, 3, 0));
+        assert!(s.has(&[1; 32]) && !s.has(&[3; 32]));
+        // The free slot first, then the oldest snapshot's.
+        assert_eq!(s.acquire(), Some(c));
+        assert_eq!(s.acquire(), Some(a));
+        assert!(!s.has(&[1; 32]));
+        assert_eq!(s.take(&[2; 32]), Some(b));
+        assert_eq!((s.snapshots(), s.available()), (0, 0));
     }
 }

@@ -459,7 +459,7 @@ impl Model {
                     repetition_penalty: 1.1,
                     ..Default::default()
                 }],
-                state_slots: vec![0],
+                state_slots: Vec::new(),
             };
             self.run(&step, hidden.as_deref())?;
         }

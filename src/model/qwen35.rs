@@ -287,8 +287,8 @@ mod tests {
     #[test]
     fn the_query_projection_splits_per_head() {
         // 2 heads of 2: rows q0 q0 g0 g0 q1 q1 g1 g1 (values = row index).
-        let data: Vec<f32> = (0..8).flat_map(|r| [r as f32; 4]).collect();
-        let q = QTensor::from_f32(8, 4, &data).unwrap();
+        let data: Vec<f32> = (0..8).flat_map(|r| [r as f32; 32]).collect();
+        let q = QTensor::from_f32(8, 32, &data).unwrap();
         let (query, gate) = split_query_gate(&q, 2, 2);
         let first = |t: &QTensor| (0..t.rows).map(|r| t.dequant_row(r)[0]).collect::<Vec<_>>();
         assert_eq!(first(&query), [0.0, 1.0, 4.0, 5.0]);

@@ -128,14 +128,14 @@ pub(crate) fn state_buffers(
 
 /// The step's state records (ops/delta.rs's STATE_RECORD words per sequence) into `meta`: each
 /// sequence's slot (its index where the step names none), first token row, token count, whether
-/// it starts from a zero state (its first token is at position 0), and the slot its state is
-/// first copied to (`delta::NO_BACKUP`: none).
+/// it starts from a zero state (its first token is at position 0), the slot its state is first
+/// copied to, and the snapshot slot and token after which its state is copied there
+/// (`delta::NO_SLOT`: none).
 pub(crate) fn state_records(meta: &mut [u32], s: &crate::model::StepInput) {
-    let seqs = s.block_tables.len();
-    for j in 0..seqs {
-        let w = s.state_slots.get(j).copied().unwrap_or(j as u32);
-        let (slot, backup) = crate::model::step::unpack_state_slot(w);
-        let r = [slot, 0, 0, 0, backup.unwrap_or(delta::NO_BACKUP)];
+    for (j, st) in crate::model::step::SeqState::all(s).iter().enumerate() {
+        let none = delta::NO_SLOT;
+        let (snap, at) = st.snapshot.unwrap_or((none, 0));
+        let r = [st.slot, 0, 0, 0, st.backup.unwrap_or(none), snap, at];
         meta[j * delta::STATE_RECORD..(j + 1) * delta::STATE_RECORD].copy_from_slice(&r);
     }
     for (i, &seq) in s.seq_of_token.iter().enumerate() {

@@ -30,7 +30,7 @@ pub struct StepLimits {
 
 /// One step's work: tokens (with position, KV slot and sequence index), the sequences' block
 /// tables, and which token rows get logits and a sampled token.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Default)]
 pub struct StepInput {
     pub tokens: Vec<u32>,
     pub positions: Vec<u32>,
@@ -39,21 +39,66 @@ pub struct StepInput {
     pub block_tables: Vec<Vec<u32>>,
     pub sample_rows: Vec<u32>,
     pub sampling: Vec<SampleParams>,
-    /// Each sequence's recurrent-state slot (models with recurrent layers; empty: sequence i
-    /// uses slot i), with a backup slot where it verifies proposals (`pack_state_slot`).
+    /// Each sequence's recurrent-state slots (models with recurrent layers), STATE_WORDS words
+    /// each (`SeqState`); empty: sequence i uses slot i and nothing else.
     pub state_slots: Vec<u32>,
 }
 
-/// A sequence's state slot word: the slot in the low 16 bits; with `backup`, that slot (+ 1) in
-/// the high 16 bits: the step first copies the sequence's state there (the state before its
-/// tokens, kept for when proposals it verifies are rejected).
-pub fn pack_state_slot(slot: u32, backup: Option<u32>) -> u32 {
-    slot | backup.map_or(0, |b| (b + 1) << 16)
+/// Debug output names `state_slots` only where a step has them (recorded traces of models
+/// without recurrent layers stay as they were).
+impl std::fmt::Debug for StepInput {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut d = f.debug_struct("StepInput");
+        d.field("tokens", &self.tokens)
+            .field("positions", &self.positions)
+            .field("slots", &self.slots)
+            .field("seq_of_token", &self.seq_of_token)
+            .field("block_tables", &self.block_tables)
+            .field("sample_rows", &self.sample_rows)
+            .field("sampling", &self.sampling);
+        if !self.state_slots.is_empty() {
+            d.field("state_slots", &self.state_slots);
+        }
+        d.finish()
+    }
 }
 
-/// A state slot word's (slot, backup).
-pub fn unpack_state_slot(w: u32) -> (u32, Option<u32>) {
-    (w & 0xffff, (w >> 16).checked_sub(1))
+/// Words of one sequence's entry in `StepInput::state_slots`.
+pub const STATE_WORDS: usize = 3;
+
+/// One sequence's recurrent-state slots in a step: its own; a backup the step first copies its
+/// state to (speculative decoding: the state to go back to when proposals are rejected); a
+/// snapshot slot the state after its token `at` (counted from its first token in the step) is
+/// copied to (the prefix cache).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SeqState {
+    pub slot: u32,
+    pub backup: Option<u32>,
+    pub snapshot: Option<(u32, u32)>,
+}
+
+impl SeqState {
+    pub fn encode(&self) -> [u32; STATE_WORDS] {
+        let (snap, at) = self.snapshot.map_or((0, 0), |(s, at)| (s + 1, at));
+        [self.slot | self.backup.map_or(0, |b| (b + 1) << 16), snap, at]
+    }
+
+    pub fn decode(w: &[u32]) -> SeqState {
+        let word = |i: usize| w.get(i).copied().unwrap_or(0);
+        SeqState {
+            slot: word(0) & 0xffff,
+            backup: (word(0) >> 16).checked_sub(1),
+            snapshot: word(1).checked_sub(1).map(|s| (s, word(2))),
+        }
+    }
+
+    /// The entries of `state_slots` (sequence j: slot j where the step names none).
+    pub fn all(s: &StepInput) -> Vec<SeqState> {
+        match s.state_slots.is_empty() {
+            true => (0..s.block_tables.len() as u32).map(|slot| SeqState { slot, ..Default::default() }).collect(),
+            false => s.state_slots.chunks(STATE_WORDS).map(SeqState::decode).collect(),
+        }
+    }
 }
 
 /// What one step of a stage returns: hidden states for the next stage ([tokens, hidden] f32,

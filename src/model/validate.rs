@@ -64,16 +64,24 @@ impl StepBounds {
         }
         if self.state_slots > 0 {
             let seqs = s.block_tables.len();
-            if !s.state_slots.is_empty() && s.state_slots.len() != seqs {
-                bail!("step has {} state slots for {seqs} sequences", s.state_slots.len());
+            if !s.state_slots.is_empty() && s.state_slots.len() != seqs * STATE_WORDS {
+                bail!("step has {} state-slot words for {seqs} sequences ({STATE_WORDS} each)", s.state_slots.len());
             }
             if s.state_slots.is_empty() && seqs > self.state_slots {
                 bail!("step has {seqs} sequences and names no state slots ({} exist)", self.state_slots);
             }
             let mut seen = vec![false; self.state_slots];
-            for &w in &s.state_slots {
-                let (slot, backup) = unpack_state_slot(w);
-                for slot in std::iter::once(slot).chain(backup) {
+            let mut tokens = vec![0usize; seqs];
+            for &q in &s.seq_of_token {
+                if let Some(t) = tokens.get_mut(q as usize) {
+                    *t += 1;
+                }
+            }
+            for (j, st) in SeqState::all(s).iter().enumerate() {
+                if st.snapshot.is_some_and(|(_, at)| at as usize >= tokens[j]) {
+                    bail!("sequence {j}: a state snapshot after token {:?} of its {}", st.snapshot, tokens[j]);
+                }
+                for slot in [Some(st.slot), st.backup, st.snapshot.map(|x| x.0)].into_iter().flatten() {
                     match seen.get_mut(slot as usize) {
                         None => bail!("state slot {slot} is outside the {} slots", self.state_slots),
                         Some(true) => bail!("state slot {slot} is used twice in one step"),

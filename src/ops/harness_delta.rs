@@ -20,6 +20,8 @@ pub struct DeltaSeq {
     pub reset: bool,
     /// A slot the state before the step is copied to.
     pub backup: Option<u32>,
+    /// A slot the state after its token `.1` (from its first) is copied to.
+    pub snapshot: Option<(u32, u32)>,
 }
 
 /// The states of every slot: [slots, conv_state] and [slots, rec_state] floats.
@@ -90,14 +92,20 @@ impl Harness {
         let slots = st.rec.len() / d.rec_state().max(1);
         if x.len() != n * d.proj_width()
             || st.conv.len() != slots * d.conv_state()
-            || seqs.iter().any(|s| s.slot as usize >= slots || s.backup.is_some_and(|b| b as usize >= slots))
+            || seqs.iter().any(|s| {
+                s.slot as usize >= slots
+                    || s.backup.is_some_and(|b| b as usize >= slots)
+                    || s.snapshot.is_some_and(|(b, at)| b as usize >= slots || at as usize >= s.tokens)
+            })
         {
             bail!("delta: x, the states or a slot do not match {n} tokens and {slots} slots");
         }
         let mut meta = Vec::new();
         let mut first = 0;
         for s in seqs {
-            meta.extend([s.slot, first as u32, s.tokens as u32, s.reset as u32, s.backup.unwrap_or(delta::NO_BACKUP)]);
+            let (snap, at) = s.snapshot.unwrap_or((delta::NO_SLOT, 0));
+            let none = delta::NO_SLOT;
+            meta.extend([s.slot, first as u32, s.tokens as u32, s.reset as u32, s.backup.unwrap_or(none), snap, at]);
             first += s.tokens;
         }
         debug_assert_eq!(meta.len(), seqs.len() * STATE_RECORD);
