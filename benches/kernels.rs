@@ -22,6 +22,35 @@ fn rand(rng: &mut Rng, n: usize) -> Vec<f32> {
     (0..n).map(|_| rng.uniform() - 0.5).collect()
 }
 
+/// One decode token's paged attention over `ctx` cached keys of `shape` (the cache filled first).
+fn attention_decode(
+    g: &mut criterion::BenchmarkGroup<criterion::measurement::WallTime>,
+    h: &Harness,
+    shape: AttnShape,
+    ctx: usize,
+    rng: &mut Rng,
+    name: String,
+) {
+    let rig = h.attn_rig(shape, ctx.div_ceil(16) + 1, ctx + 1, 100000.0);
+    let table: Vec<u32> = (0..(ctx.div_ceil(16) + 1) as u32).collect();
+    let qkv_dim = (shape.heads + 2 * shape.kv_heads) * shape.head_dim;
+    let fill = AttnStep {
+        positions: (0..ctx as u32).collect(),
+        slots: (0..ctx as u32).collect(),
+        seq_of_token: vec![0; ctx],
+        block_tables: vec![table.clone()],
+    };
+    h.rope_attention(&rig, &rand(rng, ctx * qkv_dim), &fill).unwrap();
+    let step = AttnStep {
+        positions: vec![ctx as u32],
+        slots: vec![ctx as u32],
+        seq_of_token: vec![0],
+        block_tables: vec![table],
+    };
+    let q = rand(rng, qkv_dim);
+    g.bench_function(name, |b| b.iter_custom(|iters| h.time_attention(&rig, &q, &step, iters).unwrap()));
+}
+
 fn bench(c: &mut Criterion) {
     let gpu = Arc::new(Gpu::new(None).expect("a wgpu adapter"));
     let h = Harness::new(gpu, 64).unwrap();
@@ -86,28 +115,8 @@ fn bench(c: &mut Criterion) {
     // Paged attention, decode (1 query token) at several context lengths.
     let shape = AttnShape { heads: 9, kv_heads: 3, head_dim: 64, block_size: 16 };
     for ctx in [128usize, 512, 2048] {
-        let rig = h.attn_rig(shape, ctx.div_ceil(16) + 1, ctx + 1, 100000.0);
-        let table: Vec<u32> = (0..(ctx.div_ceil(16) + 1) as u32).collect();
-        let qkv_dim = (9 + 6) * 64;
-        // Fill the cache with ctx tokens, then time a decode token attending to all of them.
-        let fill = AttnStep {
-            positions: (0..ctx as u32).collect(),
-            slots: (0..ctx as u32).collect(),
-            seq_of_token: vec![0; ctx],
-            block_tables: vec![table.clone()],
-        };
-        h.rope_attention(&rig, &rand(&mut rng, ctx * qkv_dim), &fill).unwrap();
-        let step = AttnStep {
-            positions: vec![ctx as u32],
-            slots: vec![ctx as u32],
-            seq_of_token: vec![0],
-            block_tables: vec![table],
-        };
-        let q = rand(&mut rng, qkv_dim);
         g.throughput(Throughput::Elements(ctx as u64));
-        g.bench_function(format!("attention_decode_ctx{ctx}"), |b| {
-            b.iter_custom(|iters| h.time_attention(&rig, &q, &step, iters).unwrap())
-        });
+        attention_decode(&mut g, &h, shape, ctx, &mut rng, format!("attention_decode_ctx{ctx}"));
     }
     // A hybrid model's token mixers per decode token and layer: Qwen3.5-9B's Gated DeltaNet
     // (conv, q/k norm + decay, the delta rule over 32 value heads of 128 x 128, the gated norm;
@@ -126,36 +135,10 @@ fn bench(c: &mut Criterion) {
         b.iter_custom(|iters| dh.time_delta(&d, &w, &x, &seqs, &mut st, iters).unwrap())
     });
     for (name, heads, kv_heads, head_dim) in [("qwen25_7b", 28usize, 4usize, 128usize), ("qwen35_9b", 16, 4, 256)] {
-        let ah = Harness::attention_only(
-            h.gpu.clone(),
-            (head_dim as u32, (heads / kv_heads) as u32),
-            Default::default(),
-            1,
-            KernelProfile::Cpu,
-        )
-        .unwrap();
-        let ctx = 4096;
+        let group = (head_dim as u32, (heads / kv_heads) as u32);
+        let ah = Harness::attention_only(h.gpu.clone(), group, Default::default(), 1, KernelProfile::Cpu).unwrap();
         let shape = AttnShape { heads, kv_heads, head_dim, block_size: 16 };
-        let rig = ah.attn_rig(shape, ctx / 16 + 1, ctx + 1, 1e6);
-        let table: Vec<u32> = (0..(ctx / 16 + 1) as u32).collect();
-        let qkv_dim = (heads + 2 * kv_heads) * head_dim;
-        let fill = AttnStep {
-            positions: (0..ctx as u32).collect(),
-            slots: (0..ctx as u32).collect(),
-            seq_of_token: vec![0; ctx],
-            block_tables: vec![table.clone()],
-        };
-        ah.rope_attention(&rig, &rand(&mut rng, ctx * qkv_dim), &fill).unwrap();
-        let step = AttnStep {
-            positions: vec![ctx as u32],
-            slots: vec![ctx as u32],
-            seq_of_token: vec![0],
-            block_tables: vec![table],
-        };
-        let q = rand(&mut rng, qkv_dim);
-        g.bench_function(format!("mixer_decode_attention_ctx4096_{name}"), |b| {
-            b.iter_custom(|iters| ah.time_attention(&rig, &q, &step, iters).unwrap())
-        });
+        attention_decode(&mut g, &ah, shape, 4096, &mut rng, format!("mixer_decode_attention_ctx4096_{name}"));
     }
     // Sampling over the vocabulary: greedy, temperature + top-k + top-p, and top-p alone, in
     // both profiles (the gpu profile's thresholds by histogram, the cpu profile's by

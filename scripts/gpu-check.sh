@@ -18,8 +18,9 @@
 # profile check. The 7B/8B shapes at full depth need about 5 GB of disk and GPU memory each.
 # The mixture-of-experts shapes run 12 of their layers unless --layers is given (qwen3-30b-a3b:
 # 12 of 48, about 4.6 GB in Q4_K; gpt-oss-20b: 12 of 24, its experts MXFP4 whatever --format
-# says, about 6 GB), and once more at batch 1 with every expert active (bench-model
-# --moe-top-k 128 or 32): what the sparse path saves.
+# says, about 6 GB; qwen3.6-35b-a3b: 12 of 40, 9 Gated DeltaNet + 3 attention layers), and once
+# more at batch 1 with every expert active (bench-model --moe-top-k 128, 32 or 256): what the
+# sparse path saves.
 #
 # The binary: $TORUS_BIN, else target/release/torus-wgpu, else $CARGO_TARGET_DIR/release/torus-wgpu.
 #
@@ -130,6 +131,7 @@ for shape in ${shapes//,/ }; do
     case "$shape" in
         qwen3-30b-a3b) moe=128; [ -z "$shape_layers" ] && shape_layers=12 ;;
         gpt-oss-20b) moe=32; [ -z "$shape_layers" ] && shape_layers=12 ;;
+        qwen3.6-35b-a3b) moe=256; [ -z "$shape_layers" ] && shape_layers=12 ;;
     esac
     say ""
     say "== $shape ($format${shape_layers:+, $shape_layers layers})"
