@@ -129,7 +129,7 @@ fn bench(c: &mut Criterion) {
     let w = DeltaWeights { conv: &conv, a: &a, dt_bias: &dt, norm: &norm };
     let x = rand(&mut rng, d.proj_width());
     let mut st = DeltaSlots { conv: vec![0.0; d.conv_state()], rec: vec![0.0; d.rec_state()] };
-    let seqs = [DeltaSeq { slot: 0, tokens: 1, reset: false, backup: None, snapshot: None }];
+    let seqs = [DeltaSeq { slot: 0, tokens: 1, reset: false, backup: None, snapshot: None, src: None }];
     g.throughput(Throughput::Elements(1));
     g.bench_function("mixer_decode_gated_deltanet_qwen35_9b", |b| {
         b.iter_custom(|iters| dh.time_delta(&d, &w, &x, &seqs, &mut st, iters).unwrap())

@@ -48,11 +48,17 @@ struct SeqRec {
     backup: u32,
     snap: u32,
     snap_at: u32,
+    src: u32,
 }
 
 fn seq_rec(s: u32) -> SeqRec {
-    let b = p.off_state + 7u * s;
-    return SeqRec(md[b], md[b + 1u], md[b + 2u], md[b + 3u], md[b + 4u], md[b + 5u], md[b + 6u]);
+    let b = p.off_state + 8u * s;
+    return SeqRec(md[b], md[b + 1u], md[b + 2u], md[b + 3u], md[b + 4u], md[b + 5u], md[b + 6u], md[b + 7u]);
+}
+
+// The slot a sequence's state is read from.
+fn read_slot(r: SeqRec) -> u32 {
+    return select(r.slot, r.src, r.src != NO_SLOT);
 }
 
 fn silu(v: f32) -> f32 {
@@ -83,11 +89,12 @@ fn conv_main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgro
     }
     let taps = p.kernel - 1u;
     let sbase = r.slot * taps * conv_dim + c;
+    let lbase = read_slot(r) * taps * conv_dim + c;
     // hist[j]: the input j + 1 - kernel positions before the current one (oldest first).
     var hist: array<f32, MAX_KERNEL>;
     let bbase = r.backup * taps * conv_dim + c;
     for (var j = 0u; j < taps; j++) {
-        hist[j] = select(conv_state[sbase + j * conv_dim], 0.0, r.reset != 0u);
+        hist[j] = select(conv_state[lbase + j * conv_dim], 0.0, r.reset != 0u);
         if (r.backup != NO_SLOT) {
             conv_state[bbase + j * conv_dim] = hist[j];
         }
@@ -181,10 +188,11 @@ fn delta_main(
     let key_dim = p.k_heads * p.k_dim;
     let value_dim = p.v_heads * p.v_dim;
     let sbase = ((r.slot * p.v_heads + vh) * p.k_dim) * p.v_dim + j;
+    let lbase = ((read_slot(r) * p.v_heads + vh) * p.k_dim) * p.v_dim + j;
     let bbase = ((r.backup * p.v_heads + vh) * p.k_dim) * p.v_dim + j;
     var col: array<f32, DK>;
     for (var i = 0u; i < DK; i++) {
-        col[i] = select(rec_state[sbase + i * p.v_dim], 0.0, r.reset != 0u);
+        col[i] = select(rec_state[lbase + i * p.v_dim], 0.0, r.reset != 0u);
         if (r.backup != NO_SLOT) {
             rec_state[bbase + i * p.v_dim] = col[i];
         }

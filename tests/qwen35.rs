@@ -149,6 +149,7 @@ fn delta_kernels_match_the_reference_in_chunks_and_token_by_token() {
                 reset,
                 backup: (i == 0).then_some(3),
                 snapshot: (i == 1).then_some((4, 2)),
+                src: None,
             })
             .collect();
         let out = h.delta(&d, &w, &x.concat(), &seqs, &mut st, (eps, tiled)).unwrap();
@@ -160,6 +161,18 @@ fn delta_kernels_match_the_reference_in_chunks_and_token_by_token() {
         let dr = tiny::max_diff(&slot(&st.rec, 4, d.rec_state()), &after3.rec);
         assert!(dr < 2e-4, "the snapshot holds the state after the third token ({dr})");
         assert_eq!(slot(&st.conv, 4, d.conv_state()), after3.conv);
+        // The second sequence again from its fourth token, its state read from the snapshot
+        // (slot 4) into slot 0 (garbage before): its outputs and final state as in one go.
+        let mut st2 = st.clone();
+        st2.rec[..d.rec_state()].fill(5.0);
+        st2.conv[..d.conv_state()].fill(5.0);
+        let rest = DeltaSeq { slot: 0, tokens: lens[1] - 3, reset: false, backup: None, snapshot: None, src: Some(4) };
+        let out2 = h.delta(&d, &w, &x[1][3 * d.proj_width()..], &[rest], &mut st2, (eps, tiled)).unwrap();
+        let dmax = tiny::max_diff(&out2, &want[1][3 * d.value_dim()..]);
+        assert!(dmax < 2e-4, "read from a snapshot: outputs differ by {dmax}");
+        let dr = tiny::max_diff(&slot(&st2.rec, 0, d.rec_state()), &want_states[1].1.rec);
+        assert!(dr < 2e-4, "read from a snapshot: state differs by {dr}");
+        assert_eq!(slot(&st2.rec, 4, d.rec_state()), slot(&st.rec, 4, d.rec_state()), "the snapshot is only read");
         let mut got = Vec::new();
         let mut at = 0;
         for &n in &lens {
@@ -179,7 +192,7 @@ fn delta_kernels_match_the_reference_in_chunks_and_token_by_token() {
                     let (a, b) = (step * c, ((step + 1) * c).min(lens[i]));
                     if a < b {
                         let reset = reset && a == 0;
-                        seqs.push(DeltaSeq { slot, tokens: b - a, reset, backup: None, snapshot: None });
+                        seqs.push(DeltaSeq { slot, tokens: b - a, reset, backup: None, snapshot: None, src: None });
                         xs.extend_from_slice(&x[i][a * d.proj_width()..b * d.proj_width()]);
                         which.push((i, b - a));
                     }
@@ -239,6 +252,11 @@ fn qwen35_engine_batched_chunked_and_prefix_cache_requests_equal_alone() {
         assert_eq!(tiny::run_alone(&on, &reqs), want, "{file}: prefix cache on != off, a second time");
         assert!(on.metrics.snapshot().prefix_hits > hits, "{file}: the same prompts hit again");
         assert_eq!(tiny::run_together(&on, &reqs), want, "{file}: prefix cache on, batched != alone");
+        // Three copies of one prompt at once (as `n` choices are): each reads the snapshot.
+        let hits = on.metrics.snapshot().prefix_hits;
+        let three = vec![reqs[0].clone(); 3];
+        assert_eq!(tiny::run_together(&on, &three), vec![want[0].clone(); 3], "{file}: three copies");
+        assert!(on.metrics.snapshot().prefix_hits >= hits + 3, "{file}: every copy starts after the prefix");
         // Chunks of 16: every chunk ends on a block, each leaves a snapshot.
         let on_chunked = tiny::engine(file, |c| {
             c.enable_prefix_cache = true;

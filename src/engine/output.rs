@@ -38,7 +38,7 @@ impl EngineCore {
     }
 
     /// Applies the oldest step's result, then keeps (or, where the step failed or its sequence
-    /// is gone, gives back) the state snapshots it took.
+    /// is gone, gives back) the state snapshots it took; the snapshots it read are unpinned.
     pub(crate) fn complete(&mut self, r: StepResult) {
         let Some(step) = self.in_flight.pop_front() else { return };
         let snaps: Vec<(u64, u32, usize)> =

@@ -62,11 +62,8 @@ impl Scheduler {
                         self.slots.release(b);
                     }
                 }
-                let st = SeqState {
-                    slot,
-                    backup: s.backup_slot,
-                    snapshot: p.snap.map(|(b, block)| (b, snap_at(p, block, bs))),
-                };
+                let snapshot = p.snap.map(|(b, block)| (b, snap_at(p, block, bs)));
+                let st = SeqState { slot, src: p.src, backup: s.backup_slot, snapshot };
                 input.state_slots.extend(st.encode());
             }
             if p.start + own == s.tokens.len() && p.draft.is_empty() {

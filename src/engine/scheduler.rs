@@ -44,6 +44,9 @@ pub(crate) struct Planned {
     /// A hybrid model's state snapshot taken in this step (the prefix cache): the slot it goes
     /// to and the sequence's block it follows (`Scheduler::snapshot`).
     pub(crate) snap: Option<(u32, usize)>,
+    /// A hybrid model's sequence starting after a cached prefix: the snapshot slot its state is
+    /// read from in this step (pinned until the step is done).
+    pub(crate) src: Option<u32>,
 }
 
 /// The queues and the cache: what the scheduler decides over.
@@ -171,7 +174,7 @@ impl Scheduler {
             rows += s.rows_in(s.scheduled, len - draft.len()) + draft.len();
             let snap = self.snapshot(s.scheduled, len - draft.len());
             let s = &self.running[i];
-            plan.push(Planned { id: s.id, start: s.scheduled, len, draft, masks: None, snap });
+            plan.push(Planned { id: s.id, start: s.scheduled, len, draft, masks: None, snap, src: None });
             budget -= len;
             if decode {
                 n_decode += 1;
@@ -218,6 +221,18 @@ impl Scheduler {
                 at += 1;
                 continue;
             }
+            // A hybrid model's sequence: a slot of its own, its state read from the snapshot
+            // after its cached prefix in its first step (pinned first, so taking the slot cannot
+            // give it up).
+            let src = hit.keys.last().filter(|_| self.slots.needed()).and_then(|k| self.slots.read(k));
+            let state_slot = if self.slots.needed() { self.slots.acquire() } else { None };
+            if self.slots.needed() && state_slot.is_none() {
+                if let Some(x) = src {
+                    self.slots.unpin(x);
+                }
+                self.bm.release(&hit.blocks);
+                break;
+            }
             // Counted once per admitted request (a request waiting for room is looked up again
             // every step).
             self.bm.count_lookup(hit.queried, hit.blocks.len());
@@ -234,11 +249,7 @@ impl Scheduler {
                 w.passed_over += 1;
             }
             s.table = hit.blocks;
-            s.state_slot = match keys.last() {
-                Some(k) if self.slots.needed() => self.slots.take(k),
-                _ if self.slots.needed() => self.slots.acquire(),
-                _ => None,
-            };
+            s.state_slot = state_slot;
             for _ in 0..need {
                 s.table.push(self.bm.allocate().expect("checked available"));
             }
@@ -250,7 +261,7 @@ impl Scheduler {
             let id = s.id;
             self.running.push(s);
             let snap = self.snapshot(computed, len);
-            plan.push(Planned { id, start: computed, len, draft: Vec::new(), masks: None, snap });
+            plan.push(Planned { id, start: computed, len, draft: Vec::new(), masks: None, snap, src });
             budget -= len;
             n_prefill += 1;
         }

@@ -15,8 +15,10 @@ use super::BlockKey;
 #[derive(Clone, Debug)]
 pub struct StateSlots {
     free: Vec<u32>,
-    /// Snapshots, oldest first.
+    /// Snapshots, least recently used first.
     snapshots: Vec<(BlockKey, u32)>,
+    /// Snapshot slots steps in flight read from, with how many.
+    pinned: Vec<(u32, usize)>,
     total: usize,
 }
 
@@ -24,7 +26,7 @@ impl StateSlots {
     /// `total` slots (0: the model has no recurrent layers, and sequences need none).
     pub fn new(total: usize) -> StateSlots {
         // Handed out lowest first.
-        StateSlots { free: (0..total as u32).rev().collect(), snapshots: Vec::new(), total }
+        StateSlots { free: (0..total as u32).rev().collect(), snapshots: Vec::new(), pinned: Vec::new(), total }
     }
 
     /// Whether sequences need a slot at all.
@@ -32,23 +34,31 @@ impl StateSlots {
         self.total > 0
     }
 
-    /// Slots that `acquire` can give: free ones and those holding snapshots.
+    /// Slots that `acquire` can give: free ones and those of unpinned snapshots.
     pub fn available(&self) -> usize {
-        self.free.len() + self.snapshots.len()
+        self.free.len() + self.snapshots.iter().filter(|s| !self.is_pinned(s.1)).count()
     }
 
     /// Slots lent to sequences (or to snapshots being taken).
     pub fn in_use(&self) -> usize {
-        self.total - self.available()
+        self.total - self.free.len() - self.snapshots.len()
+    }
+
+    fn is_pinned(&self, slot: u32) -> bool {
+        self.pinned.iter().any(|p| p.0 == slot)
     }
 
     pub fn snapshots(&self) -> usize {
         self.snapshots.len()
     }
 
-    /// A free slot, else the oldest snapshot's.
+    /// A free slot, else the least recently used unpinned snapshot's.
     pub fn acquire(&mut self) -> Option<u32> {
-        self.free.pop().or_else(|| (!self.snapshots.is_empty()).then(|| self.snapshots.remove(0).1))
+        if let Some(s) = self.free.pop() {
+            return Some(s);
+        }
+        let i = self.snapshots.iter().position(|s| !self.is_pinned(s.1))?;
+        Some(self.snapshots.remove(i).1)
     }
 
     /// Gives a slot back (one that is already free or cached, or out of range, is ignored).
@@ -76,12 +86,30 @@ impl StateSlots {
     /// Forgets every snapshot (the KV cache they follow is gone).
     pub fn drop_snapshots(&mut self) {
         self.free.extend(self.snapshots.drain(..).map(|s| s.1));
+        self.pinned.clear();
     }
 
-    /// Takes the snapshot after block `key`: its slot is lent to the caller.
-    pub fn take(&mut self, key: &BlockKey) -> Option<u32> {
+    /// The slot of the snapshot after block `key`, pinned (and marked most recently used) until
+    /// `unpin`: a step reads it.
+    pub fn read(&mut self, key: &BlockKey) -> Option<u32> {
         let i = self.snapshots.iter().position(|s| &s.0 == key)?;
-        Some(self.snapshots.remove(i).1)
+        let s = self.snapshots.remove(i);
+        self.snapshots.push(s);
+        match self.pinned.iter_mut().find(|p| p.0 == s.1) {
+            Some(p) => p.1 += 1,
+            None => self.pinned.push((s.1, 1)),
+        }
+        Some(s.1)
+    }
+
+    /// A step that read snapshot slot `slot` is done.
+    pub fn unpin(&mut self, slot: u32) {
+        if let Some(i) = self.pinned.iter().position(|p| p.0 == slot) {
+            self.pinned[i].1 -= 1;
+            if self.pinned[i].1 == 0 {
+                self.pinned.remove(i);
+            }
+        }
     }
 }
 
@@ -118,7 +146,12 @@ mod tests {
         assert_eq!(s.acquire(), Some(c));
         assert_eq!(s.acquire(), Some(a));
         assert!(!s.has(&[1; 32]));
-        assert_eq!(s.take(&[2; 32]), Some(b));
+        // Read (pinned): kept, and not given up while pinned.
+        assert_eq!(s.read(&[2; 32]), Some(b));
+        assert_eq!((s.snapshots(), s.available()), (1, 0));
+        assert_eq!(s.acquire(), None);
+        s.unpin(b);
+        assert_eq!(s.acquire(), Some(b));
         assert_eq!((s.snapshots(), s.available()), (0, 0));
     }
 }

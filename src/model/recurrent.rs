@@ -129,13 +129,13 @@ pub(crate) fn state_buffers(
 /// The step's state records (ops/delta.rs's STATE_RECORD words per sequence) into `meta`: each
 /// sequence's slot (its index where the step names none), first token row, token count, whether
 /// it starts from a zero state (its first token is at position 0), the slot its state is first
-/// copied to, and the snapshot slot and token after which its state is copied there
-/// (`delta::NO_SLOT`: none).
+/// copied to, the snapshot slot and token after which its state is copied there, and the slot
+/// its state is read from instead of its own (`delta::NO_SLOT`: none).
 pub(crate) fn state_records(meta: &mut [u32], s: &crate::model::StepInput) {
     for (j, st) in crate::model::step::SeqState::all(s).iter().enumerate() {
         let none = delta::NO_SLOT;
         let (snap, at) = st.snapshot.unwrap_or((none, 0));
-        let r = [st.slot, 0, 0, 0, st.backup.unwrap_or(none), snap, at];
+        let r = [st.slot, 0, 0, 0, st.backup.unwrap_or(none), snap, at, st.src.unwrap_or(none)];
         meta[j * delta::STATE_RECORD..(j + 1) * delta::STATE_RECORD].copy_from_slice(&r);
     }
     for (i, &seq) in s.seq_of_token.iter().enumerate() {

@@ -66,13 +66,15 @@ impl std::fmt::Debug for StepInput {
 /// Words of one sequence's entry in `StepInput::state_slots`.
 pub const STATE_WORDS: usize = 3;
 
-/// One sequence's recurrent-state slots in a step: its own; a backup the step first copies its
+/// One sequence's recurrent-state slots in a step: its own; a slot its state is read from
+/// instead (a prefix-cache snapshot, at its first step); a backup the step first copies its
 /// state to (speculative decoding: the state to go back to when proposals are rejected); a
 /// snapshot slot the state after its token `at` (counted from its first token in the step) is
-/// copied to (the prefix cache).
+/// copied to (the prefix cache). Slots are below 65535.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SeqState {
     pub slot: u32,
+    pub src: Option<u32>,
     pub backup: Option<u32>,
     pub snapshot: Option<(u32, u32)>,
 }
@@ -80,15 +82,17 @@ pub struct SeqState {
 impl SeqState {
     pub fn encode(&self) -> [u32; STATE_WORDS] {
         let (snap, at) = self.snapshot.map_or((0, 0), |(s, at)| (s + 1, at));
-        [self.slot | self.backup.map_or(0, |b| (b + 1) << 16), snap, at]
+        let hi = |x: Option<u32>| x.map_or(0, |b| (b + 1) << 16);
+        [self.slot | hi(self.backup), snap | hi(self.src), at]
     }
 
     pub fn decode(w: &[u32]) -> SeqState {
         let word = |i: usize| w.get(i).copied().unwrap_or(0);
         SeqState {
             slot: word(0) & 0xffff,
+            src: (word(1) >> 16).checked_sub(1),
             backup: (word(0) >> 16).checked_sub(1),
-            snapshot: word(1).checked_sub(1).map(|s| (s, word(2))),
+            snapshot: (word(1) & 0xffff).checked_sub(1).map(|s| (s, word(2))),
         }
     }
 

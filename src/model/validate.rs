@@ -81,6 +81,10 @@ impl StepBounds {
                 if st.snapshot.is_some_and(|(_, at)| at as usize >= tokens[j]) {
                     bail!("sequence {j}: a state snapshot after token {:?} of its {}", st.snapshot, tokens[j]);
                 }
+                // A snapshot read from may serve several sequences; it is none of their own.
+                if st.src.is_some_and(|x| x as usize >= self.state_slots) {
+                    bail!("sequence {j}: state read from slot {:?}, outside the {} slots", st.src, self.state_slots);
+                }
                 for slot in [Some(st.slot), st.backup, st.snapshot.map(|x| x.0)].into_iter().flatten() {
                     match seen.get_mut(slot as usize) {
                         None => bail!("state slot {slot} is outside the {} slots", self.state_slots),

@@ -57,8 +57,9 @@ bindings! {
 /// Words of a sequence's state record in the step metadata: slot, first token row, tokens,
 /// reset (its first token is at position 0, so it starts from a zero state), backup slot (its
 /// state before the step is copied there first), snapshot slot and the token (counted from its
-/// first) after which its state is copied there; NO_SLOT: none.
-pub const STATE_RECORD: usize = 7;
+/// first) after which its state is copied there, the slot its state is read from (instead of
+/// its own); NO_SLOT: none.
+pub const STATE_RECORD: usize = 8;
 pub const NO_SLOT: u32 = u32::MAX;
 
 /// Gated DeltaNet's sizes.

@@ -22,6 +22,8 @@ pub struct DeltaSeq {
     pub backup: Option<u32>,
     /// A slot the state after its token `.1` (from its first) is copied to.
     pub snapshot: Option<(u32, u32)>,
+    /// A slot its state is read from instead of its own.
+    pub src: Option<u32>,
 }
 
 /// The states of every slot: [slots, conv_state] and [slots, rec_state] floats.
@@ -96,6 +98,7 @@ impl Harness {
                 s.slot as usize >= slots
                     || s.backup.is_some_and(|b| b as usize >= slots)
                     || s.snapshot.is_some_and(|(b, at)| b as usize >= slots || at as usize >= s.tokens)
+                    || s.src.is_some_and(|b| b as usize >= slots)
             })
         {
             bail!("delta: x, the states or a slot do not match {n} tokens and {slots} slots");
@@ -105,7 +108,17 @@ impl Harness {
         for s in seqs {
             let (snap, at) = s.snapshot.unwrap_or((delta::NO_SLOT, 0));
             let none = delta::NO_SLOT;
-            meta.extend([s.slot, first as u32, s.tokens as u32, s.reset as u32, s.backup.unwrap_or(none), snap, at]);
+            let src = s.src.unwrap_or(none);
+            meta.extend([
+                s.slot,
+                first as u32,
+                s.tokens as u32,
+                s.reset as u32,
+                s.backup.unwrap_or(none),
+                snap,
+                at,
+                src,
+            ]);
             first += s.tokens;
         }
         debug_assert_eq!(meta.len(), seqs.len() * STATE_RECORD);
