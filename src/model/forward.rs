@@ -121,11 +121,12 @@ impl Model {
             let mib = |b: u64| b >> 20;
             bail!(
                 "the model does not fit on {}: it needs {plan}, the device has {} MiB; lower total_cache_size \
-                 (the KV cache, now {} MiB) or max_num_batched_tokens / max_decode_batch_size (the scratch), use a \
+                 (the KV cache, now {} MiB) or max_num_batched_tokens / max_decode_batch_size (the scratch{}), use a \
                  smaller quantization, or split the layers over pipeline stages",
                 g.describe(),
                 mib(mem),
-                mib(plan.kv_cache)
+                mib(plan.kv_cache),
+                if plan.state > 0 { "; and the recurrent states: a slot per sequence of a step" } else { "" }
             );
         }
         let kv = kv_plan.allocate(g, attn_layers, limits.block_size);
