@@ -19,8 +19,8 @@
 # The mixture-of-experts shapes run 12 of their layers unless --layers is given (qwen3-30b-a3b:
 # 12 of 48, about 4.6 GB in Q4_K; gpt-oss-20b: 12 of 24, its experts MXFP4 whatever --format
 # says, about 6 GB; qwen3.6-35b-a3b: 12 of 40, 9 Gated DeltaNet + 3 attention layers), and once
-# more at batch 1 with every expert active (bench-model --moe-top-k 128, 32 or 256): what the
-# sparse path saves.
+# more at batch 1 with every expert active (bench-model --moe-top-k 128 or 32; qwen3.6: 128 of
+# its 256, the router's most): what the sparse path saves.
 #
 # The binary: $TORUS_BIN, else target/release/torus-wgpu, else $CARGO_TARGET_DIR/release/torus-wgpu.
 #
@@ -131,7 +131,8 @@ for shape in ${shapes//,/ }; do
     case "$shape" in
         qwen3-30b-a3b) moe=128; [ -z "$shape_layers" ] && shape_layers=12 ;;
         gpt-oss-20b) moe=32; [ -z "$shape_layers" ] && shape_layers=12 ;;
-        qwen3.6-35b-a3b) moe=256; [ -z "$shape_layers" ] && shape_layers=12 ;;
+        # All 256 would exceed the router's limit (128 per token): half of them active.
+        qwen3.6-35b-a3b) moe=128; [ -z "$shape_layers" ] && shape_layers=12 ;;
     esac
     say ""
     say "== $shape ($format${shape_layers:+, $shape_layers layers})"
