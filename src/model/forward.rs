@@ -110,7 +110,7 @@ impl Model {
         let scratch_plan = ScratchPlan::new(&cfg, &limits, &layout, last);
         let attn_layers = cfg.attn_layers_in(layers.clone());
         // A slot per sequence a step can hold.
-        let state_slots = if cfg.attn_layers_in(layers.clone()) < layers.len() { limits.max_seqs } else { 0 };
+        let state_slots = if attn_layers < layers.len() { limits.max_seqs } else { 0 };
         let plan = MemoryPlan {
             weights: stage_weight_bytes(host, &layers),
             kv_cache: kv_plan.bytes_per_layer() * attn_layers as u64,

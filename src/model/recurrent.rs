@@ -132,7 +132,7 @@ pub(crate) fn state_buffers(
 /// copied to, the snapshot slot and token after which its state is copied there, and the slot
 /// its state is read from instead of its own (`delta::NO_SLOT`: none).
 pub(crate) fn state_records(meta: &mut [u32], s: &crate::model::StepInput) {
-    for (j, st) in crate::model::step::SeqState::all(s).iter().enumerate() {
+    for (j, st) in crate::model::step::SeqState::all(s).enumerate() {
         let none = delta::NO_SLOT;
         let (snap, at) = st.snapshot.unwrap_or((none, 0));
         let r = [st.slot, 0, 0, 0, st.backup.unwrap_or(none), snap, at, st.src.unwrap_or(none)];

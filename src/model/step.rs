@@ -96,12 +96,13 @@ impl SeqState {
         }
     }
 
-    /// The entries of `state_slots` (sequence j: slot j where the step names none).
-    pub fn all(s: &StepInput) -> Vec<SeqState> {
-        match s.state_slots.is_empty() {
-            true => (0..s.block_tables.len() as u32).map(|slot| SeqState { slot, ..Default::default() }).collect(),
-            false => s.state_slots.chunks(STATE_WORDS).map(SeqState::decode).collect(),
-        }
+    /// Each sequence's entry of `state_slots` (sequence j: slot j where the step names none),
+    /// decoded as it is read (no per-step allocation).
+    pub fn all(s: &StepInput) -> impl Iterator<Item = SeqState> + '_ {
+        (0..s.block_tables.len()).map(move |j| match s.state_slots.is_empty() {
+            true => SeqState { slot: j as u32, ..Default::default() },
+            false => SeqState::decode(s.state_slots.get(j * STATE_WORDS..).unwrap_or(&[])),
+        })
     }
 }
 

@@ -77,7 +77,7 @@ impl StepBounds {
                     *t += 1;
                 }
             }
-            for (j, st) in SeqState::all(s).iter().enumerate() {
+            for (j, st) in SeqState::all(s).enumerate() {
                 if st.snapshot.is_some_and(|(_, at)| at as usize >= tokens[j]) {
                     bail!("sequence {j}: a state snapshot after token {:?} of its {}", st.snapshot, tokens[j]);
                 }
