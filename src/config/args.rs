@@ -129,7 +129,7 @@ engine_args! {
     kv_events_endpoint: String;
     /// The KV-cache events' ZeroMQ topic (default: empty, as vLLM's).
     kv_events_topic: String;
-    /// Speculative decoding: ngram (prompt lookup), draft (a draft model) or off (default).
+    /// Speculative decoding: ngram (prompt lookup), draft (a draft model), mtp (the model's MTP head) or off (default).
     speculative: SpecMethod;
     /// Draft model (Hugging Face directory or .gguf file, same vocabulary) for speculative
     /// decoding; implies --speculative draft.

@@ -23,6 +23,17 @@ pub enum SpecMethod {
     Ngram,
     /// A smaller model with the same vocabulary (`draft_model`) proposes greedily.
     Draft,
+    /// The model's own multi-token-prediction head (Qwen3.5's MTP / NextN block) proposes
+    /// greedily from the model's hidden states (model/mtp.rs).
+    Mtp,
+}
+
+impl SpecMethod {
+    /// Proposals come from a model the engine runs (a draft model or the MTP head), not from
+    /// a lookup.
+    pub fn uses_model(self) -> bool {
+        matches!(self, SpecMethod::Draft | SpecMethod::Mtp)
+    }
 }
 
 impl std::str::FromStr for SpecMethod {
@@ -32,7 +43,8 @@ impl std::str::FromStr for SpecMethod {
             "off" | "none" => Ok(SpecMethod::Off),
             "ngram" | "prompt_lookup" => Ok(SpecMethod::Ngram),
             "draft" | "draft_model" => Ok(SpecMethod::Draft),
-            _ => Err(format!("unknown speculative method '{s}' (expected ngram, draft or off)")),
+            "mtp" | "nextn" => Ok(SpecMethod::Mtp),
+            _ => Err(format!("unknown speculative method '{s}' (expected ngram, draft, mtp or off)")),
         }
     }
 }
@@ -95,7 +107,7 @@ impl EngineConfig {
         if self.draft_model.is_some() {
             match s.method {
                 SpecMethod::Off | SpecMethod::Draft => s.method = SpecMethod::Draft,
-                SpecMethod::Ngram => bail!("draft_model is given but speculative is ngram; give one of them"),
+                m => bail!("draft_model is given but speculative is {m:?}; give one of them"),
             }
         }
         if let Some(v) = &self.speculative_config {
@@ -109,8 +121,10 @@ impl EngineConfig {
                     }
                     SpecMethod::Draft
                 }
+                // vLLM's names of the Qwen3.5 / Qwen3-Next head.
+                Some("mtp") | Some("qwen3_next_mtp") | Some("qwen3_5_mtp") => SpecMethod::Mtp,
                 Some(other) => {
-                    bail!("speculative_config: method {other:?} is not supported (supported: ngram, draft_model)")
+                    bail!("speculative_config: method {other:?} is not supported (supported: ngram, draft_model, mtp)")
                 }
                 None => bail!("speculative_config: give method \"ngram\", or a draft \"model\""),
             };
@@ -186,6 +200,11 @@ mod tests {
         assert!(c.spec_settings().unwrap_err().to_string().contains("draft_model"));
         let c = EngineConfig { speculative: SpecMethod::Ngram, draft_model: Some("d".into()), ..Default::default() };
         assert!(c.spec_settings().is_err());
+        let v: VllmSpeculativeConfig =
+            serde_json::from_str(r#"{"method": "qwen3_next_mtp", "num_speculative_tokens": 2}"#).unwrap();
+        let c = EngineConfig { speculative_config: Some(v), ..Default::default() };
+        assert_eq!((c.spec_settings().unwrap().method, c.spec_settings().unwrap().max_tokens), (SpecMethod::Mtp, 2));
+        assert_eq!("mtp".parse::<SpecMethod>(), Ok(SpecMethod::Mtp));
         assert!(bad(r#"{"method": "ngram", "num_speculative_tokens": 99}"#).contains("num_speculative_tokens"));
         assert!(bad(r#"{"method": "ngram", "prompt_lookup_min": 5, "prompt_lookup_max": 3}"#).contains("prompt_lookup"));
     }

@@ -97,9 +97,9 @@ impl EngineCore {
             draining: false,
             kv_events: kv_events.map(|tx| (tx, 0)),
             draft: None,
-            gate: crate::spec::CostGate::with_min_backoff(match cfg.spec.method {
-                crate::config::SpecMethod::Draft => crate::spec::gate::DRAFT_BACKOFF_MIN,
-                _ => crate::spec::gate::BACKOFF_MIN,
+            gate: crate::spec::CostGate::with_min_backoff(match cfg.spec.method.uses_model() {
+                true => crate::spec::gate::DRAFT_BACKOFF_MIN,
+                false => crate::spec::gate::BACKOFF_MIN,
             }),
         };
         core.sched.slots = crate::kv::StateSlots::new(slots);
@@ -256,7 +256,9 @@ impl EngineCore {
 
     pub(crate) fn submit_step(&mut self, mut plan: Vec<Planned>) {
         let t0 = std::time::Instant::now();
-        if self.sched.cfg.spec.method == crate::config::SpecMethod::Draft && plan.iter().any(|p| !p.draft.is_empty()) {
+        // The MTP head reads every step's hidden states: it catches up after each step.
+        let mtp = self.draft.as_ref().is_some_and(|d| d.is_mtp());
+        if self.sched.cfg.spec.method.uses_model() && (mtp || plan.iter().any(|p| !p.draft.is_empty())) {
             self.fill_drafts(&mut plan);
         }
         self.grammar_drafts(&mut plan, self.exec.vocab().div_ceil(32));

@@ -21,24 +21,69 @@ use crate::sampling::SampleParams;
 use crate::tokenizer::Tokenizer;
 use anyhow::{anyhow, bail, Context, Result};
 
-/// The draft model and its step limits.
+/// The draft model (or the model's MTP head, engine/mtp.rs) and its step limits.
 pub struct DraftModel {
-    exec: Box<dyn Executor>,
-    limits: StepLimits,
+    runner: Runner,
+    pub(crate) limits: StepLimits,
     vocab: usize,
     next_step: u64,
 }
 
+enum Runner {
+    Draft(Box<dyn Executor>),
+    /// The head's model takes hidden states beside its tokens (no executor passes them).
+    Mtp(Box<Model>, super::mtp::MtpHead),
+}
+
 impl DraftModel {
     pub fn new(exec: Box<dyn Executor>) -> DraftModel {
-        DraftModel { limits: exec.limits(), vocab: exec.vocab(), exec, next_step: 0 }
+        DraftModel { limits: exec.limits(), vocab: exec.vocab(), runner: Runner::Draft(exec), next_step: 0 }
+    }
+
+    /// The MTP head's model (`emit_hidden` on) and what the engine needs of the head.
+    pub(crate) fn new_mtp(model: Model, head: super::mtp::MtpHead) -> DraftModel {
+        let (limits, vocab) = (model.limits, model.cfg.vocab);
+        DraftModel { limits, vocab, runner: Runner::Mtp(Box::new(model), head), next_step: 0 }
+    }
+
+    /// Whether this is the model's MTP head.
+    pub fn is_mtp(&self) -> bool {
+        matches!(self.runner, Runner::Mtp(..))
+    }
+
+    pub(crate) fn mtp(&self) -> Option<&super::mtp::MtpHead> {
+        match &self.runner {
+            Runner::Mtp(_, h) => Some(h),
+            Runner::Draft(_) => None,
+        }
     }
 
     fn step(&mut self, input: StepInput) -> Result<Vec<u32>> {
+        Ok(self.run(input, None)?.sampled.into_iter().map(|s| s.id).collect())
+    }
+
+    /// One step; `rows`: the MTP head's hidden states, one per token. A panic in it (a bug, a
+    /// driver failure) is this step's error.
+    pub(crate) fn run(&mut self, input: StepInput, rows: Option<&[f32]>) -> Result<crate::exec::StepOutput> {
         self.next_step += 1;
-        self.exec.submit(self.next_step, input);
-        let r = self.exec.recv().ok_or_else(|| anyhow!("the draft model returned no result"))?;
-        Ok(r.result?.sampled.into_iter().map(|s| s.id).collect())
+        match &mut self.runner {
+            Runner::Draft(exec) => {
+                exec.submit(self.next_step, input);
+                let r = exec.recv().ok_or_else(|| anyhow!("the draft model returned no result"))?;
+                r.result
+            }
+            Runner::Mtp(model, _) => {
+                let bytes: &[u8] = bytemuck::cast_slice(rows.unwrap_or_default());
+                let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| model.run(&input, Some(bytes))))
+                    .unwrap_or_else(|p| Err(anyhow!("the MTP head panicked: {}", crate::exec::panic_message(&*p))))?;
+                match out {
+                    crate::model::StageOutput::Sampled(sampled) => {
+                        Ok(crate::exec::StepOutput { sampled, logits: None, hidden: model.take_hidden() })
+                    }
+                    crate::model::StageOutput::Hidden(_) => bail!("the MTP head gave no tokens"),
+                }
+            }
+        }
     }
 
     /// Whether the draft may propose `k` tokens for a sequence of `tokens` with `table_len`
@@ -55,8 +100,10 @@ impl DraftModel {
 /// device with a KV cache of `target`'s block count; None when the config uses no draft model.
 /// Fails with the draft's path and the reason: a different vocabulary, a pipeline, no room.
 pub fn load_draft(cfg: &EngineConfig, target: &dyn Executor, tok: &Tokenizer) -> Result<Option<DraftModel>> {
-    if cfg.spec_settings()?.method != SpecMethod::Draft {
-        return Ok(None);
+    match cfg.spec_settings()?.method {
+        SpecMethod::Draft => {}
+        SpecMethod::Mtp => return super::mtp::load(cfg, target).map(Some),
+        _ => return Ok(None),
     }
     let path = cfg.draft_model_path().ok_or_else(|| anyhow!("speculative draft needs draft_model"))?;
     let ctx = || format!("draft model {}", path.display());
@@ -106,11 +153,11 @@ fn same_vocabulary(target: &Tokenizer, draft: &Tokenizer) -> Result<()> {
 
 /// One speculating sequence in a draft round: where it is in `running`, its tokens so far, its
 /// proposals.
-struct Drafting {
+pub(crate) struct Drafting {
     plan: usize,
-    seq: usize,
-    k: usize,
-    proposals: Vec<u32>,
+    pub(crate) seq: usize,
+    pub(crate) k: usize,
+    pub(crate) proposals: Vec<u32>,
 }
 
 impl EngineCore {
@@ -140,7 +187,9 @@ impl EngineCore {
                 p.draft.clear();
             }
         }
-        match self.run_draft(&mut draft, &mut work) {
+        let mtp = draft.is_mtp();
+        let run = if mtp { self.run_mtp(&mut draft, &mut work) } else { self.run_draft(&mut draft, &mut work) };
+        match run {
             Ok(()) => {
                 for w in work {
                     let p = &mut plan[w.plan];
@@ -148,13 +197,16 @@ impl EngineCore {
                     let n = w.proposals.iter().take_while(|&&t| (t as usize) < self.exec.vocab()).count();
                     p.len -= p.draft.len() - n;
                     p.draft = w.proposals[..n].to_vec();
+                    // (The MTP head's catch-up keeps its own count.)
                     let s = &mut self.sched.running[w.seq];
-                    s.draft_computed = s.tokens.len() - 1 + w.k;
+                    if !mtp {
+                        s.draft_computed = s.tokens.len() - 1 + w.k;
+                    }
                 }
                 self.draft = Some(draft);
             }
             Err(e) => {
-                tracing::error!("the draft model failed ({e:#}); speculative decoding is off from now on");
+                tracing::error!("the draft model / MTP head failed ({e:#}); speculative decoding is off from now on");
                 for p in plan.iter_mut() {
                     p.len -= p.draft.len();
                     p.draft.clear();

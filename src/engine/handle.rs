@@ -164,9 +164,13 @@ impl EngineHandle {
         tokenizer: Tokenizer,
         cfg: &EngineConfig,
     ) -> anyhow::Result<EngineHandle> {
-        let exec = exec.into();
-        if cfg.spec_settings()?.method == crate::config::SpecMethod::Draft && draft.is_none() {
-            anyhow::bail!("speculative draft: the draft model is not loaded (engine::load_draft)");
+        let mut exec = exec.into();
+        if cfg.spec_settings()?.method.uses_model() && draft.is_none() {
+            anyhow::bail!("speculative draft / mtp: the draft model or MTP head is not loaded (engine::load_draft)");
+        }
+        // The MTP head reads the model's hidden states after every step.
+        if draft.as_ref().is_some_and(|d| d.is_mtp()) && !exec.emit_hidden(true) {
+            anyhow::bail!("speculative mtp needs the whole model on one device (not pipeline stages)");
         }
         let limits = exec.limits();
         let b = cfg.batch_budget(limits.max_tokens);

@@ -13,6 +13,7 @@
 
 pub mod core;
 mod draft;
+mod mtp;
 pub mod handle;
 pub mod metrics;
 mod output;

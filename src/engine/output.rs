@@ -81,7 +81,7 @@ impl EngineCore {
                 }
             }
         }
-        let out = match r.result {
+        let mut out = match r.result {
             Ok(out) => out,
             Err(e) => {
                 if let Some(f) = e.downcast_ref::<StageFailure>() {
@@ -107,6 +107,7 @@ impl EngineCore {
             }
         };
         self.metrics.steps.fetch_add(1, Relaxed);
+        let hidden = std::mem::take(&mut out.hidden);
         for p in &step.plan {
             // Aborted while in flight: nothing to apply. A verification is applied with its
             // rows (engine/speculate.rs).
@@ -152,6 +153,9 @@ impl EngineCore {
             if let Some(reason) = Self::accept(&self.tok, s, r, self.sched.cfg.max_seq_len) {
                 done.push((id, reason));
             }
+        }
+        if !hidden.is_empty() {
+            self.keep_mtp_rows(&step.plan, &hidden);
         }
         Some(done)
     }

@@ -93,6 +93,7 @@ impl Scheduler {
         s.computed = 0;
         s.scheduled = 0;
         s.draft_computed = 0;
+        s.mtp_rows = Vec::new();
         self.metrics.preemptions.fetch_add(1, Relaxed);
         self.waiting.push_front(s);
     }

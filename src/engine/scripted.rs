@@ -100,7 +100,7 @@ impl Executor for Scripted {
                 let _ = tx.send(c);
             }
         }
-        self.done.push_back(StepResult { id, result: Ok(StepOutput { sampled, logits: None }) });
+        self.done.push_back(StepResult { id, result: Ok(StepOutput { sampled, logits: None, hidden: Vec::new() }) });
     }
 
     fn recv(&mut self) -> Option<StepResult> {

@@ -57,6 +57,10 @@ pub(crate) struct Seq {
     pub(crate) spec_k: AdaptiveK,
     /// Positions whose K/V the draft model's cache holds (engine/draft.rs).
     pub(crate) draft_computed: usize,
+    /// The MTP head's input not yet read: the model's hidden states (final-normed) of positions
+    /// `mtp_from..`, one row each (engine/mtp.rs).
+    pub(crate) mtp_rows: Vec<f32>,
+    pub(crate) mtp_from: usize,
 }
 
 impl Seq {
@@ -97,6 +101,8 @@ impl Seq {
             passed_over: 0,
             spec_k: AdaptiveK::new(crate::config::MAX_SPECULATIVE_TOKENS),
             draft_computed: 0,
+            mtp_rows: Vec::new(),
+            mtp_from: 0,
         }
     }
 

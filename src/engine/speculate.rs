@@ -68,8 +68,9 @@ impl Scheduler {
         if k == 0 {
             return Vec::new();
         }
-        if spec.method == crate::config::SpecMethod::Draft {
-            // Placeholders, filled by the draft model before the step is built (engine/draft.rs).
+        if spec.method.uses_model() {
+            // Placeholders, filled by the draft model (or the MTP head) before the step is built
+            // (engine/draft.rs).
             return vec![0; k];
         }
         crate::spec::propose(spec, &s.tokens, k)

@@ -64,6 +64,10 @@ impl Executor for FaultInjector {
         self.inner.device()
     }
 
+    fn emit_hidden(&mut self, on: bool) -> bool {
+        self.inner.emit_hidden(on)
+    }
+
     fn submit(&mut self, id: u64, input: StepInput) {
         let fault = self.armed.take_if(|f| *f != Fault::StepIdMismatch);
         self.inner.run(id, input, |model| match fault {

@@ -26,7 +26,7 @@ impl Inline {
             model.step(&input)
         }))
         .unwrap_or_else(|p| Err(anyhow!("the step panicked: {}", panic_message(&*p))))
-        .map(|sampled| StepOutput { sampled, logits: None });
+        .map(|sampled| StepOutput { sampled, logits: None, hidden: model.take_hidden() });
         self.done.push_back(StepResult { id, result });
     }
 }
@@ -59,6 +59,10 @@ impl Executor for Inline {
 
     fn device(&self) -> Option<Arc<crate::gpu::Gpu>> {
         Some(self.model.gpu.clone())
+    }
+
+    fn emit_hidden(&mut self, on: bool) -> bool {
+        self.model.emit_hidden(on)
     }
 
     fn submit(&mut self, id: u64, input: StepInput) {

@@ -62,6 +62,12 @@ pub trait Executor: Send {
     fn device(&self) -> Option<Arc<crate::gpu::Gpu>> {
         None
     }
+    /// Turns on (or off) handing back every token's hidden state after the last layer with each
+    /// step's result (`StepOutput::hidden`; an MTP head reads them); false where the executor
+    /// cannot (a pipeline).
+    fn emit_hidden(&mut self, _on: bool) -> bool {
+        false
+    }
     /// Queues a step; its result comes back from `recv`, in submission order.
     fn submit(&mut self, id: u64, input: StepInput);
     /// The oldest step's result (None when nothing is in flight).
@@ -111,6 +117,9 @@ impl std::error::Error for StageFailure {}
 pub struct StepOutput {
     pub sampled: Vec<Sampled>,
     pub logits: Option<Vec<f32>>,
+    /// Every token's residual after the last layer ([tokens, hidden]) while `emit_hidden` is on;
+    /// else empty.
+    pub hidden: Vec<f32>,
 }
 
 /// A finished step: its id and the last stage's output, or the first stage error.

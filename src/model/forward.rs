@@ -66,6 +66,12 @@ pub struct Model {
     /// The hidden states of every token (input of a later stage, output of an earlier one).
     hidden: wgpu::Buffer,
     hidden_readback: Option<wgpu::Buffer>,
+    /// An MTP head's input: each token's hidden state (model/mtp.rs); None for any other model.
+    mtp_rows: Option<wgpu::Buffer>,
+    /// The last stage also reads back every token's residual after the last layer (an MTP head
+    /// reads it): its readback buffer while on, and what the last step gave.
+    emit: Option<wgpu::Buffer>,
+    emitted: Vec<u8>,
     /// The per-kernel profile, while it is on.
     profiler: Option<crate::model::profile::Profiler>,
     // Weights and scratch stay alive as long as the bind groups that use them.
@@ -85,8 +91,24 @@ impl Model {
     pub fn new_stage(
         gpu: Arc<Gpu>,
         host: &HostModel,
+        limits: StepLimits,
+        layers: std::ops::Range<usize>,
+    ) -> Result<Model> {
+        Model::build(gpu, host, limits, layers, None)
+    }
+
+    /// A Qwen3.5 MTP head (model/mtp.rs) as a one-layer model: `run` takes each token's hidden
+    /// state (normed by the model's final norm) beside its token.
+    pub fn new_mtp(gpu: Arc<Gpu>, head: &crate::model::mtp::HostMtp, limits: StepLimits) -> Result<Model> {
+        Model::build(gpu, &head.model, limits, 0..1, Some(head))
+    }
+
+    fn build(
+        gpu: Arc<Gpu>,
+        host: &HostModel,
         mut limits: StepLimits,
         layers: std::ops::Range<usize>,
+        mtp: Option<&crate::model::mtp::HostMtp>,
     ) -> Result<Model> {
         let cfg = host.cfg.clone();
         if layers.start >= layers.end || layers.end > cfg.layers {
@@ -163,10 +185,14 @@ impl Model {
             (None, true) => bail!("the embedding was not loaded from {}", host.source.display()),
             (_, false) => None,
         };
+        let lp = LayerParams::new(&mut b, &limits, &kv_plan, (layout.off_sample, layout.off_state));
         if let Some(e) = embed.as_ref().filter(|_| first) {
             b.embed(e);
         }
-        let lp = LayerParams::new(&mut b, &limits, &kv_plan, (layout.off_sample, layout.off_state));
+        let mtp_rows = mtp.map(|_| g.storage("mtp_rows", (layout.t_max * cfg.hidden * 4) as u64));
+        if let (Some(head), Some(rows)) = (mtp, &mtp_rows) {
+            b.mtp_input(head, &lp, rows)?;
+        }
         let (mut ai, mut ri) = (0, 0);
         for (l, hl) in host.layer_slice(&layers).iter().enumerate() {
             let cache = if cfg.is_linear(layers.start + l) {
@@ -214,6 +240,9 @@ impl Model {
             readback: scratch.readback,
             hidden: scratch.hidden,
             hidden_readback: scratch.hidden_readback,
+            mtp_rows,
+            emit: None,
+            emitted: Vec::new(),
             _keep: [keep, scratch.keep, states.into_iter().flat_map(|(c, r)| [c, r]).collect()].concat(),
             _matrices: matrices,
             provoke_gpu_error: false,
@@ -278,7 +307,10 @@ impl Model {
     pub fn run(&mut self, s: &StepInput, hidden: Option<&[u8]>) -> Result<StageOutput> {
         // Nothing reaches the device before the whole step is known to stay inside this
         // model's cache and buffers.
-        self.bounds().check(s, hidden.map(<[u8]>::len))?;
+        let mut bounds = self.bounds();
+        // An MTP head takes hidden states beside its tokens.
+        bounds.first &= self.mtp_rows.is_none();
+        bounds.check(s, hidden.map(<[u8]>::len))?;
         let gpu = self.gpu.clone();
         gpu.scoped(|| {
             if std::mem::take(&mut self.provoke_gpu_error) {
@@ -289,6 +321,7 @@ impl Model {
     }
 
     pub(crate) fn run_checked(&mut self, s: &StepInput, hidden: Option<&[u8]>) -> Result<StageOutput> {
+        self.emitted.clear();
         let ranges = sub_steps(&s.sample_rows, s.tokens.len(), self.sub_tokens, self.sub_seqs);
         if ranges.len() == 1 {
             return self.run_one(s, hidden);
@@ -326,13 +359,16 @@ impl Model {
     pub(crate) fn run_one(&mut self, s: &StepInput, hidden: Option<&[u8]>) -> Result<StageOutput> {
         let want = s.tokens.len() * self.cfg.hidden * 4;
         match (self.is_first(), hidden) {
-            (true, None) => {}
+            (true, None) if self.mtp_rows.is_none() => {}
+            (true, Some(h)) if h.len() == want && self.mtp_rows.is_some() => {
+                self.gpu.queue.write_buffer(self.mtp_rows.as_ref().expect("checked"), 0, h)
+            }
             (false, Some(h)) if h.len() == want => self.gpu.queue.write_buffer(&self.hidden, 0, h),
             (false, Some(h)) => {
                 bail!("hidden states of {} bytes, expected {want} ({} tokens)", h.len(), s.tokens.len())
             }
             (false, None) => bail!("stage {:?} needs the previous stage's hidden states", self.layers),
-            (true, Some(_)) => bail!("the first stage embeds tokens itself; it takes no hidden states"),
+            (true, _) => bail!("the first stage takes hidden states only as an MTP head, one per token"),
         }
         let n = s.tokens.len() as u32;
         let ns = s.sample_rows.len() as u32;
@@ -408,8 +444,14 @@ impl Model {
             }
             return Ok(StageOutput::Hidden(out));
         }
+        if let Some(rb) = &self.emit {
+            enc.copy_buffer_to_buffer(&self.hidden, 0, rb, 0, want as u64);
+        }
         if ns == 0 {
             g.queue.submit([enc.finish()]);
+            if let Some(rb) = &self.emit {
+                self.emitted.extend(g.read_mapped(rb, want as u64)?);
+            }
             if let Some(p) = &mut self.profiler {
                 p.collect(g)?;
             }
@@ -421,6 +463,9 @@ impl Model {
         enc.copy_buffer_to_buffer(&self.result, 0, &self.readback, 0, len);
         g.queue.submit([enc.finish()]);
         let bytes = g.read_mapped(&self.readback, len)?;
+        if let Some(rb) = &self.emit {
+            self.emitted.extend(g.read_mapped(rb, want as u64)?);
+        }
         if let Some(p) = &mut self.profiler {
             p.collect(g)?;
         }
@@ -435,13 +480,30 @@ impl Model {
         ))
     }
 
+    /// Turns on (or off) reading back every token's residual after the last layer with each step
+    /// of the last stage (an MTP head reads the model's hidden states); false where this model is
+    /// not the last stage.
+    pub fn emit_hidden(&mut self, on: bool) -> bool {
+        if !self.is_last() {
+            return false;
+        }
+        self.emit = on.then(|| self.gpu.readback("hidden_emit", (self.sub_tokens * self.cfg.hidden * 4) as u64));
+        true
+    }
+
+    /// The residual of every token of the last step ([tokens, hidden] f32), while `emit_hidden`
+    /// is on; empty otherwise.
+    pub fn take_hidden(&mut self) -> Vec<f32> {
+        bytemuck::pod_collect_to_vec(&std::mem::take(&mut self.emitted))
+    }
+
     /// Runs a step of each matmul tile's size on scratch block 0 so every pipeline is
     /// compiled by the driver before the first request (Mesa compiles at first dispatch).
     pub fn warm_up(&mut self) -> Result<()> {
         for (tm, _) in MATMUL_TILES {
             let len = (tm as usize).min(self.limits.max_tokens).min(self.limits.block_size);
             let pos: Vec<u32> = (0..len as u32).collect();
-            let hidden = (!self.is_first()).then(|| vec![0u8; len * self.cfg.hidden * 4]);
+            let hidden = (!self.is_first() || self.mtp_rows.is_some()).then(|| vec![0u8; len * self.cfg.hidden * 4]);
             let step = StepInput {
                 tokens: vec![0; len],
                 positions: pos.clone(),

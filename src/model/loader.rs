@@ -99,6 +99,24 @@ impl HostModel {
     }
 }
 
+/// Opens the weights at `path` (a Hugging Face directory or a GGUF file) and hands them to `f`
+/// with the model's config and whether they are GGUF.
+pub(crate) fn open_weights<R>(
+    path: &Path,
+    f: impl FnOnce(&dyn WeightSource, ModelConfig, bool) -> Result<R>,
+) -> Result<R> {
+    if !path.exists() {
+        bail!("{}: no such file or directory", path.display());
+    }
+    if path.is_dir() {
+        let cfg = ModelConfig::from_hf_json(&path.join("config.json"))?;
+        f(&HfWeights::open(path)?, cfg, false)
+    } else {
+        let g = GgufFile::open(path)?;
+        f(&GgufSource(&g), gguf_config(&g)?, true)
+    }
+}
+
 /// The hyper-parameters of the model at `path`, without loading weights.
 pub fn read_config(path: &Path) -> Result<ModelConfig> {
     if path.is_dir() {

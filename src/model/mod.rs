@@ -13,6 +13,7 @@ pub mod layers;
 pub mod llama;
 pub mod loader;
 pub mod moe;
+pub mod mtp;
 pub mod plan;
 pub mod profile;
 pub mod qwen35;

@@ -10,7 +10,7 @@
 //! GGUF (llama.cpp's converter): A_log is stored as A = -exp(A_log) (`ssm_a`); when value heads
 //! outnumber key heads their order is tiled (value head h uses key head h % k_heads), which the
 //! kernels follow; `block_count` includes the NextN (MTP) layers (`nextn_predict_layers`), which
-//! are not loaded.
+//! are loaded apart, as the MTP head (model/mtp.rs).
 
 use super::config::ModelConfig;
 use super::layers::{TensorNames, WeightSource, GGUF_NAMES, HF_NAMES};
@@ -44,6 +44,8 @@ pub struct LinearConfig {
     pub layers: Vec<bool>,
     /// llama.cpp's value-head order (value head h uses key head h % k_heads).
     pub tiled: bool,
+    /// Multi-token-prediction (NextN) layers the checkpoint keeps (model/mtp.rs); 0: none.
+    pub mtp_layers: usize,
 }
 
 impl LinearConfig {
@@ -123,7 +125,8 @@ pub(crate) fn hf_config(mut cfg: ModelConfig, v: &Value, src: &str) -> Result<Mo
     cfg.style.attn_gate = true;
     cfg.qk_norm = true;
     cfg.qkv_bias = v["attention_bias"].as_bool().unwrap_or(false);
-    cfg.linear = Some(LinearConfig { dims, layers, tiled: false });
+    let mtp_layers = int("mtp_num_hidden_layers", 0);
+    cfg.linear = Some(LinearConfig { dims, layers, tiled: false, mtp_layers });
     if v["num_experts"].as_u64().is_some() {
         // Qwen3.5-MoE: every layer's FFN a mixture (renormalised top k) beside a gated shared
         // expert (checkpoints store each expert's projections apart, as Qwen2-MoE's).
@@ -164,7 +167,8 @@ pub(crate) fn gguf_config(mut cfg: ModelConfig, g: &GgufFile, arch: &str) -> Res
     cfg.style.attn_gate = true;
     cfg.qk_norm = true;
     cfg.qkv_bias = false;
-    cfg.linear = Some(LinearConfig { dims, layers: interval_layers(cfg.layers, interval), tiled: true });
+    let layers = interval_layers(cfg.layers, interval);
+    cfg.linear = Some(LinearConfig { dims, layers, tiled: true, mtp_layers: nextn });
     if arch == "qwen35moe" {
         cfg.moe = Some(super::moe::gguf_config(g, arch, cfg.layers, true)?);
     }

@@ -209,6 +209,7 @@ async fn serve(args: ServeArgs, cfg: EngineConfig, scfg: ServerConfig, model_pat
     if let Some(sp) = cfg.spec_settings().ok().filter(|s| s.enabled()) {
         let how = match cfg.draft_model_path() {
             Some(d) if sp.method == crate::config::SpecMethod::Draft => format!("draft model {}", d.display()),
+            _ if sp.method == crate::config::SpecMethod::Mtp => "the model's MTP head".to_string(),
             _ => format!("n-grams of {} to {}", sp.ngram_min, sp.ngram_max),
         };
         eprintln!(
