@@ -46,6 +46,10 @@ fn bytes(rows: &[f32]) -> Vec<u8> {
 #[test]
 fn qwen35_mtp_head_matches_the_reference() {
     let r = reference("tiny-qwen35-mtp-reference.json");
+    for f in ["tiny-qwen35", "tiny-qwen35.gguf", "tiny-qwen3.gguf"] {
+        let e = load_mtp(&local(f)).err().map(|e| format!("{e:#}")).unwrap_or_default();
+        assert!(e.contains("no MTP (NextN) head") && e.contains(f), "{f}: {e}");
+    }
     for f in ["tiny-qwen35-mtp", "tiny-qwen35-mtp.gguf"] {
         let head = load_mtp(&local(f)).unwrap_or_else(|e| panic!("{f}: {e:#}"));
         for profile in [KernelProfile::Cpu, KernelProfile::Gpu] {
@@ -182,7 +186,9 @@ impl Lines {
         text.lines()
             .map(|l| serde_json::from_str::<Value>(l).unwrap())
             .filter(|v| v["message"] == "mtp proposals")
-            .map(|v| (v["seq"].as_u64().unwrap(), v["last"].as_u64().unwrap() as usize, v["first"].as_u64().unwrap() as u32))
+            .map(|v| {
+                (v["seq"].as_u64().unwrap(), v["last"].as_u64().unwrap() as usize, v["first"].as_u64().unwrap() as u32)
+            })
             .collect()
     }
 }
@@ -222,7 +228,8 @@ fn qwen35_mtp_speculation_on_equals_off() {
         let mut logged = lines.take();
         logged.sort_by_key(|l| l.0);
         let refs: Vec<&Value> = r["prompts"].as_array().unwrap().iter().chain([&r["biased"]]).collect();
-        let seqs: Vec<u64> = logged.iter().map(|l| l.0).collect::<std::collections::BTreeSet<_>>().into_iter().collect();
+        let seqs: Vec<u64> =
+            logged.iter().map(|l| l.0).collect::<std::collections::BTreeSet<_>>().into_iter().collect();
         assert_eq!(seqs.len(), refs.len(), "{file}: every request proposed");
         let mut checked = 0;
         for (&(seq, last, first), _) in logged.iter().zip(0..) {

@@ -13,9 +13,9 @@
 
 pub mod core;
 mod draft;
-mod mtp;
 pub mod handle;
 pub mod metrics;
+mod mtp;
 mod output;
 mod penalties;
 pub mod request;

@@ -36,7 +36,7 @@ pub struct MtpHead {
 /// count. Fails with the model's path and the reason: no head in the file, a pipeline, no room.
 pub fn load(cfg: &EngineConfig, target: &dyn Executor) -> Result<DraftModel> {
     let path = cfg.model_path();
-    let ctx = || format!("the MTP head of {}", path.display());
+    let ctx = || "speculative mtp".to_string();
     let gpu = target.device().ok_or_else(|| {
         anyhow!("{}: the MTP head runs on the model's device; it does not combine with pipeline stages", ctx())
     })?;

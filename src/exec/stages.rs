@@ -147,7 +147,10 @@ impl Pipeline {
                             Ok((StageOutput::Hidden(hd), _)) if !last => job.hidden = Some(hd),
                             Ok((StageOutput::Sampled(sampled), logits)) if last => {
                                 h.set(Ok(()));
-                                let _ = out.send(StepResult { id: job.id, result: Ok(StepOutput { sampled, logits, hidden: Vec::new() }) });
+                                let _ = out.send(StepResult {
+                                    id: job.id,
+                                    result: Ok(StepOutput { sampled, logits, hidden: Vec::new() }),
+                                });
                                 continue;
                             }
                             Ok(_) => job.error = Some(anyhow!("stage {i} returned the wrong kind of output")),

@@ -18,10 +18,10 @@ use super::builder::{LayerParams, OpBuilder};
 use super::config::{Arch, ModelConfig};
 use super::layers::{load_layers, HostModel, TensorNames, HF_NAMES};
 use super::qwen35::{QWEN35_GGUF_NAMES, VL_HF_NAMES};
+use crate::gpu::wformat::WFormat;
 use crate::ops::matmul::MAT_ACCUMULATE;
 use crate::ops::norm::{self, NormBinds};
 use crate::weights::tensor::QTensor;
-use crate::gpu::wformat::WFormat;
 use anyhow::{bail, Context, Result};
 use std::path::Path;
 
@@ -54,7 +54,7 @@ pub fn load_mtp(path: &Path) -> Result<HostMtp> {
     super::loader::open_weights(path, |w, cfg, gguf| {
         let src = path.display();
         if cfg.arch != Arch::Qwen35 || !has_mtp(&cfg) {
-            bail!("{src}: the model has no MTP (NextN) head (only Qwen3.5 / Qwen3.6 checkpoints that keep theirs do)");
+            bail!("{src}: no MTP (NextN) head in this model (only Qwen3.5 / Qwen3.6 checkpoints that keep theirs have one)");
         }
         let h = cfg.hidden;
         let main_layers = cfg.layers;

@@ -42,7 +42,9 @@ impl AdaptiveK {
 /// draft model's proposals come from the engine, which runs it).
 pub fn propose(s: &SpecSettings, tokens: &[u32], k: usize) -> Vec<u32> {
     match s.method {
-        crate::config::SpecMethod::Off | crate::config::SpecMethod::Draft | crate::config::SpecMethod::Mtp => Vec::new(),
+        crate::config::SpecMethod::Off | crate::config::SpecMethod::Draft | crate::config::SpecMethod::Mtp => {
+            Vec::new()
+        }
         crate::config::SpecMethod::Ngram => ngram::lookup(tokens, k, s.ngram_min, s.ngram_max),
     }
 }
