@@ -342,3 +342,32 @@ fn qwen35_preemption() {
     // One 16-token block of K+V of the one attention layer: 2 * 16 * 2 * 32 * 2 bytes (f16).
     tiny::assert_preemption_keeps_outputs("tiny-qwen35", 12, 4096);
 }
+
+/// A shared system prompt (ending in the end-of-turn token) before different questions, each
+/// prompt short enough for one prefill chunk: the first request's chunk ends at the block before
+/// the turn's end, so its state there is snapshotted and the later requests start after it
+/// (without the cut the only snapshot lies past the shared part and nothing is reused); outputs
+/// equal to the cache off.
+#[test]
+fn qwen35_prefix_cache_reuses_a_shared_system_prompt() {
+    use common::completions::{greedy, request, run_alone};
+    let mut rng = XorShift64::new(5);
+    let mut system: Vec<u32> = (0..37).map(|_| rng.range(0, 500)).collect();
+    system.extend([511, 198]);
+    let reqs: Vec<_> = (0..4)
+        .map(|_| {
+            let mut p = system.clone();
+            p.extend((0..20).map(|_| rng.range(0, 500)));
+            request(&p, greedy(8))
+        })
+        .collect();
+    let want = run_alone(&tiny::engine("tiny-qwen35", |c| c.enable_prefix_cache = false), &reqs);
+    let on = tiny::engine("tiny-qwen35", |c| c.enable_prefix_cache = true);
+    let got = run_alone(&on, &reqs);
+    for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+        assert_eq!(a.ids, b.ids, "request {i}: prefix cache on != off");
+    }
+    let m = on.metrics.snapshot();
+    assert!(m.prefix_hit_tokens >= 3 * 32, "the system prompt's two blocks are reused: {m:?}");
+    common::completions::assert_all_blocks_free(&on);
+}

@@ -103,6 +103,7 @@ impl EngineCore {
             }),
         };
         core.sched.slots = crate::kv::StateSlots::new(slots);
+        core.sched.turn_ends = core.tok.eos_token_ids().to_vec();
         core.publish();
         core
     }

@@ -64,12 +64,16 @@ pub(crate) struct Scheduler {
     pub(crate) metrics: Arc<EngineMetrics>,
     /// Whether the next step may speculate (the loop's cost gate, `spec::CostGate`).
     pub(crate) spec_allowed: bool,
+    /// Tokens that end a chat turn (the tokenizer's end-of-sequence ids): a hybrid model's
+    /// prefill chunks end before the prompt's first and last (`turn_cut`).
+    pub(crate) turn_ends: Vec<u32>,
 }
 
 impl Scheduler {
     pub(crate) fn new(cfg: SchedulerConfig, bm: BlockManager, metrics: Arc<EngineMetrics>) -> Scheduler {
         let (waiting, running, busy) = (VecDeque::new(), Vec::new(), HashMap::new());
-        Scheduler { cfg, bm, slots: StateSlots::new(0), waiting, running, busy, metrics, spec_allowed: true }
+        let slots = StateSlots::new(0);
+        Scheduler { cfg, bm, slots, waiting, running, busy, metrics, spec_allowed: true, turn_ends: Vec::new() }
     }
 
     pub(crate) fn is_idle(&self) -> bool {
@@ -130,6 +134,7 @@ impl Scheduler {
                 continue;
             }
             let len = s.chunk_within_rows(s.scheduled, remaining.min(budget), max_seqs - rows);
+            let len = if decode { len } else { self.turn_cut(s, s.scheduled, len) };
             let mut draft = match decode && speculate {
                 true => self.draft(s, (budget - len).min(max_seqs - rows - s.rows_in(s.scheduled, len))),
                 false => Vec::new(),
@@ -212,6 +217,7 @@ impl Scheduler {
             }
             let computed = hit.blocks.len() * bs;
             let len = s.chunk_within_rows(computed, (s.tokens.len() - computed).min(budget), max_seqs - rows);
+            let len = self.turn_cut(s, computed, len);
             let need = (computed + len).div_ceil(bs) - hit.blocks.len();
             if self.bm.available() < need {
                 self.bm.release(&hit.blocks);
@@ -267,6 +273,28 @@ impl Scheduler {
             n_prefill += 1;
         }
         plan
+    }
+
+    /// A hybrid model's prefill chunk `start..start + len`, cut at the block boundary before the
+    /// prompt's first end-of-turn token (the end of a system prompt), else before its last (the
+    /// conversation so far), where the chunk crosses one: the chunk's last block is the one its
+    /// state is snapshotted after (`snapshot`), so another request with the same system prompt or
+    /// conversation starts after it instead of from zero. One more step for such a prompt.
+    fn turn_cut(&self, s: &Seq, start: usize, len: usize) -> usize {
+        if !self.slots.needed() || !self.bm.enable_prefix_cache || self.turn_ends.is_empty() {
+            return len;
+        }
+        let bs = self.cfg.block_size;
+        let prompt = &s.tokens[..s.prompt_len.min(s.tokens.len())];
+        let first = prompt.iter().position(|t| self.turn_ends.contains(t));
+        let last = prompt.iter().rposition(|t| self.turn_ends.contains(t));
+        for end in [first, last].into_iter().flatten() {
+            let b = (end + 1) / bs * bs;
+            if b > start && b < start + len {
+                return b - start;
+            }
+        }
+        len
     }
 
     /// A state snapshot for the prefix cache (hybrid models): when a sequence's tokens
