@@ -58,7 +58,7 @@ fn qwen35_mtp_head_matches_the_reference() {
             let (mut model, _) = load_model(&local(f), &c, gpu.clone(), &|_, _| {}).unwrap();
             assert!(model.emit_hidden(true));
             let limits = torus_wgpu::exec::step_limits(&c, &head.model.cfg);
-            let mut mtp = Model::new_mtp(gpu, &head, limits).unwrap();
+            let mut mtp = Model::new_mtp(gpu, &head, limits, None).unwrap();
             let eps = head.model.cfg.rms_eps;
             let mut checked = 0;
             for p in r["prompts"].as_array().unwrap().iter().chain([&r["biased"]]) {

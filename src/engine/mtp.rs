@@ -40,7 +40,13 @@ pub fn load(cfg: &EngineConfig, target: &dyn Executor) -> Result<DraftModel> {
     let gpu = target.device().ok_or_else(|| {
         anyhow!("{}: the MTP head runs on the model's device; it does not combine with pipeline stages", ctx())
     })?;
-    let head = load_mtp(&path).with_context(ctx)?;
+    let mut head = load_mtp(&path).with_context(ctx)?;
+    // The model's embedding and LM head serve the head too (no second copy on the device).
+    let io = target.shared_io();
+    if io.is_some() {
+        head.model.embed = None;
+        head.model.lm_head = None;
+    }
     let t = target.limits();
     let c = &head.model.cfg;
     let mut limits = crate::exec::step_limits(cfg, c);
@@ -48,7 +54,7 @@ pub fn load(cfg: &EngineConfig, target: &dyn Executor) -> Result<DraftModel> {
     limits.profile = t.profile;
     let blocks = target.num_blocks();
     limits.cache_bytes = blocks as u64 * kv_block_bytes(c, &limits) * 2;
-    let mut m = Model::new_mtp(gpu, &head, limits).with_context(ctx)?;
+    let mut m = Model::new_mtp(gpu, &head, limits, io).with_context(ctx)?;
     if m.kv.num_blocks < blocks {
         bail!("{}: its KV cache holds {} blocks, fewer than the model's {blocks}", ctx(), m.kv.num_blocks);
     }

@@ -68,6 +68,10 @@ impl Executor for FaultInjector {
         self.inner.emit_hidden(on)
     }
 
+    fn shared_io(&self) -> Option<crate::model::SharedIo> {
+        self.inner.shared_io()
+    }
+
     fn submit(&mut self, id: u64, input: StepInput) {
         let fault = self.armed.take_if(|f| *f != Fault::StepIdMismatch);
         self.inner.run(id, input, |model| match fault {

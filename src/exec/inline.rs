@@ -65,6 +65,10 @@ impl Executor for Inline {
         self.model.emit_hidden(on)
     }
 
+    fn shared_io(&self) -> Option<crate::model::SharedIo> {
+        self.model.io()
+    }
+
     fn submit(&mut self, id: u64, input: StepInput) {
         self.run(id, input, |_| {})
     }

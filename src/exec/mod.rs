@@ -68,6 +68,11 @@ pub trait Executor: Send {
     fn emit_hidden(&mut self, _on: bool) -> bool {
         false
     }
+    /// The model's embedding and LM head on its device (single device only), for the MTP head
+    /// to share instead of a copy of its own.
+    fn shared_io(&self) -> Option<crate::model::SharedIo> {
+        None
+    }
     /// Queues a step; its result comes back from `recv`, in submission order.
     fn submit(&mut self, id: u64, input: StepInput);
     /// The oldest step's result (None when nothing is in flight).

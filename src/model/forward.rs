@@ -23,6 +23,9 @@ use crate::weights::upload::*;
 use anyhow::{bail, Result};
 use std::sync::Arc;
 
+/// The embedding and the LM head on a device, as an MTP head shares them with its model.
+pub type SharedIo = (GpuMatrix, GpuMatrix);
+
 /// The model, or one pipeline stage of it: layers `layers` of `cfg.layers`. The first stage
 /// also embeds tokens; the last also applies the final norm, the LM head and the sampler.
 pub struct Model {
@@ -68,6 +71,8 @@ pub struct Model {
     hidden_readback: Option<wgpu::Buffer>,
     /// An MTP head's input: each token's hidden state (model/mtp.rs); None for any other model.
     mtp_rows: Option<wgpu::Buffer>,
+    /// The embedding and LM head (whole model only), for an MTP head to share.
+    io: Option<SharedIo>,
     /// The last stage also reads back every token's residual after the last layer (an MTP head
     /// reads it): its readback buffer while on, and what the last step gave.
     emit: Option<wgpu::Buffer>,
@@ -94,13 +99,24 @@ impl Model {
         limits: StepLimits,
         layers: std::ops::Range<usize>,
     ) -> Result<Model> {
-        Model::build(gpu, host, limits, layers, None)
+        Model::build(gpu, host, limits, layers, None, None)
     }
 
     /// A Qwen3.5 MTP head (model/mtp.rs) as a one-layer model: `run` takes each token's hidden
-    /// state (normed by the model's final norm) beside its token.
-    pub fn new_mtp(gpu: Arc<Gpu>, head: &crate::model::mtp::HostMtp, limits: StepLimits) -> Result<Model> {
-        Model::build(gpu, &head.model, limits, 0..1, Some(head))
+    /// state (normed by the model's final norm) beside its token. `io`: the model's embedding and
+    /// LM head on this device (`Model::io`), used instead of the head's own copies.
+    pub fn new_mtp(
+        gpu: Arc<Gpu>,
+        head: &crate::model::mtp::HostMtp,
+        limits: StepLimits,
+        io: Option<SharedIo>,
+    ) -> Result<Model> {
+        Model::build(gpu, &head.model, limits, 0..1, Some(head), io)
+    }
+
+    /// The embedding and LM head on the device (the whole model only), for an MTP head to share.
+    pub fn io(&self) -> Option<SharedIo> {
+        self.io.clone()
     }
 
     fn build(
@@ -109,6 +125,7 @@ impl Model {
         mut limits: StepLimits,
         layers: std::ops::Range<usize>,
         mtp: Option<&crate::model::mtp::HostMtp>,
+        io: Option<SharedIo>,
     ) -> Result<Model> {
         let cfg = host.cfg.clone();
         if layers.start >= layers.end || layers.end > cfg.layers {
@@ -180,10 +197,12 @@ impl Model {
             keep: Vec::new(),
             matrices: Vec::new(),
         };
-        let embed = match (&host.embed, first || (last && host.tied)) {
-            (Some(t), true) => Some(GpuMatrix::upload(g, "embed", t, None, limits.max_binding)?),
-            (None, true) => bail!("the embedding was not loaded from {}", host.source.display()),
-            (_, false) => None,
+        let (shared_embed, shared_lm) = io.unzip();
+        let embed = match (shared_embed, &host.embed, first || (last && host.tied)) {
+            (Some(e), _, true) => Some(e),
+            (None, Some(t), true) => Some(GpuMatrix::upload(g, "embed", t, None, limits.max_binding)?),
+            (None, None, true) => bail!("the embedding was not loaded from {}", host.source.display()),
+            (_, _, false) => None,
         };
         let lp = LayerParams::new(&mut b, &limits, &kv_plan, (layout.off_sample, layout.off_state));
         if let Some(e) = embed.as_ref().filter(|_| first) {
@@ -204,8 +223,12 @@ impl Model {
             };
             b.layer(layers.start + l, hl, &lp, cache)?;
         }
+        let embed_io = embed.clone().filter(|_| first);
+        let mut io = None;
         if last {
-            b.head(host, embed, &lp, layout.off_params)?;
+            b.head(host, embed, &lp, layout.off_params, shared_lm)?;
+            // The head's LM head is the last matrix it uploaded (or shared).
+            io = embed_io.zip(b.matrices.last().cloned());
         } else {
             b.matrices.extend(embed);
         }
@@ -241,6 +264,7 @@ impl Model {
             hidden: scratch.hidden,
             hidden_readback: scratch.hidden_readback,
             mtp_rows,
+            io,
             emit: None,
             emitted: Vec::new(),
             _keep: [keep, scratch.keep, states.into_iter().flat_map(|(c, r)| [c, r]).collect()].concat(),

@@ -228,6 +228,7 @@ impl OpBuilder<'_> {
         embed: Option<GpuMatrix>,
         lp: &LayerParams,
         off_params: usize,
+        shared_lm: Option<GpuMatrix>,
     ) -> Result<()> {
         let (g, cfg, s, kern) = (self.g, self.cfg, self.s, self.kernels);
         let final_norm = self.storage("final_norm", &host.final_norm);
@@ -240,9 +241,10 @@ impl OpBuilder<'_> {
             y: &s.final_normed,
         };
         self.push(norm::norm(kern, g, &b, true, cfg.hidden));
-        let lm = match (&host.lm_head, embed) {
-            (Some(t), _) if !host.tied => self.upload("lm_head", t, None)?,
-            (_, Some(e)) if host.tied => e,
+        let lm = match (shared_lm, &host.lm_head, embed) {
+            (Some(m), _, _) => m,
+            (None, Some(t), _) if !host.tied => self.upload("lm_head", t, None)?,
+            (None, _, Some(e)) if host.tied => e,
             _ => bail!("the output projection was not loaded from {}", host.source.display()),
         };
         // Gemma 2's final soft cap is the LM head's epilogue.

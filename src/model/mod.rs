@@ -25,7 +25,7 @@ pub mod synth;
 pub mod synth_hybrid;
 pub mod validate;
 
-pub use forward::Model;
+pub use forward::{Model, SharedIo};
 pub use plan::{kv_block_bytes, kv_blocks, kv_chunking, MemoryPlan};
 pub use step::{sub_steps, StageOutput, StepInput, StepLimits};
 pub use validate::StepBounds;

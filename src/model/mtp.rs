@@ -11,8 +11,8 @@
 //! `mtp.layers.0.*`, `mtp.norm` (zero-centred norms, +1 at load as the model's); GGUF the last
 //! `nextn_predict_layers` blocks: `blk.L.nextn.{eh_proj, enorm, hnorm, shared_head_norm}` beside
 //! the block's attention and FFN tensors (norms stored with the +1, as the model's). The
-//! embedding and LM head are the model's (uploaded again for the head: its memory plan counts
-//! them).
+//! embedding and LM head are the model's: the engine hands the head the model's copies on the
+//! device (`Model::io`); loaded alone (tests) it uploads its own.
 
 use super::builder::{LayerParams, OpBuilder};
 use super::config::{Arch, ModelConfig};

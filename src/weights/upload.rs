@@ -7,6 +7,7 @@ use crate::weights::tensor::QTensor;
 use anyhow::{bail, Result};
 
 /// A weight matrix on the GPU, split by rows into chunks that each fit one storage binding.
+#[derive(Clone)]
 pub struct GpuMatrix {
     pub format: WFormat,
     pub rows: usize,
@@ -14,6 +15,7 @@ pub struct GpuMatrix {
     pub chunks: Vec<GpuChunk>,
 }
 
+#[derive(Clone)]
 pub struct GpuChunk {
     pub row0: usize,
     pub rows: usize,
