@@ -45,12 +45,12 @@ fn bytes(rows: &[f32]) -> Vec<u8> {
 /// directory and the GGUF in both kernel profiles.
 #[test]
 fn qwen35_mtp_head_matches_the_reference() {
-    let r = reference("tiny-qwen35-mtp-reference.json");
     for f in ["tiny-qwen35", "tiny-qwen35.gguf", "tiny-qwen3.gguf"] {
         let e = load_mtp(&local(f)).err().map(|e| format!("{e:#}")).unwrap_or_default();
         assert!(e.contains("no MTP (NextN) head") && e.contains(f), "{f}: {e}");
     }
-    for f in ["tiny-qwen35-mtp", "tiny-qwen35-mtp.gguf"] {
+    for f in ["tiny-qwen35-mtp", "tiny-qwen35-mtp.gguf", "tiny-qwen35moe-mtp", "tiny-qwen35moe-mtp.gguf"] {
+        let r = reference(&format!("{}-reference.json", f.trim_end_matches(".gguf")));
         let head = load_mtp(&local(f)).unwrap_or_else(|e| panic!("{f}: {e:#}"));
         for profile in [KernelProfile::Cpu, KernelProfile::Gpu] {
             let gpu = Arc::new(Gpu::new(None).expect("a wgpu adapter"));
@@ -200,21 +200,30 @@ impl Lines {
 /// keeps are kept; every block back afterwards.
 #[test]
 fn qwen35_mtp_speculation_on_equals_off() {
-    use common::completions::{assert_all_blocks_free, assert_same, greedy, request, run_alone, run_together};
     let lines = Lines::capture();
-    let r = reference("tiny-qwen35-mtp-reference.json");
+    for (file, reference_file) in [
+        ("tiny-qwen35-mtp", "tiny-qwen35-mtp-reference.json"),
+        ("tiny-qwen35-mtp.gguf", "tiny-qwen35-mtp-reference.json"),
+        ("tiny-qwen35moe-mtp.gguf", "tiny-qwen35moe-mtp-reference.json"),
+    ] {
+        speculation_on_equals_off(&lines, file, &reference(reference_file));
+    }
+}
+
+fn speculation_on_equals_off(lines: &Lines, file: &str, r: &Value) {
+    use common::completions::{assert_all_blocks_free, assert_same, greedy, request, run_alone, run_together};
     let mut reqs: Vec<Request> = r["prompts"]
         .as_array()
         .unwrap()
         .iter()
         .map(|p| request(&ids(&p["input_ids"]), greedy(ids(&p["greedy_ids"]).len())))
         .collect();
-    reqs.push(biased(&r));
+    reqs.push(biased(r));
     for (i, p) in r["prompts"].as_array().unwrap().iter().enumerate().take(2) {
         let sampling = SamplingParams { temperature: 0.8, seed: Some(3 + i as u64), ..Default::default() };
         reqs.push(request(&ids(&p["input_ids"]), RequestParams { sampling, ..greedy(20) }));
     }
-    for file in ["tiny-qwen35-mtp", "tiny-qwen35-mtp.gguf"] {
+    {
         let want = run_alone(&engine(file, false, 2), &reqs);
         // The references' greedy continuations, the biased one included.
         for (i, p) in r["prompts"].as_array().unwrap().iter().chain([&r["biased"]]).enumerate() {
@@ -253,7 +262,7 @@ fn qwen35_mtp_speculation_on_equals_off() {
             "{file}: {} of {} proposals kept (reference: {kept} of {proposed})",
             m.spec_accepted_tokens, m.spec_draft_tokens
         );
-        assert!(kept >= 2, "the biased run keeps proposals");
+        assert!(kept >= 1, "the biased run keeps proposals");
         assert_eq!((m.spec_draft_tokens, m.spec_accepted_tokens), (proposed, kept), "{file}: {m:?}");
         let on = engine(file, true, 3);
         assert_same(&run_alone(&on, &reqs), &want, &format!("{file}: k = 3, alone"));
