@@ -128,6 +128,9 @@ for shape in ${shapes//,/ }; do
     model="$work/$shape-$format.gguf"
     shape_layers="$layers"
     moe=0
+    # The hybrids' files carry an MTP head: its proposal rounds are timed too.
+    mtp_flag=""
+    case "$shape" in qwen3.5-*|qwen3.6-*) mtp_flag="--mtp" ;; esac
     case "$shape" in
         qwen3-30b-a3b) moe=128; [ -z "$shape_layers" ] && shape_layers=12 ;;
         gpt-oss-20b) moe=32; [ -z "$shape_layers" ] && shape_layers=12 ;;
@@ -152,7 +155,7 @@ for shape in ${shapes//,/ }; do
     for profile in cpu gpu; do
         if run "$bin" bench-model --model "$model" --kernel-profile "$profile" --batches "$batches" \
             --decode-steps "$decode_steps" --warmup-steps "$warmup_steps" --prefill-tokens "$prefill_tokens" \
-            --profile-kernels --profile-steps "$profile_steps" \
+            --profile-kernels --profile-steps "$profile_steps" $mtp_flag \
             --json "$work/bench-$n-$profile.json" >"$work/bench.out"; then
             cat "$work/bench.out"
             say "bench-model, kernel profile $profile:"

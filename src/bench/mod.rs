@@ -12,6 +12,7 @@
 pub mod kernels;
 pub mod metrics;
 pub mod model;
+pub mod mtp;
 pub mod profiles;
 pub mod spec_counters;
 

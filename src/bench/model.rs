@@ -59,6 +59,10 @@ pub struct BenchModelArgs {
     /// the sparse path saves. The outputs are no longer the model's.
     #[arg(long)]
     pub moe_top_k: Option<usize>,
+    /// Also time the MTP head's proposal rounds at each batch size (Qwen3.5 files with a head,
+    /// synthetic ones included).
+    #[arg(long)]
+    pub mtp: bool,
 }
 
 /// The adapter a measurement ran on.
@@ -217,6 +221,9 @@ pub struct BenchModelReport {
     /// With --profile-kernels: where each shape's step time goes.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub kernel_timing: Vec<KernelProfileRun>,
+    /// With --mtp: the MTP head's cost per proposal round at each batch size.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub mtp: Vec<crate::bench::mtp::MtpResult>,
 }
 
 /// Sizes the engine settings `args` leaves unset for a run: max_decode_batch_size (the
@@ -465,6 +472,17 @@ pub fn bench_model(args: &BenchModelArgs) -> Result<BenchModelReport> {
         eprintln!("batch {b}: {:.2} tok/s", r.tok_s);
         decode.push(r);
     }
+    let mut mtp = Vec::new();
+    if args.mtp {
+        let mut head = crate::bench::mtp::load_head(&cfg, gpu.clone(), &model)?;
+        for &b in &args.batches {
+            let sizes = (args.prompt_tokens, args.decode_steps);
+            let r = crate::bench::mtp::measure_mtp(&mut head, b, sizes, &mut rng)
+                .with_context(|| format!("MTP head at batch {b}"))?;
+            eprintln!("MTP head, batch {b}: {:.2} ms per round", r.ms_per_round);
+            mtp.push(r);
+        }
+    }
     let prefill = match args.prefill_tokens {
         0 => None,
         n => Some(measure_prefill(&mut model, n, &mut rng, false).context("prefill")?.0),
@@ -493,6 +511,7 @@ pub fn bench_model(args: &BenchModelArgs) -> Result<BenchModelReport> {
         decode,
         prefill,
         kernel_timing,
+        mtp,
     })
 }
 
@@ -544,6 +563,13 @@ pub fn format_report(r: &BenchModelReport) -> String {
         t.push_str(&format!(
             "prefill: {} tokens in {} steps (max {} tokens each): {:.3} s, {:.2} tok/s\n",
             p.tokens, p.steps, r.max_num_batched_tokens, p.seconds, p.tok_s
+        ));
+    }
+    for m in &r.mtp {
+        let step = r.decode.iter().find(|d| d.batch == m.batch).map_or(0.0, |d| d.seconds * 1e3 / d.steps as f64);
+        t.push_str(&format!(
+            "MTP head, batch {}: {:.2} ms per proposal round ({} rounds); the model's decode step {:.2} ms\n",
+            m.batch, m.ms_per_round, m.rounds, step
         ));
     }
     t.push_str(&format_runs(&r.kernel_timing));

@@ -173,7 +173,7 @@ impl Model {
         let kernels = Kernels::new(
             g,
             &KernelSpec {
-                formats: host.formats(),
+                formats: stage_formats(host, mtp, io.as_ref()),
                 moe_formats: host.moe_formats(),
                 head_dim: cfg.head_dim as u32,
                 group: (cfg.heads / cfg.kv_heads.max(1)) as u32,
@@ -560,4 +560,19 @@ impl Model {
     pub fn last_logits(&self, n_sample: usize) -> Result<Vec<f32>> {
         self.gpu.download_f32(&self.logits, n_sample * self.cfg.vocab)
     }
+}
+
+/// The weight formats a stage's matmuls read: its host model's, an MTP head's input stage's,
+/// and those of the embedding and LM head it shares.
+fn stage_formats(
+    host: &HostModel,
+    mtp: Option<&crate::model::mtp::HostMtp>,
+    io: Option<&SharedIo>,
+) -> Vec<crate::gpu::wformat::WFormat> {
+    let mut f = host.formats();
+    f.extend(mtp.iter().flat_map(|m| [m.fc_embed.format, m.fc_hidden.format]));
+    f.extend(io.iter().flat_map(|(e, l)| [e.format, l.format]));
+    f.sort();
+    f.dedup();
+    f
 }

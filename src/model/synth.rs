@@ -295,6 +295,9 @@ pub fn synth_tensors(shape: &SynthShape, format: WFormat, layers: usize) -> Vec<
         t.push(matrix(format!("{p}.ffn_up.weight"), i, h));
         t.push(matrix(format!("{p}.ffn_down.weight"), h, i));
     }
+    if let Some(lin) = &shape.linear {
+        t.extend(super::synth_hybrid::mtp_tensors(shape, lin, format, layers));
+    }
     t.push(vector("output_norm.weight".into(), h, Fill::Norm));
     if !shape.tied {
         t.push(matrix("output.weight".into(), shape.vocab, h));
@@ -383,7 +386,8 @@ fn metadata(
     let mut m = vec![
         ("general.architecture".to_string(), GgufValue::Str(a.to_string())),
         ("general.name".to_string(), GgufValue::Str(format!("synthetic {} {}", shape.name, format.name()))),
-        (k("block_count"), u(layers)),
+        // A hybrid's MTP head is one more block (nextn_predict_layers).
+        (k("block_count"), u(layers + usize::from(shape.linear.is_some()))),
         (k("context_length"), u(shape.context_length)),
         (k("embedding_length"), u(shape.hidden)),
         (k("feed_forward_length"), u(shape.intermediate)),

@@ -1,6 +1,6 @@
 //! Synthetic Qwen3.5 (Gated DeltaNet hybrid) files: the recurrent layers' tensors and metadata as
-//! llama.cpp's converter names them (model/qwen35.rs reads them back), for `synth-model`,
-//! `bench-model` and gpu-check.
+//! llama.cpp's converter names them (model/qwen35.rs reads them back), with the MTP (NextN)
+//! head as the last block, for `synth-model`, `bench-model` and gpu-check.
 
 use super::synth::{Fill, SynthShape, SynthTensor};
 use crate::formats::gguf::GgufValue;
@@ -111,6 +111,21 @@ pub(super) fn layer_tensors(shape: &SynthShape, lin: &SynthLinear, format: WForm
     t
 }
 
+/// The MTP (NextN) head after `layers` layers, as llama.cpp's Qwen3.5 files carry it: block
+/// `layers` is a gated attention layer with the model's FFN, plus `nextn.eh_proj` [hidden, 2
+/// hidden] and the three norms.
+pub(super) fn mtp_tensors(shape: &SynthShape, lin: &SynthLinear, format: WFormat, layers: usize) -> Vec<SynthTensor> {
+    let attention = SynthLinear { interval: 1, ..*lin };
+    let mut t = layer_tensors(shape, &attention, format, layers);
+    let p = format!("blk.{layers}.nextn");
+    let h = shape.hidden;
+    t.push(SynthTensor::matrix(format, format!("{p}.eh_proj.weight"), h, 2 * h));
+    for n in ["enorm", "hnorm", "shared_head_norm"] {
+        t.push(SynthTensor::vector(format!("{p}.{n}.weight"), h, Fill::Norm));
+    }
+    t
+}
+
 /// The `ssm.*` keys, the attention interval and the rotated dimensions.
 pub(super) fn metadata(shape: &SynthShape, lin: &SynthLinear) -> Vec<(String, GgufValue)> {
     let k = |suffix: &str| format!("{}.{suffix}", shape.arch_name());
@@ -126,6 +141,7 @@ pub(super) fn metadata(shape: &SynthShape, lin: &SynthLinear) -> Vec<(String, Gg
             (k("ssm.inner_size"), u(lin.v_heads * lin.v_dim)),
             (k("full_attention_interval"), u(lin.interval)),
             (k("rope.dimension_count"), u(lin.rotary_dim)),
+            (k("nextn_predict_layers"), u(1)),
         ])
         .collect()
 }
