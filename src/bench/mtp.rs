@@ -79,13 +79,17 @@ pub fn measure_mtp(
         state_slots: Vec::new(),
     };
     // The prompt, a sequence per step.
-    for s in 0..batch {
-        let pos: Vec<usize> = (0..prompt.max(1)).collect();
-        let seqs = vec![s; pos.len()];
-        let mut one = step(random_tokens(rng, pos.len(), head.cfg.vocab), &pos, &seqs, false);
-        one.seq_of_token.iter_mut().for_each(|j| *j = 0);
-        one.block_tables = vec![tables[s].clone()];
-        head.run(&one, Some(&rows(pos.len(), rng)))?;
+    for table in &tables {
+        let n = prompt.max(1);
+        let one = StepInput {
+            tokens: random_tokens(rng, n, head.cfg.vocab),
+            positions: (0..n as u32).collect(),
+            slots: (0..n).map(|p| slot(table, p)).collect(),
+            seq_of_token: vec![0; n],
+            block_tables: vec![table.clone()],
+            ..Default::default()
+        };
+        head.run(&one, Some(&rows(n, rng)))?;
     }
     let seqs: Vec<usize> = (0..batch).collect();
     let t0 = Instant::now();
