@@ -103,11 +103,15 @@ fn qwen35_mtp_head_matches_the_reference() {
 
 /// An engine with `--speculative mtp` (or plain decoding) on the tiny model with its head.
 fn engine(file: &str, spec: bool, k: usize) -> EngineHandle {
+    engine_with(file, spec, k, false)
+}
+
+fn engine_with(file: &str, spec: bool, k: usize, prefix_cache: bool) -> EngineHandle {
     let gpu = Arc::new(Gpu::new(None).expect("a wgpu adapter"));
     let mut c = tiny::cfg(KernelProfile::Cpu);
     c.kv_cache_dtype = torus_wgpu::config::KvDtype::F32;
     c.max_decode_batch_size = 16;
-    c.enable_prefix_cache = false;
+    c.enable_prefix_cache = prefix_cache;
     c.model = Some(local(file).display().to_string());
     c.speculative = if spec { SpecMethod::Mtp } else { SpecMethod::Off };
     c.num_speculative_tokens = k;
@@ -271,6 +275,15 @@ fn speculation_on_equals_off(lines: &Lines, file: &str, r: &Value) {
         assert!(m.spec_accepted_tokens > 0 && m.spec_accepted_tokens < m.spec_draft_tokens, "{file}: {m:?}");
         for e in [&one, &on] {
             assert_all_blocks_free(e);
+        }
+        if file == "tiny-qwen35-mtp" {
+            // With the prefix cache: the second run starts after cached prefixes whose positions
+            // the head read in the first (its rows begin after the hit).
+            let cached = engine_with(file, true, 2, true);
+            assert_same(&run_alone(&cached, &reqs), &want, &format!("{file}: prefix cache, first run"));
+            assert_same(&run_together(&cached, &reqs), &want, &format!("{file}: prefix cache, second run"));
+            assert!(cached.metrics.snapshot().prefix_hits > 0, "{file}: the second run hits");
+            assert_all_blocks_free(&cached);
         }
     }
 }

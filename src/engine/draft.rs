@@ -207,6 +207,10 @@ impl EngineCore {
             }
             Err(e) => {
                 tracing::error!("the draft model / MTP head failed ({e:#}); speculative decoding is off from now on");
+                if mtp {
+                    // Nothing reads the model's hidden states any more.
+                    self.exec.emit_hidden(false);
+                }
                 for p in plan.iter_mut() {
                     p.len -= p.draft.len();
                     p.draft.clear();
