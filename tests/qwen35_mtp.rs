@@ -136,8 +136,8 @@ fn biased(r: &Value) -> Request {
 /// One proposal per step as the reference's teacher-forced proposals say (proposals, kept): from
 /// the prompt's end, a step whose last token is at position q proposes the head's argmax at
 /// q - 1 (unless it would pass max_tokens); kept, it is the token at q + 1 and the step samples
-/// q + 2; rejected, the step samples q + 1 and the next step computes q and q + 1 again (the
-/// hybrid's state goes back to before the step) and samples q + 2 without proposing.
+/// q + 2; rejected, the step samples q + 1 (and the next step, which computes q again from the
+/// hybrid's state before this one, proposes after q + 1).
 fn expected_proposals(p: &Value) -> (u64, u64) {
     let (seq, argmax) = (ids(&p["sequence"]), ids(&p["mtp_argmax"]));
     let m = ids(&p["input_ids"]).len();
@@ -146,8 +146,9 @@ fn expected_proposals(p: &Value) -> (u64, u64) {
     while q < end {
         if q + 1 < end {
             proposed += 1;
-            kept += (argmax[q - 1] == seq[q + 1]) as u64;
-            q += 2;
+            let hit = argmax[q - 1] == seq[q + 1];
+            kept += hit as u64;
+            q += if hit { 2 } else { 1 };
         } else {
             q += 1;
         }
@@ -239,6 +240,7 @@ fn speculation_on_equals_off(lines: &Lines, file: &str, r: &Value) {
         let got = run_alone(&one, &reqs[..4]);
         assert_same(&got, &want[..4], &format!("{file}: k = 1"));
         let mut logged = lines.take();
+        eprintln!("LOGGED {:?}", logged.iter().map(|l| (l.0, l.1)).collect::<Vec<_>>());
         logged.sort_by_key(|l| l.0);
         let refs: Vec<&Value> = r["prompts"].as_array().unwrap().iter().chain([&r["biased"]]).collect();
         let seqs: Vec<u64> =

@@ -62,8 +62,14 @@ impl Scheduler {
                         self.slots.release(b);
                     }
                 }
-                let snapshot = p.snap.map(|(b, block)| (b, snap_at(p, block, bs)));
-                let st = SeqState { slot, src: p.src, backup: s.backup_slot, snapshot };
+                // Verifying proposals: the state after the sequence's own tokens (before the
+                // proposals) is kept in the backup slot, through the snapshot (a verifying step
+                // takes no prefix-cache snapshot).
+                let snapshot = match s.backup_slot {
+                    Some(b) => Some((b, own as u32 - 1)),
+                    None => p.snap.map(|(b, block)| (b, snap_at(p, block, bs))),
+                };
+                let st = SeqState { slot, src: p.src, backup: None, snapshot };
                 input.state_slots.extend(st.encode());
             }
             if p.start + own == s.tokens.len() && p.draft.is_empty() {

@@ -135,7 +135,14 @@ impl Scheduler {
             }
             let len = s.chunk_within_rows(s.scheduled, remaining.min(budget), max_seqs - rows);
             let len = if decode { len } else { self.turn_cut(s, s.scheduled, len) };
-            let mut draft = match decode && speculate {
+            // A hybrid model's sequence computing its accepted tokens again after a rejected
+            // proposal (generated tokens only, all in this step) proposes after them too.
+            let again = !decode
+                && s.computed == s.scheduled
+                && s.scheduled >= s.prompt_len
+                && len == remaining
+                && remaining <= crate::config::MAX_SPECULATIVE_TOKENS + 1;
+            let mut draft = match (decode || again) && speculate {
                 true => self.draft(s, (budget - len).min(max_seqs - rows - s.rows_in(s.scheduled, len))),
                 false => Vec::new(),
             };
@@ -178,7 +185,8 @@ impl Scheduler {
             }
             let s = &self.running[i];
             rows += s.rows_in(s.scheduled, len - draft.len()) + draft.len();
-            let snap = self.snapshot(s.scheduled, len - draft.len());
+            // A verifying step's snapshot keeps the state before the proposals (engine/runner.rs).
+            let snap = if draft.is_empty() { self.snapshot(s.scheduled, len) } else { None };
             let s = &self.running[i];
             plan.push(Planned { id: s.id, start: s.scheduled, len, draft, masks: None, snap, src: None });
             budget -= len;

@@ -122,6 +122,8 @@ impl EngineCore {
     pub(crate) fn apply_verified(&mut self, id: u64, draft: &[u32], rows: Vec<Sampled>) -> Option<FinishReason> {
         let max_seq_len = self.sched.cfg.max_seq_len;
         let s = self.sched.running.iter_mut().find(|s| s.id == id)?;
+        // The sequence's own tokens (every one computed in this step) end here.
+        let own_end = s.tokens.len();
         let (mut taken, mut accepted, mut reason) = (0, 0, None);
         for (i, r) in rows.into_iter().enumerate() {
             let hit = draft.get(i) == Some(&r.id);
@@ -151,16 +153,17 @@ impl EngineCore {
         s.draft_computed = s.draft_computed.min(s.computed);
         s.scheduled = s.computed;
         // A recurrent state took every proposal in: where one was rejected, the sequence goes on
-        // from its state before the step (kept in the backup slot) and computes its accepted
-        // tokens again (the next step's chunk; their K/V are rewritten the same).
+        // from its state after its own tokens, before the proposals (kept in the backup slot),
+        // and computes its accepted proposals again (the next step's chunk, with the token after
+        // them; their K/V are rewritten the same).
         if let Some(backup) = s.backup_slot.take() {
             if accepted < draft.len() && reason.is_none() {
                 if let Some(old) = s.state_slot.replace(backup) {
                     self.sched.slots.release(old);
                 }
-                s.computed = start;
-                s.scheduled = start;
-                s.draft_computed = s.draft_computed.min(start);
+                s.computed = own_end.max(start);
+                s.scheduled = s.computed;
+                s.draft_computed = s.draft_computed.min(s.computed);
             } else {
                 self.sched.slots.release(backup);
             }
