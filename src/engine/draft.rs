@@ -267,13 +267,7 @@ impl EngineCore {
                 let s = &running[w.seq];
                 let pos = s.tokens.len() - 1 + r;
                 let t = if r == 0 { s.tokens[pos] } else { w.proposals[r - 1] };
-                input.tokens.push(t);
-                input.positions.push(pos as u32);
-                input.slots.push(slot(s, pos));
-                input.seq_of_token.push(input.block_tables.len() as u32);
-                input.block_tables.push(s.table.clone());
-                input.sample_rows.push(input.tokens.len() as u32 - 1);
-                input.sampling.push(SampleParams::default());
+                push_round(&mut input, t, (pos, slot(s, pos)), &s.table);
                 who.push(wi);
             }
             let ids = draft.step(input)?;
@@ -286,4 +280,16 @@ impl EngineCore {
         }
         Ok(())
     }
+}
+
+/// A proposal round's entry for one sequence: its token `t` at (position, KV slot), as a
+/// sequence of its own in `input` with `table`, sampled greedily.
+pub(crate) fn push_round(input: &mut StepInput, t: u32, (pos, slot): (usize, u32), table: &[u32]) {
+    input.tokens.push(t);
+    input.positions.push(pos as u32);
+    input.slots.push(slot);
+    input.seq_of_token.push(input.block_tables.len() as u32);
+    input.block_tables.push(table.to_vec());
+    input.sample_rows.push(input.tokens.len() as u32 - 1);
+    input.sampling.push(SampleParams::default());
 }

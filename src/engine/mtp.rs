@@ -14,7 +14,7 @@
 //! model verifies every proposal.
 
 use super::core::EngineCore;
-use super::draft::{DraftModel, Drafting};
+use super::draft::{push_round, DraftModel, Drafting};
 use super::scheduler::Planned;
 use super::sequence::Seq;
 use crate::config::EngineConfig;
@@ -206,13 +206,7 @@ impl EngineCore {
                 let Some(hid) = state[wi].as_ref().filter(|_| w.k > r && w.proposals.len() == r) else { continue };
                 let s = &running[w.seq];
                 let pos = s.tokens.len() - 2 + r;
-                input.tokens.push(w.proposals[r - 1]);
-                input.positions.push(pos as u32);
-                input.slots.push(slot(s, pos));
-                input.seq_of_token.push(input.block_tables.len() as u32);
-                input.block_tables.push(s.table.clone());
-                input.sample_rows.push(input.tokens.len() as u32 - 1);
-                input.sampling.push(SampleParams::default());
+                push_round(&mut input, w.proposals[r - 1], (pos, slot(s, pos)), &s.table);
                 rows.extend_from_slice(hid);
                 who.push(wi);
             }
