@@ -166,7 +166,9 @@ impl EngineHandle {
     ) -> anyhow::Result<EngineHandle> {
         let mut exec = exec.into();
         if cfg.spec_settings()?.method.uses_model() && draft.is_none() {
-            anyhow::bail!("speculative draft / mtp: the draft model or MTP head is not loaded (engine::load_draft)");
+            anyhow::bail!(
+                "speculative decoding: the draft model is not loaded (engine::load_draft loads it, or the MTP head)"
+            );
         }
         // The MTP head reads the model's hidden states after every step.
         if draft.as_ref().is_some_and(|d| d.is_mtp()) && !exec.emit_hidden(true) {
