@@ -146,12 +146,17 @@ impl Model {
 
         let layout = StepLayout::new(&cfg, &limits, last)?;
         let kv_plan = KvPlan::new(&cfg, &limits, g.kv_chunk_limit(), layout.header.max_blocks as usize)?;
-        let scratch_plan = ScratchPlan::new(&cfg, &limits, &layout, last);
+        let mut scratch_plan = ScratchPlan::new(&cfg, &limits, &layout, last);
+        // An MTP head's input rows.
+        if mtp.is_some() {
+            scratch_plan.bytes += (layout.t_max * cfg.hidden * 4) as u64;
+        }
         let attn_layers = cfg.attn_layers_in(layers.clone());
         // A slot per sequence a step can hold.
         let state_slots = if attn_layers < layers.len() { limits.max_seqs } else { 0 };
         let plan = MemoryPlan {
-            weights: stage_weight_bytes(host, &layers),
+            weights: stage_weight_bytes(host, &layers)
+                + mtp.map_or(0, |m| (m.fc_embed.bytes() + m.fc_hidden.bytes() + 8 * m.hnorm.len()) as u64),
             kv_cache: kv_plan.bytes_per_layer() * attn_layers as u64,
             state: cfg.linear.as_ref().map_or(0, |l| l.slot_bytes(layers.clone()) * state_slots as u64),
             scratch: scratch_plan.bytes(),
@@ -511,7 +516,14 @@ impl Model {
         if !self.is_last() {
             return false;
         }
-        self.emit = on.then(|| self.gpu.readback("hidden_emit", (self.sub_tokens * self.cfg.hidden * 4) as u64));
+        // Counted in the memory plan while held.
+        let bytes = (self.sub_tokens * self.cfg.hidden * 4) as u64;
+        match (on, self.emit.is_some()) {
+            (true, false) => self.plan.scratch += bytes,
+            (false, true) => self.plan.scratch -= bytes,
+            _ => {}
+        }
+        self.emit = on.then(|| self.gpu.readback("hidden_emit", bytes));
         true
     }
 
