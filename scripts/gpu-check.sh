@@ -159,7 +159,7 @@ for shape in ${shapes//,/ }; do
             --json "$work/bench-$n-$profile.json" >"$work/bench.out"; then
             cat "$work/bench.out"
             say "bench-model, kernel profile $profile:"
-            grep -v -e '^adapter:' -e '^loaded ' -e '^batch [0-9]*:' -e '^wrote ' "$work/bench.out" >>"$summary"
+            grep -v -e '^adapter:' -e '^loaded ' -e '^batch [0-9]*:' -e '^MTP head, batch [0-9]*: [0-9.]* ms per round$' -e '^wrote ' "$work/bench.out" >>"$summary"
         else
             say "FAIL: $shape: bench-model --kernel-profile $profile ($(tail -n 1 "$log"))"
             failed=1
@@ -171,7 +171,7 @@ for shape in ${shapes//,/ }; do
             --json "$work/bench-$n-all-experts.json" >"$work/bench.out"; then
             cat "$work/bench.out"
             say "bench-model, every expert active (--moe-top-k $moe; the outputs are not the model's):"
-            grep -v -e '^adapter:' -e '^loaded ' -e '^batch [0-9]*:' -e '^wrote ' "$work/bench.out" >>"$summary"
+            grep -v -e '^adapter:' -e '^loaded ' -e '^batch [0-9]*:' -e '^MTP head, batch [0-9]*: [0-9.]* ms per round$' -e '^wrote ' "$work/bench.out" >>"$summary"
         else
             say "FAIL: $shape: bench-model --moe-top-k $moe ($(tail -n 1 "$log"))"
             failed=1
