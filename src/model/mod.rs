@@ -9,6 +9,7 @@ pub mod config;
 pub mod forward;
 pub mod gemma;
 pub mod gptoss;
+mod hf_weights;
 pub mod layers;
 pub mod llama;
 pub mod loader;

@@ -1,0 +1,161 @@
+//! Hugging Face checkpoints as a weight source: config.json and every *.safetensors file of the
+//! directory, memory-mapped, each tensor checked against the shape it must have; and the
+//! loading of a whole directory (the families whose names or norms differ).
+
+use super::config::{Arch, ModelConfig};
+use super::layers::{load_layers, HostModel, WeightSource, GEMMA_HF_NAMES, HF_NAMES};
+use super::loader::{check_shape, to_f32, u16s};
+use crate::weights::tensor::QTensor;
+use anyhow::{anyhow, bail, Context, Result};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+struct HfTensor {
+    dtype: safetensors::Dtype,
+    shape: Vec<usize>,
+    file: usize,
+    start: usize,
+    end: usize,
+}
+
+pub(super) struct HfWeights {
+    dir: PathBuf,
+    files: Vec<(PathBuf, memmap2::Mmap)>,
+    tensors: HashMap<String, HfTensor>,
+}
+
+impl HfWeights {
+    pub(super) fn open(dir: &Path) -> Result<HfWeights> {
+        let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)
+            .with_context(|| format!("{}", dir.display()))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+            .collect();
+        paths.sort();
+        if paths.is_empty() {
+            bail!("{}: no *.safetensors files", dir.display());
+        }
+        let mut files = Vec::new();
+        let mut tensors = HashMap::new();
+        for (fi, p) in paths.into_iter().enumerate() {
+            let f = std::fs::File::open(&p).with_context(|| format!("{}", p.display()))?;
+            // SAFETY: the file is opened read-only and not modified while mapped.
+            let map = unsafe { memmap2::Mmap::map(&f) }.with_context(|| format!("{}", p.display()))?;
+            let (header_len, meta) = safetensors::SafeTensors::read_metadata(&map)
+                .map_err(|e| anyhow!("{}: invalid safetensors file: {e}", p.display()))?;
+            let data_start = 8 + header_len;
+            for (name, info) in meta.tensors() {
+                let (s, e) = info.data_offsets;
+                if data_start + e > map.len() {
+                    bail!("{}: tensor {name} extends past end of file (truncated?)", p.display());
+                }
+                tensors.insert(
+                    name.to_string(),
+                    HfTensor {
+                        dtype: info.dtype,
+                        shape: info.shape.clone(),
+                        file: fi,
+                        start: data_start + s,
+                        end: data_start + e,
+                    },
+                );
+            }
+            files.push((p, map));
+        }
+        Ok(HfWeights { dir: dir.to_path_buf(), files, tensors })
+    }
+
+    fn get(&self, name: &str) -> Result<(&HfTensor, &[u8], String)> {
+        let t = self.tensors.get(name).ok_or_else(|| anyhow!("weights: tensor {name} is missing"))?;
+        let (p, map) = &self.files[t.file];
+        Ok((t, &map[t.start..t.end], p.display().to_string()))
+    }
+
+    fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>> {
+        let (t, bytes, src) = self.get(name)?;
+        if t.shape != [len] {
+            bail!("{src}: tensor {name} has shape {:?}, expected [{len}]", t.shape);
+        }
+        to_f32(t.dtype, bytes).map_err(|e| anyhow!("{src}: tensor {name}: {e}"))
+    }
+
+    fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<QTensor> {
+        let (t, bytes, src) = self.get(name)?;
+        if t.shape.len() != 2 {
+            bail!("{src}: tensor {name} has shape {:?}, expected [{rows}, {cols}]", t.shape);
+        }
+        check_shape(&src, name, (t.shape[0], t.shape[1]), (rows, cols))?;
+        let r = match t.dtype {
+            safetensors::Dtype::F32 => QTensor::from_f32(rows, cols, &to_f32(t.dtype, bytes)?),
+            safetensors::Dtype::F16 => QTensor::from_f16_bits(rows, cols, &u16s(bytes)),
+            safetensors::Dtype::BF16 => QTensor::from_bf16_bits_as_f16(rows, cols, &u16s(bytes)),
+            d => bail!("{src}: tensor {name} has unsupported dtype {d:?} (supported: F32, F16, BF16)"),
+        };
+        r.map_err(|e| anyhow!("{src}: tensor {name}: {e}"))
+    }
+}
+
+pub(super) fn load_hf(dir: &Path, range: std::ops::Range<usize>, progress: &dyn Fn(usize, usize)) -> Result<HostModel> {
+    let cfg = ModelConfig::from_hf_json(&dir.join("config.json"))?;
+    let w = HfWeights::open(dir)?;
+    if cfg.arch.is_gemma() {
+        let mut m = load_layers(&w, &GEMMA_HF_NAMES, cfg, range, progress, false)?;
+        super::gemma::add_one_to_norms(&mut m);
+        return Ok(m);
+    }
+    if cfg.arch == Arch::Qwen35 {
+        let multimodal = w.has(super::qwen35::VL_HF_NAMES.embed);
+        let names = if multimodal { &super::qwen35::VL_HF_NAMES } else { &HF_NAMES };
+        let mut m = load_layers(&w, names, cfg, range, progress, false)?;
+        super::gemma::add_one_to_norms(&mut m);
+        return Ok(m);
+    }
+    let names = if cfg.arch == Arch::GptOss { &super::gptoss::GPTOSS_HF_NAMES } else { &HF_NAMES };
+    load_layers(&w, names, cfg, range, progress, false)
+}
+
+impl WeightSource for HfWeights {
+    fn has(&self, name: &str) -> bool {
+        self.tensors.contains_key(name)
+    }
+
+    fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<QTensor> {
+        HfWeights::matrix(self, name, rows, cols)
+    }
+
+    fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>> {
+        HfWeights::vector(self, name, len)
+    }
+
+    fn experts(&self, name: &str, experts: usize, rows: usize, cols: usize) -> Result<QTensor> {
+        if !name.contains("{e}") {
+            bail!("{}: fused expert tensors ({name}) are not supported", self.dir.display());
+        }
+        let parts = (0..experts)
+            .map(|e| HfWeights::matrix(self, &name.replace("{e}", &e.to_string()), rows, cols))
+            .collect::<Result<Vec<_>>>()?;
+        QTensor::concat_rows(&parts.iter().collect::<Vec<_>>())
+            .map_err(|err| anyhow!("{}: {name}: {err}", self.dir.display()))
+    }
+
+    fn array(&self, name: &str, shape: &[usize]) -> Result<(Vec<f32>, bool)> {
+        let (t, bytes, src) = self.get(name)?;
+        if t.shape != shape {
+            bail!("{src}: tensor {name} has shape {:?}, expected {shape:?}", t.shape);
+        }
+        let v = to_f32(t.dtype, bytes).map_err(|e| anyhow!("{src}: tensor {name}: {e}"))?;
+        Ok((v, t.dtype == safetensors::Dtype::F32))
+    }
+
+    fn bytes(&self, name: &str, shape: &[usize]) -> Result<Vec<u8>> {
+        let (t, bytes, src) = self.get(name)?;
+        if t.shape != shape || t.dtype != safetensors::Dtype::U8 {
+            bail!("{src}: tensor {name} is {:?} {:?}, expected U8 {shape:?}", t.dtype, t.shape);
+        }
+        Ok(bytes.to_vec())
+    }
+
+    fn path(&self) -> &Path {
+        &self.dir
+    }
+}
