@@ -1,7 +1,8 @@
 // y[r, :] = x[src, :] * rsqrt(mean(x[src, :]^2) + eps) * weight, one workgroup per output row.
 // gather = 0: src = r over the step's n_tokens rows; gather = 1: src = md[off_sample + r]
 // over its n_sample rows (the final norm, computed only where logits are needed). accumulate = 1:
-// y[r, :] += the normalised row instead (Gemma's post-norms, into the residual).
+// y[r, :] += the normalised row instead (Gemma's post-norms, into the residual), the sum then
+// multiplied by out_scale (Gemma 4's layer_scalar; 1 elsewhere).
 
 @group(0) @binding(0) var<uniform> step: Step;
 @group(0) @binding(1) var<uniform> p: NormParams; // declared from Rust (ops/)
@@ -47,7 +48,7 @@ fn main(
     let yb = r * p.dim4;
     if (p.accumulate == 1u) {
         for (var i = lid; i < p.dim4; i += WG) {
-            y[yb + i] += x[xb + i] * scale * weight[i];
+            y[yb + i] = (y[yb + i] + x[xb + i] * scale * weight[i]) * p.out_scale;
         }
     } else {
         for (var i = lid; i < p.dim4; i += WG) {

@@ -2,7 +2,7 @@
 //! groups.
 
 use crate::gpu::Gpu;
-use crate::model::config::ModelConfig;
+use crate::model::config::{AttnGeom, ModelConfig};
 use crate::model::plan::KvPlan;
 use crate::model::scratch::Scratch;
 use crate::model::step::StepLimits;
@@ -17,15 +17,24 @@ use crate::weights::tensor::QTensor;
 use crate::weights::upload::GpuMatrix;
 use anyhow::Result;
 
+/// What an attention layer's parameters depend on: its geometry, window (None: global) and
+/// rotated elements per head.
+type AttnKey = (AttnGeom, Option<usize>, usize);
+
+/// The uniform parameters of one kind of attention layer.
+pub(crate) struct AttnKindParams {
+    pub(crate) rope: wgpu::Buffer,
+    pub(crate) attn: wgpu::Buffer,
+    pub(crate) head_norm: wgpu::Buffer,
+}
+
 /// Per-layer uniform parameters, shared by every layer's ops.
 pub(crate) struct LayerParams {
     pub(crate) norm: wgpu::Buffer,
     /// The norms after attention and the FFN (added into the residual).
     pub(crate) post_norm: wgpu::Buffer,
-    pub(crate) rope: wgpu::Buffer,
-    /// The attention's, per window the layers use (None: global).
-    attn: Vec<(Option<usize>, wgpu::Buffer)>,
-    pub(crate) head_norm: wgpu::Buffer,
+    /// Per kind of attention layer the model has.
+    kinds: Vec<(AttnKey, AttnKindParams)>,
     /// The final norm's (gathers the sampled rows).
     pub(crate) final_norm: wgpu::Buffer,
     /// The Gated DeltaNet stages' and the attention output gate's (ops/delta.rs), where the
@@ -42,35 +51,34 @@ impl LayerParams {
         (off_sample, off_state): (usize, usize),
     ) -> LayerParams {
         let cfg = b.cfg;
-        let chunk = kv.chunk_elems(cfg, limits.block_size);
         let norm = |gather: bool| NormParams::new(cfg.hidden, cfg.rms_eps, gather, off_sample);
-        let dims = (cfg.heads, cfg.kv_heads, cfg.head_dim);
-        let mut windows: Vec<Option<usize>> = (0..cfg.layers).map(|l| cfg.layer_window(l)).collect();
-        windows.sort();
-        windows.dedup();
+        let mut keys: Vec<AttnKey> = (0..cfg.layers).map(|l| attn_key(cfg, l)).collect();
+        keys.sort();
+        keys.dedup();
         let st = &cfg.style;
-        let attn = windows
+        let kinds = keys
             .into_iter()
-            .map(|w| {
-                let p = AttnParams::new(dims, limits.block_size, w.unwrap_or(0), chunk)
+            .map(|key| {
+                let (geom, w, rot) = key;
+                let chunk = kv.chunk_elems(geom.kv_dim(), limits.block_size);
+                let (heads, kv_heads, head_dim) = geom.dims();
+                let p = AttnParams::new(geom.dims(), limits.block_size, w.unwrap_or(0), chunk)
                     .with_scores(st.attn_scale, st.attn_softcap)
                     .with_sinks(st.attn_sinks);
-                (w, b.uniform(bytemuck::bytes_of(&p)))
+                let rope = RopeParams::new(heads, kv_heads, head_dim, chunk).with_rotary(rot);
+                let hn = HeadNormParams::new(heads, kv_heads, head_dim, cfg.rms_eps).with_v_norm(st.v_norm);
+                let params = AttnKindParams {
+                    rope: b.uniform(bytemuck::bytes_of(&rope)),
+                    attn: b.uniform(bytemuck::bytes_of(&p)),
+                    head_norm: b.uniform(bytemuck::bytes_of(&hn)),
+                };
+                (key, params)
             })
             .collect();
         LayerParams {
             norm: b.uniform(bytemuck::bytes_of(&norm(false))),
             post_norm: b.uniform(bytemuck::bytes_of(&NormParams::accumulating(cfg.hidden, cfg.rms_eps))),
-            rope: b.uniform(bytemuck::bytes_of(
-                &RopeParams::new(cfg.heads, cfg.kv_heads, cfg.head_dim, chunk).with_rotary(cfg.rope_dim()),
-            )),
-            attn,
-            head_norm: b.uniform(bytemuck::bytes_of(&HeadNormParams::new(
-                cfg.heads,
-                cfg.kv_heads,
-                cfg.head_dim,
-                cfg.rms_eps,
-            ))),
+            kinds,
             final_norm: b.uniform(bytemuck::bytes_of(&norm(true))),
             delta: delta_dims(cfg).map(|(d, tiled)| {
                 let p = DeltaParams::new(&d, cfg.rms_eps, off_state, cfg.q_dim(), tiled);
@@ -92,11 +100,17 @@ pub(crate) fn delta_dims(cfg: &ModelConfig) -> Option<(DeltaDims, bool)> {
     }
 }
 
+/// The parameters' key of attention layer `l`.
+fn attn_key(cfg: &ModelConfig, l: usize) -> AttnKey {
+    (cfg.geom(l), cfg.layer_window(l), cfg.layer_rope_dim(l))
+}
+
 impl LayerParams {
-    /// The attention parameters of layers attending within `window`.
-    pub(crate) fn attn(&self, window: Option<usize>) -> Result<&wgpu::Buffer> {
-        let found = self.attn.iter().find(|(w, _)| *w == window).map(|(_, b)| b);
-        found.ok_or_else(|| anyhow::anyhow!("no attention parameters for window {window:?}"))
+    /// The attention parameters of layer `l` of `cfg`.
+    pub(crate) fn attn_kind(&self, cfg: &ModelConfig, l: usize) -> Result<&AttnKindParams> {
+        let key = attn_key(cfg, l);
+        let found = self.kinds.iter().find(|(k, _)| *k == key).map(|(_, p)| p);
+        found.ok_or_else(|| anyhow::anyhow!("no attention parameters for layer {l} ({key:?})"))
     }
 }
 

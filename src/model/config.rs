@@ -30,6 +30,10 @@ pub enum Arch {
     /// Qwen3.5 (model/qwen35.rs): Gated DeltaNet layers with a gated full-attention layer every
     /// few, partial RoPE, zero-centred norms.
     Qwen35,
+    /// Gemma 4 (model/gemma4.rs): Gemma 3's layers with full-attention layers of their own
+    /// geometry (wider heads, keys as values, proportional RoPE), plain-weight norms, a v norm,
+    /// unscaled scores and a scalar per layer.
+    Gemma4,
 }
 
 impl Arch {
@@ -43,7 +47,8 @@ impl Arch {
 pub const SUPPORTED_HF_ARCHS: &str = "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, \
                                       Qwen3MoeForCausalLM, Qwen2MoeForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, \
                                       GptOssForCausalLM, Qwen3_5ForCausalLM, Qwen3_5MoeForCausalLM, \
-                                      Qwen3_5ForConditionalGeneration and Qwen3_5MoeForConditionalGeneration (text)";
+                                      Qwen3_5ForConditionalGeneration and Qwen3_5MoeForConditionalGeneration (text), \
+                                      Gemma4ForCausalLM (dense text models)";
 
 /// Where a family's layers differ from Llama's; the default is Llama's.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -77,6 +82,10 @@ pub struct LayerStyle {
     pub attn_gate: bool,
     /// RoPE rotates only the first `n` elements of each head (partial rotary); None: all.
     pub rotary_dim: Option<usize>,
+    /// Each value head is RMS-normed (no weight) before the cache (Gemma 4's v_norm).
+    pub v_norm: bool,
+    /// Each layer's output (the residual) is multiplied by a learned scalar (Gemma 4).
+    pub layer_scalar: bool,
 }
 
 /// HF's `layer_types`: per layer whether it is `sliding_attention` (else `full_attention`);
@@ -123,6 +132,50 @@ pub enum RopeScaling {
     },
     /// Per-frequency divisors (GGUF's rope_freqs.weight, how llama.cpp stores Llama 3 scaling).
     Freqs(Vec<f32>),
+    /// Gemma 4's `proportional` RoPE: the pairs (i, i + head_dim / 2) of the whole head, the first
+    /// `pairs` with the default frequencies (exponents over head_dim), the rest not rotated.
+    Proportional {
+        pairs: usize,
+    },
+}
+
+/// The attention geometry of a layer: query heads, KV heads and the head size.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct AttnGeom {
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+}
+
+impl AttnGeom {
+    pub fn q_dim(&self) -> usize {
+        self.heads * self.head_dim
+    }
+    pub fn kv_dim(&self) -> usize {
+        self.kv_heads * self.head_dim
+    }
+    /// Floats per token of the q/k/v rows.
+    pub fn qkv_dim(&self) -> usize {
+        self.q_dim() + 2 * self.kv_dim()
+    }
+    /// (heads, KV heads, head size).
+    pub fn dims(&self) -> (usize, usize, usize) {
+        (self.heads, self.kv_heads, self.head_dim)
+    }
+    /// Query heads per KV head.
+    pub fn group(&self) -> usize {
+        self.heads / self.kv_heads.max(1)
+    }
+}
+
+/// The full-attention layers' own geometry where it differs from the sliding-window layers'
+/// (Gemma 4: 512-wide heads, fewer KV heads, keys that are also the values).
+#[derive(Clone, Debug, PartialEq)]
+pub struct FullAttn {
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    /// The key projection's output is the value too (no v_proj: Gemma 4's attention_k_eq_v).
+    pub k_eq_v: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -151,6 +204,9 @@ pub struct ModelConfig {
     pub moe: Option<super::moe::MoeConfig>,
     /// The recurrent (Gated DeltaNet) layers of a hybrid model (Qwen3.5), or None.
     pub linear: Option<super::qwen35::LinearConfig>,
+    /// The full-attention layers' own geometry (Gemma 4), or None: every attention layer has
+    /// heads x head_dim with kv_heads.
+    pub full_attn: Option<FullAttn>,
 }
 
 /// YaRN's attention scaling for a context extension `scale` (HF's get_mscale).
@@ -172,6 +228,9 @@ impl RopeScaling {
             RopeScaling::None => (base, 1.0),
             RopeScaling::Linear { factor } => (base.iter().map(|f| f / factor).collect(), 1.0),
             RopeScaling::Freqs(div) => (base.iter().zip(div).map(|(f, d)| f / *d as f64).collect(), 1.0),
+            RopeScaling::Proportional { pairs } => {
+                (base.iter().enumerate().map(|(i, &f)| if i < *pairs { f } else { 0.0 }).collect(), 1.0)
+            }
             RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max } => {
                 let low_wavelen = original_max / low_freq_factor;
                 let high_wavelen = original_max / high_freq_factor;
@@ -272,14 +331,47 @@ impl RopeScaling {
 }
 
 impl ModelConfig {
+    /// The geometry of the model's attention layers (of the sliding-window ones where the
+    /// full-attention layers have their own).
+    pub fn base_geom(&self) -> AttnGeom {
+        AttnGeom { heads: self.heads, kv_heads: self.kv_heads, head_dim: self.head_dim }
+    }
+
+    /// The attention geometry of layer `l`.
+    pub fn geom(&self, l: usize) -> AttnGeom {
+        match &self.full_attn {
+            Some(f) if self.layer_window(l).is_none() => {
+                AttnGeom { heads: self.heads, kv_heads: f.kv_heads, head_dim: f.head_dim }
+            }
+            _ => self.base_geom(),
+        }
+    }
+
+    /// Every attention geometry the model's layers have, in order (one for most models).
+    pub fn geoms(&self) -> Vec<AttnGeom> {
+        let mut g: Vec<AttnGeom> = (0..self.layers).filter(|&l| !self.is_linear(l)).map(|l| self.geom(l)).collect();
+        g.push(self.base_geom());
+        g.sort();
+        g.dedup();
+        g
+    }
+
+    /// Whether layer `l`'s keys are its values too (Gemma 4's full-attention layers).
+    pub fn k_eq_v(&self, l: usize) -> bool {
+        self.full_attn.as_ref().is_some_and(|f| f.k_eq_v) && self.layer_window(l).is_none()
+    }
+
+    /// The widest layer's q floats per token.
     pub fn q_dim(&self) -> usize {
-        self.heads * self.head_dim
+        self.geoms().iter().map(|g| g.q_dim()).max().unwrap_or(0)
     }
+    /// The widest layer's K (or V) floats per token.
     pub fn kv_dim(&self) -> usize {
-        self.kv_heads * self.head_dim
+        self.geoms().iter().map(|g| g.kv_dim()).max().unwrap_or(0)
     }
+    /// The widest layer's q/k/v floats per token.
     pub fn qkv_dim(&self) -> usize {
-        self.q_dim() + 2 * self.kv_dim()
+        self.geoms().iter().map(|g| g.qkv_dim()).max().unwrap_or(0)
     }
 
     /// Floats per token of the FFN's activations: the dense intermediate size, or the top_k
@@ -298,9 +390,23 @@ impl ModelConfig {
         range.filter(|&l| !self.is_linear(l)).count()
     }
 
-    /// Elements of each head that RoPE rotates.
+    /// Elements of each head that RoPE rotates on the full-attention layers (the model's RoPE
+    /// table): the rotary part, or the full-attention layers' whole head (Gemma 4).
     pub fn rope_dim(&self) -> usize {
-        self.style.rotary_dim.unwrap_or(self.head_dim)
+        match &self.full_attn {
+            Some(f) => f.head_dim,
+            None => self.style.rotary_dim.unwrap_or(self.head_dim),
+        }
+    }
+
+    /// Elements of each head that RoPE rotates on layer `l`: the sliding-window layers with a
+    /// table of their own (`local_rope_theta`) rotate their whole head.
+    pub fn layer_rope_dim(&self, l: usize) -> usize {
+        if self.style.local_rope_theta.is_some() && self.layer_window(l).is_some() {
+            self.head_dim
+        } else {
+            self.rope_dim()
+        }
     }
 
     /// The window layer `l` attends within (None: every earlier position).
@@ -371,6 +477,26 @@ impl ModelConfig {
         if let Some(l) = &self.linear {
             l.validate(self.layers, src)?;
         }
+        if let Some(f) = &self.full_attn {
+            if f.kv_heads == 0
+                || !self.heads.is_multiple_of(f.kv_heads)
+                || f.head_dim == 0
+                || !f.head_dim.is_multiple_of(4)
+            {
+                return bad(format!(
+                    "the full-attention layers' {} KV heads of {} must divide the {} heads, and their size be a multiple of 4",
+                    f.kv_heads, f.head_dim, self.heads
+                ));
+            }
+            if f.head_dim > 1024 {
+                return bad(format!("the full-attention layers' head size {} is above 1024", f.head_dim));
+            }
+        }
+        if let RopeScaling::Proportional { pairs } = self.rope_scaling {
+            if pairs > self.rope_dim() / 2 {
+                return bad(format!("{pairs} rotated pairs of a {}-wide head", self.rope_dim()));
+            }
+        }
         if !self.q_dim().is_multiple_of(32) {
             return bad(format!("heads * head_dim = {} must be a multiple of 32", self.q_dim()));
         }
@@ -399,6 +525,7 @@ impl ModelConfig {
             "Gemma2ForCausalLM" => Arch::Gemma2,
             "Gemma3ForCausalLM" => Arch::Gemma3,
             "GptOssForCausalLM" => Arch::GptOss,
+            "Gemma4ForCausalLM" => Arch::Gemma4,
             "Qwen3_5ForCausalLM"
             | "Qwen3_5ForConditionalGeneration"
             | "Qwen3_5MoeForCausalLM"
@@ -458,6 +585,7 @@ impl ModelConfig {
             style: LayerStyle::default(),
             moe: None,
             linear: None,
+            full_attn: None,
         };
         let cfg = match arch {
             Arch::Qwen3Moe | Arch::Qwen2Moe => {
@@ -469,6 +597,7 @@ impl ModelConfig {
             _ if arch.is_gemma() => super::gemma::hf_config(cfg, &v, &src)?,
             Arch::GptOss => super::gptoss::hf_config(cfg, &v, &src)?,
             Arch::Qwen35 => super::qwen35::hf_config(cfg, &v, &src)?,
+            Arch::Gemma4 => super::gemma4::hf_config(cfg, &v, &src)?,
             _ => cfg,
         };
         cfg.validate(&src)?;

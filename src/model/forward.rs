@@ -157,7 +157,7 @@ impl Model {
         let plan = MemoryPlan {
             weights: stage_weight_bytes(host, &layers)
                 + mtp.map_or(0, |m| (m.fc_embed.bytes() + m.fc_hidden.bytes() + 8 * m.hnorm.len()) as u64),
-            kv_cache: kv_plan.bytes_per_layer() * attn_layers as u64,
+            kv_cache: kv_plan.bytes(&kv_dims(&cfg, layers.clone()), limits.block_size),
             state: cfg.linear.as_ref().map_or(0, |l| l.slot_bytes(layers.clone()) * state_slots as u64),
             scratch: scratch_plan.bytes(),
         };
@@ -173,7 +173,7 @@ impl Model {
                 if plan.state > 0 { "; and the recurrent states: a slot per sequence of a step" } else { "" }
             );
         }
-        let kv = kv_plan.allocate(g, attn_layers, limits.block_size);
+        let kv = kv_plan.allocate(g, &kv_dims(&cfg, layers.clone()), limits.block_size);
         let states = state_buffers(g, &cfg, layers.clone(), state_slots, limits.max_binding)?;
         let kernels = Kernels::new(
             g,
@@ -181,7 +181,8 @@ impl Model {
                 formats: stage_formats(host, mtp, io.as_ref()),
                 moe_formats: host.moe_formats(),
                 head_dim: cfg.head_dim as u32,
-                group: (cfg.heads / cfg.kv_heads.max(1)) as u32,
+                group: cfg.base_geom().group() as u32,
+                more_attn: cfg.geoms().iter().map(|g| (g.head_dim as u32, g.group() as u32)).collect(),
                 kv: limits.kv_dtype,
                 kv_chunks: kv_plan.chunks,
                 profile: limits.profile,
@@ -408,8 +409,13 @@ impl Model {
         // Keys the longest-reaching token attends to (its window, with a sliding window).
         let max_keys = s.positions.iter().max().map_or(1, |&p| p as usize + 1);
         let max_keys = self.limits.sliding_window.map_or(max_keys, |w| max_keys.min(w.max(1)));
-        self.header.n_splits =
-            attention_splits(n as usize, max_keys, (cfg.heads, cfg.kv_heads, cfg.head_dim / 4), self.part_vec4);
+        // One count for every layer: the fewest any geometry allows (each fits the partials).
+        self.header.n_splits = cfg
+            .geoms()
+            .iter()
+            .map(|g| attention_splits(n as usize, max_keys, (g.heads, g.kv_heads, g.head_dim / 4), self.part_vec4))
+            .min()
+            .unwrap_or(1);
         // Keys attended by all tokens (the ops' cost model).
         let window = self.limits.sliding_window.unwrap_or(usize::MAX).max(1) as u64;
         let attn_keys = s.positions.iter().map(|&p| (p as u64 + 1).min(window)).sum();

@@ -103,6 +103,10 @@ pub(super) fn load_hf(dir: &Path, range: std::ops::Range<usize>, progress: &dyn 
         super::gemma::add_one_to_norms(&mut m);
         return Ok(m);
     }
+    // Gemma 4's norms multiply by their plain weights.
+    if cfg.arch == Arch::Gemma4 {
+        return load_layers(&w, &GEMMA_HF_NAMES, cfg, range, progress, false);
+    }
     if cfg.arch == Arch::Qwen35 {
         let multimodal = w.has(super::qwen35::VL_HF_NAMES.embed);
         let names = if multimodal { &super::qwen35::VL_HF_NAMES } else { &HF_NAMES };

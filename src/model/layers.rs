@@ -34,6 +34,8 @@ pub struct HostLayer {
     pub attn_gate: Option<QTensor>,
     /// A recurrent layer's mixer (q/k/v/o then have no rows), or None.
     pub linear: Option<super::qwen35::HostLinear>,
+    /// The factor the layer's output is multiplied by (Gemma 4), or None.
+    pub layer_scalar: Option<f32>,
 }
 
 pub struct HostModel {
@@ -112,6 +114,8 @@ pub(crate) struct TensorNames {
     pub gate_inp_shexp: &'static str,
     /// A Gated DeltaNet layer's tensors (Qwen3.5).
     pub linear: &'static super::qwen35::LinearNames,
+    /// The layer's output scale (Gemma 4; read only when the style says so).
+    pub layer_scalar: &'static str,
 }
 
 /// Hugging Face (transformers) names.
@@ -147,6 +151,7 @@ pub(crate) const HF_NAMES: TensorNames = TensorNames {
     down_shexp: "mlp.shared_expert.down_proj.weight",
     gate_inp_shexp: "mlp.shared_expert_gate.weight",
     linear: &super::qwen35::HF_LINEAR,
+    layer_scalar: "layer_scalar",
 };
 
 /// Hugging Face names of Gemma 2 and 3: `post_attention_layernorm` is the norm after
@@ -191,6 +196,7 @@ pub(crate) const GGUF_NAMES: TensorNames = TensorNames {
     down_shexp: "ffn_down_shexp.weight",
     gate_inp_shexp: "ffn_gate_inp_shexp.weight",
     linear: &super::qwen35::GGUF_LINEAR,
+    layer_scalar: "layer_output_scale.weight",
 };
 
 /// Loads layers `range` of a model with hyper-parameters `cfg` (and the embedding, final norm
@@ -204,16 +210,19 @@ pub(crate) fn load_layers(
     progress: &dyn Fn(usize, usize),
     unpermute_qk: bool,
 ) -> Result<HostModel> {
-    let (h, q, kv, i) = (cfg.hidden, cfg.q_dim(), cfg.kv_dim(), cfg.intermediate);
+    let (h, i) = (cfg.hidden, cfg.intermediate);
     let (first, last) = (range.start == 0, range.end == cfg.layers);
     let tied = !w.has(n.lm_head);
     let embed = if first || (last && tied) { Some(w.matrix(n.embed, cfg.vocab, h)?) } else { None };
-    let perms = unpermute_qk
-        .then(|| (unpermute_qk_rows(cfg.heads, cfg.head_dim), unpermute_qk_rows(cfg.kv_heads, cfg.head_dim)));
     let mut layers = Vec::with_capacity(range.len());
     let first_layer = range.start;
     for l in range {
         progress(l, cfg.layers);
+        // The layer's own attention geometry (Gemma 4's full-attention layers differ).
+        let geom = cfg.geom(l);
+        let (q, kv, head_dim) = (geom.q_dim(), geom.kv_dim(), geom.head_dim);
+        let perms =
+            unpermute_qk.then(|| (unpermute_qk_rows(geom.heads, head_dim), unpermute_qk_rows(geom.kv_heads, head_dim)));
         let p = n.layer.replace("{l}", &l.to_string());
         let t = |name: &str| format!("{p}.{name}");
         let mut attn_gate = None;
@@ -226,9 +235,14 @@ pub(crate) fn load_layers(
             Some(_) => (none(h)?, none(h)?, none(h)?, none(32)?),
             None if cfg.style.attn_gate => {
                 let both = w.matrix(&t(n.q), 2 * q, h)?;
-                let (query, gate) = super::qwen35::split_query_gate(&both, cfg.heads, cfg.head_dim);
+                let (query, gate) = super::qwen35::split_query_gate(&both, geom.heads, head_dim);
                 attn_gate = Some(gate);
                 (query, w.matrix(&t(n.k), kv, h)?, w.matrix(&t(n.v), kv, h)?, w.matrix(&t(n.o), h, q)?)
+            }
+            // Keys that are the values too: the key projection twice (v is normed, not roped).
+            None if cfg.k_eq_v(l) => {
+                let k = w.matrix(&t(n.k), kv, h)?;
+                (w.matrix(&t(n.q), q, h)?, k.clone(), k, w.matrix(&t(n.o), h, q)?)
             }
             None => (
                 w.matrix(&t(n.q), q, h)?,
@@ -251,8 +265,12 @@ pub(crate) fn load_layers(
             None
         };
         let qk_norm = if cfg.qk_norm && attn {
-            let mut v = w.vector(&t(n.q_norm), cfg.head_dim)?;
-            v.extend(w.vector(&t(n.k_norm), cfg.head_dim)?);
+            let mut v = w.vector(&t(n.q_norm), head_dim)?;
+            v.extend(w.vector(&t(n.k_norm), head_dim)?);
+            // The values' norm has no weight (Gemma 4).
+            if cfg.style.v_norm {
+                v.extend(std::iter::repeat_n(1.0, head_dim));
+            }
             Some(v)
         } else {
             None
@@ -291,6 +309,7 @@ pub(crate) fn load_layers(
             },
             attn_gate,
             linear,
+            layer_scalar: if cfg.style.layer_scalar { Some(w.vector(&t(n.layer_scalar), 1)?[0]) } else { None },
         });
     }
     progress(cfg.layers, cfg.layers);

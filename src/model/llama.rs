@@ -12,7 +12,7 @@ use crate::model::loader::{HostLayer, HostModel};
 use crate::model::recurrent::LayerCache;
 use crate::ops::attention::{self, AttnBinds};
 use crate::ops::matmul::{MAT_ACCUMULATE, MAT_BIAS, MAT_GELU, MAT_SOFTCAP, MAT_SWIGLU_UP};
-use crate::ops::norm::{self, HeadNormBinds, NormBinds};
+use crate::ops::norm::{self, HeadNormBinds, NormBinds, NormParams};
 use crate::ops::rope::{self, RopeBinds};
 use crate::ops::sample::{self, AdjustBinds, SampleBinds, SamplerParams};
 use crate::weights::tensor::QTensor;
@@ -71,13 +71,19 @@ impl OpBuilder<'_> {
         };
         match (kind.mixer, cache) {
             (Mixer::Attention { window }, LayerCache::Kv(k, v)) => {
-                self.attention_mixer(hl, lp, (k, v), window, post.map(|p| p.0))?
+                self.attention_mixer(l, hl, lp, (k, v), window, post.map(|p| p.0))?
             }
             (Mixer::Linear, LayerCache::State(conv, rec)) => self.linear_mixer(hl, lp, (conv, rec))?,
             _ => bail!("layer {l}: its cache does not match its mixer"),
         }
+        // Gemma 4 scales the residual after the layer: with the FFN's post-norm's sum.
+        let scalar = match (hl.layer_scalar, self.cfg.style.layer_scalar) {
+            (Some(x), true) if post.is_some() && matches!(kind.ffn, Ffn::Dense { .. }) => Some(x),
+            (None, false) => None,
+            _ => bail!("layer {l}: its layer scalar does not match its kind"),
+        };
         match kind.ffn {
-            Ffn::Dense { gelu } => self.dense_ffn(hl, lp, gelu, post.map(|p| p.1))?,
+            Ffn::Dense { gelu } => self.dense_ffn(hl, lp, gelu, post.map(|p| (p.1, scalar)))?,
             Ffn::Moe { .. } if post.is_some() => bail!("layer {l}: a mixture of experts with a post-FFN norm"),
             Ffn::Moe { gelu } => self.moe_ffn(hl, lp, gelu)?,
         }
@@ -93,25 +99,29 @@ impl OpBuilder<'_> {
     }
 
     /// A block's output projection `m` of `x` (plus `bias`), added into the residual: directly,
-    /// or (`post`) through an RMSNorm with those weights (the projection goes to `normed` first).
+    /// or (`post`) through an RMSNorm with those weights (the projection goes to `normed` first),
+    /// the residual then multiplied by the scalar where one is given (Gemma 4).
     pub(crate) fn project_out(
         &mut self,
         label: &'static str,
         (m, bias): (&GpuMatrix, Option<&wgpu::Buffer>),
         x: &wgpu::Buffer,
         lp: &LayerParams,
-        post: Option<&[f32]>,
+        post: Option<(&[f32], Option<f32>)>,
     ) {
         let (s, h) = (self.s, self.cfg.hidden);
         let b = if bias.is_some() { MAT_BIAS } else { 0 };
         match post {
             None => self.matmul(label, m, (x, &s.hidden), (0, h), bias, MAT_ACCUMULATE | b, false, false),
-            Some(weight) => {
+            Some((weight, scale)) => {
                 self.matmul(label, m, (x, &s.normed), (0, h), bias, b, false, false);
                 let w = self.storage("post_norm", weight);
+                let scaled = scale.map(|x| {
+                    self.uniform(bytemuck::bytes_of(&NormParams::accumulating_scaled(h, self.cfg.rms_eps, x)))
+                });
                 let b = NormBinds {
                     step: &s.step_buf,
-                    p: &lp.post_norm,
+                    p: scaled.as_ref().unwrap_or(&lp.post_norm),
                     x: &s.normed,
                     weight: &w,
                     md: &s.meta_buf,
@@ -127,6 +137,7 @@ impl OpBuilder<'_> {
     /// the `post` norm).
     fn attention_mixer(
         &mut self,
+        l: usize,
         hl: &HostLayer,
         lp: &LayerParams,
         (k, v): (&[wgpu::Buffer], &[wgpu::Buffer]),
@@ -134,6 +145,8 @@ impl OpBuilder<'_> {
         post: Option<&[f32]>,
     ) -> Result<()> {
         let (g, cfg, s, kern) = (self.g, self.cfg, self.s, self.kernels);
+        let geom = cfg.geom(l);
+        let kp = lp.attn_kind(cfg, l)?;
         // q, k and v in one matmul when they share a format (K-quant files often store v in
         // another), else three writing their columns of the qkv rows.
         let qkv_ms: Vec<(GpuMatrix, usize)> = if hl.q.format == hl.k.format && hl.k.format == hl.v.format {
@@ -141,8 +154,8 @@ impl OpBuilder<'_> {
         } else {
             vec![
                 (self.upload("q_proj", &hl.q, None)?, 0),
-                (self.upload("k_proj", &hl.k, None)?, cfg.q_dim()),
-                (self.upload("v_proj", &hl.v, None)?, cfg.q_dim() + cfg.kv_dim()),
+                (self.upload("k_proj", &hl.k, None)?, geom.q_dim()),
+                (self.upload("v_proj", &hl.v, None)?, geom.q_dim() + geom.kv_dim()),
             ]
         };
         let o_m = self.upload("o_proj", &hl.o, None)?;
@@ -157,24 +170,25 @@ impl OpBuilder<'_> {
         let bias_flag = if bias.is_some() { MAT_BIAS } else { 0 };
         for (m, col0) in &qkv_ms {
             let io = (&s.normed, &s.qkv);
-            self.matmul("qkv", m, io, (*col0, cfg.qkv_dim()), bias.as_ref(), bias_flag, false, false);
+            self.matmul("qkv", m, io, (*col0, geom.qkv_dim()), bias.as_ref(), bias_flag, false, false);
         }
         if let Some(w) = &hl.qk_norm {
             let wb = self.storage("qk_norm", w);
-            let b = HeadNormBinds { step: &s.step_buf, p: &lp.head_norm, weight: &wb, qkv: &s.qkv };
-            self.push(norm::head_norm(kern, g, &b, cfg.heads + cfg.kv_heads, cfg.head_dim));
+            let b = HeadNormBinds { step: &s.step_buf, p: &kp.head_norm, weight: &wb, qkv: &s.qkv };
+            let v_heads = if cfg.style.v_norm { geom.kv_heads } else { 0 };
+            self.push(norm::head_norm(kern, g, &b, geom.heads + geom.kv_heads + v_heads, geom.head_dim));
         }
-        let dims = (cfg.heads, cfg.kv_heads, cfg.head_dim);
+        let dims = geom.dims();
         // Windowed layers with a RoPE base of their own (Gemma 3) use its table.
         let cos_sin = match (&s.cos_sin_local, window) {
             (Some(local), Some(_)) => local,
             _ => &s.cos_sin,
         };
-        let b = RopeBinds { step: &s.step_buf, p: &lp.rope, md: &s.meta_buf, cos_sin, qkv: &s.qkv };
+        let b = RopeBinds { step: &s.step_buf, p: &kp.rope, md: &s.meta_buf, cos_sin, qkv: &s.qkv };
         self.push(rope::rope_kv(kern, g, &b, (k, v), dims));
         let b = AttnBinds {
             step: &s.step_buf,
-            p: lp.attn(window)?,
+            p: &kp.attn,
             md: &s.meta_buf,
             qkv: &s.qkv,
             out: &s.attn,
@@ -187,7 +201,7 @@ impl OpBuilder<'_> {
             (None, false) => {}
             _ => bail!("a layer's output gate does not match the model's style"),
         }
-        self.project_out("o_proj", (&o_m, o_bias.as_ref()), &s.attn, lp, post);
+        self.project_out("o_proj", (&o_m, o_bias.as_ref()), &s.attn, lp, post.map(|p| (p, None)));
         self.matrices.extend(qkv_ms.into_iter().map(|(m, _)| m));
         self.matrices.push(o_m);
         Ok(())
@@ -196,7 +210,13 @@ impl OpBuilder<'_> {
     /// RMSNorm, SwiGLU or GeGLU (`gelu`; gate and up fused when they share a format; else the
     /// gate is written to act and the up projection's epilogue applies act(gate) * up), the down
     /// projection added into the residual (through the `post` norm).
-    fn dense_ffn(&mut self, hl: &HostLayer, lp: &LayerParams, gelu: bool, post: Option<&[f32]>) -> Result<()> {
+    fn dense_ffn(
+        &mut self,
+        hl: &HostLayer,
+        lp: &LayerParams,
+        gelu: bool,
+        post: Option<(&[f32], Option<f32>)>,
+    ) -> Result<()> {
         let (cfg, s) = (self.cfg, self.s);
         let (gu_m, up_m) = if hl.gate.format == hl.up.format {
             (self.upload("gate_up", &hl.gate, Some(&hl.up))?, None)

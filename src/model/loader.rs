@@ -209,6 +209,7 @@ fn gguf_config(g: &GgufFile) -> Result<ModelConfig> {
         style: Default::default(),
         moe: None,
         linear: None,
+        full_attn: None,
     };
     let layers = cfg.layers;
     let cfg = match arch {

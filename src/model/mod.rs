@@ -8,6 +8,7 @@ pub mod builder;
 pub mod config;
 pub mod forward;
 pub mod gemma;
+pub mod gemma4;
 pub mod gptoss;
 mod hf_weights;
 pub mod layers;

@@ -68,11 +68,18 @@ pub fn kv_block_bytes(cfg: &ModelConfig, limits: &StepLimits) -> u64 {
     (limits.block_size * cfg.kv_dim() * limits.kv_dtype.bytes()) as u64
 }
 
-/// KV blocks of one layer's cache: `cache_bytes` spread over every attention layer of the model
-/// (all stages of a pipeline agree; recurrent layers keep no KV cache).
+/// K and V floats per token of each attention layer among `range` (layers differ in Gemma 4).
+pub fn kv_dims(cfg: &ModelConfig, range: std::ops::Range<usize>) -> Vec<usize> {
+    range.filter(|&l| !cfg.is_linear(l)).map(|l| cfg.geom(l).kv_dim()).collect()
+}
+
+/// KV blocks of one layer's cache: `cache_bytes` spread over every attention layer of the model,
+/// each block holding its layer's K and V (all stages of a pipeline agree; recurrent layers keep
+/// no KV cache).
 pub fn kv_blocks(cfg: &ModelConfig, limits: &StepLimits) -> usize {
-    let layers = cfg.attn_layers_in(0..cfg.layers).max(1) as u64;
-    (limits.cache_bytes / (kv_block_bytes(cfg, limits) * 2 * layers)) as usize
+    let floats: usize = kv_dims(cfg, 0..cfg.layers).iter().sum();
+    let per_block = (2 * limits.block_size * floats.max(1) * limits.kv_dtype.bytes()) as u64;
+    (limits.cache_bytes / per_block) as usize
 }
 
 /// Adjustment entries one sampled row may take: one per token of its sequence (penalties), its
@@ -155,7 +162,8 @@ impl StepLayout {
 /// The KV cache's size: blocks per layer ([block_size, kv_heads, head_dim] each, K and V, f16 or
 /// f32), spread over `chunks` buffers of `blocks_per_chunk` whole blocks within the binding limit.
 pub(crate) struct KvPlan {
-    pub(crate) per_block: u64,
+    /// Bytes of one cached element.
+    pub(crate) elem_bytes: usize,
     pub(crate) num_blocks: usize,
     pub(crate) blocks_per_chunk: usize,
     pub(crate) chunks: usize,
@@ -187,30 +195,33 @@ impl KvPlan {
                 (mb / per_block) * max_chunks as u64 * per_block * 2 * cfg.layers as u64
             );
         };
-        Ok(KvPlan { per_block, num_blocks, blocks_per_chunk, chunks })
+        Ok(KvPlan { elem_bytes: limits.kv_dtype.bytes(), num_blocks, blocks_per_chunk, chunks })
     }
 
-    pub(crate) fn bytes_per_layer(&self) -> u64 {
-        self.num_blocks as u64 * self.per_block * 2
+    /// Bytes of the K and V caches of layers with `kv_dims` floats per token each.
+    pub(crate) fn bytes(&self, kv_dims: &[usize], block_size: usize) -> u64 {
+        kv_dims.iter().map(|&d| (self.num_blocks * block_size * d * self.elem_bytes * 2) as u64).sum()
     }
 
-    /// Elements of one chunk buffer.
-    pub(crate) fn chunk_elems(&self, cfg: &ModelConfig, block_size: usize) -> usize {
-        self.blocks_per_chunk * block_size * cfg.kv_dim()
+    /// Elements of one chunk buffer of a layer with `kv_dim` K (or V) floats per token.
+    pub(crate) fn chunk_elems(&self, kv_dim: usize, block_size: usize) -> usize {
+        self.blocks_per_chunk * block_size * kv_dim
     }
 
-    pub(crate) fn allocate(&self, g: &Gpu, layers: usize, block_size: usize) -> KvCache {
-        let chunk_buffers = |name: &str| -> Vec<wgpu::Buffer> {
+    /// The caches of layers with `kv_dims` K (or V) floats per token each.
+    pub(crate) fn allocate(&self, g: &Gpu, kv_dims: &[usize], block_size: usize) -> KvCache {
+        let chunk_buffers = |name: &str, kv_dim: usize| -> Vec<wgpu::Buffer> {
+            let per_block = (block_size * kv_dim * self.elem_bytes) as u64;
             (0..self.chunks)
                 .map(|c| {
                     let blocks = self.blocks_per_chunk.min(self.num_blocks - c * self.blocks_per_chunk);
-                    g.storage(name, blocks as u64 * self.per_block)
+                    g.storage(name, blocks as u64 * per_block)
                 })
                 .collect()
         };
         KvCache {
-            k: (0..layers).map(|_| chunk_buffers("k_cache")).collect(),
-            v: (0..layers).map(|_| chunk_buffers("v_cache")).collect(),
+            k: kv_dims.iter().map(|&d| chunk_buffers("k_cache", d)).collect(),
+            v: kv_dims.iter().map(|&d| chunk_buffers("v_cache", d)).collect(),
             num_blocks: self.num_blocks,
             block_size,
             blocks_per_chunk: self.blocks_per_chunk,
@@ -261,8 +272,11 @@ impl ScratchPlan {
         // records per query head of a KV head.
         let part_vec4 = if limits.profile == KernelProfile::Gpu {
             let splits = crate::ops::attention::MAX_SPLITS;
-            let records = (s_max * cfg.heads * splits).min(2048 * cfg.heads / cfg.kv_heads.max(1) + cfg.heads);
-            (records * (cfg.head_dim / 4 + 1)).min((limits.max_binding / 16) as usize)
+            let per_geom = |g: &crate::model::config::AttnGeom| {
+                let records = (s_max * g.heads * splits).min(2048 * g.group() + g.heads);
+                records * (g.head_dim / 4 + 1)
+            };
+            cfg.geoms().iter().map(per_geom).max().unwrap_or(0).min((limits.max_binding / 16) as usize)
         } else {
             0
         };
@@ -272,7 +286,7 @@ impl ScratchPlan {
         let attn = cfg.q_dim().max(crate::model::scratch::lin_out_width(cfg));
         let bytes = f(t_max * (2 * cfg.hidden + cfg.qkv_dim() + attn + cfg.act_width() + moe + lin))
             + f(s_last * (cfg.vocab + cfg.hidden + SAMPLE_RESULT_STRIDE))
-            + f(limits.max_seq_len * cfg.rope_dim()) * if cfg.style.local_rope_theta.is_some() { 2 } else { 1 }
+            + f(limits.max_seq_len * (cfg.rope_dim() + cfg.style.local_rope_theta.map_or(0, |_| cfg.head_dim)))
             + f(layout.meta_len)
             + part_vec4 as u64 * 16
             + if last { (layout.adjust_cap * 16) as u64 } else { 0 };

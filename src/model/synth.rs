@@ -151,6 +151,7 @@ impl SynthShape {
             Arch::Llama | Arch::Mistral => "llama",
             Arch::Gemma2 => "gemma2",
             Arch::Gemma3 => "gemma3",
+            Arch::Gemma4 => "gemma4",
             Arch::GptOss => "gpt-oss",
             Arch::Qwen35 if self.moe.is_some() => "qwen35moe",
             Arch::Qwen35 => "qwen35",

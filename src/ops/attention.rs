@@ -175,17 +175,24 @@ pub(super) fn dispatches<'a>(
     mut out: impl FnMut(Dispatch<'a>),
 ) {
     let n = s.n_tokens;
-    match &r.kernels.gpu {
-        Some(GpuPipelines { attention_tiled: Some((pipe, qt)), .. }) if s.attn_tile > 0 => {
+    let k = r.kernels;
+    let geom = (hd4 * 4, heads / kv_heads.max(1));
+    // A further geometry's kernels (Gemma 4's full-attention layers), else the model's own.
+    let more = k.more_attn.iter().find(|m| m.geom == geom && geom != k.attn_geom);
+    match (&k.gpu, more) {
+        (Some(GpuPipelines { attention_tiled: Some((pipe, qt)), .. }), _) if s.attn_tile > 0 => {
             debug_assert_eq!(s.attn_tile, *qt);
+            let pipe = more.and_then(|m| m.tiled.as_ref()).unwrap_or(pipe);
             out(r.folded(pipe, &op.bind, div_up(n, *qt) * kv_heads));
         }
-        Some(gk) => {
-            out(r.folded(&gk.attention, &op.bind, n * kv_heads * s.n_splits));
+        (Some(gk), _) => {
+            let [split, combine] =
+                more.and_then(|m| m.split.as_ref()).map_or([&gk.attention, &gk.combine], |[a, c]| [a, c]);
+            out(r.folded(split, &op.bind, n * kv_heads * s.n_splits));
             if s.n_splits > 1 {
-                out(r.folded(&gk.combine, &op.bind, div_up(n * heads * hd4, 64)));
+                out(r.folded(combine, &op.bind, div_up(n * heads * hd4, 64)));
             }
         }
-        None => out(r.folded(&r.kernels.attention, &op.bind, div_up(n * heads, 32))),
+        (None, _) => out(r.folded(more.map_or(&k.attention, |m| &m.cpu), &op.bind, div_up(n * heads, 32))),
     }
 }

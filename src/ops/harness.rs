@@ -102,6 +102,7 @@ impl Harness {
             kv_chunks: 1,
             profile,
             delta_k_dim: None,
+            more_attn: vec![],
         };
         Ok(Harness { kernels: Kernels::new(&gpu, &spec)?, gpu })
     }
@@ -137,8 +138,17 @@ impl Harness {
         kv_chunks: usize,
         profile: KernelProfile,
     ) -> Result<Harness> {
-        let spec =
-            KernelSpec { formats, moe_formats: vec![], head_dim, group, kv, kv_chunks, profile, delta_k_dim: None };
+        let spec = KernelSpec {
+            formats,
+            moe_formats: vec![],
+            head_dim,
+            group,
+            kv,
+            kv_chunks,
+            profile,
+            delta_k_dim: None,
+            more_attn: vec![],
+        };
         let kernels = Kernels::new(&gpu, &spec)?;
         Ok(Harness { gpu, kernels })
     }

@@ -45,6 +45,7 @@ impl Harness {
             kv_chunks: 1,
             profile,
             delta_k_dim: Some(k_dim),
+            more_attn: vec![],
         };
         Ok(Harness { kernels: Kernels::new(&gpu, &spec)?, gpu })
     }

@@ -153,6 +153,21 @@ pub struct KernelSpec {
     pub profile: KernelProfile,
     /// The key head size of a model with Gated DeltaNet layers (its kernels are built for it).
     pub delta_k_dim: Option<u32>,
+    /// Further (head_dim, group) attention geometries some layers have (Gemma 4's
+    /// full-attention layers): their attention kernels are built too.
+    pub more_attn: Vec<(u32, u32)>,
+}
+
+/// The attention kernels of one further geometry (KernelSpec::more_attn).
+pub struct MoreAttn {
+    /// (head_dim, group).
+    pub geom: (u32, u32),
+    /// The cpu profile's attention.
+    pub cpu: wgpu::ComputePipeline,
+    /// gpu profile: the split attention and its merge, and the query-tiled one (at the tokens
+    /// per tile of GpuPipelines::attention_tiled).
+    pub split: Option<[wgpu::ComputePipeline; 2]>,
+    pub tiled: Option<wgpu::ComputePipeline>,
 }
 
 /// All pipelines of one model: the weight-format-specific ones for the formats it uses.
@@ -195,11 +210,17 @@ pub struct Kernels {
     pub gpu: Option<GpuPipelines>,
     /// Gated DeltaNet's kernels (a model with linear-attention layers).
     pub delta: Option<super::delta::DeltaPipelines>,
+    /// (head_dim, group) of `attention` and the gpu profile's attention kernels.
+    pub attn_geom: (u32, u32),
+    /// The attention kernels of the further geometries.
+    pub more_attn: Vec<MoreAttn>,
 }
 
 impl Kernels {
     pub fn new(gpu: &Gpu, spec: &KernelSpec) -> Result<Kernels> {
-        let KernelSpec { ref formats, ref moe_formats, head_dim, group, kv, kv_chunks, profile, delta_k_dim } = *spec;
+        let KernelSpec { ref formats, ref moe_formats, head_dim, group, kv, kv_chunks, profile, delta_k_dim, .. } =
+            *spec;
+        let more: Vec<(u32, u32)> = spec.more_attn.iter().copied().filter(|&g| g != (head_dim, group)).collect();
         let kv_chunks = kv_chunks.clamp(1, MAX_KV_CHUNKS);
         use Slot::*;
         let matmul_family = Family::new(gpu, &layout_of(MatmulBinds::SLOTS));
@@ -316,7 +337,11 @@ impl Kernels {
                 matmul.insert(f, GpuMatmulPipelines { decode, tiled, coop });
             }
             let src = attention_split_source(head_dim, group.max(1), kv, kv_chunks, gpu.subgroups)?;
-            let qt = tiled_attention_tokens(head_dim, group, gpu.subgroups);
+            // One tile size for every geometry (a step picks the tiled kernel for all layers).
+            let qt = more
+                .iter()
+                .map(|&(d, g)| tiled_attention_tokens(d, g, gpu.subgroups))
+                .fold(tiled_attention_tokens(head_dim, group, gpu.subgroups), u32::min);
             let attention_tiled = if qt > 0 {
                 let src = attention_tiled_source(head_dim, group, qt, kv, kv_chunks, gpu.subgroups)?;
                 Some((attn_family.pipeline(gpu, "attention_tiled", &src, "main")?, qt))
@@ -332,7 +357,35 @@ impl Kernels {
         } else {
             None
         };
+        let qt = gpu_kernels.as_ref().and_then(|k| k.attention_tiled.as_ref()).map_or(0, |t| t.1);
+        let more_attn = more
+            .iter()
+            .map(|&(d, g)| -> Result<MoreAttn> {
+                let name = |n: &str| format!("{n}_{d}_{g}");
+                let cpu =
+                    attn_family.pipeline(gpu, &name("attention"), &attention_source(d, kv, kv_chunks)?, "main")?;
+                let (split, tiled) = if profile == KernelProfile::Gpu {
+                    let src = attention_split_source(d, g.max(1), kv, kv_chunks, gpu.subgroups)?;
+                    let split = [
+                        attn_family.pipeline(gpu, &name("attention_split"), &src, "main")?,
+                        attn_family.pipeline(gpu, &name("attention_combine"), &src, "combine")?,
+                    ];
+                    let tiled = if qt > 0 {
+                        let src = attention_tiled_source(d, g, qt, kv, kv_chunks, gpu.subgroups)?;
+                        Some(attn_family.pipeline(gpu, &name("attention_tiled"), &src, "main")?)
+                    } else {
+                        None
+                    };
+                    (Some(split), tiled)
+                } else {
+                    (None, None)
+                };
+                Ok(MoreAttn { geom: (d, g), cpu, split, tiled })
+            })
+            .collect::<Result<Vec<_>>>()?;
         Ok(Kernels {
+            attn_geom: (head_dim, group),
+            more_attn,
             matmul_family,
             matmul_u_family,
             matmul,

@@ -19,7 +19,8 @@ gpu_struct! {
         pub off_sample: u32,
         /// 1: y += the normalised row (Gemma's norms after attention and the FFN), else y =.
         pub accumulate: u32,
-        pub _p0: u32,
+        /// With accumulate: the sum is multiplied by it (Gemma 4's layer_scalar; 1: none).
+        pub out_scale: f32,
         pub _p1: u32,
         pub _p2: u32,
     }
@@ -35,7 +36,8 @@ gpu_struct! {
         /// Floats per qkv row.
         pub qkv_stride: u32,
         pub eps: f32,
-        pub _p0: u32,
+        /// V heads after the KV heads normed too, with no weight (Gemma 4's v_norm).
+        pub n_v_heads: u32,
         pub _p1: u32,
         pub _p2: u32,
     }
@@ -77,7 +79,12 @@ impl NormParams {
 
     /// RMSNorm of every token's row added into y (a post-norm into the residual).
     pub fn accumulating(dim: usize, eps: f32) -> NormParams {
-        NormParams { accumulate: 1, ..NormParams::new(dim, eps, false, 0) }
+        NormParams { accumulate: 1, out_scale: 1.0, ..NormParams::new(dim, eps, false, 0) }
+    }
+
+    /// The same, the sum then multiplied by `scale`: y = (y + norm(x)) * scale.
+    pub fn accumulating_scaled(dim: usize, eps: f32, scale: f32) -> NormParams {
+        NormParams { out_scale: scale, ..NormParams::accumulating(dim, eps) }
     }
 }
 
@@ -92,6 +99,11 @@ impl HeadNormParams {
             ..Default::default()
         }
     }
+
+    /// The value heads normed too, without a weight.
+    pub fn with_v_norm(self, on: bool) -> HeadNormParams {
+        HeadNormParams { n_v_heads: if on { self.n_kv_heads } else { 0 }, ..self }
+    }
 }
 
 /// The RMSNorm op over rows of `dim` floats; `sampled`: over the sampled rows (the params
@@ -101,7 +113,7 @@ pub fn norm(k: &Kernels, g: &Gpu, b: &NormBinds, sampled: bool, dim: usize) -> O
     Op { kind, label: kind.family(), bind: k.norm_family.bind(g, &b.entries()), bind_u: None }
 }
 
-/// The per-head q/k norm op over `heads` query + KV heads of `head_dim`.
+/// The per-head q/k (and v) norm op over `heads` query + KV (+ V) heads of `head_dim`.
 pub fn head_norm(k: &Kernels, g: &Gpu, b: &HeadNormBinds, heads: usize, head_dim: usize) -> Op {
     let kind = OpKind::HeadNorm { heads: heads as u32, head_dim: head_dim as u32 };
     Op { kind, label: kind.family(), bind: k.head_norm_family.bind(g, &b.entries()), bind_u: None }

@@ -1,0 +1,206 @@
+//! Gemma 4 (text): what its config says beyond Gemma 3's, read into `LayerStyle` and
+//! `FullAttn`. Its layers are the dense recipe of model/llama.rs: sliding-window layers (head
+//! size `head_dim`, RoPE base 10000 over the whole head) interleaved with full-attention layers
+//! of their own geometry (`global_head_dim`, `num_global_key_value_heads`, keys that are also the
+//! values when `attention_k_eq_v`, `proportional` RoPE: the pairs (i, i + d/2) of the whole head,
+//! only the first partial_rotary_factor of them rotated); q/k norms with weights and a v norm
+//! without; attention scores unscaled (1.0); norms that multiply by their plain weight (not
+//! Gemma 2/3's 1 + w); each layer's output multiplied by its `layer_scalar`; logits soft-capped.
+//!
+//! Not yet: per-layer embeddings (E2B / E4B), KV sharing across layers, the 26B-A4B mixture of
+//! experts; such configs are refused with the reason.
+
+use super::config::{FullAttn, LayerStyle, ModelConfig, RopeScaling};
+use anyhow::{anyhow, bail, Result};
+use serde_json::Value;
+
+/// Gemma 4's layers when a config does not list them: five sliding-window layers to one global.
+const PATTERN: usize = 6;
+/// The full-attention layers' head size when a config does not say (transformers' default).
+const GLOBAL_HEAD_DIM: usize = 512;
+/// The sliding-window layers' RoPE base when a config does not say.
+const LOCAL_ROPE_THETA: f64 = 10000.0;
+
+/// A Gemma 4 text config (config.json, or its `text_config`) on top of the fields every family
+/// has (`cfg`).
+pub(crate) fn hf_config(mut cfg: ModelConfig, v: &Value, src: &str) -> Result<ModelConfig> {
+    if let Some(act) = v["hidden_activation"].as_str() {
+        if act != "gelu_pytorch_tanh" && act != "gelu_tanh" {
+            bail!("{src}: hidden_activation '{act}' is not supported (supported: gelu_pytorch_tanh)");
+        }
+    }
+    let count = |k: &str| v[k].as_u64().unwrap_or(0);
+    if count("hidden_size_per_layer_input") > 0 {
+        bail!("{src}: per-layer embeddings (hidden_size_per_layer_input, Gemma 4 E2B/E4B) are not supported yet");
+    }
+    if count("num_kv_shared_layers") > 0 {
+        bail!("{src}: KV sharing across layers (num_kv_shared_layers) is not supported yet");
+    }
+    if v["enable_moe_block"].as_bool() == Some(true) {
+        bail!("{src}: the mixture-of-experts block (enable_moe_block, Gemma 4 26B-A4B) is not supported yet");
+    }
+    if !v["use_bidirectional_attention"].is_null() {
+        bail!("{src}: use_bidirectional_attention is not supported");
+    }
+    if v["attention_bias"].as_bool() == Some(true) {
+        bail!("{src}: attention_bias is not supported for Gemma 4");
+    }
+    let window =
+        v["sliding_window"].as_u64().filter(|&w| w > 0).ok_or_else(|| anyhow!("{src}: sliding_window is missing"))?;
+    cfg.sliding_window = Some(window as usize);
+    let mut kinds = super::config::layer_types(v, src)?
+        .unwrap_or_else(|| (0..cfg.layers).map(|l| (l + 1) % PATTERN != 0).collect());
+    // transformers makes the last layer global whatever the list says.
+    if let Some(last) = kinds.last_mut() {
+        *last = false;
+    }
+
+    // The full-attention layers' geometry: per_layer_config (transformers 5 writes it), else
+    // global_head_dim / num_global_key_value_heads (the released configs).
+    let k_eq_v = v["attention_k_eq_v"].as_bool().unwrap_or(false);
+    let (mut head_dim, mut kv_heads) = (GLOBAL_HEAD_DIM, cfg.kv_heads);
+    if let Some(g) = v["global_head_dim"].as_u64() {
+        head_dim = g as usize;
+    }
+    if let Some(k) = v["num_global_key_value_heads"].as_u64().filter(|_| k_eq_v) {
+        kv_heads = k as usize;
+    }
+    if let Some(per) = v["per_layer_config"].as_object() {
+        let mut global: Option<(usize, usize)> = None;
+        for (layer, o) in per {
+            let l: usize =
+                layer.parse().map_err(|_| anyhow!("{src}: per_layer_config key '{layer}' is not a layer"))?;
+            if kinds.get(l) != Some(&false) {
+                bail!("{src}: per_layer_config overrides layer {l}, which is not a full-attention layer");
+            }
+            let d = o["head_dim"].as_u64().map_or(cfg.head_dim, |d| d as usize);
+            let k = o["num_key_value_heads"].as_u64().map_or(cfg.kv_heads, |k| k as usize);
+            if global.is_some_and(|g| g != (d, k)) {
+                bail!("{src}: per_layer_config gives the full-attention layers different geometries");
+            }
+            global = Some((d, k));
+        }
+        // Full-attention layers without an entry keep the model's geometry.
+        let listed = per.len();
+        let full = kinds.iter().filter(|&&s| !s).count();
+        match global {
+            Some(_) if listed != full => {
+                bail!("{src}: per_layer_config covers {listed} of {full} full-attention layers")
+            }
+            Some((d, k)) => (head_dim, kv_heads) = (d, k),
+            None => (head_dim, kv_heads) = (cfg.head_dim, cfg.kv_heads),
+        }
+    }
+    cfg.full_attn = Some(FullAttn { kv_heads, head_dim, k_eq_v });
+
+    // RoPE per layer kind.
+    let rope = &v["rope_parameters"];
+    let full = &rope["full_attention"];
+    let local = &rope["sliding_attention"];
+    if local["rope_type"].as_str().is_some_and(|t| t != "default") {
+        bail!("{src}: rope scaling on the sliding-window layers is not supported");
+    }
+    cfg.rope_theta = full["rope_theta"].as_f64().unwrap_or(1e6);
+    cfg.rope_scaling = match full["rope_type"].as_str().unwrap_or("default") {
+        "default" => RopeScaling::None,
+        "proportional" => {
+            let factor = full["partial_rotary_factor"].as_f64().unwrap_or(1.0);
+            if !(factor > 0.0 && factor <= 1.0) {
+                bail!("{src}: partial_rotary_factor {factor} must be in (0, 1]");
+            }
+            if full["factor"].as_f64().is_some_and(|f| f != 1.0) {
+                bail!("{src}: a proportional RoPE 'factor' other than 1 is not supported");
+            }
+            RopeScaling::Proportional { pairs: (factor * head_dim as f64 / 2.0).floor() as usize }
+        }
+        other => bail!("{src}: rope_type '{other}' on the full-attention layers is not supported"),
+    };
+    cfg.style = LayerStyle {
+        embed_scale: Some((cfg.hidden as f32).sqrt()),
+        post_norms: true,
+        gelu: true,
+        attn_scale: Some(1.0),
+        final_softcap: v["final_logit_softcapping"].as_f64().map(|c| c as f32),
+        sliding_layers: Some(kinds),
+        local_rope_theta: Some(local["rope_theta"].as_f64().unwrap_or(LOCAL_ROPE_THETA)),
+        v_norm: true,
+        layer_scalar: true,
+        ..LayerStyle::default()
+    };
+    cfg.qk_norm = true;
+    cfg.qkv_bias = false;
+    Ok(cfg)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::config::ModelConfig;
+
+    fn config(extra: serde_json::Value) -> Result<ModelConfig> {
+        let mut v = serde_json::json!({
+            "architectures": ["Gemma4ForCausalLM"],
+            "hidden_size": 64, "num_hidden_layers": 6, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "head_dim": 16, "intermediate_size": 128, "vocab_size": 512, "sliding_window": 8,
+            "attention_k_eq_v": true, "global_head_dim": 32, "num_global_key_value_heads": 1,
+            "rope_parameters": {
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1e6}
+            },
+            "final_logit_softcapping": 30.0
+        });
+        for (k, x) in extra.as_object().unwrap() {
+            v[k] = x.clone();
+        }
+        static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let p = std::env::temp_dir().join(format!("torus-gemma4-config-{}-{n}.json", std::process::id()));
+        std::fs::write(&p, v.to_string()).unwrap();
+        let c = ModelConfig::from_hf_json(&p);
+        let _ = std::fs::remove_file(&p);
+        c
+    }
+
+    #[test]
+    fn reads_the_full_attention_geometry_and_rope() {
+        let c = config(serde_json::json!({})).unwrap();
+        // Layers 5 (every sixth) and the last are global.
+        assert_eq!(c.style.sliding_layers.as_deref(), Some(&[true, true, true, true, true, false][..]));
+        assert_eq!((c.geom(0).kv_heads, c.geom(0).head_dim), (2, 16));
+        assert_eq!((c.geom(5).kv_heads, c.geom(5).head_dim), (1, 32));
+        assert!(c.k_eq_v(5) && !c.k_eq_v(0));
+        // 0.25 of the 16 pairs of a 32-wide head rotate.
+        assert_eq!(c.rope_scaling, RopeScaling::Proportional { pairs: 4 });
+        let (f, _) = c.rope_scaling.inv_freq(c.rope_theta, c.rope_dim());
+        assert_eq!(f.len(), 16);
+        assert!(f[3] > 0.0 && f[4] == 0.0 && f[15] == 0.0);
+        assert!((f[1] - 1e6f64.powf(-2.0 / 32.0)).abs() < 1e-12);
+        assert_eq!((c.rope_dim(), c.layer_rope_dim(0), c.layer_rope_dim(5)), (32, 16, 32));
+        assert_eq!((c.q_dim(), c.kv_dim(), c.qkv_dim()), (128, 32, 4 * 32 + 2 * 32));
+        assert_eq!(c.style.attn_scale, Some(1.0));
+    }
+
+    #[test]
+    fn per_layer_config_overrides_like_transformers_writes_it() {
+        let per = serde_json::json!({"per_layer_config": {"2": {"head_dim": 32, "num_key_value_heads": 1}}, "layer_types": [
+            "sliding_attention", "sliding_attention", "full_attention", "sliding_attention", "sliding_attention", "full_attention"]});
+        // Layer 5 is global too but has no entry: refused rather than guessed.
+        assert!(config(per).unwrap_err().to_string().contains("covers 1 of 2"));
+        let per = serde_json::json!({"per_layer_config": {"5": {"head_dim": 64, "num_key_value_heads": 2}}});
+        let c = config(per).unwrap();
+        assert_eq!((c.geom(5).kv_heads, c.geom(5).head_dim), (2, 64));
+    }
+
+    #[test]
+    fn refuses_what_it_does_not_run() {
+        for (extra, what) in [
+            (serde_json::json!({"hidden_size_per_layer_input": 256}), "per-layer embeddings"),
+            (serde_json::json!({"num_kv_shared_layers": 2}), "KV sharing"),
+            (serde_json::json!({"enable_moe_block": true}), "mixture-of-experts"),
+            (serde_json::json!({"hidden_activation": "silu"}), "hidden_activation"),
+        ] {
+            let e = config(extra).unwrap_err().to_string();
+            assert!(e.contains(what), "{e}");
+        }
+    }
+}
