@@ -2,7 +2,8 @@
 //! layers of 16-wide heads and 2 KV heads; full-attention layers of 32-wide heads and 1 KV head
 //! whose keys are the values, proportional RoPE over a quarter of the head; plain-weight norms, a
 //! v norm, unscaled scores, a scalar per layer, soft-capped logits) from its Hugging Face directory
-//! against transformers' float32 logits and greedy tokens, in both kernel profiles; and the
+//! and its llama.cpp-layout GGUF against transformers' float32 logits and greedy tokens, in both
+//! kernel profiles; the E-style and MoE models refused with the reason; and the
 //! engine's properties with two attention geometries in one model: batching invariance, prefix
 //! cache on == off, preemption.
 
@@ -14,28 +15,52 @@ use torus_wgpu::model::config::{Arch, RopeScaling};
 use torus_wgpu::model::loader::read_config;
 
 #[test]
-fn gemma4_config_from_hf() {
-    let c = read_config(&local("tiny-gemma4")).unwrap_or_else(|e| panic!("{e:#}"));
-    assert_eq!((c.arch, c.sliding_window), (Arch::Gemma4, Some(8)));
-    assert_eq!(c.style.sliding_layers.as_deref(), Some(&[true, true, false, true, true, false][..]));
-    let (s, f) = (c.geom(0), c.geom(2));
-    assert_eq!((s.heads, s.kv_heads, s.head_dim), (4, 2, 16));
-    assert_eq!((f.heads, f.kv_heads, f.head_dim), (4, 1, 32));
-    assert!(c.k_eq_v(2) && c.k_eq_v(5) && !c.k_eq_v(0));
-    assert_eq!(c.rope_scaling, RopeScaling::Proportional { pairs: 4 });
-    assert_eq!((c.rope_theta, c.style.local_rope_theta), (1e6, Some(1e4)));
-    assert_eq!(c.style.attn_scale, Some(1.0));
-    assert!(c.style.v_norm && c.style.layer_scalar && c.qk_norm && c.style.post_norms);
+fn gemma4_config_from_hf_and_gguf() {
+    for f in ["tiny-gemma4", "tiny-gemma4.gguf"] {
+        let c = read_config(&local(f)).unwrap_or_else(|e| panic!("{f}: {e:#}"));
+        assert_eq!((c.arch, c.sliding_window), (Arch::Gemma4, Some(8)), "{f}");
+        assert_eq!(c.style.sliding_layers.as_deref(), Some(&[true, true, false, true, true, false][..]), "{f}");
+        let (s, g) = (c.geom(0), c.geom(2));
+        assert_eq!((s.heads, s.kv_heads, s.head_dim), (4, 2, 16), "{f}");
+        assert_eq!((g.heads, g.kv_heads, g.head_dim), (4, 1, 32), "{f}");
+        assert!(c.k_eq_v(2) && c.k_eq_v(5) && !c.k_eq_v(0), "{f}");
+        assert_eq!((c.rope_theta, c.style.local_rope_theta, c.rope_dim()), (1e6, Some(1e4), 32), "{f}");
+        assert_eq!((c.style.attn_scale, c.style.final_softcap), (Some(1.0), Some(30.0)), "{f}");
+        assert!(c.style.v_norm && c.style.layer_scalar && c.qk_norm && c.style.post_norms, "{f}");
+        // The same frequencies: the HF config's proportional RoPE, the GGUF's rope_freqs (1e30
+        // for the pairs that do not rotate).
+        let (freqs, _) = c.rope_scaling.inv_freq(c.rope_theta, c.rope_dim());
+        assert!(freqs[..4].iter().all(|&x| x > 1e-3) && freqs[4..].iter().all(|&x| x < 1e-20), "{f}: {freqs:?}");
+    }
+    let hf = read_config(&local("tiny-gemma4")).unwrap();
+    assert_eq!(hf.rope_scaling, RopeScaling::Proportional { pairs: 4 });
 }
 
 /// Every prompt's last-position logits within 1e-3 of transformers and its greedy tokens, from
-/// the HF directory, in both kernel profiles (the gpu profile runs the split and the query-tiled
-/// attention of each geometry).
+/// the HF directory and the GGUF, in both kernel profiles (the gpu profile runs the split and
+/// the query-tiled attention of each geometry).
 #[test]
 fn gemma4_matches_transformers() {
     let r = reference("tiny-gemma4-reference.json");
-    for profile in [KernelProfile::Cpu, KernelProfile::Gpu] {
-        tiny::assert_matches_reference("tiny-gemma4", &r, profile);
+    for f in ["tiny-gemma4", "tiny-gemma4.gguf"] {
+        for profile in [KernelProfile::Cpu, KernelProfile::Gpu] {
+            tiny::assert_matches_reference(f, &r, profile);
+        }
+    }
+}
+
+/// The E-style (per-layer embeddings, KV sharing) and MoE models are refused with the reason,
+/// from either format.
+#[test]
+fn gemma4_e_and_moe_are_refused_with_the_reason() {
+    for (f, why) in [
+        ("tiny-gemma4-e", "per-layer embeddings"),
+        ("tiny-gemma4-e.gguf", "per-layer embeddings"),
+        ("tiny-gemma4moe", "mixture-of-experts"),
+        ("tiny-gemma4moe.gguf", "mixture-of-experts"),
+    ] {
+        let e = format!("{:#}", read_config(&local(f)).err().unwrap_or_else(|| panic!("{f} loaded")));
+        assert!(e.contains(why) && e.contains("not supported yet"), "{f}: {e}");
     }
 }
 

@@ -465,8 +465,8 @@ impl ModelConfig {
             return bad("scales, soft caps and RoPE bases must be positive and finite".into());
         }
         if let RopeScaling::Freqs(f) = &self.rope_scaling {
-            if f.len() != self.head_dim / 2 || f.iter().any(|x| !(*x > 0.0 && x.is_finite())) {
-                return bad(format!("rope_freqs must hold {} positive factors", self.head_dim / 2));
+            if f.len() != self.rope_dim() / 2 || f.iter().any(|x| !(*x > 0.0 && x.is_finite())) {
+                return bad(format!("rope_freqs must hold {} positive factors", self.rope_dim() / 2));
             }
         }
         if let Some(r) = self.style.rotary_dim {

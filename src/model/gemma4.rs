@@ -7,10 +7,14 @@
 //! without; attention scores unscaled (1.0); norms that multiply by their plain weight (not
 //! Gemma 2/3's 1 + w); each layer's output multiplied by its `layer_scalar`; logits soft-capped.
 //!
+//! GGUF: llama.cpp's `gemma4` files (`gguf_config`), with the same layers (its norms are stored
+//! as they are: no 1 + w).
+//!
 //! Not yet: per-layer embeddings (E2B / E4B), KV sharing across layers, the 26B-A4B mixture of
 //! experts; such configs are refused with the reason.
 
 use super::config::{FullAttn, LayerStyle, ModelConfig, RopeScaling};
+use crate::formats::gguf::GgufFile;
 use anyhow::{anyhow, bail, Result};
 use serde_json::Value;
 
@@ -115,21 +119,119 @@ pub(crate) fn hf_config(mut cfg: ModelConfig, v: &Value, src: &str) -> Result<Mo
         }
         other => bail!("{src}: rope_type '{other}' on the full-attention layers is not supported"),
     };
+    let softcap = v["final_logit_softcapping"].as_f64().map(|c| c as f32);
+    Ok(with_style(cfg, kinds, softcap, local["rope_theta"].as_f64().unwrap_or(LOCAL_ROPE_THETA)))
+}
+
+/// What every Gemma 4 has: scaled embeddings, post-norms, GeGLU, unscaled scores, q/k/v norms, a
+/// scalar per layer; the layer kinds (true: sliding window), the logits' soft cap and the
+/// sliding-window layers' RoPE base.
+fn with_style(mut cfg: ModelConfig, kinds: Vec<bool>, softcap: Option<f32>, local_theta: f64) -> ModelConfig {
     cfg.style = LayerStyle {
         embed_scale: Some((cfg.hidden as f32).sqrt()),
         post_norms: true,
         gelu: true,
         attn_scale: Some(1.0),
-        final_softcap: v["final_logit_softcapping"].as_f64().map(|c| c as f32),
+        final_softcap: softcap,
         sliding_layers: Some(kinds),
-        local_rope_theta: Some(local["rope_theta"].as_f64().unwrap_or(LOCAL_ROPE_THETA)),
+        local_rope_theta: Some(local_theta),
         v_norm: true,
         layer_scalar: true,
         ..LayerStyle::default()
     };
     cfg.qk_norm = true;
     cfg.qkv_bias = false;
-    Ok(cfg)
+    cfg
+}
+
+/// A Gemma 4 GGUF's metadata as llama.cpp's converter writes it, on top of the keys every family
+/// has: `sliding_window_pattern` (true: sliding), `head_count_kv` per layer, `key_length` (the
+/// full-attention layers' head size) and `key_length_swa`, `rope.freq_base_swa`; proportional
+/// RoPE arrives as `rope_freqs.weight` (1 for the rotated pairs, 1e30 for the rest), and a
+/// full-attention layer without `attn_v` has keys that are its values.
+pub(crate) fn gguf_config(mut cfg: ModelConfig, g: &GgufFile, arch: &str) -> Result<ModelConfig> {
+    let src = g.path.display().to_string();
+    let key = |k: &str| format!("{arch}.{k}");
+    let count = |k: &str| g.get_u64(&key(k)).unwrap_or(0);
+    if count("embedding_length_per_layer_input") > 0 {
+        bail!("{src}: per-layer embeddings (Gemma 4 E2B/E4B) are not supported yet");
+    }
+    if count("attention.shared_kv_layers") > 0 {
+        bail!("{src}: KV sharing across layers (attention.shared_kv_layers) is not supported yet");
+    }
+    if count("expert_count") > 0 {
+        bail!("{src}: the mixture-of-experts block (Gemma 4 26B-A4B) is not supported yet");
+    }
+    let layers = cfg.layers;
+    // Per-layer arrays (or one value for all).
+    let per_layer = |k: &str| -> Result<Option<Vec<u64>>> {
+        match g.get(&key(k)) {
+            None => Ok(None),
+            Some(v) => match (v.as_u64(), v.as_array()) {
+                (Some(x), _) => Ok(Some(vec![x; layers])),
+                (None, Some(a)) if a.len() == layers => a
+                    .iter()
+                    .map(|x| x.as_u64().ok_or_else(|| anyhow!("{src}: {} holds a non-integer", key(k))))
+                    .collect::<Result<_>>()
+                    .map(Some),
+                _ => bail!("{src}: {} must be an integer or one per layer", key(k)),
+            },
+        }
+    };
+    let kinds: Vec<bool> = match g.get_array(&key("attention.sliding_window_pattern")) {
+        Some(a) if a.len() == layers => a
+            .iter()
+            .map(|x| x.as_bool().ok_or_else(|| anyhow!("{src}: attention.sliding_window_pattern holds a non-bool")))
+            .collect::<Result<_>>()?,
+        Some(_) => bail!("{src}: attention.sliding_window_pattern needs one entry per layer"),
+        None => (0..layers).map(|l| (l + 1) % PATTERN != 0 && l + 1 != layers).collect(),
+    };
+    if cfg.sliding_window.is_none() {
+        bail!("{src}: attention.sliding_window is missing");
+    }
+    // One value per kind of layer.
+    let by_kind = |v: &[u64], sliding: bool, what: &str| -> Result<Option<usize>> {
+        let mut of_kind = v.iter().zip(&kinds).filter(|(_, &s)| s == sliding).map(|(x, _)| *x as usize);
+        let first = of_kind.next();
+        if of_kind.any(|x| Some(x) != first) {
+            bail!("{src}: {what} differs between layers of one kind");
+        }
+        Ok(first)
+    };
+    let kv = per_layer("attention.head_count_kv")?.unwrap_or(vec![cfg.heads as u64; layers]);
+    let full_hd = cfg.head_dim;
+    let swa_hd = g.get_u64(&key("attention.key_length_swa")).map_or(full_hd, |d| d as usize);
+    for (k, want) in [("attention.value_length", full_hd), ("attention.value_length_swa", swa_hd)] {
+        if let Some(d) = g.get_u64(&key(k)).filter(|&d| d as usize != want) {
+            bail!("{src}: {} {d} differs from the key length {want}", key(k));
+        }
+    }
+    for (k, want) in [("rope.dimension_count", full_hd), ("rope.dimension_count_swa", swa_hd)] {
+        if let Some(d) = g.get_u64(&key(k)).filter(|&d| d as usize != want) {
+            bail!("{src}: {} {d}: partial rotation other than through rope_freqs is not supported", key(k));
+        }
+    }
+    cfg.head_dim = swa_hd;
+    cfg.kv_heads = by_kind(&kv, true, "head_count_kv")?.unwrap_or(cfg.heads);
+    let full_kv = by_kind(&kv, false, "head_count_kv")?.unwrap_or(cfg.kv_heads);
+    // Keys as values: the full-attention layers have no value projection.
+    let full_layers: Vec<usize> = (0..layers).filter(|&l| !kinds[l]).collect();
+    let no_v = |l: &usize| g.tensor(&format!("blk.{l}.attn_v.weight")).is_none();
+    let k_eq_v = full_layers.iter().any(no_v);
+    if k_eq_v && !full_layers.iter().all(no_v) {
+        bail!("{src}: some full-attention layers have attn_v and some do not");
+    }
+    cfg.full_attn = Some(FullAttn { kv_heads: full_kv, head_dim: full_hd, k_eq_v });
+    // Double-wide FFNs belong to KV-shared layers, refused above: one width for all.
+    if let Some(ffn) = per_layer("feed_forward_length")? {
+        if ffn.iter().any(|&f| f != ffn[0]) {
+            bail!("{src}: feed_forward_length differs between layers");
+        }
+        cfg.intermediate = ffn[0] as usize;
+    }
+    let softcap = g.get_f32(&key("final_logit_softcapping")).filter(|&c| c > 0.0);
+    let local = g.get_f32(&key("rope.freq_base_swa")).map_or(LOCAL_ROPE_THETA, |b| b as f64);
+    Ok(with_style(cfg, kinds, softcap, local))
 }
 
 #[cfg(test)]

@@ -162,11 +162,12 @@ fn gguf_config(g: &GgufFile) -> Result<ModelConfig> {
         "qwen2moe" => Arch::Qwen2Moe,
         "gemma2" => Arch::Gemma2,
         "gemma3" => Arch::Gemma3,
+        "gemma4" => Arch::Gemma4,
         "gpt-oss" => Arch::GptOss,
         "qwen35" | "qwen35moe" => Arch::Qwen35,
         other => bail!(
             "{src}: unsupported architecture '{other}' (supported: llama (also Mistral's files), qwen2, qwen3, qwen3moe, \
-             qwen2moe, gemma2, gemma3, gpt-oss, qwen35, qwen35moe)"
+             qwen2moe, gemma2, gemma3, gemma4, gpt-oss, qwen35, qwen35moe)"
         ),
     };
     let key = |k: &str| format!("{arch_name}.{k}");
@@ -195,7 +196,8 @@ fn gguf_config(g: &GgufFile) -> Result<ModelConfig> {
         // A MoE file whose every layer is sparse may have no dense FFN size.
         intermediate: match (req("feed_forward_length"), arch) {
             (Ok(v), _) => v,
-            (Err(_), Arch::Qwen3Moe | Arch::Qwen2Moe | Arch::GptOss | Arch::Qwen35) => 0,
+            // Gemma 4 may give one per layer (read by its own config).
+            (Err(_), Arch::Qwen3Moe | Arch::Qwen2Moe | Arch::GptOss | Arch::Qwen35 | Arch::Gemma4) => 0,
             (Err(e), _) => return Err(e),
         },
         vocab,
@@ -221,6 +223,7 @@ fn gguf_config(g: &GgufFile) -> Result<ModelConfig> {
         _ if arch.is_gemma() => super::gemma::gguf_config(cfg, g, arch_name)?,
         Arch::GptOss => super::gptoss::gguf_config(cfg, g, arch_name)?,
         Arch::Qwen35 => super::qwen35::gguf_config(cfg, g, arch_name)?,
+        Arch::Gemma4 => super::gemma4::gguf_config(cfg, g, arch_name)?,
         _ => cfg,
     };
     cfg.validate(&src)?;
