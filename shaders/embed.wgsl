@@ -1,5 +1,5 @@
 // hidden[t, :] = dequantized row tokens[t] of the embedding chunk holding rows [row0, row0 + n_rows),
-// times p.scale (Gemma's sqrt(hidden); else 1).
+// times p.scale (Gemma's sqrt(hidden); else 1); with p.accumulate added into it instead.
 // One thread per (token, 32-element block). wfmt_*.wgsl is prepended.
 
 @group(0) @binding(0) var<uniform> step: Step;
@@ -25,7 +25,13 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     let s = wscale(blk);
     for (var q = 0u; q < 4u; q++) {
         let w = wpart(blk, q, s);
-        hidden[base + q] = w.lo * p.scale;
-        hidden[base + 4u + q] = w.hi * p.scale;
+        var lo = w.lo * p.scale;
+        var hi = w.hi * p.scale;
+        if (p.accumulate == 1u) {
+            lo += hidden[base + q];
+            hi += hidden[base + 4u + q];
+        }
+        hidden[base + q] = lo;
+        hidden[base + 4u + q] = hi;
     }
 }

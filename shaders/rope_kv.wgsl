@@ -19,7 +19,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     let id = gid.x + gid.y * nwg.x * 64u;
     let half = p.head_dim / 2u;
     let quarter = p.head_dim / 4u;
-    let heads = p.n_heads + 2u * p.n_kv_heads;
+    // q heads only (q_only: a layer that reads another layer's cache writes none).
+    let heads = select(p.n_heads + 2u * p.n_kv_heads, p.n_heads, p.q_only == 1u);
     let i = 2u * (id % quarter);
     let h = (id / quarter) % heads;
     let t = id / (quarter * heads);

@@ -49,16 +49,41 @@ fn gemma4_matches_transformers() {
     }
 }
 
-/// The E-style (per-layer embeddings, KV sharing) and MoE models are refused with the reason,
-/// from either format.
+/// The E-style model (per-layer embeddings, the last two layers reading the caches of earlier
+/// ones, double-wide FFNs there): config from both formats, logits and greedy tokens against
+/// transformers in both profiles.
 #[test]
-fn gemma4_e_and_moe_are_refused_with_the_reason() {
-    for (f, why) in [
-        ("tiny-gemma4-e", "per-layer embeddings"),
-        ("tiny-gemma4-e.gguf", "per-layer embeddings"),
-        ("tiny-gemma4moe", "mixture-of-experts"),
-        ("tiny-gemma4moe.gguf", "mixture-of-experts"),
-    ] {
+fn gemma4_e_matches_transformers() {
+    for f in ["tiny-gemma4-e", "tiny-gemma4-e.gguf"] {
+        let c = read_config(&local(f)).unwrap_or_else(|e| panic!("{f}: {e:#}"));
+        assert_eq!((c.style.ple, c.style.kv_shared, c.style.double_wide), (Some((32, 512)), 2, true), "{f}");
+        assert_eq!(
+            (c.kv_source(0), c.kv_source(1), c.kv_source(2), c.kv_source(3)),
+            (None, None, Some(0), Some(1)),
+            "{f}"
+        );
+        assert_eq!((c.layer_ffn(1), c.layer_ffn(2)), (32, 64), "{f}");
+        assert!(!c.k_eq_v(1), "{f}");
+    }
+    let r = reference("tiny-gemma4-e-reference.json");
+    for f in ["tiny-gemma4-e", "tiny-gemma4-e.gguf"] {
+        for profile in [KernelProfile::Cpu, KernelProfile::Gpu] {
+            tiny::assert_matches_reference(f, &r, profile);
+        }
+    }
+}
+
+/// The E-style model: batching invariance and prefix cache on == off with caches shared across
+/// layers.
+#[test]
+fn gemma4_e_engine_batched_and_prefix_cache_requests_equal_alone() {
+    tiny::assert_batched_equals_alone_and_prefix_cache_on_equals_off("tiny-gemma4-e");
+}
+
+/// The MoE model is refused with the reason, from either format.
+#[test]
+fn gemma4_moe_is_refused_with_the_reason() {
+    for (f, why) in [("tiny-gemma4moe", "mixture-of-experts"), ("tiny-gemma4moe.gguf", "mixture-of-experts")] {
         let e = format!("{:#}", read_config(&local(f)).err().unwrap_or_else(|| panic!("{f} loaded")));
         assert!(e.contains(why) && e.contains("not supported yet"), "{f}: {e}");
     }

@@ -17,9 +17,9 @@ use crate::weights::tensor::QTensor;
 use crate::weights::upload::GpuMatrix;
 use anyhow::Result;
 
-/// What an attention layer's parameters depend on: its geometry, window (None: global) and
-/// rotated elements per head.
-type AttnKey = (AttnGeom, Option<usize>, usize);
+/// What an attention layer's parameters depend on: its geometry, window (None: global), rotated
+/// elements per head, and whether it reads another layer's cache (queries only).
+type AttnKey = (AttnGeom, Option<usize>, usize, bool);
 
 /// The uniform parameters of one kind of attention layer.
 pub(crate) struct AttnKindParams {
@@ -59,14 +59,15 @@ impl LayerParams {
         let kinds = keys
             .into_iter()
             .map(|key| {
-                let (geom, w, rot) = key;
+                let (geom, w, rot, shared) = key;
                 let chunk = kv.chunk_elems(geom.kv_dim(), limits.block_size);
                 let (heads, kv_heads, head_dim) = geom.dims();
                 let p = AttnParams::new(geom.dims(), limits.block_size, w.unwrap_or(0), chunk)
                     .with_scores(st.attn_scale, st.attn_softcap)
                     .with_sinks(st.attn_sinks);
-                let rope = RopeParams::new(heads, kv_heads, head_dim, chunk).with_rotary(rot);
-                let hn = HeadNormParams::new(heads, kv_heads, head_dim, cfg.rms_eps).with_v_norm(st.v_norm);
+                let rope = RopeParams::new(heads, kv_heads, head_dim, chunk).with_rotary(rot).q_only(shared);
+                let hn =
+                    HeadNormParams::new(heads, kv_heads, head_dim, cfg.rms_eps).with_v_norm(st.v_norm).q_only(shared);
                 let params = AttnKindParams {
                     rope: b.uniform(bytemuck::bytes_of(&rope)),
                     attn: b.uniform(bytemuck::bytes_of(&p)),
@@ -102,7 +103,7 @@ pub(crate) fn delta_dims(cfg: &ModelConfig) -> Option<(DeltaDims, bool)> {
 
 /// The parameters' key of attention layer `l`.
 fn attn_key(cfg: &ModelConfig, l: usize) -> AttnKey {
-    (cfg.geom(l), cfg.layer_window(l), cfg.layer_rope_dim(l))
+    (cfg.geom(l), cfg.layer_window(l), cfg.layer_rope_dim(l), cfg.kv_source(l).is_some())
 }
 
 impl LayerParams {
@@ -160,7 +161,7 @@ impl OpBuilder<'_> {
     pub(crate) fn embed(&mut self, e: &GpuMatrix) {
         let s = self.s;
         let scale = self.cfg.style.embed_scale.unwrap_or(1.0);
-        let ops = matmul::embed(self.kernels, self.g, e, scale, &s.step_buf, &s.meta_buf, &s.dummy, &s.hidden);
+        let ops = matmul::embed(self.kernels, self.g, e, (scale, false), &s.step_buf, &s.meta_buf, &s.dummy, &s.hidden);
         self.extend(ops);
     }
 

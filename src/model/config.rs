@@ -86,6 +86,14 @@ pub struct LayerStyle {
     pub v_norm: bool,
     /// Each layer's output (the residual) is multiplied by a learned scalar (Gemma 4).
     pub layer_scalar: bool,
+    /// Per-layer embeddings (Gemma 4 E2B/E4B, model/ple.rs): floats per layer and token, and the
+    /// rows of their token table; None: none.
+    pub ple: Option<(usize, usize)>,
+    /// The last `n` layers compute no keys or values: each attends over the cache of the last
+    /// earlier layer of its kind (Gemma 4's num_kv_shared_layers).
+    pub kv_shared: usize,
+    /// The KV-sharing layers' FFNs are twice as wide (Gemma 4's use_double_wide_mlp).
+    pub double_wide: bool,
 }
 
 /// HF's `layer_types`: per layer whether it is `sliding_attention` (else `full_attention`);
@@ -361,6 +369,27 @@ impl ModelConfig {
         self.full_attn.as_ref().is_some_and(|f| f.k_eq_v) && self.layer_window(l).is_none()
     }
 
+    /// The layer whose KV cache layer `l` attends over when it computes no keys or values of its
+    /// own (Gemma 4's KV sharing): the last layer of its kind before the sharing ones. None: its
+    /// own.
+    pub fn kv_source(&self, l: usize) -> Option<usize> {
+        let first = self.layers - self.style.kv_shared.min(self.layers);
+        if l < first || self.is_linear(l) {
+            return None;
+        }
+        let sliding = self.layer_window(l).is_some();
+        (0..first).rev().find(|&p| !self.is_linear(p) && self.layer_window(p).is_some() == sliding)
+    }
+
+    /// Layer `l`'s FFN width (twice the model's on Gemma 4's double-wide KV-sharing layers).
+    pub fn layer_ffn(&self, l: usize) -> usize {
+        if self.style.double_wide && self.kv_source(l).is_some() {
+            2 * self.intermediate
+        } else {
+            self.intermediate
+        }
+    }
+
     /// The widest layer's q floats per token.
     pub fn q_dim(&self) -> usize {
         self.geoms().iter().map(|g| g.q_dim()).max().unwrap_or(0)
@@ -377,7 +406,13 @@ impl ModelConfig {
     /// Floats per token of the FFN's activations: the dense intermediate size, or the top_k
     /// experts' (a mixture of experts).
     pub fn act_width(&self) -> usize {
-        self.moe.as_ref().map_or(self.intermediate, |m| self.intermediate.max(m.top_k * m.ffn).max(m.shared_ffn))
+        let dense = (0..self.layers).map(|l| self.layer_ffn(l)).max().unwrap_or(0).max(self.ple_dim());
+        self.moe.as_ref().map_or(dense, |m| dense.max(m.top_k * m.ffn).max(m.shared_ffn))
+    }
+
+    /// Floats per layer and token of the per-layer embeddings (0: none).
+    pub fn ple_dim(&self) -> usize {
+        self.style.ple.map_or(0, |(d, _)| d)
     }
 
     /// Whether layer `l` is a recurrent (linear-attention) layer.
@@ -490,6 +525,19 @@ impl ModelConfig {
             }
             if f.head_dim > 1024 {
                 return bad(format!("the full-attention layers' head size {} is above 1024", f.head_dim));
+            }
+        }
+        if self.style.kv_shared > 0
+            && (0..self.layers).any(|l| self.kv_source(l).is_none() && l + self.style.kv_shared >= self.layers)
+        {
+            return bad(format!(
+                "{} KV-sharing layers leave a kind of layer with no layer to read",
+                self.style.kv_shared
+            ));
+        }
+        if let Some((d, v)) = self.style.ple {
+            if d == 0 || !d.is_multiple_of(4) || v == 0 {
+                return bad(format!("per-layer embeddings of {d} floats over {v} tokens"));
             }
         }
         if let RopeScaling::Proportional { pairs } = self.rope_scaling {

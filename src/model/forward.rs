@@ -135,6 +135,15 @@ impl Model {
             bail!("layers {}..{} were not loaded from {}", layers.start, layers.end, host.source.display());
         }
         let (first, last) = (layers.start == 0, layers.end == cfg.layers);
+        if cfg.style.ple.is_some() && !(first && last) {
+            bail!("a model with per-layer embeddings (Gemma 4 E2B/E4B) runs in one stage only");
+        }
+        if let Some(l) = layers.clone().find(|&l| cfg.kv_source(l).is_some_and(|p| p < layers.start)) {
+            bail!(
+                "layer {l} reads the KV cache of layer {} of an earlier stage; split the layers elsewhere",
+                cfg.kv_source(l).unwrap_or(0)
+            );
+        }
         if limits.max_binding == 0 || limits.max_binding > gpu.max_binding {
             limits.max_binding = gpu.max_binding;
         }
@@ -213,17 +222,29 @@ impl Model {
         let lp = LayerParams::new(&mut b, &limits, &kv_plan, (layout.off_sample, layout.off_state));
         if let Some(e) = embed.as_ref().filter(|_| first) {
             b.embed(e);
+            if let Some(p) = &host.ple {
+                b.ple_inputs(p)?;
+            }
         }
         let mtp_rows = mtp.map(|_| g.storage("mtp_rows", (layout.t_max * cfg.hidden * 4) as u64));
         if let (Some(head), Some(rows)) = (mtp, &mtp_rows) {
             b.mtp_input(head, &lp, rows)?;
         }
         let (mut ai, mut ri) = (0, 0);
+        // Each cache-owning layer's index among the stage's caches.
+        let mut cache_of = std::collections::HashMap::new();
         for (l, hl) in host.layer_slice(&layers).iter().enumerate() {
-            let cache = if cfg.is_linear(layers.start + l) {
+            let layer = layers.start + l;
+            let cache = if cfg.is_linear(layer) {
                 ri += 1;
                 LayerCache::State(&states[ri - 1].0, &states[ri - 1].1)
+            } else if let Some(src) = cfg.kv_source(layer) {
+                let i: usize = *cache_of
+                    .get(&src)
+                    .ok_or_else(|| anyhow::anyhow!("layer {layer}: layer {src}'s cache is not here"))?;
+                LayerCache::Kv(kv.k[i].as_slice(), kv.v[i].as_slice())
             } else {
+                cache_of.insert(layer, ai);
                 ai += 1;
                 LayerCache::Kv(&kv.k[ai - 1], &kv.v[ai - 1])
             };

@@ -10,8 +10,9 @@
 //! GGUF: llama.cpp's `gemma4` files (`gguf_config`), with the same layers (its norms are stored
 //! as they are: no 1 + w).
 //!
-//! Not yet: per-layer embeddings (E2B / E4B), KV sharing across layers, the 26B-A4B mixture of
-//! experts; such configs are refused with the reason.
+//! E2B / E4B: per-layer embeddings (model/ple.rs), the last `num_kv_shared_layers` layers
+//! attending over the cache of the last earlier layer of their kind (queries only), double-wide
+//! FFNs on those. Not yet: the 26B-A4B mixture of experts (refused with the reason).
 
 use super::config::{FullAttn, LayerStyle, ModelConfig, RopeScaling};
 use crate::formats::gguf::GgufFile;
@@ -33,13 +34,16 @@ pub(crate) fn hf_config(mut cfg: ModelConfig, v: &Value, src: &str) -> Result<Mo
             bail!("{src}: hidden_activation '{act}' is not supported (supported: gelu_pytorch_tanh)");
         }
     }
-    let count = |k: &str| v[k].as_u64().unwrap_or(0);
-    if count("hidden_size_per_layer_input") > 0 {
-        bail!("{src}: per-layer embeddings (hidden_size_per_layer_input, Gemma 4 E2B/E4B) are not supported yet");
-    }
-    if count("num_kv_shared_layers") > 0 {
-        bail!("{src}: KV sharing across layers (num_kv_shared_layers) is not supported yet");
-    }
+    let count = |k: &str| v[k].as_u64().unwrap_or(0) as usize;
+    let ple = match count("hidden_size_per_layer_input") {
+        0 => None,
+        p => Some((p, count("vocab_size_per_layer_input").max(1))),
+    };
+    let extras = Extras {
+        ple,
+        kv_shared: count("num_kv_shared_layers"),
+        double_wide: v["use_double_wide_mlp"].as_bool() == Some(true),
+    };
     if v["enable_moe_block"].as_bool() == Some(true) {
         bail!("{src}: the mixture-of-experts block (enable_moe_block, Gemma 4 26B-A4B) is not supported yet");
     }
@@ -120,13 +124,27 @@ pub(crate) fn hf_config(mut cfg: ModelConfig, v: &Value, src: &str) -> Result<Mo
         other => bail!("{src}: rope_type '{other}' on the full-attention layers is not supported"),
     };
     let softcap = v["final_logit_softcapping"].as_f64().map(|c| c as f32);
-    Ok(with_style(cfg, kinds, softcap, local["rope_theta"].as_f64().unwrap_or(LOCAL_ROPE_THETA)))
+    Ok(with_style(cfg, kinds, softcap, local["rope_theta"].as_f64().unwrap_or(LOCAL_ROPE_THETA), extras))
+}
+
+/// The E2B/E4B parts of a config: per-layer embeddings (floats per layer, token-table rows), the
+/// KV-sharing layers at the end, and whether those have double-wide FFNs.
+struct Extras {
+    ple: Option<(usize, usize)>,
+    kv_shared: usize,
+    double_wide: bool,
 }
 
 /// What every Gemma 4 has: scaled embeddings, post-norms, GeGLU, unscaled scores, q/k/v norms, a
 /// scalar per layer; the layer kinds (true: sliding window), the logits' soft cap and the
 /// sliding-window layers' RoPE base.
-fn with_style(mut cfg: ModelConfig, kinds: Vec<bool>, softcap: Option<f32>, local_theta: f64) -> ModelConfig {
+fn with_style(
+    mut cfg: ModelConfig,
+    kinds: Vec<bool>,
+    softcap: Option<f32>,
+    local_theta: f64,
+    e: Extras,
+) -> ModelConfig {
     cfg.style = LayerStyle {
         embed_scale: Some((cfg.hidden as f32).sqrt()),
         post_norms: true,
@@ -137,6 +155,9 @@ fn with_style(mut cfg: ModelConfig, kinds: Vec<bool>, softcap: Option<f32>, loca
         local_rope_theta: Some(local_theta),
         v_norm: true,
         layer_scalar: true,
+        ple: e.ple,
+        kv_shared: e.kv_shared,
+        double_wide: e.double_wide,
         ..LayerStyle::default()
     };
     cfg.qk_norm = true;
@@ -152,13 +173,18 @@ fn with_style(mut cfg: ModelConfig, kinds: Vec<bool>, softcap: Option<f32>, loca
 pub(crate) fn gguf_config(mut cfg: ModelConfig, g: &GgufFile, arch: &str) -> Result<ModelConfig> {
     let src = g.path.display().to_string();
     let key = |k: &str| format!("{arch}.{k}");
-    let count = |k: &str| g.get_u64(&key(k)).unwrap_or(0);
-    if count("embedding_length_per_layer_input") > 0 {
-        bail!("{src}: per-layer embeddings (Gemma 4 E2B/E4B) are not supported yet");
-    }
-    if count("attention.shared_kv_layers") > 0 {
-        bail!("{src}: KV sharing across layers (attention.shared_kv_layers) is not supported yet");
-    }
+    let count = |k: &str| g.get_u64(&key(k)).unwrap_or(0) as usize;
+    let ple = match count("embedding_length_per_layer_input") {
+        0 => None,
+        // The token table's rows: its second dimension (llama.cpp's ne order).
+        p => {
+            let t = g
+                .tensor(super::ple::GGUF_PLE.embed)
+                .ok_or_else(|| anyhow!("{src}: per_layer_token_embd.weight is missing"))?;
+            Some((p, t.dims.get(1).copied().unwrap_or(0) as usize))
+        }
+    };
+    let kv_shared = count("attention.shared_kv_layers");
     if count("expert_count") > 0 {
         bail!("{src}: the mixture-of-experts block (Gemma 4 26B-A4B) is not supported yet");
     }
@@ -215,23 +241,29 @@ pub(crate) fn gguf_config(mut cfg: ModelConfig, g: &GgufFile, arch: &str) -> Res
     cfg.kv_heads = by_kind(&kv, true, "head_count_kv")?.unwrap_or(cfg.heads);
     let full_kv = by_kind(&kv, false, "head_count_kv")?.unwrap_or(cfg.kv_heads);
     // Keys as values: the full-attention layers have no value projection.
-    let full_layers: Vec<usize> = (0..layers).filter(|&l| !kinds[l]).collect();
+    // (The KV-sharing layers have no key or value projection at all.)
+    let full_layers: Vec<usize> = (0..layers - kv_shared.min(layers)).filter(|&l| !kinds[l]).collect();
     let no_v = |l: &usize| g.tensor(&format!("blk.{l}.attn_v.weight")).is_none();
     let k_eq_v = full_layers.iter().any(no_v);
     if k_eq_v && !full_layers.iter().all(no_v) {
         bail!("{src}: some full-attention layers have attn_v and some do not");
     }
     cfg.full_attn = Some(FullAttn { kv_heads: full_kv, head_dim: full_hd, k_eq_v });
-    // Double-wide FFNs belong to KV-shared layers, refused above: one width for all.
+    // One width, or twice it on the KV-sharing layers (double-wide FFNs).
+    let mut double_wide = false;
     if let Some(ffn) = per_layer("feed_forward_length")? {
-        if ffn.iter().any(|&f| f != ffn[0]) {
-            bail!("{src}: feed_forward_length differs between layers");
+        let first_shared = layers - kv_shared.min(layers);
+        let base = ffn[0];
+        double_wide = ffn[first_shared..].iter().any(|&f| f == 2 * base) && base > 0;
+        let want = |l: usize| if double_wide && l >= first_shared { 2 * base } else { base };
+        if (0..layers).any(|l| ffn[l] != want(l)) {
+            bail!("{src}: feed_forward_length must be one width, or twice it on the KV-sharing layers");
         }
-        cfg.intermediate = ffn[0] as usize;
+        cfg.intermediate = base as usize;
     }
     let softcap = g.get_f32(&key("final_logit_softcapping")).filter(|&c| c > 0.0);
     let local = g.get_f32(&key("rope.freq_base_swa")).map_or(LOCAL_ROPE_THETA, |b| b as f64);
-    Ok(with_style(cfg, kinds, softcap, local))
+    Ok(with_style(cfg, kinds, softcap, local, Extras { ple, kv_shared, double_wide }))
 }
 
 #[cfg(test)]
@@ -296,8 +328,6 @@ mod tests {
     #[test]
     fn refuses_what_it_does_not_run() {
         for (extra, what) in [
-            (serde_json::json!({"hidden_size_per_layer_input": 256}), "per-layer embeddings"),
-            (serde_json::json!({"num_kv_shared_layers": 2}), "KV sharing"),
             (serde_json::json!({"enable_moe_block": true}), "mixture-of-experts"),
             (serde_json::json!({"hidden_activation": "silu"}), "hidden_activation"),
         ] {

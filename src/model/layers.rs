@@ -36,6 +36,8 @@ pub struct HostLayer {
     pub linear: Option<super::qwen35::HostLinear>,
     /// The factor the layer's output is multiplied by (Gemma 4), or None.
     pub layer_scalar: Option<f32>,
+    /// The per-layer-embedding block (Gemma 4 E2B/E4B), or None.
+    pub ple: Option<super::ple::HostPleLayer>,
 }
 
 pub struct HostModel {
@@ -51,6 +53,9 @@ pub struct HostModel {
     pub lm_head: Option<QTensor>,
     /// The output projection is the embedding.
     pub tied: bool,
+    /// The per-layer embeddings' token table and context projection (Gemma 4 E2B/E4B), on the
+    /// first stage; None elsewhere and for other models.
+    pub ple: Option<super::ple::HostPle>,
     /// Where the weights came from (for messages).
     pub source: PathBuf,
 }
@@ -116,6 +121,8 @@ pub(crate) struct TensorNames {
     pub linear: &'static super::qwen35::LinearNames,
     /// The layer's output scale (Gemma 4; read only when the style says so).
     pub layer_scalar: &'static str,
+    /// The per-layer embeddings' tensors (Gemma 4 E2B/E4B; read only when the style says so).
+    pub ple: &'static super::ple::PleNames,
 }
 
 /// Hugging Face (transformers) names.
@@ -152,6 +159,7 @@ pub(crate) const HF_NAMES: TensorNames = TensorNames {
     gate_inp_shexp: "mlp.shared_expert_gate.weight",
     linear: &super::qwen35::HF_LINEAR,
     layer_scalar: "layer_scalar",
+    ple: &super::ple::HF_PLE,
 };
 
 /// Hugging Face names of Gemma 2 and 3: `post_attention_layernorm` is the norm after
@@ -197,6 +205,7 @@ pub(crate) const GGUF_NAMES: TensorNames = TensorNames {
     gate_inp_shexp: "ffn_gate_inp_shexp.weight",
     linear: &super::qwen35::GGUF_LINEAR,
     layer_scalar: "layer_output_scale.weight",
+    ple: &super::ple::GGUF_PLE,
 };
 
 /// Loads layers `range` of a model with hyper-parameters `cfg` (and the embedding, final norm
@@ -210,7 +219,7 @@ pub(crate) fn load_layers(
     progress: &dyn Fn(usize, usize),
     unpermute_qk: bool,
 ) -> Result<HostModel> {
-    let (h, i) = (cfg.hidden, cfg.intermediate);
+    let h = cfg.hidden;
     let (first, last) = (range.start == 0, range.end == cfg.layers);
     let tied = !w.has(n.lm_head);
     let embed = if first || (last && tied) { Some(w.matrix(n.embed, cfg.vocab, h)?) } else { None };
@@ -223,6 +232,8 @@ pub(crate) fn load_layers(
         let (q, kv, head_dim) = (geom.q_dim(), geom.kv_dim(), geom.head_dim);
         let perms =
             unpermute_qk.then(|| (unpermute_qk_rows(geom.heads, head_dim), unpermute_qk_rows(geom.kv_heads, head_dim)));
+        // A KV-sharing layer (Gemma 4) has queries only.
+        let shared = cfg.kv_source(l).is_some();
         let p = n.layer.replace("{l}", &l.to_string());
         let t = |name: &str| format!("{p}.{name}");
         let mut attn_gate = None;
@@ -239,6 +250,7 @@ pub(crate) fn load_layers(
                 attn_gate = Some(gate);
                 (query, w.matrix(&t(n.k), kv, h)?, w.matrix(&t(n.v), kv, h)?, w.matrix(&t(n.o), h, q)?)
             }
+            None if shared => (w.matrix(&t(n.q), q, h)?, none(h)?, none(h)?, w.matrix(&t(n.o), h, q)?),
             // Keys that are the values too: the key projection twice (v is normed, not roped).
             None if cfg.k_eq_v(l) => {
                 let k = w.matrix(&t(n.k), kv, h)?;
@@ -251,7 +263,7 @@ pub(crate) fn load_layers(
                 w.matrix(&t(n.o), h, q)?,
             ),
         };
-        if let Some((q_perm, k_perm)) = perms.as_ref().filter(|_| linear.is_none()) {
+        if let Some((q_perm, k_perm)) = perms.as_ref().filter(|_| linear.is_none() && !shared) {
             wq = wq.permute_rows(q_perm);
             wk = wk.permute_rows(k_perm);
         }
@@ -266,9 +278,11 @@ pub(crate) fn load_layers(
         };
         let qk_norm = if cfg.qk_norm && attn {
             let mut v = w.vector(&t(n.q_norm), head_dim)?;
-            v.extend(w.vector(&t(n.k_norm), head_dim)?);
+            if !shared {
+                v.extend(w.vector(&t(n.k_norm), head_dim)?);
+            }
             // The values' norm has no weight (Gemma 4).
-            if cfg.style.v_norm {
+            if cfg.style.v_norm && !shared {
                 v.extend(std::iter::repeat_n(1.0, head_dim));
             }
             Some(v)
@@ -285,6 +299,7 @@ pub(crate) fn load_layers(
             };
             (none()?, none()?, QTensor::from_f32(0, 32, &[])?, Some(moe))
         } else {
+            let i = cfg.layer_ffn(l);
             (w.matrix(&t(n.gate), i, h)?, w.matrix(&t(n.up), i, h)?, w.matrix(&t(n.down), h, i)?, None)
         };
         layers.push(HostLayer {
@@ -310,11 +325,14 @@ pub(crate) fn load_layers(
             attn_gate,
             linear,
             layer_scalar: if cfg.style.layer_scalar { Some(w.vector(&t(n.layer_scalar), 1)?[0]) } else { None },
+            ple: super::ple::load_layer(w, n.ple, &t, &cfg)?,
         });
     }
     progress(cfg.layers, cfg.layers);
     let lm_head = if last && !tied { Some(w.matrix(n.lm_head, cfg.vocab, h)?) } else { None };
+    let ple = if first { super::ple::load(w, n.ple, &cfg)? } else { None };
     Ok(HostModel {
+        ple,
         final_norm: w.vector(n.final_norm, h)?,
         cfg,
         embed,

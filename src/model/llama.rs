@@ -82,10 +82,17 @@ impl OpBuilder<'_> {
             (None, false) => None,
             _ => bail!("layer {l}: its layer scalar does not match its kind"),
         };
+        // With per-layer embeddings the scalar comes after their block.
+        let ffn_scalar = if hl.ple.is_some() { None } else { scalar };
         match kind.ffn {
-            Ffn::Dense { gelu } => self.dense_ffn(hl, lp, gelu, post.map(|p| (p.1, scalar)))?,
+            Ffn::Dense { gelu } => self.dense_ffn(l, hl, lp, gelu, post.map(|p| (p.1, ffn_scalar)))?,
             Ffn::Moe { .. } if post.is_some() => bail!("layer {l}: a mixture of experts with a post-FFN norm"),
             Ffn::Moe { gelu } => self.moe_ffn(hl, lp, gelu)?,
+        }
+        match (&hl.ple, self.cfg.style.ple) {
+            (Some(p), Some(_)) => self.ple_layer(l, p, lp, scalar)?,
+            (None, None) => {}
+            _ => bail!("layer {l}: its per-layer embedding block does not match the model"),
         }
         Ok(())
     }
@@ -147,9 +154,13 @@ impl OpBuilder<'_> {
         let (g, cfg, s, kern) = (self.g, self.cfg, self.s, self.kernels);
         let geom = cfg.geom(l);
         let kp = lp.attn_kind(cfg, l)?;
+        // A KV-sharing layer (Gemma 4) computes queries only and reads another layer's cache.
+        let shared = cfg.kv_source(l).is_some();
         // q, k and v in one matmul when they share a format (K-quant files often store v in
         // another), else three writing their columns of the qkv rows.
-        let qkv_ms: Vec<(GpuMatrix, usize)> = if hl.q.format == hl.k.format && hl.k.format == hl.v.format {
+        let qkv_ms: Vec<(GpuMatrix, usize)> = if shared {
+            vec![(self.upload("q_proj", &hl.q, None)?, 0)]
+        } else if hl.q.format == hl.k.format && hl.k.format == hl.v.format {
             vec![(self.upload("qkv", &QTensor::concat_rows(&[&hl.q, &hl.k, &hl.v])?, None)?, 0)]
         } else {
             vec![
@@ -175,8 +186,12 @@ impl OpBuilder<'_> {
         if let Some(w) = &hl.qk_norm {
             let wb = self.storage("qk_norm", w);
             let b = HeadNormBinds { step: &s.step_buf, p: &kp.head_norm, weight: &wb, qkv: &s.qkv };
-            let v_heads = if cfg.style.v_norm { geom.kv_heads } else { 0 };
-            self.push(norm::head_norm(kern, g, &b, geom.heads + geom.kv_heads + v_heads, geom.head_dim));
+            let heads = match (shared, cfg.style.v_norm) {
+                (true, _) => geom.heads,
+                (false, true) => geom.heads + 2 * geom.kv_heads,
+                (false, false) => geom.heads + geom.kv_heads,
+            };
+            self.push(norm::head_norm(kern, g, &b, heads, geom.head_dim));
         }
         let dims = geom.dims();
         // Windowed layers with a RoPE base of their own (Gemma 3) use its table.
@@ -185,7 +200,8 @@ impl OpBuilder<'_> {
             _ => &s.cos_sin,
         };
         let b = RopeBinds { step: &s.step_buf, p: &kp.rope, md: &s.meta_buf, cos_sin, qkv: &s.qkv };
-        self.push(rope::rope_kv(kern, g, &b, (k, v), dims));
+        let rope_dims = if shared { (geom.heads, 0, geom.head_dim) } else { dims };
+        self.push(rope::rope_kv(kern, g, &b, (k, v), rope_dims));
         let b = AttnBinds {
             step: &s.step_buf,
             p: &kp.attn,
@@ -212,6 +228,7 @@ impl OpBuilder<'_> {
     /// projection added into the residual (through the `post` norm).
     fn dense_ffn(
         &mut self,
+        l: usize,
         hl: &HostLayer,
         lp: &LayerParams,
         gelu: bool,
@@ -225,7 +242,7 @@ impl OpBuilder<'_> {
         };
         let down_m = self.upload("down", &hl.down, None)?;
         self.rms_norm(lp, &hl.ffn_norm, "ffn_norm");
-        let ffn = (0, cfg.intermediate);
+        let ffn = (0, cfg.layer_ffn(l));
         let act = if gelu { MAT_GELU } else { 0 };
         match &up_m {
             None => self.matmul("gate_up", &gu_m, (&s.normed, &s.act), ffn, None, act, false, true),

@@ -17,6 +17,7 @@ pub mod loader;
 pub mod moe;
 pub mod mtp;
 pub mod plan;
+pub mod ple;
 pub mod profile;
 pub mod qwen35;
 pub mod record;

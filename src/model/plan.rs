@@ -69,8 +69,9 @@ pub fn kv_block_bytes(cfg: &ModelConfig, limits: &StepLimits) -> u64 {
 }
 
 /// K and V floats per token of each attention layer among `range` (layers differ in Gemma 4).
+/// (Layers that read another layer's cache, Gemma 4's KV sharing, own none.)
 pub fn kv_dims(cfg: &ModelConfig, range: std::ops::Range<usize>) -> Vec<usize> {
-    range.filter(|&l| !cfg.is_linear(l)).map(|l| cfg.geom(l).kv_dim()).collect()
+    range.filter(|&l| !cfg.is_linear(l) && cfg.kv_source(l).is_none()).map(|l| cfg.geom(l).kv_dim()).collect()
 }
 
 /// KV blocks of one layer's cache: `cache_bytes` spread over every attention layer of the model,
@@ -119,6 +120,7 @@ impl StepLayout {
         let moe = cfg.moe.as_ref().map_or(0, |m| m.experts.max(4 * m.top_k + m.experts).max(m.top_k * cfg.hidden));
         let lin = crate::model::scratch::lin_width(cfg).max(crate::model::scratch::lin_out_width(cfg));
         let widest = cfg.hidden.max(cfg.qkv_dim()).max(cfg.q_dim()).max(cfg.act_width()).max(moe).max(lin);
+        let widest = widest.max(cfg.layers * cfg.ple_dim());
         let t_max = t_all.min((mb / f(widest)) as usize);
         let per_sampled = f(cfg.vocab).max((adjust_per_row(cfg.vocab, limits) * 16) as u64);
         let s_max = s_all.min(t_max).min(if last { (mb / per_sampled) as usize } else { s_all });
@@ -284,7 +286,8 @@ impl ScratchPlan {
         let moe = cfg.moe.as_ref().map_or(0, |m| m.experts + 4 * m.top_k + 2 * m.experts + m.top_k * cfg.hidden);
         let lin = crate::model::scratch::lin_width(cfg);
         let attn = cfg.q_dim().max(crate::model::scratch::lin_out_width(cfg));
-        let bytes = f(t_max * (2 * cfg.hidden + cfg.qkv_dim() + attn + cfg.act_width() + moe + lin))
+        let ple = cfg.layers * cfg.ple_dim();
+        let bytes = f(t_max * (2 * cfg.hidden + cfg.qkv_dim() + attn + cfg.act_width() + moe + lin + ple))
             + f(s_last * (cfg.vocab + cfg.hidden + SAMPLE_RESULT_STRIDE))
             + f(limits.max_seq_len * (cfg.rope_dim() + cfg.style.local_rope_theta.map_or(0, |_| cfg.head_dim)))
             + f(layout.meta_len)

@@ -50,6 +50,8 @@ pub(crate) struct Scratch {
     pub(crate) hidden_readback: Option<wgpu::Buffer>,
     pub(crate) part: wgpu::Buffer,
     pub(crate) cos_sin: wgpu::Buffer,
+    /// Every layer's per-layer embedding of each token (Gemma 4 E2B/E4B), else None.
+    pub(crate) ple: Option<wgpu::Buffer>,
     /// The RoPE table of the windowed layers when their base differs (Gemma 3), else None.
     pub(crate) cos_sin_local: Option<wgpu::Buffer>,
     /// Bound where a kernel's binding is unused (no bias).
@@ -106,6 +108,7 @@ impl Scratch {
             part: g.storage("attn_partials", plan.part_vec4 as u64 * 16),
             cos_sin: g.storage_init("cos_sin", bytemuck::cast_slice(&cs)),
             cos_sin_local: local,
+            ple: (cfg.ple_dim() > 0).then(|| g.storage("ple", f(t_max * cfg.layers * cfg.ple_dim()))),
             dummy: g.storage("dummy", 16),
             windows: g.uniform_init("windows", bytemuck::cast_slice(&window_entries(t_max + 1, window_stride(g)))),
             keep: Vec::new(),
@@ -122,6 +125,7 @@ impl Scratch {
             s.windows.clone(),
         ];
         keep.extend(s.cos_sin_local.clone());
+        keep.extend(s.ple.clone());
         keep.extend(s.lin.clone());
         keep.extend(s.moe_logits.clone());
         keep.extend(s.moe_route.clone());

@@ -34,6 +34,7 @@ impl OpKind {
             OpKind::Matmul { .. } => "matmul",
             OpKind::Norm { .. } => "rmsnorm",
             OpKind::HeadNorm { .. } => "head_norm",
+            OpKind::PleGate { .. } => "ple_gate",
             OpKind::RopeKv { .. } => "rope_kv",
             OpKind::Attention { .. } => "attention",
             OpKind::MoeRoute { .. } => "moe_route",
@@ -93,6 +94,7 @@ impl OpKind {
             OpKind::MoeGroup { top_k, .. } => Cost { bytes: 16 * n * top_k as u64, flops: 0 },
             OpKind::MoeCombine { hidden } => Cost { bytes: 4 * n * hidden as u64 * 3, flops: 2 * n * hidden as u64 },
             OpKind::MoeSharedGate { width } => Cost { bytes: 8 * n * width as u64, flops: 4 * n * width as u64 },
+            OpKind::PleGate { width } => Cost { bytes: 12 * n * width as u64, flops: 12 * n * width as u64 },
             OpKind::MoeExperts { format, n_out, top_k, down, cols, chunk_experts, experts } => {
                 // The (token, choice) pairs routed to this chunk if routing is even, and the
                 // experts they touch at most (all distinct); each touched expert's rows are

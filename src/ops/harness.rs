@@ -328,7 +328,7 @@ impl Harness {
         let (step, meta) = self.step_buffers(Self::header(tokens.len(), 0), tokens);
         let out = g.storage("hidden", (tokens.len() * table.cols * 4) as u64);
         let dummy = g.storage("dummy", 16);
-        let (ops, _params) = matmul::embed(&self.kernels, g, &mat, 1.0, &step, &meta, &dummy, &out);
+        let (ops, _params) = matmul::embed(&self.kernels, g, &mat, (1.0, false), &step, &meta, &dummy, &out);
         for op in ops {
             self.run_op(op, tokens.len(), 0)?;
         }

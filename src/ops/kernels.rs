@@ -183,6 +183,9 @@ pub struct Kernels {
     /// `HeadNormBinds`.
     pub head_norm_family: Family,
     pub head_norm: wgpu::ComputePipeline,
+    /// `PleBinds`: Gemma 4's per-layer input gate.
+    pub ple_family: Family,
+    pub ple_gate: wgpu::ComputePipeline,
     /// `RopeBinds` and the KV cache's chunks.
     pub rope_family: Family,
     pub rope_kv: wgpu::ComputePipeline,
@@ -262,6 +265,8 @@ impl Kernels {
         let rmsnorm = norm_family.pipeline(gpu, "rmsnorm", &rmsnorm_source()?, "main")?;
         let head_norm_family = Family::new(gpu, &layout_of(HeadNormBinds::SLOTS));
         let head_norm = head_norm_family.pipeline(gpu, "head_norm", &head_norm_source()?, "main")?;
+        let ple_family = Family::new(gpu, &layout_of(super::ple::PleBinds::SLOTS));
+        let ple_gate = ple_family.pipeline(gpu, "ple_gate", &ple_source()?, "main")?;
         // The KV cache's chunks beyond the first.
         let chunk_slots = |s: Slot| {
             (1..kv_chunks as u32).flat_map(move |c| [(KV_K_CHUNK_BINDING + c, s), (KV_V_CHUNK_BINDING + c, s)])
@@ -393,6 +398,8 @@ impl Kernels {
             rmsnorm,
             head_norm_family,
             head_norm,
+            ple_family,
+            ple_gate,
             rope_family,
             rope_kv,
             attn_family,

@@ -46,6 +46,11 @@ gpu_struct! {
         pub row0: u32,
         /// Every value is multiplied by it (Gemma's sqrt(hidden); else 1).
         pub scale: f32,
+        /// 1: added into the output (Gemma 4's per-layer embeddings), else written.
+        pub accumulate: u32,
+        pub _p0: u32,
+        pub _p1: u32,
+        pub _p2: u32,
     }
 }
 
@@ -169,7 +174,7 @@ pub fn embed(
     k: &Kernels,
     g: &Gpu,
     e: &GpuMatrix,
-    scale: f32,
+    (scale, accumulate): (f32, bool),
     step: &wgpu::Buffer,
     tokens: &wgpu::Buffer,
     placeholder: &wgpu::Buffer,
@@ -179,7 +184,14 @@ pub fn embed(
     let mut ops = Vec::new();
     let mut params = Vec::new();
     for c in &e.chunks {
-        let p = EmbedParams { k_blocks, n_rows: c.rows as u32, row0: c.row0 as u32, scale };
+        let p = EmbedParams {
+            k_blocks,
+            n_rows: c.rows as u32,
+            row0: c.row0 as u32,
+            scale,
+            accumulate: accumulate as u32,
+            ..Default::default()
+        };
         let pb = g.uniform_init("embed_params", bytemuck::bytes_of(&p));
         let b = EmbedBinds { step, p: &pb, tokens, wq: &c.q, ws: &c.s, unused: placeholder, hidden };
         let kind = OpKind::Embed { format: e.format, k_blocks };

@@ -27,6 +27,7 @@ pub mod kernels;
 pub mod matmul;
 pub mod moe;
 pub mod norm;
+pub mod ple;
 pub mod rope;
 pub mod sample;
 pub mod sources;
@@ -92,6 +93,10 @@ pub enum OpKind {
     HeadNorm {
         heads: u32,
         head_dim: u32,
+    },
+    /// Gemma 4's per-layer input gate over rows of `width` floats.
+    PleGate {
+        width: u32,
     },
     /// RoPE and the KV-cache write: `threads` invocations per token.
     RopeKv {
@@ -262,6 +267,7 @@ impl Op {
             OpKind::Norm { sampled, .. } => norm::norm_dispatches(self, r, s, sampled, out),
             OpKind::HeadNorm { heads, .. } => norm::head_norm_dispatches(self, r, s, heads, out),
             OpKind::RopeKv { threads } => rope::dispatches(self, r, s, threads, out),
+            OpKind::PleGate { width } => ple::dispatches(self, r, s, width, out),
             OpKind::Attention { heads, kv_heads, hd4 } => {
                 attention::dispatches(self, r, s, (heads, kv_heads, hd4), out)
             }

@@ -104,6 +104,15 @@ impl HeadNormParams {
     pub fn with_v_norm(self, on: bool) -> HeadNormParams {
         HeadNormParams { n_v_heads: if on { self.n_kv_heads } else { 0 }, ..self }
     }
+
+    /// The q heads only (a layer with no keys or values of its own).
+    pub fn q_only(self, on: bool) -> HeadNormParams {
+        if on {
+            HeadNormParams { n_kv_heads: 0, n_v_heads: 0, ..self }
+        } else {
+            self
+        }
+    }
 }
 
 /// The RMSNorm op over rows of `dim` floats; `sampled`: over the sampled rows (the params

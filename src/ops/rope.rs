@@ -21,7 +21,8 @@ gpu_struct! {
         /// Leading elements of each q/k head that RoPE rotates (partial rotary; head_dim when
         /// all): pairs (i, i + rot_dim / 2), the rest copied as they are.
         pub rot_dim: u32,
-        pub _p1: u32,
+        /// 1: RoPE on the q heads only, no K/V written (Gemma 4's KV-sharing layers).
+        pub q_only: u32,
         pub _p2: u32,
     }
 }
@@ -57,6 +58,11 @@ impl RopeParams {
     /// RoPE on the first `rot_dim` elements of each head only (a multiple of 4).
     pub fn with_rotary(self, rot_dim: usize) -> RopeParams {
         RopeParams { rot_dim: rot_dim as u32, ..self }
+    }
+
+    /// RoPE on the q heads only, writing no K/V (a layer that reads another layer's cache).
+    pub fn q_only(self, on: bool) -> RopeParams {
+        RopeParams { q_only: on as u32, ..self }
     }
 }
 

@@ -468,6 +468,11 @@ pub const SAMPLE_WG_CPU: u32 = 64;
 pub const SAMPLE_WG_GPU: u32 = 256;
 pub const SAMPLE_WGSL: &str = include_str!("../../shaders/sample.wgsl");
 pub const HEAD_NORM_WGSL: &str = include_str!("../../shaders/head_norm.wgsl");
+pub const PLE_WGSL: &str = include_str!("../../shaders/ple.wgsl");
+
+pub fn ple_source() -> Result<String> {
+    Shader::new("ple", PLE_WGSL).after(common()).after(super::ple::PleParams::WGSL).build()
+}
 pub const LOGIT_ADJUST_WGSL: &str = include_str!("../../shaders/logit_adjust.wgsl");
 /// The sampler's shaders (sample.wgsl, logit_adjust.wgsl) with the constants they share with Rust.
 pub fn sampler_source(label: &str, body: &str) -> Shader {
@@ -545,6 +550,7 @@ pub fn all_sources(head_dims: &[u32]) -> Vec<(String, String)> {
     }
     v.push(("rmsnorm".into(), rmsnorm_source()));
     v.push(("head_norm".into(), head_norm_source()));
+    v.push(("ple".into(), ple_source()));
     v.push(("delta".into(), delta_source(128)));
     for gpu in [false, true] {
         v.push((format!("sample_{gpu}"), sample_source(gpu)));

@@ -1,0 +1,59 @@
+//! Gemma 4's per-layer input gate (ple.wgsl): the gate projection of the residual through
+//! tanh-GELU, times the layer's slice of the per-layer embeddings: parameters, bindings and
+//! constructor.
+
+use super::kernels::Kernels;
+use super::{bindings, div_up, Dispatch, Op, OpKind, Recorder, StepShape};
+use crate::gpu::shared::gpu_struct;
+use crate::gpu::Gpu;
+
+gpu_struct! {
+    /// ple.wgsl's parameters (WGSL `PleParams`).
+    wgsl PleParams;
+    pub struct PleParams {
+        /// Floats per layer and token (the gate's rows).
+        pub width: u32,
+        /// Floats per token of the per-layer embeddings (layers x width).
+        pub stride: u32,
+        /// Where this layer's slice starts in a token's row.
+        pub off: u32,
+        pub _p0: u32,
+    }
+}
+
+bindings! {
+    /// ple.wgsl.
+    PleBinds {
+        step: Uniform @ 0,
+        p: Uniform @ 1,
+        ple: Read @ 2,
+        y: ReadWrite @ 3,
+    }
+}
+
+impl PleParams {
+    /// Layer `layer`'s gate over rows of `width` floats, the per-layer embeddings holding
+    /// `layers` slices per token.
+    pub fn new(width: usize, layers: usize, layer: usize) -> PleParams {
+        PleParams { width: width as u32, stride: (width * layers) as u32, off: (width * layer) as u32, _p0: 0 }
+    }
+}
+
+/// The gate op of rows of `width` floats.
+pub fn ple_gate(k: &Kernels, g: &Gpu, b: &PleBinds, width: usize) -> Op {
+    let kind = OpKind::PleGate { width: width as u32 };
+    Op { kind, label: kind.family(), bind: k.ple_family.bind(g, &b.entries()), bind_u: None }
+}
+
+/// The gate's grid: a thread per (token, element).
+pub(super) fn dispatches<'a>(
+    op: &'a Op,
+    r: &Recorder<'a>,
+    s: &StepShape,
+    width: u32,
+    mut out: impl FnMut(Dispatch<'a>),
+) {
+    if s.n_tokens > 0 {
+        out(r.folded(&r.kernels.ple_gate, &op.bind, div_up(s.n_tokens * width, 64)));
+    }
+}
