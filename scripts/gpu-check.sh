@@ -9,7 +9,7 @@
 # The out dir gets four files: summary.txt, log.txt, checks.json and bench.json. It goes on
 # after a failed shape and exits 1 at the end if any check failed.
 #
-#   scripts/gpu-check.sh [--shapes smollm2-135m,qwen2.5-0.5b,qwen2.5-7b,llama-3-8b,qwen3-30b-a3b,gpt-oss-20b,qwen3.5-9b,qwen3.6-35b-a3b]
+#   scripts/gpu-check.sh [--shapes smollm2-135m,qwen2.5-0.5b,qwen2.5-7b,llama-3-8b,qwen3-30b-a3b,gpt-oss-20b,qwen3.5-9b,qwen3.6-35b-a3b,gemma-4-e4b]
 #       [--format q4_k]
 #       [--layers N] [--out DIR (./gpu-check-out)] [--tmp DIR ($TMPDIR or /tmp)]
 #       [--batches 1,8,32] [--decode-steps 32] [--prefill-tokens 512] [--quick]
@@ -20,7 +20,9 @@
 # 12 of 48, about 4.6 GB in Q4_K; gpt-oss-20b: 12 of 24, its experts MXFP4 whatever --format
 # says, about 6 GB; qwen3.6-35b-a3b: 12 of 40, 9 Gated DeltaNet + 3 attention layers), and once
 # more at batch 1 with every expert active (bench-model --moe-top-k 128 or 32; qwen3.6: 128 of
-# its 256, the router's most): what the sparse path saves.
+# its 256, the router's most): what the sparse path saves. gemma-4-e4b: 42 layers (five sliding-window
+# layers to one global, the last 18 reading earlier layers' caches, per-layer embeddings), about
+# 5 GB in Q4_K with its per-layer token table.
 #
 # The binary: $TORUS_BIN, else target/release/torus-wgpu, else $CARGO_TARGET_DIR/release/torus-wgpu.
 #
@@ -37,7 +39,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-shapes="smollm2-135m,qwen2.5-0.5b,qwen2.5-7b,llama-3-8b,qwen3-30b-a3b,gpt-oss-20b,qwen3.5-9b,qwen3.6-35b-a3b"
+shapes="smollm2-135m,qwen2.5-0.5b,qwen2.5-7b,llama-3-8b,qwen3-30b-a3b,gpt-oss-20b,qwen3.5-9b,qwen3.6-35b-a3b,gemma-4-e4b"
 format="q4_k"
 layers=""
 out="gpu-check-out"

@@ -490,3 +490,49 @@ fn qwen35_layouts_small_load_and_profiles_agree() {
         assert!(check.passed(), "{name} layout: kernel profiles disagree:\n{}", check.format());
     }
 }
+
+/// Gemma 4 E4B's synthetic layout at a small size: sliding-window layers with every sixth
+/// global (its own head size), the last layers without keys or values (reading earlier layers'
+/// caches), per-layer embeddings, a scalar per layer, llama.cpp's names and keys; it loads as
+/// Gemma 4 with those features and both kernel profiles agree on it.
+#[test]
+fn gemma4_e4b_layout_small_loads_and_profiles_agree() {
+    let real = synth_shape("gemma-4-e4b").unwrap();
+    let g = real.gemma4.unwrap();
+    assert_eq!(
+        (real.hidden, real.layers, real.heads, real.kv_heads, real.head_dim, g.global_head_dim, g.ple, g.kv_shared),
+        (2560, 42, 8, 2, 256, 512, 256, 18)
+    );
+    assert_eq!(g.shared(42, 42), 18);
+    let shape = SynthShape {
+        hidden: 256,
+        heads: 4,
+        kv_heads: 2,
+        head_dim: 64,
+        intermediate: 512,
+        vocab: 2048,
+        gemma4: Some(torus_wgpu::model::synth_gemma4::SynthGemma4 { global_head_dim: 128, ple: 32, window: 8, ..g }),
+        ..real
+    };
+    let dir = TempDir::new("gemma4");
+    let path = dir.0.join("model.gguf");
+    write_synthetic_gguf(&path, &shape, WFormat::Q8_0, Some(12), 7).unwrap();
+    check_config(&path, &shape, 12);
+    let c = read_config(&path).unwrap();
+    // Layers 5 and 11 global; 18 of 42 share, so 5 of 12: 7.. read layers 6 (sliding) and 5.
+    let kinds: Vec<bool> = (0..12).map(|l| l != 5 && l != 11).collect();
+    assert_eq!(c.style.sliding_layers.as_deref(), Some(&kinds[..]));
+    assert_eq!((c.geom(0).head_dim, c.geom(5).head_dim, c.geom(5).kv_heads), (64, 128, 2));
+    assert_eq!((c.style.kv_shared, c.kv_source(7), c.kv_source(11), c.kv_source(6)), (5, Some(6), Some(5), None));
+    assert_eq!((c.style.ple, c.sliding_window, c.style.final_softcap), (Some((32, 2048)), Some(8), Some(30.0)));
+    check_tokenizer(&path, shape.vocab);
+    let host = HostModel::load(&path, &|_, _| {}).unwrap();
+    assert!(host.ple.is_some() && host.layers.iter().all(|l| l.ple.is_some() && l.layer_scalar.is_some()));
+    assert_eq!((host.layers[6].k.rows, host.layers[7].k.rows), (2 * 64, 0));
+    let gpu = Arc::new(Gpu::new(None).expect("a wgpu adapter (lavapipe in CI)"));
+    // Longer than the window of 8.
+    let prompt: Vec<u32> = (0..20).map(|i| (i * 97 + 13) % 2000).collect();
+    let check = check_profiles(gpu, &host, limits(), &prompt, 4).unwrap();
+    eprint!("{}", check.format());
+    assert!(check.passed(), "gemma-4-e4b layout: kernel profiles disagree:\n{}", check.format());
+}

@@ -25,6 +25,7 @@ pub mod recurrent;
 pub mod scratch;
 pub mod step;
 pub mod synth;
+pub mod synth_gemma4;
 pub mod synth_hybrid;
 pub mod validate;
 

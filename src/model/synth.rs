@@ -43,6 +43,8 @@ pub struct SynthShape {
     pub moe: Option<SynthMoe>,
     /// Gated DeltaNet layers (Qwen3.5, model/synth_hybrid.rs), or None.
     pub linear: Option<super::synth_hybrid::SynthLinear>,
+    /// Gemma 4's layout (model/synth_gemma4.rs), or None.
+    pub gemma4: Option<super::synth_gemma4::SynthGemma4>,
 }
 
 /// The experts of a synthetic mixture-of-experts shape.
@@ -64,6 +66,7 @@ pub const SYNTH_SHAPES: &[&str] = &[
     "gpt-oss-20b",
     "qwen3.5-9b",
     "qwen3.6-35b-a3b",
+    "gemma-4-e4b",
 ];
 
 /// The shape of a named model (one of [`SYNTH_SHAPES`]).
@@ -85,6 +88,7 @@ pub fn synth_shape(name: &str) -> Option<SynthShape> {
         pre_tokenizer: pre,
         moe: None,
         linear: None,
+        gemma4: None,
     };
     let qwen2 = |name, hidden, heads, kv_heads, intermediate, vocab, layers, tied| SynthShape {
         name,
@@ -103,6 +107,7 @@ pub fn synth_shape(name: &str) -> Option<SynthShape> {
         pre_tokenizer: "qwen2",
         moe: None,
         linear: None,
+        gemma4: None,
     };
     Some(match name {
         "smollm2-135m" => llama("smollm2-135m", 576, 9, 3, 1536, 49152, 30, true, 100000.0, 8192, "smollm"),
@@ -136,6 +141,11 @@ pub fn synth_shape(name: &str) -> Option<SynthShape> {
         "qwen3.6-35b-a3b" => {
             super::synth_hybrid::qwen36_35b_a3b(qwen2("qwen3.6-35b-a3b", 2048, 16, 2, 512, 248320, 40, false))
         }
+        // (The synthetic tokenizer is byte-level BPE whatever the shape.)
+        "gemma-4-e4b" => super::synth_gemma4::gemma4_e4b(SynthShape {
+            rms_eps: 1e-6,
+            ..llama("gemma-4-e4b", 2560, 8, 2, 10240, 262144, 42, true, 1e6, 131072, "default")
+        }),
         _ => return None,
     })
 }
@@ -243,6 +253,10 @@ pub fn synth_tensors(shape: &SynthShape, format: WFormat, layers: usize) -> Vec<
             t.extend(super::synth_hybrid::layer_tensors(shape, lin, format, l));
             continue;
         }
+        if let Some(g) = &shape.gemma4 {
+            t.extend(super::synth_gemma4::layer_tensors(shape, g, format, l, layers));
+            continue;
+        }
         t.push(vector(format!("{p}.attn_norm.weight"), h, Fill::Norm));
         t.push(matrix(format!("{p}.attn_q.weight"), q, h));
         t.push(matrix(format!("{p}.attn_k.weight"), kv, h));
@@ -298,6 +312,9 @@ pub fn synth_tensors(shape: &SynthShape, format: WFormat, layers: usize) -> Vec<
     }
     if let Some(lin) = &shape.linear {
         t.extend(super::synth_hybrid::mtp_tensors(shape, lin, format, layers));
+    }
+    if let Some(g) = &shape.gemma4 {
+        t.extend(super::synth_gemma4::global_tensors(shape, g, format, layers));
     }
     t.push(vector("output_norm.weight".into(), h, Fill::Norm));
     if !shape.tied {
@@ -411,6 +428,11 @@ fn metadata(
     if let Some(lin) = &shape.linear {
         m.retain(|(key, _)| *key != k("rope.dimension_count"));
         m.extend(super::synth_hybrid::metadata(shape, lin));
+    }
+    if let Some(g) = &shape.gemma4 {
+        let extra = super::synth_gemma4::metadata(shape, g, layers);
+        m.retain(|(key, _)| !extra.iter().any(|(e, _)| e == key));
+        m.extend(extra);
     }
     if shape.arch == Arch::GptOss {
         m.extend([

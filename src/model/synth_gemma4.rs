@@ -1,0 +1,125 @@
+//! Synthetic Gemma 4 files (the E2B/E4B layout) as llama.cpp's converter writes them (model/
+//! gemma4.rs and model/ple.rs read them back): sliding-window layers of `head_dim` and every
+//! sixth layer global with its own head size, the last layers reading earlier layers' caches,
+//! per-layer embeddings, a scalar per layer; for `synth-model`, `bench-model` and gpu-check.
+
+use super::synth::{Fill, SynthShape, SynthTensor};
+use crate::formats::gguf::GgufValue;
+use crate::gpu::wformat::WFormat;
+
+/// What a Gemma 4 shape has beyond the common fields.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SynthGemma4 {
+    /// The global layers' head size.
+    pub global_head_dim: usize,
+    pub window: usize,
+    /// Floats per layer of the per-layer embeddings.
+    pub ple: usize,
+    /// KV-sharing layers of the full depth (fewer layers share proportionally fewer).
+    pub kv_shared: usize,
+}
+
+impl SynthGemma4 {
+    /// Whether layer `l` of `layers` is a sliding-window layer: five of every six, the last
+    /// layer global.
+    pub fn sliding(&self, l: usize, layers: usize) -> bool {
+        !(l + 1).is_multiple_of(6) && l + 1 != layers
+    }
+
+    /// The KV-sharing layers of a file of `layers` of a shape of `full` layers: the same share,
+    /// fewer where some kind of shared layer would find no earlier layer of its kind.
+    pub fn shared(&self, layers: usize, full: usize) -> usize {
+        let mut n = self.kv_shared * layers / full.max(1);
+        while n > 0 {
+            let first = layers - n;
+            let has = |sliding: bool| (0..first).any(|l| self.sliding(l, layers) == sliding);
+            if (first..layers).all(|l| has(self.sliding(l, layers))) {
+                break;
+            }
+            n -= 1;
+        }
+        n
+    }
+}
+
+/// Gemma 4 E4B: 42 layers (five sliding-window layers of 512 to one global), 8 heads / 2 KV
+/// heads of 256 (512 on the global layers), FFN 10240, per-layer embeddings of 256, the last 18
+/// layers reading earlier layers' caches, vocabulary 262144, tied.
+pub fn gemma4_e4b(base: SynthShape) -> SynthShape {
+    SynthShape {
+        arch: super::config::Arch::Gemma4,
+        head_dim: 256,
+        rope_theta: 1e6,
+        context_length: 131072,
+        gemma4: Some(SynthGemma4 { global_head_dim: 512, window: 512, ple: 256, kv_shared: 18 }),
+        ..base
+    }
+}
+
+/// The per-layer embeddings' model-level tensors of a file of `layers` layers.
+pub(super) fn global_tensors(shape: &SynthShape, g: &SynthGemma4, format: WFormat, layers: usize) -> Vec<SynthTensor> {
+    let wide = layers * g.ple;
+    vec![
+        SynthTensor::matrix(format, "per_layer_token_embd.weight".into(), shape.vocab, wide),
+        SynthTensor::matrix(format, "per_layer_model_proj.weight".into(), wide, shape.hidden),
+        SynthTensor::vector("per_layer_proj_norm.weight".into(), g.ple, Fill::Norm),
+    ]
+}
+
+/// Layer `l`'s tensors (of `layers`): attention (queries only on a KV-sharing layer), the FFN,
+/// the four norms, the per-layer embedding block and the scalar.
+pub(super) fn layer_tensors(
+    shape: &SynthShape,
+    g: &SynthGemma4,
+    format: WFormat,
+    l: usize,
+    layers: usize,
+) -> Vec<SynthTensor> {
+    let p = format!("blk.{l}");
+    let m = |name: &str, rows: usize, cols: usize| SynthTensor::matrix(format, format!("{p}.{name}"), rows, cols);
+    let v = |name: &str, len: usize, fill: Fill| SynthTensor::vector(format!("{p}.{name}"), len, fill);
+    let (h, i) = (shape.hidden, shape.intermediate);
+    let hd = if g.sliding(l, layers) { shape.head_dim } else { g.global_head_dim };
+    let (q, kv) = (shape.heads * hd, shape.kv_heads * hd);
+    let shared = l >= layers - g.shared(layers, shape.layers);
+    let mut t =
+        vec![v("attn_norm.weight", h, Fill::Norm), m("attn_q.weight", q, h), v("attn_q_norm.weight", hd, Fill::Norm)];
+    if !shared {
+        t.extend([m("attn_k.weight", kv, h), m("attn_v.weight", kv, h), v("attn_k_norm.weight", hd, Fill::Norm)]);
+    }
+    t.extend([
+        m("attn_output.weight", h, q),
+        v("post_attention_norm.weight", h, Fill::Norm),
+        v("ffn_norm.weight", h, Fill::Norm),
+        m("ffn_gate.weight", i, h),
+        m("ffn_up.weight", i, h),
+        m("ffn_down.weight", h, i),
+        v("post_ffw_norm.weight", h, Fill::Norm),
+        m("inp_gate.weight", g.ple, h),
+        m("proj.weight", h, g.ple),
+        v("post_norm.weight", h, Fill::Norm),
+        v("layer_output_scale.weight", 1, Fill::Norm),
+    ]);
+    t
+}
+
+/// The Gemma 4 keys of a file of `layers` layers (the global layers' head size as key_length).
+pub(super) fn metadata(shape: &SynthShape, g: &SynthGemma4, layers: usize) -> Vec<(String, GgufValue)> {
+    let k = |suffix: &str| format!("{}.{suffix}", shape.arch_name());
+    let u = |v: usize| GgufValue::U32(v as u32);
+    let pattern = (0..layers).map(|l| GgufValue::Bool(g.sliding(l, layers))).collect();
+    vec![
+        (k("attention.key_length"), u(g.global_head_dim)),
+        (k("attention.value_length"), u(g.global_head_dim)),
+        (k("attention.key_length_swa"), u(shape.head_dim)),
+        (k("attention.value_length_swa"), u(shape.head_dim)),
+        (k("rope.dimension_count"), u(g.global_head_dim)),
+        (k("rope.dimension_count_swa"), u(shape.head_dim)),
+        (k("rope.freq_base_swa"), GgufValue::F32(10000.0)),
+        (k("attention.sliding_window"), u(g.window)),
+        (k("attention.sliding_window_pattern"), GgufValue::Array(pattern)),
+        (k("attention.shared_kv_layers"), u(g.shared(layers, shape.layers))),
+        (k("embedding_length_per_layer_input"), u(g.ple)),
+        (k("final_logit_softcapping"), GgufValue::F32(30.0)),
+    ]
+}
