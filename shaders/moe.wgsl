@@ -212,7 +212,12 @@ fn combine_main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_work
         let i = pair * p.n_out + n;
         acc += bitcast<f32>(route[2u * pair + 1u]) * x[i / 4u][i % 4u];
     }
-    y[t * p.y_stride + n] += acc;
+    // MOE_SCALED: the sum is written (Gemma 4 norms it before it joins the residual).
+    if ((p.flags & MOE_SCALED) != 0u) {
+        y[t * p.y_stride + n] = acc;
+    } else {
+        y[t * p.y_stride + n] += acc;
+    }
 }
 
 // The shared expert's gate (Qwen2-MoE): y (the shared expert's activations, p.n_out wide) [t, n]

@@ -10,6 +10,8 @@
 @group(0) @binding(1) var<uniform> p: MoeParams;
 @group(0) @binding(2) var<storage, read> x: array<f32>;
 @group(0) @binding(6) var<storage, read_write> y: array<atomic<u32>>;
+// Each expert's scale (MOE_SCALED: Gemma 4's per_expert_scale), in the bias binding.
+@group(0) @binding(7) var<storage, read> bias: array<f32>;
 
 const TG: u32 = {{TG}}u;
 const NONE: u32 = 0xffffffffu;
@@ -65,6 +67,13 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
         for (var j = 0u; j < p.top_k; j++) {
             let i = 2u * (t * p.top_k + j) + 1u;
             atomicStore(&y[i], bitcast<u32>(bitcast<f32>(atomicLoad(&y[i])) / chosen_sum));
+        }
+    }
+    if ((p.flags & MOE_SCALED) != 0u) {
+        for (var j = 0u; j < p.top_k; j++) {
+            let i = 2u * (t * p.top_k + j) + 1u;
+            let e = atomicLoad(&y[i - 1u]);
+            atomicStore(&y[i], bitcast<u32>(bitcast<f32>(atomicLoad(&y[i])) * bias[e]));
         }
     }
 }

@@ -3,7 +3,8 @@
 //! whose keys are the values, proportional RoPE over a quarter of the head; plain-weight norms, a
 //! v norm, unscaled scores, a scalar per layer, soft-capped logits) from its Hugging Face directory
 //! and its llama.cpp-layout GGUF against transformers' float32 logits and greedy tokens, in both
-//! kernel profiles; the E-style and MoE models refused with the reason; and the
+//! kernel profiles, and its E2B/E4B-style (per-layer embeddings, KV sharing) and 26B-A4B-style
+//! (experts beside the MLP) relatives; and the
 //! engine's properties with two attention geometries in one model: batching invariance, prefix
 //! cache on == off, preemption.
 
@@ -80,13 +81,25 @@ fn gemma4_e_engine_batched_and_prefix_cache_requests_equal_alone() {
     tiny::assert_batched_equals_alone_and_prefix_cache_on_equals_off("tiny-gemma4-e");
 }
 
-/// The MoE model is refused with the reason, from either format.
+/// The 26B-A4B-style model (a dense MLP beside 6 experts, top 2, on every layer; the router's
+/// scales, per-expert scales and the extra norms): config from both formats, logits and greedy
+/// tokens against transformers in both profiles (a 90-token prompt takes the grouped expert
+/// kernels), and the engine's batching invariance / prefix cache on == off.
 #[test]
-fn gemma4_moe_is_refused_with_the_reason() {
-    for (f, why) in [("tiny-gemma4moe", "mixture-of-experts"), ("tiny-gemma4moe.gguf", "mixture-of-experts")] {
-        let e = format!("{:#}", read_config(&local(f)).err().unwrap_or_else(|| panic!("{f} loaded")));
-        assert!(e.contains(why) && e.contains("not supported yet"), "{f}: {e}");
+fn gemma4_moe_matches_transformers() {
+    for f in ["tiny-gemma4moe", "tiny-gemma4moe.gguf"] {
+        let c = read_config(&local(f)).unwrap_or_else(|e| panic!("{f}: {e:#}"));
+        let m = c.moe.as_ref().unwrap_or_else(|| panic!("{f}: no experts"));
+        assert_eq!((m.experts, m.top_k, m.ffn, m.norm_topk, c.intermediate), (6, 2, 32, true, 64), "{f}");
+        assert_eq!(m.sparse_layers, [true; 3], "{f}");
     }
+    let r = reference("tiny-gemma4moe-reference.json");
+    for f in ["tiny-gemma4moe", "tiny-gemma4moe.gguf"] {
+        for profile in [KernelProfile::Cpu, KernelProfile::Gpu] {
+            tiny::assert_matches_reference(f, &r, profile);
+        }
+    }
+    tiny::assert_batched_equals_alone_and_prefix_cache_on_equals_off("tiny-gemma4moe.gguf");
 }
 
 /// Batching invariance and prefix cache on == off, with the two KV geometries in one cache.

@@ -4,6 +4,7 @@
 use crate::gpu::Gpu;
 use crate::model::config::{AttnGeom, ModelConfig};
 use crate::model::plan::KvPlan;
+use crate::model::recurrent::LayerCache;
 use crate::model::scratch::Scratch;
 use crate::model::step::StepLimits;
 use crate::ops::attention::AttnParams;
@@ -188,5 +189,55 @@ impl OpBuilder<'_> {
         let (mut ops, params) = matmul::matmul(self.kernels, self.g, m, &io, cols, flags, sampled, swiglu);
         ops.iter_mut().for_each(|op| op.label = label);
         self.extend((ops, params));
+    }
+}
+
+/// Whether layers `layers` of `cfg` can be one stage: a model with per-layer embeddings only
+/// whole, and no layer reading the KV cache of a layer of an earlier stage.
+pub(crate) fn check_stage(cfg: &ModelConfig, layers: &std::ops::Range<usize>) -> Result<()> {
+    if cfg.style.ple.is_some() && (layers.start > 0 || layers.end < cfg.layers) {
+        anyhow::bail!("a model with per-layer embeddings (Gemma 4 E2B/E4B) runs in one stage only");
+    }
+    if let Some(l) = layers.clone().find(|&l| cfg.kv_source(l).is_some_and(|p| p < layers.start)) {
+        anyhow::bail!(
+            "layer {l} reads the KV cache of layer {} of an earlier stage; split the layers elsewhere",
+            cfg.kv_source(l).unwrap_or(0)
+        );
+    }
+    Ok(())
+}
+
+impl OpBuilder<'_> {
+    /// The stage's layers, each with its cache: its recurrent state, its own KV cache, or (a
+    /// KV-sharing layer) the cache of the layer it reads.
+    pub(crate) fn layers(
+        &mut self,
+        host: &crate::model::loader::HostModel,
+        layers: &std::ops::Range<usize>,
+        lp: &LayerParams,
+        (kv, states): (&crate::model::plan::KvCache, &[(wgpu::Buffer, wgpu::Buffer)]),
+    ) -> Result<()> {
+        let cfg = self.cfg;
+        let (mut ai, mut ri) = (0, 0);
+        // Each cache-owning layer's index among the stage's caches.
+        let mut cache_of = std::collections::HashMap::new();
+        for (l, hl) in host.layer_slice(layers).iter().enumerate() {
+            let layer = layers.start + l;
+            let cache = if cfg.is_linear(layer) {
+                ri += 1;
+                LayerCache::State(&states[ri - 1].0, &states[ri - 1].1)
+            } else if let Some(src) = cfg.kv_source(layer) {
+                let i: usize = *cache_of
+                    .get(&src)
+                    .ok_or_else(|| anyhow::anyhow!("layer {layer}: layer {src}'s cache is not here"))?;
+                LayerCache::Kv(kv.k[i].as_slice(), kv.v[i].as_slice())
+            } else {
+                cache_of.insert(layer, ai);
+                ai += 1;
+                LayerCache::Kv(&kv.k[ai - 1], &kv.v[ai - 1])
+            };
+            self.layer(layer, hl, lp, cache)?;
+        }
+        Ok(())
     }
 }

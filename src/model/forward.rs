@@ -10,7 +10,6 @@ use crate::model::config::ModelConfig;
 use crate::model::loader::HostModel;
 use crate::model::plan::*;
 use crate::model::record::record_step;
-use crate::model::recurrent::LayerCache;
 use crate::model::recurrent::{state_buffers, state_records};
 use crate::model::scratch::*;
 use crate::model::step::*;
@@ -135,15 +134,7 @@ impl Model {
             bail!("layers {}..{} were not loaded from {}", layers.start, layers.end, host.source.display());
         }
         let (first, last) = (layers.start == 0, layers.end == cfg.layers);
-        if cfg.style.ple.is_some() && !(first && last) {
-            bail!("a model with per-layer embeddings (Gemma 4 E2B/E4B) runs in one stage only");
-        }
-        if let Some(l) = layers.clone().find(|&l| cfg.kv_source(l).is_some_and(|p| p < layers.start)) {
-            bail!(
-                "layer {l} reads the KV cache of layer {} of an earlier stage; split the layers elsewhere",
-                cfg.kv_source(l).unwrap_or(0)
-            );
-        }
+        check_stage(&cfg, &layers)?;
         if limits.max_binding == 0 || limits.max_binding > gpu.max_binding {
             limits.max_binding = gpu.max_binding;
         }
@@ -230,26 +221,7 @@ impl Model {
         if let (Some(head), Some(rows)) = (mtp, &mtp_rows) {
             b.mtp_input(head, &lp, rows)?;
         }
-        let (mut ai, mut ri) = (0, 0);
-        // Each cache-owning layer's index among the stage's caches.
-        let mut cache_of = std::collections::HashMap::new();
-        for (l, hl) in host.layer_slice(&layers).iter().enumerate() {
-            let layer = layers.start + l;
-            let cache = if cfg.is_linear(layer) {
-                ri += 1;
-                LayerCache::State(&states[ri - 1].0, &states[ri - 1].1)
-            } else if let Some(src) = cfg.kv_source(layer) {
-                let i: usize = *cache_of
-                    .get(&src)
-                    .ok_or_else(|| anyhow::anyhow!("layer {layer}: layer {src}'s cache is not here"))?;
-                LayerCache::Kv(kv.k[i].as_slice(), kv.v[i].as_slice())
-            } else {
-                cache_of.insert(layer, ai);
-                ai += 1;
-                LayerCache::Kv(&kv.k[ai - 1], &kv.v[ai - 1])
-            };
-            b.layer(layers.start + l, hl, &lp, cache)?;
-        }
+        b.layers(host, &layers, &lp, (&kv, &states))?;
         let embed_io = embed.clone().filter(|_| first);
         let mut io = None;
         if last {

@@ -12,7 +12,7 @@
 //!
 //! E2B / E4B: per-layer embeddings (model/ple.rs), the last `num_kv_shared_layers` layers
 //! attending over the cache of the last earlier layer of their kind (queries only), double-wide
-//! FFNs on those. Not yet: the 26B-A4B mixture of experts (refused with the reason).
+//! FFNs on those. 26B-A4B: a dense MLP beside the experts on every layer (model/gemma4_moe.rs).
 
 use super::config::{FullAttn, LayerStyle, ModelConfig, RopeScaling};
 use crate::formats::gguf::GgufFile;
@@ -45,7 +45,8 @@ pub(crate) fn hf_config(mut cfg: ModelConfig, v: &Value, src: &str) -> Result<Mo
         double_wide: v["use_double_wide_mlp"].as_bool() == Some(true),
     };
     if v["enable_moe_block"].as_bool() == Some(true) {
-        bail!("{src}: the mixture-of-experts block (enable_moe_block, Gemma 4 26B-A4B) is not supported yet");
+        let (experts, top_k, ffn) = (count("num_experts"), count("top_k_experts"), count("moe_intermediate_size"));
+        cfg.moe = Some(moe_config(cfg.layers, experts, top_k, ffn));
     }
     if !v["use_bidirectional_attention"].is_null() {
         bail!("{src}: use_bidirectional_attention is not supported");
@@ -127,6 +128,20 @@ pub(crate) fn hf_config(mut cfg: ModelConfig, v: &Value, src: &str) -> Result<Mo
     Ok(with_style(cfg, kinds, softcap, local["rope_theta"].as_f64().unwrap_or(LOCAL_ROPE_THETA), extras))
 }
 
+/// The 26B-A4B block on every layer: softmax over all experts, top-k renormalised (the per-expert
+/// scales and the extra norms are the layer's tensors).
+fn moe_config(layers: usize, experts: usize, top_k: usize, ffn: usize) -> super::moe::MoeConfig {
+    super::moe::MoeConfig {
+        experts,
+        top_k,
+        ffn,
+        norm_topk: true,
+        sparse_layers: vec![true; layers],
+        clamped: None,
+        shared_ffn: 0,
+    }
+}
+
 /// The E2B/E4B parts of a config: per-layer embeddings (floats per layer, token-table rows), the
 /// KV-sharing layers at the end, and whether those have double-wide FFNs.
 struct Extras {
@@ -186,7 +201,8 @@ pub(crate) fn gguf_config(mut cfg: ModelConfig, g: &GgufFile, arch: &str) -> Res
     };
     let kv_shared = count("attention.shared_kv_layers");
     if count("expert_count") > 0 {
-        bail!("{src}: the mixture-of-experts block (Gemma 4 26B-A4B) is not supported yet");
+        let (top_k, ffn) = (count("expert_used_count"), count("expert_feed_forward_length"));
+        cfg.moe = Some(moe_config(cfg.layers, count("expert_count"), top_k, ffn));
     }
     let layers = cfg.layers;
     // Per-layer arrays (or one value for all).
@@ -328,7 +344,10 @@ mod tests {
     #[test]
     fn refuses_what_it_does_not_run() {
         for (extra, what) in [
-            (serde_json::json!({"enable_moe_block": true}), "mixture-of-experts"),
+            (
+                serde_json::json!({"enable_moe_block": true, "num_experts": 600, "top_k_experts": 2, "moe_intermediate_size": 32}),
+                "600 experts",
+            ),
             (serde_json::json!({"hidden_activation": "silu"}), "hidden_activation"),
         ] {
             let e = config(extra).unwrap_err().to_string();

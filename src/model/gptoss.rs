@@ -131,7 +131,7 @@ pub(crate) fn load_experts(
         };
         (gate_up, down, (bias.collect(), dnb))
     };
-    Ok(HostMoe { router, router_bias, gate_up, down, biases: Some(biases), shared: None })
+    Ok(HostMoe { router, router_bias, gate_up, down, biases: Some(biases), shared: None, gemma: None })
 }
 
 /// Within one expert, the stored (interleaved) row of our row `r` (gate rows, then up rows).

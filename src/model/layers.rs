@@ -123,6 +123,8 @@ pub(crate) struct TensorNames {
     pub layer_scalar: &'static str,
     /// The per-layer embeddings' tensors (Gemma 4 E2B/E4B; read only when the style says so).
     pub ple: &'static super::ple::PleNames,
+    /// Gemma 4's mixture-of-experts block's tensors (read only for such a model).
+    pub gemma_moe: &'static super::gemma4_moe::GemmaMoeNames,
 }
 
 /// Hugging Face (transformers) names.
@@ -160,6 +162,7 @@ pub(crate) const HF_NAMES: TensorNames = TensorNames {
     linear: &super::qwen35::HF_LINEAR,
     layer_scalar: "layer_scalar",
     ple: &super::ple::HF_PLE,
+    gemma_moe: &super::gemma4_moe::HF_GEMMA_MOE,
 };
 
 /// Hugging Face names of Gemma 2 and 3: `post_attention_layernorm` is the norm after
@@ -206,6 +209,7 @@ pub(crate) const GGUF_NAMES: TensorNames = TensorNames {
     linear: &super::qwen35::GGUF_LINEAR,
     layer_scalar: "layer_output_scale.weight",
     ple: &super::ple::GGUF_PLE,
+    gemma_moe: &super::gemma4_moe::GGUF_GEMMA_MOE,
 };
 
 /// Loads layers `range` of a model with hyper-parameters `cfg` (and the embedding, final norm
@@ -290,7 +294,13 @@ pub(crate) fn load_layers(
             None
         };
         let sparse = cfg.moe.as_ref().is_some_and(|m| m.is_sparse(l));
-        let (gate, up, down, moe) = if sparse {
+        let gemma_moe = sparse && cfg.arch == super::config::Arch::Gemma4;
+        let (gate, up, down, moe) = if gemma_moe {
+            // Gemma 4: the dense MLP beside the experts.
+            let (i, t): (usize, &dyn Fn(&str) -> String) = (cfg.layer_ffn(l), &t);
+            let moe = super::gemma4_moe::load(w, n.gemma_moe, t, &cfg)?;
+            (w.matrix(&t(n.gate), i, h)?, w.matrix(&t(n.up), i, h)?, w.matrix(&t(n.down), h, i)?, Some(moe))
+        } else if sparse {
             let none = || QTensor::from_f32(0, h, &[]);
             let t: &dyn Fn(&str) -> String = &t;
             let moe = match cfg.arch {

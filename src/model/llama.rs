@@ -35,6 +35,8 @@ pub enum Ffn {
     Dense { gelu: bool },
     /// A mixture of experts (model/moe.rs): each token's top-k gated MLPs, weighted.
     Moe { gelu: bool },
+    /// Gemma 4's block (model/gemma4_moe.rs): a dense GeGLU MLP beside the experts.
+    DenseAndMoe,
 }
 
 /// What one layer is made of.
@@ -53,6 +55,7 @@ pub fn layer_kind(cfg: &ModelConfig, l: usize) -> LayerKind {
     LayerKind {
         mixer: if cfg.is_linear(l) { Mixer::Linear } else { Mixer::Attention { window: cfg.layer_window(l) } },
         ffn: match &cfg.moe {
+            Some(m) if m.is_sparse(l) && cfg.arch == crate::model::config::Arch::Gemma4 => Ffn::DenseAndMoe,
             Some(m) if m.is_sparse(l) => Ffn::Moe { gelu: cfg.style.gelu },
             _ => Ffn::Dense { gelu: cfg.style.gelu },
         },
@@ -78,7 +81,7 @@ impl OpBuilder<'_> {
         }
         // Gemma 4 scales the residual after the layer: with the FFN's post-norm's sum.
         let scalar = match (hl.layer_scalar, self.cfg.style.layer_scalar) {
-            (Some(x), true) if post.is_some() && matches!(kind.ffn, Ffn::Dense { .. }) => Some(x),
+            (Some(x), true) if post.is_some() && matches!(kind.ffn, Ffn::Dense { .. } | Ffn::DenseAndMoe) => Some(x),
             (None, false) => None,
             _ => bail!("layer {l}: its layer scalar does not match its kind"),
         };
@@ -88,6 +91,10 @@ impl OpBuilder<'_> {
             Ffn::Dense { gelu } => self.dense_ffn(l, hl, lp, gelu, post.map(|p| (p.1, ffn_scalar)))?,
             Ffn::Moe { .. } if post.is_some() => bail!("layer {l}: a mixture of experts with a post-FFN norm"),
             Ffn::Moe { gelu } => self.moe_ffn(hl, lp, gelu)?,
+            Ffn::DenseAndMoe => {
+                let post = post.ok_or_else(|| anyhow::anyhow!("layer {l}: Gemma 4's block without its post-norm"))?;
+                self.gemma4_moe_ffn(l, hl, lp, post.1, ffn_scalar)?
+            }
         }
         match (&hl.ple, self.cfg.style.ple) {
             (Some(p), Some(_)) => self.ple_layer(l, p, lp, scalar)?,

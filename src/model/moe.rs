@@ -138,6 +138,8 @@ pub struct HostMoe {
     pub biases: Option<(Vec<f32>, Vec<f32>)>,
     /// The shared expert (Qwen2-MoE).
     pub shared: Option<SharedExpert>,
+    /// Gemma 4's router scales and extra norms (model/gemma4_moe.rs).
+    pub gemma: Option<super::gemma4_moe::GemmaMoe>,
 }
 
 /// A dense FFN every token of a MoE layer runs beside its chosen experts, its output scaled by
@@ -157,7 +159,8 @@ impl HostMoe {
         let shared = self.shared.as_ref().map_or(0, |s| {
             s.gate.bytes() + s.up.bytes() + s.down.bytes() + s.gate_inp.as_ref().map_or(0, QTensor::bytes)
         });
-        self.router.bytes() + self.gate_up.bytes() + self.down.bytes() + 4 * b + shared
+        let gemma = self.gemma.as_ref().map_or(0, |g| 4 * g.floats());
+        self.router.bytes() + self.gate_up.bytes() + self.down.bytes() + 4 * b + shared + gemma
     }
 }
 
@@ -217,6 +220,7 @@ pub(crate) fn load(
         down: w.experts(&t(n.down_exps), e, h, f)?,
         biases: None,
         shared: (m.shared_ffn > 0).then(|| load_shared(w, n, t, h, m.shared_ffn)).transpose()?,
+        gemma: None,
     })
 }
 
@@ -283,13 +287,13 @@ impl OpBuilder<'_> {
             hidden: &s.hidden,
             dummy: &s.dummy,
         };
-        let ops = moe::route(self.kernels, self.g, &spec, &io);
+        let ops = moe::route(self.kernels, self.g, &spec, &io, None);
         self.extend(ops);
         let ops = moe::experts(self.kernels, self.g, &spec, &gate_up, &io, false, biases.as_ref().map(|b| &b.0));
         self.extend(ops);
         let ops = moe::experts(self.kernels, self.g, &spec, &down, &io, true, biases.as_ref().map(|b| &b.1));
         self.extend(ops);
-        let (op, p) = moe::combine(self.kernels, self.g, &spec, &io, cfg.hidden);
+        let (op, p) = moe::combine(self.kernels, self.g, &spec, &io, cfg.hidden, false);
         self.extend((vec![op], vec![p]));
         self.matrices.extend([router, gate_up, down]);
         if let Some(sh) = &hm.shared {

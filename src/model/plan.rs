@@ -285,7 +285,7 @@ impl ScratchPlan {
         // The MoE router's logits and route words.
         let moe = cfg.moe.as_ref().map_or(0, |m| m.experts + 4 * m.top_k + 2 * m.experts + m.top_k * cfg.hidden);
         let lin = crate::model::scratch::lin_width(cfg);
-        let attn = cfg.q_dim().max(crate::model::scratch::lin_out_width(cfg));
+        let attn = crate::model::scratch::attn_width(cfg);
         let ple = cfg.layers * cfg.ple_dim();
         let bytes = f(t_max * (2 * cfg.hidden + cfg.qkv_dim() + attn + cfg.act_width() + moe + lin + ple))
             + f(s_last * (cfg.vocab + cfg.hidden + SAMPLE_RESULT_STRIDE))

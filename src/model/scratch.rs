@@ -16,6 +16,13 @@ pub(crate) fn lin_width(cfg: &ModelConfig) -> usize {
     cfg.linear.as_ref().map_or(0, |l| l.dims.proj_width()).max(gate)
 }
 
+/// Floats per token of the `attn` buffer: attention's or the Gated DeltaNet's output, and Gemma
+/// 4's MoE block's sum of its two paths.
+pub(crate) fn attn_width(cfg: &ModelConfig) -> usize {
+    let gemma_moe = if cfg.moe.is_some() && cfg.arch == crate::model::config::Arch::Gemma4 { cfg.hidden } else { 0 };
+    cfg.q_dim().max(lin_out_width(cfg)).max(gemma_moe)
+}
+
 /// Floats per token of the Gated DeltaNet's output (written where attention's goes).
 pub(crate) fn lin_out_width(cfg: &ModelConfig) -> usize {
     cfg.linear.as_ref().map_or(0, |l| l.dims.value_dim())
@@ -88,7 +95,7 @@ impl Scratch {
             hidden: g.storage("hidden", f(t_max * cfg.hidden)),
             normed: g.activation("normed", f(t_max * cfg.hidden)),
             qkv: g.storage("qkv", f(t_max * cfg.qkv_dim())),
-            attn: g.activation("attn", f(t_max * cfg.q_dim().max(lin_out_width(cfg)))),
+            attn: g.activation("attn", f(t_max * attn_width(cfg))),
             act: g.activation("act", f(t_max * cfg.act_width())),
             lin: (lin_width(cfg) > 0).then(|| g.activation("lin", f(t_max * lin_width(cfg)))),
             // Whole vec4s: the shared expert's gate reads its logits through a vec4 binding.

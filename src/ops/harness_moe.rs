@@ -94,10 +94,10 @@ impl Harness {
             hidden: &hidden,
             dummy: &dummy,
         };
-        ops.extend(moe::route(&self.kernels, g, spec, &mio).0);
+        ops.extend(moe::route(&self.kernels, g, spec, &mio, None).0);
         ops.extend(moe::experts(&self.kernels, g, spec, &gate_up, &mio, false, bgu.as_ref()).0);
         ops.extend(moe::experts(&self.kernels, g, spec, &down, &mio, true, bd.as_ref()).0);
-        ops.push(moe::combine(&self.kernels, g, spec, &mio, h).0);
+        ops.push(moe::combine(&self.kernels, g, spec, &mio, h, false).0);
         let shape = StepShape { n_tokens: t as u32, n_splits: 1, ..Default::default() };
         Ok((self.calls(&ops, shape, None), hidden, vec![router, gate_up, down]))
     }

@@ -96,6 +96,9 @@ pub const MOE_GELU: u32 = 2;
 pub const MOE_CLAMPED: u32 = 4;
 /// Gate/up and down flag: add the expert's bias.
 pub const MOE_BIAS: u32 = 8;
+/// Router flag: each chosen expert's weight is then multiplied by its own scale (binding 7:
+/// Gemma 4's per_expert_scale). Combine flag: the sum is written, not added.
+pub const MOE_SCALED: u32 = 16;
 
 /// Outputs per thread of the expert kernels.
 pub const MOE_TN: u32 = 4;
@@ -110,7 +113,8 @@ pub const MAX_ROUTE_WORK: usize = 32768;
 pub fn wgsl_moe() -> String {
     format!(
         "{}const MOE_NORM: u32 = {MOE_NORM}u;\nconst MOE_GELU: u32 = {MOE_GELU}u;\n\
-         const MOE_CLAMPED: u32 = {MOE_CLAMPED}u;\nconst MOE_BIAS: u32 = {MOE_BIAS}u;\n",
+         const MOE_CLAMPED: u32 = {MOE_CLAMPED}u;\nconst MOE_BIAS: u32 = {MOE_BIAS}u;\n\
+         const MOE_SCALED: u32 = {MOE_SCALED}u;\n",
         MoeParams::WGSL
     )
 }
@@ -176,16 +180,25 @@ pub struct MoeIo<'a> {
 
 /// The router's ops over the step's tokens: each token's experts and weights, then (for
 /// prefill-sized steps) the pairs grouped by expert.
-pub fn route(k: &Kernels, g: &Gpu, spec: &MoeSpec, io: &MoeIo) -> (Vec<Op>, Vec<wgpu::Buffer>) {
+/// `expert_scale`: each expert's factor its chosen weights are multiplied by (Gemma 4), or None.
+pub fn route(
+    k: &Kernels,
+    g: &Gpu,
+    spec: &MoeSpec,
+    io: &MoeIo,
+    expert_scale: Option<&wgpu::Buffer>,
+) -> (Vec<Op>, Vec<wgpu::Buffer>) {
+    let scaled = if expert_scale.is_some() { MOE_SCALED } else { 0 };
     let p = io.layout.fill(MoeParams {
         n_experts: spec.experts as u32,
         top_k: spec.top_k as u32,
-        flags: if spec.norm { MOE_NORM } else { 0 },
+        flags: if spec.norm { MOE_NORM } else { 0 } | scaled,
         ..Default::default()
     });
     let pb = g.uniform_init("moe_route_params", bytemuck::bytes_of(&p));
     let d = io.dummy;
-    let b = MoeBinds { step: io.step, p: &pb, x: io.logits, wq: d, ws: d, route: d, y: io.route, bias: d };
+    let scale = expert_scale.unwrap_or(d);
+    let b = MoeBinds { step: io.step, p: &pb, x: io.logits, wq: d, ws: d, route: d, y: io.route, bias: scale };
     let (experts, top_k) = (spec.experts as u32, spec.top_k as u32);
     let ops = [
         (OpKind::MoeRoute { experts }, "moe_route"),
@@ -197,13 +210,15 @@ pub fn route(k: &Kernels, g: &Gpu, spec: &MoeSpec, io: &MoeIo) -> (Vec<Op>, Vec<
     (ops.into(), vec![pb])
 }
 
-/// The op adding each token's weighted pair projections into the residual.
-pub fn combine(k: &Kernels, g: &Gpu, spec: &MoeSpec, io: &MoeIo, hidden: usize) -> (Op, wgpu::Buffer) {
+/// The op adding each token's weighted pair projections into the residual (`io.hidden`), or
+/// (`set`) writing their sum there.
+pub fn combine(k: &Kernels, g: &Gpu, spec: &MoeSpec, io: &MoeIo, hidden: usize, set: bool) -> (Op, wgpu::Buffer) {
     let p = MoeParams {
         n_out: hidden as u32,
         top_k: spec.top_k as u32,
         n_experts: spec.experts as u32,
         y_stride: hidden as u32,
+        flags: if set { MOE_SCALED } else { 0 },
         ..Default::default()
     };
     let pb = g.uniform_init("moe_combine_params", bytemuck::bytes_of(&p));
