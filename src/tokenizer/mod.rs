@@ -20,6 +20,7 @@ mod bytes;
 mod detok;
 mod gguf_bpe;
 mod gguf_common;
+mod gguf_gemma4;
 mod gguf_spm;
 mod limited;
 pub use detok::{IncrementalDecoder, MAX_HELD};
@@ -37,7 +38,7 @@ use chat::ChatTemplate;
 pub use gguf_bpe::supported_pre_tokenizers;
 
 /// The `tokenizer.ggml.model` values [`Tokenizer::from_gguf`] accepts.
-pub const SUPPORTED_GGUF_MODELS: &[&str] = &["gpt2", "llama"];
+pub const SUPPORTED_GGUF_MODELS: &[&str] = &["gpt2", "llama", "gemma4"];
 
 /// One chat message as given to the chat template. The optional fields carry tool calling's
 /// history: an assistant message's `tool_calls` (OpenAI's shape, with `function.arguments` as a
@@ -250,13 +251,20 @@ impl Tokenizer {
                 let b = gguf_spm::build(g)?;
                 (b.inner, b.tokens, Some(b.spm), b.bos_id, b.eos_id, true)
             }
+            "gemma4" => {
+                let b = gguf_gemma4::build(g)?;
+                (b.inner, b.tokens, None, b.bos_id, b.eos_id, true)
+            }
             other => anyhow::bail!(
                 "{source}: tokenizer model {other:?} (tokenizer.ggml.model) is not supported; supported: \
-                 \"gpt2\" (byte-level BPE), \"llama\" (SentencePiece BPE)"
+                 \"gpt2\" (byte-level BPE), \"llama\" (SentencePiece BPE), \"gemma4\" (Gemma 4's BPE)"
             ),
         };
+        // llama.cpp adds BOS for Gemma 4 whatever the file says.
+        let force_bos = model == "gemma4";
         let token_text = |id: Option<u32>| id.and_then(|id| tokens.get(id as usize).cloned());
-        let add_bos = g.get_bool("tokenizer.ggml.add_bos_token").unwrap_or(add_bos_default) && bos_id.is_some();
+        let add_bos =
+            (force_bos || g.get_bool("tokenizer.ggml.add_bos_token").unwrap_or(add_bos_default)) && bos_id.is_some();
         let add_eos = g.get_bool("tokenizer.ggml.add_eos_token").unwrap_or(false) && eos_id.is_some();
         let mut eos_ids = Vec::new();
         eos_ids.extend(eos_id);
@@ -269,8 +277,11 @@ impl Tokenizer {
         }
         // Gemma's end of turn ends generation, as llama.cpp treats it, also where the file
         // names no end-of-turn token.
-        if let Some(id) = tokens.iter().position(|t| t == "<end_of_turn>") {
-            push_unique(&mut eos_ids, id as u32);
+        // Gemma 4's end of turn likewise.
+        for end in ["<end_of_turn>", "<turn|>"] {
+            if let Some(id) = tokens.iter().position(|t| t == end) {
+                push_unique(&mut eos_ids, id as u32);
+            }
         }
         harmony_stops(&mut eos_ids, |t| tokens.iter().position(|x| x == t).map(|i| i as u32));
         let arch = g.get_str("general.architecture").unwrap_or("");
