@@ -140,7 +140,7 @@ impl OpBuilder<'_> {
         let ple = s.ple.as_ref().ok_or_else(|| anyhow!("no per-layer embedding buffer"))?;
         let gate = self.upload("ple_gate", &hl.gate, None)?;
         let back = self.upload("ple_proj", &hl.proj, None)?;
-        self.matmul_from_residual("ple_gate", &gate, &s.act, p);
+        self.matmul_from_residual("ple_in", &gate, &s.act, p);
         let pb = self.uniform(bytemuck::bytes_of(&PleParams::new(p, cfg.layers, l)));
         let b = PleBinds { step: &s.step_buf, p: &pb, ple, y: &s.act };
         self.push(ple::ple_gate(self.kernels, self.g, &b, p));
