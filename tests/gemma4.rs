@@ -120,3 +120,47 @@ fn gemma4_preemption() {
     // K and V, f16.
     tiny::assert_preemption_keeps_outputs("tiny-gemma4", 12, (2 * block_size * floats * 2) as u64);
 }
+
+/// A `Gemma4ForConditionalGeneration` checkpoint (how Google publishes Gemma 4: the text model
+/// under `model.language_model.`, its config under `text_config`, vision tensors beside it)
+/// loads its language model: the E-style fixture rewritten into that layout gives the same
+/// logits and greedy tokens (the per-layer embeddings' model-level tensors are under the prefix
+/// too).
+#[test]
+fn gemma4_multimodal_checkpoint_loads_its_language_model() {
+    use safetensors::tensor::TensorView;
+    let src = local("tiny-gemma4-e");
+    let dir = std::env::temp_dir().join(format!("torus-gemma4-vl-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for f in ["tokenizer.json", "tokenizer_config.json", "generation_config.json"] {
+        std::fs::copy(src.join(f), dir.join(f)).unwrap();
+    }
+    let text: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+    let config = serde_json::json!({
+        "architectures": ["Gemma4ForConditionalGeneration"],
+        "model_type": "gemma4",
+        "text_config": text,
+        "vision_config": {"hidden_size": 32},
+        "tie_word_embeddings": true
+    });
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    let bytes = std::fs::read(src.join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut renamed: Vec<(String, TensorView)> =
+        st.tensors().into_iter().map(|(name, t)| (name.replacen("model.", "model.language_model.", 1), t)).collect();
+    let vision = vec![0u8; 4 * 32];
+    renamed.push((
+        "model.vision_tower.patch_embedder.weight".into(),
+        TensorView::new(safetensors::Dtype::F32, vec![32], &vision).unwrap(),
+    ));
+    safetensors::serialize_to_file(renamed, None, &dir.join("model.safetensors")).unwrap();
+    let c = read_config(&dir).unwrap_or_else(|e| panic!("{e:#}"));
+    assert_eq!((c.arch, c.style.ple, c.style.kv_shared), (Arch::Gemma4, Some((32, 512)), 2));
+    tiny::assert_matches_reference(
+        dir.to_str().unwrap(),
+        &reference("tiny-gemma4-e-reference.json"),
+        KernelProfile::Cpu,
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}

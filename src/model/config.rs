@@ -50,7 +50,7 @@ pub const SUPPORTED_HF_ARCHS: &str = "LlamaForCausalLM, MistralForCausalLM, Qwen
                                       Qwen3MoeForCausalLM, Qwen2MoeForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, \
                                       GptOssForCausalLM, Qwen3_5ForCausalLM, Qwen3_5MoeForCausalLM, \
                                       Qwen3_5ForConditionalGeneration and Qwen3_5MoeForConditionalGeneration (text), \
-                                      Gemma4ForCausalLM (dense text models)";
+                                      Gemma4ForCausalLM and Gemma4ForConditionalGeneration (text)";
 
 /// Where a family's layers differ from Llama's; the default is Llama's.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -420,7 +420,7 @@ impl ModelConfig {
             "Gemma2ForCausalLM" => Arch::Gemma2,
             "Gemma3ForCausalLM" => Arch::Gemma3,
             "GptOssForCausalLM" => Arch::GptOss,
-            "Gemma4ForCausalLM" => Arch::Gemma4,
+            "Gemma4ForCausalLM" | "Gemma4ForConditionalGeneration" => Arch::Gemma4,
             "Qwen3_5ForCausalLM"
             | "Qwen3_5ForConditionalGeneration"
             | "Qwen3_5MoeForCausalLM"

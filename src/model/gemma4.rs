@@ -15,9 +15,20 @@
 //! FFNs on those. 26B-A4B: a dense MLP beside the experts on every layer (model/gemma4_moe.rs).
 
 use super::config::{FullAttn, LayerStyle, ModelConfig, RopeScaling};
+use super::layers::{TensorNames, GEMMA_HF_NAMES};
 use crate::formats::gguf::GgufFile;
 use anyhow::{anyhow, bail, Result};
 use serde_json::Value;
+
+/// Hugging Face names of the language model inside `Gemma4ForConditionalGeneration` (its vision
+/// and audio towers are not read).
+pub(crate) const VL_HF_NAMES: TensorNames = TensorNames {
+    embed: "model.language_model.embed_tokens.weight",
+    final_norm: "model.language_model.norm.weight",
+    layer: "model.language_model.layers.{l}",
+    ple: &super::ple::VL_HF_PLE,
+    ..GEMMA_HF_NAMES
+};
 
 /// Gemma 4's layers when a config does not list them: five sliding-window layers to one global.
 const PATTERN: usize = 6;

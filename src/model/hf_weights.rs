@@ -105,7 +105,9 @@ pub(super) fn load_hf(dir: &Path, range: std::ops::Range<usize>, progress: &dyn 
     }
     // Gemma 4's norms multiply by their plain weights.
     if cfg.arch == Arch::Gemma4 {
-        return load_layers(&w, &GEMMA_HF_NAMES, cfg, range, progress, false);
+        let multimodal = w.has(super::gemma4::VL_HF_NAMES.embed);
+        let names = if multimodal { &super::gemma4::VL_HF_NAMES } else { &GEMMA_HF_NAMES };
+        return load_layers(&w, names, cfg, range, progress, false);
     }
     if cfg.arch == Arch::Qwen35 {
         let multimodal = w.has(super::qwen35::VL_HF_NAMES.embed);

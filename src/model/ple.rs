@@ -38,6 +38,14 @@ pub(crate) const HF_PLE: PleNames = PleNames {
     post_norm: "post_per_layer_input_norm.weight",
 };
 
+/// The same inside `Gemma4ForConditionalGeneration` (the multimodal checkpoints).
+pub(crate) const VL_HF_PLE: PleNames = PleNames {
+    embed: "model.language_model.embed_tokens_per_layer.weight",
+    model_proj: "model.language_model.per_layer_model_projection.weight",
+    proj_norm: "model.language_model.per_layer_projection_norm.weight",
+    ..HF_PLE
+};
+
 /// llama.cpp's names (conversion/gemma.py's Gemma4Model).
 pub(crate) const GGUF_PLE: PleNames = PleNames {
     embed: "per_layer_token_embd.weight",
