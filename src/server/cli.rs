@@ -70,7 +70,8 @@ pub struct ServeArgs {
     pub shutdown_grace_s: u64,
     /// Where a chat answer's thinking goes: `auto` (from the chat template: one that uses
     /// `<think>` is split, `qwen3` style when it has an `enable_thinking` switch, else
-    /// `deepseek_r1`), `none` (all in `content`), `deepseek_r1` or `qwen3` (vLLM's names). The
+    /// `deepseek_r1`; Gemma 4's `<|channel>` and gpt-oss's harmony channels by their own parsers),
+    /// `none` (all in `content`), `deepseek_r1`, `qwen3`, `gemma4` or `openai_gptoss`. The
     /// thinking span goes to `reasoning_content`, the rest to `content`.
     #[arg(long, default_value = "auto", value_parser = super::reasoning::ReasoningChoice::parse)]
     pub reasoning_parser: super::reasoning::ReasoningChoice,

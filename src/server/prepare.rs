@@ -180,7 +180,9 @@ fn chat_within(engine: &EngineHandle, parsed: Parsed, mut c: Common) -> Result<P
     if let Some(r) = reasoning.filter(|r| r.starts_thinking() && c.compiled.is_some()) {
         params.iter_mut().for_each(|p| p.constraint_after = Some(r.answer_starts_after().to_string()));
     }
-    if harmony || tool_req.as_ref().is_some_and(ToolRequest::parses_output) {
+    // Gemma 4's channel tags may be special tokens too (its Hugging Face tokenizer's).
+    let gemma4 = kind == Some(reasoning::ReasoningKind::Gemma4);
+    if harmony || gemma4 || tool_req.as_ref().is_some_and(ToolRequest::parses_output) {
         // Harmony's channel markers are special tokens; as vLLM's Hermes parser, Hermes' tags may
         // be too (Qwen2.5's GGUF marks them so).
         params.iter_mut().for_each(|p| p.skip_special_tokens = false);

@@ -9,6 +9,10 @@
 //!   the Qwen3 thinking-only models'); otherwise it is all content, so `enable_thinking: false`
 //!   (its template closes an empty span in the prompt) gives plain content.
 //!
+//! - `gemma4`: Gemma 4's thinking span, `<|channel>thought` ... `<channel|>`, with `qwen3`'s
+//!   rules (thinking only when the output opens the span, or the prompt left it open); picked by
+//!   `auto` for a template that writes `<|channel>`.
+//!
 //! - `openai_gptoss`: gpt-oss's harmony channels (its own parser, server/harmony.rs, which also
 //!   reads its tool calls); picked by `auto` for a template that writes `<|channel|>`.
 //!
@@ -32,12 +36,27 @@ pub enum ReasoningChoice {
 pub enum ReasoningKind {
     DeepSeekR1,
     Qwen3,
+    /// Gemma 4's `<|channel>thought` ... `<channel|>`.
+    Gemma4,
     /// gpt-oss's harmony format (server/harmony.rs, not the [`Splitter`]).
     Harmony,
 }
 
 pub const OPEN: &str = "<think>";
 pub const CLOSE: &str = "</think>";
+/// Gemma 4's thinking span (Google's prompt format: a `thought` channel).
+pub const GEMMA4_OPEN: &str = "<|channel>thought";
+pub const GEMMA4_CLOSE: &str = "<channel|>";
+
+impl ReasoningKind {
+    /// The tags around the thinking span.
+    pub fn tags(self) -> (&'static str, &'static str) {
+        match self {
+            ReasoningKind::Gemma4 => (GEMMA4_OPEN, GEMMA4_CLOSE),
+            _ => (OPEN, CLOSE),
+        }
+    }
+}
 /// Where a harmony answer (gpt-oss) starts.
 pub const HARMONY_FINAL: &str = "<|channel|>final<|message|>";
 
@@ -48,10 +67,11 @@ impl ReasoningChoice {
             "none" | "off" => ReasoningChoice::None,
             "deepseek_r1" => ReasoningChoice::Parser(ReasoningKind::DeepSeekR1),
             "qwen3" => ReasoningChoice::Parser(ReasoningKind::Qwen3),
+            "gemma4" => ReasoningChoice::Parser(ReasoningKind::Gemma4),
             "openai_gptoss" | "harmony" => ReasoningChoice::Parser(ReasoningKind::Harmony),
             o => {
                 return Err(format!(
-                    "unknown reasoning parser '{o}' (known: auto, none, deepseek_r1, qwen3, openai_gptoss)"
+                    "unknown reasoning parser '{o}' (known: auto, none, deepseek_r1, qwen3, gemma4, openai_gptoss)"
                 ))
             }
         })
@@ -66,6 +86,8 @@ impl ReasoningChoice {
                 let t = template?;
                 if t.contains("<|channel|>") {
                     Some(ReasoningKind::Harmony)
+                } else if t.contains("<|channel>") {
+                    Some(ReasoningKind::Gemma4)
                 } else if !t.contains(OPEN) {
                     None
                 } else if t.contains("enable_thinking") {
@@ -88,7 +110,7 @@ pub struct Reasoning {
 
 impl Reasoning {
     pub fn new(kind: ReasoningKind, prompt: &str) -> Reasoning {
-        Reasoning { kind, prompt_open: prompt.trim_end().ends_with(OPEN) }
+        Reasoning { kind, prompt_open: prompt.trim_end().ends_with(kind.tags().0) }
     }
 
     /// Whether the output starts inside the thinking span for certain (a grammar then waits for
@@ -102,7 +124,7 @@ impl Reasoning {
     pub fn answer_starts_after(&self) -> &'static str {
         match self.kind {
             ReasoningKind::Harmony => HARMONY_FINAL,
-            _ => CLOSE,
+            k => k.tags().1,
         }
     }
 
@@ -135,12 +157,16 @@ pub struct Splitter {
     state: State,
     /// Text not yet given out: a possible start of a tag, or whitespace that may end the span.
     held: String,
+    /// The span's tags.
+    open: &'static str,
+    close: &'static str,
 }
 
 impl Splitter {
     pub fn new(r: Reasoning) -> Splitter {
         let state = if r.starts_thinking() { State::ReasoningStart } else { State::Undecided };
-        Splitter { state, held: String::new() }
+        let (open, close) = r.kind.tags();
+        Splitter { state, held: String::new(), open, close }
     }
 
     /// The parts `text` completes (the text is appended to what is held).
@@ -169,22 +195,23 @@ impl Splitter {
 
     fn step(&mut self, out: &mut Vec<Part>, end: bool) {
         let h = &self.held;
+        let (open, close) = (self.open, self.close);
         match self.state {
             State::Undecided => {
                 let t = h.trim_start();
-                if let Some(rest) = t.strip_prefix(OPEN) {
+                if let Some(rest) = t.strip_prefix(open) {
                     self.held = rest.to_string();
                     self.state = State::ReasoningStart;
-                } else if end || !OPEN.starts_with(t) {
+                } else if end || !open.starts_with(t) {
                     // No span: the output is content as it stands.
                     self.state = State::Content;
                 }
             }
             State::ReasoningStart => {
                 let t = h.trim_start();
-                if let Some(rest) = t.strip_prefix(OPEN) {
+                if let Some(rest) = t.strip_prefix(open) {
                     self.held = rest.to_string();
-                } else if !t.is_empty() && (end || !OPEN.starts_with(t)) {
+                } else if !t.is_empty() && (end || !open.starts_with(t)) {
                     self.held = t.to_string();
                     self.state = State::Reasoning;
                 } else if t.is_empty() {
@@ -192,15 +219,15 @@ impl Splitter {
                 }
             }
             State::Reasoning => {
-                if let Some(i) = h.find(CLOSE) {
+                if let Some(i) = h.find(close) {
                     let r = h[..i].trim_end().to_string();
-                    self.held = h[i + CLOSE.len()..].to_string();
+                    self.held = h[i + close.len()..].to_string();
                     out.push(Part::Reasoning(r));
                     self.state = State::ContentStart;
                     return;
                 }
                 // Keep a possible start of `</think>`, and trailing whitespace (it may end the span).
-                let keep = if end { 0 } else { held_tail(h) };
+                let keep = if end { 0 } else { held_tail(h, close) };
                 let cut = h.len() - keep;
                 if cut > 0 {
                     out.push(Part::Reasoning(h[..cut].to_string()));
@@ -226,12 +253,12 @@ impl Splitter {
 }
 
 /// Bytes at the end of reasoning text `h` to hold back: trailing whitespace, or a proper
-/// prefix of `</think>` after it (with the whitespace before that prefix).
-fn held_tail(h: &str) -> usize {
+/// prefix of the closing tag `close` after it (with the whitespace before that prefix).
+fn held_tail(h: &str, close: &str) -> usize {
     let mut keep = 0;
     for (i, _) in h.char_indices() {
         let s = &h[i..];
-        if s.len() < CLOSE.len() && CLOSE.starts_with(s) {
+        if s.len() < close.len() && close.starts_with(s) {
             keep = s.len();
             break;
         }
@@ -320,6 +347,12 @@ mod tests {
         assert_eq!(split_whole(d, "no end tag"), some("no end tag", ""));
         assert_eq!(split_whole(d, "</think>"), some("", ""));
         assert_eq!(split_whole(d, "x </thi"), some("x </thi", ""));
+        // Gemma 4: its channel tags; <think> is plain text to it.
+        let g = r(ReasoningKind::Gemma4, false);
+        assert_eq!(split_whole(g, "<|channel>thought\nLet me see.<channel|>It is 4."), some("Let me see.", "It is 4."));
+        assert_eq!(split_whole(g, "<think>a</think>b"), some("", "<think>a</think>b"));
+        assert_eq!(split_whole(g, "<|channel>thought\nunfinished"), some("unfinished", ""));
+        assert_eq!(split_whole(r(ReasoningKind::Gemma4, true), "a<channel|>b"), some("a", "b"));
     }
 
     #[test]
@@ -335,6 +368,13 @@ mod tests {
                 "\n  indented",
                 " ",
             ] {
+                streamed_equals_whole(rs, text);
+            }
+        }
+        for rs in [r(ReasoningKind::Gemma4, false), r(ReasoningKind::Gemma4, true)] {
+            for text in
+                ["<|channel>thought\nstep <chan 1<channel|>\n\nok", "<|chan", "x<channel|>y", "<|channel>thought é"]
+            {
                 streamed_equals_whole(rs, text);
             }
         }
@@ -354,5 +394,9 @@ mod tests {
         assert!(ReasoningChoice::parse("r1").unwrap_err().contains("deepseek_r1"));
         assert!(Reasoning::new(ReasoningKind::Qwen3, "<|im_start|>assistant\n<think>\n").prompt_open);
         assert!(!Reasoning::new(ReasoningKind::Qwen3, "assistant\n<think>\n\n</think>\n\n").prompt_open);
+        let gemma4 = "{{ bos_token }}<|turn>model\n{% if enable_thinking %}<|channel>thought\n{% endif %}";
+        assert_eq!(auto.resolve(Some(gemma4)), Some(ReasoningKind::Gemma4));
+        assert_eq!(ReasoningChoice::parse("gemma4"), Ok(ReasoningChoice::Parser(ReasoningKind::Gemma4)));
+        assert!(Reasoning::new(ReasoningKind::Gemma4, "<|turn>model\n<|channel>thought\n").prompt_open);
     }
 }
