@@ -164,3 +164,25 @@ fn gemma4_multimodal_checkpoint_loads_its_language_model() {
     );
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// The memory plan counts every weight the E-style model reads, the per-layer embeddings' token
+/// table and projections included (F32 in the file and on the device).
+#[test]
+fn gemma4_e_memory_plan_counts_the_per_layer_embeddings() {
+    let bytes = std::fs::read(local("tiny-gemma4-e").join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    // The KV-sharing layers' (2 and 3) key/value tensors, if saved, are not read.
+    let unread = |n: &str| {
+        (n.contains("layers.2.") || n.contains("layers.3."))
+            && ["k_proj", "v_proj", "k_norm"].iter().any(|x| n.contains(x))
+    };
+    let file: u64 = st.tensors().iter().filter(|(n, _)| !unread(n)).map(|(_, t)| t.data().len() as u64).sum();
+    let ple: u64 =
+        st.tensors().iter().filter(|(n, _)| n.contains("per_layer")).map(|(_, t)| t.data().len() as u64).sum();
+    assert!(ple > 200_000, "{ple}");
+    let gpu = std::sync::Arc::new(torus_wgpu::gpu::Gpu::new(None).expect("a wgpu adapter"));
+    let (model, _) =
+        torus_wgpu::engine::load_model(&local("tiny-gemma4-e"), &tiny::cfg(KernelProfile::Cpu), gpu, &|_, _| {})
+            .unwrap();
+    assert!(model.plan.weights >= file, "plan {} < the file's {file} bytes of weights", model.plan.weights);
+}
