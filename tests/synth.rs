@@ -55,8 +55,9 @@ fn every_shape_is_known_and_consistent() {
     for name in SYNTH_SHAPES {
         let s = synth_shape(name).unwrap();
         assert_eq!(s.name, *name);
-        // Qwen3's head_dim is its own (32 x 128 = 4096 > hidden 2048 in Qwen3-30B-A3B).
-        if s.moe.is_none() {
+        // Qwen3's head_dim is its own (32 x 128 = 4096 > hidden 2048 in Qwen3-30B-A3B), and Gemma
+        // 4's (8 x 256 = 2048 < hidden 2560 in E4B).
+        if s.moe.is_none() && s.gemma4.is_none() {
             assert_eq!(s.heads * s.head_dim, s.hidden, "{name}");
         }
         assert_eq!(s.heads % s.kv_heads, 0, "{name}");
