@@ -401,6 +401,15 @@ fn qwen25_7b_shape_one_layer_loads_on_the_host() {
     assert_eq!(host.layers[0].qkv_bias.as_ref().unwrap().len(), shape.q_dim() + 2 * shape.kv_dim());
 }
 
+/// Both kernel profiles agree on 4 greedy steps after `prompt` on `host` (a synthetic layout).
+fn assert_profiles_agree(host: &HostModel, prompt: &[u32], what: &str) -> torus_wgpu::bench::profiles::ProfileCheck {
+    let gpu = Arc::new(Gpu::new(None).expect("a wgpu adapter (lavapipe in CI)"));
+    let check = check_profiles(gpu, host, limits(), prompt, 4).unwrap();
+    eprint!("{}", check.format());
+    assert!(check.passed(), "{what} layout: kernel profiles disagree:\n{}", check.format());
+    check
+}
+
 /// gpt-oss's synthetic layout at a small size (the real shape's vocabulary alone is 0.4 GB):
 /// biases, sinks, the post-attention norm's name, experts in MXFP4 whatever the other matrices
 /// are, router and expert biases; it loads, the o200k pre-tokenizer is known, and both kernel
@@ -434,11 +443,7 @@ fn gptoss_layout_small_loads_and_profiles_agree() {
     check_tokenizer(&path, shape.vocab);
     let host = HostModel::load(&path, &|_, _| {}).unwrap();
     assert_eq!(host.layers[1].sinks.as_ref().unwrap().len(), shape.heads);
-    let gpu = Arc::new(Gpu::new(None).expect("a wgpu adapter (lavapipe in CI)"));
-    let prompt: Vec<u32> = vec![17, 400, 123, 2000, 9, 256, 300];
-    let check = check_profiles(gpu, &host, limits(), &prompt, 4).unwrap();
-    eprint!("{}", check.format());
-    assert!(check.passed(), "gpt-oss layout: kernel profiles disagree:\n{}", check.format());
+    let check = assert_profiles_agree(&host, &[17, 400, 123, 2000, 9, 256, 300], "gpt-oss");
     assert!(check.steps.iter().all(|s| s.max_abs_diff.is_finite()));
 }
 
@@ -484,11 +489,7 @@ fn qwen35_layouts_small_load_and_profiles_agree() {
         check_tokenizer(&path, shape.vocab);
         let host = HostModel::load(&path, &|_, _| {}).unwrap();
         assert!(host.layers[0].linear.is_some() && host.layers[3].attn_gate.is_some(), "{name}");
-        let gpu = Arc::new(Gpu::new(None).expect("a wgpu adapter (lavapipe in CI)"));
-        let prompt: Vec<u32> = vec![17, 400, 123, 2000, 9, 256, 300];
-        let check = check_profiles(gpu, &host, limits(), &prompt, 4).unwrap();
-        eprint!("{}", check.format());
-        assert!(check.passed(), "{name} layout: kernel profiles disagree:\n{}", check.format());
+        assert_profiles_agree(&host, &[17, 400, 123, 2000, 9, 256, 300], name);
     }
 }
 
@@ -530,10 +531,7 @@ fn gemma4_e4b_layout_small_loads_and_profiles_agree() {
     let host = HostModel::load(&path, &|_, _| {}).unwrap();
     assert!(host.ple.is_some() && host.layers.iter().all(|l| l.ple.is_some() && l.layer_scalar.is_some()));
     assert_eq!((host.layers[6].k.rows, host.layers[7].k.rows), (2 * 64, 0));
-    let gpu = Arc::new(Gpu::new(None).expect("a wgpu adapter (lavapipe in CI)"));
     // Longer than the window of 8.
     let prompt: Vec<u32> = (0..20).map(|i| (i * 97 + 13) % 2000).collect();
-    let check = check_profiles(gpu, &host, limits(), &prompt, 4).unwrap();
-    eprint!("{}", check.format());
-    assert!(check.passed(), "gemma-4-e4b layout: kernel profiles disagree:\n{}", check.format());
+    assert_profiles_agree(&host, &prompt, "gemma-4-e4b");
 }

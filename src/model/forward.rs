@@ -54,6 +54,8 @@ pub struct Model {
     adjust_cap: usize,
     /// vec4s of the split attention's partial results (gpu profile; 0 on the cpu profile).
     part_vec4: usize,
+    /// The model's attention geometries (the split count of a step fits every one).
+    geoms: Vec<crate::model::config::AttnGeom>,
     /// The device's uniform-offset alignment and window stride (read once, not every step).
     record: RecordParams,
     header: StepHeader,
@@ -232,6 +234,7 @@ impl Model {
             b.matrices.extend(embed);
         }
         let OpBuilder { ops, keep, matrices, .. } = b;
+        let geoms = cfg.geoms();
 
         Ok(Model {
             cfg,
@@ -248,6 +251,7 @@ impl Model {
             adjust_scratch: Vec::new(),
             adjust_cap: layout.adjust_cap,
             part_vec4: scratch_plan.part_vec4,
+            geoms,
             record: RecordParams::new(g),
             header: layout.header,
             sub_tokens: layout.t_max,
@@ -398,13 +402,12 @@ impl Model {
         self.header.n_tokens = n;
         self.header.n_sample = ns;
         self.header.n_seqs = s.block_tables.len() as u32;
-        let cfg = &self.cfg;
         // Keys the longest-reaching token attends to (its window, with a sliding window).
         let max_keys = s.positions.iter().max().map_or(1, |&p| p as usize + 1);
         let max_keys = self.limits.sliding_window.map_or(max_keys, |w| max_keys.min(w.max(1)));
         // One count for every layer: the fewest any geometry allows (each fits the partials).
-        self.header.n_splits = cfg
-            .geoms()
+        self.header.n_splits = self
+            .geoms
             .iter()
             .map(|g| attention_splits(n as usize, max_keys, (g.heads, g.kv_heads, g.head_dim / 4), self.part_vec4))
             .min()
