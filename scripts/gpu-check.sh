@@ -12,8 +12,10 @@
 #   scripts/gpu-check.sh [--shapes smollm2-135m,qwen2.5-0.5b,qwen2.5-7b,llama-3-8b,qwen3-30b-a3b,gpt-oss-20b,qwen3.5-9b,qwen3.6-35b-a3b,gemma-4-e4b]
 #       [--format q4_k]
 #       [--layers N] [--out DIR (./gpu-check-out)] [--tmp DIR ($TMPDIR or /tmp)]
-#       [--batches 1,8,32] [--decode-steps 32] [--prefill-tokens 512] [--quick]
+#       [--batches 1,8,32] [--decode-steps 32] [--prefill-tokens 512] [--profiles cpu,gpu] [--quick]
 #
+# --profiles: the kernel profiles bench-model runs (both by default; `gpu` alone when device
+# time is short: check-profiles still compares the two).
 # --quick (for lavapipe): 2 layers, batches 1,8, 4 decode steps, a 64-token prefill, a shorter
 # profile check. The 7B/8B shapes at full depth need about 5 GB of disk and GPU memory each.
 # The mixture-of-experts shapes run 12 of their layers unless --layers is given (qwen3-30b-a3b:
@@ -51,6 +53,7 @@ prefill_tokens=512
 check_prompt=64
 check_steps=16
 profile_steps=4
+profiles="cpu,gpu"
 quick=0
 
 usage() { sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
@@ -64,6 +67,7 @@ while [ $# -gt 0 ]; do
         --batches) batches="$2"; shift 2 ;;
         --decode-steps) decode_steps="$2"; shift 2 ;;
         --prefill-tokens) prefill_tokens="$2"; shift 2 ;;
+        --profiles) profiles="$2"; shift 2 ;;
         --quick) quick=1; shift ;;
         -h|--help) usage; exit 0 ;;
         *) echo "gpu-check: unknown argument $1 (see --help)" >&2; exit 2 ;;
@@ -154,7 +158,7 @@ for shape in ${shapes//,/ }; do
         say "FAIL: $shape: check-profiles ($(tail -n 1 "$log"))"
         failed=1
     fi
-    for profile in cpu gpu; do
+    for profile in ${profiles//,/ }; do
         if run "$bin" bench-model --model "$model" --kernel-profile "$profile" --batches "$batches" \
             --decode-steps "$decode_steps" --warmup-steps "$warmup_steps" --prefill-tokens "$prefill_tokens" \
             --profile-kernels --profile-steps "$profile_steps" $mtp_flag \

@@ -12,11 +12,16 @@
 //   conv_main  a thread per (sequence, channel): the depthwise causal convolution + SiLU over the
 //              sequence's tokens in order, in place, continuing from (and updating) its state
 //   prep_main  a thread per (token, head of k_heads + v_heads): q, k L2-normalised (q also
-//              scaled by k_dim^-1/2); per value head the decay exp(A * softplus(a + dt_bias))
+//              scaled by k_dim^-1/2); per value head the log decay A * softplus(a + dt_bias)
 //              into a's column and beta = sigmoid(b) into b's column
+//   chunk_main (delta_chunk.wgsl) only for sequences of CHUNK_MIN tokens or more: a workgroup
+//              per (chunk of up to CH tokens, value head): the chunk's part of the chunked
+//              parallel form that does not depend on the state
 //   delta_main a workgroup per (sequence, value head, 64 value columns), a thread per column j:
-//              the column S[:, j] of the state in registers, per token in order
+//              the column S[:, j] of the state in registers; a sequence of fewer than
+//              CHUNK_MIN tokens per token in order
 //              S = decay * S; S += k (beta (v_j - k . S[:, j])); o_j = q . S[:, j]
+//              a longer one a chunk at a time (delta_chunk.wgsl's delta_chunks)
 //   gnorm_main a thread per (token, value head): RMSNorm of o over v_dim times the norm weight,
 //              times silu(z)
 // and for attention layers:
@@ -32,6 +37,8 @@
 @group(0) @binding(5) var<storage, read_write> conv_state: array<f32>;
 @group(0) @binding(6) var<storage, read_write> rec_state: array<f32>;
 @group(0) @binding(7) var<storage, read_write> out: array<f32>;
+// The chunked form's per-chunk matrices (delta_chunk.wgsl): [token, v_head, 2 * CH].
+@group(0) @binding(8) var<storage, read_write> chunks: array<f32>;
 
 // The state matrix's rows held by one thread (k_dim, fixed per model).
 const DK: u32 = {{DK}}u;
@@ -161,7 +168,8 @@ fn prep_main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgro
     let a = x[ai] + w[p.w_dt + vh];
     // softplus with PyTorch's threshold (x > 20: x).
     let sp = select(log(1.0 + exp(a)), a, a > 20.0);
-    x[ai] = exp(w[p.w_a + vh] * sp);
+    // The log of the decay (<= 0): the chunked form sums them.
+    x[ai] = w[p.w_a + vh] * sp;
     x[bi] = sigmoid(x[bi]);
 }
 
@@ -197,28 +205,32 @@ fn delta_main(
             rec_state[bbase + i * p.v_dim] = col[i];
         }
     }
-    for (var t = r.first; t < r.first + r.count; t++) {
-        let row = t * p.x_stride;
-        let qb = row + kh * p.k_dim;
-        let kb = qb + key_dim;
-        let decay = x[row + p.off_a + vh];
-        let beta = x[row + p.off_b + vh];
-        var kv = 0.0;
-        for (var i = 0u; i < DK; i++) {
-            col[i] *= decay;
-            kv += col[i] * x[kb + i];
-        }
-        let delta = (x[row + 2u * key_dim + vh * p.v_dim + j] - kv) * beta;
-        var o = 0.0;
-        for (var i = 0u; i < DK; i++) {
-            col[i] += x[kb + i] * delta;
-            o += col[i] * x[qb + i];
-        }
-        out[t * value_dim + vh * p.v_dim + j] = o;
-        if (r.snap != NO_SLOT && t - r.first == r.snap_at) {
-            let nb = ((r.snap * p.v_heads + vh) * p.k_dim) * p.v_dim + j;
+    if (r.count >= CHUNK_MIN) {
+        delta_chunks(r, vh, kh, j, &col);
+    } else {
+        for (var t = r.first; t < r.first + r.count; t++) {
+            let row = t * p.x_stride;
+            let qb = row + kh * p.k_dim;
+            let kb = qb + key_dim;
+            let decay = exp(x[row + p.off_a + vh]);
+            let beta = x[row + p.off_b + vh];
+            var kv = 0.0;
             for (var i = 0u; i < DK; i++) {
-                rec_state[nb + i * p.v_dim] = col[i];
+                col[i] *= decay;
+                kv += col[i] * x[kb + i];
+            }
+            let delta = (x[row + 2u * key_dim + vh * p.v_dim + j] - kv) * beta;
+            var o = 0.0;
+            for (var i = 0u; i < DK; i++) {
+                col[i] += x[kb + i] * delta;
+                o += col[i] * x[qb + i];
+            }
+            out[t * value_dim + vh * p.v_dim + j] = o;
+            if (r.snap != NO_SLOT && t - r.first == r.snap_at) {
+                let nb = ((r.snap * p.v_heads + vh) * p.k_dim) * p.v_dim + j;
+                for (var i = 0u; i < DK; i++) {
+                    rec_state[nb + i * p.v_dim] = col[i];
+                }
             }
         }
     }

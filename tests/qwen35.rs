@@ -15,7 +15,7 @@ use torus_wgpu::config::KernelProfile;
 use torus_wgpu::gpu::Gpu;
 use torus_wgpu::model::config::Arch;
 use torus_wgpu::model::loader::read_config;
-use torus_wgpu::ops::delta::{delta_ref, DeltaDims, DeltaState, DeltaWeights};
+use torus_wgpu::ops::delta::{delta_ref, DeltaDims, DeltaState, DeltaWeights, CHUNK, CHUNK_MIN};
 use torus_wgpu::ops::harness::Harness;
 use torus_wgpu::ops::harness_delta::{DeltaSeq, DeltaSlots};
 use torus_wgpu::weights::tensor::XorShift64;
@@ -88,15 +88,22 @@ fn rand_vec(rng: &mut XorShift64, n: usize, scale: f32) -> Vec<f32> {
 }
 
 /// The DeltaNet kernels against the CPU reference: three sequences in slots 2, 0 and 1 (one
-/// continuing from a state, two from zero), as one step; the same tokens in chunks of 3 and
-/// token by token end in the same outputs and states; grouped and tiled value heads.
+/// continuing from a state, two from zero), as one step; the same tokens in steps of 3, of 20
+/// and token by token end in the same outputs and states; grouped and tiled value heads. Short
+/// sequences take the per-token recurrence; long ones (CHUNK_MIN tokens or more in a step) the
+/// chunked form, over several chunks, a short first one where a snapshot is asked for.
 #[test]
 fn delta_kernels_match_the_reference_in_chunks_and_token_by_token() {
     let gpu = Arc::new(Gpu::new(None).expect("a wgpu adapter"));
-    for (tiled, d) in [
+    let shapes = [
         (false, DeltaDims { k_heads: 2, v_heads: 4, k_dim: 16, v_dim: 12, kernel: 4 }),
         (true, DeltaDims { k_heads: 1, v_heads: 3, k_dim: 32, v_dim: 80, kernel: 3 }),
-    ] {
+    ];
+    let short = [7usize, 5, 9];
+    // 70: three chunks (32, 32, 6); 45: a snapshot after token 2, so chunks of 3, 32 and 10.
+    let long = [70usize, 45, 20];
+    assert!(short.iter().all(|&n| n < CHUNK_MIN) && long.iter().all(|&n| n >= CHUNK_MIN) && long[0] > 2 * CHUNK);
+    for ((tiled, d), lens) in shapes.iter().flat_map(|&s| [(s, short), (s, long)]) {
         let h = Harness::for_delta(gpu.clone(), d.k_dim as u32, KernelProfile::Cpu).unwrap();
         let mut rng = XorShift64::new(11);
         let conv = rand_vec(&mut rng, d.conv_dim() * d.kernel, 0.5);
@@ -104,7 +111,6 @@ fn delta_kernels_match_the_reference_in_chunks_and_token_by_token() {
         let dt = rand_vec(&mut rng, d.v_heads, 0.5);
         let norm: Vec<f32> = (0..d.v_dim).map(|_| 1.0 + 0.2 * (rng.unit() - 0.5)).collect();
         let w = DeltaWeights { conv: &conv, a: &a, dt_bias: &dt, norm: &norm };
-        let lens = [7usize, 5, 9];
         let x: Vec<Vec<f32>> = lens.iter().map(|&n| rand_vec(&mut rng, n * d.proj_width(), 1.0)).collect();
         // Slot 2 continues from a random state; the others start from zero (reset).
         // Slot 3: the first sequence's backup (its state before the step is copied there); slot
@@ -130,11 +136,11 @@ fn delta_kernels_match_the_reference_in_chunks_and_token_by_token() {
         let check = |got: &[Vec<f32>], st: &DeltaSlots, what: &str| {
             for (i, (slot, s)) in want_states.iter().enumerate() {
                 let dmax = tiny::max_diff(&got[i], &want[i]);
-                assert!(dmax < 2e-4, "{what} tiled={tiled}: sequence {i} outputs differ by {dmax}");
+                assert!(dmax < 2e-4, "{what} tiled={tiled} {lens:?}: sequence {i} outputs differ by {dmax}");
                 let s0 = *slot as usize;
                 let dr = tiny::max_diff(&st.rec[s0 * d.rec_state()..(s0 + 1) * d.rec_state()], &s.rec);
                 let dc = tiny::max_diff(&st.conv[s0 * d.conv_state()..(s0 + 1) * d.conv_state()], &s.conv);
-                assert!(dr < 2e-4 && dc == 0.0, "{what} tiled={tiled}: sequence {i} state differs by {dr} / {dc}");
+                assert!(dr < 2e-4 && dc == 0.0, "{what} tiled={tiled} {lens:?}: sequence {i} state differs by {dr} / {dc}");
             }
         };
         // One step with all three sequences.
@@ -180,8 +186,9 @@ fn delta_kernels_match_the_reference_in_chunks_and_token_by_token() {
             at += n;
         }
         check(&got, &st, "one step");
-        // Chunks of `c` tokens of every sequence per step (c = 1: token by token).
-        for c in [3usize, 1] {
+        // Chunks of `c` tokens of every sequence per step (c = 1: token by token; 20: the
+        // chunked form from a state).
+        for c in [3usize, 1, 20] {
             let mut st = start.clone();
             let mut got = vec![Vec::new(); 3];
             for step in 0.. {

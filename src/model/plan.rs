@@ -118,7 +118,9 @@ impl StepLayout {
         // MoE: the router's logits, the route words (per token about 4 per choice), the pairs'
         // down projections.
         let moe = cfg.moe.as_ref().map_or(0, |m| m.experts.max(4 * m.top_k + m.experts).max(m.top_k * cfg.hidden));
-        let lin = crate::model::scratch::lin_width(cfg).max(crate::model::scratch::lin_out_width(cfg));
+        let lin = crate::model::scratch::lin_width(cfg)
+            .max(crate::model::scratch::lin_out_width(cfg))
+            .max(crate::model::scratch::lin_chunk_width(cfg));
         let widest = cfg.hidden.max(cfg.qkv_dim()).max(cfg.q_dim()).max(cfg.act_width()).max(moe).max(lin);
         let widest = widest.max(cfg.layers * cfg.ple_dim());
         let t_max = t_all.min((mb / f(widest)) as usize);
@@ -289,7 +291,7 @@ impl ScratchPlan {
         };
         // The MoE router's logits and route words.
         let moe = cfg.moe.as_ref().map_or(0, |m| m.experts + 4 * m.top_k + 2 * m.experts + m.top_k * cfg.hidden);
-        let lin = crate::model::scratch::lin_width(cfg);
+        let lin = crate::model::scratch::lin_width(cfg) + crate::model::scratch::lin_chunk_width(cfg);
         let attn = crate::model::scratch::attn_width(cfg);
         let ple = cfg.layers * cfg.ple_dim();
         let bytes = f(t_max * (2 * cfg.hidden + cfg.qkv_dim() + attn + cfg.act_width() + moe + lin + ple))

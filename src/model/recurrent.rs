@@ -50,6 +50,7 @@ impl OpBuilder<'_> {
         for (m, col0) in &parts {
             self.matmul("delta_in", m, (&s.normed, x), (*col0, pw), None, 0, false, false);
         }
+        let chunks = s.lin_chunks.as_ref().ok_or_else(|| anyhow!("the step has no buffer for the chunked delta rule"))?;
         let b = DeltaBinds {
             step: &s.step_buf,
             p: params,
@@ -59,8 +60,9 @@ impl OpBuilder<'_> {
             conv_state: conv,
             rec_state: rec,
             out: &s.attn,
+            chunks,
         };
-        for stage in [DeltaStage::Conv, DeltaStage::Prep, DeltaStage::Recur, DeltaStage::GatedNorm] {
+        for stage in DeltaStage::MIXER {
             let op = delta::delta(self.kernels, self.g, &b, stage, stage.per_unit(&d, 0))?;
             self.push(op);
         }
@@ -83,6 +85,7 @@ impl OpBuilder<'_> {
         // Unused by the gate; distinct, as no two writable bindings may alias.
         let w = self.storage("dummy", &[0.0; 4]);
         let (c, r) = (self.storage("dummy", &[0.0; 4]), self.storage("dummy", &[0.0; 4]));
+        let chunks = self.storage("dummy", &[0.0; 4]);
         let b = DeltaBinds {
             step: &s.step_buf,
             p: params,
@@ -92,6 +95,7 @@ impl OpBuilder<'_> {
             conv_state: &c,
             rec_state: &r,
             out: &s.attn,
+            chunks: &chunks,
         };
         let op = delta::delta(self.kernels, self.g, &b, DeltaStage::Gate, cfg.q_dim() as u32)?;
         self.push(op);

@@ -23,6 +23,11 @@ pub(crate) fn attn_width(cfg: &ModelConfig) -> usize {
     cfg.q_dim().max(lin_out_width(cfg)).max(gemma_moe)
 }
 
+/// Floats per token of the chunked delta rule's matrices (0: no linear-attention layers).
+pub(crate) fn lin_chunk_width(cfg: &ModelConfig) -> usize {
+    cfg.linear.as_ref().map_or(0, |l| l.dims.chunk_width())
+}
+
 /// Floats per token of the Gated DeltaNet's output (written where attention's goes).
 pub(crate) fn lin_out_width(cfg: &ModelConfig) -> usize {
     cfg.linear.as_ref().map_or(0, |l| l.dims.value_dim())
@@ -42,6 +47,8 @@ pub(crate) struct Scratch {
     /// Each token's Gated DeltaNet projections, or the attention output gate's (None where the
     /// model has neither).
     pub(crate) lin: Option<wgpu::Buffer>,
+    /// The chunked delta rule's per-chunk matrices (None without linear-attention layers).
+    pub(crate) lin_chunks: Option<wgpu::Buffer>,
     /// The MoE router's logits [tokens, experts] and route words [tokens, 2 * top_k] (None for
     /// a dense model).
     pub(crate) moe_logits: Option<wgpu::Buffer>,
@@ -98,6 +105,8 @@ impl Scratch {
             attn: g.activation("attn", f(t_max * attn_width(cfg))),
             act: g.activation("act", f(t_max * cfg.act_width())),
             lin: (lin_width(cfg) > 0).then(|| g.activation("lin", f(t_max * lin_width(cfg)))),
+            lin_chunks: (lin_chunk_width(cfg) > 0)
+                .then(|| g.activation("lin_chunks", f(t_max * lin_chunk_width(cfg)))),
             // Whole vec4s: the shared expert's gate reads its logits through a vec4 binding.
             moe_logits: cfg.moe.as_ref().map(|m| g.storage("moe_logits", f((t_max * m.experts).next_multiple_of(4)))),
             moe_route: cfg
@@ -134,6 +143,7 @@ impl Scratch {
         keep.extend(s.cos_sin_local.clone());
         keep.extend(s.ple.clone());
         keep.extend(s.lin.clone());
+        keep.extend(s.lin_chunks.clone());
         keep.extend(s.moe_logits.clone());
         keep.extend(s.moe_route.clone());
         keep.extend(s.moe_pair_out.clone());

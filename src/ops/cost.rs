@@ -117,6 +117,13 @@ impl OpKind {
                     // and token, 64 k_dim-long columns per workgroup, k_dim unknown here: the
                     // state traffic is the bound that matters).
                     DeltaStage::Recur => Cost { bytes: 2 * 4 * 64 * 128 * s.n_seqs as u64 * per, flops: 0 },
+                    // Per token and value head: its rows of the two chunk matrices written, v
+                    // read and written; the q.k and k.k products of its chunk (k_dim unknown
+                    // here: 128).
+                    DeltaStage::Chunk => {
+                        let c = super::delta::CHUNK as u64;
+                        Cost { bytes: n * per * (8 * c + 8 * 128), flops: n * per * c * 4 * 128 }
+                    }
                     _ => Cost { bytes: 8 * n * per, flops: 4 * n * per },
                 }
             }

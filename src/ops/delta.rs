@@ -51,7 +51,25 @@ bindings! {
         conv_state: ReadWrite @ 5,
         rec_state: ReadWrite @ 6,
         out: ReadWrite @ 7,
+        chunks: ReadWrite @ 8,
     }
+}
+
+/// Tokens per chunk of the chunked delta rule (delta_chunk.wgsl): its workgroup holds two
+/// CHUNK x CHUNK matrices (8 KiB).
+pub const CHUNK: usize = 32;
+/// A sequence of this many tokens in a step or more takes the chunked form; fewer (decode,
+/// speculative verification), the per-token recurrence.
+pub const CHUNK_MIN: usize = 16;
+
+/// Most chunks of the chunked form in a step of `n_tokens` tokens and `n_seqs` sequences: each
+/// sequence of CHUNK_MIN tokens or more has at most count / CHUNK + 2 (a short first chunk ends
+/// at a snapshot).
+pub fn chunk_slots(n_tokens: u32, n_seqs: u32) -> u32 {
+    if (n_tokens as usize) < CHUNK_MIN {
+        return 0;
+    }
+    n_tokens.div_ceil(CHUNK as u32) + 2 * n_seqs.min(n_tokens / CHUNK_MIN as u32)
 }
 
 /// Words of a sequence's state record in the step metadata: slot, first token row, tokens,
@@ -94,6 +112,10 @@ impl DeltaDims {
     pub fn rec_state(&self) -> usize {
         self.v_heads * self.k_dim * self.v_dim
     }
+    /// Floats per token of the chunked form's matrices (`DeltaBinds::chunks`).
+    pub fn chunk_width(&self) -> usize {
+        self.v_heads * 2 * CHUNK
+    }
 }
 
 impl DeltaParams {
@@ -127,19 +149,30 @@ impl DeltaParams {
 pub enum DeltaStage {
     Conv,
     Prep,
+    Chunk,
     Recur,
     GatedNorm,
     Gate,
 }
 
 impl DeltaStage {
-    pub const ALL: [DeltaStage; 5] =
-        [DeltaStage::Conv, DeltaStage::Prep, DeltaStage::Recur, DeltaStage::GatedNorm, DeltaStage::Gate];
+    pub const ALL: [DeltaStage; 6] = [
+        DeltaStage::Conv,
+        DeltaStage::Prep,
+        DeltaStage::Chunk,
+        DeltaStage::Recur,
+        DeltaStage::GatedNorm,
+        DeltaStage::Gate,
+    ];
+    /// A linear-attention layer's stages, in order.
+    pub const MIXER: [DeltaStage; 5] =
+        [DeltaStage::Conv, DeltaStage::Prep, DeltaStage::Chunk, DeltaStage::Recur, DeltaStage::GatedNorm];
 
     pub fn entry(self) -> &'static str {
         match self {
             DeltaStage::Conv => "conv_main",
             DeltaStage::Prep => "prep_main",
+            DeltaStage::Chunk => "chunk_main",
             DeltaStage::Recur => "delta_main",
             DeltaStage::GatedNorm => "gnorm_main",
             DeltaStage::Gate => "gate_main",
@@ -150,19 +183,22 @@ impl DeltaStage {
         match self {
             DeltaStage::Conv => "delta_conv",
             DeltaStage::Prep => "delta_prep",
+            DeltaStage::Chunk => "delta_chunk",
             DeltaStage::Recur => "delta_rule",
             DeltaStage::GatedNorm => "delta_norm",
             DeltaStage::Gate => "attn_gate",
         }
     }
 
-    /// Threads (workgroups for the recurrence) per sequence or per token of the step: conv per
-    /// sequence and channel, prep per token and head, the recurrence per sequence, value head
-    /// and 64 columns, the norm per token and value head, the gate per token and element.
+    /// Threads (workgroups for the recurrence and the chunks) per sequence or per token of the
+    /// step: conv per sequence and channel, prep per token and head, the chunks per chunk and
+    /// value head, the recurrence per sequence, value head and 64 columns, the norm per token
+    /// and value head, the gate per token and element.
     pub fn per_unit(self, d: &DeltaDims, gate_width: usize) -> u32 {
         (match self {
             DeltaStage::Conv => d.conv_dim(),
             DeltaStage::Prep => d.k_heads + d.v_heads,
+            DeltaStage::Chunk => d.v_heads,
             DeltaStage::Recur => d.v_heads * d.v_dim.div_ceil(64),
             DeltaStage::GatedNorm => d.v_heads,
             DeltaStage::Gate => gate_width,
@@ -178,7 +214,8 @@ pub fn delta(k: &Kernels, g: &Gpu, b: &DeltaBinds, stage: DeltaStage, per: u32) 
 }
 
 /// A stage's grid: `per` threads per sequence (conv) or token, 64 to a workgroup; the recurrence
-/// `per` workgroups per sequence.
+/// `per` workgroups per sequence; the chunks `per` workgroups per chunk slot (none in a step of
+/// fewer than CHUNK_MIN tokens).
 pub(super) fn dispatches<'a>(
     op: &'a Op,
     r: &Recorder<'a>,
@@ -191,6 +228,7 @@ pub(super) fn dispatches<'a>(
     let groups = match stage {
         DeltaStage::Conv => div_up(s.n_seqs * per, 64),
         DeltaStage::Recur => s.n_seqs * per,
+        DeltaStage::Chunk => chunk_slots(s.n_tokens, s.n_seqs) * per,
         _ => div_up(s.n_tokens * per, 64),
     };
     if groups > 0 {

@@ -133,11 +133,21 @@ impl Harness {
         let conv = g.storage_init("conv_state", bytemuck::cast_slice(&st.conv));
         let rec = g.storage_init("rec_state", bytemuck::cast_slice(&st.rec));
         let out = g.storage("out", (n * d.value_dim() * 4).max(16) as u64);
+        let chunks = g.storage("chunks", (n * d.chunk_width() * 4).max(16) as u64);
         let p = DeltaParams::new(d, eps, 0, 0, tiled);
         let pb = g.uniform_init("p", bytemuck::bytes_of(&p));
-        let b =
-            DeltaBinds { step: &step, p: &pb, md: &md, w: &wb, x: &xb, conv_state: &conv, rec_state: &rec, out: &out };
-        let ops = [DeltaStage::Conv, DeltaStage::Prep, DeltaStage::Recur, DeltaStage::GatedNorm]
+        let b = DeltaBinds {
+            step: &step,
+            p: &pb,
+            md: &md,
+            w: &wb,
+            x: &xb,
+            conv_state: &conv,
+            rec_state: &rec,
+            out: &out,
+            chunks: &chunks,
+        };
+        let ops = DeltaStage::MIXER
             .into_iter()
             .map(|stage| delta::delta(&self.kernels, g, &b, stage, stage.per_unit(d, 0)))
             .collect::<Result<Vec<_>>>()?;
@@ -158,7 +168,7 @@ impl Harness {
         let xb = g.storage_init("gate", bytemuck::cast_slice(gate));
         let ob = g.storage_init("out", bytemuck::cast_slice(out));
         // Unused here; distinct, as no two writable bindings may alias.
-        let dummy = [g.storage("dummy", 16), g.storage("dummy", 16), g.storage("dummy", 16)];
+        let dummy = [g.storage("dummy", 16), g.storage("dummy", 16), g.storage("dummy", 16), g.storage("dummy", 16)];
         let b = DeltaBinds {
             step: &step,
             p: &pb,
@@ -168,6 +178,7 @@ impl Harness {
             conv_state: &dummy[1],
             rec_state: &dummy[2],
             out: &ob,
+            chunks: &dummy[3],
         };
         let op = delta::delta(&self.kernels, g, &b, DeltaStage::Gate, width as u32)?;
         let shape = StepShape { n_tokens: n as u32, n_splits: 1, ..Default::default() };

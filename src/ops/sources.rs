@@ -450,10 +450,13 @@ pub fn rmsnorm_source() -> Result<String> {
 
 /// Gated DeltaNet's kernels for keys of `k_dim` (delta.wgsl).
 pub fn delta_source(k_dim: u32) -> Result<String> {
-    Shader::new("delta", include_str!("../../shaders/delta.wgsl"))
+    let body = [include_str!("../../shaders/delta.wgsl"), include_str!("../../shaders/delta_chunk.wgsl")].join("\n");
+    Shader::new("delta", &body)
         .after(common())
         .after(super::delta::DeltaParams::WGSL)
         .fill("DK", k_dim)
+        .fill("CH", super::delta::CHUNK)
+        .fill("CHUNK_MIN", super::delta::CHUNK_MIN)
         .build()
 }
 
