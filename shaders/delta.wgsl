@@ -14,14 +14,12 @@
 //   prep_main  a thread per (token, head of k_heads + v_heads): q, k L2-normalised (q also
 //              scaled by k_dim^-1/2); per value head the log decay A * softplus(a + dt_bias)
 //              into a's column and beta = sigmoid(b) into b's column
-//   chunk_main (delta_chunk.wgsl) only for sequences of CHUNK_MIN tokens or more: a workgroup
-//              per (chunk of up to CH tokens, value head): the chunk's part of the chunked
-//              parallel form that does not depend on the state
-//   delta_main a workgroup per (sequence, value head, 64 value columns), a thread per column j:
-//              the column S[:, j] of the state in registers; a sequence of fewer than
-//              CHUNK_MIN tokens per token in order
+//   chunk_main, chunk_state_main (delta_chunk.wgsl): the chunked parallel form, for the
+//              sequences of CHUNK_MIN tokens or more in the step
+//   delta_main a workgroup per (sequence of fewer than CHUNK_MIN tokens, value head, 64 value
+//              columns), a thread per column j: the column S[:, j] of the state in registers,
+//              per token in order
 //              S = decay * S; S += k (beta (v_j - k . S[:, j])); o_j = q . S[:, j]
-//              a longer one a chunk at a time (delta_chunk.wgsl's delta_chunks)
 //   gnorm_main a thread per (token, value head): RMSNorm of o over v_dim times the norm weight,
 //              times silu(z)
 // and for attention layers:
@@ -189,7 +187,8 @@ fn delta_main(
         return;
     }
     let r = seq_rec(s);
-    if (r.count == 0u) {
+    // Longer sequences are chunk_state_main's.
+    if (r.count == 0u || r.count >= CHUNK_MIN) {
         return;
     }
     let kh = select(vh / (p.v_heads / p.k_heads), vh % p.k_heads, p.tiled != 0u);
@@ -205,32 +204,28 @@ fn delta_main(
             rec_state[bbase + i * p.v_dim] = col[i];
         }
     }
-    if (r.count >= CHUNK_MIN) {
-        delta_chunks(r, vh, kh, j, &col);
-    } else {
-        for (var t = r.first; t < r.first + r.count; t++) {
-            let row = t * p.x_stride;
-            let qb = row + kh * p.k_dim;
-            let kb = qb + key_dim;
-            let decay = exp(x[row + p.off_a + vh]);
-            let beta = x[row + p.off_b + vh];
-            var kv = 0.0;
+    for (var t = r.first; t < r.first + r.count; t++) {
+        let row = t * p.x_stride;
+        let qb = row + kh * p.k_dim;
+        let kb = qb + key_dim;
+        let decay = exp(x[row + p.off_a + vh]);
+        let beta = x[row + p.off_b + vh];
+        var kv = 0.0;
+        for (var i = 0u; i < DK; i++) {
+            col[i] *= decay;
+            kv += col[i] * x[kb + i];
+        }
+        let delta = (x[row + 2u * key_dim + vh * p.v_dim + j] - kv) * beta;
+        var o = 0.0;
+        for (var i = 0u; i < DK; i++) {
+            col[i] += x[kb + i] * delta;
+            o += col[i] * x[qb + i];
+        }
+        out[t * value_dim + vh * p.v_dim + j] = o;
+        if (r.snap != NO_SLOT && t - r.first == r.snap_at) {
+            let nb = ((r.snap * p.v_heads + vh) * p.k_dim) * p.v_dim + j;
             for (var i = 0u; i < DK; i++) {
-                col[i] *= decay;
-                kv += col[i] * x[kb + i];
-            }
-            let delta = (x[row + 2u * key_dim + vh * p.v_dim + j] - kv) * beta;
-            var o = 0.0;
-            for (var i = 0u; i < DK; i++) {
-                col[i] += x[kb + i] * delta;
-                o += col[i] * x[qb + i];
-            }
-            out[t * value_dim + vh * p.v_dim + j] = o;
-            if (r.snap != NO_SLOT && t - r.first == r.snap_at) {
-                let nb = ((r.snap * p.v_heads + vh) * p.k_dim) * p.v_dim + j;
-                for (var i = 0u; i < DK; i++) {
-                    rec_state[nb + i * p.v_dim] = col[i];
-                }
+                rec_state[nb + i * p.v_dim] = col[i];
             }
         }
     }

@@ -9,8 +9,8 @@
 // so with T = (I + A)^-1 (unit lower triangular), U' = T diag(beta) V and y_r = k_r . S0:
 //   u = U' - T diag(beta gamma) y.
 // chunk_main computes what does not depend on S0 for every chunk at once: T and the decayed
-// q.k products into `chunks` (rows of the chunk's tokens), U' in place of v. delta_main then
-// carries the state across a sequence's chunks (delta_chunks), a value column per thread.
+// q.k products into `chunks` (rows of the chunk's tokens), U' in place of v. chunk_state_main
+// then carries the state across a sequence's chunks (delta_main leaves such sequences alone).
 //
 // A sequence's chunks start at its first token, except that with a snapshot request one chunk
 // ends after token snap_at (the snapshot is a state between chunks): the first chunk is then
@@ -153,76 +153,149 @@ fn chunk_main(
     }
 }
 
-// delta_main's chunked path for the state column j of value head vh (key head kh): every chunk
-// of sequence r in order, the outputs, snapshots between chunks; `col` ends as the state after
-// the sequence's last token.
-fn delta_chunks(r: SeqRec, vh: u32, kh: u32, j: u32, col: ptr<function, array<f32, DK>>) {
+// Value columns per workgroup of chunk_state_main, and its threads.
+const CB: u32 = {{CB}}u;
+const CS_THREADS: u32 = 256u;
+
+var<workgroup> ss: array<f32, DK * CB>;
+var<workgroup> sy: array<f32, CH * CB>;
+var<workgroup> sq: array<f32, CH * CB>;
+var<workgroup> su: array<f32, CH * CB>;
+
+// The state's rows i of columns cb * CB + jj, at i * CB + jj of `ss`, to or from slot `slot`.
+fn state_index(slot: u32, vh: u32, i: u32, j: u32) -> u32 {
+    return ((slot * p.v_heads + vh) * p.k_dim + i) * p.v_dim + j;
+}
+
+// A workgroup per (sequence of CHUNK_MIN tokens or more, value head, CB value columns): the
+// state block in workgroup memory, carried across the sequence's chunks in order; within a
+// chunk every step is parallel over tokens and columns (or rows and columns):
+//   y = beta gamma (K S0), qS = gamma (Q S0); u = U' - T y; o = qS + (decayed QK^T) u;
+//   S = gamma_L S0 + K^T diag(exp(G_L - G)) u.
+@compute @workgroup_size(256)
+fn chunk_state_main(
+    @builtin(workgroup_id) wid3: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+) {
+    let wid = wid3.x + wid3.y * nwg.x;
+    let col_blocks = (p.v_dim + CB - 1u) / CB;
+    let cb = wid % col_blocks;
+    let vh = (wid / col_blocks) % p.v_heads;
+    let seq = wid / (col_blocks * p.v_heads);
+    if (seq >= step.n_seqs) {
+        return;
+    }
+    let r = seq_rec(seq);
+    if (r.count < CHUNK_MIN) {
+        return;
+    }
+    let kh = select(vh / (p.v_heads / p.k_heads), vh % p.k_heads, p.tiled != 0u);
     let key_dim = p.k_heads * p.k_dim;
     let value_dim = p.v_heads * p.v_dim;
-    var gl: array<f32, CH>;
-    var y: array<f32, CH>;
-    var u: array<f32, CH>;
+    for (var e = lid; e < DK * CB; e += CS_THREADS) {
+        let i = e / CB;
+        let j = cb * CB + e % CB;
+        var v = 0.0;
+        if (j < p.v_dim) {
+            v = select(rec_state[state_index(read_slot(r), vh, i, j)], 0.0, r.reset != 0u);
+            if (r.backup != NO_SLOT) {
+                rec_state[state_index(r.backup, vh, i, j)] = v;
+            }
+        }
+        ss[e] = v;
+    }
     let nc = n_chunks(r);
     for (var c = 0u; c < nc; c++) {
         let range = chunk_range(r, c);
         let n = range.y - range.x;
         let t0 = r.first + range.x;
-        var g = 0.0;
-        for (var s = 0u; s < n; s++) {
-            g += x[(t0 + s) * p.x_stride + p.off_a + vh];
-            gl[s] = g;
-        }
-        // y_s = beta_s gamma_s (k_s . S0[:, j])
-        for (var s = 0u; s < n; s++) {
-            let row = (t0 + s) * p.x_stride;
-            let kb = row + key_dim + kh * p.k_dim;
-            var acc = 0.0;
-            for (var i = 0u; i < DK; i++) {
-                acc += (*col)[i] * x[kb + i];
-            }
-            y[s] = acc * x[row + p.off_b + vh] * exp(gl[s]);
-        }
-        // u = U' - T y
-        for (var s = 0u; s < n; s++) {
-            let cb = chunk_row(t0 + s, vh);
-            var acc = x[(t0 + s) * p.x_stride + 2u * key_dim + vh * p.v_dim + j];
-            for (var c2 = 0u; c2 <= s; c2++) {
-                acc -= chunks[cb + c2] * y[c2];
-            }
-            u[s] = acc;
-        }
-        // o_t = gamma_t (q_t . S0[:, j]) + sum_{s<=t} (decayed q_t . k_s) u_s
-        for (var t = 0u; t < n; t++) {
-            let qb = (t0 + t) * p.x_stride + kh * p.k_dim;
-            var acc = 0.0;
-            for (var i = 0u; i < DK; i++) {
-                acc += (*col)[i] * x[qb + i];
-            }
-            var o = acc * exp(gl[t]);
-            let cb = chunk_row(t0 + t, vh) + CH;
-            for (var s = 0u; s <= t; s++) {
-                o += chunks[cb + s] * u[s];
-            }
-            out[(t0 + t) * value_dim + vh * p.v_dim + j] = o;
-        }
-        // S = gamma_L S0 + sum_s exp(G_L - G_s) k_s u_s
-        let gn = gl[n - 1u];
-        for (var s = 0u; s < n; s++) {
-            u[s] *= exp(gn - gl[s]);
-        }
-        let dn = exp(gn);
-        for (var i = 0u; i < DK; i++) {
-            var acc = (*col)[i] * dn;
+        if (lid == 0u) {
+            var g = 0.0;
             for (var s = 0u; s < n; s++) {
-                acc += x[(t0 + s) * p.x_stride + key_dim + kh * p.k_dim + i] * u[s];
+                let row = (t0 + s) * p.x_stride;
+                g += x[row + p.off_a + vh];
+                sg[s] = g;
+                sb[s] = x[row + p.off_b + vh];
             }
-            (*col)[i] = acc;
         }
-        if (r.snap != NO_SLOT && range.y == r.snap_at + 1u) {
-            let nb = ((r.snap * p.v_heads + vh) * p.k_dim) * p.v_dim + j;
-            for (var i = 0u; i < DK; i++) {
-                rec_state[nb + i * p.v_dim] = (*col)[i];
+        workgroupBarrier();
+        // y and qS: a k_dim-long product per (token, column), for k and for q.
+        for (var e = lid; e < 2u * CH * CB; e += CS_THREADS) {
+            let rem = e % (CH * CB);
+            let s = rem / CB;
+            if (s < n) {
+                let is_q = e >= CH * CB;
+                let vb = (t0 + s) * p.x_stride + select(key_dim, 0u, is_q) + kh * p.k_dim;
+                let jj = rem % CB;
+                var acc = 0.0;
+                for (var i = 0u; i < DK; i++) {
+                    acc += ss[i * CB + jj] * x[vb + i];
+                }
+                if (is_q) {
+                    sq[rem] = acc * exp(sg[s]);
+                } else {
+                    sy[rem] = acc * sb[s] * exp(sg[s]);
+                }
             }
+        }
+        workgroupBarrier();
+        // u = U' - T y
+        for (var e = lid; e < CH * CB; e += CS_THREADS) {
+            let s = e / CB;
+            let jj = e % CB;
+            let j = cb * CB + jj;
+            if (s < n && j < p.v_dim) {
+                let tr = chunk_row(t0 + s, vh);
+                var acc = x[(t0 + s) * p.x_stride + 2u * key_dim + vh * p.v_dim + j];
+                for (var m = 0u; m <= s; m++) {
+                    acc -= chunks[tr + m] * sy[m * CB + jj];
+                }
+                su[e] = acc;
+            }
+        }
+        workgroupBarrier();
+        // The outputs.
+        for (var e = lid; e < CH * CB; e += CS_THREADS) {
+            let t = e / CB;
+            let jj = e % CB;
+            let j = cb * CB + jj;
+            if (t < n && j < p.v_dim) {
+                let qr = chunk_row(t0 + t, vh) + CH;
+                var o = sq[e];
+                for (var s = 0u; s <= t; s++) {
+                    o += chunks[qr + s] * su[s * CB + jj];
+                }
+                out[(t0 + t) * value_dim + vh * p.v_dim + j] = o;
+            }
+        }
+        // The state after the chunk (ss is read above only before the last barrier).
+        let gn = sg[n - 1u];
+        let dn = exp(gn);
+        for (var e = lid; e < DK * CB; e += CS_THREADS) {
+            let i = e / CB;
+            let jj = e % CB;
+            var acc = ss[e] * dn;
+            for (var s = 0u; s < n; s++) {
+                let k = x[(t0 + s) * p.x_stride + key_dim + kh * p.k_dim + i];
+                acc += k * exp(gn - sg[s]) * su[s * CB + jj];
+            }
+            ss[e] = acc;
+        }
+        workgroupBarrier();
+        if (r.snap != NO_SLOT && range.y == r.snap_at + 1u) {
+            for (var e = lid; e < DK * CB; e += CS_THREADS) {
+                let j = cb * CB + e % CB;
+                if (j < p.v_dim) {
+                    rec_state[state_index(r.snap, vh, e / CB, j)] = ss[e];
+                }
+            }
+        }
+    }
+    for (var e = lid; e < DK * CB; e += CS_THREADS) {
+        let j = cb * CB + e % CB;
+        if (j < p.v_dim) {
+            rec_state[state_index(r.slot, vh, e / CB, j)] = ss[e];
         }
     }
 }

@@ -124,6 +124,16 @@ impl OpKind {
                         let c = super::delta::CHUNK as u64;
                         Cost { bytes: n * per * (8 * c + 8 * 128), flops: n * per * c * 4 * 128 }
                     }
+                    // Per token and workgroup (CHUNK_COLS columns): q and k read, its chunk rows
+                    // read; the state block read and written once per sequence; 6 FLOPs per
+                    // state element and token, the chunk matrices' products (k_dim: 128).
+                    DeltaStage::ChunkState => {
+                        let (c, cols) = (super::delta::CHUNK as u64, super::delta::CHUNK_COLS as u64);
+                        Cost {
+                            bytes: n * per * (8 * 128 + 8 * c) + 8 * 128 * cols * s.n_seqs as u64 * per,
+                            flops: n * per * cols * (6 * 128 + 2 * c),
+                        }
+                    }
                     _ => Cost { bytes: 8 * n * per, flops: 4 * n * per },
                 }
             }

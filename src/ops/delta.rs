@@ -61,6 +61,18 @@ pub const CHUNK: usize = 32;
 /// A sequence of this many tokens in a step or more takes the chunked form; fewer (decode,
 /// speculative verification), the per-token recurrence.
 pub const CHUNK_MIN: usize = 16;
+/// Value columns of the state per workgroup of the chunked form's state pass.
+pub const CHUNK_COLS: usize = 16;
+
+/// Benchmarks only: sequences shorter than this (at least CHUNK_MIN) keep the per-token
+/// recurrence; a large value turns the chunked form off, to compare the two on one build.
+pub const CHUNK_MIN_ENV: &str = "TORUS_DELTA_CHUNK_MIN";
+
+/// The chunked form's threshold the kernels are built with: CHUNK_MIN, or CHUNK_MIN_ENV where
+/// set higher.
+pub fn chunk_min() -> usize {
+    std::env::var(CHUNK_MIN_ENV).ok().and_then(|v| v.parse().ok()).map_or(CHUNK_MIN, |v: usize| v.max(CHUNK_MIN))
+}
 
 /// Most chunks of the chunked form in a step of `n_tokens` tokens and `n_seqs` sequences: each
 /// sequence of CHUNK_MIN tokens or more has at most count / CHUNK + 2 (a short first chunk ends
@@ -150,29 +162,38 @@ pub enum DeltaStage {
     Conv,
     Prep,
     Chunk,
+    ChunkState,
     Recur,
     GatedNorm,
     Gate,
 }
 
 impl DeltaStage {
-    pub const ALL: [DeltaStage; 6] = [
+    pub const ALL: [DeltaStage; 7] = [
         DeltaStage::Conv,
         DeltaStage::Prep,
         DeltaStage::Chunk,
+        DeltaStage::ChunkState,
         DeltaStage::Recur,
         DeltaStage::GatedNorm,
         DeltaStage::Gate,
     ];
     /// A linear-attention layer's stages, in order.
-    pub const MIXER: [DeltaStage; 5] =
-        [DeltaStage::Conv, DeltaStage::Prep, DeltaStage::Chunk, DeltaStage::Recur, DeltaStage::GatedNorm];
+    pub const MIXER: [DeltaStage; 6] = [
+        DeltaStage::Conv,
+        DeltaStage::Prep,
+        DeltaStage::Chunk,
+        DeltaStage::ChunkState,
+        DeltaStage::Recur,
+        DeltaStage::GatedNorm,
+    ];
 
     pub fn entry(self) -> &'static str {
         match self {
             DeltaStage::Conv => "conv_main",
             DeltaStage::Prep => "prep_main",
             DeltaStage::Chunk => "chunk_main",
+            DeltaStage::ChunkState => "chunk_state_main",
             DeltaStage::Recur => "delta_main",
             DeltaStage::GatedNorm => "gnorm_main",
             DeltaStage::Gate => "gate_main",
@@ -184,21 +205,24 @@ impl DeltaStage {
             DeltaStage::Conv => "delta_conv",
             DeltaStage::Prep => "delta_prep",
             DeltaStage::Chunk => "delta_chunk",
+            DeltaStage::ChunkState => "delta_chunk_state",
             DeltaStage::Recur => "delta_rule",
             DeltaStage::GatedNorm => "delta_norm",
             DeltaStage::Gate => "attn_gate",
         }
     }
 
-    /// Threads (workgroups for the recurrence and the chunks) per sequence or per token of the
-    /// step: conv per sequence and channel, prep per token and head, the chunks per chunk and
-    /// value head, the recurrence per sequence, value head and 64 columns, the norm per token
-    /// and value head, the gate per token and element.
+    /// Threads (workgroups for the recurrence and the chunked form) per sequence or per token
+    /// of the step: conv per sequence and channel, prep per token and head, the chunks per chunk
+    /// and value head, the chunked state pass per sequence, value head and CHUNK_COLS columns,
+    /// the recurrence per sequence, value head and 64 columns, the norm per token and value
+    /// head, the gate per token and element.
     pub fn per_unit(self, d: &DeltaDims, gate_width: usize) -> u32 {
         (match self {
             DeltaStage::Conv => d.conv_dim(),
             DeltaStage::Prep => d.k_heads + d.v_heads,
             DeltaStage::Chunk => d.v_heads,
+            DeltaStage::ChunkState => d.v_heads * d.v_dim.div_ceil(CHUNK_COLS),
             DeltaStage::Recur => d.v_heads * d.v_dim.div_ceil(64),
             DeltaStage::GatedNorm => d.v_heads,
             DeltaStage::Gate => gate_width,
@@ -229,6 +253,8 @@ pub(super) fn dispatches<'a>(
         DeltaStage::Conv => div_up(s.n_seqs * per, 64),
         DeltaStage::Recur => s.n_seqs * per,
         DeltaStage::Chunk => chunk_slots(s.n_tokens, s.n_seqs) * per,
+        DeltaStage::ChunkState if chunk_slots(s.n_tokens, s.n_seqs) > 0 => s.n_seqs * per,
+        DeltaStage::ChunkState => 0,
         _ => div_up(s.n_tokens * per, 64),
     };
     if groups > 0 {

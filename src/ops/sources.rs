@@ -456,7 +456,8 @@ pub fn delta_source(k_dim: u32) -> Result<String> {
         .after(super::delta::DeltaParams::WGSL)
         .fill("DK", k_dim)
         .fill("CH", super::delta::CHUNK)
-        .fill("CHUNK_MIN", super::delta::CHUNK_MIN)
+        .fill("CHUNK_MIN", super::delta::chunk_min())
+        .fill("CB", super::delta::CHUNK_COLS)
         .build()
 }
 
