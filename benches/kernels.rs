@@ -134,6 +134,19 @@ fn bench(c: &mut Criterion) {
     g.bench_function("mixer_decode_gated_deltanet_qwen35_9b", |b| {
         b.iter_custom(|iters| dh.time_delta(&d, &w, &x, &seqs, &mut st, iters).unwrap())
     });
+    // The same mixer over a 512-token prompt (prefill): the gpu profile's chunked form, and the
+    // cpu profile's per-token recurrence.
+    // Run: cargo bench --bench kernels -- mixer_prefill
+    let n = 512;
+    let xp = rand(&mut rng, n * d.proj_width());
+    let seqs = [DeltaSeq { slot: 0, tokens: n, reset: true, backup: None, snapshot: None, src: None }];
+    g.throughput(Throughput::Elements(n as u64));
+    for (name, profile) in [("chunked", KernelProfile::Gpu), ("per_token", KernelProfile::Cpu)] {
+        let ph = Harness::for_delta(h.gpu.clone(), 128, profile).unwrap();
+        g.bench_function(format!("mixer_prefill512_gated_deltanet_qwen35_9b_{name}"), |b| {
+            b.iter_custom(|iters| ph.time_delta(&d, &w, &xp, &seqs, &mut st, iters).unwrap())
+        });
+    }
     for (name, heads, kv_heads, head_dim) in [("qwen25_7b", 28usize, 4usize, 128usize), ("qwen35_9b", 16, 4, 256)] {
         let group = (head_dim as u32, (heads / kv_heads) as u32);
         let ah = Harness::attention_only(h.gpu.clone(), group, Default::default(), 1, KernelProfile::Cpu).unwrap();

@@ -14,6 +14,8 @@
 #       [--layers N] [--out DIR (./gpu-check-out)] [--tmp DIR ($TMPDIR or /tmp)]
 #       [--batches 1,8,32] [--decode-steps 32] [--prefill-tokens 512] [--profiles cpu,gpu] [--quick]
 #
+# The hybrids (qwen3.5-*, qwen3.6-*) get one more gpu-profile prefill with the chunked delta
+# rule off, to compare with the per-token recurrence.
 # --profiles: the kernel profiles bench-model runs (both by default; `gpu` alone when device
 # time is short: check-profiles still compares the two).
 # --quick (for lavapipe): 2 layers, batches 1,8, 4 decode steps, a 64-token prefill, a shorter
@@ -178,6 +180,20 @@ for shape in ${shapes//,/ }; do
             failed=1
         fi
     done
+    # The hybrids' prefill once more with the chunked delta rule off (the per-token recurrence
+    # in every step): what the gpu profile's chunked form gains or loses on this GPU.
+    if [ -n "$mtp_flag" ]; then
+        if TORUS_DELTA_CHUNK_MIN=1000000000 run "$bin" bench-model --model "$model" --kernel-profile gpu --batches 1 \
+            --decode-steps 1 --warmup-steps 1 --prefill-tokens "$prefill_tokens" --profile-kernels --profile-steps 1 \
+            --json "$work/bench-$n-per-token-delta.json" >"$work/bench.out"; then
+            cat "$work/bench.out"
+            say "bench-model, kernel profile gpu, the delta rule per token (TORUS_DELTA_CHUNK_MIN=1000000000):"
+            grep -e '^prefill' -e 'kernel profile: prefill' -e '  delta_' "$work/bench.out" >>"$summary"
+        else
+            say "FAIL: $shape: bench-model with the per-token delta rule ($(tail -n 1 "$log"))"
+            failed=1
+        fi
+    fi
     if [ "$moe" != 0 ]; then
         if run "$bin" bench-model --model "$model" --batches 1 --decode-steps "$decode_steps" \
             --warmup-steps "$warmup_steps" --prefill-tokens 0 --moe-top-k "$moe" \

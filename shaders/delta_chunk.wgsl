@@ -161,6 +161,8 @@ var<workgroup> ss: array<f32, DK * CB>;
 var<workgroup> sy: array<f32, CH * CB>;
 var<workgroup> sq: array<f32, CH * CB>;
 var<workgroup> su: array<f32, CH * CB>;
+// u_s exp(G_L - G_s): the state update's weights.
+var<workgroup> sw: array<f32, CH * CB>;
 
 // The state's rows i of columns cb * CB + jj, at i * CB + jj of `ss`, to or from slot `slot`.
 fn state_index(slot: u32, vh: u32, i: u32, j: u32) -> u32 {
@@ -241,6 +243,7 @@ fn chunk_state_main(
         }
         workgroupBarrier();
         // u = U' - T y
+        let gn = sg[n - 1u];
         for (var e = lid; e < CH * CB; e += CS_THREADS) {
             let s = e / CB;
             let jj = e % CB;
@@ -252,6 +255,7 @@ fn chunk_state_main(
                     acc -= chunks[tr + m] * sy[m * CB + jj];
                 }
                 su[e] = acc;
+                sw[e] = acc * exp(gn - sg[s]);
             }
         }
         workgroupBarrier();
@@ -270,7 +274,6 @@ fn chunk_state_main(
             }
         }
         // The state after the chunk (ss is read above only before the last barrier).
-        let gn = sg[n - 1u];
         let dn = exp(gn);
         for (var e = lid; e < DK * CB; e += CS_THREADS) {
             let i = e / CB;
@@ -278,7 +281,7 @@ fn chunk_state_main(
             var acc = ss[e] * dn;
             for (var s = 0u; s < n; s++) {
                 let k = x[(t0 + s) * p.x_stride + key_dim + kh * p.k_dim + i];
-                acc += k * exp(gn - sg[s]) * su[s * CB + jj];
+                acc += k * sw[s * CB + jj];
             }
             ss[e] = acc;
         }

@@ -89,9 +89,10 @@ fn rand_vec(rng: &mut XorShift64, n: usize, scale: f32) -> Vec<f32> {
 
 /// The DeltaNet kernels against the CPU reference: three sequences in slots 2, 0 and 1 (one
 /// continuing from a state, two from zero), as one step; the same tokens in steps of 3, of 20
-/// and token by token end in the same outputs and states; grouped and tiled value heads. Short
-/// sequences take the per-token recurrence; long ones (CHUNK_MIN tokens or more in a step) the
-/// chunked form, over several chunks, a short first one where a snapshot is asked for.
+/// and token by token end in the same outputs and states; grouped and tiled value heads; both
+/// kernel profiles. Short sequences take the per-token recurrence; long ones (CHUNK_MIN tokens or
+/// more in a step) in the gpu profile the chunked form, over several chunks, a short first one
+/// where a snapshot is asked for.
 #[test]
 fn delta_kernels_match_the_reference_in_chunks_and_token_by_token() {
     let gpu = Arc::new(Gpu::new(None).expect("a wgpu adapter"));
@@ -103,8 +104,11 @@ fn delta_kernels_match_the_reference_in_chunks_and_token_by_token() {
     // 70: three chunks (32, 32, 6); 45: a snapshot after token 2, so chunks of 3, 32 and 10.
     let long = [70usize, 45, 20];
     assert!(short.iter().all(|&n| n < CHUNK_MIN) && long.iter().all(|&n| n >= CHUNK_MIN) && long[0] > 2 * CHUNK);
-    for ((tiled, d), lens) in shapes.iter().flat_map(|&s| [(s, short), (s, long)]) {
-        let h = Harness::for_delta(gpu.clone(), d.k_dim as u32, KernelProfile::Cpu).unwrap();
+    // The gpu profile takes the chunked form for long sequences, the cpu profile never.
+    let cases = shapes.iter().flat_map(|&s| [(s, short), (s, long)]);
+    for (((tiled, d), lens), profile) in cases.flat_map(|c| [(c, KernelProfile::Cpu), (c, KernelProfile::Gpu)]) {
+        let h = Harness::for_delta(gpu.clone(), d.k_dim as u32, profile).unwrap();
+        assert_eq!(h.kernels.delta.as_ref().unwrap().chunked, profile == KernelProfile::Gpu);
         let mut rng = XorShift64::new(11);
         let conv = rand_vec(&mut rng, d.conv_dim() * d.kernel, 0.5);
         let a: Vec<f32> = (0..d.v_heads).map(|i| -0.2 - 0.3 * i as f32).collect();
@@ -136,11 +140,17 @@ fn delta_kernels_match_the_reference_in_chunks_and_token_by_token() {
         let check = |got: &[Vec<f32>], st: &DeltaSlots, what: &str| {
             for (i, (slot, s)) in want_states.iter().enumerate() {
                 let dmax = tiny::max_diff(&got[i], &want[i]);
-                assert!(dmax < 2e-4, "{what} tiled={tiled} {lens:?}: sequence {i} outputs differ by {dmax}");
+                assert!(
+                    dmax < 2e-4,
+                    "{what} tiled={tiled} {lens:?} {profile:?}: sequence {i} outputs differ by {dmax}"
+                );
                 let s0 = *slot as usize;
                 let dr = tiny::max_diff(&st.rec[s0 * d.rec_state()..(s0 + 1) * d.rec_state()], &s.rec);
                 let dc = tiny::max_diff(&st.conv[s0 * d.conv_state()..(s0 + 1) * d.conv_state()], &s.conv);
-                assert!(dr < 2e-4 && dc == 0.0, "{what} tiled={tiled} {lens:?}: sequence {i} state differs by {dr} / {dc}");
+                assert!(
+                    dr < 2e-4 && dc == 0.0,
+                    "{what} tiled={tiled} {lens:?} {profile:?}: sequence {i} state differs by {dr} / {dc}"
+                );
             }
         };
         // One step with all three sequences.
@@ -280,6 +290,36 @@ fn qwen35_engine_batched_chunked_and_prefix_cache_requests_equal_alone() {
         common::completions::assert_all_blocks_free(e);
         let m = e.metrics.snapshot();
         assert!(m.state_slots_total > 0, "{m:?}");
+    }
+}
+
+/// The gpu profile's chunked delta rule in the engine: batched, chunked prefill (steps of 16
+/// tokens: each sequence's part a chunk of its own, continuing from its state) and prefix cache
+/// on (states read from snapshots, written at block ends inside the chunks) all give what the
+/// gpu profile gives alone with the cache off; every block back after.
+#[test]
+fn qwen35_chunked_delta_rule_in_the_engine() {
+    let reqs = tiny::shared_prefix_requests(6, 12);
+    let gpu = |cache: bool, step: usize| {
+        tiny::engine("tiny-qwen35", move |c| {
+            c.kernel_profile = KernelProfile::Gpu;
+            c.enable_prefix_cache = cache;
+            if step > 0 {
+                c.max_num_batched_tokens = step;
+            }
+        })
+    };
+    let off = gpu(false, 0);
+    let alone = tiny::run_alone(&off, &reqs);
+    assert_eq!(tiny::run_together(&off, &reqs), alone, "batched != alone");
+    let chunked = gpu(false, 16);
+    assert_eq!(tiny::run_together(&chunked, &reqs), alone, "chunked prefill != one step");
+    let on = gpu(true, 0);
+    assert_eq!(tiny::run_alone(&on, &reqs), alone, "prefix cache on != off");
+    assert!(on.metrics.snapshot().prefix_hits > 0, "the shared prefix is reused from a snapshot");
+    assert_eq!(tiny::run_together(&on, &reqs), alone, "prefix cache on, batched != alone");
+    for e in [&off, &chunked, &on] {
+        common::completions::assert_all_blocks_free(e);
     }
 }
 

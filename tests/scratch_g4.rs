@@ -22,7 +22,12 @@ fn scratch() {
         sliding_window: host.cfg.sliding_window,
     };
     let mut models = Vec::new();
-    for (profile, kv) in [(KernelProfile::Cpu, KvDtype::F32), (KernelProfile::Cpu, KvDtype::F16), (KernelProfile::Gpu, KvDtype::F32), (KernelProfile::Gpu, KvDtype::F16)] {
+    for (profile, kv) in [
+        (KernelProfile::Cpu, KvDtype::F32),
+        (KernelProfile::Cpu, KvDtype::F16),
+        (KernelProfile::Gpu, KvDtype::F32),
+        (KernelProfile::Gpu, KvDtype::F16),
+    ] {
         models.push(Model::new(gpu.clone(), &host, StepLimits { profile, kv_dtype: kv, ..limits }).unwrap());
     }
     let table: Vec<u32> = (0..4).collect();
@@ -51,6 +56,12 @@ fn scratch() {
             logits.push(m.last_logits(1).unwrap());
         }
         let d = |a: usize, b: usize| logits[a].iter().zip(&logits[b]).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
-        println!("step {i}: cpu16-cpu32 {:e} gpu32-cpu32 {:e} gpu16-cpu32 {:e} gpu16-cpu16 {:e}", d(1, 0), d(2, 0), d(3, 0), d(3, 1));
+        println!(
+            "step {i}: cpu16-cpu32 {:e} gpu32-cpu32 {:e} gpu16-cpu32 {:e} gpu16-cpu16 {:e}",
+            d(1, 0),
+            d(2, 0),
+            d(3, 0),
+            d(3, 1)
+        );
     }
 }

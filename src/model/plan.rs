@@ -79,6 +79,9 @@ pub fn kv_dims(cfg: &ModelConfig, range: std::ops::Range<usize>) -> Vec<usize> {
 /// no KV cache).
 pub fn kv_blocks(cfg: &ModelConfig, limits: &StepLimits) -> usize {
     let floats: usize = kv_dims(cfg, 0..cfg.layers).iter().sum();
+    // A model whose layers are all recurrent (a few layers of a hybrid) may still attend in its
+    // MTP head: its blocks are sized as for one attention layer, not left unbounded.
+    let floats = if floats == 0 { cfg.kv_dim() } else { floats };
     let per_block = (2 * limits.block_size * floats.max(1) * limits.kv_dtype.bytes()) as u64;
     (limits.cache_bytes / per_block) as usize
 }

@@ -50,7 +50,8 @@ impl OpBuilder<'_> {
         for (m, col0) in &parts {
             self.matmul("delta_in", m, (&s.normed, x), (*col0, pw), None, 0, false, false);
         }
-        let chunks = s.lin_chunks.as_ref().ok_or_else(|| anyhow!("the step has no buffer for the chunked delta rule"))?;
+        let chunks =
+            s.lin_chunks.as_ref().ok_or_else(|| anyhow!("the step has no buffer for the chunked delta rule"))?;
         let b = DeltaBinds {
             step: &s.step_buf,
             p: params,

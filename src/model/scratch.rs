@@ -105,8 +105,7 @@ impl Scratch {
             attn: g.activation("attn", f(t_max * attn_width(cfg))),
             act: g.activation("act", f(t_max * cfg.act_width())),
             lin: (lin_width(cfg) > 0).then(|| g.activation("lin", f(t_max * lin_width(cfg)))),
-            lin_chunks: (lin_chunk_width(cfg) > 0)
-                .then(|| g.activation("lin_chunks", f(t_max * lin_chunk_width(cfg)))),
+            lin_chunks: (lin_chunk_width(cfg) > 0).then(|| g.activation("lin_chunks", f(t_max * lin_chunk_width(cfg)))),
             // Whole vec4s: the shared expert's gate reads its logits through a vec4 binding.
             moe_logits: cfg.moe.as_ref().map(|m| g.storage("moe_logits", f((t_max * m.experts).next_multiple_of(4)))),
             moe_route: cfg

@@ -76,7 +76,7 @@ fn bindings_match_the_shaders() {
     }
     check("rmsnorm", NormBinds::SLOTS, &[rmsnorm_source().unwrap()], None);
     check("head_norm", HeadNormBinds::SLOTS, &[head_norm_source().unwrap()], None);
-    check("delta", super::delta::DeltaBinds::SLOTS, &[delta_source(32).unwrap()], None);
+    check("delta", super::delta::DeltaBinds::SLOTS, &[delta_source(32, true).unwrap()], None);
     for kv in [KvDtype::F16, KvDtype::F32] {
         for chunks in [1, MAX_KV_CHUNKS] {
             check("rope_kv", RopeBinds::SLOTS, &[rope_kv_source(kv, chunks).unwrap()], Some(ROPE_KV));

@@ -238,8 +238,8 @@ pub fn delta(k: &Kernels, g: &Gpu, b: &DeltaBinds, stage: DeltaStage, per: u32) 
 }
 
 /// A stage's grid: `per` threads per sequence (conv) or token, 64 to a workgroup; the recurrence
-/// `per` workgroups per sequence; the chunks `per` workgroups per chunk slot (none in a step of
-/// fewer than CHUNK_MIN tokens).
+/// `per` workgroups per sequence; the chunk stages `per` workgroups per chunk slot or sequence
+/// (none in a step of fewer than CHUNK_MIN tokens, nor in the cpu profile).
 pub(super) fn dispatches<'a>(
     op: &'a Op,
     r: &Recorder<'a>,
@@ -252,6 +252,7 @@ pub(super) fn dispatches<'a>(
     let groups = match stage {
         DeltaStage::Conv => div_up(s.n_seqs * per, 64),
         DeltaStage::Recur => s.n_seqs * per,
+        DeltaStage::Chunk | DeltaStage::ChunkState if !fam.chunked => 0,
         DeltaStage::Chunk => chunk_slots(s.n_tokens, s.n_seqs) * per,
         DeltaStage::ChunkState if chunk_slots(s.n_tokens, s.n_seqs) > 0 => s.n_seqs * per,
         DeltaStage::ChunkState => 0,
@@ -267,17 +268,24 @@ pub struct DeltaPipelines {
     pub family: crate::gpu::family::Family,
     /// One per `DeltaStage::ALL` entry.
     pub pipelines: Vec<wgpu::ComputePipeline>,
+    /// Whether long sequences take the chunked form (the gpu profile), else the chunk stages
+    /// are not dispatched.
+    pub chunked: bool,
 }
 
 impl DeltaPipelines {
-    pub fn new(g: &Gpu, k_dim: u32) -> anyhow::Result<DeltaPipelines> {
+    /// `chunked`: the gpu profile's chunked form for prefill-sized sequences. The cpu profile
+    /// keeps the per-token recurrence for all: on a CPU-shaped device (llvmpipe) its columns run
+    /// as SIMD lanes over private state arrays, 9x faster than the chunked form's workgroup
+    /// matrices (benches/kernels.rs `mixer_prefill`), and the chunked form does no less work.
+    pub fn new(g: &Gpu, k_dim: u32, chunked: bool) -> anyhow::Result<DeltaPipelines> {
         let family = crate::gpu::family::Family::new(g, &super::layout_of(DeltaBinds::SLOTS));
-        let src = super::sources::delta_source(k_dim)?;
+        let src = super::sources::delta_source(k_dim, chunked)?;
         let pipelines = DeltaStage::ALL
             .iter()
             .map(|s| family.pipeline(g, &format!("{}_{k_dim}", s.label()), &src, s.entry()))
             .collect::<anyhow::Result<Vec<_>>>()?;
-        Ok(DeltaPipelines { family, pipelines })
+        Ok(DeltaPipelines { family, pipelines, chunked })
     }
 }
 

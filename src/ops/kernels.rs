@@ -415,7 +415,9 @@ impl Kernels {
             moe_shared_gate,
             moe,
             gpu: gpu_kernels,
-            delta: delta_k_dim.map(|k| super::delta::DeltaPipelines::new(gpu, k)).transpose()?,
+            delta: delta_k_dim
+                .map(|k| super::delta::DeltaPipelines::new(gpu, k, profile == KernelProfile::Gpu))
+                .transpose()?,
         })
     }
 }

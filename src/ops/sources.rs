@@ -449,14 +449,16 @@ pub fn rmsnorm_source() -> Result<String> {
 }
 
 /// Gated DeltaNet's kernels for keys of `k_dim` (delta.wgsl).
-pub fn delta_source(k_dim: u32) -> Result<String> {
+/// delta.wgsl and delta_chunk.wgsl for keys of `k_dim`; `chunked`: sequences of chunk_min()
+/// tokens or more take the chunked form (else every sequence the per-token recurrence).
+pub fn delta_source(k_dim: u32, chunked: bool) -> Result<String> {
     let body = [include_str!("../../shaders/delta.wgsl"), include_str!("../../shaders/delta_chunk.wgsl")].join("\n");
     Shader::new("delta", &body)
         .after(common())
         .after(super::delta::DeltaParams::WGSL)
         .fill("DK", k_dim)
         .fill("CH", super::delta::CHUNK)
-        .fill("CHUNK_MIN", super::delta::chunk_min())
+        .fill("CHUNK_MIN", if chunked { super::delta::chunk_min() as u32 } else { u32::MAX })
         .fill("CB", super::delta::CHUNK_COLS)
         .build()
 }
@@ -555,7 +557,8 @@ pub fn all_sources(head_dims: &[u32]) -> Vec<(String, String)> {
     v.push(("rmsnorm".into(), rmsnorm_source()));
     v.push(("head_norm".into(), head_norm_source()));
     v.push(("ple".into(), ple_source()));
-    v.push(("delta".into(), delta_source(128)));
+    v.push(("delta".into(), delta_source(128, false)));
+    v.push(("delta_chunked".into(), delta_source(128, true)));
     for gpu in [false, true] {
         v.push((format!("sample_{gpu}"), sample_source(gpu)));
     }
