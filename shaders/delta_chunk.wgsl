@@ -49,6 +49,17 @@ var<workgroup> sb: array<f32, CH>;
 var<workgroup> sa: array<f32, CH * CH>;
 var<workgroup> st: array<f32, CH * CH>;
 
+// The chunk's cumulative log decays into sg and its betas into sb (one thread).
+fn chunk_decays(t0: u32, n: u32, vh: u32) {
+    var g = 0.0;
+    for (var s = 0u; s < n; s++) {
+        let row = (t0 + s) * p.x_stride;
+        g += x[row + p.off_a + vh];
+        sg[s] = g;
+        sb[s] = x[row + p.off_b + vh];
+    }
+}
+
 // A workgroup per (chunk slot, value head): chunk slots number the chunks of the step's
 // sequences of CHUNK_MIN tokens or more in order; slots beyond them have nothing to do.
 @compute @workgroup_size(64)
@@ -84,13 +95,7 @@ fn chunk_main(
     let kh = select(vh / (p.v_heads / p.k_heads), vh % p.k_heads, p.tiled != 0u);
     let key_dim = p.k_heads * p.k_dim;
     if (lid == 0u) {
-        var g = 0.0;
-        for (var s = 0u; s < n; s++) {
-            let row = (t0 + s) * p.x_stride;
-            g += x[row + p.off_a + vh];
-            sg[s] = g;
-            sb[s] = x[row + p.off_b + vh];
-        }
+        chunk_decays(t0, n, vh);
     }
     workgroupBarrier();
     // A (strictly lower) and the decayed q.k products (lower, with the diagonal).
@@ -213,13 +218,7 @@ fn chunk_state_main(
         let n = range.y - range.x;
         let t0 = r.first + range.x;
         if (lid == 0u) {
-            var g = 0.0;
-            for (var s = 0u; s < n; s++) {
-                let row = (t0 + s) * p.x_stride;
-                g += x[row + p.off_a + vh];
-                sg[s] = g;
-                sb[s] = x[row + p.off_b + vh];
-            }
+            chunk_decays(t0, n, vh);
         }
         workgroupBarrier();
         // y and qS: a k_dim-long product per (token, column), for k and for q.
