@@ -63,7 +63,7 @@ impl OpBuilder<'_> {
             out: &s.attn,
             chunks,
         };
-        for stage in DeltaStage::MIXER {
+        for &stage in DeltaStage::mixer() {
             let op = delta::delta(self.kernels, self.g, &b, stage, stage.per_unit(&d, 0))?;
             self.push(op);
         }

@@ -169,6 +169,8 @@ pub enum DeltaStage {
 }
 
 impl DeltaStage {
+    /// Every stage in declaration order (`stage as usize` is its index): a linear-attention
+    /// layer's stages in the order it runs them, then the attention gate.
     pub const ALL: [DeltaStage; 7] = [
         DeltaStage::Conv,
         DeltaStage::Prep,
@@ -178,15 +180,11 @@ impl DeltaStage {
         DeltaStage::GatedNorm,
         DeltaStage::Gate,
     ];
-    /// A linear-attention layer's stages, in order.
-    pub const MIXER: [DeltaStage; 6] = [
-        DeltaStage::Conv,
-        DeltaStage::Prep,
-        DeltaStage::Chunk,
-        DeltaStage::ChunkState,
-        DeltaStage::Recur,
-        DeltaStage::GatedNorm,
-    ];
+
+    /// A linear-attention layer's stages, in order (all but the attention gate).
+    pub fn mixer() -> &'static [DeltaStage] {
+        &Self::ALL[..Self::ALL.len() - 1]
+    }
 
     pub fn entry(self) -> &'static str {
         match self {
@@ -230,6 +228,15 @@ impl DeltaStage {
     }
 }
 
+// DeltaStage::ALL is in declaration order (`stage as usize` indexes it): checked at compile time.
+const _: () = {
+    let mut i = 0;
+    while i < DeltaStage::ALL.len() {
+        assert!(DeltaStage::ALL[i] as usize == i);
+        i += 1;
+    }
+};
+
 /// A Gated DeltaNet stage's op (`per`: `DeltaStage::per_unit`).
 pub fn delta(k: &Kernels, g: &Gpu, b: &DeltaBinds, stage: DeltaStage, per: u32) -> anyhow::Result<Op> {
     let fam = k.delta.as_ref().ok_or_else(|| anyhow::anyhow!("the Gated DeltaNet kernels were not built"))?;
@@ -248,7 +255,7 @@ pub(super) fn dispatches<'a>(
     mut out: impl FnMut(Dispatch<'a>),
 ) {
     let Some(fam) = r.kernels.delta.as_ref() else { return };
-    let pipe = &fam.pipelines[DeltaStage::ALL.iter().position(|&x| x == stage).unwrap_or(0)];
+    let pipe = &fam.pipelines[stage as usize];
     let groups = match stage {
         DeltaStage::Conv => div_up(s.n_seqs * per, 64),
         DeltaStage::Recur => s.n_seqs * per,

@@ -147,9 +147,9 @@ impl Harness {
             out: &out,
             chunks: &chunks,
         };
-        let ops = DeltaStage::MIXER
-            .into_iter()
-            .map(|stage| delta::delta(&self.kernels, g, &b, stage, stage.per_unit(d, 0)))
+        let ops = DeltaStage::mixer()
+            .iter()
+            .map(|&stage| delta::delta(&self.kernels, g, &b, stage, stage.per_unit(d, 0)))
             .collect::<Result<Vec<_>>>()?;
         let shape = StepShape { n_tokens: n as u32, n_seqs: seqs.len() as u32, n_splits: 1, ..Default::default() };
         let t = self.run(&self.calls(&ops, shape, None), iters)?;
