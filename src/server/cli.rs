@@ -75,6 +75,9 @@ pub struct ServeArgs {
     /// thinking span goes to `reasoning_content`, the rest to `content`.
     #[arg(long, default_value = "auto", value_parser = super::reasoning::ReasoningChoice::parse)]
     pub reasoning_parser: super::reasoning::ReasoningChoice,
+    /// Do not serve the chat page at `GET /`.
+    #[arg(long)]
+    pub no_webui: bool,
 }
 
 /// `torus-wgpu serve`: binds, loads the model (503 until then), serves until SIGINT/SIGTERM,
@@ -142,6 +145,8 @@ pub fn run(args: ServeArgs) -> Result<()> {
     }
     scfg.body_read_timeout = secs(args.body_read_timeout_s);
     scfg.reasoning_parser = args.reasoning_parser;
+    scfg.webui = !args.no_webui;
+    scfg.model_path = Some(model_path.clone());
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().thread_name("torus-http").build()?;
     let r = rt.block_on(serve(args, cfg, scfg, model_path));
     // Never wait on work that is still running (dropping the runtime would).

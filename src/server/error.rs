@@ -1,5 +1,6 @@
 //! Errors in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}` with the status
-//! that goes with them.
+//! that goes with them; the same errors in Anthropic's and Ollama's shapes for their routes
+//! ([`Dialect`]).
 
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -133,6 +134,68 @@ impl ApiError {
 impl std::fmt::Display for ApiError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}: {}", self.status, self.message)
+    }
+}
+
+/// Whose error shape a route answers in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dialect {
+    /// `{"error": {"message", "type", "param", "code"}}`.
+    OpenAi,
+    /// `{"type": "error", "error": {"type", "message"}}` (`/v1/messages`).
+    Anthropic,
+    /// `{"error": "message"}` (`/api/...`).
+    Ollama,
+}
+
+impl Dialect {
+    /// The dialect of the route at `path`.
+    pub fn of_path(path: &str) -> Dialect {
+        if path == "/v1/messages" || path.starts_with("/v1/messages/") {
+            Dialect::Anthropic
+        } else if path == "/api" || path.starts_with("/api/") {
+            Dialect::Ollama
+        } else {
+            Dialect::OpenAi
+        }
+    }
+}
+
+impl ApiError {
+    /// Anthropic's error type for this error's status.
+    pub fn anthropic_type(&self) -> &'static str {
+        match self.status.as_u16() {
+            401 => "authentication_error",
+            403 => "permission_error",
+            404 => "not_found_error",
+            408 => "timeout_error",
+            413 => "request_too_large",
+            429 => "rate_limit_error",
+            503 => "overloaded_error",
+            s if s >= 500 => "api_error",
+            _ => "invalid_request_error",
+        }
+    }
+
+    /// The body in `d`'s shape.
+    pub fn body_in(&self, d: Dialect) -> Value {
+        match d {
+            Dialect::OpenAi => self.body(),
+            Dialect::Anthropic => json!({
+                "type": "error",
+                "error": {"type": self.anthropic_type(), "message": self.message},
+            }),
+            Dialect::Ollama => json!({"error": self.message}),
+        }
+    }
+
+    /// The response in `d`'s shape.
+    pub fn response_in(self, d: Dialect) -> Response {
+        let mut r = (self.status, axum::Json(self.body_in(d))).into_response();
+        if let Some(s) = self.retry_after {
+            r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(s));
+        }
+        r
     }
 }
 

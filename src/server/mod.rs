@@ -14,6 +14,7 @@
 //! Never uses: gpu, model, ops.
 
 pub mod access;
+mod anthropic;
 mod body;
 mod cli;
 mod conn;
@@ -23,18 +24,22 @@ pub mod harmony;
 mod info;
 mod json;
 pub mod metrics;
+mod ollama;
 mod openai;
 mod params;
 mod prepare;
 pub mod reasoning;
+mod responses;
 mod structured;
 mod token_ids;
 mod tokenize;
 mod tools;
+mod turn;
+mod webui;
 mod work;
 
 pub use cli::{run, ServeArgs};
-pub use error::ApiError;
+pub use error::{ApiError, Dialect};
 pub use metrics::ServerMetrics;
 pub use tools::tool_call_grammar;
 
@@ -43,7 +48,7 @@ use crate::engine::EngineHandle;
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{header, HeaderValue};
 use axum::middleware::{from_fn_with_state, Next};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use axum::routing::{get, post};
 use axum::Router;
 use std::net::SocketAddr;
@@ -113,6 +118,10 @@ pub struct ServerConfig {
     pub kv_cache_dtype: crate::config::KvDtype,
     /// How chat outputs are split into `reasoning_content` and `content` (see `reasoning`).
     pub reasoning_parser: reasoning::ReasoningChoice,
+    /// Serve the chat page at `GET /` (`--no-webui` turns it off).
+    pub webui: bool,
+    /// The model file or directory (Ollama's `/api/tags` and `/api/show` describe it).
+    pub model_path: Option<std::path::PathBuf>,
 }
 
 impl ServerConfig {
@@ -138,6 +147,8 @@ impl ServerConfig {
             body_read_timeout: Some(Duration::from_secs(DEFAULT_BODY_READ_TIMEOUT_S)),
             kv_cache_dtype: cfg.kv_cache_dtype,
             reasoning_parser: reasoning::ReasoningChoice::Auto,
+            webui: true,
+            model_path: None,
         }
     }
 }
@@ -310,7 +321,14 @@ pub fn cors_layer(origins: &[String]) -> Result<Option<tower_http::cors::CorsLay
         CorsLayer::new()
             .allow_origin(allow)
             .allow_methods([Method::GET, Method::POST, Method::OPTIONS])
-            .allow_headers([header::AUTHORIZATION, header::CONTENT_TYPE, access::REQUEST_ID])
+            .allow_headers([
+                header::AUTHORIZATION,
+                header::CONTENT_TYPE,
+                access::REQUEST_ID,
+                axum::http::HeaderName::from_static("x-api-key"),
+                axum::http::HeaderName::from_static("anthropic-version"),
+                axum::http::HeaderName::from_static("anthropic-beta"),
+            ])
             .expose_headers([access::REQUEST_ID]),
     ))
 }
@@ -323,6 +341,9 @@ fn router(state: Arc<AppState>, cors: Option<tower_http::cors::CorsLayer>) -> Ro
         .route("/v1/models/{*model}", get(info::get_model))
         .route("/tokenize", post(tokenize::tokenize))
         .route("/detokenize", post(tokenize::detokenize))
+        .merge(anthropic::routes())
+        .merge(responses::routes())
+        .merge(ollama::routes())
         .route_layer(from_fn_with_state(state.clone(), require_api_key));
     let mut app = Router::new()
         .merge(api)
@@ -330,8 +351,15 @@ fn router(state: Arc<AppState>, cors: Option<tower_http::cors::CorsLayer>) -> Ro
         .route("/metrics", get(info::prometheus))
         .route("/version", get(info::version))
         .route("/server_info", get(info::server_info))
-        .fallback(|| async { ApiError::not_found("no such route") })
-        .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() });
+        .fallback(|uri: axum::http::Uri| async move {
+            ApiError::not_found("no such route").response_in(Dialect::of_path(uri.path()))
+        })
+        .method_not_allowed_fallback(|uri: axum::http::Uri| async move {
+            ApiError::method_not_allowed().response_in(Dialect::of_path(uri.path()))
+        });
+    if state.cfg.webui {
+        app = app.merge(webui::routes());
+    }
     // Innermost first: CORS (answers preflights), the status counter, the access log.
     if let Some(cors) = cors {
         app = app.layer(cors);
@@ -350,18 +378,26 @@ fn same_secret(a: &[u8], b: &[u8]) -> bool {
     x.iter().zip(y.iter()).fold(0u8, |acc, (p, q)| acc | (p ^ q)) == 0
 }
 
+/// The key a request sends: `Authorization: Bearer KEY` (OpenAI, Ollama) or `x-api-key: KEY`
+/// (Anthropic); None when it sends neither.
+fn sent_key(headers: &axum::http::HeaderMap) -> Option<&str> {
+    let bearer = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")));
+    bearer.or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok())).map(str::trim)
+}
+
 async fn require_api_key(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
     if let Some(key) = &st.cfg.api_key {
-        let token = req
-            .headers()
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
-            .map(str::trim);
-        match token {
-            None => return ApiError::unauthorized("missing API key: send `Authorization: Bearer KEY`").into_response(),
+        let dialect = Dialect::of_path(req.uri().path());
+        match sent_key(req.headers()) {
+            None => {
+                return ApiError::unauthorized("missing API key: send `Authorization: Bearer KEY` or `x-api-key: KEY`")
+                    .response_in(dialect)
+            }
             Some(t) if !same_secret(t.as_bytes(), key.as_bytes()) => {
-                return ApiError::unauthorized("incorrect API key provided").into_response()
+                return ApiError::unauthorized("incorrect API key provided").response_in(dialect)
             }
             Some(_) => {}
         }

@@ -22,6 +22,7 @@ use crate::structured::ConstraintSpec;
 use crate::tokenizer::{Tokenizer, TooLong};
 use axum::body::Body;
 use axum::http::HeaderMap;
+use serde_json::{Map, Value};
 
 /// Most sequences (prompts x n) one completions request may ask for.
 pub const MAX_CHOICES: usize = 256;
@@ -105,15 +106,77 @@ pub(crate) async fn begin(
         .run_sized(data.len(), move || -> Result<(Parsed, Common), ApiError> {
             let mut parsed = json::parse(&data, ids)?;
             drop(data);
-            let (c, left) = json::with_budget(parsed.values_left, || Common::parse(&Fields(&parsed.obj), &lim, keys));
-            parsed.values_left = left;
-            Ok((parsed, c?))
+            let c = common_fields(&mut parsed, &lim, keys)?;
+            Ok((parsed, c))
         })
         .await??;
     st.check_model(c.model.as_deref())?;
     let mut c = c;
     c.reasoning = st.cfg.reasoning_parser;
     Ok((engine, parsed, c))
+}
+
+fn common_fields(parsed: &mut Parsed, lim: &Limits, keys: &[&str]) -> Result<Common, ApiError> {
+    let (c, left) = json::with_budget(parsed.values_left, || Common::parse(&Fields(&parsed.obj), lim, keys));
+    parsed.values_left = left;
+    c
+}
+
+/// A body in another API's shape (Anthropic's, the Responses API's, Ollama's) as an OpenAI
+/// chat body, or a completions body whose `prompt` is a string.
+pub(crate) struct Translated {
+    pub body: Map<String, Value>,
+    pub route: Route,
+    /// What the response needs of the original request (the API's own business).
+    pub echo: Value,
+}
+
+/// Translates a body (errors name the original API's fields).
+pub(crate) type Translate = fn(Map<String, Value>) -> Result<Translated, ApiError>;
+
+/// A request in another API's shape, ready to submit: read, translated, then prepared as the
+/// OpenAI route it became (the same checks, limits and admission order as [`begin`]).
+pub(crate) async fn translated(
+    st: &AppState,
+    headers: &HeaderMap,
+    body: Body,
+    translate: Translate,
+) -> Result<(EngineHandle, Prepared, Value), ApiError> {
+    let engine = st.engine()?.clone();
+    let data = body::read(headers, body, st.cfg.max_request_body_bytes, st.cfg.body_read_timeout).await?;
+    check_queue(st)?;
+    let lim = limits(st, &engine);
+    let (parsed, c, route, echo) = st
+        .work
+        .run_sized(data.len(), move || -> Result<(Parsed, Common, Route, Value), ApiError> {
+            let mut parsed = json::parse(&data, None)?;
+            drop(data);
+            let t = translate(std::mem::take(&mut parsed.obj))?;
+            let (route, echo) = (t.route, t.echo);
+            parsed.obj = t.body;
+            if route == Route::Completions {
+                let text = match parsed.obj.remove("prompt") {
+                    Some(Value::String(s)) => s,
+                    _ => return Err(ApiError::invalid("prompt", "`prompt` must be a string")),
+                };
+                parsed.prompts = Some(vec![Prompt::Text(text)]);
+            }
+            let c = common_fields(&mut parsed, &lim, &["max_tokens"])?;
+            Ok((parsed, c, route, echo))
+        })
+        .await??;
+    st.check_model(c.model.as_deref())?;
+    let mut c = c;
+    c.reasoning = st.cfg.reasoning_parser;
+    let e = engine.clone();
+    let p = st
+        .work
+        .run_sized(parsed.bytes, move || match route {
+            Route::Chat => chat(&e, parsed, c),
+            Route::Completions => completion(&e, parsed, c),
+        })
+        .await??;
+    Ok((engine, p, echo))
 }
 
 /// `text`'s tokens as a prompt (BOS where the model wants it), or the context-length 400.

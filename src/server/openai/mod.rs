@@ -26,7 +26,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-mod sse;
+pub(crate) mod sse;
 
 /// The access log's record of this request (a detached one outside the middleware).
 type Log = Option<Extension<AccessRecord>>;
@@ -50,7 +50,7 @@ async fn handle(State(st): State<Arc<AppState>>, log: Log, headers: HeaderMap, b
 }
 
 /// A time limit counted from `t0`, and its deadline (None: no limit, or one too far to count).
-fn deadline(t0: Instant, limit: Option<Duration>) -> Option<(Duration, tokio::time::Instant)> {
+pub(crate) fn deadline(t0: Instant, limit: Option<Duration>) -> Option<(Duration, tokio::time::Instant)> {
     let limit = limit?;
     Some((limit, t0.checked_add(limit)?.into()))
 }
@@ -123,7 +123,7 @@ async fn respond(
 }
 
 /// The error a finish reason stands for (None for stop and length).
-fn error_of(reason: &FinishReason) -> Option<ApiError> {
+pub(crate) fn error_of(reason: &FinishReason) -> Option<ApiError> {
     match reason {
         FinishReason::Stop | FinishReason::Length => None,
         FinishReason::Abort => {

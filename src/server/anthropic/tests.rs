@@ -1,0 +1,100 @@
+use super::*;
+
+fn tr(v: Value) -> Result<Map<String, Value>, ApiError> {
+    translate(v.as_object().unwrap().clone()).map(|t| t.body)
+}
+
+#[test]
+fn a_conversation_with_tools_becomes_chat_messages() {
+    let body = tr(json!({
+        "model": "m",
+        "max_tokens": 64,
+        "system": [{"type": "text", "text": "Be brief."}],
+        "stop_sequences": ["END"],
+        "messages": [
+            {"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": [
+                {"type": "thinking", "thinking": "hmm", "signature": "x"},
+                {"type": "text", "text": "Let me look."},
+                {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}}
+            ]},
+            {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "toolu_1", "content": [{"type": "text", "text": "18C"}]},
+                {"type": "text", "text": "And tomorrow?"}
+            ]}
+        ],
+        "tools": [{"name": "get_weather", "description": "d", "input_schema": {"type": "object"}}],
+        "tool_choice": {"type": "any", "disable_parallel_tool_use": true},
+        "thinking": {"type": "enabled", "budget_tokens": 1024},
+    }))
+    .unwrap();
+    assert_eq!(
+        body["messages"],
+        json!([
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": "Let me look.", "tool_calls": [
+                {"id": "toolu_1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
+            ]},
+            {"role": "tool", "tool_call_id": "toolu_1", "content": "18C"},
+            {"role": "user", "content": "And tomorrow?"}
+        ])
+    );
+    assert_eq!(
+        body["tools"],
+        json!([{"type": "function", "function": {"name": "get_weather", "description": "d", "parameters": {"type": "object"}}}])
+    );
+    assert_eq!(body["tool_choice"], json!("required"));
+    assert_eq!(body["parallel_tool_calls"], json!(false));
+    assert_eq!(body["stop"], json!(["END"]));
+    assert_eq!(body["max_tokens"], json!(64));
+    assert_eq!(body["chat_template_kwargs"], json!({"enable_thinking": true}));
+}
+
+#[test]
+fn bad_requests_name_the_field() {
+    for (body, param) in [
+        (json!({"messages": []}), "messages"),
+        (json!({"messages": [{"role": "system", "content": "x"}]}), "messages[0].role"),
+        (json!({"messages": [{"role": "user", "content": 5}]}), "messages[0].content"),
+        (
+            json!({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}),
+            "messages[0].content[0]",
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": [{"type": "tool_use", "id": "a", "name": "f"}]}]}),
+            "messages[0].content[0]",
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "web_search_20250305", "name": "w"}]}),
+            "tools[0].type",
+        ),
+        (json!({"messages": [{"role": "user", "content": "x"}], "tool_choice": {"type": "tool"}}), "tool_choice.name"),
+        (json!({"messages": [{"role": "user", "content": "x"}], "tool_choice": "auto"}), "tool_choice"),
+        (json!({"messages": [{"role": "user", "content": "x"}], "thinking": {"type": "on"}}), "thinking.type"),
+        (json!({"messages": [{"role": "user", "content": "x"}], "system": 3}), "system"),
+    ] {
+        let e = tr(body.clone()).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some(param), "{body}: {e}");
+        assert_eq!(e.status, 400);
+    }
+}
+
+#[test]
+fn stop_reasons() {
+    assert_eq!(stop_reason(&FinishReason::Stop, 0), "end_turn");
+    assert_eq!(stop_reason(&FinishReason::Stop, 2), "tool_use");
+    assert_eq!(stop_reason(&FinishReason::Length, 1), "max_tokens");
+}
+
+#[test]
+fn errors_in_anthropic_shape() {
+    let e = ApiError::invalid("max_tokens", "bad");
+    assert_eq!(
+        e.body_in(Dialect::Anthropic),
+        json!({"type": "error", "error": {"type": "invalid_request_error", "message": "bad"}})
+    );
+    let e = ApiError::unavailable("busy", "overloaded");
+    assert_eq!(e.body_in(Dialect::Anthropic)["error"]["type"], "overloaded_error");
+    assert_eq!(ApiError::unauthorized("k").body_in(Dialect::Anthropic)["error"]["type"], "authentication_error");
+}

@@ -1,0 +1,214 @@
+//! Ollama's model routes: `GET /api/tags` and `/api/ps` (the one served model), `POST
+//! /api/show`, `GET /api/version`; `/api/pull` of the served model succeeds at once, and what
+//! cannot apply to a server of one model loaded at start (pulling another, create, copy,
+//! delete, push, blobs) answers 400 saying so.
+
+use super::model_name;
+use crate::server::error::{ApiError, Dialect};
+use crate::server::reasoning::ReasoningChoice;
+use crate::server::AppState;
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::{json, Value};
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// The Ollama API version reported: the one whose routes and fields this server follows.
+pub const OLLAMA_API_VERSION: &str = "0.12.0";
+
+/// `t` as RFC 3339 in UTC with nanoseconds (`2026-12-04T20:31:05.123456789Z`).
+pub(super) fn rfc3339(t: SystemTime) -> String {
+    let d = t.duration_since(UNIX_EPOCH).unwrap_or_default();
+    let secs = d.as_secs();
+    let (days, rem) = ((secs / 86_400) as i64, secs % 86_400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:09}Z",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60,
+        d.subsec_nanos()
+    )
+}
+
+/// What the model's file says of it, as Ollama's `details`: the format, and the parameter
+/// count and quantization as its name gives them (`SmolLM2-135M-Instruct.Q4_1.gguf`).
+fn details(st: &AppState) -> Value {
+    let path = st.cfg.model_path.as_deref();
+    let name = path.and_then(|p| p.file_name()).map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let format = if name.to_ascii_lowercase().ends_with(".gguf") { "gguf" } else { "safetensors" };
+    let words: Vec<&str> = name.split(['-', '.', '_']).collect();
+    let size = words.iter().find(|w| {
+        let (num, unit) = w.split_at(w.len().saturating_sub(1));
+        matches!(unit, "M" | "B" | "m" | "b") && !num.is_empty() && num.parse::<f64>().is_ok()
+    });
+    let lower = name.to_ascii_lowercase();
+    let quant = [
+        "q2_k", "q3_k", "q4_0", "q4_1", "q4_k", "q5_0", "q5_1", "q5_k", "q6_k", "q8_0", "iq", "mxfp4", "f16", "bf16",
+        "f32",
+    ]
+    .iter()
+    .find_map(|q| lower.find(q).map(|i| name[i..].split(['.', '-']).next().unwrap_or(q).to_ascii_uppercase()));
+    json!({
+        "parent_model": "",
+        "format": format,
+        "family": "",
+        "families": null,
+        "parameter_size": size.map(|s| s.to_ascii_uppercase()).unwrap_or_default(),
+        "quantization_level": quant.unwrap_or_default(),
+    })
+}
+
+/// The model file's size (0 for a directory or when unknown) and modification time.
+fn file_facts(st: &AppState) -> (u64, SystemTime) {
+    let m = st.cfg.model_path.as_deref().and_then(|p| std::fs::metadata(p).ok());
+    let size = m.as_ref().filter(|m| m.is_file()).map_or(0, |m| m.len());
+    (size, m.and_then(|m| m.modified().ok()).unwrap_or(UNIX_EPOCH))
+}
+
+/// A stable digest for the served model (of its name, size and time; the file is not read).
+fn digest(st: &AppState, size: u64, modified: SystemTime) -> String {
+    use sha2::{Digest, Sha256};
+    let secs = modified.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let h = Sha256::digest(format!("{}\0{size}\0{secs}", st.cfg.served_model_name));
+    h.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The served model's name as Ollama lists it (`name:latest` unless it has a tag).
+fn listed_name(st: &AppState) -> String {
+    let n = &st.cfg.served_model_name;
+    if n.contains(':') {
+        n.clone()
+    } else {
+        format!("{n}:latest")
+    }
+}
+
+fn entry(st: &AppState) -> Value {
+    let (size, modified) = file_facts(st);
+    json!({
+        "name": listed_name(st),
+        "model": listed_name(st),
+        "modified_at": rfc3339(modified),
+        "size": size,
+        "digest": digest(st, size, modified),
+        "details": details(st),
+    })
+}
+
+pub(super) async fn tags(State(st): State<Arc<AppState>>) -> Response {
+    if let Err(e) = st.engine() {
+        return e.response_in(Dialect::Ollama);
+    }
+    Json(json!({"models": [entry(&st)]})).into_response()
+}
+
+pub(super) async fn ps(State(st): State<Arc<AppState>>) -> Response {
+    if let Err(e) = st.engine() {
+        return e.response_in(Dialect::Ollama);
+    }
+    let mut e = entry(&st);
+    let size = e["size"].clone();
+    let o = e.as_object_mut().expect("an object");
+    o.remove("modified_at");
+    o.insert("size_vram".into(), size);
+    // Loaded until the server stops.
+    o.insert("expires_at".into(), json!(rfc3339(UNIX_EPOCH + std::time::Duration::from_secs(253_402_300_799))));
+    Json(json!({"models": [e]})).into_response()
+}
+
+pub(super) async fn version() -> Response {
+    Json(json!({"version": OLLAMA_API_VERSION})).into_response()
+}
+
+/// The request body's `model` (or Ollama's older `name`), checked against the served model.
+async fn named_model(st: &AppState, headers: &HeaderMap, body: Body) -> Result<(), ApiError> {
+    let data =
+        crate::server::body::read(headers, body, st.cfg.max_request_body_bytes, st.cfg.body_read_timeout).await?;
+    let v: Value =
+        serde_json::from_slice(&data).map_err(|e| ApiError::bad_request(format!("the body is not valid JSON: {e}")))?;
+    let m = v.get("model").or_else(|| v.get("name")).filter(|m| !m.is_null());
+    let Some(m) = m else { return Err(ApiError::invalid("model", "`model` is required")) };
+    let Some(name) = model_name(m).as_str().map(str::to_string) else {
+        return Err(ApiError::invalid("model", "`model` must be a string"));
+    };
+    st.check_model(Some(&name))
+}
+
+pub(super) async fn show(State(st): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
+    let r = async {
+        let engine = st.engine()?.clone();
+        named_model(&st, &headers, body).await?;
+        let template = engine.tokenizer.chat_template_source().unwrap_or_default().to_string();
+        let mut caps = vec!["completion"];
+        if template.contains("tools") {
+            caps.push("tools");
+        }
+        if st.cfg.reasoning_parser != ReasoningChoice::None
+            && st.cfg.reasoning_parser.resolve(Some(&template)).is_some()
+        {
+            caps.push("thinking");
+        }
+        let (size, modified) = file_facts(&st);
+        let path = st.cfg.model_path.as_deref().map(|p| p.display().to_string()).unwrap_or_default();
+        Ok::<_, ApiError>(
+            Json(json!({
+                "license": "",
+                "modelfile": format!("# served by torus-wgpu\nFROM {path}\n"),
+                "parameters": format!(
+                    "temperature {}\ntop_p {}\ntop_k {}",
+                    st.cfg.default_temperature, st.cfg.default_top_p, st.cfg.default_top_k
+                ),
+                "template": template,
+                "details": details(&st),
+                "model_info": {
+                    "general.file_size": size,
+                    "general.context_length": engine.info.max_model_len(),
+                    "general.vocab_size": engine.info.vocab,
+                },
+                "capabilities": caps,
+                "modified_at": rfc3339(modified),
+            }))
+            .into_response(),
+        )
+    }
+    .await;
+    r.unwrap_or_else(|e| e.response_in(Dialect::Ollama))
+}
+
+/// `/api/pull` of the served model: already here. Any other: 400.
+pub(super) async fn pull(State(st): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
+    match named_model(&st, &headers, body).await {
+        Ok(()) => Json(json!({"status": "success"})).into_response(),
+        Err(e) if e.status == 404 => ApiError::invalid(
+            "model",
+            format!(
+                "this server serves one model, loaded at start ({}), and never downloads: fetch the weights yourself \
+                 and start `torus-wgpu serve --model PATH`",
+                st.cfg.served_model_name
+            ),
+        )
+        .response_in(Dialect::Ollama),
+        Err(e) => e.response_in(Dialect::Ollama),
+    }
+}
+
+pub(super) async fn unsupported() -> Response {
+    ApiError::invalid(
+        "model",
+        "this server serves one model, loaded at start: models cannot be created, copied, deleted or pushed here",
+    )
+    .response_in(Dialect::Ollama)
+}
