@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One-time set-up: software Vulkan when no GPU driver is present, the models (SmolLM2-135M,
-# Qwen2.5-Coder-0.5B and Gemma 3 270M), and the OpenAI Python client for the end-to-end test.
+# Qwen2.5-Coder-0.5B and Gemma 3 270M), the official OpenAI, Anthropic and Ollama Python
+# clients for the end-to-end tests, and Chromium with selenium for the chat page's test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! dpkg -s mesa-vulkan-drivers >/dev/null 2>&1; then
@@ -27,6 +28,13 @@ if ! command -v curl >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
   $SUDO apt-get update
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y curl
 fi
+# Chromium and its WebDriver: the chat page's browser test (tests/webui_selenium.py).
+if ! { command -v chromium && command -v chromedriver; } >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO=sudo
+  $SUDO apt-get update
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y chromium chromium-driver
+fi
 ./scripts/fetch-model.sh all
 # pip_install PKG...: a system Python that refuses user packages (PEP 668) gets them with
 # --break-system-packages.
@@ -38,5 +46,8 @@ pip_install() {
 # (tests/kv_events_sub.py).
 python3 -c 'import openai, pydantic, jsonschema, zmq, msgpack, msgspec' 2>/dev/null ||
   pip_install openai pydantic jsonschema pyzmq msgpack msgspec
+# The official Anthropic and Ollama clients (tests/apis_e2e.py) and selenium, which drives
+# Chromium for the chat page's test (tests/webui_selenium.py).
+python3 -c 'import anthropic, ollama, selenium' 2>/dev/null || pip_install anthropic ollama selenium
 # The Shepherd Model Gateway (the `smg` router) for the replicas test and scripts/replicas.sh.
 [ "$(smg --version 2>/dev/null | grep -o '[0-9.]*' | head -1)" = "1.13.0" ] || pip_install smg==1.13.0

@@ -1,9 +1,12 @@
 //! Property-based fuzzing of the HTTP server (proptest): batches of random requests to every
-//! route (generation, /tokenize, /detokenize and the GET routes: valid-ish request skeletons
+//! route (generation in every API's shape: OpenAI chat and completions, Anthropic Messages and
+//! count_tokens, the Responses API, Ollama's chat and generate; /tokenize, /detokenize, Ollama's
+//! show and pull, and the GET routes, the chat page among them: valid-ish request skeletons
 //! with random fields of wrong types, huge, negative and fractional numbers, long strings, big
 //! arrays and maps; raw bodies with deep nesting, invalid escapes and lone surrogates, duplicate
 //! keys, invalid UTF-8, truncation, garbage; wrong methods, content types and paths). Every
-//! answer must be a 2xx or 4xx, or a 503, with a 4xx and 503 in OpenAI's error shape, and carry
+//! answer must be a 2xx or 4xx, or a 503, with a 4xx and 503 in its API's error shape (OpenAI's,
+//! Anthropic's, Ollama's), streams well formed to their end in their API's framing, and carry
 //! an `x-request-id`; after each batch a known-good request still succeeds; at the end the
 //! engine is idle with every KV block free.
 //!
@@ -27,9 +30,47 @@ const CHAT: &str = "/v1/chat/completions";
 const COMPLETIONS: &str = "/v1/completions";
 const TOKENIZE: &str = "/tokenize";
 const DETOKENIZE: &str = "/detokenize";
+const MESSAGES: &str = "/v1/messages";
+const COUNT_TOKENS: &str = "/v1/messages/count_tokens";
+const RESPONSES: &str = "/v1/responses";
+const OLLAMA_CHAT: &str = "/api/chat";
+const OLLAMA_GENERATE: &str = "/api/generate";
+const OLLAMA_SHOW: &str = "/api/show";
+/// The POST routes whose bodies must be declared JSON.
+const POSTS: &[&str] = &[
+    CHAT,
+    COMPLETIONS,
+    TOKENIZE,
+    DETOKENIZE,
+    MESSAGES,
+    COUNT_TOKENS,
+    RESPONSES,
+    OLLAMA_CHAT,
+    OLLAMA_GENERATE,
+    OLLAMA_SHOW,
+];
 /// Every route, by the name the statistics use.
-const ROUTES: &[&str] =
-    &[CHAT, COMPLETIONS, TOKENIZE, DETOKENIZE, "/v1/models", "/health", "/metrics", "/version", "/server_info"];
+const ROUTES: &[&str] = &[
+    CHAT,
+    COMPLETIONS,
+    TOKENIZE,
+    DETOKENIZE,
+    MESSAGES,
+    COUNT_TOKENS,
+    RESPONSES,
+    OLLAMA_CHAT,
+    OLLAMA_GENERATE,
+    OLLAMA_SHOW,
+    "/v1/models",
+    "/health",
+    "/metrics",
+    "/version",
+    "/server_info",
+    "/api/tags",
+    "/api/ps",
+    "/api/version",
+    "/",
+];
 
 /// Request fields the server reads (and some it does not).
 const FIELDS: &[&str] = &[
@@ -69,6 +110,19 @@ const FIELDS: &[&str] = &[
     "add_generation_prompt",
     "continue_final_message",
     "return_token_strs",
+    "system",
+    "stop_sequences",
+    "thinking",
+    "input",
+    "instructions",
+    "max_output_tokens",
+    "text",
+    "previous_response_id",
+    "options",
+    "format",
+    "think",
+    "raw",
+    "images",
 ];
 
 /// Escapes that are not valid JSON string content, or decode to lone surrogates (and a few
@@ -199,25 +253,33 @@ fn tweak() -> impl Strategy<Value = Tweak> {
     ]
 }
 
-/// A JSON body for one of the two generation routes: a good request, some fields set to
-/// random values or removed, then raw-text tweaks.
-fn generation_body() -> impl Strategy<Value = (bool, Vec<u8>)> {
+/// A JSON body for one of the generation routes (any API): a good request, some fields set
+/// to random values or removed, then raw-text tweaks.
+fn generation_body() -> impl Strategy<Value = (&'static str, Vec<u8>)> {
     let edit = (prop::sample::select(FIELDS), prop::option::weighted(0.85, value()));
     (
-        any::<bool>(),
+        0u8..8,
         1u32..6,
         prop::bool::weighted(0.25),
         prop::collection::vec(edit, 0..4),
         prop::collection::vec(tweak(), 0..3),
         prop::bool::weighted(0.5),
     )
-        .prop_map(|(chat, max_tokens, stream, edits, tweaks, tweak_it)| {
-            let mut v = if chat {
-                json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": max_tokens})
-            } else {
-                json!({"prompt": "hi", "max_tokens": max_tokens})
+        .prop_map(|(kind, max_tokens, stream, edits, tweaks, tweak_it)| {
+            let user = json!([{"role": "user", "content": "hi"}]);
+            let (path, mut v) = match kind {
+                0 | 1 => (CHAT, json!({"messages": user, "max_tokens": max_tokens})),
+                2 => (COMPLETIONS, json!({"prompt": "hi", "max_tokens": max_tokens})),
+                3 => (MESSAGES, json!({"messages": user, "max_tokens": max_tokens, "system": "s"})),
+                4 => (COUNT_TOKENS, json!({"messages": user})),
+                5 => (RESPONSES, json!({"input": "hi", "max_output_tokens": max_tokens})),
+                6 => (OLLAMA_CHAT, json!({"messages": user, "options": {"num_predict": max_tokens}})),
+                _ => (OLLAMA_GENERATE, json!({"prompt": "hi", "options": {"num_predict": max_tokens}})),
             };
-            if stream {
+            // Ollama streams unless told not to.
+            if path.starts_with("/api/") {
+                v["stream"] = json!(stream);
+            } else if stream {
                 v["stream"] = json!(true);
             }
             let o = v.as_object_mut().unwrap();
@@ -233,7 +295,7 @@ fn generation_body() -> impl Strategy<Value = (bool, Vec<u8>)> {
                     body = apply(body, t);
                 }
             }
-            (chat, body)
+            (path, body)
         })
 }
 
@@ -318,9 +380,9 @@ fn case() -> impl Strategy<Value = Case> {
         Some("multipart/form-data; boundary=x"),
         None,
     ]);
-    let generation = (generation_body(), content_type.clone()).prop_map(|((chat, body), ct)| Case {
+    let generation = (generation_body(), content_type.clone()).prop_map(|((path, body), ct)| Case {
         method: Method::POST,
-        path: if chat { CHAT } else { COMPLETIONS }.into(),
+        path: path.into(),
         content_type: ct,
         body,
     });
@@ -331,7 +393,7 @@ fn case() -> impl Strategy<Value = Case> {
         body,
     });
     let raw_post = (
-        prop::sample::select(vec![CHAT, COMPLETIONS, TOKENIZE, DETOKENIZE]),
+        prop::sample::select(POSTS.to_vec()),
         prop_oneof![
             prop::collection::vec(any::<u8>(), 0..300),
             deep().prop_map(String::into_bytes),
@@ -355,7 +417,11 @@ fn case() -> impl Strategy<Value = Case> {
             "/server_info",
             "/v1/models/tiny-qwen2",
             "/",
-            "/v1"
+            "/v1",
+            "/api/tags",
+            "/api/ps",
+            "/api/version",
+            "/api/nothing",
         ])
         .prop_map(str::to_string),
         "[a-zA-Z0-9%._~-]{0,24}".prop_map(|s| format!("/v1/models/{s}")),
@@ -439,7 +505,8 @@ async fn send(srv: &Server, c: &Case) -> Result<u16, TestCaseError> {
     let r = req.send().await.map_err(|e| TestCaseError::fail(format!("{}: no response: {e}", what())))?;
     let status = r.status();
     check(r.headers().contains_key("x-request-id"), || format!("{}: no x-request-id", what()))?;
-    let sse = r.headers().get("content-type").is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+    let ct = r.headers().get("content-type").map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+    let ct = ct.unwrap_or_default();
     let text = r.text().await.map_err(|e| TestCaseError::fail(format!("{}: body cut: {e}", what())))?;
     check(!status.is_server_error() || status == StatusCode::SERVICE_UNAVAILABLE, || {
         format!("{}: {status} {text}", what())
@@ -449,37 +516,119 @@ async fn send(srv: &Server, c: &Case) -> Result<u16, TestCaseError> {
     }
     // A POST body not declared JSON is refused (415), unless it is too large (413) first.
     let json = c.content_type.is_some_and(|ct| ct.starts_with("application/json"));
-    if c.method == Method::POST && ROUTES[..4].contains(&c.path.as_str()) && !json {
+    if c.method == Method::POST && POSTS.contains(&c.path.as_str()) && !json {
         check(status == StatusCode::UNSUPPORTED_MEDIA_TYPE || status == StatusCode::PAYLOAD_TOO_LARGE, || {
             format!("{}: {status} for content-type {:?}", what(), c.content_type)
         })?;
     }
+    let dialect = dialect(&c.path);
     if status.is_client_error() || status.is_server_error() {
         let v: Value = serde_json::from_str(&text)
             .map_err(|e| TestCaseError::fail(format!("{}: {status} with a non-JSON body {text:?}: {e}", what())))?;
-        let e = &v["error"];
-        check(
-            e["message"].as_str().is_some_and(|m| !m.is_empty())
-                && e["type"].is_string()
-                && e.get("param").is_some()
-                && e.get("code").is_some(),
-            || format!("{}: {status}, not an OpenAI error: {v}", what()),
-        )?;
-    } else if sse {
-        check(text.ends_with("data: [DONE]\n\n"), || format!("{}: stream without [DONE]: {text}", what()))?;
-        for ev in text.split("\n\n").filter(|e| !e.is_empty() && *e != "data: [DONE]" && !e.starts_with(':')) {
-            let data = ev.strip_prefix("data: ").unwrap_or(ev);
-            let v: Value = serde_json::from_str(data)
-                .map_err(|e| TestCaseError::fail(format!("{}: bad event {ev:?}: {e}", what())))?;
-            // An error event is a 408 (time limit) or 503 (shutdown, a stage down) in the
-            // stream; an internal error (500) has no code.
-            check(v.get("error").is_none_or(|e| e["code"].is_string()), || format!("{}: error event {v}", what()))?;
+        check(is_error(dialect, &v), || format!("{}: {status}, not a {dialect:?} error: {v}", what()))?;
+    } else if ct.starts_with("text/event-stream") {
+        check_sse(dialect, &text).map_err(|why| TestCaseError::fail(format!("{}: {why}: {text}", what())))?;
+    } else if ct.starts_with("application/x-ndjson") {
+        let lines: Vec<&str> = text.lines().collect();
+        for (i, l) in lines.iter().enumerate() {
+            let v: Value = serde_json::from_str(l)
+                .map_err(|e| TestCaseError::fail(format!("{}: bad NDJSON line {l:?}: {e}", what())))?;
+            let last = i + 1 == lines.len();
+            let ok = if last { v["done"] == true || is_error(Dialect::Ollama, &v) } else { v["done"] == false };
+            check(ok, || format!("{}: NDJSON line {i} of {}: {v}", what(), lines.len()))?;
         }
-    } else if c.path != "/metrics" {
+        check(!lines.is_empty(), || format!("{}: an empty NDJSON stream", what()))?;
+    } else if c.path != "/metrics" && !ct.starts_with("text/html") {
         serde_json::from_str::<Value>(&text)
             .map_err(|e| TestCaseError::fail(format!("{}: {status} with a non-JSON body {text:?}: {e}", what())))?;
     }
     Ok(status.as_u16())
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Dialect {
+    OpenAi,
+    Anthropic,
+    Ollama,
+}
+
+fn dialect(path: &str) -> Dialect {
+    if path.starts_with("/v1/messages") {
+        Dialect::Anthropic
+    } else if path.starts_with("/api/") || path == "/api" {
+        Dialect::Ollama
+    } else {
+        Dialect::OpenAi
+    }
+}
+
+/// Whether `v` is an error body in `d`'s shape.
+fn is_error(d: Dialect, v: &Value) -> bool {
+    match d {
+        Dialect::OpenAi => {
+            let e = &v["error"];
+            e["message"].as_str().is_some_and(|m| !m.is_empty())
+                && e["type"].is_string()
+                && e.get("param").is_some()
+                && e.get("code").is_some()
+        }
+        Dialect::Anthropic => {
+            v["type"] == "error"
+                && v["error"]["type"].as_str().is_some_and(|t| t.ends_with("_error") || t == "request_too_large")
+                && v["error"]["message"].as_str().is_some_and(|m| !m.is_empty())
+        }
+        Dialect::Ollama => v["error"].as_str().is_some_and(|m| !m.is_empty()),
+    }
+}
+
+/// A whole SSE stream in its API's framing: OpenAI's ends with `[DONE]` (error events carry a
+/// code), Anthropic's with `message_stop` or an error event, the Responses API's with
+/// `response.completed`, `.incomplete` or `.failed`.
+fn check_sse(d: Dialect, text: &str) -> Result<(), String> {
+    let events: Vec<&str> = text.split("\n\n").filter(|e| !e.is_empty() && !e.starts_with(':')).collect();
+    let data = |ev: &str| -> Result<Value, String> {
+        let line = ev.lines().find_map(|l| l.strip_prefix("data: ")).ok_or_else(|| format!("no data in {ev:?}"))?;
+        serde_json::from_str(line).map_err(|e| format!("bad event {ev:?}: {e}"))
+    };
+    match d {
+        Dialect::OpenAi if text.starts_with("event: ") => {
+            let last = data(events.last().ok_or("an empty stream")?)?;
+            let t = last["type"].as_str().unwrap_or_default();
+            if !matches!(t, "response.completed" | "response.incomplete" | "response.failed") {
+                return Err(format!("the stream ends with {t:?}"));
+            }
+            for (i, ev) in events.iter().enumerate() {
+                if data(ev)?["sequence_number"] != i {
+                    return Err(format!("event {i} is out of sequence"));
+                }
+            }
+            Ok(())
+        }
+        Dialect::OpenAi => {
+            if !text.ends_with("data: [DONE]\n\n") {
+                return Err("a stream without [DONE]".into());
+            }
+            for ev in events.iter().filter(|e| **e != "data: [DONE]") {
+                // An error event is a 408 (time limit) or 503 (shutdown, a stage down) in the
+                // stream; an internal error (500) has no code.
+                let v = data(ev)?;
+                if v.get("error").is_some_and(|e| !e["code"].is_string()) {
+                    return Err(format!("error event {v}"));
+                }
+            }
+            Ok(())
+        }
+        Dialect::Anthropic | Dialect::Ollama => {
+            let last = data(events.last().ok_or("an empty stream")?)?;
+            if last["type"] != "message_stop" && !is_error(Dialect::Anthropic, &last) {
+                return Err(format!("the stream ends with {last}"));
+            }
+            if data(events[0])?["type"] != "message_start" {
+                return Err("the stream does not open with message_start".into());
+            }
+            Ok(())
+        }
+    }
 }
 
 /// A request that must succeed, and /health.
@@ -537,6 +686,9 @@ fn random_requests_never_break_the_server() {
     // The mutations leave enough requests valid that generation runs, not only validation.
     if batches >= 100 {
         assert!(count(CHAT, 200) >= 5 && count(COMPLETIONS, 200) >= 5, "too few requests generated: {statuses:?}");
+        for route in [MESSAGES, RESPONSES, OLLAMA_CHAT, OLLAMA_GENERATE] {
+            assert!(count(route, 200) >= 3, "too few {route} requests generated: {statuses:?}");
+        }
         assert!(count(TOKENIZE, 200) >= 5 && count(DETOKENIZE, 200) >= 5, "too few (de)tokenized: {statuses:?}");
     }
     // Nothing leaked: the engine goes idle with every KV block free.
