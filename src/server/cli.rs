@@ -21,8 +21,8 @@ pub struct ServeArgs {
     /// Port to listen on (0: any free port; the address is logged).
     #[arg(long, default_value_t = 8000)]
     pub port: u16,
-    /// Require `Authorization: Bearer KEY` on /v1 routes, /tokenize and /detokenize (also from
-    /// TORUS_API_KEY).
+    /// Require `Authorization: Bearer KEY` (or `x-api-key: KEY`) on /v1 and /api routes,
+    /// /tokenize and /detokenize (also from TORUS_API_KEY).
     #[arg(long, env = "TORUS_API_KEY")]
     pub api_key: Option<String>,
     /// The model id clients send and /v1/models lists (default: the model file's stem or the
@@ -158,7 +158,8 @@ async fn serve(args: ServeArgs, cfg: EngineConfig, scfg: ServerConfig, model_pat
     let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
         .await
         .with_context(|| format!("cannot listen on {}:{}", args.host, args.port))?;
-    let auth = if scfg.api_key.is_some() { "API key required on /v1, /tokenize and /detokenize" } else { "no API key" };
+    let auth =
+        if scfg.api_key.is_some() { "API key required on /v1, /api, /tokenize and /detokenize" } else { "no API key" };
     let name = scfg.served_model_name.clone();
     let server = start(listener, scfg, None)?;
     eprintln!(

@@ -1,15 +1,18 @@
 //! `torus-wgpu serve`: the OpenAI-compatible HTTP server (routes, OpenAI types, SSE, errors,
-//! metrics) over the engine handle.
+//! metrics) over the engine handle; beside it Anthropic's Messages API (`anthropic`), OpenAI's
+//! Responses API (`responses`) and Ollama's API (`ollama`), each translated into a chat request
+//! and read back through `turn`, and the chat page at `/` (`webui`).
 //!
 //! The listener is bound before the model loads: while it loads, `GET /health` and every API
 //! route answer 503 (with `Retry-After`), and `/metrics` reports `torus_model_loaded 0`.
-//! `/health`, `/metrics` and `/version` never need the API key; every `/v1/...` route,
-//! `/tokenize` and `/detokenize` do when one is set.
+//! `/health`, `/metrics`, `/version` and the chat page never need the API key; every `/v1/...`
+//! route, `/api/...`, `/tokenize` and `/detokenize` do when one is set (as `Authorization:
+//! Bearer KEY` or `x-api-key: KEY`); a refusal is in the route's API's error shape.
 //!
 //! Tests and embedders run the server in-process with [`start`] on a listener of their own
 //! (port 0 for an ephemeral port) and stop it with [`ServerHandle::shutdown`].
 //!
-//! Owns: the HTTP API (OpenAI routes, SSE, errors, metrics, access log), tools and structured-output parsing of requests.
+//! Owns: the HTTP APIs (OpenAI, Anthropic, Responses and Ollama routes, SSE, errors, metrics, access log), the chat page, tools and structured-output parsing of requests.
 //! May use: engine, exec, tokenizer, structured, config, sampling, shutdown.
 //! Never uses: gpu, model, ops.
 

@@ -124,6 +124,7 @@ fn common_fields(parsed: &mut Parsed, lim: &Limits, keys: &[&str]) -> Result<Com
 
 /// A body in another API's shape (Anthropic's, the Responses API's, Ollama's) as an OpenAI
 /// chat body, or a completions body whose `prompt` is a string.
+#[derive(Debug)]
 pub(crate) struct Translated {
     pub body: Map<String, Value>,
     pub route: Route,
