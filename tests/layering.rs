@@ -86,7 +86,9 @@ fn level(room: &str) -> Option<u32> {
 
 /// The header of a room: its mod.rs (or its file), the "May use:" list.
 fn header_may_use(room: &str, files: &[PathBuf]) -> BTreeSet<String> {
-    let head = files.iter().find(|p| p.ends_with("mod.rs") || p.parent() == Some(&src())).unwrap();
+    // The room's own mod.rs (not a sub-room's), or the room's single file.
+    let own = src().join(room).join("mod.rs");
+    let head = files.iter().find(|p| **p == own || p.parent() == Some(&src())).unwrap();
     let text = std::fs::read_to_string(head).unwrap();
     let lead: Vec<&str> = text.lines().take_while(|l| l.starts_with("//!")).collect();
     for key in ["//! Owns:", "//! May use:", "//! Never uses:"] {

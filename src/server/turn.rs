@@ -289,6 +289,31 @@ pub(crate) fn sse_event(name: &str, data: &Value) -> Bytes {
     Bytes::from(format!("event: {name}\ndata: {data}\n\n"))
 }
 
+/// Another API's tool list as chat `tools`: each tool's type checked by `check_type` (an error
+/// message for a type not taken), then its fields `renamed` (from, to) into the function object.
+pub(crate) fn chat_tools(
+    v: &Value,
+    check_type: fn(Option<&str>) -> Option<String>,
+    renamed: &[(&str, &str)],
+) -> Result<Vec<Value>, ApiError> {
+    let Value::Array(list) = v else { return Err(ApiError::invalid("tools", "`tools` must be an array")) };
+    list.iter()
+        .enumerate()
+        .map(|(i, t)| {
+            if let Some(why) = check_type(t.get("type").and_then(Value::as_str)) {
+                return Err(ApiError::invalid(&format!("tools[{i}].type"), why));
+            }
+            let mut f = serde_json::Map::new();
+            for (from, to) in renamed {
+                if let Some(v) = t.get(*from).filter(|v| !v.is_null()) {
+                    f.insert(to.to_string(), v.clone());
+                }
+            }
+            Ok(serde_json::json!({"type": "function", "function": f}))
+        })
+        .collect()
+}
+
 /// A tool call's arguments as a JSON value (an object; `{}` when the text is not one).
 pub(crate) fn arguments_value(c: &ParsedCall) -> Value {
     match serde_json::from_str::<Value>(&c.arguments) {

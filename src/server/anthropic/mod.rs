@@ -16,7 +16,7 @@ use super::error::{ApiError, Dialect};
 use super::openai::within;
 use super::params::type_name;
 use super::prepare::{Route, Translated};
-use super::turn::{arguments_value, Part, Turn, Whole};
+use super::turn::{arguments_value, chat_tools, Part, Turn, Whole};
 use super::AppState;
 use crate::engine::{FinishReason, Usage};
 use axum::body::Body;
@@ -211,31 +211,13 @@ fn push_message(out: &mut Vec<Value>, i: usize, m: &Value) -> Result<(), ApiErro
 }
 
 fn translate_tools(v: &Value) -> Result<Vec<Value>, ApiError> {
-    let Value::Array(list) = v else { return Err(invalid("tools", "`tools` must be an array")) };
-    list.iter()
-        .enumerate()
-        .map(|(i, t)| {
-            let p = format!("tools[{i}]");
-            match t.get("type").and_then(Value::as_str) {
-                None | Some("custom") => {}
-                Some(k) => {
-                    return Err(invalid(
-                        &format!("{p}.type"),
-                        format!("server tools ({k:?}) are not available here; define client tools with `input_schema`"),
-                    ))
-                }
-            }
-            let name = t.get("name").cloned().unwrap_or(Value::Null);
-            let schema = t.get("input_schema").cloned().unwrap_or_else(|| json!({"type": "object", "properties": {}}));
-            let mut f = Map::new();
-            f.insert("name".into(), name);
-            if let Some(d) = t.get("description").filter(|d| !d.is_null()) {
-                f.insert("description".into(), d.clone());
-            }
-            f.insert("parameters".into(), schema);
-            Ok(json!({"type": "function", "function": f}))
-        })
-        .collect()
+    let check = |t: Option<&str>| match t {
+        None | Some("custom") => None,
+        Some(k) => {
+            Some(format!("server tools ({k:?}) are not available here; define client tools with `input_schema`"))
+        }
+    };
+    chat_tools(v, check, &[("name", "name"), ("description", "description"), ("input_schema", "parameters")])
 }
 
 /// `tool_choice` as the chat request's, and whether parallel calls are off.

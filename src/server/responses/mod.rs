@@ -15,7 +15,7 @@ use super::error::ApiError;
 use super::openai::within;
 use super::params::type_name;
 use super::prepare::{Route, Translated};
-use super::turn::{Part, Turn, Whole};
+use super::turn::{chat_tools, Part, Turn, Whole};
 use super::{unix_now, AppState};
 use crate::engine::{FinishReason, Usage};
 use axum::body::Body;
@@ -251,29 +251,12 @@ fn input_messages(input: &Value, out: &mut Vec<Value>) -> Result<(), ApiError> {
 }
 
 fn translate_tools(v: &Value) -> Result<Vec<Value>, ApiError> {
-    let Value::Array(list) = v else { return Err(invalid("tools", "`tools` must be an array")) };
-    list.iter()
-        .enumerate()
-        .map(|(i, t)| {
-            let p = format!("tools[{i}]");
-            match t.get("type").and_then(Value::as_str) {
-                Some("function") => {}
-                other => {
-                    return Err(invalid(
-                        &format!("{p}.type"),
-                        format!("only function tools are available here, got {other:?}"),
-                    ))
-                }
-            }
-            let mut f = Map::new();
-            for k in ["name", "description", "parameters", "strict"] {
-                if let Some(v) = t.get(k).filter(|v| !v.is_null()) {
-                    f.insert(k.into(), v.clone());
-                }
-            }
-            Ok(json!({"type": "function", "function": f}))
-        })
-        .collect()
+    let check = |t: Option<&str>| match t {
+        Some("function") => None,
+        other => Some(format!("only function tools are available here, got {other:?}")),
+    };
+    let fields = [("name", "name"), ("description", "description"), ("parameters", "parameters"), ("strict", "strict")];
+    chat_tools(v, check, &fields)
 }
 
 fn translate_format(text: &Value) -> Result<Option<Value>, ApiError> {
