@@ -1,6 +1,7 @@
 //! Paths shared by the integration tests.
 #![allow(dead_code)]
 
+pub mod api_shapes;
 pub mod completions;
 pub mod reference;
 pub mod served;
