@@ -84,7 +84,8 @@ async fn official_clients_on_anthropic_responses_and_ollama() {
 async fn chat_page_in_a_browser() {
     let srv = serve(&smollm2(), |s| s.api_key = Some(KEY.into())).await;
     let base = format!("http://{}/", srv.addr);
-    let shot = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/webui-screenshot.png");
+    // Cargo's scratch folder for integration tests (it exists; `target/` need not be there).
+    let shot = Path::new(env!("CARGO_TARGET_TMPDIR")).join("webui-screenshot.png");
     let _ = std::fs::remove_file(&shot);
     let s = shot.display().to_string();
     tokio::task::spawn_blocking(move || {
