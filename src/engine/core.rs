@@ -40,6 +40,8 @@ pub(crate) enum Command {
     /// The keys of the prefix cache's blocks, and how many KV-event batches were handed to the
     /// publisher so far (tests compare the cached set with the events).
     CachedBlocks(std::sync::mpsc::Sender<(Vec<BlockKey>, u64)>),
+    /// Turn embeddings on (engine/embed.rs); answers the embedding size or why not.
+    EnableEmbeddings(std::sync::mpsc::Sender<Result<usize, String>>),
 }
 
 /// A step submitted and not yet finished.
@@ -70,6 +72,8 @@ pub(crate) struct EngineCore {
     pub(crate) draft: Option<super::draft::DraftModel>,
     /// Whether speculating pays here, measured (single device only).
     pub(crate) gate: crate::spec::CostGate,
+    /// Embeddings are on: the final norm applied to the emitted rows (engine/embed.rs).
+    pub(crate) embed: Option<super::embed::EmbedHead>,
 }
 
 impl EngineCore {
@@ -97,6 +101,7 @@ impl EngineCore {
             draining: false,
             kv_events: kv_events.map(|tx| (tx, 0)),
             draft: None,
+            embed: None,
             gate: crate::spec::CostGate::with_min_backoff(match cfg.spec.method.uses_model() {
                 true => crate::spec::gate::DRAFT_BACKOFF_MIN,
                 false => crate::spec::gate::BACKOFF_MIN,
@@ -221,6 +226,9 @@ impl EngineCore {
                 self.flush_kv_events();
                 let sent = self.kv_events.as_ref().map_or(0, |(_, n)| *n);
                 let _ = reply.send((self.sched.bm.cached_keys(), sent));
+            }
+            Command::EnableEmbeddings(reply) => {
+                let _ = reply.send(self.enable_embeddings());
             }
             Command::Fault(f) => match f {
                 Fault::EnginePanic => panic!("injected fault: the engine thread panics"),

@@ -53,6 +53,8 @@ pub struct EngineHandle {
     gpu_faults: Option<Arc<crate::gpu::GpuFaults>>,
     /// Structured outputs' grammar compiler for this tokenizer, built at first use.
     grammars: Arc<OnceLock<Result<Arc<Grammars>, String>>>,
+    /// The embedding size once embeddings are on ([`EngineHandle::enable_embeddings`]).
+    embedding_dim: Arc<OnceLock<usize>>,
 }
 
 /// A request's output. Ends with `Event::Done`.
@@ -122,6 +124,7 @@ impl RequestStream {
                     c.logprobs.push(logprob);
                 }
                 Event::PromptLogprobs(lps) => c.prompt_logprobs.extend(lps),
+                Event::Embedding(_) => {}
                 Event::Done { text, reason, usage } => {
                     c.text.push_str(&text);
                     c.reason = reason;
@@ -246,6 +249,7 @@ impl EngineHandle {
             stages,
             gpu_faults,
             grammars: Arc::new(OnceLock::new()),
+            embedding_dim: Arc::new(OnceLock::new()),
         })
     }
 
@@ -257,6 +261,24 @@ impl EngineHandle {
         let (tx, rx) = std::sync::mpsc::channel();
         self.tx.send(Command::CachedBlocks(tx)).ok()?;
         rx.recv().ok()
+    }
+
+    /// Turns embeddings on (`--task embed`): from now on every step hands back its hidden
+    /// states, and requests with `pooling` are served. Returns the embedding size, or why this
+    /// engine cannot (a pipeline).
+    pub fn enable_embeddings(&self) -> Result<usize, String> {
+        if let Some(&d) = self.embedding_dim.get() {
+            return Ok(d);
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        self.tx.send(Command::EnableEmbeddings(tx)).map_err(|_| "the engine has stopped".to_string())?;
+        let d = rx.recv().map_err(|_| "the engine has stopped".to_string())??;
+        Ok(*self.embedding_dim.get_or_init(|| d))
+    }
+
+    /// The embedding size while embeddings are on.
+    pub fn embedding_dim(&self) -> Option<usize> {
+        self.embedding_dim.get().copied()
     }
 
     /// The grammar compiler of structured outputs (built on first use from the tokenizer's
@@ -311,6 +333,9 @@ impl EngineHandle {
         let need = (n + max_tokens).div_ceil(info.block_size).min(info.max_blocks_per_seq.unwrap_or(usize::MAX));
         if need > info.num_blocks {
             return Err(format!("the request needs {need} KV blocks, the cache has {}", info.num_blocks));
+        }
+        if params.pooling.is_some() && self.embedding_dim().is_none() {
+            return Err("this server does not serve embeddings: start it with `--task embed`".into());
         }
         if let Some(&t) = prompt.iter().find(|&&t| t as usize >= info.vocab) {
             return Err(format!("token id {t} is outside the vocabulary ({})", info.vocab));

@@ -13,6 +13,7 @@
 
 pub mod core;
 mod draft;
+mod embed;
 pub mod handle;
 pub mod metrics;
 mod mtp;
@@ -32,7 +33,7 @@ mod trace_tests;
 
 pub use draft::{load_draft, DraftModel};
 pub use handle::{Completion, EngineHandle, RequestStream};
-pub use request::{Event, FinishReason, PromptLogprob, Request, RequestParams, StopConditions, Usage};
+pub use request::{Event, FinishReason, Pooling, PromptLogprob, Request, RequestParams, StopConditions, Usage};
 
 use crate::exec::Executor;
 use crate::model::{Model, StepInput};

@@ -122,6 +122,9 @@ impl EngineCore {
             s.computed += p.len;
             commit_computed(&mut self.sched.bm, &self.sched.cfg, s);
         }
+        if !hidden.is_empty() {
+            self.pool_rows(&step.plan, &hidden);
+        }
         let mut done: Vec<(u64, FinishReason)> = Vec::new();
         // A sequence's rows are consecutive: its prompt logprobs (if any), then its next token
         // (or, verifying proposals, a row per proposal and one after them).
@@ -147,6 +150,18 @@ impl EngineCore {
                 if !more && s.out.send(Event::PromptLogprobs(std::mem::take(&mut lps))).is_err() {
                     done.push((id, FinishReason::Abort));
                 }
+                continue;
+            }
+            // An embedding request ends once its prompt is computed, with its vector.
+            if let Some(acc) = s.embed.take() {
+                let reason = match acc.finish() {
+                    Some(v) => match s.out.send(Event::Embedding(v)) {
+                        Ok(()) => FinishReason::Stop,
+                        Err(_) => FinishReason::Abort,
+                    },
+                    None => FinishReason::Error("the prompt's hidden states were not all computed".into()),
+                };
+                done.push((id, reason));
                 continue;
             }
             self.metrics.decode_tokens.fetch_add(1, Relaxed);

@@ -46,6 +46,33 @@ pub struct RequestParams {
     /// Structured outputs of a reasoning model: the grammar starts after the output holds this
     /// text (the end of its thinking, `</think>`), so it constrains the answer only.
     pub constraint_after: Option<String>,
+    /// An embedding request: the prompt's last hidden states are pooled this way into one
+    /// L2-normalised vector, sent as [`Event::Embedding`] once the prompt is computed; then the
+    /// request ends without generating. Needs embeddings enabled
+    /// ([`EngineHandle::enable_embeddings`](crate::engine::EngineHandle::enable_embeddings)).
+    pub pooling: Option<Pooling>,
+}
+
+/// How an embedding request's hidden states (after the model's final norm) become one vector.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pooling {
+    /// The last token's (Qwen3-Embedding and other decoder embedding models).
+    Last,
+    /// The mean over every token.
+    Mean,
+    /// The first token's.
+    Cls,
+}
+
+impl Pooling {
+    pub fn parse(s: &str) -> Result<Pooling, String> {
+        match s {
+            "last" => Ok(Pooling::Last),
+            "mean" => Ok(Pooling::Mean),
+            "cls" | "first" => Ok(Pooling::Cls),
+            o => Err(format!("unknown pooling '{o}' (last, mean or cls)")),
+        }
+    }
 }
 
 impl Default for RequestParams {
@@ -63,6 +90,7 @@ impl Default for RequestParams {
             skip_special_tokens: true,
             constraint: None,
             constraint_after: None,
+            pooling: None,
         }
     }
 }
@@ -123,6 +151,8 @@ pub enum Event {
     /// Log-probabilities of prompt tokens (`prompt_logprobs`), in prompt order starting with the
     /// second token; they may come in several events, all before the first `Token`.
     PromptLogprobs(Vec<PromptLogprob>),
+    /// An embedding request's vector (L2-normalised), just before its `Done`.
+    Embedding(Vec<f32>),
     /// The end: any remaining text, why, and the token counts.
     Done { text: String, reason: FinishReason, usage: Usage },
 }

@@ -61,6 +61,8 @@ pub(crate) struct Seq {
     /// `mtp_from..`, one row each (engine/mtp.rs).
     pub(crate) mtp_rows: Vec<f32>,
     pub(crate) mtp_from: usize,
+    /// An embedding request's pooled hidden states so far (engine/embed.rs).
+    pub(crate) embed: Option<crate::engine::embed::Pooled>,
 }
 
 impl Seq {
@@ -75,6 +77,7 @@ impl Seq {
         let counting = repetition || p.frequency_penalty != 0.0 || p.presence_penalty != 0.0;
         let penalties = Penalties::new(&req.prompt, repetition, counting, &p.logit_bias);
         let req_constraint_waits = p.constraint.is_some() && p.constraint_after.is_some();
+        let pooling = p.pooling;
         Seq {
             id,
             tokens: req.prompt,
@@ -103,6 +106,7 @@ impl Seq {
             draft_computed: 0,
             mtp_rows: Vec::new(),
             mtp_from: 0,
+            embed: pooling.map(crate::engine::embed::Pooled::new),
         }
     }
 

@@ -68,6 +68,10 @@ impl Executor for FaultInjector {
         self.inner.emit_hidden(on)
     }
 
+    fn final_norm(&self) -> Option<(Vec<f32>, f32)> {
+        self.inner.final_norm()
+    }
+
     fn shared_io(&self) -> Option<crate::model::SharedIo> {
         self.inner.shared_io()
     }

@@ -65,6 +65,10 @@ impl Executor for Inline {
         self.model.emit_hidden(on)
     }
 
+    fn final_norm(&self) -> Option<(Vec<f32>, f32)> {
+        self.model.final_norm()
+    }
+
     fn shared_io(&self) -> Option<crate::model::SharedIo> {
         self.model.io()
     }

@@ -68,6 +68,11 @@ pub trait Executor: Send {
     fn emit_hidden(&mut self, _on: bool) -> bool {
         false
     }
+    /// The final norm (weights, epsilon) that turns an emitted residual into the last hidden
+    /// state (embeddings pool it); None where the executor cannot emit (a pipeline).
+    fn final_norm(&self) -> Option<(Vec<f32>, f32)> {
+        None
+    }
     /// The model's embedding and LM head on its device (single device only), for the MTP head
     /// to share instead of a copy of its own.
     fn shared_io(&self) -> Option<crate::model::SharedIo> {

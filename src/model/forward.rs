@@ -78,6 +78,9 @@ pub struct Model {
     /// reads it): its readback buffer while on, and what the last step gave.
     emit: Option<wgpu::Buffer>,
     emitted: Vec<u8>,
+    /// The final norm's weights as the head applies them (last stage only; empty otherwise), for
+    /// pooling the emitted residuals into embeddings on the host.
+    final_norm: Vec<f32>,
     /// The per-kernel profile, while it is on.
     profiler: Option<crate::model::profile::Profiler>,
     // Weights and scratch stay alive as long as the bind groups that use them.
@@ -129,6 +132,7 @@ impl Model {
         io: Option<SharedIo>,
     ) -> Result<Model> {
         let cfg = host.cfg.clone();
+        let last_stage = layers.end == cfg.layers;
         if layers.start >= layers.end || layers.end > cfg.layers {
             bail!("stage layers {}..{} are outside the model's {} layers", layers.start, layers.end, cfg.layers);
         }
@@ -270,6 +274,7 @@ impl Model {
             io,
             emit: None,
             emitted: Vec::new(),
+            final_norm: if last_stage { host.final_norm.clone() } else { Vec::new() },
             _keep: [keep, scratch.keep, states.into_iter().flat_map(|(c, r)| [c, r]).collect()].concat(),
             _matrices: matrices,
             provoke_gpu_error: false,
@@ -527,6 +532,12 @@ impl Model {
         }
         self.emit = on.then(|| self.gpu.readback("hidden_emit", bytes));
         true
+    }
+
+    /// The final RMSNorm (its weights, as the head applies them, and epsilon) that turns an
+    /// emitted residual into the model's last hidden state; None where this is not the last stage.
+    pub fn final_norm(&self) -> Option<(Vec<f32>, f32)> {
+        (self.is_last() && !self.final_norm.is_empty()).then(|| (self.final_norm.clone(), self.cfg.rms_eps))
     }
 
     /// The residual of every token of the last step ([tokens, hidden] f32), while `emit_hidden`

@@ -78,6 +78,15 @@ pub struct ServeArgs {
     /// Do not serve the chat page at `GET /`.
     #[arg(long)]
     pub no_webui: bool,
+    /// `embed` also serves embeddings (`/v1/embeddings`, Ollama's `/api/embed`) from any
+    /// supported model: every step then hands back its tokens' hidden states. `generate` (the
+    /// default): text only.
+    #[arg(long, default_value = "generate", value_parser = ["generate", "embed"])]
+    pub task: String,
+    /// How embeddings pool a prompt's last hidden states: `last` (the last token's, as decoder
+    /// embedding models such as Qwen3-Embedding are trained), `mean` or `cls` (the first token's).
+    #[arg(long, default_value = "last", value_parser = crate::engine::Pooling::parse)]
+    pub pooling: crate::engine::Pooling,
 }
 
 /// `torus-wgpu serve`: binds, loads the model (503 until then), serves until SIGINT/SIGTERM,
@@ -146,6 +155,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     scfg.body_read_timeout = secs(args.body_read_timeout_s);
     scfg.reasoning_parser = args.reasoning_parser;
     scfg.webui = !args.no_webui;
+    scfg.pooling = args.pooling;
     scfg.model_path = Some(model_path.clone());
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().thread_name("torus-http").build()?;
     let r = rt.block_on(serve(args, cfg, scfg, model_path));
@@ -223,6 +233,10 @@ async fn serve(args: ServeArgs, cfg: EngineConfig, scfg: ServerConfig, model_pat
             "torus-wgpu serve: speculative decoding {:?}: up to {} tokens per step, {how}, in steps of at most {} decoding sequences",
             sp.method, sp.max_tokens, sp.max_batch
         );
+    }
+    if args.task == "embed" {
+        let dim = engine.enable_embeddings().map_err(anyhow::Error::msg).context("--task embed")?;
+        eprintln!("torus-wgpu serve: embeddings on (/v1/embeddings): {dim} dimensions, {:?} pooling", args.pooling);
     }
     server.set_engine(engine);
     eprintln!(

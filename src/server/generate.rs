@@ -133,7 +133,7 @@ impl Choice {
                 self.last = Some(now);
                 e
             }
-            Some(Event::PromptLogprobs(_)) => e,
+            Some(Event::PromptLogprobs(_) | Event::Embedding(_)) => e,
             Some(Event::Done { usage, ref reason, .. }) => {
                 self.done = true;
                 // A sequence whose only token ended it (eos) still had a first token.
@@ -277,6 +277,8 @@ pub(crate) struct Collected {
     pub prompt_logprobs: Vec<PromptLogprob>,
     pub reason: FinishReason,
     pub usage: Usage,
+    /// An embedding request's vector.
+    pub embedding: Option<Vec<f32>>,
 }
 
 impl Choice {
@@ -289,6 +291,7 @@ impl Choice {
             prompt_logprobs: vec![],
             reason: FinishReason::Error("the engine stopped".into()),
             usage: Usage::default(),
+            embedding: None,
         };
         while let Some(e) = self.next().await {
             match e {
@@ -297,6 +300,7 @@ impl Choice {
                     c.tokens.push(TokenOut { id, logprob, top });
                 }
                 Event::PromptLogprobs(lps) => c.prompt_logprobs.extend(lps),
+                Event::Embedding(v) => c.embedding = Some(v),
                 Event::Done { text, reason, usage } => {
                     c.text.push_str(&text);
                     c.reason = reason;

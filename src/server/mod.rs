@@ -21,6 +21,7 @@ mod anthropic;
 mod body;
 mod cli;
 mod conn;
+mod embeddings;
 mod error;
 mod generate;
 pub mod harmony;
@@ -123,6 +124,8 @@ pub struct ServerConfig {
     pub reasoning_parser: reasoning::ReasoningChoice,
     /// Serve the chat page at `GET /` (`--no-webui` turns it off).
     pub webui: bool,
+    /// How `/v1/embeddings` pools a prompt's hidden states (`--pooling`).
+    pub pooling: crate::engine::Pooling,
     /// The model file or directory (Ollama's `/api/tags` and `/api/show` describe it).
     pub model_path: Option<std::path::PathBuf>,
 }
@@ -151,6 +154,7 @@ impl ServerConfig {
             kv_cache_dtype: cfg.kv_cache_dtype,
             reasoning_parser: reasoning::ReasoningChoice::Auto,
             webui: true,
+            pooling: crate::engine::Pooling::Last,
             model_path: None,
         }
     }
@@ -340,6 +344,7 @@ fn router(state: Arc<AppState>, cors: Option<tower_http::cors::CorsLayer>) -> Ro
     let api = Router::new()
         .route("/v1/chat/completions", post(openai::chat_completions))
         .route("/v1/completions", post(openai::completions))
+        .route("/v1/embeddings", post(embeddings::embeddings))
         .route("/v1/models", get(info::list_models))
         .route("/v1/models/{*model}", get(info::get_model))
         .route("/tokenize", post(tokenize::tokenize))

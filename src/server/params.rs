@@ -313,6 +313,7 @@ impl Common {
             skip_special_tokens: true,
             constraint: self.compiled.clone(),
             constraint_after: None,
+            pooling: None,
         }
     }
 }

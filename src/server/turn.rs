@@ -204,7 +204,7 @@ impl Turn {
         loop {
             match self.choice.next().await {
                 Some(Event::Token { text: t, .. }) => text.push_str(&t),
-                Some(Event::PromptLogprobs(_)) => {}
+                Some(Event::PromptLogprobs(_) | Event::Embedding(_)) => {}
                 Some(Event::Done { text: t, reason, usage }) => {
                     if let Some(e) = error_of(&reason) {
                         return Err(e);
@@ -241,7 +241,7 @@ impl Turn {
                                     return Some((TurnEvent::Parts(parts), Some((t, started))));
                                 }
                             }
-                            Some(Event::PromptLogprobs(_)) => {}
+                            Some(Event::PromptLogprobs(_) | Event::Embedding(_)) => {}
                             Some(Event::Done { text, reason, usage }) => {
                                 if let Some(e) = error_of(&reason) {
                                     return Some((TurnEvent::Failed(e), None));

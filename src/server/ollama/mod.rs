@@ -30,6 +30,8 @@ pub(super) fn routes() -> Router<Arc<AppState>> {
     Router::new()
         .route("/api/chat", post(chat))
         .route("/api/generate", post(generate))
+        .route("/api/embed", post(embed))
+        .route("/api/embeddings", post(embeddings_legacy))
         .route("/api/tags", get(info::tags))
         .route("/api/show", post(info::show))
         .route("/api/version", get(info::version))
@@ -81,6 +83,35 @@ async fn run(State(st): State<Arc<AppState>>, log: Log, headers: HeaderMap, body
             Json(v).into_response()
         }
         r => r.unwrap_or_else(|e| e.response_in(Dialect::Ollama)),
+    }
+}
+
+/// `/api/embed`: `input` (a string or strings) -> `embeddings`.
+async fn embed(State(st): State<Arc<AppState>>, log: Log, headers: HeaderMap, body: Body) -> Response {
+    let t0 = Instant::now();
+    let log = log.map(|l| l.0).unwrap_or_default();
+    let r = within(&st, t0, st.cfg.request_timeout, super::embeddings::embed(&st, &headers, body, t0, &log, "input")).await;
+    match r {
+        Ok((_, vs)) => Json(json!({
+            "model": st.cfg.served_model_name,
+            "embeddings": vs.iter().map(|(v, _)| v).collect::<Vec<_>>(),
+            "total_duration": t0.elapsed().as_nanos() as u64,
+            "load_duration": 0,
+            "prompt_eval_count": vs.iter().map(|(_, n)| n).sum::<usize>(),
+        }))
+        .into_response(),
+        Err(e) => e.response_in(Dialect::Ollama),
+    }
+}
+
+/// The older `/api/embeddings`: one `prompt` -> `embedding`.
+async fn embeddings_legacy(State(st): State<Arc<AppState>>, log: Log, headers: HeaderMap, body: Body) -> Response {
+    let t0 = Instant::now();
+    let log = log.map(|l| l.0).unwrap_or_default();
+    let r = within(&st, t0, st.cfg.request_timeout, super::embeddings::embed(&st, &headers, body, t0, &log, "prompt")).await;
+    match r {
+        Ok((_, vs)) => Json(json!({"embedding": vs.first().map(|(v, _)| v.clone()).unwrap_or_default()})).into_response(),
+        Err(e) => e.response_in(Dialect::Ollama),
     }
 }
 

@@ -245,6 +245,7 @@ impl SseState {
         }
         match e {
             Event::PromptLogprobs(lps) => self.prompt_lps.entry(index).or_default().extend(lps),
+            Event::Embedding(_) => {}
             Event::Token { id, text, logprob, top } => {
                 if text.is_empty() && !self.out.logprobs {
                     return;

@@ -1,0 +1,150 @@
+//! Embeddings: a request with `pooling` runs its prompt only; every step hands back its tokens'
+//! residuals after the last layer (`Executor::emit_hidden`), the model's final RMSNorm turns them
+//! into the last hidden states here (as transformers' `last_hidden_state`), and they are pooled
+//! (last token, mean, first token) into one L2-normalised vector once the prompt is computed.
+//!
+//! Rows are taken by position, once each: a prompt recomputed after preemption adds nothing
+//! twice. Mean and first-token pooling need every position computed, so the server gives such
+//! requests a cache salt of their own (no prefix-cache hits); last-token pooling needs only the
+//! last position, which a step always computes.
+
+use super::core::EngineCore;
+use super::request::Pooling;
+use super::scheduler::Planned;
+
+/// The final norm the engine applies to emitted rows (set by [`EngineCore::enable_embeddings`]).
+pub(crate) struct EmbedHead {
+    pub(crate) norm: Vec<f32>,
+    pub(crate) eps: f32,
+}
+
+impl EmbedHead {
+    /// `x` after the final RMSNorm.
+    fn normed(&self, x: &[f32]) -> Vec<f32> {
+        let ms = x.iter().map(|&v| (v as f64) * (v as f64)).sum::<f64>() / x.len().max(1) as f64;
+        let r = 1.0 / (ms + self.eps as f64).sqrt();
+        x.iter().zip(&self.norm).map(|(&v, &w)| (v as f64 * r) as f32 * w).collect()
+    }
+}
+
+/// One request's pooling so far.
+pub(crate) struct Pooled {
+    pooling: Pooling,
+    /// Positions taken so far (rows `0..next`).
+    next: usize,
+    sum: Vec<f64>,
+    /// The row that pooling keeps (last or first token).
+    kept: Vec<f32>,
+}
+
+impl Pooled {
+    pub(crate) fn new(pooling: Pooling) -> Pooled {
+        Pooled { pooling, next: 0, sum: Vec::new(), kept: Vec::new() }
+    }
+
+    /// Takes the normed row of position `pos` (positions already taken are skipped).
+    fn take(&mut self, pos: usize, row: Vec<f32>) {
+        if pos < self.next {
+            return;
+        }
+        self.next = pos + 1;
+        match self.pooling {
+            Pooling::Last => self.kept = row,
+            Pooling::Cls if pos == 0 => self.kept = row,
+            Pooling::Cls => {}
+            Pooling::Mean => {
+                if self.sum.is_empty() {
+                    self.sum = vec![0.0; row.len()];
+                }
+                self.sum.iter_mut().zip(&row).for_each(|(s, &v)| *s += v as f64);
+            }
+        }
+    }
+
+    /// The pooled vector, L2-normalised; None when the rows it needs never came.
+    pub(crate) fn finish(self) -> Option<Vec<f32>> {
+        let v: Vec<f64> = match self.pooling {
+            Pooling::Mean => self.sum.iter().map(|s| s / self.next.max(1) as f64).collect(),
+            _ => self.kept.iter().map(|&x| x as f64).collect(),
+        };
+        if v.is_empty() {
+            return None;
+        }
+        let n = v.iter().map(|x| x * x).sum::<f64>().sqrt().max(1e-12);
+        Some(v.iter().map(|x| (x / n) as f32).collect())
+    }
+}
+
+impl EngineCore {
+    /// Turns embeddings on: every step from now on hands back its hidden states. Returns the
+    /// embedding size, or why this executor cannot (a pipeline).
+    pub(crate) fn enable_embeddings(&mut self) -> Result<usize, String> {
+        let (norm, eps) = self
+            .exec
+            .final_norm()
+            .ok_or("embeddings need the whole model on one device (not pipeline stages)")?;
+        if !self.exec.emit_hidden(true) {
+            return Err("embeddings need the whole model on one device (not pipeline stages)".into());
+        }
+        let dim = norm.len();
+        self.embed = Some(EmbedHead { norm, eps });
+        Ok(dim)
+    }
+
+    /// Pools a step's hidden states (`hidden`: [tokens, hidden] in the plan's order) into the
+    /// embedding requests among its sequences.
+    pub(crate) fn pool_rows(&mut self, plan: &[Planned], hidden: &[f32]) {
+        let Some(head) = &self.embed else { return };
+        let h = head.norm.len();
+        let total: usize = plan.iter().map(|p| p.len).sum();
+        if h == 0 || hidden.len() != total * h {
+            return;
+        }
+        let mut at = 0;
+        for p in plan {
+            let rows = &hidden[at * h..(at + p.len) * h];
+            at += p.len;
+            let Some(s) = self.sched.running.iter_mut().find(|s| s.id == p.id) else { continue };
+            let Some(acc) = s.embed.as_mut() else { continue };
+            for i in 0..p.len {
+                let pos = p.start + i;
+                // Only what pooling keeps is normed.
+                let wanted = match acc.pooling {
+                    Pooling::Mean => true,
+                    Pooling::Last => pos + 1 == s.prompt_len,
+                    Pooling::Cls => pos == 0,
+                };
+                if wanted && pos < s.prompt_len {
+                    acc.take(pos, head.normed(&rows[i * h..(i + 1) * h]));
+                } else if pos < s.prompt_len {
+                    acc.next = acc.next.max(pos + 1);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pooling_takes_each_position_once_and_normalises() {
+        let mut m = Pooled::new(Pooling::Mean);
+        m.take(0, vec![1.0, 0.0]);
+        m.take(1, vec![0.0, 3.0]);
+        m.take(1, vec![100.0, 100.0]); // a recomputed position: skipped
+        let v = m.finish().unwrap();
+        let want = [0.5 / (0.5f64.powi(2) + 1.5f64.powi(2)).sqrt(), 1.5 / (0.5f64.powi(2) + 1.5f64.powi(2)).sqrt()];
+        assert!((v[0] as f64 - want[0]).abs() < 1e-6 && (v[1] as f64 - want[1]).abs() < 1e-6, "{v:?}");
+        let mut l = Pooled::new(Pooling::Last);
+        l.take(0, vec![1.0, 1.0]);
+        l.take(1, vec![3.0, 4.0]);
+        assert_eq!(l.finish().unwrap(), vec![0.6, 0.8]);
+        assert_eq!(Pooled::new(Pooling::Cls).finish(), None);
+        let head = EmbedHead { norm: vec![1.0, 2.0], eps: 0.0 };
+        let n = head.normed(&[3.0, 4.0]);
+        let r = 1.0 / 12.5f32.sqrt();
+        assert!((n[0] - 3.0 * r).abs() < 1e-6 && (n[1] - 8.0 * r).abs() < 1e-6, "{n:?}");
+    }
+}
