@@ -1,6 +1,6 @@
-//! The APIs beyond OpenAI's chat completions (Anthropic Messages, the Responses API, Ollama's
-//! API) driven by their official clients (tests/apis_e2e.py: the `anthropic` and `openai`
-//! packages, Ollama's over plain HTTP and the `ollama` package), the chat page at `/` in a real
+//! The APIs beyond OpenAI's chat completions (Anthropic Messages, the Responses API, embeddings,
+//! Ollama's API) driven by their official clients (tests/apis_e2e.py: the `anthropic` and
+//! `openai` packages, Ollama's over plain HTTP and the `ollama` package), the chat page at `/` in a real
 //! browser (tests/webui_selenium.py: headless Chromium through selenium), and the raw framing
 //! the clients hide (Anthropic's pings, the API key on `x-api-key`, errors in each API's shape).
 
@@ -64,7 +64,12 @@ fn client() -> reqwest::Client {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn official_clients_on_anthropic_responses_and_ollama() {
     let path = smollm2();
-    let srv = serve(&path, |s| s.api_key = Some(KEY.into())).await;
+    let srv = serve(&path, |s| {
+        s.api_key = Some(KEY.into());
+        s.pooling = torus_wgpu::engine::Pooling::Mean;
+    })
+    .await;
+    assert_eq!(srv.engine().unwrap().enable_embeddings(), Ok(576), "--task embed");
     let base = format!("http://{}", srv.addr);
     let model = model_id_for_path(&path);
     tokio::task::spawn_blocking(move || {

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Drives a running `torus-wgpu serve` through the APIs beyond OpenAI's chat completions, with
 the official clients: Anthropic's Messages API with the `anthropic` package, the Responses API
-with the `openai` package, Ollama's API with plain HTTP (and the `ollama` package).
+and embeddings with the `openai` package, Ollama's API with plain HTTP (and the `ollama`
+package). The server runs with `--task embed --pooling mean`.
 
 Usage: python3 tests/apis_e2e.py BASE_URL MODEL API_KEY   (BASE_URL like http://127.0.0.1:8000;
 the server runs an instruct model that answers "What is the capital of France?" with Paris,
@@ -173,6 +174,39 @@ def responses_checks():
     print("responses: ok")
 
 
+# ---------------------------------------------------------------- OpenAI embeddings
+def embeddings_checks():
+    import base64
+    import math
+    import struct
+    client = openai.OpenAI(base_url=BASE + "/v1", api_key=KEY, max_retries=0, timeout=120.0)
+    texts = ["The cat sits on the mat.", "A cat is sitting on a rug.",
+             "Stock markets fell sharply today.", "The quarterly earnings report disappointed investors."]
+    r = client.embeddings.create(model=MODEL, input=texts)
+    check(len(r.data) == 4 and [d.index for d in r.data] == [0, 1, 2, 3], f"one vector per input: {r.data}")
+    vs = [d.embedding for d in r.data]
+    dim = len(vs[0])
+    check(dim > 0 and all(len(v) == dim for v in vs), "one size")
+    check(all(abs(sum(x * x for x in v) - 1) < 1e-4 for v in vs), "normalised")
+    cos = lambda a, b: sum(x * y for x, y in zip(a, b))  # noqa: E731
+    para, other = cos(vs[0], vs[1]), max(cos(vs[0], vs[2]), cos(vs[0], vs[3]), cos(vs[1], vs[2]), cos(vs[1], vs[3]))
+    check(para > other, f"paraphrases closer ({para:.4f}) than unrelated texts ({other:.4f})")
+    check(r.usage.prompt_tokens > 0 and r.usage.total_tokens == r.usage.prompt_tokens, f"usage {r.usage}")
+    raw = client.embeddings.with_raw_response.create(model=MODEL, input=texts[0], encoding_format="base64")
+    b64 = json.loads(raw.text)["data"][0]["embedding"]
+    decoded = struct.unpack(f"<{dim}f", base64.b64decode(b64))
+    check(max(abs(a - b) for a, b in zip(decoded, vs[0])) < 1e-5, "base64 decodes to the float vector")
+    short = client.embeddings.create(model=MODEL, input=texts[0], dimensions=32).data[0].embedding
+    n = math.sqrt(sum(x * x for x in vs[0][:32]))
+    check(len(short) == 32 and max(abs(a - b / n) for a, b in zip(short, vs[0][:32])) < 1e-4, "dimensions 32")
+    try:
+        client.embeddings.create(model=MODEL, input=texts[0], dimensions=dim + 1)
+        raise AssertionError("dimensions above the model's should fail")
+    except openai.BadRequestError:
+        pass
+    print(f"embeddings: ok ({dim} dimensions; paraphrases {para:.3f}, unrelated at most {other:.3f})")
+
+
 # ---------------------------------------------------------------- Ollama
 def http(path, body=None, method=None):
     req = urllib.request.Request(BASE + path, method=method or ("POST" if body is not None else "GET"))
@@ -230,6 +264,9 @@ def ollama_checks():
     ):
         status, _, text = http(path, body)
         check(status == want and isinstance(json.loads(text)["error"], str), f"{path} {body}: {status} {text}")
+    status, _, text = http("/api/embed", {"model": MODEL, "input": ["a cat", "a dog"]})
+    embs = json.loads(text)["embeddings"]
+    check(status == 200 and len(embs) == 2 and len(embs[0]) > 0, f"/api/embed: {text[:200]}")
     status, _, text = http("/api/pull", {"model": MODEL, "stream": False})
     check(status == 200 and json.loads(text)["status"] == "success", f"pull of the served model: {text}")
 
@@ -250,7 +287,7 @@ def ollama_checks():
 
 def main():
     failed = []
-    for f in (anthropic_checks, responses_checks, ollama_checks):
+    for f in (anthropic_checks, responses_checks, embeddings_checks, ollama_checks):
         try:
             f()
         except Exception as e:  # noqa: BLE001 (report every section)

@@ -115,10 +115,12 @@ async fn embeddings_match_transformers_for_every_pooling() {
     let want: Vec<f32> = full[..16].iter().map(|x| x / n).collect();
     assert_close(&floats(&d["data"][0]["embedding"]), &want, "dimensions 16");
     // Ollama's routes.
-    let (s, o) = post(&srv, "/api/embed", json!({"model": "tiny-qwen3:latest", "input": [reference["text"].clone()]})).await;
+    let (s, o) =
+        post(&srv, "/api/embed", json!({"model": "tiny-qwen3:latest", "input": [reference["text"].clone()]})).await;
     assert_eq!(s, 200, "{o}");
     assert_close(&floats(&o["embeddings"][0]), &floats(&text_case["last"]), "/api/embed");
-    let (s, o) = post(&srv, "/api/embeddings", json!({"model": "tiny-qwen3", "prompt": reference["text"].clone()})).await;
+    let (s, o) =
+        post(&srv, "/api/embeddings", json!({"model": "tiny-qwen3", "prompt": reference["text"].clone()})).await;
     assert_eq!(s, 200, "{o}");
     assert_close(&floats(&o["embedding"]), &floats(&text_case["last"]), "/api/embeddings");
     // Generation goes on beside embeddings.

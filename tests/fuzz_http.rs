@@ -1,6 +1,7 @@
 //! Property-based fuzzing of the HTTP server (proptest): batches of random requests to every
 //! route (generation in every API's shape: OpenAI chat and completions, Anthropic Messages and
-//! count_tokens, the Responses API, Ollama's chat and generate; /tokenize, /detokenize, Ollama's
+//! count_tokens, the Responses API, Ollama's chat and generate; embeddings, OpenAI's and
+//! Ollama's; /tokenize, /detokenize, Ollama's
 //! show and pull, and the GET routes, the chat page among them: valid-ish request skeletons
 //! with random fields of wrong types, huge, negative and fractional numbers, long strings, big
 //! arrays and maps; raw bodies with deep nesting, invalid escapes and lone surrogates, duplicate
@@ -37,6 +38,8 @@ const RESPONSES: &str = "/v1/responses";
 const OLLAMA_CHAT: &str = "/api/chat";
 const OLLAMA_GENERATE: &str = "/api/generate";
 const OLLAMA_SHOW: &str = "/api/show";
+const EMBEDDINGS: &str = "/v1/embeddings";
+const OLLAMA_EMBED: &str = "/api/embed";
 /// The POST routes whose bodies must be declared JSON.
 const POSTS: &[&str] = &[
     CHAT,
@@ -49,6 +52,8 @@ const POSTS: &[&str] = &[
     OLLAMA_CHAT,
     OLLAMA_GENERATE,
     OLLAMA_SHOW,
+    EMBEDDINGS,
+    OLLAMA_EMBED,
 ];
 /// The other routes the statistics name (the others count as "other").
 const GETS: &[&str] =
@@ -105,6 +110,8 @@ const FIELDS: &[&str] = &[
     "think",
     "raw",
     "images",
+    "encoding_format",
+    "dimensions",
 ];
 
 /// Escapes that are not valid JSON string content, or decode to lone surrogates (and a few
@@ -240,7 +247,7 @@ fn tweak() -> impl Strategy<Value = Tweak> {
 fn generation_body() -> impl Strategy<Value = (&'static str, Vec<u8>)> {
     let edit = (prop::sample::select(FIELDS), prop::option::weighted(0.85, value()));
     (
-        0u8..8,
+        0u8..10,
         1u32..6,
         prop::bool::weighted(0.25),
         prop::collection::vec(edit, 0..4),
@@ -256,7 +263,9 @@ fn generation_body() -> impl Strategy<Value = (&'static str, Vec<u8>)> {
                 4 => (COUNT_TOKENS, json!({"messages": user})),
                 5 => (RESPONSES, json!({"input": "hi", "max_output_tokens": max_tokens})),
                 6 => (OLLAMA_CHAT, json!({"messages": user, "options": {"num_predict": max_tokens}})),
-                _ => (OLLAMA_GENERATE, json!({"prompt": "hi", "options": {"num_predict": max_tokens}})),
+                7 => (OLLAMA_GENERATE, json!({"prompt": "hi", "options": {"num_predict": max_tokens}})),
+                8 => (EMBEDDINGS, json!({"input": ["hi", "there"], "dimensions": max_tokens})),
+                _ => (OLLAMA_EMBED, json!({"input": "hi"})),
             };
             // Ollama streams unless told not to.
             if path.starts_with("/api/") {
@@ -461,6 +470,7 @@ async fn serve() -> Server {
     };
     let path = tiny();
     let engine = common::start_engine_async(&path, &cfg).await;
+    engine.enable_embeddings().expect("embeddings on");
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let scfg = ServerConfig::new("tiny-qwen2", &cfg);
     let handle = start(listener, scfg, Some(engine)).unwrap();
@@ -583,7 +593,7 @@ fn random_requests_never_break_the_server() {
     // The mutations leave enough requests valid that generation runs, not only validation.
     if batches >= 100 {
         assert!(count(CHAT, 200) >= 5 && count(COMPLETIONS, 200) >= 5, "too few requests generated: {statuses:?}");
-        for route in [MESSAGES, RESPONSES, OLLAMA_CHAT, OLLAMA_GENERATE] {
+        for route in [MESSAGES, RESPONSES, OLLAMA_CHAT, OLLAMA_GENERATE, EMBEDDINGS, OLLAMA_EMBED] {
             assert!(count(route, 200) >= 3, "too few {route} requests generated: {statuses:?}");
         }
         assert!(count(TOKENIZE, 200) >= 5 && count(DETOKENIZE, 200) >= 5, "too few (de)tokenized: {statuses:?}");

@@ -75,14 +75,23 @@ impl Pooled {
     }
 }
 
+/// The pooling an embedding model file declares (an embedding GGUF's `pooling_type`); None
+/// for a generative model or an unknown type.
+pub fn declared_pooling(path: &std::path::Path) -> Option<Pooling> {
+    match crate::model::loader::gguf_pooling_type(path)? {
+        1 => Some(Pooling::Mean),
+        2 => Some(Pooling::Cls),
+        3 => Some(Pooling::Last),
+        _ => None,
+    }
+}
+
 impl EngineCore {
     /// Turns embeddings on: every step from now on hands back its hidden states. Returns the
     /// embedding size, or why this executor cannot (a pipeline).
     pub(crate) fn enable_embeddings(&mut self) -> Result<usize, String> {
-        let (norm, eps) = self
-            .exec
-            .final_norm()
-            .ok_or("embeddings need the whole model on one device (not pipeline stages)")?;
+        let (norm, eps) =
+            self.exec.final_norm().ok_or("embeddings need the whole model on one device (not pipeline stages)")?;
         if !self.exec.emit_hidden(true) {
             return Err("embeddings need the whole model on one device (not pipeline stages)".into());
         }
@@ -127,6 +136,30 @@ impl EngineCore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_embedding_gguf_declares_its_pooling() {
+        use crate::formats::gguf::{encode_header, GgufValue};
+        let dir = std::env::temp_dir().join(format!("torus-pooling-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for (kv, want) in [
+            (Some(3), Some(Pooling::Last)),
+            (Some(1), Some(Pooling::Mean)),
+            (Some(2), Some(Pooling::Cls)),
+            (Some(0), None),
+            (None, None),
+        ] {
+            let mut meta = vec![("general.architecture".to_string(), GgufValue::Str("qwen3".into()))];
+            if let Some(t) = kv {
+                meta.push(("qwen3.pooling_type".to_string(), GgufValue::U32(t)));
+            }
+            let path = dir.join(format!("m{kv:?}.gguf"));
+            std::fs::write(&path, encode_header(&meta, &[]).unwrap().bytes).unwrap();
+            assert_eq!(declared_pooling(&path), want, "pooling_type {kv:?}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(declared_pooling(&dir), None, "a directory");
+    }
 
     #[test]
     fn pooling_takes_each_position_once_and_normalises() {

@@ -8,12 +8,12 @@
 //!
 //! Owns: requests, sequences, the scheduler, the runner, output handling, the loop and its
 //! handle, engine metrics.
-//! May use: exec, model, kv, kv_events, spec, tokenizer, structured, gpu, config, sampling.
+//! May use: exec, model, kv, kv_events, spec, tokenizer, structured, gpu, config, sampling, formats.
 //! Never uses: server, HTTP.
 
 pub mod core;
 mod draft;
-mod embed;
+pub mod embed;
 pub mod handle;
 pub mod metrics;
 mod mtp;

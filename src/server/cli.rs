@@ -80,13 +80,15 @@ pub struct ServeArgs {
     pub no_webui: bool,
     /// `embed` also serves embeddings (`/v1/embeddings`, Ollama's `/api/embed`) from any
     /// supported model: every step then hands back its tokens' hidden states. `generate` (the
-    /// default): text only.
+    /// default): text only, unless the model file is an embedding model (a GGUF declaring
+    /// `pooling_type`), which turns embeddings on by itself.
     #[arg(long, default_value = "generate", value_parser = ["generate", "embed"])]
     pub task: String,
     /// How embeddings pool a prompt's last hidden states: `last` (the last token's, as decoder
-    /// embedding models such as Qwen3-Embedding are trained), `mean` or `cls` (the first token's).
-    #[arg(long, default_value = "last", value_parser = crate::engine::Pooling::parse)]
-    pub pooling: crate::engine::Pooling,
+    /// embedding models such as Qwen3-Embedding are trained), `mean` or `cls` (the first
+    /// token's). Default: what an embedding GGUF declares, else `last`.
+    #[arg(long, value_parser = crate::engine::Pooling::parse)]
+    pub pooling: Option<crate::engine::Pooling>,
 }
 
 /// `torus-wgpu serve`: binds, loads the model (503 until then), serves until SIGINT/SIGTERM,
@@ -155,7 +157,8 @@ pub fn run(args: ServeArgs) -> Result<()> {
     scfg.body_read_timeout = secs(args.body_read_timeout_s);
     scfg.reasoning_parser = args.reasoning_parser;
     scfg.webui = !args.no_webui;
-    scfg.pooling = args.pooling;
+    let declared = crate::engine::embed::declared_pooling(&model_path);
+    scfg.pooling = args.pooling.or(declared).unwrap_or(crate::engine::Pooling::Last);
     scfg.model_path = Some(model_path.clone());
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().thread_name("torus-http").build()?;
     let r = rt.block_on(serve(args, cfg, scfg, model_path));
@@ -234,9 +237,12 @@ async fn serve(args: ServeArgs, cfg: EngineConfig, scfg: ServerConfig, model_pat
             sp.method, sp.max_tokens, sp.max_batch
         );
     }
-    if args.task == "embed" {
-        let dim = engine.enable_embeddings().map_err(anyhow::Error::msg).context("--task embed")?;
-        eprintln!("torus-wgpu serve: embeddings on (/v1/embeddings): {dim} dimensions, {:?} pooling", args.pooling);
+    let declared = crate::engine::embed::declared_pooling(&model_path);
+    if args.task == "embed" || declared.is_some() {
+        let why = if args.task == "embed" { "--task embed" } else { "the model file is an embedding model" };
+        let dim = engine.enable_embeddings().map_err(anyhow::Error::msg).context(why)?;
+        let pooling = args.pooling.or(declared).unwrap_or(crate::engine::Pooling::Last);
+        eprintln!("torus-wgpu serve: embeddings on ({why}; /v1/embeddings): {dim} dimensions, {pooling:?} pooling");
     }
     server.set_engine(engine);
     eprintln!(

@@ -89,10 +89,8 @@ pub(crate) async fn embed(
     let e = engine.clone();
     let pooling = st.cfg.pooling;
     let salt = st.new_id("embed");
-    let (plans, req, dims) = st
-        .work
-        .run_sized(data.len(), move || parse(&e, &data, ids, dim, pooling, &salt))
-        .await??;
+    let (plans, req, dims) =
+        st.work.run_sized(data.len(), move || parse(&e, &data, ids, dim, pooling, &salt)).await??;
     st.check_model(req.1.as_deref())?;
     let lens: Vec<usize> = plans.iter().map(|p| p.prompt.len()).collect();
     let choices = submit(st, &engine, plans, t0, log).await?;
@@ -132,7 +130,10 @@ fn parse(
         None | Some("float") => false,
         Some("base64") => true,
         Some(o) => {
-            return Err(ApiError::invalid("encoding_format", format!("`encoding_format` must be float or base64, got {o:?}")))
+            return Err(ApiError::invalid(
+                "encoding_format",
+                format!("`encoding_format` must be float or base64, got {o:?}"),
+            ))
         }
     };
     let dims = f.int_in("dimensions", 1, dim as i64)?.map(|d| d as usize);

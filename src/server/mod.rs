@@ -1,7 +1,8 @@
 //! `torus-wgpu serve`: the OpenAI-compatible HTTP server (routes, OpenAI types, SSE, errors,
 //! metrics) over the engine handle; beside it Anthropic's Messages API (`anthropic`), OpenAI's
 //! Responses API (`responses`) and Ollama's API (`ollama`), each translated into a chat request
-//! and read back through `turn`, and the chat page at `/` (`webui`).
+//! and read back through `turn`, embeddings (`embeddings`, with `--task embed`), and the chat
+//! page at `/` (`webui`).
 //!
 //! The listener is bound before the model loads: while it loads, `GET /health` and every API
 //! route answer 503 (with `Retry-After`), and `/metrics` reports `torus_model_loaded 0`.

@@ -90,7 +90,8 @@ async fn run(State(st): State<Arc<AppState>>, log: Log, headers: HeaderMap, body
 async fn embed(State(st): State<Arc<AppState>>, log: Log, headers: HeaderMap, body: Body) -> Response {
     let t0 = Instant::now();
     let log = log.map(|l| l.0).unwrap_or_default();
-    let r = within(&st, t0, st.cfg.request_timeout, super::embeddings::embed(&st, &headers, body, t0, &log, "input")).await;
+    let r =
+        within(&st, t0, st.cfg.request_timeout, super::embeddings::embed(&st, &headers, body, t0, &log, "input")).await;
     match r {
         Ok((_, vs)) => Json(json!({
             "model": st.cfg.served_model_name,
@@ -108,9 +109,12 @@ async fn embed(State(st): State<Arc<AppState>>, log: Log, headers: HeaderMap, bo
 async fn embeddings_legacy(State(st): State<Arc<AppState>>, log: Log, headers: HeaderMap, body: Body) -> Response {
     let t0 = Instant::now();
     let log = log.map(|l| l.0).unwrap_or_default();
-    let r = within(&st, t0, st.cfg.request_timeout, super::embeddings::embed(&st, &headers, body, t0, &log, "prompt")).await;
+    let r = within(&st, t0, st.cfg.request_timeout, super::embeddings::embed(&st, &headers, body, t0, &log, "prompt"))
+        .await;
     match r {
-        Ok((_, vs)) => Json(json!({"embedding": vs.first().map(|(v, _)| v.clone()).unwrap_or_default()})).into_response(),
+        Ok((_, vs)) => {
+            Json(json!({"embedding": vs.first().map(|(v, _)| v.clone()).unwrap_or_default()})).into_response()
+        }
         Err(e) => e.response_in(Dialect::Ollama),
     }
 }
