@@ -47,6 +47,17 @@ def anthropic_checks():
     check(m.stop_reason in ("end_turn", "max_tokens"), f"stop_reason {m.stop_reason}")
     check(m.usage.output_tokens > 0 and m.usage.input_tokens > 0, f"usage {m.usage}")
 
+    # A stop sequence ends the answer before it, and is named.
+    st = client.messages.create(model=MODEL, max_tokens=16, messages=msgs, stop_sequences=["Nowhere", "Paris"])
+    cut = "".join(b.text for b in st.content if b.type == "text")
+    check(st.stop_reason == "stop_sequence" and st.stop_sequence == "Paris", f"stop sequence: {st}")
+    check("Paris" not in cut and text.startswith(cut), f"the text stops before it: {cut!r} / {text!r}")
+    with client.messages.stream(model=MODEL, max_tokens=16, messages=msgs, stop_sequences=["Paris"]) as s:
+        for _ in s:
+            pass
+        fm = s.get_final_message()
+    check(fm.stop_reason == "stop_sequence" and fm.stop_sequence == "Paris", f"streamed stop sequence: {fm}")
+
     n = client.messages.count_tokens(model=MODEL, messages=msgs)
     check(n.input_tokens == m.usage.input_tokens + (m.usage.cache_read_input_tokens or 0),
           f"count_tokens {n.input_tokens} vs usage {m.usage}")

@@ -257,9 +257,11 @@ impl EngineCore {
         }
         s.pending.push_str(&piece);
         let mut reason = None;
-        let text = if let Some(pos) = stop.stop.iter().filter_map(|st| s.pending.find(st.as_str())).min() {
+        let hit = stop.stop.iter().enumerate().filter_map(|(i, st)| s.pending.find(st.as_str()).map(|p| (p, i))).min();
+        let text = if let Some((pos, i)) = hit {
             let t = s.pending[..pos].to_string();
             s.pending.clear();
+            s.stopped_by = Some(i);
             reason = Some(FinishReason::Stop);
             t
         } else {

@@ -125,12 +125,29 @@ impl FinishReason {
     }
 }
 
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Default, PartialEq, Eq)]
 pub struct Usage {
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
     /// Prompt tokens served from the prefix cache at admission.
     pub cached_tokens: usize,
+    /// Which of the request's stop strings ended it (an index into `stop`), if one did.
+    pub stop_string: Option<usize>,
+}
+
+/// Debug output names `stop_string` only when a stop string ended the request (recorded traces
+/// of requests without one stay as they were).
+impl std::fmt::Debug for Usage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut d = f.debug_struct("Usage");
+        d.field("prompt_tokens", &self.prompt_tokens)
+            .field("completion_tokens", &self.completion_tokens)
+            .field("cached_tokens", &self.cached_tokens);
+        if let Some(i) = self.stop_string {
+            d.field("stop_string", &i);
+        }
+        d.finish()
+    }
 }
 
 /// One prompt token's log-probability given the tokens before it, and the most likely tokens

@@ -61,6 +61,8 @@ pub(crate) struct Seq {
     /// `mtp_from..`, one row each (engine/mtp.rs).
     pub(crate) mtp_rows: Vec<f32>,
     pub(crate) mtp_from: usize,
+    /// Which stop string ended it (an index into its `stop` list).
+    pub(crate) stopped_by: Option<usize>,
     /// An embedding request's pooled hidden states so far (engine/embed.rs).
     pub(crate) embed: Option<crate::engine::embed::Pooled>,
 }
@@ -106,6 +108,7 @@ impl Seq {
             draft_computed: 0,
             mtp_rows: Vec::new(),
             mtp_from: 0,
+            stopped_by: None,
             embed: pooling.map(crate::engine::embed::Pooled::new),
         }
     }
@@ -228,6 +231,7 @@ impl Seq {
             prompt_tokens: self.prompt_len,
             completion_tokens: self.generated(),
             cached_tokens: self.cached_tokens.unwrap_or(0),
+            stop_string: self.stopped_by,
         }
     }
 

@@ -231,7 +231,7 @@ mod tests {
         for (i, p) in [(0, 0), (1, 0), (2, 1)] {
             r.choice(i, p);
         }
-        let u = |p, c| Usage { prompt_tokens: p, completion_tokens: c, cached_tokens: 0 };
+        let u = |p, c| Usage { prompt_tokens: p, completion_tokens: c, cached_tokens: 0, stop_string: None };
         r.first_token(Duration::from_millis(30));
         r.first_token(Duration::from_millis(20));
         r.done(1, u(5, 3), &FinishReason::Length);

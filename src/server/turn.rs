@@ -169,6 +169,8 @@ pub(crate) struct Turn {
     pub stream: bool,
     /// What the translation kept of the request for the response.
     pub echo: Value,
+    /// The request's stop strings (`Usage::stop_string` indexes them).
+    pub stops: Vec<String>,
     deadline: Option<(Duration, tokio::time::Instant)>,
 }
 
@@ -185,6 +187,7 @@ impl Turn {
         let (engine, p, echo) = prepare::translated(st, headers, body, translate).await?;
         let prompt_tokens = p.plans.first().map_or(0, |pl| pl.prompt.len());
         let c = p.common;
+        let stops = c.stop.clone();
         let mut choices = submit(st, &engine, p.plans, t0, log).await?;
         let choice = choices.pop().ok_or_else(|| ApiError::internal("no sequence was submitted"))?;
         Ok(Turn {
@@ -194,6 +197,7 @@ impl Turn {
             prompt_tokens,
             stream: c.stream,
             echo,
+            stops,
             deadline: deadline(t0, c.timeout),
         })
     }

@@ -47,9 +47,9 @@ async fn messages(State(st): State<Arc<AppState>>, log: Log, headers: HeaderMap,
             return Ok(stream::respond(turn));
         }
         let id = message_id(&st);
-        let prompt_tokens = turn.prompt_tokens;
+        let (prompt_tokens, stops) = (turn.prompt_tokens, turn.stops.clone());
         let whole = turn.whole().await?;
-        Ok(Json(message_json(&st, &id, prompt_tokens, &whole)).into_response())
+        Ok(Json(message_json(&st, &id, prompt_tokens, &whole, &stops)).into_response())
     })
     .await;
     r.unwrap_or_else(|e| e.response_in(Dialect::Anthropic))
@@ -76,12 +76,14 @@ fn tool_use_id(st: &AppState) -> String {
     format!("toolu_{}", id.strip_prefix("toolu-").unwrap_or(&id))
 }
 
-/// Anthropic's `stop_reason` for a finish.
-fn stop_reason(reason: &FinishReason, calls: usize) -> &'static str {
-    match reason {
-        FinishReason::Length => "max_tokens",
-        _ if calls > 0 => "tool_use",
-        _ => "end_turn",
+/// Anthropic's `stop_reason` for a finish, and the stop sequence that ended it.
+fn stop_reason(reason: &FinishReason, calls: usize, u: &Usage, stops: &[String]) -> (&'static str, Value) {
+    let seq = u.stop_string.and_then(|i| stops.get(i)).filter(|_| matches!(reason, FinishReason::Stop));
+    match (reason, seq) {
+        (FinishReason::Length, _) => ("max_tokens", Value::Null),
+        _ if calls > 0 => ("tool_use", Value::Null),
+        (_, Some(s)) => ("stop_sequence", json!(s)),
+        _ => ("end_turn", Value::Null),
     }
 }
 
@@ -105,15 +107,16 @@ fn block(st: &AppState, p: &Part) -> Value {
     }
 }
 
-fn message_json(st: &AppState, id: &str, prompt_tokens: usize, w: &Whole) -> Value {
+fn message_json(st: &AppState, id: &str, prompt_tokens: usize, w: &Whole, stops: &[String]) -> Value {
+    let (reason, seq) = stop_reason(&w.reason, w.calls, &w.usage, stops);
     json!({
         "id": id,
         "type": "message",
         "role": "assistant",
         "model": st.cfg.served_model_name,
         "content": w.parts.iter().map(|p| block(st, p)).collect::<Vec<_>>(),
-        "stop_reason": stop_reason(&w.reason, w.calls),
-        "stop_sequence": null,
+        "stop_reason": reason,
+        "stop_sequence": seq,
         "usage": usage_json(prompt_tokens, &w.usage),
     })
 }

@@ -24,6 +24,7 @@ struct Events {
     open: Open,
     prompt_tokens: usize,
     pinged: bool,
+    stops: Vec<String>,
 }
 
 impl Events {
@@ -95,11 +96,12 @@ impl Events {
                 self.close(&mut out);
                 let mut u = usage_json(self.prompt_tokens, &usage);
                 u["output_tokens"] = json!(usage.completion_tokens);
+                let (stop_reason, stop_sequence) = stop_reason(&reason, calls, &usage, &self.stops);
                 out.push(sse_event(
                     "message_delta",
                     &json!({
                         "type": "message_delta",
-                        "delta": {"stop_reason": stop_reason(&reason, calls), "stop_sequence": null},
+                        "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
                         "usage": u,
                     }),
                 ));
@@ -131,7 +133,8 @@ pub(super) fn respond(turn: Turn) -> Response {
             "usage": {"input_tokens": turn.prompt_tokens, "output_tokens": 0},
         },
     });
-    let mut ev = Events { st, next: 0, open: Open::None, prompt_tokens: turn.prompt_tokens, pinged: false };
+    let stops = turn.stops.clone();
+    let mut ev = Events { st, next: 0, open: Open::None, prompt_tokens: turn.prompt_tokens, pinged: false, stops };
     let head = vec![sse_event("message_start", &start)];
     stream_response(head, turn.events(), move |e| ev.render(e), "text/event-stream")
 }

@@ -82,9 +82,13 @@ fn bad_requests_name_the_field() {
 
 #[test]
 fn stop_reasons() {
-    assert_eq!(stop_reason(&FinishReason::Stop, 0), "end_turn");
-    assert_eq!(stop_reason(&FinishReason::Stop, 2), "tool_use");
-    assert_eq!(stop_reason(&FinishReason::Length, 1), "max_tokens");
+    let stops = vec!["END".to_string(), "STOP".to_string()];
+    let plain = Usage::default();
+    let by_stop = Usage { stop_string: Some(1), ..Usage::default() };
+    assert_eq!(stop_reason(&FinishReason::Stop, 0, &plain, &stops), ("end_turn", Value::Null));
+    assert_eq!(stop_reason(&FinishReason::Stop, 0, &by_stop, &stops), ("stop_sequence", json!("STOP")));
+    assert_eq!(stop_reason(&FinishReason::Stop, 2, &plain, &stops), ("tool_use", Value::Null));
+    assert_eq!(stop_reason(&FinishReason::Length, 1, &plain, &stops), ("max_tokens", Value::Null));
 }
 
 #[test]
