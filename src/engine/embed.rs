@@ -10,7 +10,7 @@
 
 use super::core::EngineCore;
 use super::request::Pooling;
-use super::scheduler::Planned;
+use super::scheduler::{rows_by_seq, Planned};
 
 /// The final norm the engine applies to emitted rows (set by [`EngineCore::enable_embeddings`]).
 pub(crate) struct EmbedHead {
@@ -19,11 +19,11 @@ pub(crate) struct EmbedHead {
 }
 
 impl EmbedHead {
-    /// `x` after the final RMSNorm.
+    /// `x` after the final RMSNorm (the MTP head's host norm).
     fn normed(&self, x: &[f32]) -> Vec<f32> {
-        let ms = x.iter().map(|&v| (v as f64) * (v as f64)).sum::<f64>() / x.len().max(1) as f64;
-        let r = 1.0 / (ms + self.eps as f64).sqrt();
-        x.iter().zip(&self.norm).map(|(&v, &w)| (v as f64 * r) as f32 * w).collect()
+        let mut r = x.to_vec();
+        crate::model::mtp::norm_rows(&mut r, &self.norm, self.eps);
+        r
     }
 }
 
@@ -105,14 +105,8 @@ impl EngineCore {
     pub(crate) fn pool_rows(&mut self, plan: &[Planned], hidden: &[f32]) {
         let Some(head) = &self.embed else { return };
         let h = head.norm.len();
-        let total: usize = plan.iter().map(|p| p.len).sum();
-        if h == 0 || hidden.len() != total * h {
-            return;
-        }
-        let mut at = 0;
-        for p in plan {
-            let rows = &hidden[at * h..(at + p.len) * h];
-            at += p.len;
+        let Some(split) = rows_by_seq(plan, hidden, h) else { return };
+        for (p, rows) in split {
             let Some(s) = self.sched.running.iter_mut().find(|s| s.id == p.id) else { continue };
             let Some(acc) = s.embed.as_mut() else { continue };
             for i in 0..p.len {

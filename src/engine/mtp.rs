@@ -104,15 +104,12 @@ impl EngineCore {
     pub(crate) fn keep_mtp_rows(&mut self, plan: &[Planned], hidden: &[f32]) {
         let Some(head) = self.draft.as_ref().and_then(|d| d.mtp()) else { return };
         let h = head.hidden;
-        let total: usize = plan.iter().map(|p| p.len).sum();
-        if hidden.len() != total * h {
+        let Some(split) = super::scheduler::rows_by_seq(plan, hidden, h) else {
+            let total: usize = plan.iter().map(|p| p.len).sum();
             tracing::warn!("the model gave {} hidden floats for {total} tokens; the MTP head skips them", hidden.len());
             return;
-        }
-        let mut at = 0;
-        for p in plan {
-            let rows = &hidden[at * h..(at + p.len) * h];
-            at += p.len;
+        };
+        for (p, rows) in split {
             let Some(s) = self.sched.running.iter_mut().find(|s| s.id == p.id) else { continue };
             // A proposal's row stands when it and every proposal before it were kept; a position
             // has the head's input only once the token after it is known.

@@ -49,6 +49,29 @@ pub(crate) struct Planned {
     pub(crate) src: Option<u32>,
 }
 
+/// A step's per-token rows (`rows`: [tokens, width] in the plan's order) split by planned
+/// sequence; None when their count does not match the plan's tokens.
+pub(crate) fn rows_by_seq<'a>(
+    plan: &'a [Planned],
+    rows: &'a [f32],
+    width: usize,
+) -> Option<Vec<(&'a Planned, &'a [f32])>> {
+    let total: usize = plan.iter().map(|p| p.len).sum();
+    if width == 0 || rows.len() != total * width {
+        return None;
+    }
+    let mut at = 0;
+    Some(
+        plan.iter()
+            .map(|p| {
+                let r = &rows[at * width..(at + p.len) * width];
+                at += p.len;
+                (p, r)
+            })
+            .collect(),
+    )
+}
+
 /// The queues and the cache: what the scheduler decides over.
 pub(crate) struct Scheduler {
     pub(crate) cfg: SchedulerConfig,
