@@ -171,3 +171,54 @@ async fn framing_keys_and_error_shapes() {
     assert_eq!(r.status(), 404, "--no-webui");
     bare.shutdown().await;
 }
+
+/// A thinking model's span (here the tiny model under `deepseek_r1`, whose output without
+/// `</think>` is all thinking) comes back as Anthropic's `thinking` block and the Responses
+/// API's `reasoning` item, whole and streamed, with the same text as chat's `reasoning_content`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reasoning_as_thinking_blocks_and_reasoning_items() {
+    use torus_wgpu::server::reasoning::{ReasoningChoice, ReasoningKind};
+    let srv = serve(&tiny(), |s| s.reasoning_parser = ReasoningChoice::Parser(ReasoningKind::DeepSeekR1)).await;
+    let base = format!("http://{}", srv.addr);
+    let http = client();
+    let user = json!([{"role": "user", "content": "hi"}]);
+    let chat = json!({"messages": user, "max_tokens": 6, "temperature": 0});
+    let c: Value =
+        http.post(format!("{base}/v1/chat/completions")).json(&chat).send().await.unwrap().json().await.unwrap();
+    let thinking = c["choices"][0]["message"]["reasoning_content"].as_str().unwrap().to_string();
+    assert!(!thinking.is_empty(), "{c}");
+
+    let m = json!({"messages": user, "max_tokens": 6, "temperature": 0});
+    let a: Value = http.post(format!("{base}/v1/messages")).json(&m).send().await.unwrap().json().await.unwrap();
+    assert_eq!(a["content"][0]["type"], "thinking", "{a}");
+    assert_eq!(a["content"][0]["thinking"], thinking.as_str(), "{a}");
+    let mut ms = m.clone();
+    ms["stream"] = json!(true);
+    let text = http.post(format!("{base}/v1/messages")).json(&ms).send().await.unwrap().text().await.unwrap();
+    let deltas: String = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .map(|d| serde_json::from_str::<Value>(d).unwrap())
+        .filter(|v| v["delta"]["type"] == "thinking_delta")
+        .map(|v| v["delta"]["thinking"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(deltas, thinking, "{text}");
+    assert!(text.contains(r#""content_block":{"type":"thinking""#), "{text}");
+
+    let r = json!({"input": "hi", "max_output_tokens": 6, "temperature": 0});
+    let o: Value = http.post(format!("{base}/v1/responses")).json(&r).send().await.unwrap().json().await.unwrap();
+    assert_eq!(o["output"][0]["type"], "reasoning", "{o}");
+    assert_eq!(o["output"][0]["content"][0]["text"], thinking.as_str(), "{o}");
+    let mut rs = r.clone();
+    rs["stream"] = json!(true);
+    let text = http.post(format!("{base}/v1/responses")).json(&rs).send().await.unwrap().text().await.unwrap();
+    let deltas: String = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .map(|d| serde_json::from_str::<Value>(d).unwrap())
+        .filter(|v| v["type"] == "response.reasoning_text.delta")
+        .map(|v| v["delta"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(deltas, thinking, "{text}");
+    srv.shutdown().await;
+}
