@@ -90,10 +90,10 @@ impl EngineCore {
     /// Turns embeddings on: every step from now on hands back its hidden states. Returns the
     /// embedding size, or why this executor cannot (a pipeline).
     pub(crate) fn enable_embeddings(&mut self) -> Result<usize, String> {
-        let (norm, eps) =
-            self.exec.final_norm().ok_or("embeddings need the whole model on one device (not pipeline stages)")?;
+        const WHOLE: &str = "embeddings need the whole model on one device (not pipeline stages)";
+        let (norm, eps) = self.exec.final_norm().ok_or(WHOLE)?;
         if !self.exec.emit_hidden(true) {
-            return Err("embeddings need the whole model on one device (not pipeline stages)".into());
+            return Err(WHOLE.into());
         }
         let dim = norm.len();
         self.embed = Some(EmbedHead { norm, eps });
@@ -109,17 +109,16 @@ impl EngineCore {
         for (p, rows) in split {
             let Some(s) = self.sched.running.iter_mut().find(|s| s.id == p.id) else { continue };
             let Some(acc) = s.embed.as_mut() else { continue };
-            for i in 0..p.len {
-                let pos = p.start + i;
+            for (i, pos) in (p.start..p.start + p.len).enumerate().filter(|&(_, pos)| pos < s.prompt_len) {
                 // Only what pooling keeps is normed.
                 let wanted = match acc.pooling {
                     Pooling::Mean => true,
                     Pooling::Last => pos + 1 == s.prompt_len,
                     Pooling::Cls => pos == 0,
                 };
-                if wanted && pos < s.prompt_len {
+                if wanted {
                     acc.take(pos, head.normed(&rows[i * h..(i + 1) * h]));
-                } else if pos < s.prompt_len {
+                } else {
                     acc.next = acc.next.max(pos + 1);
                 }
             }

@@ -60,7 +60,7 @@ pub struct Model {
     record: RecordParams,
     header: StepHeader,
     /// Most tokens and sampled rows of one sub-step (a step larger than that runs in several).
-    sub_tokens: usize,
+    pub(crate) sub_tokens: usize,
     sub_seqs: usize,
     off_sample: usize,
     off_params: usize,
@@ -75,12 +75,13 @@ pub struct Model {
     /// The embedding and LM head (whole model only), for an MTP head to share.
     io: Option<SharedIo>,
     /// The last stage also reads back every token's residual after the last layer (an MTP head
-    /// reads it): its readback buffer while on, and what the last step gave.
-    emit: Option<wgpu::Buffer>,
-    emitted: Vec<u8>,
+    /// reads it; embeddings pool it): its readback buffer while on, and what the last step gave
+    /// (model/emit.rs).
+    pub(crate) emit: Option<wgpu::Buffer>,
+    pub(crate) emitted: Vec<u8>,
     /// The final norm's weights as the head applies them (last stage only; empty otherwise), for
     /// pooling the emitted residuals into embeddings on the host.
-    final_norm: Vec<f32>,
+    pub(crate) final_norm: Vec<f32>,
     /// The per-kernel profile, while it is on.
     profiler: Option<crate::model::profile::Profiler>,
     // Weights and scratch stay alive as long as the bind groups that use them.
@@ -514,36 +515,6 @@ impl Model {
                 .map(|(i, p)| Sampled::parse(&words[i * SAMPLE_RESULT_STRIDE..], p.n_top))
                 .collect(),
         ))
-    }
-
-    /// Turns on (or off) reading back every token's residual after the last layer with each step
-    /// of the last stage (an MTP head reads the model's hidden states); false where this model is
-    /// not the last stage.
-    pub fn emit_hidden(&mut self, on: bool) -> bool {
-        if !self.is_last() {
-            return false;
-        }
-        // Counted in the memory plan while held.
-        let bytes = (self.sub_tokens * self.cfg.hidden * 4) as u64;
-        match (on, self.emit.is_some()) {
-            (true, false) => self.plan.scratch += bytes,
-            (false, true) => self.plan.scratch -= bytes,
-            _ => {}
-        }
-        self.emit = on.then(|| self.gpu.readback("hidden_emit", bytes));
-        true
-    }
-
-    /// The final RMSNorm (its weights, as the head applies them, and epsilon) that turns an
-    /// emitted residual into the model's last hidden state; None where this is not the last stage.
-    pub fn final_norm(&self) -> Option<(Vec<f32>, f32)> {
-        (self.is_last() && !self.final_norm.is_empty()).then(|| (self.final_norm.clone(), self.cfg.rms_eps))
-    }
-
-    /// The residual of every token of the last step ([tokens, hidden] f32), while `emit_hidden`
-    /// is on; empty otherwise.
-    pub fn take_hidden(&mut self) -> Vec<f32> {
-        bytemuck::pod_collect_to_vec(&std::mem::take(&mut self.emitted))
     }
 
     /// Runs a step of each matmul tile's size on scratch block 0 so every pipeline is

@@ -117,7 +117,6 @@ pub(crate) fn open_weights<R>(
     }
 }
 
-/// The hyper-parameters of the model at `path`, without loading weights.
 /// The pooling an embedding GGUF declares (llama.cpp's `<arch>.pooling_type`: 1 mean, 2 cls,
 /// 3 last; 0 or absent: none, a generative model); None for anything else.
 pub fn gguf_pooling_type(path: &Path) -> Option<u32> {
@@ -129,6 +128,7 @@ pub fn gguf_pooling_type(path: &Path) -> Option<u32> {
     g.get_u32(&format!("{arch}.pooling_type")).filter(|&t| t != 0)
 }
 
+/// The hyper-parameters of the model at `path`, without loading weights.
 pub fn read_config(path: &Path) -> Result<ModelConfig> {
     if path.is_dir() {
         ModelConfig::from_hf_json(&path.join("config.json"))

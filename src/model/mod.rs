@@ -6,6 +6,7 @@
 
 pub mod builder;
 pub mod config;
+mod emit;
 pub mod forward;
 pub mod gemma;
 pub mod gemma4;

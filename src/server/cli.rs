@@ -160,20 +160,32 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let declared = crate::engine::embed::declared_pooling(&model_path);
     scfg.pooling = args.pooling.or(declared).unwrap_or(crate::engine::Pooling::Last);
     scfg.model_path = Some(model_path.clone());
+    // Why embeddings are on, if they are.
+    let embed = match (args.task == "embed", declared) {
+        (true, _) => Some("--task embed"),
+        (false, Some(_)) => Some("the model file is an embedding model"),
+        (false, None) => None,
+    };
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().thread_name("torus-http").build()?;
-    let r = rt.block_on(serve(args, cfg, scfg, model_path));
+    let r = rt.block_on(serve(args, cfg, scfg, model_path, embed));
     // Never wait on work that is still running (dropping the runtime would).
     rt.shutdown_timeout(Duration::from_secs(1));
     r
 }
 
-async fn serve(args: ServeArgs, cfg: EngineConfig, scfg: ServerConfig, model_path: std::path::PathBuf) -> Result<()> {
+async fn serve(
+    args: ServeArgs,
+    cfg: EngineConfig,
+    scfg: ServerConfig,
+    model_path: std::path::PathBuf,
+    embed: Option<&'static str>,
+) -> Result<()> {
     let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
         .await
         .with_context(|| format!("cannot listen on {}:{}", args.host, args.port))?;
     let auth =
         if scfg.api_key.is_some() { "API key required on /v1, /api, /tokenize and /detokenize" } else { "no API key" };
-    let name = scfg.served_model_name.clone();
+    let (name, pooling) = (scfg.served_model_name.clone(), scfg.pooling);
     let server = start(listener, scfg, None)?;
     eprintln!(
         "torus-wgpu serve: listening on http://{} ({auth}); loading {} as model {name:?} (/health answers 503 until it is loaded)",
@@ -237,11 +249,8 @@ async fn serve(args: ServeArgs, cfg: EngineConfig, scfg: ServerConfig, model_pat
             sp.method, sp.max_tokens, sp.max_batch
         );
     }
-    let declared = crate::engine::embed::declared_pooling(&model_path);
-    if args.task == "embed" || declared.is_some() {
-        let why = if args.task == "embed" { "--task embed" } else { "the model file is an embedding model" };
+    if let Some(why) = embed {
         let dim = engine.enable_embeddings().map_err(anyhow::Error::msg).context(why)?;
-        let pooling = args.pooling.or(declared).unwrap_or(crate::engine::Pooling::Last);
         eprintln!("torus-wgpu serve: embeddings on ({why}; /v1/embeddings): {dim} dimensions, {pooling:?} pooling");
     }
     server.set_engine(engine);

@@ -12,7 +12,7 @@ use super::generate::{check_context, submit, Planned};
 use super::json;
 use super::openai::within;
 use super::params::{type_name, Fields, Prompt};
-use super::prepare::{tokenize_prompt, MAX_CHOICES};
+use super::prepare::{admit, tokenize_prompt, too_long, MAX_CHOICES};
 use super::token_ids::IdField;
 use super::AppState;
 use crate::engine::{EngineHandle, Pooling, RequestParams, StopConditions};
@@ -68,30 +68,16 @@ pub(crate) async fn embed(
     log: &AccessRecord,
     key: &'static str,
 ) -> Result<(EmbedRequest, Vec<(Vec<f32>, usize)>), ApiError> {
-    let engine = st.engine()?.clone();
-    let Some(dim) = engine.embedding_dim() else {
+    let Some(dim) = st.engine()?.embedding_dim() else {
         return Err(ApiError::invalid(
             "model",
             "this server does not serve embeddings: start it with `--task embed` (any supported model)",
         ));
     };
-    let data = super::body::read(headers, body, st.cfg.max_request_body_bytes, st.cfg.body_read_timeout).await?;
-    super::generate::check_queue(st)?;
-    let ctx = engine.info.max_model_len();
-    let ids = IdField {
-        key,
-        vocab: engine.info.vocab,
-        max_prompts: MAX_CHOICES,
-        max_ids: ctx.saturating_sub(1),
-        too_long: |n| ApiError::invalid("input", format!("an input has more than {n} tokens (the context length)")),
-        empty_ok: false,
-    };
-    let e = engine.clone();
     let pooling = st.cfg.pooling;
     let salt = st.new_id("embed");
-    let (plans, req, dims) =
-        st.work.run_sized(data.len(), move || parse(&e, &data, ids, dim, pooling, &salt)).await??;
-    st.check_model(req.1.as_deref())?;
+    let (engine, (plans, base64, dims)) =
+        admit(st, headers, body, move |data, e, _| parse(e, data, key, dim, pooling, &salt)).await?;
     let lens: Vec<usize> = plans.iter().map(|p| p.prompt.len()).collect();
     let choices = submit(st, &engine, plans, t0, log).await?;
     let done = futures_util::future::join_all(choices.into_iter().map(|c| c.collect())).await;
@@ -108,22 +94,30 @@ pub(crate) async fn embed(
         }
         out.push((v, n));
     }
-    Ok((EmbedRequest { base64: req.0 }, out))
+    Ok((EmbedRequest { base64 }, out))
 }
 
-/// The body's inputs as engine requests (blocking: on a worker), with (base64, model) and
-/// `dimensions`.
+/// The body's inputs as engine requests (blocking: on a worker), whether it asked for base64,
+/// and `dimensions`; and the model it named.
 #[allow(clippy::type_complexity)]
 fn parse(
     engine: &EngineHandle,
-    data: &[u8],
-    ids: IdField,
+    data: Vec<u8>,
+    key: &'static str,
     dim: usize,
     pooling: Pooling,
     salt: &str,
-) -> Result<(Vec<Planned>, (bool, Option<String>), Option<usize>), ApiError> {
-    let key = ids.key;
-    let parsed = json::parse(data, Some(ids))?;
+) -> Result<((Vec<Planned>, bool, Option<usize>), Option<String>), ApiError> {
+    let ids = IdField {
+        key,
+        vocab: engine.info.vocab,
+        max_prompts: MAX_CHOICES,
+        max_ids: engine.info.max_model_len().saturating_sub(1),
+        too_long: |n| too_long(n + 1, "input"),
+        empty_ok: false,
+    };
+    let parsed = json::parse(&data, Some(ids))?;
+    drop(data);
     let f = Fields(&parsed.obj);
     let model = f.string("model")?.map(|m| m.strip_suffix(":latest").unwrap_or(m).to_string());
     let base64 = match f.string("encoding_format")? {
@@ -162,7 +156,7 @@ fn parse(
     if let Some(v) = parsed.obj.get("user").filter(|v| !v.is_null() && !v.is_string()) {
         return Err(ApiError::invalid("user", format!("`user` must be a string, got {}", type_name(v))));
     }
-    Ok((plans, (base64, model), dims))
+    Ok(((plans, base64, dims), model))
 }
 
 /// `v` as little-endian f32 bytes in standard base64 (what the OpenAI clients decode).

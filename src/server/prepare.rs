@@ -64,7 +64,7 @@ fn limits(st: &AppState, e: &EngineHandle) -> Limits {
 }
 
 /// The 400 for a prompt longer than the context (as `check_context`'s).
-fn too_long(ctx: usize, param: &'static str) -> ApiError {
+pub(crate) fn too_long(ctx: usize, param: &'static str) -> ApiError {
     ApiError::invalid(
         param,
         format!(
@@ -76,42 +76,55 @@ fn too_long(ctx: usize, param: &'static str) -> ApiError {
     .code("context_length_exceeded")
 }
 
-/// The engine, the parsed body and its common fields, the model name checked. The body is
-/// parsed on a worker (its memory bounded by `body`); a full queue answers 503 before that.
+/// The admission every body goes through: the engine (503 while the model loads), the body
+/// (its size and time limits), the queue (503 when full, before anything is parsed), then
+/// `parse` on a worker (its memory bounded by `body`), and the model it names checked.
+/// `parse` gets the body (to drop as soon as it is parsed), the engine and the request limits,
+/// and returns what it read and the model name the request gave.
+pub(crate) async fn admit<T: Send + 'static>(
+    st: &AppState,
+    headers: &HeaderMap,
+    body: Body,
+    parse: impl FnOnce(Vec<u8>, &EngineHandle, Limits) -> Result<(T, Option<String>), ApiError> + Send + 'static,
+) -> Result<(EngineHandle, T), ApiError> {
+    let engine = st.engine()?.clone();
+    let data = body::read(headers, body, st.cfg.max_request_body_bytes, st.cfg.body_read_timeout).await?;
+    check_queue(st)?;
+    let lim = limits(st, &engine);
+    let e = engine.clone();
+    let (v, model) = st.work.run_sized(data.len(), move || parse(data, &e, lim)).await??;
+    st.check_model(model.as_deref())?;
+    Ok((engine, v))
+}
+
+/// The engine, the parsed body and its common fields (with the server's reasoning parser), as
+/// [`admit`] reads them.
 pub(crate) async fn begin(
     st: &AppState,
     headers: &HeaderMap,
     body: Body,
     route: Route,
 ) -> Result<(EngineHandle, Parsed, Common), ApiError> {
-    let engine = st.engine()?.clone();
-    let data = body::read(headers, body, st.cfg.max_request_body_bytes, st.cfg.body_read_timeout).await?;
-    check_queue(st)?;
-    let lim = limits(st, &engine);
-    let ctx = engine.info.max_model_len();
-    let ids = (route == Route::Completions).then_some(IdField {
-        key: "prompt",
-        vocab: engine.info.vocab,
-        max_prompts: MAX_CHOICES,
-        max_ids: ctx.saturating_sub(1),
-        too_long: |n| too_long(n + 1, "prompt"),
-        empty_ok: false,
-    });
-    let keys: &'static [&'static str] = match route {
-        Route::Chat => &["max_completion_tokens", "max_tokens"],
-        Route::Completions => &["max_tokens"],
-    };
-    let (parsed, c) = st
-        .work
-        .run_sized(data.len(), move || -> Result<(Parsed, Common), ApiError> {
-            let mut parsed = json::parse(&data, ids)?;
-            drop(data);
-            let c = common_fields(&mut parsed, &lim, keys)?;
-            Ok((parsed, c))
-        })
-        .await??;
-    st.check_model(c.model.as_deref())?;
-    let mut c = c;
+    let (engine, (parsed, mut c)) = admit(st, headers, body, move |data, e, lim| {
+        let ids = (route == Route::Completions).then_some(IdField {
+            key: "prompt",
+            vocab: e.info.vocab,
+            max_prompts: MAX_CHOICES,
+            max_ids: e.info.max_model_len().saturating_sub(1),
+            too_long: |n| too_long(n + 1, "prompt"),
+            empty_ok: false,
+        });
+        let keys: &[&str] = match route {
+            Route::Chat => &["max_completion_tokens", "max_tokens"],
+            Route::Completions => &["max_tokens"],
+        };
+        let mut parsed = json::parse(&data, ids)?;
+        drop(data);
+        let c = common_fields(&mut parsed, &lim, keys)?;
+        let model = c.model.clone();
+        Ok(((parsed, c), model))
+    })
+    .await?;
     c.reasoning = st.cfg.reasoning_parser;
     Ok((engine, parsed, c))
 }
@@ -143,31 +156,24 @@ pub(crate) async fn translated(
     body: Body,
     translate: Translate,
 ) -> Result<(EngineHandle, Prepared, Value), ApiError> {
-    let engine = st.engine()?.clone();
-    let data = body::read(headers, body, st.cfg.max_request_body_bytes, st.cfg.body_read_timeout).await?;
-    check_queue(st)?;
-    let lim = limits(st, &engine);
-    let (parsed, c, route, echo) = st
-        .work
-        .run_sized(data.len(), move || -> Result<(Parsed, Common, Route, Value), ApiError> {
-            let mut parsed = json::parse(&data, None)?;
-            drop(data);
-            let t = translate(std::mem::take(&mut parsed.obj))?;
-            let (route, echo) = (t.route, t.echo);
-            parsed.obj = t.body;
-            if route == Route::Completions {
-                let text = match parsed.obj.remove("prompt") {
-                    Some(Value::String(s)) => s,
-                    _ => return Err(ApiError::invalid("prompt", "`prompt` must be a string")),
-                };
-                parsed.prompts = Some(vec![Prompt::Text(text)]);
-            }
-            let c = common_fields(&mut parsed, &lim, &["max_tokens"])?;
-            Ok((parsed, c, route, echo))
-        })
-        .await??;
-    st.check_model(c.model.as_deref())?;
-    let mut c = c;
+    let (engine, (parsed, mut c, route, echo)) = admit(st, headers, body, move |data, _, lim| {
+        let mut parsed = json::parse(&data, None)?;
+        drop(data);
+        let t = translate(std::mem::take(&mut parsed.obj))?;
+        let (route, echo) = (t.route, t.echo);
+        parsed.obj = t.body;
+        if route == Route::Completions {
+            let text = match parsed.obj.remove("prompt") {
+                Some(Value::String(s)) => s,
+                _ => return Err(ApiError::invalid("prompt", "`prompt` must be a string")),
+            };
+            parsed.prompts = Some(vec![Prompt::Text(text)]);
+        }
+        let c = common_fields(&mut parsed, &lim, &["max_tokens"])?;
+        let model = c.model.clone();
+        Ok(((parsed, c, route, echo), model))
+    })
+    .await?;
     c.reasoning = st.cfg.reasoning_parser;
     let e = engine.clone();
     let p = st
