@@ -25,6 +25,15 @@
 // and for attention layers:
 //   gate_main  a thread per (token, i < gate_width): out[t, i] *= sigmoid(x[t, i]) (the gate
 //              projection written to x with gate_width floats per row)
+//
+// LOOP_NOTE: llvmpipe (lavapipe) ends every loop of an invocation once 65535 loop iterations
+// have run in that invocation in total, silently. A loop over a sequence's tokens with loops over
+// k_dim inside (2 * 128 iterations per token) stopped after ~250 tokens: the rest of the outputs
+// were whatever the buffer held from earlier steps (another request's), and the state went on
+// from there. So the per-token loops below hold no loop: the loops over the state's rows and over
+// the convolution's taps are written out when the pipeline is built (ops/sources.rs),
+// one loop iteration per token. The chunked form's per-chunk loops are bounded differently
+// (ops/delta.rs `max_loop_tokens`).
 
 @group(0) @binding(0) var<uniform> step: Step;
 @group(0) @binding(1) var<uniform> p: DeltaParams; // declared from Rust (ops/)
@@ -95,40 +104,28 @@ fn conv_main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgro
     let taps = p.kernel - 1u;
     let sbase = r.slot * taps * conv_dim + c;
     let lbase = read_slot(r) * taps * conv_dim + c;
-    // hist[j]: the input j + 1 - kernel positions before the current one (oldest first).
-    var hist: array<f32, MAX_KERNEL>;
     let bbase = r.backup * taps * conv_dim + c;
-    for (var j = 0u; j < taps; j++) {
-        hist[j] = select(conv_state[lbase + j * conv_dim], 0.0, r.reset != 0u);
-        if (r.backup != NO_SLOT) {
-            conv_state[bbase + j * conv_dim] = hist[j];
-        }
-    }
+    let reset = r.reset != 0u;
+    let backup = r.backup != NO_SLOT;
+    // hist[j]: the input j + 1 - kernel positions before the current one (oldest first). The
+    // loops over taps are written out (see LOOP_NOTE), each statement of tap j under j < taps.
+    var hist: array<f32, MAX_KERNEL>;
+{{CONV_LOAD}}
     let wb = c * p.kernel;
+    let w_in = w[wb + taps];
     for (var t = r.first; t < r.first + r.count; t++) {
         let xi = t * p.x_stride + c;
         let v = x[xi];
-        var acc = w[wb + taps] * v;
-        for (var j = 0u; j < taps; j++) {
-            acc += w[wb + j] * hist[j];
-        }
-        for (var j = 0u; j + 1u < taps; j++) {
-            hist[j] = hist[j + 1u];
-        }
-        if (taps > 0u) {
-            hist[taps - 1u] = v;
-        }
+        var acc = w_in * v;
+{{CONV_ACC}}
+{{CONV_SHIFT}}
         x[xi] = silu(acc);
         if (r.snap != NO_SLOT && t - r.first == r.snap_at) {
             let nb = r.snap * taps * conv_dim + c;
-            for (var j = 0u; j < taps; j++) {
-                conv_state[nb + j * conv_dim] = hist[j];
-            }
+{{CONV_SNAP}}
         }
     }
-    for (var j = 0u; j < taps; j++) {
-        conv_state[sbase + j * conv_dim] = hist[j];
-    }
+{{CONV_STORE}}
 }
 
 @compute @workgroup_size(64)
@@ -198,12 +195,11 @@ fn delta_main(
     let lbase = ((read_slot(r) * p.v_heads + vh) * p.k_dim) * p.v_dim + j;
     let bbase = ((r.backup * p.v_heads + vh) * p.k_dim) * p.v_dim + j;
     var col: array<f32, DK>;
-    for (var i = 0u; i < DK; i++) {
-        col[i] = select(rec_state[lbase + i * p.v_dim], 0.0, r.reset != 0u);
-        if (r.backup != NO_SLOT) {
-            rec_state[bbase + i * p.v_dim] = col[i];
-        }
-    }
+    let reset = r.reset != 0u;
+    let backup = r.backup != NO_SLOT;
+    // Every loop over the state's DK rows is written out (see LOOP_NOTE): one loop iteration
+    // per token.
+{{REC_LOAD}}
     for (var t = r.first; t < r.first + r.count; t++) {
         let row = t * p.x_stride;
         let qb = row + kh * p.k_dim;
@@ -211,27 +207,17 @@ fn delta_main(
         let decay = exp(x[row + p.off_a + vh]);
         let beta = x[row + p.off_b + vh];
         var kv = 0.0;
-        for (var i = 0u; i < DK; i++) {
-            col[i] *= decay;
-            kv += col[i] * x[kb + i];
-        }
+{{REC_DECAY}}
         let delta = (x[row + 2u * key_dim + vh * p.v_dim + j] - kv) * beta;
         var o = 0.0;
-        for (var i = 0u; i < DK; i++) {
-            col[i] += x[kb + i] * delta;
-            o += col[i] * x[qb + i];
-        }
+{{REC_UPDATE}}
         out[t * value_dim + vh * p.v_dim + j] = o;
         if (r.snap != NO_SLOT && t - r.first == r.snap_at) {
             let nb = ((r.snap * p.v_heads + vh) * p.k_dim) * p.v_dim + j;
-            for (var i = 0u; i < DK; i++) {
-                rec_state[nb + i * p.v_dim] = col[i];
-            }
+{{REC_SNAP}}
         }
     }
-    for (var i = 0u; i < DK; i++) {
-        rec_state[sbase + i * p.v_dim] = col[i];
-    }
+{{REC_STORE}}
 }
 
 @compute @workgroup_size(64)

@@ -229,6 +229,44 @@ fn delta_kernels_match_the_reference_in_chunks_and_token_by_token() {
     }
 }
 
+/// Long sequences at Qwen3.5's keys of 128 (and 256), one step each from a zero state: llvmpipe
+/// stops an invocation's loops after 65535 iterations in all (`Gpu::loop_limit`), which cut the
+/// per-token recurrence after ~250 tokens (its two loops over the state's 128 rows per token, now
+/// written out) and the chunked form after ~2300. The per-token recurrence (cpu profile) reaches
+/// every token of 3000; the chunked form (gpu profile) every token of the most a step gives one
+/// sequence on this device (`max_loop_tokens`, the model's sub-step bound); every output and the
+/// final states against the CPU reference.
+#[test]
+fn delta_kernels_reach_every_token_of_a_long_sequence() {
+    use torus_wgpu::ops::delta::max_loop_tokens;
+    let gpu = Arc::new(Gpu::new(None).expect("a wgpu adapter"));
+    for k_dim in [128usize, 256] {
+        let d = DeltaDims { k_heads: 1, v_heads: 2, k_dim, v_dim: 32, kernel: 4 };
+        let mut rng = XorShift64::new(5);
+        let conv = rand_vec(&mut rng, d.conv_dim() * d.kernel, 0.5);
+        let (a, dt) = (vec![-0.2, -0.5], rand_vec(&mut rng, d.v_heads, 0.5));
+        let norm = vec![1.0; d.v_dim];
+        let w = DeltaWeights { conv: &conv, a: &a, dt_bias: &dt, norm: &norm };
+        for profile in [KernelProfile::Cpu, KernelProfile::Gpu] {
+            let chunked = profile == KernelProfile::Gpu;
+            let n = gpu.loop_limit().map_or(3000, |l| max_loop_tokens(k_dim, chunked, l).min(3000));
+            assert!(n > if chunked { 1000 } else { 2999 }, "k_dim {k_dim}: {n} tokens per step");
+            let h = Harness::for_delta(gpu.clone(), k_dim as u32, profile).unwrap();
+            let x = rand_vec(&mut rng, n * d.proj_width(), 1.0);
+            let mut want_state = DeltaState::zero(&d);
+            let want = delta_ref(&d, &w, &x, &mut want_state, 1e-6, true);
+            let mut st = DeltaSlots { conv: vec![3.0; d.conv_state()], rec: vec![3.0; d.rec_state()] };
+            let seq = DeltaSeq { slot: 0, tokens: n, reset: true, backup: None, snapshot: None, src: None };
+            let got = h.delta(&d, &w, &x, &[seq], &mut st, (1e-6, true)).unwrap();
+            let vd = d.value_dim();
+            let bad = (0..n).find(|&t| tiny::max_diff(&got[t * vd..(t + 1) * vd], &want[t * vd..(t + 1) * vd]) > 1e-3);
+            assert_eq!(bad, None, "k_dim {k_dim} {profile:?}: {n} tokens, outputs wrong from this token");
+            let dr = tiny::max_diff(&st.rec, &want_state.rec);
+            assert!(dr < 1e-3 && st.conv == want_state.conv, "k_dim {k_dim} {profile:?}: final state off by {dr}");
+        }
+    }
+}
+
 /// The attention's output gate: out * sigmoid(gate).
 #[test]
 fn attention_output_gate_matches_the_reference() {

@@ -23,6 +23,10 @@ pub use wformat::WFormat;
 use anyhow::{anyhow, Context, Result};
 use wgpu::util::DeviceExt;
 
+/// llvmpipe's limit on the loop iterations of one shader invocation, all loops together (Mesa's
+/// LP_MAX_TGSI_LOOP_ITERATIONS): past it every loop ends at its next test.
+pub const LLVMPIPE_LOOP_LIMIT: usize = 65535;
+
 /// One wgpu device with the limits and facts the kernels are sized by.
 pub struct Gpu {
     pub device: wgpu::Device,
@@ -370,6 +374,14 @@ impl Gpu {
     pub fn kv_chunk_limit(&self) -> usize {
         let n = self.device.limits().max_storage_buffers_per_shader_stage as usize;
         (n.saturating_sub(4) / 2).clamp(1, MAX_KV_CHUNKS)
+    }
+
+    /// The most loop iterations one shader invocation runs before the driver stops every loop
+    /// of it, silently: llvmpipe's (lavapipe's) LLVMPIPE_LOOP_LIMIT; None on other drivers.
+    /// Kernels whose loops grow with a step's tokens or a sequence's keys are written or bounded
+    /// to stay within it (ops/delta.rs `max_loop_tokens`, the attention's unrolled head loops).
+    pub fn loop_limit(&self) -> Option<usize> {
+        self.info.name.contains("llvmpipe").then_some(LLVMPIPE_LOOP_LIMIT)
     }
 
     pub fn describe(&self) -> String {

@@ -151,7 +151,7 @@ impl Model {
         limits.profile = limits.profile.resolve(gpu.info.device_type == wgpu::DeviceType::Cpu);
         let g = &*gpu;
 
-        let layout = StepLayout::new(&cfg, &limits, last)?;
+        let layout = StepLayout::new(&cfg, &limits, last, loop_tokens(&gpu, &cfg, &limits)?)?;
         let kv_plan = KvPlan::new(&cfg, &limits, g.kv_chunk_limit(), layout.header.max_blocks as usize)?;
         let mut scratch_plan = ScratchPlan::new(&cfg, &limits, &layout, last);
         // An MTP head's input rows.
@@ -374,7 +374,7 @@ impl Model {
                 block_tables: s.block_tables.clone(),
                 sample_rows: pick.iter().map(|&i| s.sample_rows[i] - a as u32).collect(),
                 sampling: pick.iter().map(|&i| s.sampling[i].clone()).collect(),
-                state_slots: s.state_slots.clone(),
+                state_slots: sub_step_states(s, (a, b)),
             };
             match self.run_one(&sub, hidden.map(|h| &h[a * row..b * row]))? {
                 StageOutput::Hidden(h) => hidden_out.extend(h),

@@ -109,7 +109,9 @@ pub(crate) struct StepLayout {
 }
 
 impl StepLayout {
-    pub(crate) fn new(cfg: &ModelConfig, limits: &StepLimits, last: bool) -> Result<StepLayout> {
+    /// `loop_tokens`: the most tokens a sub-step's kernels keep within the device's loop limit
+    /// (`Model::loop_tokens`; usize::MAX where none).
+    pub(crate) fn new(cfg: &ModelConfig, limits: &StepLimits, last: bool, loop_tokens: usize) -> Result<StepLayout> {
         let mb = limits.max_binding;
         let (t_all, s_all) = (limits.max_tokens, limits.max_seqs);
         let max_blocks = limits.max_seq_len.div_ceil(limits.block_size);
@@ -126,7 +128,7 @@ impl StepLayout {
             .max(crate::model::scratch::lin_chunk_width(cfg));
         let widest = cfg.hidden.max(cfg.qkv_dim()).max(cfg.q_dim()).max(cfg.act_width()).max(moe).max(lin);
         let widest = widest.max(cfg.layers * cfg.ple_dim());
-        let t_max = t_all.min((mb / f(widest)) as usize);
+        let t_max = t_all.min((mb / f(widest)) as usize).min(loop_tokens);
         let per_sampled = f(cfg.vocab).max((adjust_per_row(cfg.vocab, limits) * 16) as u64);
         let s_max = s_all.min(t_max).min(if last { (mb / per_sampled) as usize } else { s_all });
         if t_max == 0 || s_max == 0 {
@@ -309,4 +311,26 @@ impl ScratchPlan {
     pub(crate) fn bytes(&self) -> u64 {
         self.bytes
     }
+}
+
+/// The most tokens a sub-step may hold so that every kernel stays within the device's loop limit
+/// (`Gpu::loop_limit`: llvmpipe stops an invocation's loops silently past it): a hybrid model's
+/// chunked delta rule bounds it (ops/delta.rs `max_loop_tokens`); usize::MAX on other devices.
+/// The cpu profile's attention runs one loop iteration per key, so there a longest sequence whose
+/// keys would pass the limit is refused.
+pub(crate) fn loop_tokens(gpu: &Gpu, cfg: &ModelConfig, limits: &StepLimits) -> Result<usize> {
+    let Some(limit) = gpu.loop_limit() else { return Ok(usize::MAX) };
+    let hd4 = cfg.geoms().iter().map(|g| g.head_dim / 4).max().unwrap_or(0);
+    let keys = limit - limit / 10 - 2 * hd4;
+    if limits.profile == KernelProfile::Cpu && limits.max_seq_len > keys {
+        bail!(
+            "max_sequence_length {} is more than {} on {}: its attention kernel runs a loop iteration per key and \
+             llvmpipe stops a kernel's loops after {limit} iterations; lower max_sequence_length",
+            limits.max_seq_len,
+            keys,
+            gpu.info.name
+        );
+    }
+    let chunked = limits.profile == KernelProfile::Gpu;
+    Ok(cfg.linear.as_ref().map_or(usize::MAX, |l| crate::ops::delta::max_loop_tokens(l.dims.k_dim, chunked, limit)))
 }

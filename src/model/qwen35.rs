@@ -21,7 +21,7 @@ use anyhow::{anyhow, bail, Result};
 use serde_json::Value;
 
 /// Most taps of the convolution the kernels keep (delta.wgsl's MAX_KERNEL).
-pub const MAX_CONV_KERNEL: usize = 8;
+pub const MAX_CONV_KERNEL: usize = crate::ops::delta::MAX_CONV_TAPS as usize + 1;
 /// Most rows of the state one kernel thread keeps in registers (k_dim).
 pub const MAX_K_DIM: usize = 256;
 

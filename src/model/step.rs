@@ -106,6 +106,36 @@ impl SeqState {
     }
 }
 
+/// The state slots of the sub-step of `s` holding its tokens `a..b` (sub-steps run in token
+/// order): a sequence whose earlier tokens ran in an earlier sub-step goes on from its own slot
+/// (its source was read and its backup taken there), and a snapshot is taken in the sub-step that
+/// holds its token, counted from the sequence's first token in that sub-step.
+pub fn sub_step_states(s: &StepInput, (a, b): (usize, usize)) -> Vec<u32> {
+    if s.state_slots.is_empty() {
+        return Vec::new();
+    }
+    let n = s.block_tables.len();
+    let (mut before, mut within) = (vec![0u32; n], vec![0u32; n]);
+    for (i, &seq) in s.seq_of_token.iter().enumerate().take(b) {
+        let c = if i < a { &mut before } else { &mut within };
+        if let Some(c) = c.get_mut(seq as usize) {
+            *c += 1;
+        }
+    }
+    SeqState::all(s)
+        .zip(before.iter().zip(&within))
+        .flat_map(|(mut st, (&done, &count))| {
+            if done > 0 {
+                st.src = None;
+                st.backup = None;
+            }
+            st.snapshot =
+                st.snapshot.and_then(|(slot, at)| (at >= done && at < done + count).then(|| (slot, at - done)));
+            st.encode()
+        })
+        .collect()
+}
+
 /// What one step of a stage returns: hidden states for the next stage ([tokens, hidden] f32,
 /// little-endian bytes), or, on the last stage, the sampled tokens.
 #[derive(Clone, Debug, PartialEq)]
@@ -134,4 +164,41 @@ pub fn sub_steps(sample_rows: &[u32], n: usize, max_tokens: usize, max_sampled: 
     }
     out.push((a, n));
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sub_step_reads_the_source_once_and_takes_the_snapshot_where_its_token_is() {
+        // Sequence 0: tokens 0..5 (source slot 7, backup 8, snapshot into 9 after its token 3);
+        // sequence 1: tokens 5..7 (snapshot into 6 after its token 0). Sub-steps of 3 tokens.
+        let st = [
+            SeqState { slot: 1, src: Some(7), backup: Some(8), snapshot: Some((9, 3)) },
+            SeqState { slot: 2, src: None, backup: None, snapshot: Some((6, 0)) },
+        ];
+        let s = StepInput {
+            tokens: vec![0; 7],
+            seq_of_token: vec![0, 0, 0, 0, 0, 1, 1],
+            block_tables: vec![vec![0], vec![1]],
+            state_slots: st.iter().flat_map(|s| s.encode()).collect(),
+            ..Default::default()
+        };
+        let decode = |w: Vec<u32>| -> Vec<SeqState> { w.chunks(STATE_WORDS).map(SeqState::decode).collect() };
+        assert_eq!(sub_steps(&[], 7, 3, 1), [(0, 3), (3, 6), (6, 7)]);
+        // First: sequence 0's first three tokens, from its source, backed up; no snapshot yet.
+        let first = decode(sub_step_states(&s, (0, 3)));
+        assert_eq!(first[0], SeqState { snapshot: None, ..st[0] });
+        assert_eq!(first[1], SeqState { snapshot: None, ..st[1] });
+        // Second: sequence 0 goes on from its own slot, snapshot after its first token here;
+        // sequence 1 starts, its snapshot after its first.
+        let second = decode(sub_step_states(&s, (3, 6)));
+        assert_eq!(second[0], SeqState { slot: 1, src: None, backup: None, snapshot: Some((9, 0)) });
+        assert_eq!(second[1], st[1]);
+        // Third: sequence 0 has no tokens; sequence 1 goes on, its snapshot behind it.
+        let third = decode(sub_step_states(&s, (6, 7)));
+        assert_eq!(third[1], SeqState { slot: 2, src: None, backup: None, snapshot: None });
+        assert!(sub_step_states(&StepInput { state_slots: vec![], ..s }, (0, 3)).is_empty());
+    }
 }

@@ -214,6 +214,11 @@ pub(super) enum Fill {
     Matrix { format: WFormat, cols: usize },
     /// Gated DeltaNet's A (= -exp(A_log)): f32 in -1.5..-0.5.
     Decay,
+    /// Gated DeltaNet's dt_bias: f32 in -6.9..-2.3, softplus^-1 of a time step in 0.001..0.1 (the
+    /// range Mamba and Gated DeltaNet initialise it from): most heads decay by a few percent per
+    /// token, so a state carries over hundreds of tokens as in real checkpoints (with biases
+    /// near 0 every head forgot its state within ~20 tokens, hiding a wrong one).
+    DtBias,
 }
 
 /// One tensor of a synthetic file.
@@ -469,6 +474,12 @@ fn write_data(out: &mut impl Write, fill: Fill, n_elements: usize, rng: &mut Xor
         Fill::Decay => {
             for _ in 0..n_elements {
                 buf.extend_from_slice(&(-1.0 + uniform(rng, 0.5)).to_le_bytes());
+            }
+            out.write_all(&buf)
+        }
+        Fill::DtBias => {
+            for _ in 0..n_elements {
+                buf.extend_from_slice(&(-4.6 + uniform(rng, 2.3)).to_le_bytes());
             }
             out.write_all(&buf)
         }

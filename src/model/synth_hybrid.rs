@@ -75,7 +75,7 @@ pub(super) fn layer_tensors(shape: &SynthShape, lin: &SynthLinear, format: WForm
         t.push(m("ssm_beta.weight", lin.v_heads, h));
         t.push(m("ssm_alpha.weight", lin.v_heads, h));
         t.push(SynthTensor::matrix(WFormat::F32, format!("{p}.ssm_conv1d.weight"), conv, lin.kernel));
-        t.push(v("ssm_dt.bias", lin.v_heads, Fill::Bias));
+        t.push(v("ssm_dt.bias", lin.v_heads, Fill::DtBias));
         t.push(v("ssm_a", lin.v_heads, Fill::Decay));
         t.push(v("ssm_norm.weight", lin.v_dim, Fill::Norm));
         t.push(m("ssm_out.weight", h, value));

@@ -84,12 +84,38 @@ pub fn chunk_slots(n_tokens: u32, n_seqs: u32) -> u32 {
     n_tokens.div_ceil(CHUNK as u32) + 2 * n_seqs.min(n_tokens / CHUNK_MIN as u32)
 }
 
+/// The most tokens one sequence may have in a step on a device whose invocations stop their
+/// loops after `limit` loop iterations in all (llvmpipe: `Gpu::loop_limit`), for keys of `k_dim`,
+/// with the chunked form (`chunked`) or without. The per-token recurrence and the convolution run
+/// one loop iteration per token (their inner loops are written out: delta.wgsl's LOOP_NOTE);
+/// chunk_state_main runs per chunk, in each invocation of 256: the chunk's decays (CH, one
+/// thread), y and q.S (2 CH CB / 256 values of k_dim terms), u and the outputs (CH CB / 256
+/// values of up to CH terms each), the state update (k_dim CB / 256 values of CH terms) and its
+/// snapshot, and the loops' own iterations; one chunk more for a short first chunk. A tenth of
+/// the limit is kept spare. A longer step runs in sub-steps (model/plan.rs).
+pub fn max_loop_tokens(k_dim: usize, chunked: bool, limit: usize) -> usize {
+    let limit = limit - limit / 10;
+    if !chunked {
+        return limit;
+    }
+    let (ch, cb, threads) = (CHUNK, CHUNK_COLS, 256);
+    let per = |values: usize| values.div_ceil(threads);
+    let state_values = per(k_dim * cb);
+    let per_chunk =
+        1 + ch + per(2 * ch * cb) * (k_dim + 1) + 2 * per(ch * cb) * (ch + 1) + state_values * (ch + 1) + state_values;
+    let chunks = limit.saturating_sub(2 * state_values) / per_chunk;
+    (chunks.saturating_sub(1) * ch).clamp(CHUNK_MIN, limit)
+}
+
 /// Words of a sequence's state record in the step metadata: slot, first token row, tokens,
 /// reset (its first token is at position 0, so it starts from a zero state), backup slot (its
 /// state before the step is copied there first), snapshot slot and the token (counted from its
 /// first) after which its state is copied there, the slot its state is read from (instead of
 /// its own); NO_SLOT: none.
 pub const STATE_RECORD: usize = 8;
+/// Most taps of the convolution's state (delta.wgsl's MAX_KERNEL - 1): the kernel's statements
+/// for them are written out.
+pub const MAX_CONV_TAPS: u32 = 7;
 pub const NO_SLOT: u32 = u32::MAX;
 
 /// Gated DeltaNet's sizes.

@@ -422,18 +422,28 @@ pub fn moe_route_source() -> Result<String> {
 
 pub fn attention_source(head_dim: u32, kv: KvDtype, kv_chunks: usize) -> Result<String> {
     // One statement per vec4 of the head (see the shader: llvmpipe's loop-iteration limit).
-    let unrolled = |line: &str| -> String {
-        (0..head_dim / 4).map(|d| format!("        {}\n", line.replace("{d}", &format!("{d}u")))).collect()
-    };
     Shader::new("attention", include_str!("../../shaders/attention.wgsl"))
         .after(common())
         .after(super::attention::AttnParams::WGSL)
         .after(super::attention::WGSL_SCORE)
-        .fill("SCORE", unrolled("s4 += q[{d}] * load_k(kb + {d});"))
-        .fill("ACCUM", unrolled("acc[{d}] = acc[{d}] * corr + e * load_v(kb + {d});"))
+        .fill("SCORE", unrolled(head_dim / 4, 2, "s4 += q[{i}] * load_k(kb + {i});"))
+        .fill("ACCUM", unrolled(head_dim / 4, 2, "acc[{i}] = acc[{i}] * corr + e * load_v(kb + {i});"))
         .fill("HD4", head_dim / 4)
         .fill("KV", kv_snippet(kv, false, kv_chunks))
         .build()
+}
+
+/// `line` written out `n` times, `{i}` and `{i+1}` replaced by the copy's index (and the next)
+/// as u32 literals, each indented by `depth` levels: a loop with no loop iteration, for the
+/// kernels that must stay within llvmpipe's loop-iteration limit (65535 iterations per
+/// invocation in total, after which every loop stops silently).
+pub(crate) fn unrolled(n: u32, depth: usize, line: &str) -> String {
+    let indent = "    ".repeat(depth);
+    (0..n)
+        .map(|i| {
+            format!("{indent}{}\n", line.replace("{i}", &format!("{i}u")).replace("{i+1}", &format!("{}u", i + 1)))
+        })
+        .collect()
 }
 
 pub fn rope_kv_source(kv: KvDtype, kv_chunks: usize) -> Result<String> {
@@ -448,15 +458,35 @@ pub fn rmsnorm_source() -> Result<String> {
     Shader::new("rmsnorm", RMSNORM_WGSL).after(common()).after(super::norm::NormParams::WGSL).build()
 }
 
-/// Gated DeltaNet's kernels for keys of `k_dim` (delta.wgsl).
 /// delta.wgsl and delta_chunk.wgsl for keys of `k_dim`; `chunked`: sequences of chunk_min()
-/// tokens or more take the chunked form (else every sequence the per-token recurrence).
+/// tokens or more take the chunked form (else every sequence the per-token recurrence). The
+/// per-token loops' inner loops (the state's k_dim rows, the convolution's taps) are written out
+/// (the shader's LOOP_NOTE).
 pub fn delta_source(k_dim: u32, chunked: bool) -> Result<String> {
     let body = [include_str!("../../shaders/delta.wgsl"), include_str!("../../shaders/delta_chunk.wgsl")].join("\n");
+    let taps = super::delta::MAX_CONV_TAPS;
+    // The state's rows: read (from zero on a reset) and copied to the backup, decayed and read
+    // against k, updated and read against q, copied to a snapshot, written back.
+    let load = unrolled(k_dim, 1, "col[{i}] = select(rec_state[lbase + {i} * p.v_dim], 0.0, reset);");
+    let backup = unrolled(k_dim, 2, "rec_state[bbase + {i} * p.v_dim] = col[{i}];");
+    // The convolution's taps, statement j under j < taps; the shift puts the input last.
+    let conv_load = "if ({i} < taps) { hist[{i}] = select(conv_state[lbase + {i} * conv_dim], 0.0, reset); \
+                     if (backup) { conv_state[bbase + {i} * conv_dim] = hist[{i}]; } }";
+    let shift = "if ({i+1} < taps) { hist[{i}] = hist[{i+1}]; } else if ({i+1} == taps) { hist[{i}] = v; }";
     Shader::new("delta", &body)
         .after(common())
         .after(super::delta::DeltaParams::WGSL)
         .fill("DK", k_dim)
+        .fill("REC_LOAD", format!("{load}    if (backup) {{\n{backup}    }}"))
+        .fill("REC_DECAY", unrolled(k_dim, 2, "col[{i}] *= decay; kv += col[{i}] * x[kb + {i}];"))
+        .fill("REC_UPDATE", unrolled(k_dim, 2, "col[{i}] += x[kb + {i}] * delta; o += col[{i}] * x[qb + {i}];"))
+        .fill("REC_SNAP", unrolled(k_dim, 3, "rec_state[nb + {i} * p.v_dim] = col[{i}];"))
+        .fill("REC_STORE", unrolled(k_dim, 1, "rec_state[sbase + {i} * p.v_dim] = col[{i}];"))
+        .fill("CONV_LOAD", unrolled(taps, 1, conv_load))
+        .fill("CONV_ACC", unrolled(taps, 2, "if ({i} < taps) { acc += w[wb + {i}] * hist[{i}]; }"))
+        .fill("CONV_SHIFT", unrolled(taps, 2, shift))
+        .fill("CONV_SNAP", unrolled(taps, 3, "if ({i} < taps) { conv_state[nb + {i} * conv_dim] = hist[{i}]; }"))
+        .fill("CONV_STORE", unrolled(taps, 1, "if ({i} < taps) { conv_state[sbase + {i} * conv_dim] = hist[{i}]; }"))
         .fill("CH", super::delta::CHUNK)
         .fill("CHUNK_MIN", if chunked { super::delta::chunk_min() as u32 } else { u32::MAX })
         .fill("CB", super::delta::CHUNK_COLS)
@@ -559,6 +589,7 @@ pub fn all_sources(head_dims: &[u32]) -> Vec<(String, String)> {
     v.push(("ple".into(), ple_source()));
     v.push(("delta".into(), delta_source(128, false)));
     v.push(("delta_chunked".into(), delta_source(128, true)));
+    v.push(("delta_256".into(), delta_source(256, false)));
     for gpu in [false, true] {
         v.push((format!("sample_{gpu}"), sample_source(gpu)));
     }

@@ -3,6 +3,7 @@
 
 pub mod api_shapes;
 pub mod completions;
+pub mod isolation;
 pub mod reference;
 pub mod served;
 pub mod tiny;
