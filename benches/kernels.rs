@@ -153,10 +153,8 @@ fn bench(c: &mut Criterion) {
         let shape = AttnShape { heads, kv_heads, head_dim, block_size: 16 };
         attention_decode(&mut g, &ah, shape, 4096, &mut rng, format!("mixer_decode_attention_ctx4096_{name}"));
     }
-    // Sampling over the vocabulary: greedy, temperature + top-k + top-p, and top-p alone, in
-    // both profiles (the gpu profile's thresholds by histogram, the cpu profile's by
-    // bisection), at SmolLM2's and Qwen2.5's vocabularies.
-    let gpu_h = Harness::with_formats(h.gpu.clone(), &[WFormat::F32], (64, 1), KernelProfile::Gpu).unwrap();
+    // Sampling over the vocabulary: greedy, temperature + top-k + top-p, and top-p alone (one
+    // sampler in both profiles: histogram thresholds), at SmolLM2's and Qwen2.5's vocabularies.
     for vocab in [49152usize, 151936] {
         let logits: Vec<f32> = (0..8 * vocab).map(|_| 4.0 * (rng.uniform() - 0.5)).collect();
         for (name, p) in [
@@ -166,11 +164,9 @@ fn bench(c: &mut Criterion) {
         ] {
             let params = vec![p; 8];
             g.throughput(Throughput::Elements(8));
-            for (profile, h) in [("cpu", &h), ("gpu", &gpu_h)] {
-                g.bench_function(format!("sample_{profile}_{name}_8rows_vocab{vocab}"), |b| {
-                    b.iter_custom(|iters| h.time_sample(&logits, vocab, &params, iters).unwrap())
-                });
-            }
+            g.bench_function(format!("sample_{name}_8rows_vocab{vocab}"), |b| {
+                b.iter_custom(|iters| h.time_sample(&logits, vocab, &params, iters).unwrap())
+            });
         }
     }
     g.finish();

@@ -1,20 +1,21 @@
-// Sampling, one workgroup of WG invocations per logits row (64 on the cpu profile, 256 on the gpu
-// profile); invocation j reads logits j, j + WG, ... (consecutive invocations read consecutive
+// Sampling, one workgroup of WG invocations per logits row (both profiles: on llvmpipe a row's
+// sweeps stay within its loop limit, 65535 iterations per invocation, at 256 invocations even for
+// a 262144-token vocabulary with 20 top log-probabilities); invocation j reads logits j, j + WG, ... (consecutive invocations read consecutive
 // words), and the draw's cumulative mass runs over the invocations' shares in that order.
 // Per-row parameters live in md at off_params + PARAMS_STRIDE * r: temperature (f32 bits), top_p
 // (f32 bits), top_k (u32), u (f32 bits, a uniform draw in [0, 1) made on the host from the
 // request's seeded generator), three penalty words (used by logit_adjust.wgsl), n_top (top
 // log-probabilities wanted, <= MAX_TOP), two adjustment words (logit_adjust.wgsl), min_p (f32 bits;
 // word 10), the token mask (word 11, applied by logit_adjust.wgsl: tokens it does not allow hold
-// MASKED_LOGIT, which the minimum below skips so the top-k/top-p bisections span the allowed tokens
+// MASKED_LOGIT, which the minimum below skips so the top-k/top-p thresholds span the allowed tokens
 // only, and which no draw or argmax picks while any token is allowed), the forced token (word 12:
 // NO_FORCE, or a token id the row reports instead of sampling, for prompt log-probabilities).
 // PARAMS_STRIDE, NO_MASK, NO_FORCE and MASKED_LOGIT are prepended from Rust
 // (kernels::sampler_source). temperature <= 0 is greedy (argmax, lowest id on ties). Otherwise the
 // candidates are the top_k largest logits (0 = all) whose probability at this temperature is at
 // least min_p times the largest (0 = off; the logit threshold max + temperature * ln(min_p)), then
-// the smallest top set of those whose probability reaches top_p; thresholds are found by bisection
-// on the logit value (the gpu profile: by histogram, sample_hist.wgsl), so no sort is needed. Writes per row, RESULT_STRIDE words: token id, its
+// the smallest top set of those whose probability reaches top_p; thresholds are found by histogram
+// on the logit value (sample_hist.wgsl), so no sort is needed. Writes per row, RESULT_STRIDE words: token id, its
 // log-probability (log-softmax of the row's logits after penalties and bias, before temperature and
 // filtering), then n_top (id, logprob) pairs of the most likely tokens, most likely first (ties:
 // lower id first).
@@ -27,9 +28,6 @@
 
 const WG: u32 = {{WG}}u;
 const RESULT_STRIDE: u32 = 42u;
-const BISECT_STEPS: u32 = 32u;
-// Thresholds by histogram (sample_hist.wgsl, the gpu profile) or by bisection.
-const HIST: bool = {{HIST}};
 var<workgroup> red_f: array<f32, WG>;
 var<workgroup> red_u: array<u32, WG>;
 var<workgroup> picked: u32;
@@ -183,24 +181,8 @@ fn draw(lid: u32, base: u32, gmin: f32, gmax: f32, gargmax: u32, temperature: f3
 
     // Top-k: the largest threshold with at least k logits at or above it.
     var thr = gmin;
-    if (top_k > 0u && top_k < p.vocab && HIST) {
+    if (top_k > 0u && top_k < p.vocab) {
         thr = hist_threshold(lid, base, gmin, gmax, f32(top_k), gmax, inv_t, false);
-    } else if (top_k > 0u && top_k < p.vocab) {
-        var a = gmin;
-        var b = gmax + 1.0;
-        for (var it = 0u; it < BISECT_STEPS; it++) {
-            let mid = 0.5 * (a + b);
-            var c = 0.0;
-            for (var i = lid; i < p.vocab; i += WG) {
-                c += select(0.0, 1.0, logits[base + i] >= mid);
-            }
-            if (sum_all(lid, c) >= f32(top_k)) {
-                a = mid;
-            } else {
-                b = mid;
-            }
-        }
-        thr = a;
     }
 
     // Min-p: exp((v - gmax) / T) >= min_p  <=>  v >= gmax + T ln(min_p). The argmax always stays.
@@ -209,31 +191,8 @@ fn draw(lid: u32, base: u32, gmin: f32, gmax: f32, gargmax: u32, temperature: f3
     }
 
     // Top-p: the largest threshold whose kept probability mass reaches top_p.
-    if (top_p < 1.0 && HIST) {
+    if (top_p < 1.0) {
         thr = hist_threshold(lid, base, thr, gmax, top_p, gmax, inv_t, true);
-    } else if (top_p < 1.0) {
-        var z = 0.0;
-        for (var i = lid; i < p.vocab; i += WG) {
-            let v = logits[base + i];
-            z += select(0.0, exp((v - gmax) * inv_t), v >= thr);
-        }
-        let need = top_p * sum_all(lid, z);
-        var a = thr;
-        var b = gmax + 1.0;
-        for (var it = 0u; it < BISECT_STEPS; it++) {
-            let mid = 0.5 * (a + b);
-            var c = 0.0;
-            for (var i = lid; i < p.vocab; i += WG) {
-                let v = logits[base + i];
-                c += select(0.0, exp((v - gmax) * inv_t), v >= mid);
-            }
-            if (sum_all(lid, c) >= need) {
-                a = mid;
-            } else {
-                b = mid;
-            }
-        }
-        thr = a;
     }
 
     // Draw: find the candidate where the cumulative mass passes u * total.

@@ -1,11 +1,11 @@
-// The gpu profile's sampler thresholds by histogram (sample.wgsl with HIST): instead of 32
-// bisection sweeps over the row, a few sweeps that each drop the candidates into NB bins by value
+// The sampler's thresholds by histogram (appended to sample.wgsl): instead of 32 bisection
+// sweeps over the row, a few sweeps that each drop the candidates into NB bins by value
 // (workgroup atomics: a count, or the fixed-point probability mass, and each bin's smallest and
 // largest value), then one invocation walks the bins from the top to the one where the count or
 // mass reaches what is needed; the next sweep bins only that bin's values over their own range
 // [smallest, largest]. It stops when the bin holds one value, when a count is met exactly by the
 // whole bin, or after HIST_PASSES sweeps; the threshold is the chosen bin's smallest value, so the
-// kept set is every candidate at or above it, as the bisection's limit (ties kept).
+// kept set is every candidate at or above it, as a bisection's limit (ties kept).
 // Mass is exp((v - gmax) / T) in units of 2^-31 (each term at most 2^31), summed exactly in 64
 // bits (a low word and its carries), so no float atomics are needed.
 

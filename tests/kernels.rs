@@ -68,7 +68,8 @@ fn gpu_harnesses() -> &'static [Harness; 2] {
     })
 }
 
-/// The sampler of both profiles (64 invocations per row on the cpu profile, 256 on the gpu).
+/// The sampler as each profile's kernels build it (one sampler: 256 invocations per row,
+/// histogram thresholds).
 fn samplers() -> [&'static Harness; 2] {
     [harness(), &gpu_harnesses()[0]]
 }
@@ -590,9 +591,53 @@ fn temperature_top_k_min_p_top_p_follow_the_distribution() {
     for h in samplers() {
         temperature_top_k_min_p_top_p_follow_the_distribution_with(h, 300, 2000);
     }
-    // A row of a real vocabulary's size, where the gpu profile's histogram thresholds refine
-    // over several sweeps (the cpu profile's bisection does not depend on the size).
-    temperature_top_k_min_p_top_p_follow_the_distribution_with(&gpu_harnesses()[0], 49_157, 320);
+    // A row of a real vocabulary's size, where the histogram thresholds refine over several
+    // sweeps.
+    temperature_top_k_min_p_top_p_follow_the_distribution_with(harness(), 49_157, 320);
+}
+
+/// Rows of the largest vocabularies (Qwen's 151936, Qwen3.5's 248320, Gemma's 262144) with
+/// top-k, top-p, min-p and 20 top log-probabilities at once: every draw within the top-k, the
+/// top log-probabilities exactly the row's largest. llvmpipe stops an invocation's loops after
+/// 65535 iterations in all: the cpu profile's earlier sampler (64 invocations a row, 32
+/// bisection sweeps per threshold) drew only the argmax there, and its top log-probabilities
+/// went wrong past a few at 49152 tokens.
+#[test]
+fn sampling_reaches_every_logit_of_the_largest_vocabularies() {
+    for vocab in [151_936usize, 248_320, 262_144] {
+        let mut rng = Rng::new(vocab as u64);
+        let logits = randn(&mut rng, vocab, 3.0);
+        let lsm = log_softmax(&logits);
+        let mut order: Vec<usize> = (0..vocab).collect();
+        order.sort_by(|&a, &b| logits[b].partial_cmp(&logits[a]).unwrap().then(a.cmp(&b)));
+        let grid = 24;
+        let params: Vec<SampleParams> = (0..grid)
+            .map(|i| SampleParams {
+                temperature: 1.0,
+                top_k: 40,
+                top_p: 0.95,
+                min_p: 0.001,
+                n_top: 20,
+                u: (i as f32 + 0.5) / grid as f32,
+                ..Default::default()
+            })
+            .collect();
+        let rows: Vec<f32> = (0..grid).flat_map(|_| logits.iter().copied()).collect();
+        for h in samplers() {
+            let got = h.sample(&rows, vocab, &params).unwrap().0;
+            let ranks: Vec<usize> =
+                got.iter().map(|s| order.iter().position(|&o| o == s.id as usize).unwrap()).collect();
+            assert!(ranks.iter().all(|&r| r < 40), "vocab {vocab}: drawn outside the top 40: ranks {ranks:?}");
+            assert!(ranks.iter().any(|&r| r >= 2), "vocab {vocab}: the draws span the candidates: ranks {ranks:?}");
+            for s in &got {
+                assert_eq!(s.top.len(), 20);
+                for (j, &(id, lp)) in s.top.iter().enumerate() {
+                    assert_eq!(id as usize, order[j], "vocab {vocab}: top {j}");
+                    assert!((lp as f64 - lsm[order[j]]).abs() < 1e-4, "vocab {vocab}: top {j}'s log-probability");
+                }
+            }
+        }
+    }
 }
 
 fn temperature_top_k_min_p_top_p_follow_the_distribution_with(h: &Harness, vocab: usize, grid: usize) {

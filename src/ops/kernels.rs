@@ -283,7 +283,7 @@ impl Kernels {
         let attention = attn_family.pipeline(gpu, "attention", &attention_source(head_dim, kv, kv_chunks)?, "main")?;
         // The adjustment kernel binds the same way: AdjustBinds::SLOTS has these accesses.
         let sample_family = Family::new(gpu, &layout_of(SampleBinds::SLOTS));
-        let sample = sample_family.pipeline(gpu, "sample", &sample_source(profile == KernelProfile::Gpu)?, "main")?;
+        let sample = sample_family.pipeline(gpu, "sample", &sample_source()?, "main")?;
         let logit_adjust = sample_family.pipeline(gpu, "logit_adjust", &logit_adjust_source()?, "main")?;
         // Both profiles run the same expert kernels (a thread per few outputs, no workgroup memory).
         let moe_family = Family::new(gpu, &layout_of(MoeBinds::SLOTS));

@@ -498,10 +498,11 @@ pub fn head_norm_source() -> Result<String> {
 }
 
 pub const RMSNORM_WGSL: &str = include_str!("../../shaders/rmsnorm.wgsl");
-/// Invocations per row of the sampler: the cpu profile's 64, and 256 on the gpu profile (four
-/// times the loads in flight for one row's logits).
-pub const SAMPLE_WG_CPU: u32 = 64;
-pub const SAMPLE_WG_GPU: u32 = 256;
+/// Invocations per row of the sampler, in both profiles: on a GPU many loads in flight for one
+/// row's logits; on llvmpipe each invocation's share of a row small enough that its sweeps (two
+/// for the maximum and the sum, up to four per histogram threshold, one per top log-probability)
+/// stay within the loop limit (`Gpu::loop_limit`), which 64 per row passed at Qwen's vocabulary.
+pub const SAMPLE_WG: u32 = 256;
 pub const SAMPLE_WGSL: &str = include_str!("../../shaders/sample.wgsl");
 pub const HEAD_NORM_WGSL: &str = include_str!("../../shaders/head_norm.wgsl");
 pub const PLE_WGSL: &str = include_str!("../../shaders/ple.wgsl");
@@ -518,14 +519,13 @@ pub fn sampler_source(label: &str, body: &str) -> Shader {
         .after(crate::sampling::row::wgsl_constants())
 }
 
-/// The sampler of a profile: the gpu profile's has SAMPLE_WG_GPU invocations per row and
-/// finds its top-k / top-p thresholds by histogram (sample_hist.wgsl), the cpu profile's
-/// SAMPLE_WG_CPU and bisection.
-pub fn sample_source(gpu: bool) -> Result<String> {
-    sampler_source(if gpu { "sample_gpu" } else { "sample" }, SAMPLE_WGSL)
+/// The sampler (both profiles): SAMPLE_WG invocations per row, its top-k / top-p thresholds by
+/// histogram (sample_hist.wgsl). The cpu profile's earlier one (64 per row, 32 bisection sweeps
+/// per threshold) overran llvmpipe's loop limit at Qwen's vocabulary, and was slower there.
+pub fn sample_source() -> Result<String> {
+    sampler_source("sample", SAMPLE_WGSL)
         .after(include_str!("../../shaders/sample_hist.wgsl"))
-        .fill("WG", if gpu { SAMPLE_WG_GPU } else { SAMPLE_WG_CPU })
-        .fill("HIST", gpu)
+        .fill("WG", SAMPLE_WG)
         .build()
 }
 
@@ -590,9 +590,7 @@ pub fn all_sources(head_dims: &[u32]) -> Vec<(String, String)> {
     v.push(("delta".into(), delta_source(128, false)));
     v.push(("delta_chunked".into(), delta_source(128, true)));
     v.push(("delta_256".into(), delta_source(256, false)));
-    for gpu in [false, true] {
-        v.push((format!("sample_{gpu}"), sample_source(gpu)));
-    }
+    v.push(("sample".into(), sample_source()));
     v.push(("logit_adjust".into(), logit_adjust_source()));
     v.push(("moe_route".into(), moe_route_source()));
     // Tests and tools: an assembly error is a bug in a template, named here.
