@@ -1,9 +1,9 @@
 //! Isolation (issue 46): a request's output never depends on the requests before it or beside
-//! it, in every family's synthetic layout (tests/common/isolation.rs): the same prompt of 300
-//! tokens alone, after prompts of 3, 17 (just over the chunked form's 16), 70 (several chunks of
-//! 32) and 600 tokens (more than a step's 512: several prefill steps), and beside all of them,
-//! gives the same greedy tokens with bit-identical log-probabilities; with the prefix cache on (a
-//! state restored from a snapshot, then the suffix), within float error of one pass over the
+//! it, in every family's synthetic layout (tests/common/isolation.rs): the same prompt alone,
+//! after shorter and longer prompts (3 tokens; 17, just over the chunked form's 16; 70, several
+//! chunks of 32; and one longer than a step: several prefill steps), and beside all of them,
+//! gives the same greedy tokens with bit-identical log-probabilities; with the prefix cache on
+//! (a state restored from a snapshot, then the suffix), within float error of one pass over the
 //! whole prompt.
 //!
 //! The hybrids keep Qwen3.5's key heads of 128: llvmpipe stops a shader invocation's loops after
@@ -35,19 +35,22 @@ fn others() -> Vec<Vec<u32>> {
     [3usize, 17, 70, 600].iter().enumerate().map(|(i, &n)| prompt(100 + i as u64, n)).collect()
 }
 
-/// Every family but the hybrids (a probe of 100 tokens: no recurrent state, so what it could
-/// meet is stale K/V in blocks the others held): the probe repeats after and beside the others,
-/// bit for bit in the cpu profile and within float error beside them in the gpu profile.
+/// Every family but the hybrids, in steps of 128 tokens (a probe of 100: no recurrent state, so
+/// what it could meet is stale K/V in blocks the others held; others of 3, 17, 70 and 200
+/// tokens, the last over two steps): the probe repeats after and beside the others, bit for bit
+/// in the cpu profile and within float error beside them in the gpu profile.
 #[test]
 fn every_family_repeats_after_others() {
     let probe = prompt(1, 100);
+    let others: Vec<Vec<u32>> =
+        [3usize, 17, 70, 200].iter().enumerate().map(|(i, &n)| prompt(100 + i as u64, n)).collect();
     for name in ["llama-3-8b", "qwen2.5-0.5b", "qwen3-30b-a3b", "gpt-oss-20b", "gemma-4-e4b"] {
         let (_dir, path) = small_model(name);
         for profile in [KernelProfile::Cpu, KernelProfile::Gpu] {
             let what = format!("{name} {profile:?}");
-            let e = engine(&path, profile, |_| {});
+            let e = engine(&path, profile, |c| c.max_num_batched_tokens = 128);
             let tol = (profile == KernelProfile::Gpu).then_some(TOL);
-            assert_repeats(&e, &probe_request(&probe), &others(), tol, &what);
+            assert_repeats(&e, &probe_request(&probe), &others, tol, &what);
         }
     }
 }
@@ -112,12 +115,12 @@ fn hybrids_prefix_cache_on_is_within_float_error_of_off() {
 }
 
 /// The other paths that touch a hybrid's state, on Qwen3.5 (cpu profile): speculative decoding
-/// (a verification's rejected proposals roll the state back to a backup slot), preemption (a
-/// sequence recomputed from a zero state in a fresh slot) and two pipeline stages on one adapter
-/// (each stage's slots): each gives what the plain engine gives, alone, after and beside others.
+/// (a verification's rejected proposals roll the state back to a backup slot) and preemption (a
+/// sequence recomputed from a zero state in a fresh slot): each gives what the plain engine
+/// gives, alone, after and beside others.
 #[test]
-fn hybrid_speculation_preemption_and_stages_keep_requests_apart() {
-    use torus_wgpu::config::{EngineConfig, SpecMethod, StageConfig};
+fn hybrid_speculation_and_preemption_keep_requests_apart() {
+    use torus_wgpu::config::SpecMethod;
     let (_dir, path) = small_model("qwen3.5-9b");
     let cpu = KernelProfile::Cpu;
     // A prompt that repeats itself, and a logit bias that keeps the greedy choice among its
@@ -162,21 +165,64 @@ fn hybrid_speculation_preemption_and_stages_keep_requests_apart() {
         assert_close(s, &run(&plain, p), TOL, &format!("preempted and recomputed: {} tokens", p.len()));
     }
     assert_all_blocks_free(&small);
+}
 
-    let staged = EngineConfig {
+/// Pipeline stages, each with its own state slots for its layers' recurrent states: Qwen3.5's
+/// four layers as two stages in this process (threads), then with the second stage in a
+/// `torus-wgpu worker` process: the probe repeats after and beside the others and equals one
+/// device's answer.
+#[test]
+fn hybrid_pipeline_stages_keep_requests_apart() {
+    use torus_wgpu::config::{EngineConfig, StageConfig};
+    let (dir, path) = small_model("qwen3.5-9b");
+    let cpu = KernelProfile::Cpu;
+    let want = run(&engine(&path, cpu, |_| {}), &probe());
+    let base = EngineConfig { model: Some(path.display().to_string()), ..plain_config(cpu) };
+    let stages = |worker: Option<&str>| EngineConfig {
         enable_pipeline_parallel: true,
         world_size: 2,
-        stages: [(0, 2), (2, 4)]
+        stages: [(0, 2, None), (2, 4, worker)]
             .iter()
-            .map(|&(a, b)| StageConfig { stage_start_layer: Some(a), stage_end_layer: Some(b), ..Default::default() })
+            .map(|&(a, b, addr)| StageConfig {
+                stage_start_layer: Some(a),
+                stage_end_layer: Some(b),
+                address: addr.map(str::to_string),
+                ..Default::default()
+            })
             .collect(),
-        ..plain_config(cpu)
+        ..base.clone()
     };
-    let p = torus_wgpu::exec::build(&staged, &path, &|_, _| {}, &|_| {}).unwrap();
-    let tok = torus_wgpu::engine::load_tokenizer(&path).unwrap();
-    let staged = torus_wgpu::engine::EngineHandle::start(p, tok, &staged);
-    let got = assert_repeats(&staged, &probe_request(&probe()), &others(), Some(TOL), "two stages");
-    assert_close(&got, &want[all.len() - 1], TOL, "two stages == one device");
+    let start = |cfg: &EngineConfig| {
+        let p = torus_wgpu::exec::build(cfg, &path, &|_, _| {}, &|_| {}).unwrap();
+        torus_wgpu::engine::EngineHandle::start(p, torus_wgpu::engine::load_tokenizer(&path).unwrap(), cfg)
+    };
+    let threads = start(&stages(None));
+    let got = assert_repeats(&threads, &probe_request(&probe()), &others(), Some(TOL), "two stages");
+    assert_close(&got, &want, TOL, "two stages == one device");
+    threads.shutdown(false);
+
+    // The second stage in a worker process (layers 2..4; loaded and warmed up before "ready on").
+    let addr = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string();
+    let worker_cfg = EngineConfig {
+        enable_pipeline_parallel: true,
+        world_size: 2,
+        pipeline_rank: 1,
+        stage_start_layer: Some(2),
+        stage_end_layer: Some(4),
+        ..base.clone()
+    };
+    let cfg_file = dir.0.join("worker.json");
+    std::fs::write(&cfg_file, serde_json::to_string_pretty(&worker_cfg).unwrap()).unwrap();
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_torus-wgpu"));
+    cmd.args(["worker", "--config", cfg_file.to_str().unwrap(), "--listen", &addr]);
+    let (mut child, _, _) =
+        common::spawn_until_ready(&mut cmd, "worker", "ready on", std::time::Duration::from_secs(300));
+    let remote = start(&stages(Some(&addr)));
+    let got = assert_repeats(&remote, &probe_request(&probe()), &others(), Some(TOL), "a worker stage");
+    assert_close(&got, &want, TOL, "a worker stage == one device");
+    remote.shutdown(false);
+    let _ = child.kill();
+    let _ = child.wait();
 }
 
 /// A prompt longer than llvmpipe's loop limit lets the gpu profile's chunked form take in one
