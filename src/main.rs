@@ -113,18 +113,22 @@ enum Cmd {
     /// Write a synthetic GGUF model (random weights, real shape and tokenizer) for speed and
     /// correctness checks on machines without model files.
     SynthModel {
-        /// Model shape: smollm2-135m, qwen2.5-0.5b, qwen2.5-7b, llama-3-8b or qwen3-30b-a3b (a mixture of
-        /// experts).
+        /// Model shape: smollm2-135m, qwen2.5-0.5b, qwen2.5-7b, llama-3-8b, qwen3-30b-a3b,
+        /// gpt-oss-20b, qwen3.5-9b, qwen3.6-35b-a3b or gemma-4-e4b.
         #[arg(long)]
         shape: String,
         /// Weight format of the matrices: f32, f16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k,
         /// q4_k, q5_k, q6_k, iq4_nl, iq4_xs, mxfp4 (K-quants and iq4_xs fall back as llama.cpp's
-        /// where a row is not a multiple of 256).
+        /// where a row is not a multiple of 256; gpt-oss's experts are mxfp4 but in f32 files).
         #[arg(long, default_value = "q4_k")]
         format: String,
         /// Layers (default: the shape's own count).
         #[arg(long)]
         layers: Option<usize>,
+        /// The shape's tiny variant: the same layer kinds at hidden 256, a 2048-token vocabulary
+        /// and a few layers (F32 weights are cheap; for comparisons with other engines).
+        #[arg(long)]
+        tiny: bool,
         #[arg(long, default_value_t = 0)]
         seed: u64,
         /// A file whose text becomes the model's chat template (default: ChatML).
@@ -205,9 +209,13 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Serve(args) => torus_wgpu::server::run(*args)?,
         Cmd::Bench(args) => torus_wgpu::bench::run(*args)?,
         Cmd::Tokenize(args) => torus_wgpu::tokenizer::cli::run(&args)?,
-        Cmd::SynthModel { shape, format, layers, seed, chat_template, out } => {
+        Cmd::SynthModel { shape, format, layers, tiny, seed, chat_template, out } => {
             use torus_wgpu::model::synth;
-            let s = synth::synth_shape(&shape).ok_or_else(|| {
+            let s = match tiny {
+                false => synth::synth_shape(&shape),
+                true => torus_wgpu::model::synth_tiny::tiny_shape(&shape).map(|(s, _)| s),
+            };
+            let s = s.ok_or_else(|| {
                 anyhow::anyhow!("unknown shape '{shape}' (known: {})", synth::SYNTH_SHAPES.join(", "))
             })?;
             let f = synth::parse_format(&format)?;

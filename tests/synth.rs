@@ -412,7 +412,7 @@ fn assert_profiles_agree(host: &HostModel, prompt: &[u32], what: &str) -> torus_
 
 /// gpt-oss's synthetic layout at a small size (the real shape's vocabulary alone is 0.4 GB):
 /// biases, sinks, the post-attention norm's name, experts in MXFP4 whatever the other matrices
-/// are, router and expert biases; it loads, the o200k pre-tokenizer is known, and both kernel
+/// are (f32 files aside), router and expert biases; it loads, the o200k pre-tokenizer is known, and both kernel
 /// profiles agree on it.
 #[test]
 fn gptoss_layout_small_loads_and_profiles_agree() {
@@ -485,6 +485,19 @@ fn qwen35_layouts_small_load_and_profiles_agree() {
         assert_eq!((l.dims.k_heads, l.dims.v_heads, l.dims.k_dim, l.dims.v_dim, l.dims.kernel), (2, 4, 32, 32, 4));
         assert!(l.tiled && c.style.attn_gate && c.qk_norm, "{name}");
         assert_eq!(c.rope_dim(), 16, "{name}");
+        // What llama.cpp's loader requires: M-RoPE sections (Qwen3.5's [11, 11, 10] of 32 pairs,
+        // here of 8), and the recurrent blocks (the MTP block last, not recurrent).
+        let g = GgufFile::open(&path).unwrap();
+        let arch = shape.arch_name();
+        assert_eq!(g.get_i32_array(&format!("{arch}.rope.dimension_sections")), Some(vec![3, 3, 2, 0]), "{name}");
+        assert_eq!(torus_wgpu::model::synth_hybrid::rope_sections(64), [11, 11, 10, 0]);
+        let rec: Vec<bool> = g
+            .get_array(&format!("{arch}.attention.recurrent_layers"))
+            .unwrap()
+            .iter()
+            .map(|v| v.as_bool().unwrap())
+            .collect();
+        assert_eq!(rec, [true, true, true, false, false], "{name}");
         assert_eq!(c.moe.as_ref().map(|m| (m.experts, m.top_k, m.shared_ffn)), shape.moe.map(|_| (8, 2, 256)));
         check_tokenizer(&path, shape.vocab);
         let host = HostModel::load(&path, &|_, _| {}).unwrap();
@@ -506,31 +519,31 @@ fn gemma4_e4b_layout_small_loads_and_profiles_agree() {
         (2560, 42, 8, 2, 256, 512, 256, 18)
     );
     assert_eq!(g.shared(42, 42), 18);
-    let shape = SynthShape {
-        hidden: 256,
-        heads: 4,
-        kv_heads: 2,
-        head_dim: 64,
-        intermediate: 512,
-        vocab: 2048,
-        gemma4: Some(torus_wgpu::model::synth_gemma4::SynthGemma4 { global_head_dim: 128, ple: 32, window: 8, ..g }),
-        ..real
-    };
+    // llama.cpp's files share from a global layer after a sliding one: no such count at 6.
+    assert_eq!((g.shared(12, 42), g.shared(6, 42)), (0, 0));
+    let (shape, layers) = torus_wgpu::model::synth_tiny::tiny_shape("gemma-4-e4b").unwrap();
+    assert_eq!(layers, 12);
     let dir = TempDir::new("gemma4");
     let path = dir.0.join("model.gguf");
     write_synthetic_gguf(&path, &shape, WFormat::Q8_0, Some(12), 7).unwrap();
     check_config(&path, &shape, 12);
     let c = read_config(&path).unwrap();
-    // Layers 5 and 11 global; 18 of 42 share, so 5 of 12: 7.. read layers 6 (sliding) and 5.
+    // Layers 5 and 11 global; the last 6 share: sliding ones read layer 4, global ones layer 5.
     let kinds: Vec<bool> = (0..12).map(|l| l != 5 && l != 11).collect();
     assert_eq!(c.style.sliding_layers.as_deref(), Some(&kinds[..]));
     assert_eq!((c.geom(0).head_dim, c.geom(5).head_dim, c.geom(5).kv_heads), (64, 128, 2));
-    assert_eq!((c.style.kv_shared, c.kv_source(7), c.kv_source(11), c.kv_source(6)), (5, Some(6), Some(5), None));
+    assert_eq!(
+        (c.style.kv_shared, c.kv_source(6), c.kv_source(10), c.kv_source(11), c.kv_source(5)),
+        (6, Some(4), Some(4), Some(5), None)
+    );
     assert_eq!((c.style.ple, c.sliding_window, c.style.final_softcap), (Some((32, 2048)), Some(8), Some(30.0)));
+    // Proportional RoPE on the global layers: a quarter of the 64 pairs rotate.
+    let want: Vec<f32> = (0..64).map(|i| if i < 16 { 1.0 } else { 1e30 }).collect();
+    assert_eq!(c.rope_scaling, torus_wgpu::model::rope_scaling::RopeScaling::Freqs(want));
     check_tokenizer(&path, shape.vocab);
     let host = HostModel::load(&path, &|_, _| {}).unwrap();
     assert!(host.ple.is_some() && host.layers.iter().all(|l| l.ple.is_some() && l.layer_scalar.is_some()));
-    assert_eq!((host.layers[6].k.rows, host.layers[7].k.rows), (2 * 64, 0));
+    assert_eq!((host.layers[5].k.rows, host.layers[6].k.rows), (2 * 128, 0));
     // Longer than the window of 8.
     let prompt: Vec<u32> = (0..20).map(|i| (i * 97 + 13) % 2000).collect();
     assert_profiles_agree(&host, &prompt, "gemma-4-e4b");

@@ -30,6 +30,7 @@ pub mod step;
 pub mod synth;
 pub mod synth_gemma4;
 pub mod synth_hybrid;
+pub mod synth_tiny;
 pub mod validate;
 
 pub use forward::{Model, SharedIo};

@@ -14,7 +14,7 @@
 
 use super::config::ModelConfig;
 use super::layers::{TensorNames, WeightSource, GGUF_NAMES, HF_NAMES};
-use crate::formats::gguf::GgufFile;
+use crate::formats::gguf::{GgufFile, GgufValue};
 use crate::ops::delta::DeltaDims;
 use crate::weights::tensor::QTensor;
 use anyhow::{anyhow, bail, Result};
@@ -122,6 +122,13 @@ pub(crate) fn hf_config(mut cfg: ModelConfig, v: &Value, src: &str) -> Result<Mo
         bail!("{src}: partial_rotary_factor {factor} must be in (0, 1]");
     }
     cfg.style.rotary_dim = Some((cfg.head_dim as f64 * factor) as usize);
+    let sections =
+        v["rope_parameters"]["mrope_section"].as_array().or_else(|| v["rope_scaling"]["mrope_section"].as_array());
+    if let Some(a) = sections {
+        let s: Vec<i64> = a.iter().map(|x| x.as_i64().unwrap_or(-1)).collect();
+        check_rope_sections(&s, (cfg.head_dim as f64 * factor) as usize)
+            .map_err(|e| anyhow!("{src}: mrope_section: {e}"))?;
+    }
     cfg.style.attn_gate = true;
     cfg.qk_norm = true;
     cfg.qkv_bias = v["attention_bias"].as_bool().unwrap_or(false);
@@ -163,16 +170,67 @@ pub(crate) fn gguf_config(mut cfg: ModelConfig, g: &GgufFile, arch: &str) -> Res
         kernel: req("ssm.conv_kernel")?,
     };
     let interval = g.get_u64(&key("full_attention_interval")).unwrap_or(4) as usize;
-    cfg.style.rotary_dim = g.get_u64(&key("rope.dimension_count")).map(|d| d as usize).filter(|&d| d < cfg.head_dim);
+    let rotated = g.get_u64(&key("rope.dimension_count")).map_or(cfg.head_dim, |d| d as usize);
+    if let Some(a) = g.get_array(&key("rope.dimension_sections")) {
+        let s: Vec<i64> = a.iter().map(|x| x.as_i64().unwrap_or(-1)).collect();
+        check_rope_sections(&s, rotated).map_err(|e| anyhow!("{src}: {}: {e}", key("rope.dimension_sections")))?;
+    }
+    cfg.style.rotary_dim = Some(rotated).filter(|&d| d < cfg.head_dim);
     cfg.style.attn_gate = true;
     cfg.qk_norm = true;
     cfg.qkv_bias = false;
-    let layers = interval_layers(cfg.layers, interval);
+    let layers = match g.get_array(&key("attention.recurrent_layers")) {
+        Some(a) => recurrent_layers(a, cfg.layers, nextn)
+            .map_err(|e| anyhow!("{src}: {}: {e}", key("attention.recurrent_layers")))?,
+        None => interval_layers(cfg.layers, interval),
+    };
     cfg.linear = Some(LinearConfig { dims, layers, tiled: true, mtp_layers: nextn });
     if arch == "qwen35moe" {
         cfg.moe = Some(super::moe::gguf_config(g, arch, cfg.layers, true)?);
     }
     Ok(cfg)
+}
+
+/// Checks M-RoPE sections (`rope.dimension_sections`, which llama.cpp's loader requires of these
+/// files) against the `rotated` dimensions. Text positions give every section the same position
+/// and the fourth (the vision encoder's) position 0; interleaved M-RoPE (llama.cpp's IMROPE, as
+/// transformers applies it) gives rotary pair k the section of k mod (their sum), taken in turn
+/// t, h, w while each lasts, the fourth otherwise. So where every pair falls in the first three,
+/// this is plain rotation of the first `rotated` elements (what this engine does); a pair that
+/// would take the fourth section (not rotated at all for text) is refused.
+fn check_rope_sections(s: &[i64], rotated: usize) -> Result<()> {
+    if s.is_empty() || s.len() > 4 || s.iter().any(|&x| !(0..=1 << 16).contains(&x)) || s.iter().sum::<i64>() == 0 {
+        bail!("must be 1 to 4 non-negative integers, not all 0, found {s:?}");
+    }
+    let sect = |i: usize| s.get(i).copied().unwrap_or(0) as usize;
+    let sum: usize = s.iter().map(|&x| x as usize).sum();
+    for pair in 0..rotated / 2 {
+        let sector = pair % sum;
+        if sector >= 3 * sect(sector % 3) {
+            bail!(
+                "{s:?}: rotary pair {pair} of {} falls in the fourth M-RoPE section (left unrotated for text); \
+                 not supported",
+                rotated / 2
+            );
+        }
+    }
+    Ok(())
+}
+
+/// `attention.recurrent_layers`: one bool per block, the `nextn` MTP blocks last and not
+/// recurrent; the first `layers` entries.
+fn recurrent_layers(a: &[GgufValue], layers: usize, nextn: usize) -> Result<Vec<bool>> {
+    if a.len() != layers + nextn {
+        bail!("{} entries for {} blocks", a.len(), layers + nextn);
+    }
+    let flags = a.iter().map(|x| x.as_bool().ok_or_else(|| anyhow!("holds a non-bool"))).collect::<Result<Vec<_>>>()?;
+    if flags[layers..].iter().any(|&r| r) {
+        bail!("marks an MTP block recurrent");
+    }
+    if !flags[..layers].contains(&false) {
+        bail!("marks every layer recurrent (at least one attention layer is needed)");
+    }
+    Ok(flags[..layers].to_vec())
 }
 
 /// A Gated DeltaNet layer's weights on the host.
@@ -286,6 +344,41 @@ mod tests {
     #[test]
     fn every_fourth_layer_attends() {
         assert_eq!(interval_layers(8, 4), [true, true, true, false, true, true, true, false]);
+    }
+
+    #[test]
+    fn rope_sections_must_cover_the_rotated_elements() {
+        let v = |s: &[i64]| s.to_vec();
+        // Qwen3.5's own (32 pairs of 64 rotated elements), the synthetic tiny shapes' and the
+        // transformers fixtures' (which llama.cpp runs as transformers does).
+        for (ok, rotated) in [(&[11, 11, 10, 0][..], 64), (&[3, 3, 2, 0], 16), (&[1, 1, 0, 0], 8), (&[11, 11, 10], 64)]
+        {
+            check_rope_sections(&v(ok), rotated).unwrap();
+        }
+        for (bad, rotated, why) in [
+            (v(&[11, 11, 9, 1]), 64, "pair 29 of 32 falls in the fourth"),
+            (v(&[16, 16, 0, 0]), 64, "pair 2 of 32"),
+            (v(&[0, 0, 0, 0]), 64, "not all 0"),
+            (v(&[12, 10, 10, 0, 0]), 64, "1 to 4"),
+            (v(&[20, 20, -8, 0]), 64, "non-negative"),
+        ] {
+            let e = check_rope_sections(&bad, rotated).unwrap_err();
+            assert!(e.to_string().contains(why), "{e}");
+        }
+    }
+
+    #[test]
+    fn recurrent_layers_are_read_with_the_mtp_block_last() {
+        let b = |s: &[bool]| s.iter().map(|&x| GgufValue::Bool(x)).collect::<Vec<_>>();
+        assert_eq!(recurrent_layers(&b(&[true, false, true, true, false]), 4, 1).unwrap(), [true, false, true, true]);
+        for (bad, why) in [
+            (b(&[true, true, true, false]), "4 entries for 5 blocks"),
+            (b(&[true, true, true, false, true]), "MTP block"),
+            (b(&[true, true, true, true, false]), "every layer"),
+        ] {
+            let e = recurrent_layers(&bad, 4, 1).unwrap_err();
+            assert!(e.to_string().contains(why), "{e}");
+        }
     }
 
     #[test]

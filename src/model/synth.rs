@@ -219,6 +219,8 @@ pub(super) enum Fill {
     /// token, so a state carries over hundreds of tokens as in real checkpoints (with biases
     /// near 0 every head forgot its state within ~20 tokens, hiding a wrong one).
     DtBias,
+    /// RoPE divisors: 1.0 for the first N pairs, 1e30 (no rotation) for the rest.
+    Freqs(usize),
 }
 
 /// One tensor of a synthetic file.
@@ -293,8 +295,9 @@ pub fn synth_tensors(shape: &SynthShape, format: WFormat, layers: usize) -> Vec<
                 },
                 fill: Fill::Matrix { format: WFormat::F32, cols: h },
             });
-            // gpt-oss's files keep their experts in MXFP4 whatever the other tensors are.
-            let expert_format = if gptoss { WFormat::MXFP4 } else { format };
+            // gpt-oss's files keep their experts in MXFP4 whatever the other tensors are (an f32
+            // file is all f32: for comparisons without quantization).
+            let expert_format = if gptoss && format != WFormat::F32 { WFormat::MXFP4 } else { format };
             for (name, rows, cols) in [("gate", m.ffn, h), ("up", m.ffn, h), ("down", h, m.ffn)] {
                 let mut e = matrix_in(expert_format, format!("{p}.ffn_{name}_exps.weight"), rows, cols);
                 e.spec.dims.push(m.experts as u64);
@@ -432,7 +435,7 @@ fn metadata(
     }
     if let Some(lin) = &shape.linear {
         m.retain(|(key, _)| *key != k("rope.dimension_count"));
-        m.extend(super::synth_hybrid::metadata(shape, lin));
+        m.extend(super::synth_hybrid::metadata(shape, lin, layers));
     }
     if let Some(g) = &shape.gemma4 {
         let extra = super::synth_gemma4::metadata(shape, g, layers);
@@ -480,6 +483,12 @@ fn write_data(out: &mut impl Write, fill: Fill, n_elements: usize, rng: &mut Xor
         Fill::DtBias => {
             for _ in 0..n_elements {
                 buf.extend_from_slice(&(-4.6 + uniform(rng, 2.3)).to_le_bytes());
+            }
+            out.write_all(&buf)
+        }
+        Fill::Freqs(rotated) => {
+            for i in 0..n_elements {
+                buf.extend_from_slice(&(if i < rotated { 1.0f32 } else { 1e30 }).to_le_bytes());
             }
             out.write_all(&buf)
         }

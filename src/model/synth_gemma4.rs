@@ -26,19 +26,20 @@ impl SynthGemma4 {
         !(l + 1).is_multiple_of(6) && l + 1 != layers
     }
 
-    /// The KV-sharing layers of a file of `layers` of a shape of `full` layers: the same share,
-    /// fewer where some kind of shared layer would find no earlier layer of its kind.
+    /// The KV-sharing layers of a file of `layers` of a shape of `full` layers: about the same
+    /// share, arranged as in the real files, where the last layer with its own cache is global
+    /// and the one before it sliding (llama.cpp's loader shares exactly those two; transformers
+    /// the last of each kind, the same layers there). None where no such count exists.
     pub fn shared(&self, layers: usize, full: usize) -> usize {
-        let mut n = self.kv_shared * layers / full.max(1);
-        while n > 0 {
-            let first = layers - n;
-            let has = |sliding: bool| (0..first).any(|l| self.sliding(l, layers) == sliding);
-            if (first..layers).all(|l| has(self.sliding(l, layers))) {
-                break;
-            }
-            n -= 1;
-        }
-        n
+        let fits =
+            |n: usize| n + 2 <= layers && !self.sliding(layers - n - 1, layers) && self.sliding(layers - n - 2, layers);
+        (1..=self.kv_shared * layers / full.max(1)).rev().find(|&n| fits(n)).unwrap_or(0)
+    }
+
+    /// Proportional RoPE's per-pair divisors of the global layers (`rope_freqs.weight`, as the
+    /// converter writes them): a quarter of the pairs rotate, the rest are held still by 1e30.
+    pub fn rotated_pairs(&self) -> usize {
+        self.global_head_dim / 8
     }
 }
 
@@ -56,13 +57,14 @@ pub fn gemma4_e4b(base: SynthShape) -> SynthShape {
     }
 }
 
-/// The per-layer embeddings' model-level tensors of a file of `layers` layers.
+/// The per-layer embeddings' model-level tensors and the global layers' RoPE divisors of a file of `layers` layers.
 pub(super) fn global_tensors(shape: &SynthShape, g: &SynthGemma4, format: WFormat, layers: usize) -> Vec<SynthTensor> {
     let wide = layers * g.ple;
     vec![
         SynthTensor::matrix(format, "per_layer_token_embd.weight".into(), shape.vocab, wide),
         SynthTensor::matrix(format, "per_layer_model_proj.weight".into(), wide, shape.hidden),
         SynthTensor::vector("per_layer_proj_norm.weight".into(), g.ple, Fill::Norm),
+        SynthTensor::vector("rope_freqs.weight".into(), g.global_head_dim / 2, Fill::Freqs(g.rotated_pairs())),
     ]
 }
 

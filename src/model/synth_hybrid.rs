@@ -126,10 +126,23 @@ pub(super) fn mtp_tensors(shape: &SynthShape, lin: &SynthLinear, format: WFormat
     t
 }
 
-/// The `ssm.*` keys, the attention interval and the rotated dimensions.
-pub(super) fn metadata(shape: &SynthShape, lin: &SynthLinear) -> Vec<(String, GgufValue)> {
+/// The M-RoPE sections of `rotary_dim` rotated elements as Qwen3.5's converted files carry
+/// them: the checkpoints' [11, 11, 10] (of 32 rotated pairs) scaled to the pairs there are, and
+/// no fourth section. With text positions (the same position in every section) this is plain
+/// rotation of the first `rotary_dim` elements.
+pub fn rope_sections(rotary_dim: usize) -> [i32; 4] {
+    let pairs = rotary_dim / 2;
+    let s = (pairs * 11 + 16) / 32;
+    [s as i32, s as i32, (pairs - 2 * s) as i32, 0]
+}
+
+/// The `ssm.*` keys, the attention interval, the rotated dimensions and their M-RoPE sections,
+/// and which of the `layers` blocks (and the MTP block after them) are recurrent.
+pub(super) fn metadata(shape: &SynthShape, lin: &SynthLinear, layers: usize) -> Vec<(String, GgufValue)> {
     let k = |suffix: &str| format!("{}.{suffix}", shape.arch_name());
     let u = |v: usize| GgufValue::U32(v as u32);
+    let sections = rope_sections(lin.rotary_dim).into_iter().map(GgufValue::I32).collect();
+    let recurrent = (0..=layers).map(|l| GgufValue::Bool(l < layers && lin.is_linear(l))).collect();
     let shared = shape.moe.map(|e| (k("expert_shared_feed_forward_length"), u(e.ffn)));
     shared
         .into_iter()
@@ -141,6 +154,8 @@ pub(super) fn metadata(shape: &SynthShape, lin: &SynthLinear) -> Vec<(String, Gg
             (k("ssm.inner_size"), u(lin.v_heads * lin.v_dim)),
             (k("full_attention_interval"), u(lin.interval)),
             (k("rope.dimension_count"), u(lin.rotary_dim)),
+            (k("rope.dimension_sections"), GgufValue::Array(sections)),
+            (k("attention.recurrent_layers"), GgufValue::Array(recurrent)),
             (k("nextn_predict_layers"), u(1)),
         ])
         .collect()

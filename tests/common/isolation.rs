@@ -9,8 +9,7 @@ use torus_wgpu::config::{EngineConfig, KernelProfile, KvDtype};
 use torus_wgpu::engine::{EngineHandle, Event, Request, RequestParams, RequestStream, StopConditions};
 use torus_wgpu::gpu::wformat::WFormat;
 use torus_wgpu::gpu::Gpu;
-use torus_wgpu::model::synth::{synth_shape, write_synthetic_gguf, SynthMoe, SynthShape};
-use torus_wgpu::model::synth_hybrid::SynthLinear;
+use torus_wgpu::model::synth::{write_synthetic_gguf, SynthShape};
 use torus_wgpu::weights::tensor::XorShift64;
 
 /// A directory of its own (removed with its files when dropped).
@@ -24,30 +23,15 @@ impl Drop for ModelDir {
 
 /// Vocabulary of the small shapes; their last three ids are the synthetic tokenizer's special
 /// tokens (the last, `<|im_end|>`, ends a turn).
-pub const VOCAB: usize = 2048;
+pub const VOCAB: usize = torus_wgpu::model::synth_tiny::TINY_VOCAB;
 pub const IM_END: u32 = VOCAB as u32 - 1;
 
-/// `name`'s synthetic layout (model/synth.rs) at a small size, with its layers: 256 wide, heads
-/// of 64, 2048 tokens; the hybrids keep Qwen3.5's key and value heads of 128 (one key head, two
-/// value heads), whose per-token recurrence llvmpipe's loop limit cut after ~250 tokens.
+/// `name`'s synthetic layout at a small size, with its layers (model/synth_tiny.rs): 256 wide,
+/// heads of 64, 2048 tokens; the hybrids keep Qwen3.5's key and value heads of 128 (one key
+/// head, two value heads), whose per-token recurrence llvmpipe's loop limit cut after ~250
+/// tokens.
 pub fn small_shape(name: &str) -> (SynthShape, usize) {
-    let real = synth_shape(name).unwrap_or_else(|| panic!("{name}: no such synthetic shape"));
-    let base = SynthShape { hidden: 256, heads: 4, kv_heads: 2, head_dim: 64, intermediate: 512, vocab: VOCAB, ..real };
-    let experts = SynthMoe { experts: 8, top_k: 2, ffn: 256 };
-    let lin = |l: SynthLinear| SynthLinear { k_heads: 1, v_heads: 2, k_dim: 128, v_dim: 128, rotary_dim: 16, ..l };
-    match name {
-        "qwen3.5-9b" | "qwen3.6-35b-a3b" => {
-            (SynthShape { linear: real.linear.map(lin), moe: real.moe.map(|_| experts), ..base }, 4)
-        }
-        "qwen3-30b-a3b" => (SynthShape { moe: Some(experts), ..base }, 2),
-        "gpt-oss-20b" => (SynthShape { heads: 8, intermediate: 256, moe: Some(experts), ..base }, 2),
-        "gemma-4-e4b" => {
-            let g = real.gemma4.expect("gemma-4's layout");
-            let gemma4 = torus_wgpu::model::synth_gemma4::SynthGemma4 { global_head_dim: 128, ple: 32, window: 8, ..g };
-            (SynthShape { gemma4: Some(gemma4), ..base }, 12)
-        }
-        _ => (base, 2),
-    }
+    torus_wgpu::model::synth_tiny::tiny_shape(name).unwrap_or_else(|| panic!("{name}: no such synthetic shape"))
 }
 
 /// `name`'s small model (Q8_0) written into a directory of its own.
