@@ -13,6 +13,7 @@ pub mod kernels;
 pub mod metrics;
 pub mod model;
 pub mod mtp;
+pub mod overhead;
 pub mod profiles;
 pub mod spec_counters;
 

@@ -59,6 +59,10 @@ pub struct BenchModelArgs {
     /// the sparse path saves. The outputs are no longer the model's.
     #[arg(long)]
     pub moe_top_k: Option<usize>,
+    /// The GPU's peak memory bandwidth in GB/s (e.g. 3350 for an H100 SXM, 4800 for an H200):
+    /// each decode step's floor (the weight bytes it reads at that rate) is reported beside it.
+    #[arg(long)]
+    pub peak_gb_s: Option<f64>,
     /// Also time the MTP head's proposal rounds at each batch size (Qwen3.5 files with a head,
     /// synthetic ones included).
     #[arg(long)]
@@ -195,6 +199,8 @@ pub struct DecodeResult {
     /// The same for the weights a step reads (`ModelSummary::step_weight_bytes`; a MoE model's
     /// chosen experts only).
     pub read_gb_s: f64,
+    /// Where a step's time goes on the host, and its dispatches, passes, submits, readbacks.
+    pub per_step: crate::bench::overhead::StepOverhead,
 }
 
 /// Prefill speed of one prompt.
@@ -213,6 +219,8 @@ pub struct BenchModelReport {
     pub adapter: AdapterSummary,
     /// The kernel profile the model ran with (auto resolved for the adapter).
     pub kernel_profile: String,
+    /// wgpu's shader runtime checks (TORUS_SHADER_CHECKS: full, loops or off).
+    pub shader_checks: String,
     pub model: ModelSummary,
     pub kv_cache_dtype: String,
     pub max_num_batched_tokens: usize,
@@ -365,8 +373,10 @@ pub fn measure_decode(
     let mut last = prefill_packed(model, &seqs)?;
     let tables: Vec<Vec<u32>> = seqs.iter().map(|s| s.1.clone()).collect();
     let mut t0 = Instant::now();
+    let mut counted = model.gpu.counters.snapshot();
     for s in 0..warmup + steps {
         if s == warmup {
+            counted = model.gpu.counters.snapshot();
             model.set_profiling(profile);
             t0 = Instant::now();
         }
@@ -393,6 +403,11 @@ pub fn measure_decode(
         tok_s: (batch * steps) as f64 / seconds,
         weight_gb_s: model.plan.weights as f64 * steps as f64 / seconds / 1e9,
         read_gb_s: model.plan.weights as f64 * steps as f64 / seconds / 1e9,
+        per_step: crate::bench::overhead::StepOverhead::of(
+            &model.gpu.counters.snapshot().since(&counted),
+            steps,
+            seconds,
+        ),
     };
     Ok((r, run))
 }
@@ -459,6 +474,9 @@ pub fn bench_model(args: &BenchModelArgs) -> Result<BenchModelReport> {
     let cfg = sized_config(&args.engine, &mcfg, max_batch, decode_len.max(args.prefill_tokens), step_tokens, &blocks)?;
     let gpu = Arc::new(Gpu::new(cfg.adapter.as_deref())?);
     eprintln!("adapter: {}", gpu.describe());
+    if crate::gpu::family::shader_checks() != crate::gpu::family::ShaderChecks::Full {
+        eprintln!("shader runtime checks: {:?} (TORUS_SHADER_CHECKS)", crate::gpu::family::shader_checks());
+    }
     let (mut model, host) = load_model(&cfg, gpu.clone(), args.moe_top_k)?;
     let model_summary = ModelSummary::of(&path, &host, model.plan.weights);
     drop(host);
@@ -469,7 +487,8 @@ pub fn bench_model(args: &BenchModelArgs) -> Result<BenchModelReport> {
         let (mut r, _) =
             measure_decode(&mut model, b, sizes, &mut rng, false).with_context(|| format!("decode at batch {b}"))?;
         r.read_gb_s = model_summary.step_weight_bytes(b) as f64 * r.steps as f64 / r.seconds / 1e9;
-        eprintln!("batch {b}: {:.2} tok/s", r.tok_s);
+        r.per_step.floor_ms = args.peak_gb_s.map(|p| model_summary.step_weight_bytes(b) as f64 / (p * 1e6));
+        eprintln!("batch {b}: {:.2} tok/s; {}", r.tok_s, r.per_step.line());
         decode.push(r);
     }
     let mut mtp = Vec::new();
@@ -505,6 +524,7 @@ pub fn bench_model(args: &BenchModelArgs) -> Result<BenchModelReport> {
     Ok(BenchModelReport {
         adapter: AdapterSummary::of(&gpu),
         kernel_profile: model.limits.profile.name().to_string(),
+        shader_checks: format!("{:?}", crate::gpu::family::shader_checks()).to_lowercase(),
         model: model_summary,
         kv_cache_dtype: cfg.kv_cache_dtype.name().to_string(),
         max_num_batched_tokens: model.limits.max_tokens,

@@ -53,6 +53,30 @@ pub fn whole<'a>(gpu: &Gpu, buf: &'a wgpu::Buffer) -> wgpu::BindingResource<'a> 
     }
 }
 
+/// The runtime checks wgpu's shader translation adds to every kernel (TORUS_SHADER_CHECKS).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ShaderChecks {
+    /// wgpu's default (`full`): every index clamped into its buffer, every loop bounded.
+    Full,
+    /// `loops`: indices clamped, loops as written.
+    Loops,
+    /// `off`: neither (for measurements: an index out of range would read or write past its
+    /// buffer).
+    Off,
+}
+
+/// TORUS_SHADER_CHECKS (`full`, the default; `loops`; `off`), read once: what the checks cost
+/// is measured by running the same benchmark under each (BENCHMARKS.md, issue 48). An unknown
+/// value is `full`.
+pub fn shader_checks() -> ShaderChecks {
+    static CHECKS: std::sync::OnceLock<ShaderChecks> = std::sync::OnceLock::new();
+    *CHECKS.get_or_init(|| match std::env::var("TORUS_SHADER_CHECKS").as_deref() {
+        Ok("off") => ShaderChecks::Off,
+        Ok("loops") => ShaderChecks::Loops,
+        _ => ShaderChecks::Full,
+    })
+}
+
 /// A pipeline family sharing one bind group layout, so one bind group serves every variant.
 pub struct Family {
     pub layout: wgpu::BindGroupLayout,
@@ -72,10 +96,22 @@ impl Family {
 
     pub fn pipeline(&self, gpu: &Gpu, label: &str, source: &str, entry: &str) -> Result<wgpu::ComputePipeline> {
         super::validate_wgsl(label, source)?;
-        let module = gpu.device.create_shader_module(wgpu::ShaderModuleDescriptor {
-            label: Some(label),
-            source: wgpu::ShaderSource::Wgsl(source.into()),
-        });
+        let desc = wgpu::ShaderModuleDescriptor { label: Some(label), source: wgpu::ShaderSource::Wgsl(source.into()) };
+        let module = match shader_checks() {
+            ShaderChecks::Full => gpu.device.create_shader_module(desc),
+            // SAFETY: only on request (TORUS_SHADER_CHECKS), to measure what the checks cost:
+            // `loops` keeps every index clamped into its buffer and drops only the bound on loop
+            // iterations (the kernels' loops count over sizes the host checked); `off` drops
+            // both, and is right only while every index a kernel computes is in range.
+            ShaderChecks::Loops => unsafe {
+                let checks =
+                    wgpu::ShaderRuntimeChecks { force_loop_bounding: false, ..wgpu::ShaderRuntimeChecks::checked() };
+                gpu.device.create_shader_module_trusted(desc, checks)
+            },
+            ShaderChecks::Off => unsafe {
+                gpu.device.create_shader_module_trusted(desc, wgpu::ShaderRuntimeChecks::unchecked())
+            },
+        };
         Ok(gpu.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
             label: Some(label),
             layout: Some(&self.pipeline_layout),

@@ -5,6 +5,7 @@
 //! Never uses: ops, model, engine, server.
 
 pub mod coop;
+pub mod counters;
 pub mod family;
 pub mod shader;
 pub mod shared;
@@ -57,6 +58,8 @@ pub struct Gpu {
     pub timestamps: timing::TimestampMode,
     /// What the device-lost and uncaptured-error handlers saw.
     pub faults: std::sync::Arc<GpuFaults>,
+    /// Submits, passes, dispatches, readbacks and the host time around them (bench-model).
+    pub counters: counters::StepCounters,
 }
 
 /// A GPU failure of one step (`Error`) or of the whole device (`Lost`): the engine fails the
@@ -306,6 +309,7 @@ impl Gpu {
             coop,
             timestamps: timing::TimestampMode::of(features),
             faults,
+            counters: Default::default(),
         })
     }
 
@@ -437,6 +441,14 @@ impl Gpu {
         })
     }
 
+    /// Submits one command buffer, counted and timed (`counters`).
+    pub fn submit(&self, enc: wgpu::CommandEncoder) {
+        let cb = enc.finish();
+        let start = std::time::Instant::now();
+        self.queue.submit([cb]);
+        self.counters.submitted(start);
+    }
+
     pub fn readback(&self, label: &str, size: u64) -> wgpu::Buffer {
         self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some(label),
@@ -453,8 +465,10 @@ impl Gpu {
         slice.map_async(wgpu::MapMode::Read, move |r| {
             let _ = tx.send(r);
         });
+        let start = std::time::Instant::now();
         self.device.poll(wgpu::PollType::wait_indefinitely()).map_err(|e| anyhow!("GPU poll failed: {e}"))?;
         rx.recv().map_err(|_| anyhow!("GPU map callback dropped"))?.map_err(|e| anyhow!("GPU map failed: {e}"))?;
+        self.counters.waited(start);
         let out = slice.get_mapped_range().map_err(|e| anyhow!("GPU map failed: {e:?}"))?.to_vec();
         buf.unmap();
         Ok(out)

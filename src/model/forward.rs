@@ -474,7 +474,7 @@ impl Model {
         };
         if let Some(rb) = &self.hidden_readback {
             enc.copy_buffer_to_buffer(&self.hidden, 0, rb, 0, want as u64);
-            g.queue.submit([enc.finish()]);
+            g.submit(enc);
             let out = g.read_mapped(rb, want as u64)?;
             if let Some(p) = &mut self.profiler {
                 p.collect(g)?;
@@ -485,7 +485,7 @@ impl Model {
             enc.copy_buffer_to_buffer(&self.hidden, 0, rb, 0, want as u64);
         }
         if ns == 0 {
-            g.queue.submit([enc.finish()]);
+            g.submit(enc);
             if let Some(rb) = &self.emit {
                 self.emitted.extend(g.read_mapped(rb, want as u64)?);
             }
@@ -498,7 +498,7 @@ impl Model {
         let max_top = s.sampling.iter().map(|p| p.n_top.min(MAX_TOP_LOGPROBS as u32)).max().unwrap_or(0) as usize;
         let len = (((ns as usize - 1) * SAMPLE_RESULT_STRIDE + 2 + 2 * max_top) * 4) as u64;
         enc.copy_buffer_to_buffer(&self.result, 0, &self.readback, 0, len);
-        g.queue.submit([enc.finish()]);
+        g.submit(enc);
         let bytes = g.read_mapped(&self.readback, len)?;
         if let Some(rb) = &self.emit {
             self.emitted.extend(g.read_mapped(rb, want as u64)?);

@@ -49,17 +49,23 @@ pub(crate) fn record_step(g: &Gpu, rec: &Recorder, ops: &[Op], s: &StepShape, sp
     };
     let mut start = 0;
     for end in cuts.into_iter().chain([ops.len()]) {
+        let t = std::time::Instant::now();
         let mut enc = g.device.create_command_encoder(&Default::default());
+        let mut n = 0;
         {
             let mut pass = enc.begin_compute_pass(&Default::default());
             for op in &ops[start..end] {
-                op.dispatches(rec, s, |d| d.record(&mut pass));
+                op.dispatches(rec, s, |d| {
+                    d.record(&mut pass);
+                    n += 1;
+                });
             }
         }
+        g.counters.pass(n, t);
         if end == ops.len() {
             return enc;
         }
-        g.queue.submit([enc.finish()]);
+        g.submit(enc);
         start = end;
     }
     unreachable!("the last range ends at ops.len()")
