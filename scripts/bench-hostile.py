@@ -97,8 +97,8 @@ def health_time(base):
 def slow(base, n):
     host, port = base.split("//")[1].split(":")
     for what, head, drip in [
-        ("headers", b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Slow: ", b"x"),
-        ("a body", b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n{", b" "),
+        ("headers", b"GET /v1/models HTTP/1.1\r\nHost: localhost\r\nX-Slow: ", b"x"),
+        ("a body", b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n{", b" "),
     ]:
         socks = []
         for _ in range(n):

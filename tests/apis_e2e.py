@@ -11,6 +11,7 @@ greedy by default, e.g. SmolLM2-135M-Instruct, and requires API_KEY). Prints
 """
 
 import json
+import re
 import sys
 import urllib.error
 import urllib.request
@@ -262,6 +263,8 @@ def ollama_checks():
     status, _, text = http("/api/show", {"model": MODEL})
     show = json.loads(text)
     check(status == 200 and show["template"] and "completion" in show["capabilities"], f"show: {text[:300]}")
+    # The model file by its name, not where it lives on the server.
+    check(re.search(r"^FROM [^/\\]+\.gguf$", show["modelfile"], re.M) is not None, f"modelfile: {show['modelfile']!r}")
     status, _, text = http("/api/version")
     check(status == 200 and json.loads(text)["version"], f"version: {text}")
     status, _, text = http("/api/ps")

@@ -39,13 +39,20 @@ fn serve(model: &std::path::Path, extra: &[&str]) -> Server {
 
 /// One HTTP/1.1 exchange on a fresh connection: (status, body).
 fn http(addr: &str, method: &str, path: &str, content_type: Option<&str>, body: &[u8]) -> (u16, String) {
+    let ct = content_type.map(|c| format!("Content-Type: {c}\r\n")).unwrap_or_default();
+    exchange(addr, &format!("{method} {path} HTTP/1.1\r\nHost: localhost\r\n{ct}"), body)
+}
+
+/// A POST with one extra header line and no Content-Type.
+fn http_with(addr: &str, path: &str, header_line: &str, body: &[u8]) -> (u16, String) {
+    exchange(addr, &format!("POST {path} HTTP/1.1\r\nHost: localhost\r\n{header_line}\r\n"), body)
+}
+
+/// Sends `head` (request line and headers so far), the length, `body`; the status and body.
+fn exchange(addr: &str, head: &str, body: &[u8]) -> (u16, String) {
     let mut s = TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
-    let ct = content_type.map(|c| format!("Content-Type: {c}\r\n")).unwrap_or_default();
-    let head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: x\r\n{ct}Content-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
+    let head = format!("{head}Content-Length: {}\r\nConnection: close\r\n\r\n", body.len());
     s.write_all(head.as_bytes()).unwrap();
     // The server may answer (and close) before the whole body is sent.
     let _ = s.write_all(body);
@@ -53,8 +60,8 @@ fn http(addr: &str, method: &str, path: &str, content_type: Option<&str>, body: 
     let _ = s.read_to_end(&mut out);
     let text = String::from_utf8_lossy(&out).into_owned();
     let status = text.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
     // Chunked bodies (not used by these JSON answers, but be safe): keep the raw text.
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
     (status, body)
 }
 
@@ -176,16 +183,20 @@ fn hostile_requests_against_the_binary() {
         assert_eq!(status, 200, "500 deep via {param}: {v}");
     }
 
-    // 2. Cross-site content types: 415 on every POST route, in OpenAI's error shape.
+    // 2. Cross-site content types: 415 on every POST route, in OpenAI's error shape; no type at
+    // all only from a browser (an Origin header).
     for path in ["/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize"] {
         for ct in [
             Some("text/plain"),
             Some("application/x-www-form-urlencoded"),
             Some("multipart/form-data; boundary=x"),
-            None,
+            Some("Origin: http://evil.example"),
         ] {
-            let (status, text) =
-                http(&addr, "POST", path, ct, br#"{"prompt": "hi", "messages": [{"role": "user", "content": "hi"}]}"#);
+            let body = br#"{"prompt": "hi", "messages": [{"role": "user", "content": "hi"}]}"#;
+            let (status, text) = match ct {
+                Some(origin) if origin.starts_with("Origin:") => http_with(&addr, path, origin, body),
+                _ => http(&addr, "POST", path, ct, body),
+            };
             assert_eq!(status, 415, "{path} {ct:?}: {text}");
             let v: Value = serde_json::from_str(&text).unwrap();
             assert_eq!(v["error"]["code"], "unsupported_media_type", "{v}");
@@ -355,10 +366,10 @@ fn slow_peers_do_not_block_probes() {
         (status, body, t.elapsed())
     };
     for (what, head) in [
-        ("headers", &b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Slow: "[..]),
+        ("headers", &b"GET /v1/models HTTP/1.1\r\nHost: localhost\r\nX-Slow: "[..]),
         (
             "a body",
-            &b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n{"[..],
+            &b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n{"[..],
         ),
     ] {
         let mut slow: Vec<TcpStream> = (0..8).map(|_| from("127.0.0.2")).collect();

@@ -1133,7 +1133,7 @@ async fn graceful_shutdown_finishes_in_flight_streams() {
 fn raw_send(addr: std::net::SocketAddr, path: &str, body: &str) -> std::net::TcpStream {
     let mut sock = std::net::TcpStream::connect(addr).unwrap();
     let req = format!(
-        "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        "POST {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     );
     sock.write_all(req.as_bytes()).unwrap();
@@ -1413,7 +1413,7 @@ async fn header_read_timeout_closes_stalled_connections() {
     assert_eq!(http.get(&metrics).send().await.unwrap().status(), StatusCode::OK);
     tokio::task::spawn_blocking(move || {
         let mut half = std::net::TcpStream::connect(addr).unwrap();
-        half.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nUser-Agent: slow").unwrap();
+        half.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nUser-Agent: slow").unwrap();
         let mut silent = std::net::TcpStream::connect(addr).unwrap();
         let t = Instant::now();
         for (what, sock) in [("half a head", &mut half), ("nothing", &mut silent)] {
@@ -1455,9 +1455,9 @@ async fn connection_cap_and_the_probe_lane() {
         })
     };
     // No model loaded: /health answers 503 model_loading, which is the point (it was served).
-    let got = ask(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
+    let got = ask(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n").await.unwrap();
     assert!(got.starts_with("HTTP/1.1 503") && got.contains("model_loading"), "{got}");
-    let got = ask(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
+    let got = ask(b"GET /v1/models HTTP/1.1\r\nHost: localhost\r\n\r\n").await.unwrap();
     assert!(got.starts_with("HTTP/1.1 503") && got.contains("too_many_connections"), "{got}");
     assert!(got.to_ascii_lowercase().contains("retry-after: 1"), "{got}");
     // Four silent probe-lane connections from this address; a fifth is refused at once.
@@ -1467,7 +1467,7 @@ async fn connection_cap_and_the_probe_lane() {
         assert!(t.elapsed() < Duration::from_secs(10), "probe-lane connections not accepted: {}", open());
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let got = ask(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
+    let got = ask(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n").await.unwrap();
     assert!(got.starts_with("HTTP/1.1 429"), "{got}");
     let silent = tokio::task::spawn_blocking(move || {
         let t = Instant::now();
@@ -1485,7 +1485,7 @@ async fn connection_cap_and_the_probe_lane() {
         assert!(t.elapsed() < Duration::from_secs(30), "connections left open: {}", open());
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let got = ask(b"GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await.unwrap();
+    let got = ask(b"GET /v1/models HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").await.unwrap();
     assert!(got.starts_with("HTTP/1.1 200"), "{got}");
     drop(held);
     let t = Instant::now();
@@ -1506,7 +1506,7 @@ async fn shutdown_closes_connections_without_a_request() {
     let addr = handle.addr;
     let mut silent = std::net::TcpStream::connect(addr).unwrap();
     let mut half = std::net::TcpStream::connect(addr).unwrap();
-    half.write_all(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n").unwrap();
+    half.write_all(b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\n").unwrap();
     let t = Instant::now();
     while handle.metrics().connections.load(std::sync::atomic::Ordering::Relaxed) < 2 {
         assert!(t.elapsed() < Duration::from_secs(30), "connections not accepted");

@@ -11,14 +11,17 @@ use std::time::Duration;
 /// 413 instead of a reset connection.
 const DRAIN_CAP: usize = 64 << 20;
 
-/// 415 unless the body is declared JSON (`application/json`, any parameters). Browsers send a
-/// cross-site POST without a preflight only as `text/plain`, form or multipart data, so this
-/// also keeps other web pages from reaching a server on localhost.
+/// 415 unless the body is declared JSON (`application/json`, any parameters), or declared
+/// nothing by a client that is not a browser. Browsers send a cross-site POST without a
+/// preflight only as `text/plain`, form or multipart data, always with an `Origin` header, so
+/// this keeps other web pages from reaching a server on localhost; clients that send no type at
+/// all (litellm's Ollama provider; Ollama reads their bodies as JSON) send no `Origin` either.
 pub fn check_json_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
     let ct = headers.get(header::CONTENT_TYPE).map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
     let mime = ct.as_deref().map(|c| c.split(';').next().unwrap_or("").trim().to_ascii_lowercase());
     match mime.as_deref() {
         Some("application/json") => Ok(()),
+        None if !headers.contains_key(header::ORIGIN) => Ok(()),
         _ => Err(ApiError::unsupported_media_type(ct.as_deref())),
     }
 }
@@ -82,6 +85,9 @@ mod tests {
     #[test]
     fn content_type_must_be_json() {
         let mut h = HeaderMap::new();
+        // No type: JSON from a client that is not a browser; 415 with an Origin (a browser's).
+        assert!(check_json_content_type(&h).is_ok());
+        h.insert(header::ORIGIN, "http://evil.example".parse().unwrap());
         assert_eq!(check_json_content_type(&h).unwrap_err().status.as_u16(), 415);
         for (ct, ok) in [
             ("application/json", true),

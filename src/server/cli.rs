@@ -34,6 +34,12 @@ pub struct ServeArgs {
     /// with commas; `*` allows any origin. None (the default): no CORS headers.
     #[arg(long, value_delimiter = ',')]
     pub allowed_origins: Vec<String>,
+    /// Host names the server answers besides localhost, 127.0.0.1 and [::1] when it listens on
+    /// a loopback address (DNS rebinding protection; other hosts get 403): repeat the flag or
+    /// separate them with commas; `*` answers any. On other addresses: none given, any host;
+    /// else only these.
+    #[arg(long, value_delimiter = ',')]
+    pub allowed_hosts: Vec<String>,
     /// Answer 503 (Retry-After) while this many sequences wait for their first token.
     #[arg(long, default_value_t = DEFAULT_MAX_QUEUED_REQUESTS)]
     pub max_queued_requests: usize,
@@ -130,6 +136,8 @@ pub fn run(args: ServeArgs) -> Result<()> {
     scfg.model_aliases = names;
     cors_layer(&args.allowed_origins).map_err(anyhow::Error::msg)?;
     scfg.allowed_origins = args.allowed_origins.clone();
+    super::hosts::HostCheck::new(true, &args.allowed_hosts).map_err(anyhow::Error::msg)?;
+    scfg.allowed_hosts = args.allowed_hosts.clone();
     if args.api_key.as_deref().is_some_and(|k| k.trim().is_empty()) {
         // An empty key would silently mean "no authentication".
         anyhow::bail!("--api-key (or TORUS_API_KEY) is empty; give a key, or leave it unset for no authentication");

@@ -37,6 +37,11 @@ impl ApiError {
         ApiError::new(StatusCode::UNAUTHORIZED, "invalid_request_error", message).code("invalid_api_key")
     }
 
+    /// 403: the request may not be answered here (a host the server does not serve).
+    pub fn forbidden(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::FORBIDDEN, "invalid_request_error", message)
+    }
+
     pub fn not_found(message: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::NOT_FOUND, "invalid_request_error", message).code("not_found")
     }

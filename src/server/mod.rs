@@ -26,6 +26,7 @@ mod embeddings;
 mod error;
 mod generate;
 pub mod harmony;
+mod hosts;
 mod info;
 mod json;
 pub mod metrics;
@@ -94,6 +95,8 @@ pub struct ServerConfig {
     pub model_aliases: Vec<String>,
     /// Origins allowed by CORS (`*`: any); empty: no CORS headers at all.
     pub allowed_origins: Vec<String>,
+    /// Host names answered beside the loopback ones (`*`: any; see `hosts`).
+    pub allowed_hosts: Vec<String>,
     pub api_key: Option<String>,
     pub max_queued_requests: usize,
     pub max_request_body_bytes: usize,
@@ -138,6 +141,7 @@ impl ServerConfig {
             served_model_name: served_model_name.into(),
             model_aliases: Vec::new(),
             allowed_origins: Vec::new(),
+            allowed_hosts: Vec::new(),
             api_key: None,
             max_queued_requests: DEFAULT_MAX_QUEUED_REQUESTS,
             max_request_body_bytes: DEFAULT_MAX_REQUEST_BODY_BYTES,
@@ -173,6 +177,8 @@ pub(crate) struct AppState {
     pub cfg: ServerConfig,
     pub engine: OnceLock<EngineHandle>,
     pub metrics: ServerMetrics,
+    /// Which `Host` headers are answered (DNS rebinding).
+    pub host_check: hosts::HostCheck,
     /// Where requests are parsed, rendered and tokenized before they are queued.
     pub work: work::WorkPool,
     /// Unix time the server started (the model's `created`).
@@ -278,10 +284,12 @@ pub fn start(
     engine: Option<EngineHandle>,
 ) -> std::io::Result<ServerHandle> {
     let addr = listener.local_addr()?;
-    let cors =
-        cors_layer(&cfg.allowed_origins).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+    let invalid = |e: String| std::io::Error::new(std::io::ErrorKind::InvalidInput, e);
+    let cors = cors_layer(&cfg.allowed_origins).map_err(invalid)?;
+    let host_check = hosts::HostCheck::new(addr.ip().is_loopback(), &cfg.allowed_hosts).map_err(invalid)?;
     let state = Arc::new(AppState {
         cfg,
+        host_check,
         engine: OnceLock::new(),
         metrics: ServerMetrics::default(),
         work: work::WorkPool::per_core(),
@@ -298,9 +306,8 @@ pub fn start(
     Ok(ServerHandle { addr, state, stop: Some(stop), task: Some(task) })
 }
 
-/// The CORS layer for `origins` (None when empty): GET, POST and OPTIONS with the
-/// `Authorization`, `Content-Type` and `x-request-id` headers; `x-request-id` readable by
-/// scripts. Preflight requests (OPTIONS) are answered by the layer itself.
+/// The CORS layer for `origins` (None when empty): GET, POST and OPTIONS with whatever headers
+/// the preflight names; `x-request-id` readable by scripts. Preflight requests (OPTIONS) are answered by the layer itself.
 pub fn cors_layer(origins: &[String]) -> Result<Option<tower_http::cors::CorsLayer>, String> {
     use axum::http::Method;
     use tower_http::cors::{AllowOrigin, CorsLayer};
@@ -329,14 +336,10 @@ pub fn cors_layer(origins: &[String]) -> Result<Option<tower_http::cors::CorsLay
         CorsLayer::new()
             .allow_origin(allow)
             .allow_methods([Method::GET, Method::POST, Method::OPTIONS])
-            .allow_headers([
-                header::AUTHORIZATION,
-                header::CONTENT_TYPE,
-                access::REQUEST_ID,
-                axum::http::HeaderName::from_static("x-api-key"),
-                axum::http::HeaderName::from_static("anthropic-version"),
-                axum::http::HeaderName::from_static("anthropic-beta"),
-            ])
+            // The headers the preflight asks for: the official browser SDKs send their own
+            // (`x-stainless-*`, `anthropic-dangerous-direct-browser-access`, ...); the origin
+            // list is the restriction.
+            .allow_headers(tower_http::cors::AllowHeaders::mirror_request())
             .expose_headers([access::REQUEST_ID]),
     ))
 }
@@ -369,11 +372,13 @@ fn router(state: Arc<AppState>, cors: Option<tower_http::cors::CorsLayer>) -> Ro
     if state.cfg.webui {
         app = app.merge(webui::routes());
     }
-    // Innermost first: CORS (answers preflights), the status counter, the access log.
+    // Innermost first: CORS (answers preflights), the Host check, the status counter, the
+    // access log.
     if let Some(cors) = cors {
         app = app.layer(cors);
     }
-    app.layer(from_fn_with_state(state.clone(), count_status))
+    app.layer(from_fn_with_state(state.clone(), hosts::check_host))
+        .layer(from_fn_with_state(state.clone(), count_status))
         .layer(from_fn_with_state(state.clone(), access::access_log))
         .layer(DefaultBodyLimit::disable())
         .with_state(state)

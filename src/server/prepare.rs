@@ -87,8 +87,10 @@ pub(crate) async fn admit<T: Send + 'static>(
     body: Body,
     parse: impl FnOnce(Vec<u8>, &EngineHandle, Limits) -> Result<(T, Option<String>), ApiError> + Send + 'static,
 ) -> Result<(EngineHandle, T), ApiError> {
-    let engine = st.engine()?.clone();
+    // The body first: its errors (size, type) come before "still loading", and the connection
+    // can carry the next request whatever the answer.
     let data = body::read(headers, body, st.cfg.max_request_body_bytes, st.cfg.body_read_timeout).await?;
+    let engine = st.engine()?.clone();
     check_queue(st)?;
     let lim = limits(st, &engine);
     let e = engine.clone();

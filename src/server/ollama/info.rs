@@ -162,7 +162,14 @@ pub(super) async fn show(State(st): State<Arc<AppState>>, headers: HeaderMap, bo
             caps.push("thinking");
         }
         let (size, modified) = file_facts(&st);
-        let path = st.cfg.model_path.as_deref().map(|p| p.display().to_string()).unwrap_or_default();
+        // The file's name only: where it lives on the server is not the client's business.
+        let path = st
+            .cfg
+            .model_path
+            .as_deref()
+            .and_then(|p| p.file_name())
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
         Ok::<_, ApiError>(
             Json(json!({
                 "license": "",
