@@ -151,6 +151,31 @@ async fn framing_keys_and_error_shapes() {
         let r = http.post(format!("{base}{path}")).header("x-api-key", KEY).json(&chat).send().await.unwrap();
         assert_eq!(r.status(), 200, "{path} with x-api-key");
     }
+    // More max tokens than the context has room for (agents send 8k-32k): the translated APIs
+    // answer up to the room (1024 here) and end with their "max tokens" reason; OpenAI's chat
+    // keeps vLLM's 400.
+    let msgs = json!([{"role": "user", "content": "hi"}]);
+    for (path, body) in [
+        ("/v1/messages", json!({"model": "tiny-qwen2", "max_tokens": 32000, "messages": msgs})),
+        ("/v1/responses", json!({"model": "tiny-qwen2", "max_output_tokens": 32000, "input": "hi"})),
+        (
+            "/api/chat",
+            json!({"model": "tiny-qwen2", "messages": msgs, "stream": false, "options": {"num_predict": 32000}}),
+        ),
+    ] {
+        let r = http.post(format!("{base}{path}")).bearer_auth(KEY).json(&body).send().await.unwrap();
+        let status = r.status();
+        let v: Value = r.json().await.unwrap();
+        assert_eq!(status, 200, "{path}: {v}");
+    }
+    let r = http
+        .post(format!("{base}/v1/chat/completions"))
+        .bearer_auth(KEY)
+        .json(&json!({"messages": msgs, "max_tokens": 32000}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
     for (path, check) in [("/api/nothing", "error"), ("/v1/messages/nothing", "type"), ("/v1/nothing", "error")] {
         let r = http.get(format!("{base}{path}")).bearer_auth(KEY).send().await.unwrap();
         assert_eq!(r.status(), 404, "{path}");

@@ -249,6 +249,10 @@ def ollama_checks():
     status, _, text = http("/api/chat", {"model": MODEL, "messages": msgs, "options": opts, "stream": False})
     whole = json.loads(text)
     check(status == 200 and whole["done"] and whole["message"]["content"] == streamed, f"stream false: {whole}")
+    # Real timings: 16 tokens of decoding take time after the first one (it was 0 before).
+    check(whole["eval_duration"] > 0 and whole["prompt_eval_duration"] > 0
+          and whole["eval_duration"] + whole["prompt_eval_duration"] <= whole["total_duration"],
+          f"durations: {whole}")
 
     status, _, text = http("/api/generate", {"model": MODEL, "prompt": QUESTION, "options": opts})
     lines = [json.loads(l) for l in text.splitlines()]
@@ -262,6 +266,9 @@ def ollama_checks():
     check(status == 200 and models[0]["name"] == MODEL + ":latest" and models[0]["size"] > 0, f"tags: {text}")
     status, _, text = http("/api/show", {"model": MODEL})
     show = json.loads(text)
+    # SmolLM2-135M: its tensors' count (134.52M), not a word of the file name.
+    size = show["details"]["parameter_size"]
+    check(re.fullmatch(r"13[45]\.\d\dM", size) is not None, f"parameter_size: {size!r}")
     check(status == 200 and show["template"] and "completion" in show["capabilities"], f"show: {text[:300]}")
     # The model file by its name, not where it lives on the server.
     check(re.search(r"^FROM [^/\\]+\.gguf$", show["modelfile"], re.M) is not None, f"modelfile: {show['modelfile']!r}")

@@ -68,6 +68,11 @@ async fn embeddings_match_transformers_for_every_pooling() {
     let (status, v) = post(&plain, "/v1/embeddings", json!({"input": "hi"})).await;
     assert_eq!(status, 400, "{v}");
     assert!(v["error"]["message"].as_str().unwrap().contains("--task embed"), "{v}");
+    // ... after reading the body: a 3 MB one gets the same answer, not a connection reset.
+    let big: Vec<String> = (0..200).map(|i| format!("{i} {}", "word ".repeat(3000))).collect();
+    let (status, v) = post(&plain, "/v1/embeddings", json!({"input": big})).await;
+    assert_eq!(status, 400, "{v}");
+    assert!(v["error"]["message"].as_str().unwrap().contains("--task embed"), "{v}");
     // (Servers sharing the engine stay up until the end: shutting one down stops the engine.)
     let mut servers = vec![plain];
 

@@ -68,16 +68,20 @@ pub(crate) async fn embed(
     log: &AccessRecord,
     key: &'static str,
 ) -> Result<(EmbedRequest, Vec<(Vec<f32>, usize)>), ApiError> {
-    let Some(dim) = st.engine()?.embedding_dim() else {
-        return Err(ApiError::invalid(
-            "model",
-            "this server does not serve embeddings: start it with `--task embed` (any supported model)",
-        ));
-    };
     let pooling = st.cfg.pooling;
     let salt = st.new_id("embed");
-    let (engine, (plans, base64, dims)) =
-        admit(st, headers, body, move |data, e, _| parse(e, data, key, dim, pooling, &salt)).await?;
+    // Whether the server embeds at all is answered after the body is read (admit reads it
+    // first), so the client sees the 400 rather than a connection closed under its upload.
+    let (engine, (plans, base64, dims)) = admit(st, headers, body, move |data, e, _| {
+        let Some(dim) = e.embedding_dim() else {
+            return Err(ApiError::invalid(
+                "model",
+                "this server does not serve embeddings: start it with `--task embed` (any supported model)",
+            ));
+        };
+        parse(e, data, key, dim, pooling, &salt)
+    })
+    .await?;
     let lens: Vec<usize> = plans.iter().map(|p| p.prompt.len()).collect();
     let choices = submit(st, &engine, plans, t0, log).await?;
     let done = futures_util::future::join_all(choices.into_iter().map(|c| c.collect())).await;

@@ -179,6 +179,8 @@ pub(crate) struct AppState {
     pub metrics: ServerMetrics,
     /// Which `Host` headers are answered (DNS rebinding).
     pub host_check: hosts::HostCheck,
+    /// The model file's parameter count (Ollama's `parameter_size`), read once when asked.
+    pub parameter_count: OnceLock<Option<u64>>,
     /// Where requests are parsed, rendered and tokenized before they are queued.
     pub work: work::WorkPool,
     /// Unix time the server started (the model's `created`).
@@ -290,6 +292,7 @@ pub fn start(
     let state = Arc::new(AppState {
         cfg,
         host_check,
+        parameter_count: OnceLock::new(),
         engine: OnceLock::new(),
         metrics: ServerMetrics::default(),
         work: work::WorkPool::per_core(),

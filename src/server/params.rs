@@ -167,6 +167,10 @@ pub struct Common {
     pub compiled: Option<crate::structured::Constraint>,
     /// The server's reasoning parser (chat splits its output with it).
     pub reasoning: super::reasoning::ReasoningChoice,
+    /// `max_tokens` past the room the prompt leaves is cut to it (the translated APIs, whose
+    /// clients ask for 8k-32k and expect a "max tokens" end), not a 400 (OpenAI's routes, as
+    /// vLLM).
+    pub clamp_max_tokens: bool,
 }
 
 impl Common {
@@ -267,6 +271,7 @@ impl Common {
         // Structured outputs: compiled later (`structured::compile`), off the async threads.
         let constraint = super::structured::parse(f)?;
         Ok(Common {
+            clamp_max_tokens: false,
             model,
             max_tokens,
             n,

@@ -63,6 +63,13 @@ fn limits(st: &AppState, e: &EngineHandle) -> Limits {
     }
 }
 
+/// The request's `max_tokens`, cut to the room a prompt of `prompt_len` tokens leaves where the
+/// route clamps (`Common::clamp_max_tokens`).
+fn room(info: &EngineInfo, prompt_len: usize, c: &Common, want: Option<usize>) -> Option<usize> {
+    let left = info.max_model_len().saturating_sub(prompt_len).max(1);
+    want.map(|m| if c.clamp_max_tokens { m.min(left) } else { m })
+}
+
 /// The 400 for a prompt longer than the context (as `check_context`'s).
 pub(crate) fn too_long(ctx: usize, param: &'static str) -> ApiError {
     ApiError::invalid(
@@ -171,7 +178,8 @@ pub(crate) async fn translated(
             };
             parsed.prompts = Some(vec![Prompt::Text(text)]);
         }
-        let c = common_fields(&mut parsed, &lim, &["max_tokens"])?;
+        let mut c = common_fields(&mut parsed, &lim, &["max_tokens"])?;
+        c.clamp_max_tokens = true;
         let model = c.model.clone();
         Ok(((parsed, c, route, echo), model))
     })
@@ -246,7 +254,8 @@ fn chat_within(engine: &EngineHandle, parsed: Parsed, mut c: Common) -> Result<P
     let reasoning = kind.map(|k| Reasoning::new(k, &text));
     let prompt = tokenize_prompt(tok, &engine.info, &text, "messages")?;
     drop(text);
-    let max_tokens = check_context(&engine.info, prompt.len(), c.max_tokens, "messages")?;
+    let want = room(&engine.info, prompt.len(), &c, c.max_tokens);
+    let max_tokens = check_context(&engine.info, prompt.len(), want, "messages")?;
     let mut params: Vec<_> = (0..c.n).map(|j| c.request_params(j, max_tokens, lp)).collect();
     // A grammar constrains the answer, not the thinking before it.
     if let Some(r) = reasoning.filter(|r| r.starts_thinking() && c.compiled.is_some()) {
@@ -307,7 +316,7 @@ pub(crate) fn completion(engine: &EngineHandle, parsed: Parsed, mut c: Common) -
                 (ids, text)
             }
         };
-        let m = check_context(&engine.info, prompt.len(), max_tokens, "prompt")?;
+        let m = check_context(&engine.info, prompt.len(), room(&engine.info, prompt.len(), &c, max_tokens), "prompt")?;
         let choices: Vec<RequestParams> =
             (0..c.n).map(|j| RequestParams { prompt_logprobs: prompt_lp, ..c.request_params(j, m, lp) }).collect();
         if prompt_lp.is_some() {

@@ -141,6 +141,8 @@ pub(crate) struct Whole {
     pub usage: Usage,
     /// How many tool calls it made.
     pub calls: usize,
+    /// When its first token came (None: it made none).
+    pub first: Option<std::time::Instant>,
 }
 
 /// What a streamed turn reports.
@@ -204,10 +206,13 @@ impl Turn {
 
     /// Waits for the whole output.
     pub async fn whole(mut self) -> Result<Whole, ApiError> {
-        let mut text = String::new();
+        let (mut text, mut first) = (String::new(), None);
         loop {
             match self.choice.next().await {
-                Some(Event::Token { text: t, .. }) => text.push_str(&t),
+                Some(Event::Token { text: t, .. }) => {
+                    first.get_or_insert_with(std::time::Instant::now);
+                    text.push_str(&t)
+                }
                 Some(Event::PromptLogprobs(_) | Event::Embedding(_)) => {}
                 Some(Event::Done { text: t, reason, usage }) => {
                     if let Some(e) = error_of(&reason) {
@@ -216,7 +221,8 @@ impl Turn {
                     text.push_str(&t);
                     let mut parts = self.parser.push(&text);
                     parts.extend(self.parser.finish(""));
-                    return Ok(Whole { parts: merge(parts), reason, usage, calls: self.parser.calls() });
+                    let calls = self.parser.calls();
+                    return Ok(Whole { parts: merge(parts), reason, usage, calls, first });
                 }
                 None => return Err(ApiError::internal("the engine stopped")),
             }

@@ -280,6 +280,9 @@ fn translate(mut o: Map<String, Value>) -> Result<Translated, ApiError> {
             chat.insert("chat_template_kwargs".into(), json!({"enable_thinking": on}));
         }
     }
+    if let Some(rf) = output_format(&o)? {
+        chat.insert("response_format".into(), rf);
+    }
     for (from, to) in [
         ("model", "model"),
         ("max_tokens", "max_tokens"),
@@ -294,6 +297,29 @@ fn translate(mut o: Map<String, Value>) -> Result<Translated, ApiError> {
         }
     }
     Ok(Translated { body: chat, route: Route::Chat, echo: Value::Null })
+}
+
+/// Structured outputs: `output_config.format` (or the older `output_format`) of type
+/// `json_schema` as the chat's `response_format` (the grammar constrains the answer); anything
+/// else there is a 400, never ignored.
+fn output_format(o: &Map<String, Value>) -> Result<Option<Value>, ApiError> {
+    let (f, at) = match (o.get("output_config").filter(|c| !c.is_null()), o.get("output_format")) {
+        (Some(Value::Object(c)), _) => match c.get("format").filter(|f| !f.is_null()) {
+            Some(f) => (f, "output_config.format"),
+            None => return Ok(None),
+        },
+        (Some(_), _) => return Err(invalid("output_config", "`output_config` must be an object")),
+        (None, Some(f)) if !f.is_null() => (f, "output_format"),
+        (None, _) => return Ok(None),
+    };
+    match f.get("type").and_then(Value::as_str) {
+        Some("json_schema") => {}
+        _ => return Err(invalid(&format!("{at}.type"), format!("`{at}.type` must be \"json_schema\""))),
+    }
+    let Some(schema) = f.get("schema").filter(|s| s.is_object()) else {
+        return Err(invalid(&format!("{at}.schema"), format!("`{at}.schema` must be a JSON schema object")));
+    };
+    Ok(Some(json!({"type": "json_schema", "json_schema": {"name": "output", "schema": schema, "strict": true}})))
 }
 
 /// As [`translate`], without streaming or a length limit on the answer (counting only).

@@ -73,6 +73,19 @@ fn bad_requests_name_the_field() {
         (json!({"messages": [{"role": "user", "content": "x"}], "tool_choice": "auto"}), "tool_choice"),
         (json!({"messages": [{"role": "user", "content": "x"}], "thinking": {"type": "on"}}), "thinking.type"),
         (json!({"messages": [{"role": "user", "content": "x"}], "system": 3}), "system"),
+        (
+            json!({"messages": [{"role": "user", "content": "x"}], "output_config": {"format": {"type": "xml"}}}),
+            "output_config.format.type",
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": "x"}], "output_config": {"format": {"type": "json_schema"}}}),
+            "output_config.format.schema",
+        ),
+        (json!({"messages": [{"role": "user", "content": "x"}], "output_config": 1}), "output_config"),
+        (
+            json!({"messages": [{"role": "user", "content": "x"}], "output_format": {"type": "text"}}),
+            "output_format.type",
+        ),
     ] {
         let e = tr(body.clone()).unwrap_err();
         assert_eq!(e.param.as_deref(), Some(param), "{body}: {e}");
@@ -101,4 +114,18 @@ fn errors_in_anthropic_shape() {
     let e = ApiError::unavailable("busy", "overloaded");
     assert_eq!(e.body_in(Dialect::Anthropic)["error"]["type"], "overloaded_error");
     assert_eq!(ApiError::unauthorized("k").body_in(Dialect::Anthropic)["error"]["type"], "authentication_error");
+}
+
+#[test]
+fn structured_outputs_become_the_chat_response_format() {
+    let schema = json!({"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]});
+    let want = json!({"type": "json_schema", "json_schema": {"name": "output", "schema": schema, "strict": true}});
+    for key in ["output_config", "output_format"] {
+        let f = json!({"type": "json_schema", "schema": schema});
+        let v = if key == "output_config" { json!({"format": f, "effort": "low"}) } else { f };
+        let body = tr(json!({"messages": [{"role": "user", "content": "x"}], key: v})).unwrap();
+        assert_eq!(body["response_format"], want, "{key}");
+    }
+    let body = tr(json!({"messages": [{"role": "user", "content": "x"}], "output_config": {"effort": "low"}})).unwrap();
+    assert!(body.get("response_format").is_none());
 }

@@ -49,11 +49,8 @@ fn details(st: &AppState) -> Value {
     let path = st.cfg.model_path.as_deref();
     let name = path.and_then(|p| p.file_name()).map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let format = if name.to_ascii_lowercase().ends_with(".gguf") { "gguf" } else { "safetensors" };
-    let words: Vec<&str> = name.split(['-', '.', '_']).collect();
-    let size = words.iter().find(|w| {
-        let (num, unit) = w.split_at(w.len().saturating_sub(1));
-        matches!(unit, "M" | "B" | "m" | "b") && !num.is_empty() && num.parse::<f64>().is_ok()
-    });
+    let count = *st.parameter_count.get_or_init(|| path.and_then(parameter_count));
+    let size = count.map(human_count).or_else(|| size_in_name(&name));
     let lower = name.to_ascii_lowercase();
     let quant = [
         "q2_k", "q3_k", "q4_0", "q4_1", "q4_k", "q5_0", "q5_1", "q5_k", "q6_k", "q8_0", "iq", "mxfp4", "f16", "bf16",
@@ -66,8 +63,35 @@ fn details(st: &AppState) -> Value {
         "format": format,
         "family": "",
         "families": null,
-        "parameter_size": size.map(|s| s.to_ascii_uppercase()).unwrap_or_default(),
+        "parameter_size": size.unwrap_or_default(),
         "quantization_level": quant.unwrap_or_default(),
+    })
+}
+
+/// The parameters of a GGUF file (its tensors' elements), from its header; None for another
+/// kind of model or an unreadable file.
+fn parameter_count(path: &std::path::Path) -> Option<u64> {
+    let g = crate::formats::gguf::GgufFile::open(path).ok()?;
+    Some(g.tensors.iter().map(|t| t.n_elements()).sum())
+}
+
+/// A parameter count as Ollama shows it: `494.03M`, `7.6B`.
+fn human_count(n: u64) -> String {
+    match n {
+        n if n >= 1_000_000_000 => format!("{:.1}B", n as f64 / 1e9),
+        n if n >= 1_000_000 => format!("{:.2}M", n as f64 / 1e6),
+        n => format!("{:.2}K", n as f64 / 1e3),
+    }
+}
+
+/// The parameter count a model's name gives (`Qwen2.5-Coder-0.5B-Instruct` -> `0.5B`), where
+/// the file cannot be counted.
+fn size_in_name(name: &str) -> Option<String> {
+    let stem = name.strip_suffix(".gguf").unwrap_or(name);
+    stem.split(['-', '_']).find_map(|w| {
+        let (num, unit) = w.split_at(w.len().saturating_sub(1));
+        let ok = matches!(unit, "M" | "B" | "m" | "b") && !num.is_empty() && num.parse::<f64>().is_ok();
+        ok.then(|| w.to_ascii_uppercase())
     })
 }
 
@@ -134,11 +158,11 @@ pub(super) async fn version() -> Response {
 }
 
 /// The request body's `model` (or Ollama's older `name`), checked against the served model.
+/// The body is parsed like every other (bounded JSON, on the request workers).
 async fn named_model(st: &AppState, headers: &HeaderMap, body: Body) -> Result<(), ApiError> {
     let data =
         crate::server::body::read(headers, body, st.cfg.max_request_body_bytes, st.cfg.body_read_timeout).await?;
-    let v: Value =
-        serde_json::from_slice(&data).map_err(|e| ApiError::bad_request(format!("the body is not valid JSON: {e}")))?;
+    let v = st.work.run_sized(data.len(), move || crate::server::json::parse(&data, None)).await??.obj;
     let m = v.get("model").or_else(|| v.get("name")).filter(|m| !m.is_null());
     let Some(m) = m else { return Err(ApiError::invalid("model", "`model` is required")) };
     let Some(name) = model_name(m).as_str().map(str::to_string) else {
@@ -218,4 +242,18 @@ pub(super) async fn unsupported() -> Response {
         "this server serves one model, loaded at start: models cannot be created, copied, deleted or pushed here",
     )
     .response_in(Dialect::Ollama)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parameter_sizes_read_as_ollama_shows_them() {
+        assert_eq!(human_count(494_032_768), "494.03M");
+        assert_eq!(human_count(7_615_616_512), "7.6B");
+        assert_eq!(size_in_name("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf").as_deref(), Some("0.5B"));
+        assert_eq!(size_in_name("SmolLM2-135M-Instruct.Q4_1.gguf").as_deref(), Some("135M"));
+        assert_eq!(size_in_name("model.gguf"), None);
+    }
 }

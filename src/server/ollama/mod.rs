@@ -69,6 +69,8 @@ async fn run(State(st): State<Arc<AppState>>, log: Log, headers: HeaderMap, body
             return Ok(stream_response(vec![], turn.events(), move |e| out.render(e), "application/x-ndjson"));
         }
         let w: Whole = turn.whole().await?;
+        // The prompt's evaluation ended with the first token, not when the whole answer came.
+        out.first = w.first;
         let mut v = out.chunk(&w.parts);
         out.finish(&mut v, &w.reason, &w.usage);
         Ok(Json(v).into_response())
@@ -281,10 +283,12 @@ fn common(o: &Map<String, Value>, chat: &mut Map<String, Value>) -> Result<(), A
 
 fn no_images(m: &Map<String, Value>, p: &str) -> Result<(), ApiError> {
     match m.get("images") {
-        Some(Value::Array(a)) if !a.is_empty() => {
+        None | Some(Value::Null) => Ok(()),
+        Some(Value::Array(a)) if a.is_empty() => Ok(()),
+        Some(Value::Array(_)) => {
             Err(invalid(&format!("{p}images"), "images are not supported: this server reads text only"))
         }
-        _ => Ok(()),
+        Some(_) => Err(invalid(&format!("{p}images"), "`images` must be a list of base64-encoded images")),
     }
 }
 

@@ -44,6 +44,7 @@ fn generate_bodies_translate() {
     assert_eq!(e.code, Some(LOAD_ONLY));
     for (body, param) in [
         (json!({"prompt": "x", "images": ["aGk="]}), "images"),
+        (json!({"prompt": "x", "images": "aGk="}), "images"),
         (json!({"prompt": "x", "suffix": "y"}), "suffix"),
         (json!({"prompt": "x", "format": 3}), "format"),
         (json!({"prompt": "x", "options": {"num_predict": 0}}), "options.num_predict"),

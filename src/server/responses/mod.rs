@@ -282,6 +282,31 @@ fn translate_format(text: &Value) -> Result<Option<Value>, ApiError> {
     })
 }
 
+/// OpenAI's limits on `metadata`: an object of at most 16 string values, keys of at most 64
+/// characters, values of at most 512 (it is echoed in every response object a stream sends).
+fn check_metadata(m: Option<&Value>) -> Result<(), ApiError> {
+    let m = match m {
+        None | Some(Value::Null) => return Ok(()),
+        Some(Value::Object(m)) => m,
+        Some(_) => return Err(invalid("metadata", "`metadata` must be an object of strings")),
+    };
+    if m.len() > 16 {
+        return Err(invalid("metadata", format!("`metadata` has {} keys; at most 16", m.len())));
+    }
+    for (k, v) in m {
+        let Some(v) = v.as_str() else {
+            return Err(invalid(
+                "metadata",
+                format!("`metadata.{}` must be a string", k.chars().take(64).collect::<String>()),
+            ));
+        };
+        if k.chars().count() > 64 || v.chars().count() > 512 {
+            return Err(invalid("metadata", "`metadata` keys are at most 64 characters and values at most 512"));
+        }
+    }
+    Ok(())
+}
+
 /// A Responses body as a chat body; `echo` keeps what the response object repeats.
 fn translate(mut o: Map<String, Value>) -> Result<Translated, ApiError> {
     for (k, why) in [
@@ -328,6 +353,7 @@ fn translate(mut o: Map<String, Value>) -> Result<Translated, ApiError> {
             chat.insert("response_format".into(), rf);
         }
     }
+    check_metadata(o.get("metadata"))?;
     let mut echo = Map::new();
     for k in ["instructions", "max_output_tokens", "metadata", "parallel_tool_calls", "reasoning", "temperature"] {
         if let Some(v) = o.get(k) {

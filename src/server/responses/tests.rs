@@ -68,6 +68,14 @@ fn bad_requests_name_the_field() {
         (json!({"input": "x", "tools": [{"type": "web_search"}]}), "tools[0].type"),
         (json!({"input": "x", "text": {"format": {"type": "xml"}}}), "text.format.type"),
         (json!({"input": "x", "instructions": 3}), "instructions"),
+        (json!({"input": "x", "metadata": "m"}), "metadata"),
+        (json!({"input": "x", "metadata": {"k": 1}}), "metadata"),
+        (json!({"input": "x", "metadata": {"k": "v".repeat(513)}}), "metadata"),
+        (json!({"input": "x", "metadata": {"k".repeat(65): "v"}}), "metadata"),
+        (
+            json!({"input": "x", "metadata": (0..17).map(|i| (i.to_string(), json!("v"))).collect::<serde_json::Map<_, _>>()}),
+            "metadata",
+        ),
     ] {
         let e = tr(body.clone()).err().unwrap_or_else(|| panic!("{body} should fail"));
         assert_eq!(e.param.as_deref(), Some(param), "{body}: {e}");
