@@ -474,7 +474,7 @@ pub fn bench_model(args: &BenchModelArgs) -> Result<BenchModelReport> {
     let cfg = sized_config(&args.engine, &mcfg, max_batch, decode_len.max(args.prefill_tokens), step_tokens, &blocks)?;
     let gpu = Arc::new(Gpu::new(cfg.adapter.as_deref())?);
     eprintln!("adapter: {}", gpu.describe());
-    if crate::gpu::family::shader_checks() != crate::gpu::family::ShaderChecks::Full {
+    if crate::gpu::family::shader_checks() != crate::gpu::family::ShaderChecks::Loops {
         eprintln!("shader runtime checks: {:?} (TORUS_SHADER_CHECKS)", crate::gpu::family::shader_checks());
     }
     let (mut model, host) = load_model(&cfg, gpu.clone(), args.moe_top_k)?;

@@ -58,22 +58,25 @@ pub fn whole<'a>(gpu: &Gpu, buf: &'a wgpu::Buffer) -> wgpu::BindingResource<'a> 
 pub enum ShaderChecks {
     /// wgpu's default (`full`): every index clamped into its buffer, every loop bounded.
     Full,
-    /// `loops`: indices clamped, loops as written.
+    /// `loops`, the default: indices clamped, loops as written. Every loop in shaders/ counts
+    /// up to a bound the host computed (or advances a cursor that ends at one), so the
+    /// iteration counter naga adds to each only costs: 25-35% of the cpu profile's decode and
+    /// prefill on lavapipe (BENCHMARKS.md, issue 48).
     Loops,
     /// `off`: neither (for measurements: an index out of range would read or write past its
     /// buffer).
     Off,
 }
 
-/// TORUS_SHADER_CHECKS (`full`, the default; `loops`; `off`), read once: what the checks cost
+/// TORUS_SHADER_CHECKS (`loops`, the default; `full`; `off`), read once: what the checks cost
 /// is measured by running the same benchmark under each (BENCHMARKS.md, issue 48). An unknown
 /// value is `full`.
 pub fn shader_checks() -> ShaderChecks {
     static CHECKS: std::sync::OnceLock<ShaderChecks> = std::sync::OnceLock::new();
     *CHECKS.get_or_init(|| match std::env::var("TORUS_SHADER_CHECKS").as_deref() {
+        Err(_) | Ok("" | "loops") => ShaderChecks::Loops,
         Ok("off") => ShaderChecks::Off,
-        Ok("loops") => ShaderChecks::Loops,
-        _ => ShaderChecks::Full,
+        Ok(_) => ShaderChecks::Full,
     })
 }
 
@@ -99,10 +102,10 @@ impl Family {
         let desc = wgpu::ShaderModuleDescriptor { label: Some(label), source: wgpu::ShaderSource::Wgsl(source.into()) };
         let module = match shader_checks() {
             ShaderChecks::Full => gpu.device.create_shader_module(desc),
-            // SAFETY: only on request (TORUS_SHADER_CHECKS), to measure what the checks cost:
-            // `loops` keeps every index clamped into its buffer and drops only the bound on loop
-            // iterations (the kernels' loops count over sizes the host checked); `off` drops
-            // both, and is right only while every index a kernel computes is in range.
+            // SAFETY: `loops` (the default) keeps every index clamped into its buffer and drops
+            // only the bound on loop iterations (every kernel loop counts to a bound the host
+            // computed); `off` (only on request, for measurements) drops both, and is right
+            // only while every index a kernel computes is in range.
             ShaderChecks::Loops => unsafe {
                 let checks =
                     wgpu::ShaderRuntimeChecks { force_loop_bounding: false, ..wgpu::ShaderRuntimeChecks::checked() };
