@@ -168,6 +168,19 @@ async fn framing_keys_and_error_shapes() {
         let v: Value = r.json().await.unwrap();
         assert_eq!(status, 200, "{path}: {v}");
     }
+    // Errors name the client's own fields, not the chat fields they became.
+    let stops: Vec<String> = (0..17).map(|i| format!("s{i}")).collect();
+    for (path, body, param, chat_name) in [
+        ("/v1/responses", json!({"max_output_tokens": 0, "input": "hi"}), "max_output_tokens", "max_tokens"),
+        ("/v1/messages", json!({"max_tokens": 5, "stop_sequences": stops, "messages": msgs}), "stop_sequences", "stop"),
+        ("/api/chat", json!({"messages": msgs, "options": {"top_p": 2}}), "options.top_p", "top_p"),
+    ] {
+        let r = http.post(format!("{base}{path}")).bearer_auth(KEY).json(&body).send().await.unwrap();
+        let status = r.status();
+        let text = r.text().await.unwrap();
+        assert_eq!(status, 400, "{path}: {text}");
+        assert!(text.contains(param) && !text.contains(&format!("`{chat_name}`")), "{path}: {text}");
+    }
     let r = http
         .post(format!("{base}/v1/chat/completions"))
         .bearer_auth(KEY)

@@ -152,6 +152,21 @@ pub(crate) struct Translated {
     pub route: Route,
     /// What the response needs of the original request (the API's own business).
     pub echo: Value,
+    /// (chat field, the client's field) for the fields the translation renamed: errors found
+    /// in the chat body name the client's own fields.
+    pub fields: &'static [(&'static str, &'static str)],
+}
+
+/// `e` with its `param` and the backquoted field names in its message as the client knows them
+/// (`fields`: see [`Translated::fields`]).
+pub(crate) fn in_client_terms(mut e: ApiError, fields: &[(&str, &str)]) -> ApiError {
+    let Some(p) = e.param.clone() else { return e };
+    let rest_of = |chat: &str| p.strip_prefix(chat).filter(|r| r.is_empty() || r.starts_with(['.', '[']));
+    if let Some((chat, client, rest)) = fields.iter().find_map(|(c, k)| rest_of(c).map(|r| (*c, *k, r))) {
+        e.param = Some(format!("{client}{rest}"));
+        e.message = e.message.replace(&format!("`{chat}"), &format!("`{client}"));
+    }
+    e
 }
 
 /// Translates a body (errors name the original API's fields).
@@ -165,11 +180,11 @@ pub(crate) async fn translated(
     body: Body,
     translate: Translate,
 ) -> Result<(EngineHandle, Prepared, Value), ApiError> {
-    let (engine, (parsed, mut c, route, echo)) = admit(st, headers, body, move |data, _, lim| {
+    let (engine, (parsed, mut c, route, echo, fields)) = admit(st, headers, body, move |data, _, lim| {
         let mut parsed = json::parse(&data, None)?;
         drop(data);
         let t = translate(std::mem::take(&mut parsed.obj))?;
-        let (route, echo) = (t.route, t.echo);
+        let (route, echo, fields) = (t.route, t.echo, t.fields);
         parsed.obj = t.body;
         if route == Route::Completions {
             let text = match parsed.obj.remove("prompt") {
@@ -178,10 +193,10 @@ pub(crate) async fn translated(
             };
             parsed.prompts = Some(vec![Prompt::Text(text)]);
         }
-        let mut c = common_fields(&mut parsed, &lim, &["max_tokens"])?;
+        let mut c = common_fields(&mut parsed, &lim, &["max_tokens"]).map_err(|e| in_client_terms(e, fields))?;
         c.clamp_max_tokens = true;
         let model = c.model.clone();
-        Ok(((parsed, c, route, echo), model))
+        Ok(((parsed, c, route, echo, fields), model))
     })
     .await?;
     c.reasoning = st.cfg.reasoning_parser;
@@ -192,7 +207,8 @@ pub(crate) async fn translated(
             Route::Chat => chat(&e, parsed, c),
             Route::Completions => completion(&e, parsed, c),
         })
-        .await??;
+        .await?
+        .map_err(|e| in_client_terms(e, fields))?;
     Ok((engine, p, echo))
 }
 
@@ -326,4 +342,29 @@ pub(crate) fn completion(engine: &EngineHandle, parsed: Parsed, mut c: Common) -
         echoes.push(if echo { text } else { String::new() });
     }
     Ok(Prepared { common: c, plans, logprobs: lp, tools: None, echo: echoes, echo_ids, reasoning: None })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_name_the_clients_fields() {
+        let fields = &[("max_tokens", "options.num_predict"), ("stop", "stop_sequences")];
+        let e = in_client_terms(ApiError::invalid("max_tokens", "`max_tokens` must be at least 1"), fields);
+        assert_eq!(
+            (e.param.as_deref(), e.message.as_str()),
+            (Some("options.num_predict"), "`options.num_predict` must be at least 1")
+        );
+        let e = in_client_terms(ApiError::invalid("stop[3]", "`stop[3]` is too long"), fields);
+        assert_eq!(
+            (e.param.as_deref(), e.message.as_str()),
+            (Some("stop_sequences[3]"), "`stop_sequences[3]` is too long")
+        );
+        // A field that only starts like one, and a field not renamed, stay.
+        let e = in_client_terms(ApiError::invalid("stop_token_ids", "`stop_token_ids` ..."), fields);
+        assert_eq!(e.param.as_deref(), Some("stop_token_ids"));
+        let e = in_client_terms(ApiError::invalid("temperature", "`temperature` ..."), fields);
+        assert_eq!(e.param.as_deref(), Some("temperature"));
+    }
 }

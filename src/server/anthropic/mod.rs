@@ -296,8 +296,12 @@ fn translate(mut o: Map<String, Value>) -> Result<Translated, ApiError> {
             chat.insert(to.into(), v);
         }
     }
-    Ok(Translated { body: chat, route: Route::Chat, echo: Value::Null })
+    Ok(Translated { body: chat, route: Route::Chat, echo: Value::Null, fields: ANTHROPIC_FIELDS })
 }
+
+/// The chat fields the translation renamed, as Anthropic's clients name them.
+const ANTHROPIC_FIELDS: &[(&str, &str)] =
+    &[("stop", "stop_sequences"), ("response_format", "output_config.format"), ("chat_template_kwargs", "thinking")];
 
 /// Structured outputs: `output_config.format` (or the older `output_format`) of type
 /// `json_schema` as the chat's `response_format` (the grammar constrains the answer); anything

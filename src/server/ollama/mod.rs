@@ -213,6 +213,28 @@ pub(super) fn model_name(v: &Value) -> Value {
     }
 }
 
+/// The chat fields `common` fills from `options` and `format`, as Ollama's clients name them.
+macro_rules! ollama_options {
+    ($($extra:expr),*) => {
+        &[
+            ("max_tokens", "options.num_predict"),
+            ("temperature", "options.temperature"),
+            ("top_p", "options.top_p"),
+            ("top_k", "options.top_k"),
+            ("min_p", "options.min_p"),
+            ("seed", "options.seed"),
+            ("stop", "options.stop"),
+            ("repetition_penalty", "options.repeat_penalty"),
+            ("presence_penalty", "options.presence_penalty"),
+            ("frequency_penalty", "options.frequency_penalty"),
+            ("response_format", "format"),
+            $($extra),*
+        ]
+    };
+}
+const OLLAMA_CHAT_FIELDS: &[(&str, &str)] = ollama_options!();
+const OLLAMA_GENERATE_FIELDS: &[(&str, &str)] = ollama_options!(("messages", "prompt"));
+
 /// The fields both routes share: model, options, format, think, stream (default true).
 fn common(o: &Map<String, Value>, chat: &mut Map<String, Value>) -> Result<(), ApiError> {
     if let Some(m) = o.get("model") {
@@ -334,7 +356,7 @@ fn translate_chat(o: Map<String, Value>) -> Result<Translated, ApiError> {
         chat.insert("tools".into(), t.clone());
     }
     common(&o, &mut chat)?;
-    Ok(Translated { body: chat, route: Route::Chat, echo: Value::Null })
+    Ok(Translated { body: chat, route: Route::Chat, echo: Value::Null, fields: OLLAMA_CHAT_FIELDS })
 }
 
 /// An `/api/generate` body: with `raw`, the prompt as it is (a completion); otherwise a chat
@@ -375,7 +397,7 @@ fn translate_generate(o: Map<String, Value>) -> Result<Translated, ApiError> {
     if raw {
         body.remove("chat_template_kwargs");
     }
-    Ok(Translated { body, route, echo: Value::Null })
+    Ok(Translated { body, route, echo: Value::Null, fields: OLLAMA_GENERATE_FIELDS })
 }
 
 #[cfg(test)]

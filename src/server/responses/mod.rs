@@ -282,6 +282,10 @@ fn translate_format(text: &Value) -> Result<Option<Value>, ApiError> {
     })
 }
 
+/// The chat fields the translation renamed, as the Responses API names them.
+const RESPONSES_FIELDS: &[(&str, &str)] =
+    &[("max_tokens", "max_output_tokens"), ("messages", "input"), ("response_format", "text.format")];
+
 /// OpenAI's limits on `metadata`: an object of at most 16 string values, keys of at most 64
 /// characters, values of at most 512 (it is echoed in every response object a stream sends).
 fn check_metadata(m: Option<&Value>) -> Result<(), ApiError> {
@@ -377,7 +381,7 @@ fn translate(mut o: Map<String, Value>) -> Result<Translated, ApiError> {
             chat.insert(to.into(), v);
         }
     }
-    Ok(Translated { body: chat, route: Route::Chat, echo: Value::Object(echo) })
+    Ok(Translated { body: chat, route: Route::Chat, echo: Value::Object(echo), fields: RESPONSES_FIELDS })
 }
 
 #[cfg(test)]
