@@ -14,7 +14,7 @@
 //! (port 0 for an ephemeral port) and stop it with [`ServerHandle::shutdown`].
 //!
 //! Owns: the HTTP APIs (OpenAI, Anthropic, Responses and Ollama routes, SSE, errors, metrics, access log), the chat page, tools and structured-output parsing of requests.
-//! May use: engine, exec, tokenizer, structured, config, sampling, shutdown.
+//! May use: engine, exec, tokenizer, structured, config, sampling, shutdown, formats.
 //! Never uses: gpu, model, ops.
 
 pub mod access;
