@@ -10,6 +10,7 @@
 //! Never uses: server, engine internals.
 
 pub mod kernels;
+pub mod measure;
 pub mod metrics;
 pub mod model;
 pub mod mtp;
