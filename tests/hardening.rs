@@ -539,6 +539,18 @@ fn limited_tokenization_equals_whole() {
         "<|im_end|>",
         "    ",
         "\t",
+        "中文，",
+        "句子。",
+        "e.g.",
+        "(x)",
+        "1,234",
+        "a1b2",
+        "Ωμέγα",
+        "Привет!",
+        "don’t",
+        "x\r\n",
+        "—",
+        "「引用」",
     ];
     let mut text = String::new();
     while text.len() < 200_000 {
@@ -553,6 +565,12 @@ fn limited_tokenization_equals_whole() {
             _ => " ",
         });
     }
+    // Gemma 3's SentencePiece tokenizer cuts long texts itself (before spaces and CJK stops).
+    let gemma = Tokenizer::from_path(&common::gemma3_270m()).unwrap();
+    assert_eq!(
+        gemma.tokenize_limited(&text, true, true, usize::MAX).unwrap(),
+        gemma.tokenize(&text, true, true).unwrap()
+    );
     for (path, pieces) in [(smollm2(), true), (common::qwen25_coder(), true), (tiny(), false)] {
         let tok = Tokenizer::from_path(&path).unwrap();
         // GGUF byte-level tokenizers are cut in pieces; tiny-qwen2's has a normalizer (NFC).

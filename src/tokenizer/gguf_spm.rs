@@ -29,10 +29,27 @@ use tokenizers::normalizers::replace::Replace;
 use super::gguf_common::{
     add_typed_tokens, is_special_type, read_token_types, read_tokens, TOKEN_TYPE_NORMAL, TOKEN_TYPE_USER_DEFINED,
 };
+use super::limited::{pieces_by, MAX_RUN_BYTES, PIECE_BYTES};
 use crate::formats::gguf::GgufFile;
 
 /// SentencePiece's escaped space, U+2581 LOWER ONE EIGHTH BLOCK.
 const SPACE: &str = "\u{2581}";
+
+/// The characters a long text may be cut before (see `Spm::cut_before`), of those where
+/// texts are usually cut: the escaped space, line breaks, CJK full stops and commas.
+fn safe_cuts<'a>(tokens: impl Iterator<Item = &'a String>) -> Vec<char> {
+    let mut cuts = vec!['\u{2581}', '\n', '\u{3002}', '\u{FF0C}', '\u{3001}', '\u{FF01}', '\u{FF1F}'];
+    for t in tokens {
+        let mut prev = None;
+        for c in t.chars() {
+            if prev.is_some_and(|p| p != c) && cuts.contains(&c) {
+                cuts.retain(|&k| k != c);
+            }
+            prev = Some(c);
+        }
+    }
+    cuts
+}
 
 /// The encoder; the `tokenizers` tokenizer built next to it serves decoding and vocabulary look-ups.
 pub(super) struct Spm {
@@ -43,6 +60,10 @@ pub(super) struct Spm {
     byte_tokens: Vec<Option<u32>>,
     unk_id: Option<u32>,
     add_space_prefix: bool,
+    /// Characters before which a text may be cut (where the character before differs): no token
+    /// holds another character followed by one of them, so no merge spans the cut and each side
+    /// merges as it would in the whole text (long texts are encoded in pieces).
+    cut_before: Vec<char>,
     /// Tokens matched whole in the text before merging: (text, id, only when parsing specials),
     /// longest first.
     specials: Vec<(String, u32, bool)>,
@@ -138,7 +159,8 @@ pub(super) fn build(g: &GgufFile) -> Result<Built> {
     let types = types.unwrap_or_else(|| vec![TOKEN_TYPE_NORMAL; n]);
     add_typed_tokens(&mut inner, &tokens, &types);
 
-    let spm = Spm { vocab, scores, byte_tokens, unk_id, add_space_prefix, specials };
+    let cut_before = safe_cuts(vocab.keys());
+    let spm = Spm { vocab, scores, byte_tokens, unk_id, add_space_prefix, cut_before, specials };
     Ok(Built { inner, tokens, spm, bos_id, eos_id })
 }
 
@@ -203,7 +225,17 @@ impl Spm {
                         piece.push_str(SPACE);
                     }
                     piece.push_str(&s.replace(' ', SPACE));
-                    self.encode_piece(&piece, &mut out)?;
+                    let cut = |t: &str, p: usize| {
+                        let (Some(prev), Some(c)) = (t[..p].chars().next_back(), t[p..].chars().next()) else {
+                            return false;
+                        };
+                        prev != c && self.cut_before.contains(&c)
+                    };
+                    for part in
+                        pieces_by(&piece, PIECE_BYTES, MAX_RUN_BYTES, |t, p| t.is_char_boundary(p) && cut(t, p))?
+                    {
+                        self.encode_piece(part, &mut out)?;
+                    }
                     after_special = false;
                 }
             }

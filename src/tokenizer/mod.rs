@@ -87,6 +87,9 @@ pub struct Tokenizer {
     builtin_template: Option<&'static str>,
     /// The longest token's text in bytes, made on first use (see `limited`).
     max_token_bytes: OnceLock<usize>,
+    /// The added tokens' texts (special tokens and such), made on first use: a long text is
+    /// never cut inside one (see `limited`).
+    added_texts: OnceLock<Vec<String>>,
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -231,6 +234,7 @@ impl Tokenizer {
             chat_template: template_src.map(ChatTemplate::new),
             builtin_template: None,
             max_token_bytes: OnceLock::new(),
+            added_texts: OnceLock::new(),
         })
     }
 
@@ -308,6 +312,7 @@ impl Tokenizer {
             chat_template: template,
             builtin_template,
             max_token_bytes: OnceLock::new(),
+            added_texts: OnceLock::new(),
         })
     }
 
