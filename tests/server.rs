@@ -1236,6 +1236,44 @@ async fn smollm2_answers_disconnects_abort_and_queue_limit() {
     let v = srv.ok("/v1/chat/completions", &json!({"messages": user("hi"), "max_tokens": 2})).await;
     assert_eq!(v["usage"]["completion_tokens"], 2);
     assert_eq!(srv.metric("torus_requests_rejected_overloaded_total").await, 1.0);
+    // vLLM's counter counts the three disconnects as aborted.
+    let (_, text) = srv.get("/metrics").await;
+    let aborted: Vec<&str> = text.lines().filter(|l| l.contains("finished_reason=\"abort\"")).collect();
+    assert!(aborted.len() == 1 && aborted[0].ends_with(" 3"), "{aborted:?}");
+}
+
+/// One request of many sequences holds at most a quarter of the queue: with room for 4, a
+/// completions request of 12 prompts runs them in turn, and a chat request sent meanwhile is
+/// admitted and answered before it ends (it used to take 12 places and leave others a 503).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_request_does_not_own_the_queue() {
+    let cfg = EngineConfig { max_decode_batch_size: 2, max_prefill_batch_size: 1, ..tiny_cfg() };
+    let srv = serve_with(&tiny(), cfg, |s| s.max_queued_requests = 4).await;
+    let prompts: Vec<String> = (0..12).map(|i| format!("Prompt number {i}")).collect();
+    let big = json!({"prompt": prompts, "max_tokens": 64, "ignore_eos": true, "temperature": 0});
+    let (http, url) = (srv.http.clone(), format!("{}/v1/completions", srv.base));
+    let big =
+        tokio::spawn(async move { http.post(url).json(&big).send().await.unwrap().json::<Value>().await.unwrap() });
+    srv.wait_until("the big request runs", |m| m.running > 0).await;
+    let mut most_queued = 0.0f64;
+    let v = srv.ok("/v1/chat/completions", &json!({"messages": user("hi"), "max_tokens": 2})).await;
+    assert_eq!(v["usage"]["completion_tokens"], 2, "{v}");
+    assert!(!big.is_finished(), "the chat request was not answered while the big one ran");
+    while !big.is_finished() {
+        most_queued = most_queued.max(srv.metric("torus_queued_requests").await);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(most_queued <= 1.0, "one request held {most_queued} queue places");
+    let v = big.await.unwrap();
+    let choices = v["choices"].as_array().unwrap_or_else(|| panic!("{v}"));
+    assert_eq!(choices.len(), 12, "{v}");
+    for (i, c) in choices.iter().enumerate() {
+        assert_eq!((c["index"].as_u64(), c["finish_reason"].as_str()), (Some(i as u64), Some("length")), "{v}");
+    }
+    assert_eq!(v["usage"]["completion_tokens"], 12 * 64, "{v}");
+    let m = srv.wait_idle().await;
+    assert_eq!((m.requests_aborted, m.requests_failed, m.kv_blocks_used), (0, 0, 0), "{m:?}");
+    assert_eq!(srv.metric("torus_queued_requests").await, 0.0);
 }
 
 /// `torus-wgpu serve` as a process: starts on port 0, logs where it listens, and on SIGTERM

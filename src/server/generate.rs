@@ -7,50 +7,13 @@
 
 use super::access::AccessRecord;
 use super::error::ApiError;
+use super::queue::{reserve, share, Gate, QueueSlot};
 use super::AppState;
 use crate::engine::handle::EngineInfo;
 use crate::engine::{EngineHandle, Event, FinishReason, PromptLogprob, Request, RequestParams, RequestStream, Usage};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Instant;
-
-/// One admission-queue place: held from acceptance until the sequence's first event.
-pub(crate) struct QueueSlot(Arc<AppState>);
-
-impl Drop for QueueSlot {
-    fn drop(&mut self) {
-        self.0.metrics.queued.fetch_sub(1, Relaxed);
-    }
-}
-
-/// Takes `n` places, or answers 503 when the queue already holds `max_queued_requests`. A
-/// request is never refused for its own size alone, so a large `n` still runs on an idle server.
-fn reserve(st: &Arc<AppState>, n: usize) -> Result<Vec<QueueSlot>, ApiError> {
-    let before = st.metrics.queued.fetch_add(n as u64, Relaxed);
-    let slots: Vec<QueueSlot> = (0..n).map(|_| QueueSlot(st.clone())).collect();
-    if before >= st.cfg.max_queued_requests as u64 {
-        st.metrics.rejected_overloaded.fetch_add(1, Relaxed);
-        return Err(ApiError::unavailable(
-            format!("the server is overloaded ({before} requests queued); retry later"),
-            "overloaded",
-        ));
-    }
-    Ok(slots)
-}
-
-/// 503 while the queue is full: checked before a request's body is parsed, so an overloaded
-/// server spends nothing on requests it would refuse (`reserve` checks again).
-pub(crate) fn check_queue(st: &AppState) -> Result<(), ApiError> {
-    let queued = st.metrics.queued.load(Relaxed);
-    if queued >= st.cfg.max_queued_requests as u64 {
-        st.metrics.rejected_overloaded.fetch_add(1, Relaxed);
-        return Err(ApiError::unavailable(
-            format!("the server is overloaded ({queued} requests queued); retry later"),
-            "overloaded",
-        ));
-    }
-    Ok(())
-}
 
 /// The most tokens a request may ask for, or a 400 naming `param` when the prompt does not
 /// leave room. `max_tokens` None: whatever room is left.
@@ -100,7 +63,12 @@ pub(crate) struct Planned {
 pub(crate) struct Choice {
     pub index: usize,
     pub prompt_index: usize,
-    stream: RequestStream,
+    /// None until submitted (see `pending`).
+    stream: Option<RequestStream>,
+    /// A sequence of a request larger than its queue share: submitted when its first event is
+    /// awaited and the request's [`Gate`] has a place for it.
+    pending: Option<(Request, EngineHandle)>,
+    gate: Option<Arc<Gate>>,
     slot: Option<QueueSlot>,
     buffered: Option<Event>,
     st: Arc<AppState>,
@@ -117,8 +85,27 @@ impl Choice {
         if self.done {
             return None;
         }
-        let e = self.stream.next().await;
-        self.slot = None;
+        if let Some((request, engine)) = self.pending.take() {
+            match self.start(request, &engine).await {
+                Ok(stream) => self.stream = Some(stream),
+                Err(e) => {
+                    self.done = true;
+                    let reason = FinishReason::Error(e.message);
+                    self.log.done(self.index, Usage::default(), &reason);
+                    self.st.metrics.observe_finished(0, 0, "error");
+                    return Some(Event::Done { text: String::new(), reason, usage: Usage::default() });
+                }
+            }
+        }
+        let e = match &mut self.stream {
+            Some(s) => s.next().await,
+            None => None,
+        };
+        if let Some(slot) = self.slot.take() {
+            if let Some(g) = &self.gate {
+                g.give_back(slot);
+            }
+        }
         let now = Instant::now();
         let m = &self.st.metrics;
         match e {
@@ -161,6 +148,13 @@ impl Choice {
         }
     }
 
+    /// Submits a deferred sequence once its request's gate has a place for it.
+    async fn start(&mut self, request: Request, engine: &EngineHandle) -> Result<RequestStream, ApiError> {
+        let gate = self.gate.clone().ok_or_else(|| ApiError::internal("a deferred sequence without its gate"))?;
+        self.slot = Some(gate.take().await?);
+        engine.submit(request).map_err(refused)
+    }
+
     /// Waits for the first event and keeps it for [`next`](Self::next).
     async fn wait_first(&mut self) {
         if self.buffered.is_none() {
@@ -172,6 +166,16 @@ impl Choice {
         match self.buffered.take() {
             Some(e) => Some(e),
             None => self.recv().await,
+        }
+    }
+}
+
+impl Drop for Choice {
+    /// A choice dropped before its end (the client went away, or the time limit came) counts as
+    /// aborted; the engine aborts the sequence when its stream closes.
+    fn drop(&mut self) {
+        if !self.done {
+            self.st.metrics.observe_aborted();
         }
     }
 }
@@ -192,24 +196,45 @@ impl Submitter<'_> {
         (index, prompt_index): (usize, usize),
         slot: QueueSlot,
     ) -> Result<Choice, ApiError> {
-        let stream = self
-            .engine
-            .submit(Request { prompt: prompt.to_vec(), params })
-            .map_err(|e| ApiError::unavailable(format!("the engine refused the request: {e}"), "engine_unavailable"))?;
+        let stream = self.engine.submit(Request { prompt: prompt.to_vec(), params }).map_err(refused)?;
         self.log.choice(index, prompt_index);
-        Ok(Choice {
+        Ok(self.choice((index, prompt_index), Some(stream), Some(slot)))
+    }
+
+    /// A sequence submitted later, when `gate` has a place for it.
+    fn defer(&self, prompt: &[u32], params: RequestParams, at: (usize, usize), gate: &Arc<Gate>) -> Choice {
+        self.log.choice(at.0, at.1);
+        let mut c = self.choice(at, None, None);
+        c.pending = Some((Request { prompt: prompt.to_vec(), params }, self.engine.clone()));
+        c.gate = Some(gate.clone());
+        c
+    }
+
+    fn choice(
+        &self,
+        (index, prompt_index): (usize, usize),
+        stream: Option<RequestStream>,
+        slot: Option<QueueSlot>,
+    ) -> Choice {
+        Choice {
             index,
             prompt_index,
             stream,
-            slot: Some(slot),
+            pending: None,
+            gate: None,
+            slot,
             buffered: None,
             st: self.st.clone(),
             t0: self.t0,
             last: None,
             done: false,
             log: self.log.clone(),
-        })
+        }
     }
+}
+
+fn refused(e: impl std::fmt::Display) -> ApiError {
+    ApiError::unavailable(format!("the engine refused the request: {e}"), "engine_unavailable")
 }
 
 /// Validates every request, takes queue places, and submits them. Choice indices run
@@ -229,9 +254,21 @@ pub(crate) async fn submit(
         }
     }
     let total: usize = plans.iter().map(|p| p.choices.len()).sum();
+    let sub = &Submitter { st, engine, t0, log };
+    if total > share(st) {
+        // More sequences than one request's share of the queue: each is submitted in turn, as
+        // the request's earlier ones leave the queue.
+        let gate = Arc::new(Gate::new(reserve(st, share(st))?, total));
+        let mut out = Vec::with_capacity(total);
+        for (pi, plan) in plans.into_iter().enumerate() {
+            for params in plan.choices {
+                out.push(sub.defer(&plan.prompt, params, (out.len(), pi), &gate));
+            }
+        }
+        return Ok(out);
+    }
     let mut slots = reserve(st, total)?;
     let block_size = engine.info.block_size;
-    let sub = &Submitter { st, engine, t0, log };
     let mut base = 0;
     let mut jobs = Vec::with_capacity(plans.len());
     for (pi, plan) in plans.into_iter().enumerate() {

@@ -157,6 +157,14 @@ impl ServerMetrics {
         }
     }
 
+    /// A sequence given up before it finished (its client went away, or its time limit came):
+    /// vLLM's `abort` finish reason.
+    pub fn observe_aborted(&self) {
+        if let Ok(mut m) = self.finished.lock() {
+            *m.entry("abort").or_insert(0) += 1;
+        }
+    }
+
     /// The Prometheus text exposition; `engine` is None while the model is loading. `vllm`: the
     /// served model name and the engine's KV-cache geometry for the vLLM-named families.
     pub fn render(&self, engine: Option<&MetricsSnapshot>, vllm: &VllmLabels) -> String {

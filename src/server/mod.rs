@@ -34,6 +34,7 @@ mod ollama;
 mod openai;
 mod params;
 mod prepare;
+mod queue;
 pub mod reasoning;
 mod responses;
 mod structured;

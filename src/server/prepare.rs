@@ -8,9 +8,10 @@
 
 use super::body;
 use super::error::ApiError;
-use super::generate::{check_context, check_queue, Planned};
+use super::generate::{check_context, Planned};
 use super::json::{self, Parsed};
 use super::params::{parse_messages, Common, Fields, Limits, Prompt, MAX_TOP_LOGPROBS};
+use super::queue::check_queue;
 use super::reasoning::{self, Reasoning};
 use super::structured;
 use super::token_ids::IdField;
@@ -60,6 +61,8 @@ fn limits(st: &AppState, e: &EngineHandle) -> Limits {
         default_top_p: st.cfg.default_top_p,
         default_top_k: st.cfg.default_top_k,
         request_timeout: st.cfg.request_timeout,
+        max_temperature: 2.0,
+        max_stop: super::params::MAX_STOP,
     }
 }
 
@@ -155,6 +158,8 @@ pub(crate) struct Translated {
     /// (chat field, the client's field) for the fields the translation renamed: errors found
     /// in the chat body name the client's own fields.
     pub fields: &'static [(&'static str, &'static str)],
+    /// The sampling fields are read with Ollama's limits ([`Limits::ollama`]).
+    pub ollama_limits: bool,
 }
 
 /// `e` with its `param` and the backquoted field names in its message as the client knows them
@@ -185,6 +190,7 @@ pub(crate) async fn translated(
         drop(data);
         let t = translate(std::mem::take(&mut parsed.obj))?;
         let (route, echo, fields) = (t.route, t.echo, t.fields);
+        let lim = if t.ollama_limits { lim.ollama() } else { lim };
         parsed.obj = t.body;
         if route == Route::Completions {
             let text = match parsed.obj.remove("prompt") {
@@ -224,6 +230,17 @@ pub(crate) fn tokenize_prompt(
         Some(_) => too_long(ctx, param),
         None => ApiError::invalid(param, format!("{e:#}")),
     })
+}
+
+/// `text`'s first tokens, as many as a prompt may have (Ollama's `truncate`).
+pub(crate) fn tokenize_prompt_cut(
+    tok: &Tokenizer,
+    info: &EngineInfo,
+    text: &str,
+    param: &'static str,
+) -> Result<Vec<u32>, ApiError> {
+    tok.encode_prefix(text, info.max_model_len().saturating_sub(1))
+        .map_err(|e| ApiError::invalid(param, format!("{e:#}")))
 }
 
 /// A chat request, ready to submit (blocking: run it on a worker).
