@@ -1,17 +1,20 @@
 #!/usr/bin/env python3
 """What hostile requests cost a running `torus-wgpu serve` (BENCHMARKS.md, "Hardening II").
 
-Usage: bench-hostile.py http://127.0.0.1:PORT PID [--slow N | --hol]
+Usage: bench-hostile.py http://127.0.0.1:PORT PID [--only TEXT | --slow N | --hol | --share]
 
 For each 4 MiB body that would amplify in memory (one-id prompts, a flat id list, short words
 to /tokenize and as a prompt, many empty messages, one long message, many tiny values, ids to
 /detokenize): the status, the time, and the server's peak RSS growth (its peak is reset first
-through /proc/PID/clear_refs); then six of some of them at once; then RSS before and after.
+through /proc/PID/clear_refs); then six of some of them at once; then RSS before and after
+(--only TEXT: the bodies whose name holds TEXT).
 With --slow N: N connections that drip a request head, then N that drip a body, and how long
 GET /health takes meanwhile (start the server with --max-connections N to fill every place).
 With --hol (head of line; start the server with --total-cache-size 8388608, 22 blocks of 16
 tokens for SmolLM2): A (200 prompt tokens, 100 generated) runs, B (150 prompt tokens) cannot
 fit beside it, C (1 token) could: how long C, B and A take.
+With --share (start the server with `--task embed`): a 256-input embeddings request and a short
+chat request sent during it: the chat's status and time (one request must not own the queue).
 Standard library only.
 """
 
@@ -60,6 +63,10 @@ def bodies():
         "one-id prompts": ("/v1/completions", b'{"max_tokens":1,"prompt":[' + b",".join([b"[1]"] * ((LIM - 40) // 4)) + b"]}"),
         "flat id list": ("/v1/completions", b'{"max_tokens":1,"prompt":[' + b",".join([b"1"] * ((LIM - 40) // 2)) + b"]}"),
         "words to /tokenize": ("/tokenize", json.dumps({"prompt": "a " * ((LIM - 40) // 2)}, **compact).encode()),
+        "one word to /tokenize": ("/tokenize", json.dumps({"prompt": "a" * (LIM - 40)}, **compact).encode()),
+        "CJK to /tokenize": ("/tokenize", json.dumps({"prompt": "中文的句子，" * ((LIM - 40) // 18)}, ensure_ascii=False, **compact).encode()),
+        "CJK without stops": ("/tokenize", json.dumps({"prompt": "中" * ((LIM - 40) // 3)}, ensure_ascii=False, **compact).encode()),
+        "one word as a prompt": ("/v1/completions", json.dumps({"max_tokens": 1, "prompt": "ab" * ((LIM - 40) // 2)}, **compact).encode()),
         "words as a prompt": ("/v1/completions", json.dumps({"max_tokens": 1, "prompt": "ab " * ((LIM - 40) // 3)}, **compact).encode()),
         "empty messages": (
             "/v1/chat/completions",
@@ -165,21 +172,53 @@ def hol(base):
         print(f"{name}: {code}, done at {t:.2f} s" + (f" (sent at {c0:.2f} s: {t - c0:.2f} s)" if name == "C" else ""))
 
 
+def share(base):
+    """One request of 256 inputs (embeddings on a `--task embed` server) and a short request
+    sent 0.5 s into it: the short one's status and time (its TTFT: it asks for one token or
+    embeds one word), and when the big one ended."""
+    t0 = time.time()
+    done = {}
+    words = "the quick brown fox jumps over the lazy dog " * 6
+
+    def big():
+        body = json.dumps({"input": [f"{i} {words}" for i in range(256)]}).encode()
+        code, _, _ = post(base, "/v1/embeddings", body)
+        done["big"] = (code, time.time() - t0)
+
+    b = threading.Thread(target=big)
+    b.start()
+    time.sleep(0.5)
+    sent = time.time() - t0
+    chat = json.dumps({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}).encode()
+    code, t, _ = post(base, "/v1/chat/completions", chat)
+    small = json.dumps({"input": "hello"}).encode()
+    code2, t2, _ = post(base, "/v1/embeddings", small)
+    b.join()
+    print(f"chat sent at {sent:.2f} s: {code} in {t:.2f} s; then a one-word embedding: {code2} in {t2:.2f} s")
+    print(f"the 256-input request: {done['big'][0]}, done at {done['big'][1]:.2f} s")
+
+
 def main():
     base, pid = sys.argv[1].rstrip("/"), int(sys.argv[2])
     if "--hol" in sys.argv:
         hol(base)
         return
+    if "--share" in sys.argv:
+        share(base)
+        return
     if "--slow" in sys.argv:
         slow(base, int(sys.argv[sys.argv.index("--slow") + 1]))
         return
     b = bodies()
+    only = sys.argv[sys.argv.index("--only") + 1] if "--only" in sys.argv else None
+    if only:
+        b = {k: v for k, v in b.items() if only in k}
     rss0 = status_kib(pid, "VmRSS:") / 1024
     print(f"RSS before: {rss0:.0f} MiB")
     for name, (path, body) in b.items():
         (code, dt, text), grew = peak(pid, lambda: post(base, path, body))
         print(f"{name}: {len(body) >> 10} KiB -> {code} in {dt:.2f} s, peak +{grew:.0f} MiB ({text[:70]!r})")
-    for name in ["one-id prompts", "words to /tokenize", "empty messages", "one long message"]:
+    for name in [k for k in ["one-id prompts", "words to /tokenize", "empty messages", "one long message"] if k in b]:
         path, body = b[name]
 
         def six():

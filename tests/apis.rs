@@ -168,8 +168,19 @@ async fn framing_keys_and_error_shapes() {
         let v: Value = r.json().await.unwrap();
         assert_eq!(status, 200, "{path}: {v}");
     }
-    // Errors name the client's own fields, not the chat fields they became.
+    // Ollama takes more than 16 stop strings and temperatures above 2; OpenAI's route does not.
     let stops: Vec<String> = (0..17).map(|i| format!("s{i}")).collect();
+    let opts = json!({"num_predict": 3, "temperature": 3.5, "stop": stops});
+    let body = json!({"model": "tiny-qwen2", "messages": msgs, "stream": false, "options": opts});
+    let r = http.post(format!("{base}/api/chat")).bearer_auth(KEY).json(&body).send().await.unwrap();
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    for bad in [json!({"temperature": 3.5}), json!({"stop": stops})] {
+        let mut body = json!({"messages": msgs, "max_tokens": 3});
+        body.as_object_mut().unwrap().extend(bad.as_object().unwrap().clone());
+        let r = http.post(format!("{base}/v1/chat/completions")).bearer_auth(KEY).json(&body).send().await.unwrap();
+        assert_eq!(r.status(), 400, "{bad}");
+    }
+    // Errors name the client's own fields, not the chat fields they became.
     for (path, body, param, chat_name) in [
         ("/v1/responses", json!({"max_output_tokens": 0, "input": "hi"}), "max_output_tokens", "max_tokens"),
         ("/v1/messages", json!({"max_tokens": 5, "stop_sequences": stops, "messages": msgs}), "stop_sequences", "stop"),

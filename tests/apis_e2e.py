@@ -143,8 +143,12 @@ def responses_checks():
     check("Paris" in r.output_text, f"the answer names Paris: {r.output_text!r}")
     check(r.usage.output_tokens > 0 and r.usage.input_tokens > 0, f"usage {r.usage}")
 
-    events = list(client.responses.create(model=MODEL, input=QUESTION, max_output_tokens=16, stream=True))
+    meta = {"k": "v" * 512}
+    events = list(client.responses.create(model=MODEL, input=QUESTION, max_output_tokens=16, stream=True,
+                                          metadata=meta))
     kinds = [e.type for e in events]
+    echoed = [e.type for e in events if getattr(getattr(e, "response", None), "metadata", None)]
+    check(echoed == kinds[-1:] and events[-1].response.metadata == meta, f"metadata echoed once, at the end: {echoed}")
     check(kinds[:2] == ["response.created", "response.in_progress"], f"opening events: {kinds}")
     check(kinds[-1] in ("response.completed", "response.incomplete"), f"closing event: {kinds}")
     check([e.sequence_number for e in events] == list(range(len(events))), "sequence numbers")

@@ -128,6 +128,21 @@ async fn embeddings_match_transformers_for_every_pooling() {
         post(&srv, "/api/embeddings", json!({"model": "tiny-qwen3", "prompt": reference["text"].clone()})).await;
     assert_eq!(s, 200, "{o}");
     assert_close(&floats(&o["embedding"]), &floats(&text_case["last"]), "/api/embeddings");
+    // A text longer than the context: Ollama's /api/embed cuts it to the context (`truncate`
+    // defaults to true), as the embedding of its first 255 tokens; refused with `truncate:
+    // false` and on OpenAI's route.
+    let long = "the quick brown fox jumps over the lazy dog ".repeat(60);
+    let (s, o) = post(&srv, "/api/embed", json!({"input": long})).await;
+    assert_eq!((s, o["prompt_eval_count"].as_u64()), (200, Some(255)), "{o}");
+    let (_, t) = post(&srv, "/tokenize", json!({"prompt": long})).await;
+    let ids: Vec<Value> = t["tokens"].as_array().unwrap_or_else(|| panic!("{t}"))[..255].to_vec();
+    let (_, v) = post(&srv, "/v1/embeddings", json!({"input": [ids]})).await;
+    assert_close(&floats(&o["embeddings"][0]), &floats(&v["data"][0]["embedding"]), "truncated");
+    for (path, body) in [("/api/embed", json!({"input": long, "truncate": false})), ("/v1/embeddings", json!({"input": long}))]
+    {
+        let (s, e) = post(&srv, path, body).await;
+        assert_eq!(s, 400, "{path}: {e}");
+    }
     // Generation goes on beside embeddings.
     let chat = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "ignore_eos": true});
     let (s, c) = post(&srv, "/v1/chat/completions", chat).await;

@@ -367,6 +367,26 @@ async fn qwen_tool_call_round_trip() {
     assert_eq!(scalls[0]["function"], c["function"], "{chunks:?}");
     assert_ne!(scalls[0]["id"], c["id"], "ids are fresh per response");
 
+    // A forced call cut by max_tokens: a call whose arguments are cut (finish reason length),
+    // streamed or not; never `<tool_call>` markup as content.
+    let mut cut = body.clone();
+    cut["tool_choice"] = json!("required");
+    cut["max_tokens"] = json!(12);
+    let v = srv.ok("/v1/chat/completions", &cut).await;
+    let ch = &v["choices"][0];
+    assert_eq!(ch["finish_reason"], "length", "{v}");
+    assert!(ch["message"]["content"].as_str().is_none_or(|c| !c.contains("tool_call")), "{v}");
+    let calls = ch["message"]["tool_calls"].as_array().expect("a cut call");
+    assert_eq!(calls[0]["function"]["name"], "get_weather", "{v}");
+    let args = calls[0]["function"]["arguments"].as_str().unwrap();
+    assert!(args.is_empty() || args.starts_with('{') && serde_json::from_str::<Value>(args).is_err(), "{v}");
+    cut["stream"] = json!(true);
+    let chunks = srv.stream(&cut).await;
+    let (content, scalls, reason) = reassemble(&chunks);
+    assert_eq!((content, reason.as_str()), (None, "length"), "{chunks:?}");
+    assert_eq!(scalls.len(), 1, "{chunks:?}");
+    assert_eq!(scalls[0]["function"], calls[0]["function"], "{chunks:?}");
+
     // With tool_choice none the tools are rendered but the output is not parsed.
     let mut nbody = body.clone();
     nbody["tool_choice"] = json!("none");

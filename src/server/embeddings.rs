@@ -12,7 +12,7 @@ use super::generate::{check_context, submit, Planned};
 use super::json;
 use super::openai::within;
 use super::params::{type_name, Fields, Prompt};
-use super::prepare::{admit, tokenize_prompt, too_long, MAX_CHOICES};
+use super::prepare::{admit, tokenize_prompt, tokenize_prompt_cut, too_long, MAX_CHOICES};
 use super::token_ids::IdField;
 use super::AppState;
 use crate::engine::{EngineHandle, Pooling, RequestParams, StopConditions};
@@ -31,7 +31,7 @@ pub(crate) async fn embeddings(State(st): State<Arc<AppState>>, log: Log, header
     let t0 = Instant::now();
     let log = log.map(|l| l.0).unwrap_or_default();
     within(&st, t0, st.cfg.request_timeout, async {
-        let (req, vectors) = embed(&st, &headers, body, t0, &log, "input").await?;
+        let (req, vectors) = embed(&st, &headers, body, t0, &log, EmbedApi::OpenAi).await?;
         let data: Vec<Value> = vectors
             .iter()
             .enumerate()
@@ -58,15 +58,35 @@ pub(crate) struct EmbedRequest {
     pub base64: bool,
 }
 
-/// Reads an embeddings body (`key`: the inputs' field) and computes each input's vector; returns
-/// them in input order with each prompt's length in tokens.
+/// Which API an embeddings body is in: OpenAI's (`input`), Ollama's `/api/embed` (`input`,
+/// and `truncate`, true by default: a text longer than the context is cut to it) or its older
+/// `/api/embeddings` (`prompt`, cut the same way).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum EmbedApi {
+    OpenAi,
+    OllamaEmbed,
+    OllamaLegacy,
+}
+
+impl EmbedApi {
+    fn key(self) -> &'static str {
+        if self == EmbedApi::OllamaLegacy {
+            "prompt"
+        } else {
+            "input"
+        }
+    }
+}
+
+/// Reads an embeddings body and computes each input's vector; returns them in input order with
+/// each prompt's length in tokens.
 pub(crate) async fn embed(
     st: &Arc<AppState>,
     headers: &HeaderMap,
     body: Body,
     t0: Instant,
     log: &AccessRecord,
-    key: &'static str,
+    api: EmbedApi,
 ) -> Result<(EmbedRequest, Vec<(Vec<f32>, usize)>), ApiError> {
     let pooling = st.cfg.pooling;
     let salt = st.new_id("embed");
@@ -79,7 +99,7 @@ pub(crate) async fn embed(
                 "this server does not serve embeddings: start it with `--task embed` (any supported model)",
             ));
         };
-        parse(e, data, key, dim, pooling, &salt)
+        parse(e, data, api, dim, pooling, &salt)
     })
     .await?;
     let lens: Vec<usize> = plans.iter().map(|p| p.prompt.len()).collect();
@@ -107,11 +127,12 @@ pub(crate) async fn embed(
 fn parse(
     engine: &EngineHandle,
     data: Vec<u8>,
-    key: &'static str,
+    api: EmbedApi,
     dim: usize,
     pooling: Pooling,
     salt: &str,
 ) -> Result<((Vec<Planned>, bool, Option<usize>), Option<String>), ApiError> {
+    let key = api.key();
     let ids = IdField {
         key,
         vocab: engine.info.vocab,
@@ -135,6 +156,11 @@ fn parse(
         }
     };
     let dims = f.int_in("dimensions", 1, dim as i64)?.map(|d| d as usize);
+    let truncate = match api {
+        EmbedApi::OpenAi => false,
+        EmbedApi::OllamaEmbed => f.bool("truncate")?.unwrap_or(true),
+        EmbedApi::OllamaLegacy => true,
+    };
     let inputs = match parsed.prompts {
         Some(p) if !p.is_empty() => p,
         _ => return Err(ApiError::invalid(key, format!("`{key}` must be a non-empty string, strings or token ids"))),
@@ -143,7 +169,8 @@ fn parse(
     for (i, p) in inputs.into_iter().enumerate() {
         let prompt = match p {
             Prompt::Text(s) if s.is_empty() => return Err(ApiError::invalid(key, format!("input {i} is empty"))),
-            Prompt::Text(s) => tokenize_prompt(&engine.tokenizer, &engine.info, &s, "input")?,
+            Prompt::Text(s) if truncate => tokenize_prompt_cut(&engine.tokenizer, &engine.info, &s, key)?,
+            Prompt::Text(s) => tokenize_prompt(&engine.tokenizer, &engine.info, &s, key)?,
             Prompt::Ids(ids) => ids,
         };
         check_context(&engine.info, prompt.len(), Some(1), key)?;

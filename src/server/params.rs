@@ -13,6 +13,10 @@ use std::time::Duration;
 pub const MAX_LOGIT_BIAS: usize = crate::sampling::MAX_LOGIT_BIAS;
 /// Most stop strings per request.
 pub const MAX_STOP: usize = 16;
+/// The most stop strings an Ollama request may hold (each costs a scan per token).
+pub const OLLAMA_MAX_STOP: usize = 128;
+/// The largest temperature an Ollama request may ask for (past ~10 sampling is uniform anyway).
+pub const OLLAMA_MAX_TEMPERATURE: f64 = 100.0;
 /// Longest stop string, in bytes.
 pub const MAX_STOP_BYTES: usize = 1024;
 /// Most `stop_token_ids` per request.
@@ -138,6 +142,18 @@ pub struct Limits {
     pub default_top_k: u32,
     /// The server's `request_timeout_s` (None: no limit).
     pub request_timeout: Option<Duration>,
+    /// The largest `temperature` (2, as OpenAI; Ollama's clients send more).
+    pub max_temperature: f64,
+    /// The most `stop` strings ([`MAX_STOP`], as OpenAI; Ollama's clients send more).
+    pub max_stop: usize,
+}
+
+impl Limits {
+    /// Ollama's: any temperature up to [`OLLAMA_MAX_TEMPERATURE`] and up to
+    /// [`OLLAMA_MAX_STOP`] stop strings (Ollama refuses neither).
+    pub fn ollama(self) -> Limits {
+        Limits { max_temperature: OLLAMA_MAX_TEMPERATURE, max_stop: OLLAMA_MAX_STOP, ..self }
+    }
 }
 
 /// The sampling and stopping fields both endpoints share.
@@ -199,7 +215,8 @@ impl Common {
             }
             Some(v) => return Err(wrong_type("stream_options", "an object", v)),
         };
-        let temperature = f.float_in("temperature", 0.0, 2.0, false)?.unwrap_or(lim.default_temperature);
+        let temperature =
+            f.float_in("temperature", 0.0, lim.max_temperature, false)?.unwrap_or(lim.default_temperature);
         let top_p = f.float_in("top_p", 0.0, 1.0, true)?.unwrap_or(lim.default_top_p);
         // vLLM's and llama.cpp's min_p: 0 (the default) is off.
         let min_p = f.float_in("min_p", 0.0, 1.0, false)?.unwrap_or(0.0);
@@ -225,7 +242,7 @@ impl Common {
         let presence_penalty = f.float_in("presence_penalty", -2.0, 2.0, false)?.unwrap_or(0.0);
         let repetition_penalty = f.float_in("repetition_penalty", 0.0, 10.0, true)?.unwrap_or(1.0);
         let logit_bias = parse_logit_bias(f.get("logit_bias"), lim.vocab)?;
-        let stop = parse_stop(f.get("stop"))?;
+        let stop = parse_stop(f.get("stop"), lim.max_stop)?;
         let stop_token_ids = match f.get("stop_token_ids") {
             None => vec![],
             Some(Value::Array(a)) if a.len() > MAX_STOP_TOKEN_IDS => {
@@ -353,18 +370,15 @@ fn parse_logit_bias(v: Option<&Value>, vocab: usize) -> Result<Vec<(u32, f32)>, 
     Ok(out)
 }
 
-fn parse_stop(v: Option<&Value>) -> Result<Vec<String>, ApiError> {
+fn parse_stop(v: Option<&Value>, max: usize) -> Result<Vec<String>, ApiError> {
     let list: Vec<&Value> = match v {
         None => return Ok(vec![]),
         Some(Value::String(_)) => vec![v.expect("matched Some")],
         Some(Value::Array(a)) => a.iter().collect(),
         Some(v) => return Err(wrong_type("stop", "a string or an array of strings", v)),
     };
-    if list.len() > MAX_STOP {
-        return Err(ApiError::invalid(
-            "stop",
-            format!("`stop` may hold at most {MAX_STOP} strings, got {}", list.len()),
-        ));
+    if list.len() > max {
+        return Err(ApiError::invalid("stop", format!("`stop` may hold at most {max} strings, got {}", list.len())));
     }
     list.into_iter()
         .map(|s| match s {
@@ -472,7 +486,25 @@ mod tests {
             default_top_p: 0.9,
             default_top_k: 7,
             request_timeout: Some(Duration::from_secs(10)),
+            max_temperature: 2.0,
+            max_stop: MAX_STOP,
         }
+    }
+
+    #[test]
+    fn ollamas_limits_take_more_stops_and_hotter_temperatures() {
+        let body = json!({"temperature": 5.0, "stop": vec!["a"; MAX_STOP + 4]});
+        let f = Fields(body.as_object().unwrap());
+        let e = Common::parse(&f, &lim(), &["max_tokens"]).unwrap_err();
+        assert!(e.message.contains("temperature"), "{}", e.message);
+        let c = Common::parse(&f, &lim().ollama(), &["max_tokens"]).unwrap();
+        assert_eq!((c.sampling.temperature, c.stop.len()), (5.0, MAX_STOP + 4));
+        let body = json!({"temperature": 101, "stop": vec!["a"; OLLAMA_MAX_STOP + 1]});
+        let f = Fields(body.as_object().unwrap());
+        assert!(Common::parse(&f, &lim().ollama(), &["max_tokens"]).is_err());
+        let body = json!({"stop": vec!["a"; OLLAMA_MAX_STOP + 1]});
+        let e = Common::parse(&Fields(body.as_object().unwrap()), &lim().ollama(), &["max_tokens"]).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("stop"));
     }
 
     fn common(v: Value) -> Result<Common, ApiError> {

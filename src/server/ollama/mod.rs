@@ -7,6 +7,7 @@
 //! Model names may carry Ollama's `:latest` tag. Errors are `{"error": "..."}`.
 
 use super::access::AccessRecord;
+use super::embeddings::EmbedApi;
 use super::error::{ApiError, Dialect};
 use super::openai::within;
 use super::params::type_name;
@@ -92,8 +93,13 @@ async fn run(State(st): State<Arc<AppState>>, log: Log, headers: HeaderMap, body
 async fn embed(State(st): State<Arc<AppState>>, log: Log, headers: HeaderMap, body: Body) -> Response {
     let t0 = Instant::now();
     let log = log.map(|l| l.0).unwrap_or_default();
-    let r =
-        within(&st, t0, st.cfg.request_timeout, super::embeddings::embed(&st, &headers, body, t0, &log, "input")).await;
+    let r = within(
+        &st,
+        t0,
+        st.cfg.request_timeout,
+        super::embeddings::embed(&st, &headers, body, t0, &log, EmbedApi::OllamaEmbed),
+    )
+    .await;
     match r {
         Ok((_, vs)) => Json(json!({
             "model": st.cfg.served_model_name,
@@ -111,8 +117,13 @@ async fn embed(State(st): State<Arc<AppState>>, log: Log, headers: HeaderMap, bo
 async fn embeddings_legacy(State(st): State<Arc<AppState>>, log: Log, headers: HeaderMap, body: Body) -> Response {
     let t0 = Instant::now();
     let log = log.map(|l| l.0).unwrap_or_default();
-    let r = within(&st, t0, st.cfg.request_timeout, super::embeddings::embed(&st, &headers, body, t0, &log, "prompt"))
-        .await;
+    let r = within(
+        &st,
+        t0,
+        st.cfg.request_timeout,
+        super::embeddings::embed(&st, &headers, body, t0, &log, EmbedApi::OllamaLegacy),
+    )
+    .await;
     match r {
         Ok((_, vs)) => {
             Json(json!({"embedding": vs.first().map(|(v, _)| v.clone()).unwrap_or_default()})).into_response()
@@ -356,7 +367,13 @@ fn translate_chat(o: Map<String, Value>) -> Result<Translated, ApiError> {
         chat.insert("tools".into(), t.clone());
     }
     common(&o, &mut chat)?;
-    Ok(Translated { body: chat, route: Route::Chat, echo: Value::Null, fields: OLLAMA_CHAT_FIELDS })
+    Ok(Translated {
+        body: chat,
+        route: Route::Chat,
+        echo: Value::Null,
+        fields: OLLAMA_CHAT_FIELDS,
+        ollama_limits: true,
+    })
 }
 
 /// An `/api/generate` body: with `raw`, the prompt as it is (a completion); otherwise a chat
@@ -397,7 +414,7 @@ fn translate_generate(o: Map<String, Value>) -> Result<Translated, ApiError> {
     if raw {
         body.remove("chat_template_kwargs");
     }
-    Ok(Translated { body, route, echo: Value::Null, fields: OLLAMA_GENERATE_FIELDS })
+    Ok(Translated { body, route, echo: Value::Null, fields: OLLAMA_GENERATE_FIELDS, ollama_limits: true })
 }
 
 #[cfg(test)]

@@ -381,7 +381,13 @@ fn translate(mut o: Map<String, Value>) -> Result<Translated, ApiError> {
             chat.insert(to.into(), v);
         }
     }
-    Ok(Translated { body: chat, route: Route::Chat, echo: Value::Object(echo), fields: RESPONSES_FIELDS })
+    Ok(Translated {
+        body: chat,
+        route: Route::Chat,
+        echo: Value::Object(echo),
+        fields: RESPONSES_FIELDS,
+        ollama_limits: false,
+    })
 }
 
 #[cfg(test)]

@@ -153,7 +153,9 @@ pub(super) fn respond(turn: Turn, head: Head) -> Response {
     let st = turn.st.clone();
     let mut ev = Events { st, head, seq: 0, open: None, items: vec![] };
     let mut first = Vec::new();
-    let r = ev.head.object("in_progress", vec![], None, false);
+    let mut r = ev.head.object("in_progress", vec![], None, false);
+    // `metadata` is echoed once, in the final response object (the one clients keep).
+    r["metadata"] = Value::Null;
     ev.emit(&mut first, "response.created", json!({"response": r.clone()}));
     ev.emit(&mut first, "response.in_progress", json!({"response": r}));
     stream_response(first, turn.events(), move |e| ev.render(e), "text/event-stream")

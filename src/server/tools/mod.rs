@@ -18,6 +18,8 @@
 //!   `tool_choice`: any other function), stays in the content as it was written. With
 //!   `parallel_tool_calls: false` only the first call is kept (later blocks are dropped).
 //!   Whitespace around parsed blocks is dropped; the content is null when nothing else is left.
+//!   A block the output ends in (cut by `max_tokens`) is a call whose arguments are cut too, as
+//!   OpenAI returns one (finish reason `length`), once its name is whole; before that, nothing.
 //!   An output that is, as a whole, one call object without the tags (`{"name": ...,
 //!   "arguments": {...}}`, as Qwen2.5-Coder-0.5B tends to answer) is a call too; to tell, a
 //!   stream whose output starts with `{` is held back until the end.
@@ -27,7 +29,8 @@
 //!   ([`ToolRequest::constraint`], compiled by the structured-outputs library): the output is
 //!   one call block (several with `required` and `parallel_tool_calls`) whose JSON names a
 //!   permitted function and whose `arguments` follow that function's parameter schema. So even a
-//!   small model returns a valid call (or, cut by `max_tokens`, a prefix of one: `length`).
+//!   small model returns a valid call (or, cut by `max_tokens`, a call with cut arguments:
+//!   `length`).
 
 use super::error::ApiError;
 use super::params::Fields;
@@ -159,6 +162,11 @@ impl ToolRequest {
     /// The tool objects given to the chat template.
     pub fn specs(&self) -> Vec<Value> {
         self.tools.iter().map(|t| t.spec.clone()).collect()
+    }
+
+    /// Whether the output must be calls (`required` or a named function).
+    pub(crate) fn forced(&self) -> bool {
+        matches!(self.choice, ToolChoice::Required | ToolChoice::Named(_))
     }
 
     /// Whether a call of `name` is accepted from the output.

@@ -134,29 +134,49 @@ impl ToolCallParser {
         out
     }
 
-    /// The end of the output: whatever is still held back.
+    /// The end of the output: whatever is still held back. A call block the output ended in
+    /// (cut by `max_tokens` or a stop string) becomes a call with the arguments as far as they
+    /// got, as OpenAI returns a cut call, when its function's name was complete; otherwise it is
+    /// dropped: never raw markup in the content. Under a forced `tool_choice` an output cut
+    /// before its tags (a bare object's start) is read the same way.
     pub fn finish(&mut self) -> Vec<Piece> {
         let mut out = vec![];
         if self.start != Start::Tagged {
             let held = std::mem::take(&mut self.start_buf);
-            let bare = (self.start == Start::Bare).then(|| parse_bare_call(&held)).flatten();
+            let bare = self.start == Start::Bare;
             self.start = Start::Tagged;
-            match bare.filter(|(name, _)| self.tools.accepts(name)) {
-                Some((name, arguments)) => {
+            if bare {
+                if let Some((name, arguments)) = parse_bare_call(&held).filter(|(name, _)| self.tools.accepts(name)) {
                     self.calls += 1;
                     return vec![Piece::Call(ParsedCall { index: 0, name, arguments })];
                 }
-                None => out = self.push_tagged(&held),
+                if self.tools.forced() {
+                    return self.cut_call(&held).into_iter().collect();
+                }
             }
+            out = self.push_tagged(&held);
         }
         let rest = std::mem::take(&mut self.buf);
-        let rest = if std::mem::take(&mut self.in_call) { format!("{CALL_OPEN}{rest}") } else { rest };
-        self.content(&rest, &mut out);
+        if std::mem::take(&mut self.in_call) {
+            out.extend(self.cut_call(&rest));
+        } else {
+            self.content(&rest, &mut out);
+        }
         let ws = std::mem::take(&mut self.held_ws);
         if self.calls == 0 && !ws.is_empty() {
             out.push(Piece::Content(ws));
         }
         out
+    }
+
+    /// A call block's text cut before its end, as a call (see [`finish`](Self::finish)).
+    fn cut_call(&mut self, body: &str) -> Option<Piece> {
+        let (name, arguments) = parse_call_body(body).or_else(|| parse_cut_call(body))?;
+        if !self.tools.accepts(&name) || (!self.tools.parallel && self.calls > 0) {
+            return None;
+        }
+        self.calls += 1;
+        Some(Piece::Call(ParsedCall { index: self.calls - 1, name, arguments }))
     }
 
     /// Content text: trailing whitespace is held back (it may precede a call), leading
@@ -205,6 +225,22 @@ fn parse_call_body(body: &str) -> Option<(String, String)> {
         Some(v @ Value::Object(_)) => v.to_string(),
         Some(_) => return None,
     };
+    Some((name, arguments))
+}
+
+/// The start of a call object cut before its end: `{"name": "<whole name>"` and, where the
+/// text got to them, the arguments as far as they go (not valid JSON; empty before them).
+fn parse_cut_call(body: &str) -> Option<(String, String)> {
+    let rest = body.trim_start().strip_prefix('{')?.trim_start().strip_prefix("\"name\"")?;
+    let rest = rest.trim_start().strip_prefix(':')?.trim_start();
+    let mut values = serde_json::Deserializer::from_str(rest).into_iter::<String>();
+    let name = values.next()?.ok()?;
+    let after = rest[values.byte_offset()..].trim_start();
+    let arguments = after
+        .strip_prefix(',')
+        .and_then(|a| a.trim_start().strip_prefix("\"arguments\""))
+        .and_then(|a| a.trim_start().strip_prefix(':'))
+        .map_or(String::new(), |a| a.trim().to_string());
     Some((name, arguments))
 }
 

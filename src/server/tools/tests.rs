@@ -203,8 +203,6 @@ fn output_parsing() {
         "",
         "  hello \n",
         "a < b <tool",
-        "<tool_call>{\"name\": \"time\"}",
-        " x <tool_call>\n",
         "{\"name\": \"time\"}",
         "{\"name\": \"nope\", \"arguments\": {}}",
         "{\"name\": \"time\", \"arguments\": {}} and more",
@@ -212,6 +210,42 @@ fn output_parsing() {
     ] {
         assert_eq!(parse_output(&t, plain), (Some(plain.to_string()), vec![]), "{plain:?}");
     }
+}
+
+/// An output that ends inside a call block (cut by `max_tokens`) gives a call with the
+/// arguments as far as they got once the name is whole, else nothing: never the raw block.
+#[test]
+fn a_cut_call_is_a_call_with_cut_arguments() {
+    let call = |name: &str, args: &str| ParsedCall { index: 0, name: name.into(), arguments: args.into() };
+    for choice in [json!("auto"), json!("required"), json!({"type": "function", "function": {"name": "get_weather"}})] {
+        let t = tools(choice.clone(), false);
+        for (text, want) in [
+            ("<tool_call>\n{\"name\":\"get_weather\",\"arguments\":{\"city\":\"Pa", Some("{\"city\":\"Pa")),
+            ("<tool_call>\n{\"name\":\"get_weather\",\"argu", Some("")),
+            ("<tool_call>\n{\"name\": \"get_weather\"", Some("")),
+            (
+                "<tool_call>\n{\"name\":\"get_weather\",\"arguments\":{\"city\":\"Paris\"}}\n",
+                Some("{\"city\":\"Paris\"}"),
+            ),
+            ("<tool_call>\n{\"name\":\"get_wea", None),
+            ("<tool_call>\n{\"na", None),
+            ("<tool_call>", None),
+        ] {
+            let (content, calls) = parse_output(&t, text);
+            let want_calls: Vec<ParsedCall> = want.map(|a| call("get_weather", a)).into_iter().collect();
+            assert_eq!(calls, want_calls, "{choice} {text:?}");
+            assert!(content.as_deref().is_none_or(|c| !c.contains("tool_call")), "{choice} {text:?}: {content:?}");
+            split_anywhere(&t, text);
+        }
+        // Text before the cut block stays; a cut call of an unknown function is dropped.
+        let (content, calls) = parse_output(&t, "Checking. <tool_call>\n{\"name\":\"nope\",\"arguments\":{");
+        assert_eq!((content.as_deref(), calls.len()), (Some("Checking. "), 0), "{choice}");
+    }
+    // Forced: an output cut before its tags (a bare call's start) is read as a cut call too;
+    // under `auto` such text is an answer (a JSON object cut short), left as it is.
+    let bare = "{\"name\":\"get_weather\",\"arguments\":{\"ci";
+    assert_eq!(parse_output(&tools(json!("required"), true), bare), (None, vec![call("get_weather", "{\"ci")]));
+    assert_eq!(parse_output(&tools(json!("auto"), true), bare), (Some(bare.to_string()), vec![]));
 }
 
 /// Fed in two pieces split at every byte (and one byte at a time), the parser gives the
