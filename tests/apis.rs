@@ -168,6 +168,16 @@ async fn framing_keys_and_error_shapes() {
         let v: Value = r.json().await.unwrap();
         assert_eq!(status, 200, "{path}: {v}");
     }
+    // Anthropic's prefill: a final assistant message is continued, counted as chat counts it.
+    let pre = json!([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hello there"}]);
+    let r = http.post(format!("{base}/v1/messages/count_tokens")).bearer_auth(KEY).json(&json!({"messages": pre}));
+    let counted: Value = r.send().await.unwrap().json().await.unwrap();
+    let r = http.post(format!("{base}/tokenize")).bearer_auth(KEY).json(&json!({"messages": pre}));
+    let chat: Value = r.send().await.unwrap().json().await.unwrap();
+    let r = http.post(format!("{base}/detokenize")).bearer_auth(KEY).json(&json!({"tokens": chat["tokens"]}));
+    let text: Value = r.send().await.unwrap().json().await.unwrap();
+    assert!(text["content"].as_str().unwrap().ends_with("assistant\nHello there"), "{text}");
+    assert_eq!(counted["input_tokens"], chat["count"], "{counted} {chat}");
     // Ollama takes more than 16 stop strings and temperatures above 2; OpenAI's route does not.
     let stops: Vec<String> = (0..17).map(|i| format!("s{i}")).collect();
     let opts = json!({"num_predict": 3, "temperature": 3.5, "stop": stops});

@@ -138,7 +138,8 @@ async fn embeddings_match_transformers_for_every_pooling() {
     let ids: Vec<Value> = t["tokens"].as_array().unwrap_or_else(|| panic!("{t}"))[..255].to_vec();
     let (_, v) = post(&srv, "/v1/embeddings", json!({"input": [ids]})).await;
     assert_close(&floats(&o["embeddings"][0]), &floats(&v["data"][0]["embedding"]), "truncated");
-    for (path, body) in [("/api/embed", json!({"input": long, "truncate": false})), ("/v1/embeddings", json!({"input": long}))]
+    for (path, body) in
+        [("/api/embed", json!({"input": long, "truncate": false})), ("/v1/embeddings", json!({"input": long}))]
     {
         let (s, e) = post(&srv, path, body).await;
         assert_eq!(s, 400, "{path}: {e}");

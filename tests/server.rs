@@ -1755,6 +1755,37 @@ async fn smollm2_tokenize_detokenize() {
     let d = srv.ok("/detokenize", &json!({"tokens": with})).await;
     assert!(d["prompt"].as_str().unwrap().ends_with("<|im_start|>assistant\n"), "{d}");
 
+    // Prefill: a final assistant message is continued (no end of turn, no new turn), as
+    // llama-server does; `add_generation_prompt: true` answers it in a new turn instead.
+    let prefill =
+        json!([{"role": "user", "content": "What is 2+2?"}, {"role": "assistant", "content": "The answer is"}]);
+    let t = srv.ok("/tokenize", &json!({"messages": prefill})).await;
+    let d = srv.ok("/detokenize", &json!({"tokens": t["tokens"]})).await;
+    assert!(d["content"].as_str().unwrap().ends_with("<|im_start|>assistant\nThe answer is"), "{d}");
+    let c = srv.ok("/v1/chat/completions", &json!({"messages": prefill, "max_tokens": 1})).await;
+    assert_eq!(t["count"], c["usage"]["prompt_tokens"], "{t} {c}");
+    let t = srv.ok("/tokenize", &json!({"messages": prefill, "add_generation_prompt": true})).await;
+    let d = srv.ok("/detokenize", &json!({"tokens": t["tokens"]})).await;
+    assert!(d["content"].as_str().unwrap().ends_with("The answer is<|im_end|>\n<|im_start|>assistant\n"), "{d}");
+    let both = json!({"messages": prefill, "continue_final_message": true, "add_generation_prompt": true});
+    let (s, v) = srv.post("/v1/chat/completions", &both).await;
+    assert_eq!((s, v["error"]["param"].as_str()), (StatusCode::BAD_REQUEST, Some("continue_final_message")), "{v}");
+
+    // llama-server's shapes: `content`, `add_special` (default false), `with_pieces`.
+    let v = srv.ok("/tokenize", &json!({"content": text})).await;
+    assert_eq!(common::ids(&v["tokens"]), tok.encode_raw(text).unwrap(), "{v}");
+    let v = srv.ok("/tokenize", &json!({"content": text, "with_pieces": true})).await;
+    let mut bytes = vec![];
+    for t in v["tokens"].as_array().unwrap() {
+        assert!(t["id"].is_u64(), "{t}");
+        match &t["piece"] {
+            Value::String(s) => bytes.extend(s.as_bytes()),
+            Value::Array(a) => bytes.extend(a.iter().map(|b| b.as_u64().unwrap() as u8)),
+            p => panic!("piece {p}"),
+        }
+    }
+    assert_eq!(String::from_utf8(bytes).unwrap(), text);
+
     let vocab = tok.vocab_size();
     let bad: Vec<(&str, Value, &str)> = vec![
         ("/tokenize", json!({}), "prompt"),

@@ -33,6 +33,7 @@ pub mod metrics;
 mod ollama;
 mod openai;
 mod params;
+mod prefill;
 mod prepare;
 mod queue;
 pub mod reasoning;
@@ -355,6 +356,10 @@ fn router(state: Arc<AppState>, cors: Option<tower_http::cors::CorsLayer>) -> Ro
         .route("/v1/embeddings", post(embeddings::embeddings))
         .route("/v1/models", get(info::list_models))
         .route("/v1/models/{*model}", get(info::get_model))
+        // llama-server answers OpenAI's routes without the prefix too.
+        .route("/chat/completions", post(openai::chat_completions))
+        .route("/embeddings", post(embeddings::embeddings))
+        .route("/models", get(info::list_models))
         .route("/tokenize", post(tokenize::tokenize))
         .route("/detokenize", post(tokenize::detokenize))
         .merge(anthropic::routes())

@@ -11,11 +11,12 @@ use super::error::ApiError;
 use super::generate::{check_context, Planned};
 use super::json::{self, Parsed};
 use super::params::{parse_messages, Common, Fields, Limits, Prompt, MAX_TOP_LOGPROBS};
+use super::prefill;
 use super::queue::check_queue;
 use super::reasoning::{self, Reasoning};
 use super::structured;
 use super::token_ids::IdField;
-use super::tools::{self, ToolRequest};
+use super::tools::ToolRequest;
 use super::AppState;
 use crate::engine::handle::EngineInfo;
 use crate::engine::{EngineHandle, RequestParams};
@@ -259,6 +260,7 @@ fn chat_within(engine: &EngineHandle, parsed: Parsed, mut c: Common) -> Result<P
     let lp = logprobs.then(|| top.unwrap_or(0) as u32);
     let tool_req = ToolRequest::parse(&f)?;
     let kwargs = f.template_kwargs()?;
+    let end = prefill::turn_end(&f, &messages)?;
     drop(parsed);
     let tok = &engine.tokenizer;
     let kind = c.reasoning.resolve(tok.chat_template_source());
@@ -281,8 +283,7 @@ fn chat_within(engine: &EngineHandle, parsed: Parsed, mut c: Common) -> Result<P
         c.constraint = Some(structured::Requested { spec: ConstraintSpec::Lark(tc.lark), param: "tools" });
     }
     c.compiled = structured::compile(engine, c.constraint.take())?;
-    let text = tools::render_prompt(tok, &messages, tool_req.as_ref(), true, kwargs.as_ref())
-        .map_err(|e| ApiError::invalid("messages", format!("{e:#}")))?;
+    let text = prefill::render(tok, &messages, tool_req.as_ref(), end, kwargs.as_ref())?;
     drop(messages);
     let reasoning = kind.map(|k| Reasoning::new(k, &text));
     let prompt = tokenize_prompt(tok, &engine.info, &text, "messages")?;

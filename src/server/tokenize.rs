@@ -2,12 +2,17 @@
 //!
 //! - `/tokenize` with `prompt` (a string; `add_special_tokens`, default true, adds BOS as a
 //!   completion's prompt gets it) or `messages` (rendered through the chat template as for a
-//!   chat completion; `add_generation_prompt`, default true; `add_special_tokens`, default
+//!   chat completion, a final assistant message continued as there (`prefill`);
+//!   `add_generation_prompt`, default true; `add_special_tokens`, default
 //!   false: true adds the model's BOS/EOS on top of what the template writes; `tools` and
 //!   `tool_choice` are rendered as for a chat completion). Answers
 //!   `{"count", "max_model_len", "tokens"}`, plus `token_strs` (vocabulary strings) with
 //!   `return_token_strs`.
-//! - `/detokenize` with `tokens` (ids below the vocabulary size): `{"prompt": text}`.
+//! - llama-server's shape: `/tokenize` with `content` (a string; `add_special`, default false;
+//!   `parse_special`, default true; `with_pieces`: each token as `{"id", "piece"}`, the piece a
+//!   string, or its bytes where they are not UTF-8 alone) answers `{"tokens": [...]}`.
+//! - `/detokenize` with `tokens` (ids below the vocabulary size): `{"prompt": text, "content":
+//!   text}` (vLLM's and llama-server's names).
 
 use super::body;
 use super::error::ApiError;
@@ -15,7 +20,7 @@ use super::json::{self, Parsed};
 use super::openai::within;
 use super::params::{parse_messages, Fields, Prompt};
 use super::token_ids::IdField;
-use super::tools::{render_prompt, ToolRequest};
+use super::tools::ToolRequest;
 use super::AppState;
 use crate::engine::EngineHandle;
 use crate::tokenizer::TooLong;
@@ -69,6 +74,9 @@ async fn tokenize_body(st: Arc<AppState>, headers: HeaderMap, body: Body) -> Res
     let (engine, parsed) = read_body(&st, &headers, body, None).await?;
     let parsed_bytes = parsed.bytes;
     let f = Fields(&parsed.obj);
+    if f.get("content").is_some() && f.get("prompt").is_none() && f.get("messages").is_none() {
+        return llama_tokenize(st, engine, parsed, t0).await;
+    }
     let token_strs = f.bool("return_token_strs")?.unwrap_or(false);
     let add_special = f.bool("add_special_tokens")?;
     let tok = engine.tokenizer.clone();
@@ -98,17 +106,13 @@ async fn tokenize_body(st: Arc<AppState>, headers: HeaderMap, body: Body) -> Res
             // Tool-call arguments held in strings count against what the body left.
             let (messages, _) = json::with_budget(parsed.values_left, || parse_messages(f.get("messages")));
             let messages = messages?;
-            let generation_prompt = f.bool("add_generation_prompt")?.unwrap_or(true);
-            if f.bool("continue_final_message")?.unwrap_or(false) {
-                return Err(ApiError::invalid("continue_final_message", "`continue_final_message` is not supported"));
-            }
+            let end = super::prefill::turn_end(&f, &messages)?;
             let tools = ToolRequest::parse(&f)?;
             let kwargs = f.template_kwargs()?;
             let add = add_special.unwrap_or(false);
             drop(parsed);
             Box::new(move || {
-                let text = render_prompt(&tok, &messages, tools.as_ref(), generation_prompt, kwargs.as_ref())
-                    .map_err(|e| ApiError::invalid("messages", format!("{e:#}")))?;
+                let text = super::prefill::render(&tok, &messages, tools.as_ref(), end, kwargs.as_ref())?;
                 // As a chat completion's prompt (BOS only where the model wants it and the
                 // template did not write it), or with every special token the model adds.
                 let r =
@@ -126,6 +130,42 @@ async fn tokenize_body(st: Arc<AppState>, headers: HeaderMap, body: Body) -> Res
         v["token_strs"] = json!(strs);
     }
     Ok(Json(v).into_response())
+}
+
+/// llama-server's `/tokenize` (see the module docs).
+async fn llama_tokenize(
+    st: Arc<AppState>,
+    engine: EngineHandle,
+    parsed: Parsed,
+    t0: std::time::Instant,
+) -> Result<Response, ApiError> {
+    let f = Fields(&parsed.obj);
+    let text = f.string("content")?.unwrap_or_default().to_string();
+    let add = f.bool("add_special")?.unwrap_or(false);
+    let parse_special = f.bool("parse_special")?.unwrap_or(true);
+    let with_pieces = f.bool("with_pieces")?.unwrap_or(false);
+    let limit = MAX_TOKENS.max(engine.info.max_model_len());
+    let tok = engine.tokenizer.clone();
+    let job = st.work.run_sized(parsed.bytes, move || {
+        tok.tokenize_limited(&text, add, parse_special, limit).map_err(|e| too_many_tokens(e, limit, "content"))
+    });
+    let ids = within(&st, t0, st.cfg.request_timeout, async { job.await? }).await?;
+    if !with_pieces {
+        return Ok(Json(json!({ "tokens": ids })).into_response());
+    }
+    let tok = &engine.tokenizer;
+    let tokens: Vec<_> = ids
+        .iter()
+        .map(|&id| {
+            let (_, bytes) = super::openai::token_piece(tok, id);
+            let piece = match String::from_utf8(bytes) {
+                Ok(s) => json!(s),
+                Err(e) => json!(e.into_bytes()),
+            };
+            json!({"id": id, "piece": piece})
+        })
+        .collect();
+    Ok(Json(json!({ "tokens": tokens })).into_response())
 }
 
 async fn detokenize_body(st: Arc<AppState>, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
@@ -151,5 +191,5 @@ async fn detokenize_body(st: Arc<AppState>, headers: HeaderMap, body: Body) -> R
     };
     let tok = engine.tokenizer.clone();
     let text = st.work.run(move || tok.decode(&ids, false)).await?;
-    Ok(Json(json!({"prompt": text})).into_response())
+    Ok(Json(json!({"prompt": text, "content": text})).into_response())
 }

@@ -168,7 +168,7 @@ fn byte_level_byte(c: char) -> Option<u8> {
 
 /// A token's text and raw bytes. A token holding part of a UTF-8 character decodes to U+FFFD
 /// on its own; then the bytes come from its vocabulary form (byte-level BPE or `<0xAB>`).
-fn token_piece(tok: &Tokenizer, id: u32) -> (String, Vec<u8>) {
+pub(crate) fn token_piece(tok: &Tokenizer, id: u32) -> (String, Vec<u8>) {
     let s = tok.token_text(id);
     if s.contains('\u{FFFD}') || s.is_empty() {
         if let Some(raw) = tok.id_to_token(id) {
