@@ -555,6 +555,11 @@ impl GgufFile {
         self.mmap.get(start..end).unwrap_or(&[])
     }
 
+    /// Lets go of the pages of the map read so far (see `formats::release_pages`).
+    pub fn release_pages(&self) {
+        super::release_pages(&self.mmap);
+    }
+
     /// The whole mapped file.
     pub fn bytes(&self) -> &[u8] {
         &self.mmap

@@ -168,18 +168,10 @@ impl Model {
             state: cfg.linear.as_ref().map_or(0, |l| l.slot_bytes(layers.clone()) * state_slots as u64),
             scratch: scratch_plan.bytes(),
         };
-        if let Some(mem) = g.memory_limit.filter(|&m| plan.total() > m) {
-            let mib = |b: u64| b >> 20;
-            bail!(
-                "the model does not fit on {}: it needs {plan}, the device has {} MiB; lower total_cache_size \
-                 (the KV cache, now {} MiB) or max_num_batched_tokens / max_decode_batch_size (the scratch{}), use a \
-                 smaller quantization, or split the layers over pipeline stages",
-                g.describe(),
-                mib(mem),
-                mib(plan.kv_cache),
-                if plan.state > 0 { "; and the recurrent states: a slot per sequence of a step" } else { "" }
-            );
-        }
+        // Layers read as they are uploaded hold one at a time in host memory; loaded ones are
+        // there already.
+        let host_read = if host.streams_layers() { host.largest_layer_bytes() } else { 0 };
+        crate::model::fit::check(&host.source, g, &plan, host_read)?;
         let kv = kv_plan.allocate(g, &kv_dims(&cfg, layers.clone()), limits.block_size);
         let states = state_buffers(g, &cfg, layers.clone(), state_slots, limits.max_binding)?;
         let kernels = Kernels::new(
@@ -239,6 +231,7 @@ impl Model {
             b.matrices.extend(embed);
         }
         let OpBuilder { ops, keep, matrices, .. } = b;
+        g.release_staging()?;
         let geoms = cfg.geoms();
 
         Ok(Model {

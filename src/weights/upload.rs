@@ -65,16 +65,17 @@ impl GpuMatrix {
             if let Some(p) = pair {
                 part = QTensor::concat_rows(&[&part, &p.slice_rows(r0, r1)])?;
             }
-            chunks.push(GpuChunk {
-                row0: r0,
-                rows: r1 - r0,
-                q: gpu.storage_init(label, bytemuck::cast_slice(&part.q)),
-                s: if grid.is_empty() {
-                    gpu.storage_init(label, bytemuck::cast_slice(&part.s))
-                } else {
-                    gpu.storage_init(label, bytemuck::cast_slice(&[grid.as_slice(), &part.s].concat()))
-                },
-            });
+            // Each buffer's staging copy is let go before the next buffer is created (see
+            // gpu/staging.rs).
+            let q = gpu.storage_init(label, bytemuck::cast_slice(&part.q));
+            gpu.release_staging()?;
+            let s = if grid.is_empty() {
+                gpu.storage_init(label, bytemuck::cast_slice(&part.s))
+            } else {
+                gpu.storage_init(label, bytemuck::cast_slice(&[grid.as_slice(), &part.s].concat()))
+            };
+            gpu.release_staging()?;
+            chunks.push(GpuChunk { row0: r0, rows: r1 - r0, q, s });
             r0 = r1;
         }
         Ok(GpuMatrix { format: t.format, rows: t.rows, cols: t.cols, chunks })
