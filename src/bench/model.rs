@@ -172,8 +172,8 @@ impl ModelSummary {
             weight_bytes,
             experts: c.moe.as_ref().map(|m| (m.experts, m.top_k)),
             expert_bytes: host.expert_bytes(),
-            lookup_bytes: match (&host.embed, host.tied) {
-                (Some(e), false) => e.bytes() as u64,
+            lookup_bytes: match (host.embed_info(), host.tied) {
+                (Some(e), false) => e.bytes,
                 _ => 0,
             },
         }

@@ -560,6 +560,13 @@ impl GgufFile {
         super::release_pages(&self.mmap);
     }
 
+    /// Lets go of the pages of one tensor's data (a large tensor once copied out).
+    pub fn release_tensor_pages(&self, t: &GgufTensorInfo) {
+        if t.offset.saturating_add(t.n_bytes) <= self.mmap.len() as u64 {
+            super::release_range(&self.mmap, t.offset as usize, t.n_bytes as usize);
+        }
+    }
+
     /// The whole mapped file.
     pub fn bytes(&self) -> &[u8] {
         &self.mmap

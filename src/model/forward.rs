@@ -203,11 +203,13 @@ impl Model {
             matrices: Vec::new(),
         };
         let (shared_embed, shared_lm) = io.unzip();
-        let embed = match (shared_embed, &host.embed, first || (last && host.tied)) {
-            (Some(e), _, true) => Some(e),
-            (None, Some(t), true) => Some(GpuMatrix::upload(g, "embed", t, None, limits.max_binding)?),
-            (None, None, true) => bail!("the embedding was not loaded from {}", host.source.display()),
-            (_, _, false) => None,
+        let embed = match (shared_embed, first || (last && host.tied)) {
+            (Some(e), true) => Some(e),
+            (None, true) => match host.read_embed()? {
+                Some(t) => Some(GpuMatrix::upload(g, "embed", &t, None, limits.max_binding)?),
+                None => bail!("the embedding was not loaded from {}", host.source.display()),
+            },
+            (_, false) => None,
         };
         let lp = LayerParams::new(&mut b, &limits, &kv_plan, (layout.off_sample, layout.off_state));
         if let Some(e) = embed.as_ref().filter(|_| first) {

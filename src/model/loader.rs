@@ -13,18 +13,9 @@ use anyhow::{anyhow, bail, Result};
 use std::path::Path;
 
 impl HostModel {
-    /// The output projection, when loaded.
-    pub fn lm_head(&self) -> Option<&QTensor> {
-        if self.tied {
-            self.embed.as_ref()
-        } else {
-            self.lm_head.as_ref()
-        }
-    }
-
     /// The formats of the loaded layers' dense matmuls and of the embedding and LM head.
     pub fn formats(&self) -> Vec<WFormat> {
-        let mut f: Vec<WFormat> = self.embed.iter().chain(self.lm_head()).map(|t| t.format).collect();
+        let mut f: Vec<WFormat> = self.embed_info().iter().chain(&self.lm_head_info()).map(|t| t.format).collect();
         f.extend(self.summaries().into_iter().flat_map(|s| s.formats));
         f.sort();
         f.dedup();
@@ -397,6 +388,8 @@ fn gguf_rows(g: &GgufFile, name: &str, want: &[u64]) -> Result<QTensor> {
             ),
         },
     };
+    // The tensor is a copy now: its pages of the file need not stay resident.
+    g.release_tensor_pages(t);
     r.map_err(|e| anyhow!("{src}: tensor {name}: {e}"))
 }
 

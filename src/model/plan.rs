@@ -246,8 +246,8 @@ pub(crate) fn stage_weight_bytes(host: &HostModel, layers: &std::ops::Range<usiz
     host.layer_bytes(layers)
         // Gemma 4's per-layer embeddings (the first stage holds them).
         + host.ple.as_ref().filter(|_| first).map_or(0, |p| (p.embed.bytes() + p.model_proj.bytes()) as u64 + f(p.proj_norm.len()))
-        + host.embed.as_ref().filter(|_| first || (last && host.tied)).map_or(0, |e| e.bytes() as u64)
-        + host.lm_head.as_ref().filter(|_| last && !host.tied).map_or(0, |e| e.bytes() as u64)
+        + host.embed_info().filter(|_| first || (last && host.tied)).map_or(0, |e| e.bytes)
+        + host.lm_head_info().filter(|_| last && !host.tied).map_or(0, |e| e.bytes)
         + f(host.final_norm.len())
 }
 

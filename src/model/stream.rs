@@ -6,6 +6,7 @@
 use super::layers::{load_layer, HostLayer, HostModel, Recipe, WeightSource};
 use super::loader::{check_range, open_source};
 use crate::gpu::wformat::WFormat;
+use crate::weights::tensor::QTensor;
 use anyhow::{anyhow, Context, Result};
 use std::path::Path;
 
@@ -76,12 +77,47 @@ impl std::ops::Deref for LayerRef<'_> {
     }
 }
 
-/// The open weights of a model's layers, read one layer at a time.
+/// The format and device bytes of a tensor outside the layers (the embedding, the LM head).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TensorInfo {
+    pub format: WFormat,
+    pub bytes: u64,
+}
+
+impl TensorInfo {
+    pub fn of(t: &QTensor) -> TensorInfo {
+        TensorInfo { format: t.format, bytes: t.bytes() as u64 }
+    }
+}
+
+/// A tensor in host memory (`HostModel::read_embed`, `read_lm_head`): one the model holds, or
+/// one just read.
+pub enum TensorRef<'a> {
+    Held(&'a QTensor),
+    Read(Box<QTensor>),
+}
+
+impl std::ops::Deref for TensorRef<'_> {
+    type Target = QTensor;
+
+    fn deref(&self) -> &QTensor {
+        match self {
+            TensorRef::Held(t) => t,
+            TensorRef::Read(t) => t,
+        }
+    }
+}
+
+/// The open weights of a model's layers, read one layer at a time (and its embedding and LM
+/// head, read when uploaded).
 pub(crate) struct LayerStream {
     source: Box<dyn WeightSource + Send + Sync>,
     recipe: Recipe,
     /// Each layer's summary, from `first_layer` on.
     summaries: Vec<LayerSummary>,
+    /// The embedding and the untied LM head, where the range needs them.
+    embed: Option<TensorInfo>,
+    lm_head: Option<TensorInfo>,
 }
 
 impl HostModel {
@@ -101,6 +137,9 @@ impl HostModel {
         if recipe.add_one {
             super::gemma::add_one_to_norms(&mut m);
         }
+        // The embedding and LM head are read again when uploaded.
+        let embed = m.embed.take().as_ref().map(TensorInfo::of);
+        let lm_head = m.lm_head.take().as_ref().map(TensorInfo::of);
         w.release();
         let mut summaries = Vec::with_capacity(range.len());
         for l in range {
@@ -108,7 +147,7 @@ impl HostModel {
             summaries.push(LayerSummary::of(&read_layer(&*w, recipe, &m.cfg, l)?));
         }
         progress(m.cfg.layers, m.cfg.layers);
-        m.stream = Some(LayerStream { source: w, recipe, summaries });
+        m.stream = Some(LayerStream { source: w, recipe, summaries, embed, lm_head });
         Ok(m)
     }
 
@@ -159,6 +198,41 @@ impl HostModel {
     /// The bytes of the held layers' expert tensors.
     pub fn expert_bytes(&self) -> u64 {
         self.summaries().iter().map(|s| s.expert_bytes).sum()
+    }
+
+    /// The embedding's format and bytes, where the model holds it (or reads it when uploaded).
+    pub fn embed_info(&self) -> Option<TensorInfo> {
+        self.stream.as_ref().map_or(self.embed.as_ref().map(TensorInfo::of), |s| s.embed)
+    }
+
+    /// The untied LM head's format and bytes, where the model holds it.
+    pub fn lm_head_info(&self) -> Option<TensorInfo> {
+        self.stream.as_ref().map_or(self.lm_head.as_ref().map(TensorInfo::of), |s| s.lm_head)
+    }
+
+    /// The embedding: borrowed when in host memory, else read from the open weights; None
+    /// where the model's range does not need it.
+    pub fn read_embed(&self) -> Result<Option<TensorRef<'_>>> {
+        match (&self.embed, &self.stream) {
+            (Some(t), _) => Ok(Some(TensorRef::Held(t))),
+            (None, Some(s)) if s.embed.is_some() => self.read_part(s, s.recipe.names.embed).map(Some),
+            _ => Ok(None),
+        }
+    }
+
+    /// The untied LM head, as `read_embed`.
+    pub fn read_lm_head(&self) -> Result<Option<TensorRef<'_>>> {
+        match (&self.lm_head, &self.stream) {
+            (Some(t), _) => Ok(Some(TensorRef::Held(t))),
+            (None, Some(s)) if s.lm_head.is_some() => self.read_part(s, s.recipe.names.lm_head).map(Some),
+            _ => Ok(None),
+        }
+    }
+
+    fn read_part(&self, s: &LayerStream, name: &str) -> Result<TensorRef<'_>> {
+        let t = s.source.matrix(name, self.cfg.vocab, self.cfg.hidden);
+        s.source.release();
+        Ok(TensorRef::Read(Box::new(t.with_context(|| format!("reading {name} of {}", self.source.display()))?)))
     }
 
     /// Whether the layers are read from the open weights as they are uploaded.
