@@ -13,6 +13,15 @@ use anyhow::{anyhow, bail, Result};
 use std::path::Path;
 
 impl HostModel {
+    /// The output projection, when in host memory (a model loaded with `load`).
+    pub fn lm_head(&self) -> Option<&QTensor> {
+        if self.tied {
+            self.embed.as_ref()
+        } else {
+            self.lm_head.as_ref()
+        }
+    }
+
     /// The formats of the loaded layers' dense matmuls and of the embedding and LM head.
     pub fn formats(&self) -> Vec<WFormat> {
         let mut f: Vec<WFormat> = self.embed_info().iter().chain(&self.lm_head_info()).map(|t| t.format).collect();
