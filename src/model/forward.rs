@@ -168,9 +168,9 @@ impl Model {
             state: cfg.linear.as_ref().map_or(0, |l| l.slot_bytes(layers.clone()) * state_slots as u64),
             scratch: scratch_plan.bytes(),
         };
-        // Layers read as they are uploaded hold one at a time in host memory; loaded ones are
-        // there already.
-        let host_read = if host.streams_layers() { host.largest_layer_bytes() } else { 0 };
+        // Streamed weights are in host memory one layer (or the embedding, or the LM head) at a
+        // time; loaded ones are there already.
+        let host_read = if host.streams_layers() { host.largest_read_bytes() } else { 0 };
         crate::model::fit::check(&host.source, g, &plan, host_read)?;
         let kv = kv_plan.allocate(g, &kv_dims(&cfg, layers.clone()), limits.block_size);
         let states = state_buffers(g, &cfg, layers.clone(), state_slots, limits.max_binding)?;

@@ -195,6 +195,13 @@ impl HostModel {
         self.summaries().iter().map(|s| s.bytes).max().unwrap_or(0)
     }
 
+    /// The most bytes one read of a streamed model holds: its largest layer, its embedding or
+    /// its LM head.
+    pub fn largest_read_bytes(&self) -> u64 {
+        let parts = [self.embed_info(), self.lm_head_info()].into_iter().flatten().map(|t| t.bytes);
+        parts.fold(self.largest_layer_bytes(), u64::max)
+    }
+
     /// The bytes of the held layers' expert tensors.
     pub fn expert_bytes(&self) -> u64 {
         self.summaries().iter().map(|s| s.expert_bytes).sum()
