@@ -87,8 +87,8 @@ pub fn check(source: &Path, gpu: &Gpu, plan: &MemoryPlan, host_read: u64) -> Res
             None => String::new(),
         };
         bail!(
-            "{}: not enough host memory to load the model: it needs {} MiB ({parts}{} MiB to read and upload a \
-             layer at a time; {} MiB of slack), the host has {} MiB available{given}; lower total_cache_size \
+            "{}: not enough host memory to load the model: it needs {} MiB ({parts}{} MiB to read and upload a layer \
+             (or the embedding or LM head) at a time; {} MiB of slack), the host has {} MiB available{given}; lower total_cache_size \
              (the KV cache, now {} MiB), use a smaller quantization, or split the layers over pipeline stages",
             source.display(),
             mib(needed),
