@@ -171,14 +171,9 @@ impl ModelSummary {
             },
             weight_bytes,
             experts: c.moe.as_ref().map(|m| (m.experts, m.top_k)),
-            expert_bytes: host
-                .layers
-                .iter()
-                .flat_map(|l| &l.moe)
-                .map(|m| (m.gate_up.bytes() + m.down.bytes()) as u64)
-                .sum(),
-            lookup_bytes: match (&host.embed, host.tied) {
-                (Some(e), false) => e.bytes() as u64,
+            expert_bytes: host.expert_bytes(),
+            lookup_bytes: match (host.embed_info(), host.tied) {
+                (Some(e), false) => e.bytes,
                 _ => 0,
             },
         }
@@ -243,7 +238,7 @@ pub fn sized_config(
 pub fn load_model(cfg: &EngineConfig, gpu: Arc<Gpu>, moe_top_k: Option<usize>) -> Result<(Model, HostModel)> {
     let path = cfg.model_path();
     let t = Instant::now();
-    let mut host = HostModel::load(&path, &|_, _| {}).with_context(|| format!("loading {}", path.display()))?;
+    let mut host = HostModel::open(&path, None, &|_, _| {}).with_context(|| format!("loading {}", path.display()))?;
     if let Some(k) = moe_top_k {
         let layers = host.cfg.layers;
         let Some(m) = host.cfg.moe.as_mut() else { bail!("--moe-top-k: {} has no experts", path.display()) };

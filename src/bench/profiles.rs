@@ -210,7 +210,7 @@ pub fn run(args: &CheckProfilesArgs) -> Result<()> {
     let gpu = Arc::new(Gpu::new(cfg.adapter.as_deref())?);
     let a = AdapterSummary::of(&gpu);
     println!("adapter: {} ({}, {}; driver {} {})", a.name, a.backend, a.device_type, a.driver, a.driver_info);
-    let host = HostModel::load(&path, &|_, _| {}).with_context(|| format!("loading {}", path.display()))?;
+    let host = HostModel::open(&path, None, &|_, _| {}).with_context(|| format!("loading {}", path.display()))?;
     let limits = crate::exec::step_limits(&cfg, &host.cfg);
     let prompt = random_tokens(&mut XorShift64::new(args.seed), args.prompt_tokens, host.cfg.vocab);
     let check = check_profiles(gpu, &host, limits, &prompt, args.steps)?;

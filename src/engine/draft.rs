@@ -115,7 +115,7 @@ pub fn load_draft(cfg: &EngineConfig, target: &dyn Executor, tok: &Tokenizer) ->
     })?;
     let dtok = Tokenizer::from_path(&path).with_context(ctx)?;
     same_vocabulary(tok, &dtok).with_context(ctx)?;
-    let host = HostModel::load(&path, &|_, _| {}).with_context(ctx)?;
+    let host = HostModel::open(&path, None, &|_, _| {}).with_context(ctx)?;
     if host.cfg.linear.is_some() {
         bail!("{}: a draft model with recurrent (linear-attention) layers is not supported", ctx());
     }

@@ -162,7 +162,7 @@ pub fn load_model(
     progress: &dyn Fn(usize, usize),
 ) -> Result<(Model, crate::tokenizer::Tokenizer)> {
     use crate::model::loader::HostModel;
-    let host = HostModel::load(path, progress)?;
+    let host = HostModel::open(path, None, progress)?;
     let tok = load_tokenizer(path)?;
     let limits = crate::exec::step_limits(cfg, &host.cfg);
     let mut model = Model::new(gpu, &host, limits)?;

@@ -148,7 +148,7 @@ pub fn build(
     let local = ranges.iter().zip(&stages).filter(|(_, s)| s.address.is_none()).map(|(r, _)| r);
     let span = local.clone().map(|r| r.start).min().zip(local.map(|r| r.end).max()).map(|(a, b)| a..b);
     let host = match span {
-        Some(span) => Some(HostModel::load_layers(path, Some(span), progress)?),
+        Some(span) => Some(HostModel::open(path, Some(span), progress)?),
         None => None,
     };
     let mut num_blocks = kv_blocks(&mcfg, &limits);

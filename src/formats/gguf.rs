@@ -555,6 +555,18 @@ impl GgufFile {
         self.mmap.get(start..end).unwrap_or(&[])
     }
 
+    /// Lets go of the pages of the map read so far (see `formats::release_pages`).
+    pub fn release_pages(&self) {
+        super::release_pages(&self.mmap);
+    }
+
+    /// Lets go of the pages of one tensor's data (a large tensor once copied out).
+    pub fn release_tensor_pages(&self, t: &GgufTensorInfo) {
+        if t.offset.saturating_add(t.n_bytes) <= self.mmap.len() as u64 {
+            super::release_range(&self.mmap, t.offset as usize, t.n_bytes as usize);
+        }
+    }
+
     /// The whole mapped file.
     pub fn bytes(&self) -> &[u8] {
         &self.mmap

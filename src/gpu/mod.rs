@@ -9,6 +9,7 @@ pub mod counters;
 pub mod family;
 pub mod shader;
 pub mod shared;
+mod staging;
 pub mod timing;
 pub mod wformat;
 
@@ -60,6 +61,9 @@ pub struct Gpu {
     pub faults: std::sync::Arc<GpuFaults>,
     /// Submits, passes, dispatches, readbacks and the host time around them (bench-model).
     pub counters: counters::StepCounters,
+    /// Bytes given to buffers created with contents since their staging copies were last
+    /// released (see staging.rs).
+    staged_bytes: std::sync::atomic::AtomicU64,
 }
 
 /// A GPU failure of one step (`Error`) or of the whole device (`Lost`): the engine fails the
@@ -310,6 +314,7 @@ impl Gpu {
             timestamps: timing::TimestampMode::of(features),
             faults,
             counters: Default::default(),
+            staged_bytes: Default::default(),
         })
     }
 
@@ -398,6 +403,7 @@ impl Gpu {
     pub fn storage_init(&self, label: &str, bytes: &[u8]) -> wgpu::Buffer {
         // wgpu rejects zero-sized bindings; pad empty data to one word.
         let data: &[u8] = if bytes.is_empty() { &[0u8; 16] } else { bytes };
+        self.staged(data.len() as u64);
         self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
             label: Some(label),
             contents: data,

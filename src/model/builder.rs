@@ -221,8 +221,9 @@ impl OpBuilder<'_> {
         let (mut ai, mut ri) = (0, 0);
         // Each cache-owning layer's index among the stage's caches.
         let mut cache_of = std::collections::HashMap::new();
-        for (l, hl) in host.layer_slice(layers).iter().enumerate() {
-            let layer = layers.start + l;
+        for layer in layers.clone() {
+            // Read now when the layers are streamed, dropped once uploaded.
+            let hl = host.layer(layer)?;
             let cache = if cfg.is_linear(layer) {
                 ri += 1;
                 LayerCache::State(&states[ri - 1].0, &states[ri - 1].1)
@@ -236,7 +237,10 @@ impl OpBuilder<'_> {
                 ai += 1;
                 LayerCache::Kv(&kv.k[ai - 1], &kv.v[ai - 1])
             };
-            self.layer(layer, hl, lp, cache)?;
+            self.layer(layer, &hl, lp, cache)?;
+            drop(hl);
+            // Let go of the upload's staging copies before the next layer is read.
+            self.g.release_staging()?;
         }
         Ok(())
     }

@@ -168,18 +168,10 @@ impl Model {
             state: cfg.linear.as_ref().map_or(0, |l| l.slot_bytes(layers.clone()) * state_slots as u64),
             scratch: scratch_plan.bytes(),
         };
-        if let Some(mem) = g.memory_limit.filter(|&m| plan.total() > m) {
-            let mib = |b: u64| b >> 20;
-            bail!(
-                "the model does not fit on {}: it needs {plan}, the device has {} MiB; lower total_cache_size \
-                 (the KV cache, now {} MiB) or max_num_batched_tokens / max_decode_batch_size (the scratch{}), use a \
-                 smaller quantization, or split the layers over pipeline stages",
-                g.describe(),
-                mib(mem),
-                mib(plan.kv_cache),
-                if plan.state > 0 { "; and the recurrent states: a slot per sequence of a step" } else { "" }
-            );
-        }
+        // Streamed weights are in host memory one layer (or the embedding, or the LM head) at a
+        // time; loaded ones are there already.
+        let host_read = if host.streams_layers() { host.largest_read_bytes() } else { 0 };
+        crate::model::fit::check(&host.source, g, &plan, host_read)?;
         let kv = kv_plan.allocate(g, &kv_dims(&cfg, layers.clone()), limits.block_size);
         let states = state_buffers(g, &cfg, layers.clone(), state_slots, limits.max_binding)?;
         let kernels = Kernels::new(
@@ -211,11 +203,13 @@ impl Model {
             matrices: Vec::new(),
         };
         let (shared_embed, shared_lm) = io.unzip();
-        let embed = match (shared_embed, &host.embed, first || (last && host.tied)) {
-            (Some(e), _, true) => Some(e),
-            (None, Some(t), true) => Some(GpuMatrix::upload(g, "embed", t, None, limits.max_binding)?),
-            (None, None, true) => bail!("the embedding was not loaded from {}", host.source.display()),
-            (_, _, false) => None,
+        let embed = match (shared_embed, first || (last && host.tied)) {
+            (Some(e), true) => Some(e),
+            (None, true) => match host.read_embed()? {
+                Some(t) => Some(GpuMatrix::upload(g, "embed", &t, None, limits.max_binding)?),
+                None => bail!("the embedding was not loaded from {}", host.source.display()),
+            },
+            (_, false) => None,
         };
         let lp = LayerParams::new(&mut b, &limits, &kv_plan, (layout.off_sample, layout.off_state));
         if let Some(e) = embed.as_ref().filter(|_| first) {
@@ -239,6 +233,7 @@ impl Model {
             b.matrices.extend(embed);
         }
         let OpBuilder { ops, keep, matrices, .. } = b;
+        g.release_staging()?;
         let geoms = cfg.geoms();
 
         Ok(Model {

@@ -12,7 +12,7 @@
 //! tables apart from the global ones.
 
 use super::config::{Arch, LayerStyle, ModelConfig, RopeScaling};
-use super::loader::HostModel;
+use super::loader::{HostLayer, HostModel};
 use crate::formats::gguf::GgufFile;
 use anyhow::{bail, Result};
 use serde_json::Value;
@@ -124,19 +124,25 @@ pub(crate) fn gguf_config(mut cfg: ModelConfig, g: &GgufFile, arch_name: &str) -
 /// Hugging Face Gemma checkpoints store RMSNorm weights w for a norm that multiplies by 1 + w
 /// (llama.cpp's converter adds the 1 when it writes a GGUF; this does the same at load).
 pub(crate) fn add_one_to_norms(m: &mut HostModel) {
-    let add = |v: &mut Vec<f32>| v.iter_mut().for_each(|x| *x += 1.0);
-    for l in &mut m.layers {
-        add(&mut l.attn_norm);
-        add(&mut l.ffn_norm);
-        if let Some(q) = &mut l.qk_norm {
-            add(q);
-        }
-        if let Some((a, f)) = &mut l.post_norms {
-            add(a);
-            add(f);
-        }
+    m.layers.iter_mut().for_each(add_one_to_layer_norms);
+    add_one(&mut m.final_norm);
+}
+
+/// `add_one_to_norms` of one layer (a layer read as it is uploaded).
+pub(crate) fn add_one_to_layer_norms(l: &mut HostLayer) {
+    add_one(&mut l.attn_norm);
+    add_one(&mut l.ffn_norm);
+    if let Some(q) = &mut l.qk_norm {
+        add_one(q);
     }
-    add(&mut m.final_norm);
+    if let Some((a, f)) = &mut l.post_norms {
+        add_one(a);
+        add_one(f);
+    }
+}
+
+fn add_one(v: &mut [f32]) {
+    v.iter_mut().for_each(|x| *x += 1.0);
 }
 
 #[cfg(test)]

@@ -3,7 +3,7 @@
 //! loading of a whole directory (the families whose names or norms differ).
 
 use super::config::{Arch, ModelConfig};
-use super::layers::{load_layers, HostModel, WeightSource, GEMMA_HF_NAMES, HF_NAMES};
+use super::layers::{Recipe, TensorNames, WeightSource, GEMMA_HF_NAMES, HF_NAMES};
 use super::loader::{check_shape, to_f32, u16s};
 use crate::weights::tensor::QTensor;
 use anyhow::{anyhow, bail, Context, Result};
@@ -95,29 +95,27 @@ impl HfWeights {
     }
 }
 
-pub(super) fn load_hf(dir: &Path, range: std::ops::Range<usize>, progress: &dyn Fn(usize, usize)) -> Result<HostModel> {
+/// Opens a Hugging Face directory: its weights, config and how its tensors become layers (the
+/// families whose names or norms differ).
+pub(super) fn open_hf(dir: &Path) -> Result<(HfWeights, ModelConfig, Recipe)> {
     let cfg = ModelConfig::from_hf_json(&dir.join("config.json"))?;
     let w = HfWeights::open(dir)?;
-    if cfg.arch.is_gemma() {
-        let mut m = load_layers(&w, &GEMMA_HF_NAMES, cfg, range, progress, false)?;
-        super::gemma::add_one_to_norms(&mut m);
-        return Ok(m);
-    }
-    // Gemma 4's norms multiply by their plain weights.
-    if cfg.arch == Arch::Gemma4 {
+    let recipe = |names: &'static TensorNames, add_one: bool| Recipe { names, unpermute_qk: false, add_one };
+    let recipe = if cfg.arch.is_gemma() {
+        recipe(&GEMMA_HF_NAMES, true)
+    } else if cfg.arch == Arch::Gemma4 {
+        // Gemma 4's norms multiply by their plain weights.
         let multimodal = w.has(super::gemma4::VL_HF_NAMES.embed);
-        let names = if multimodal { &super::gemma4::VL_HF_NAMES } else { &GEMMA_HF_NAMES };
-        return load_layers(&w, names, cfg, range, progress, false);
-    }
-    if cfg.arch == Arch::Qwen35 {
+        recipe(if multimodal { &super::gemma4::VL_HF_NAMES } else { &GEMMA_HF_NAMES }, false)
+    } else if cfg.arch == Arch::Qwen35 {
         let multimodal = w.has(super::qwen35::VL_HF_NAMES.embed);
-        let names = if multimodal { &super::qwen35::VL_HF_NAMES } else { &HF_NAMES };
-        let mut m = load_layers(&w, names, cfg, range, progress, false)?;
-        super::gemma::add_one_to_norms(&mut m);
-        return Ok(m);
-    }
-    let names = if cfg.arch == Arch::GptOss { &super::gptoss::GPTOSS_HF_NAMES } else { &HF_NAMES };
-    load_layers(&w, names, cfg, range, progress, false)
+        recipe(if multimodal { &super::qwen35::VL_HF_NAMES } else { &HF_NAMES }, true)
+    } else if cfg.arch == Arch::GptOss {
+        recipe(&super::gptoss::GPTOSS_HF_NAMES, false)
+    } else {
+        recipe(&HF_NAMES, false)
+    };
+    Ok((w, cfg, recipe))
 }
 
 impl WeightSource for HfWeights {
@@ -163,5 +161,11 @@ impl WeightSource for HfWeights {
 
     fn path(&self) -> &Path {
         &self.dir
+    }
+
+    fn release(&self) {
+        for (_, map) in &self.files {
+            crate::formats::release_pages(map);
+        }
     }
 }

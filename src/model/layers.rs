@@ -58,6 +58,9 @@ pub struct HostModel {
     pub ple: Option<super::ple::HostPle>,
     /// Where the weights came from (for messages).
     pub source: PathBuf,
+    /// The open weights the layers are read from one at a time (`HostModel::open`: then
+    /// `layers` is empty); None when every layer is in `layers`.
+    pub(crate) stream: Option<super::stream::LayerStream>,
 }
 
 /// Where weights are read from: each tensor by name, checked against the shape it must have.
@@ -77,6 +80,9 @@ pub(crate) trait WeightSource {
     fn bytes(&self, name: &str, shape: &[usize]) -> Result<Vec<u8>>;
     /// The file or directory (for messages).
     fn path(&self) -> &Path;
+    /// Lets go of the mapped pages read so far (they are read again from the file when needed):
+    /// the loaded tensors are copies.
+    fn release(&self) {}
 }
 
 /// A format's tensor names: the model-level ones, and each layer's after its prefix (`{l}`
@@ -212,9 +218,20 @@ pub(crate) const GGUF_NAMES: TensorNames = TensorNames {
     gemma_moe: &super::gemma4_moe::GGUF_GEMMA_MOE,
 };
 
+/// How a format's tensors become host layers: its names, whether q/k rows are stored permuted
+/// for interleaved RoPE (llama.cpp's Llama files: put back in HF order), and whether its norm
+/// weights are stored less one (Hugging Face Gemma 2/3 and Qwen3.5: the 1 is added at load).
+#[derive(Clone, Copy)]
+pub(crate) struct Recipe {
+    pub names: &'static TensorNames,
+    pub unpermute_qk: bool,
+    pub add_one: bool,
+}
+
 /// Loads layers `range` of a model with hyper-parameters `cfg` (and the embedding, final norm
-/// and output projection its position needs) from `w`. `unpermute_qk`: q/k rows are stored
-/// permuted for interleaved RoPE (llama.cpp's Llama files) and are put back in HF order.
+/// and output projection its position needs) from `w`, every layer in host memory.
+/// `unpermute_qk`: q/k rows are stored permuted for interleaved RoPE (llama.cpp's Llama files)
+/// and are put back in HF order.
 pub(crate) fn load_layers(
     w: &dyn WeightSource,
     n: &TensorNames,
@@ -223,122 +240,29 @@ pub(crate) fn load_layers(
     progress: &dyn Fn(usize, usize),
     unpermute_qk: bool,
 ) -> Result<HostModel> {
+    let mut m = load_parts(w, n, cfg, range.clone())?;
+    for l in range {
+        progress(l, m.cfg.layers);
+        m.layers.push(load_layer(w, n, &m.cfg, l, unpermute_qk)?);
+    }
+    progress(m.cfg.layers, m.cfg.layers);
+    Ok(m)
+}
+
+/// The parts of a model outside its layers that a stage of layers `range` needs: the embedding
+/// where it starts at layer 0 (or ends at the last with a tied head), the untied output
+/// projection where it ends at the last, the final norm, and the per-layer embeddings' table on
+/// the first stage. No layers are loaded (`layers` is empty, `first_layer` is `range.start`).
+pub(crate) fn load_parts(
+    w: &dyn WeightSource,
+    n: &TensorNames,
+    cfg: ModelConfig,
+    range: std::ops::Range<usize>,
+) -> Result<HostModel> {
     let h = cfg.hidden;
     let (first, last) = (range.start == 0, range.end == cfg.layers);
     let tied = !w.has(n.lm_head);
     let embed = if first || (last && tied) { Some(w.matrix(n.embed, cfg.vocab, h)?) } else { None };
-    let mut layers = Vec::with_capacity(range.len());
-    let first_layer = range.start;
-    for l in range {
-        progress(l, cfg.layers);
-        // The layer's own attention geometry (Gemma 4's full-attention layers differ).
-        let geom = cfg.geom(l);
-        let (q, kv, head_dim) = (geom.q_dim(), geom.kv_dim(), geom.head_dim);
-        let perms =
-            unpermute_qk.then(|| (unpermute_qk_rows(geom.heads, head_dim), unpermute_qk_rows(geom.kv_heads, head_dim)));
-        // A KV-sharing layer (Gemma 4) has queries only.
-        let shared = cfg.kv_source(l).is_some();
-        let p = n.layer.replace("{l}", &l.to_string());
-        let t = |name: &str| format!("{p}.{name}");
-        let mut attn_gate = None;
-        let linear = match &cfg.linear {
-            Some(lc) if cfg.is_linear(l) => Some(super::qwen35::load_linear(w, n.linear, &t, &cfg, lc)?),
-            _ => None,
-        };
-        let none = |cols: usize| QTensor::from_f32(0, cols, &[]);
-        let (mut wq, mut wk, wv, wo) = match linear {
-            Some(_) => (none(h)?, none(h)?, none(h)?, none(32)?),
-            None if cfg.style.attn_gate => {
-                let both = w.matrix(&t(n.q), 2 * q, h)?;
-                let (query, gate) = super::qwen35::split_query_gate(&both, geom.heads, head_dim);
-                attn_gate = Some(gate);
-                (query, w.matrix(&t(n.k), kv, h)?, w.matrix(&t(n.v), kv, h)?, w.matrix(&t(n.o), h, q)?)
-            }
-            None if shared => (w.matrix(&t(n.q), q, h)?, none(h)?, none(h)?, w.matrix(&t(n.o), h, q)?),
-            // Keys that are the values too: the key projection twice (v is normed, not roped).
-            None if cfg.k_eq_v(l) => {
-                let k = w.matrix(&t(n.k), kv, h)?;
-                (w.matrix(&t(n.q), q, h)?, k.clone(), k, w.matrix(&t(n.o), h, q)?)
-            }
-            None => (
-                w.matrix(&t(n.q), q, h)?,
-                w.matrix(&t(n.k), kv, h)?,
-                w.matrix(&t(n.v), kv, h)?,
-                w.matrix(&t(n.o), h, q)?,
-            ),
-        };
-        if let Some((q_perm, k_perm)) = perms.as_ref().filter(|_| linear.is_none() && !shared) {
-            wq = wq.permute_rows(q_perm);
-            wk = wk.permute_rows(k_perm);
-        }
-        let attn = linear.is_none();
-        let qkv_bias = if cfg.qkv_bias && attn {
-            let mut b = w.vector(&t(n.q_bias), q)?;
-            b.extend(w.vector(&t(n.k_bias), kv)?);
-            b.extend(w.vector(&t(n.v_bias), kv)?);
-            Some(b)
-        } else {
-            None
-        };
-        let qk_norm = if cfg.qk_norm && attn {
-            let mut v = w.vector(&t(n.q_norm), head_dim)?;
-            if !shared {
-                v.extend(w.vector(&t(n.k_norm), head_dim)?);
-            }
-            // The values' norm has no weight (Gemma 4).
-            if cfg.style.v_norm && !shared {
-                v.extend(std::iter::repeat_n(1.0, head_dim));
-            }
-            Some(v)
-        } else {
-            None
-        };
-        let sparse = cfg.moe.as_ref().is_some_and(|m| m.is_sparse(l));
-        let gemma_moe = sparse && cfg.arch == super::config::Arch::Gemma4;
-        let (gate, up, down, moe) = if gemma_moe {
-            // Gemma 4: the dense MLP beside the experts.
-            let (i, t): (usize, &dyn Fn(&str) -> String) = (cfg.layer_ffn(l), &t);
-            let moe = super::gemma4_moe::load(w, n.gemma_moe, t, &cfg)?;
-            (w.matrix(&t(n.gate), i, h)?, w.matrix(&t(n.up), i, h)?, w.matrix(&t(n.down), h, i)?, Some(moe))
-        } else if sparse {
-            let none = || QTensor::from_f32(0, h, &[]);
-            let t: &dyn Fn(&str) -> String = &t;
-            let moe = match cfg.arch {
-                super::config::Arch::GptOss => super::gptoss::load_experts(w, n, t, &cfg)?,
-                _ => super::moe::load(w, n, t, &cfg)?,
-            };
-            (none()?, none()?, QTensor::from_f32(0, 32, &[])?, Some(moe))
-        } else {
-            let i = cfg.layer_ffn(l);
-            (w.matrix(&t(n.gate), i, h)?, w.matrix(&t(n.up), i, h)?, w.matrix(&t(n.down), h, i)?, None)
-        };
-        layers.push(HostLayer {
-            qk_norm,
-            attn_norm: w.vector(&t(n.attn_norm), h)?,
-            q: wq,
-            k: wk,
-            v: wv,
-            qkv_bias,
-            o: wo,
-            o_bias: if cfg.style.out_bias && attn { Some(w.vector(&t(n.o_bias), h)?) } else { None },
-            sinks: if cfg.style.attn_sinks && attn { Some(w.vector(&t(n.sinks), cfg.heads)?) } else { None },
-            ffn_norm: w.vector(&t(n.ffn_norm), h)?,
-            gate,
-            up,
-            down,
-            moe,
-            post_norms: if cfg.style.post_norms {
-                Some((w.vector(&t(n.post_attn_norm), h)?, w.vector(&t(n.post_ffn_norm), h)?))
-            } else {
-                None
-            },
-            attn_gate,
-            linear,
-            layer_scalar: if cfg.style.layer_scalar { Some(w.vector(&t(n.layer_scalar), 1)?[0]) } else { None },
-            ple: super::ple::load_layer(w, n.ple, &t, &cfg)?,
-        });
-    }
-    progress(cfg.layers, cfg.layers);
     let lm_head = if last && !tied { Some(w.matrix(n.lm_head, cfg.vocab, h)?) } else { None };
     let ple = if first { super::ple::load(w, n.ple, &cfg)? } else { None };
     Ok(HostModel {
@@ -346,10 +270,125 @@ pub(crate) fn load_layers(
         final_norm: w.vector(n.final_norm, h)?,
         cfg,
         embed,
-        layers,
-        first_layer,
+        layers: Vec::new(),
+        first_layer: range.start,
         lm_head,
         tied,
         source: w.path().to_path_buf(),
+        stream: None,
+    })
+}
+
+/// Loads layer `l` of a model with hyper-parameters `cfg` from `w` (see `load_layers`).
+pub(crate) fn load_layer(
+    w: &dyn WeightSource,
+    n: &TensorNames,
+    cfg: &ModelConfig,
+    l: usize,
+    unpermute_qk: bool,
+) -> Result<HostLayer> {
+    let h = cfg.hidden;
+    // The layer's own attention geometry (Gemma 4's full-attention layers differ).
+    let geom = cfg.geom(l);
+    let (q, kv, head_dim) = (geom.q_dim(), geom.kv_dim(), geom.head_dim);
+    let perms =
+        unpermute_qk.then(|| (unpermute_qk_rows(geom.heads, head_dim), unpermute_qk_rows(geom.kv_heads, head_dim)));
+    // A KV-sharing layer (Gemma 4) has queries only.
+    let shared = cfg.kv_source(l).is_some();
+    let p = n.layer.replace("{l}", &l.to_string());
+    let t = |name: &str| format!("{p}.{name}");
+    let mut attn_gate = None;
+    let linear = match &cfg.linear {
+        Some(lc) if cfg.is_linear(l) => Some(super::qwen35::load_linear(w, n.linear, &t, cfg, lc)?),
+        _ => None,
+    };
+    let none = |cols: usize| QTensor::from_f32(0, cols, &[]);
+    let (mut wq, mut wk, wv, wo) = match linear {
+        Some(_) => (none(h)?, none(h)?, none(h)?, none(32)?),
+        None if cfg.style.attn_gate => {
+            let both = w.matrix(&t(n.q), 2 * q, h)?;
+            let (query, gate) = super::qwen35::split_query_gate(&both, geom.heads, head_dim);
+            attn_gate = Some(gate);
+            (query, w.matrix(&t(n.k), kv, h)?, w.matrix(&t(n.v), kv, h)?, w.matrix(&t(n.o), h, q)?)
+        }
+        None if shared => (w.matrix(&t(n.q), q, h)?, none(h)?, none(h)?, w.matrix(&t(n.o), h, q)?),
+        // Keys that are the values too: the key projection twice (v is normed, not roped).
+        None if cfg.k_eq_v(l) => {
+            let k = w.matrix(&t(n.k), kv, h)?;
+            (w.matrix(&t(n.q), q, h)?, k.clone(), k, w.matrix(&t(n.o), h, q)?)
+        }
+        None => {
+            (w.matrix(&t(n.q), q, h)?, w.matrix(&t(n.k), kv, h)?, w.matrix(&t(n.v), kv, h)?, w.matrix(&t(n.o), h, q)?)
+        }
+    };
+    if let Some((q_perm, k_perm)) = perms.as_ref().filter(|_| linear.is_none() && !shared) {
+        wq = wq.permute_rows(q_perm);
+        wk = wk.permute_rows(k_perm);
+    }
+    let attn = linear.is_none();
+    let qkv_bias = if cfg.qkv_bias && attn {
+        let mut b = w.vector(&t(n.q_bias), q)?;
+        b.extend(w.vector(&t(n.k_bias), kv)?);
+        b.extend(w.vector(&t(n.v_bias), kv)?);
+        Some(b)
+    } else {
+        None
+    };
+    let qk_norm = if cfg.qk_norm && attn {
+        let mut v = w.vector(&t(n.q_norm), head_dim)?;
+        if !shared {
+            v.extend(w.vector(&t(n.k_norm), head_dim)?);
+        }
+        // The values' norm has no weight (Gemma 4).
+        if cfg.style.v_norm && !shared {
+            v.extend(std::iter::repeat_n(1.0, head_dim));
+        }
+        Some(v)
+    } else {
+        None
+    };
+    let sparse = cfg.moe.as_ref().is_some_and(|m| m.is_sparse(l));
+    let gemma_moe = sparse && cfg.arch == super::config::Arch::Gemma4;
+    let (gate, up, down, moe) = if gemma_moe {
+        // Gemma 4: the dense MLP beside the experts.
+        let (i, t): (usize, &dyn Fn(&str) -> String) = (cfg.layer_ffn(l), &t);
+        let moe = super::gemma4_moe::load(w, n.gemma_moe, t, cfg)?;
+        (w.matrix(&t(n.gate), i, h)?, w.matrix(&t(n.up), i, h)?, w.matrix(&t(n.down), h, i)?, Some(moe))
+    } else if sparse {
+        let none = || QTensor::from_f32(0, h, &[]);
+        let t: &dyn Fn(&str) -> String = &t;
+        let moe = match cfg.arch {
+            super::config::Arch::GptOss => super::gptoss::load_experts(w, n, t, cfg)?,
+            _ => super::moe::load(w, n, t, cfg)?,
+        };
+        (none()?, none()?, QTensor::from_f32(0, 32, &[])?, Some(moe))
+    } else {
+        let i = cfg.layer_ffn(l);
+        (w.matrix(&t(n.gate), i, h)?, w.matrix(&t(n.up), i, h)?, w.matrix(&t(n.down), h, i)?, None)
+    };
+    Ok(HostLayer {
+        qk_norm,
+        attn_norm: w.vector(&t(n.attn_norm), h)?,
+        q: wq,
+        k: wk,
+        v: wv,
+        qkv_bias,
+        o: wo,
+        o_bias: if cfg.style.out_bias && attn { Some(w.vector(&t(n.o_bias), h)?) } else { None },
+        sinks: if cfg.style.attn_sinks && attn { Some(w.vector(&t(n.sinks), cfg.heads)?) } else { None },
+        ffn_norm: w.vector(&t(n.ffn_norm), h)?,
+        gate,
+        up,
+        down,
+        moe,
+        post_norms: if cfg.style.post_norms {
+            Some((w.vector(&t(n.post_attn_norm), h)?, w.vector(&t(n.post_ffn_norm), h)?))
+        } else {
+            None
+        },
+        attn_gate,
+        linear,
+        layer_scalar: if cfg.style.layer_scalar { Some(w.vector(&t(n.layer_scalar), 1)?[0]) } else { None },
+        ple: super::ple::load_layer(w, n.ple, &t, cfg)?,
     })
 }

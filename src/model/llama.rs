@@ -285,10 +285,13 @@ impl OpBuilder<'_> {
             y: &s.final_normed,
         };
         self.push(norm::norm(kern, g, &b, true, cfg.hidden));
-        let lm = match (shared_lm, &host.lm_head, embed) {
+        let lm = match (shared_lm, host.tied, embed) {
             (Some(m), _, _) => m,
-            (None, Some(t), _) if !host.tied => self.upload("lm_head", t, None)?,
-            (None, _, Some(e)) if host.tied => e,
+            (None, true, Some(e)) => e,
+            (None, false, _) => match host.read_lm_head()? {
+                Some(t) => self.upload("lm_head", &t, None)?,
+                None => bail!("the output projection was not loaded from {}", host.source.display()),
+            },
             _ => bail!("the output projection was not loaded from {}", host.source.display()),
         };
         // Gemma 2's final soft cap is the LM head's epilogue.

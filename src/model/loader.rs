@@ -2,8 +2,8 @@
 //! (config.json + safetensors) or a GGUF file.
 
 use super::config::{Arch, ModelConfig, RopeScaling};
-use super::hf_weights::{load_hf, HfWeights};
-use super::layers::{load_layers, WeightSource, GGUF_NAMES};
+use super::hf_weights::HfWeights;
+use super::layers::{load_layers, Recipe, WeightSource, GGUF_NAMES};
 pub use super::layers::{HostLayer, HostModel};
 use crate::formats::gguf::{GgmlType, GgufFile};
 use crate::gpu::wformat::WFormat;
@@ -13,7 +13,7 @@ use anyhow::{anyhow, bail, Result};
 use std::path::Path;
 
 impl HostModel {
-    /// The output projection, when loaded.
+    /// The output projection, when in host memory (a model loaded with `load`).
     pub fn lm_head(&self) -> Option<&QTensor> {
         if self.tied {
             self.embed.as_ref()
@@ -22,21 +22,10 @@ impl HostModel {
         }
     }
 
+    /// The formats of the loaded layers' dense matmuls and of the embedding and LM head.
     pub fn formats(&self) -> Vec<WFormat> {
-        let mut f: Vec<WFormat> = self.embed.iter().chain(self.lm_head()).map(|t| t.format).collect();
-        for l in &self.layers {
-            f.extend([l.q.format, l.k.format, l.v.format, l.o.format, l.gate.format, l.up.format, l.down.format]);
-            f.extend(l.moe.iter().map(|m| m.router.format));
-            // A shared expert runs through the dense matmuls.
-            if let Some(sh) = l.moe.as_ref().and_then(|m| m.shared.as_ref()) {
-                f.extend([sh.gate.format, sh.up.format, sh.down.format]);
-                f.extend(sh.gate_inp.iter().map(|t| t.format));
-            }
-            f.extend(l.attn_gate.iter().map(|t| t.format));
-            if let Some(lin) = &l.linear {
-                f.extend(lin.proj.iter().chain([&lin.out]).map(|t| t.format));
-            }
-        }
+        let mut f: Vec<WFormat> = self.embed_info().iter().chain(&self.lm_head_info()).map(|t| t.format).collect();
+        f.extend(self.summaries().into_iter().flat_map(|s| s.formats));
         f.sort();
         f.dedup();
         f
@@ -44,14 +33,14 @@ impl HostModel {
 
     /// The formats of the expert tensors (none for a dense model).
     pub fn moe_formats(&self) -> Vec<WFormat> {
-        let mut f: Vec<WFormat> =
-            self.layers.iter().flat_map(|l| l.moe.iter().flat_map(|m| [m.gate_up.format, m.down.format])).collect();
+        let mut f: Vec<WFormat> = self.summaries().into_iter().flat_map(|s| s.moe_formats).collect();
         f.sort();
         f.dedup();
         f
     }
 
-    /// Loads `path`: a directory with config.json, or a .gguf file.
+    /// Loads `path`: a directory with config.json, or a .gguf file, every layer in host memory
+    /// (tests and tools that read the layers; `HostModel::open` reads them as they are uploaded).
     pub fn load(path: &Path, progress: &dyn Fn(usize, usize)) -> Result<HostModel> {
         Self::load_layers(path, None, progress)
     }
@@ -64,39 +53,49 @@ impl HostModel {
         range: Option<std::ops::Range<usize>>,
         progress: &dyn Fn(usize, usize),
     ) -> Result<HostModel> {
-        if !path.exists() {
-            bail!("{}: no such file or directory", path.display());
+        let (w, cfg, recipe) = open_source(path)?;
+        let range = check_range(path, range, cfg.layers)?;
+        let mut m = load_layers(&*w, recipe.names, cfg, range, progress, recipe.unpermute_qk)?;
+        if recipe.add_one {
+            super::gemma::add_one_to_norms(&mut m);
         }
-        let check = |total: usize| {
-            let range = range.clone().unwrap_or(0..total);
-            if range.start >= range.end || range.end > total {
-                bail!(
-                    "{}: layers {}..{} are outside the model's {total} layers",
-                    path.display(),
-                    range.start,
-                    range.end
-                );
-            }
-            Ok(range)
-        };
-        // The GGUF file is opened (its metadata parsed) once.
-        if path.is_dir() {
-            load_hf(path, check(read_config(path)?.layers)?, progress)
-        } else {
-            let g = GgufFile::open(path)?;
-            load_gguf(&g, check(gguf_config(&g)?.layers)?, progress)
-        }
+        Ok(m)
     }
+}
 
-    /// Whether layers `range` are loaded.
-    pub fn holds(&self, range: &std::ops::Range<usize>) -> bool {
-        range.start >= self.first_layer && range.end <= self.first_layer + self.layers.len()
+/// Layers `range` (all when None) of a model of `total` layers, checked.
+pub(super) fn check_range(
+    path: &Path,
+    range: Option<std::ops::Range<usize>>,
+    total: usize,
+) -> Result<std::ops::Range<usize>> {
+    let range = range.unwrap_or(0..total);
+    if range.start >= range.end || range.end > total {
+        bail!("{}: layers {}..{} are outside the model's {total} layers", path.display(), range.start, range.end);
     }
+    Ok(range)
+}
 
-    /// The loaded layers of `range` (which `holds` must accept).
-    pub fn layer_slice(&self, range: &std::ops::Range<usize>) -> &[HostLayer] {
-        &self.layers[range.start - self.first_layer..range.end - self.first_layer]
+/// The weights at `path` (a Hugging Face directory or a GGUF file, its metadata parsed once),
+/// opened, with the model's config and how its tensors become layers.
+pub(super) fn open_source(path: &Path) -> Result<(Box<dyn WeightSource + Send + Sync>, ModelConfig, Recipe)> {
+    if !path.exists() {
+        bail!("{}: no such file or directory", path.display());
     }
+    if path.is_dir() {
+        let (w, cfg, recipe) = super::hf_weights::open_hf(path)?;
+        return Ok((Box::new(w), cfg, recipe));
+    }
+    let g = GgufFile::open(path)?;
+    let cfg = gguf_config(&g)?;
+    let names = match cfg.arch {
+        Arch::GptOss => &super::gptoss::GPTOSS_GGUF_NAMES,
+        Arch::Qwen35 => &super::qwen35::QWEN35_GGUF_NAMES,
+        _ => &GGUF_NAMES,
+    };
+    // llama.cpp's converter permutes Llama's q/k rows for interleaved RoPE; undone at load.
+    let recipe = Recipe { names, unpermute_qk: cfg.arch == Arch::Llama, add_one: false };
+    Ok((Box::new(GgufSource(g)), cfg, recipe))
 }
 
 /// Opens the weights at `path` (a Hugging Face directory or a GGUF file) and hands them to `f`
@@ -113,7 +112,8 @@ pub(crate) fn open_weights<R>(
         f(&HfWeights::open(path)?, cfg, false)
     } else {
         let g = GgufFile::open(path)?;
-        f(&GgufSource(&g), gguf_config(&g)?, true)
+        let cfg = gguf_config(&g)?;
+        f(&GgufSource(g), cfg, true)
     }
 }
 
@@ -397,6 +397,8 @@ fn gguf_rows(g: &GgufFile, name: &str, want: &[u64]) -> Result<QTensor> {
             ),
         },
     };
+    // The tensor is a copy now: its pages of the file need not stay resident.
+    g.release_tensor_pages(t);
     r.map_err(|e| anyhow!("{src}: tensor {name}: {e}"))
 }
 
@@ -415,40 +417,28 @@ fn gguf_vector(g: &GgufFile, name: &str, len: usize) -> Result<Vec<f32>> {
     }
 }
 
-pub fn load_gguf(g: &GgufFile, range: std::ops::Range<usize>, progress: &dyn Fn(usize, usize)) -> Result<HostModel> {
-    let cfg = gguf_config(g)?;
-    // llama.cpp's converter permutes Llama's q/k rows for interleaved RoPE; undone here.
-    let unpermute = cfg.arch == Arch::Llama;
-    let names = match cfg.arch {
-        Arch::GptOss => &super::gptoss::GPTOSS_GGUF_NAMES,
-        Arch::Qwen35 => &super::qwen35::QWEN35_GGUF_NAMES,
-        _ => &GGUF_NAMES,
-    };
-    load_layers(&GgufSource(g), names, cfg, range, progress, unpermute)
-}
-
 /// A GGUF file as a weight source.
-struct GgufSource<'a>(&'a GgufFile);
+struct GgufSource(GgufFile);
 
-impl WeightSource for GgufSource<'_> {
+impl WeightSource for GgufSource {
     fn has(&self, name: &str) -> bool {
         self.0.tensor(name).is_some()
     }
 
     fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<QTensor> {
-        gguf_matrix(self.0, name, rows, cols)
+        gguf_matrix(&self.0, name, rows, cols)
     }
 
     fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>> {
-        gguf_vector(self.0, name, len)
+        gguf_vector(&self.0, name, len)
     }
 
     fn experts(&self, name: &str, experts: usize, rows: usize, cols: usize) -> Result<QTensor> {
-        gguf_rows(self.0, name, &[cols as u64, rows as u64, experts as u64])
+        gguf_rows(&self.0, name, &[cols as u64, rows as u64, experts as u64])
     }
 
     fn array(&self, name: &str, shape: &[usize]) -> Result<(Vec<f32>, bool)> {
-        let g = self.0;
+        let g = &self.0;
         let src = g.path.display();
         let t = g.tensor(name).ok_or_else(|| anyhow!("{src}: tensor {name} is missing"))?;
         let want: Vec<u64> = shape.iter().rev().map(|&d| d as u64).collect();
@@ -470,5 +460,9 @@ impl WeightSource for GgufSource<'_> {
 
     fn path(&self) -> &Path {
         &self.0.path
+    }
+
+    fn release(&self) {
+        self.0.release_pages();
     }
 }

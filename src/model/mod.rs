@@ -7,6 +7,7 @@
 pub mod builder;
 pub mod config;
 mod emit;
+pub mod fit;
 pub mod forward;
 pub mod gemma;
 pub mod gemma4;
@@ -27,6 +28,7 @@ pub mod recurrent;
 pub mod rope_scaling;
 pub mod scratch;
 pub mod step;
+pub mod stream;
 pub mod synth;
 pub mod synth_gemma4;
 pub mod synth_hybrid;

@@ -243,25 +243,11 @@ impl KvPlan {
 pub(crate) fn stage_weight_bytes(host: &HostModel, layers: &std::ops::Range<usize>) -> u64 {
     let f = |n: usize| (n * 4) as u64;
     let (first, last) = (layers.start == 0, layers.end == host.cfg.layers);
-    host.layer_slice(layers)
-        .iter()
-        .map(|l| {
-            let m = [&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down].iter().map(|t| t.bytes() as u64).sum::<u64>()
-                + l.moe.as_ref().map_or(0, |m| m.bytes() as u64);
-            m + f(l.attn_norm.len() + l.ffn_norm.len())
-                + l.qkv_bias.as_ref().map_or(0, |b| f(b.len()))
-                + l.qk_norm.as_ref().map_or(0, |b| f(b.len()))
-                + l.attn_gate.as_ref().map_or(0, |t| t.bytes() as u64)
-                + l.linear.as_ref().map_or(0, |t| t.bytes())
-                + l.ple.as_ref().map_or(0, |p| (p.gate.bytes() + p.proj.bytes()) as u64 + f(p.post_norm.len()))
-                + l.post_norms.as_ref().map_or(0, |(a, b)| f(a.len() + b.len()))
-                + f(l.layer_scalar.map_or(0, |_| 1))
-        })
-        .sum::<u64>()
+    host.layer_bytes(layers)
         // Gemma 4's per-layer embeddings (the first stage holds them).
         + host.ple.as_ref().filter(|_| first).map_or(0, |p| (p.embed.bytes() + p.model_proj.bytes()) as u64 + f(p.proj_norm.len()))
-        + host.embed.as_ref().filter(|_| first || (last && host.tied)).map_or(0, |e| e.bytes() as u64)
-        + host.lm_head.as_ref().filter(|_| last && !host.tied).map_or(0, |e| e.bytes() as u64)
+        + host.embed_info().filter(|_| first || (last && host.tied)).map_or(0, |e| e.bytes)
+        + host.lm_head_info().filter(|_| last && !host.tied).map_or(0, |e| e.bytes)
         + f(host.final_norm.len())
 }
 

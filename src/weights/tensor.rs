@@ -289,6 +289,12 @@ impl QTensor {
         out
     }
 
+    /// The words of rows [r0, r1): (quantized data, scale records), borrowed.
+    pub fn row_words(&self, r0: usize, r1: usize) -> (&[u32], &[u32]) {
+        let (wpr, spr) = (self.q_words_per_row(), self.s_words_per_row());
+        (&self.q[r0 * wpr..r1 * wpr], &self.s[r0 * spr..r1 * spr])
+    }
+
     /// Rows [r0, r1) as their own tensor.
     pub fn slice_rows(&self, r0: usize, r1: usize) -> QTensor {
         let (wpr, spr) = (self.q_words_per_row(), self.s_words_per_row());

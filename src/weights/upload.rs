@@ -44,6 +44,17 @@ impl GpuMatrix {
         unit: usize,
         max_binding: u64,
     ) -> Result<GpuMatrix> {
+        if let Some(p) = pair.filter(|p| (p.format, p.rows, p.cols) != (t.format, t.rows, t.cols)) {
+            bail!(
+                "{label}: cannot pair a {:?} [{}, {}] tensor with a {:?} [{}, {}] one",
+                t.format,
+                t.rows,
+                t.cols,
+                p.format,
+                p.rows,
+                p.cols
+            );
+        }
         if unit == 0 || !t.rows.is_multiple_of(unit) {
             bail!("{label}: {} rows are not whole groups of {unit}", t.rows);
         }
@@ -61,20 +72,28 @@ impl GpuMatrix {
         let mut r0 = 0;
         while r0 < t.rows {
             let r1 = (r0 + rows_per_chunk).min(t.rows);
-            let mut part = t.slice_rows(r0, r1);
-            if let Some(p) = pair {
-                part = QTensor::concat_rows(&[&part, &p.slice_rows(r0, r1)])?;
-            }
-            chunks.push(GpuChunk {
-                row0: r0,
-                rows: r1 - r0,
-                q: gpu.storage_init(label, bytemuck::cast_slice(&part.q)),
-                s: if grid.is_empty() {
-                    gpu.storage_init(label, bytemuck::cast_slice(&part.s))
-                } else {
-                    gpu.storage_init(label, bytemuck::cast_slice(&[grid.as_slice(), &part.s].concat()))
-                },
+            // A chunk of one tensor is uploaded from its rows in place; a pair's rows are
+            // stacked first.
+            let stacked = pair.map(|p| {
+                let ((tq, ts), (pq, ps)) = (t.row_words(r0, r1), p.row_words(r0, r1));
+                ([tq, pq].concat(), [ts, ps].concat())
             });
+            let (q_words, s_words) = match &stacked {
+                Some((q, s)) => (q.as_slice(), s.as_slice()),
+                None => t.row_words(r0, r1),
+            };
+            // Each buffer's staging copy is let go before the next buffer is created (see
+            // gpu/staging.rs).
+            let q = gpu.storage_init(label, bytemuck::cast_slice(q_words));
+            gpu.release_staging()?;
+            let s = if grid.is_empty() {
+                gpu.storage_init(label, bytemuck::cast_slice(s_words))
+            } else {
+                gpu.storage_init(label, bytemuck::cast_slice(&[grid.as_slice(), s_words].concat()))
+            };
+            gpu.release_staging()?;
+            drop(stacked);
+            chunks.push(GpuChunk { row0: r0, rows: r1 - r0, q, s });
             r0 = r1;
         }
         Ok(GpuMatrix { format: t.format, rows: t.rows, cols: t.cols, chunks })

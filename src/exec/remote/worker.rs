@@ -230,7 +230,7 @@ pub fn run_worker(cfg: &EngineConfig, listen: &str, insecure: bool) -> Result<()
     let gpu = Arc::new(crate::gpu::Gpu::new(cfg.adapter.as_deref())?);
     eprintln!("torus-wgpu worker: layers {}..{} of {} on {}", layers.start, layers.end, mcfg.layers, gpu.describe());
     // Only this stage's layers are read from the file.
-    let host = crate::model::loader::HostModel::load_layers(&path, Some(layers.clone()), &|_, _| {})?;
+    let host = crate::model::loader::HostModel::open(&path, Some(layers.clone()), &|_, _| {})?;
     let limits = crate::exec::step_limits(cfg, &mcfg);
     let mut model = Model::new_stage(gpu.clone(), &host, limits, layers.clone())?;
     drop(host);
