@@ -178,7 +178,7 @@ def share(base):
     embeds one word), and when the big one ended."""
     t0 = time.time()
     done = {}
-    words = "the quick brown fox jumps over the lazy dog " * 6
+    words = "the quick brown fox jumps over the lazy dog " * 2
 
     def big():
         body = json.dumps({"input": [f"{i} {words}" for i in range(256)]}).encode()
