@@ -168,6 +168,17 @@ async fn framing_keys_and_error_shapes() {
         let v: Value = r.json().await.unwrap();
         assert_eq!(status, 200, "{path}: {v}");
     }
+    // llama-server's /props and /apply-template, behind the key.
+    let r = http.get(format!("{base}/props")).send().await.unwrap();
+    assert_eq!(r.status(), 401);
+    let props: Value = http.get(format!("{base}/props")).bearer_auth(KEY).send().await.unwrap().json().await.unwrap();
+    assert!(props["chat_template"].as_str().unwrap().contains("im_start"), "{props}");
+    assert_eq!(props["model_path"], "tiny-qwen2", "a name, not a path: {props}");
+    assert!(props["total_slots"].as_u64().unwrap() > 0, "{props}");
+    assert!(props["default_generation_settings"]["n_ctx"].as_u64().unwrap() > 0, "{props}");
+    let r = http.post(format!("{base}/apply-template")).bearer_auth(KEY).json(&json!({"messages": msgs}));
+    let p: Value = r.send().await.unwrap().json().await.unwrap();
+    assert!(p["prompt"].as_str().unwrap().ends_with("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"), "{p}");
     // Anthropic's prefill: a final assistant message is continued, counted as chat counts it.
     let pre = json!([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hello there"}]);
     let r = http.post(format!("{base}/v1/messages/count_tokens")).bearer_auth(KEY).json(&json!({"messages": pre}));

@@ -29,6 +29,7 @@ pub mod harmony;
 mod hosts;
 mod info;
 mod json;
+mod llama;
 pub mod metrics;
 mod ollama;
 mod openai;
@@ -134,6 +135,8 @@ pub struct ServerConfig {
     pub pooling: crate::engine::Pooling,
     /// The model file or directory (Ollama's `/api/tags` and `/api/show` describe it).
     pub model_path: Option<std::path::PathBuf>,
+    /// Sequences decoded at once (llama-server's `total_slots` in `/props`).
+    pub total_slots: usize,
 }
 
 impl ServerConfig {
@@ -163,6 +166,7 @@ impl ServerConfig {
             webui: true,
             pooling: crate::engine::Pooling::Last,
             model_path: None,
+            total_slots: cfg.max_decode_batch_size,
         }
     }
 }
@@ -365,6 +369,7 @@ fn router(state: Arc<AppState>, cors: Option<tower_http::cors::CorsLayer>) -> Ro
         .merge(anthropic::routes())
         .merge(responses::routes())
         .merge(ollama::routes())
+        .merge(llama::routes())
         .route_layer(from_fn_with_state(state.clone(), require_api_key));
     let mut app = Router::new()
         .merge(api)

@@ -41,7 +41,7 @@ pub(crate) async fn detokenize(State(st): State<Arc<AppState>>, headers: HeaderM
 }
 
 /// The body's JSON object (and its token-id field, with `ids`), parsed on a worker.
-async fn read_body(
+pub(crate) async fn read_body(
     st: &AppState,
     headers: &HeaderMap,
     body: Body,
