@@ -292,3 +292,137 @@ async fn reasoning_as_thinking_blocks_and_reasoning_items() {
     assert_eq!(deltas, thinking, "{text}");
     srv.shutdown().await;
 }
+
+/// llama-server's `/completion` (and `/completions`) on tiny-qwen2, greedy: its fields against
+/// the other routes (`/tokenize` counts the prompt, `/detokenize` spells the tokens), `n_probs`
+/// against the tokens chosen, a stop word, the stream against the whole answer, a JSON schema
+/// held, and a 400 naming each sampler this server does not have.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn llama_server_completion() {
+    let srv = serve(&tiny(), |_| {}).await;
+    let base = format!("http://{}", srv.addr);
+    let http = client();
+    let post = |path: &str, body: Value| {
+        let r = http.post(format!("{base}{path}")).json(&body).send();
+        async move {
+            let r = r.await.unwrap();
+            let status = r.status().as_u16();
+            (status, r.text().await.unwrap())
+        }
+    };
+    let ok = |(s, t): (u16, String)| -> Value {
+        assert_eq!(s, 200, "{t}");
+        serde_json::from_str(&t).unwrap()
+    };
+    let ask = json!({"prompt": "Hello there", "n_predict": 8, "ignore_eos": true, "temperature": 0,
+                     "return_tokens": true, "n_probs": 3});
+    let v = ok(post("/completion", ask.clone()).await);
+    let count = ok(post("/tokenize", json!({"content": "Hello there", "add_special": true})).await);
+    assert_eq!(v["tokens_evaluated"].as_u64().unwrap() as usize, count["tokens"].as_array().unwrap().len(), "{v}");
+    assert_eq!(
+        (v["tokens_predicted"].as_u64(), v["stop_type"].as_str(), v["stop"].as_bool()),
+        (Some(8), Some("limit"), Some(true))
+    );
+    let ids = v["tokens"].clone();
+    assert_eq!(ids.as_array().unwrap().len(), 8, "{v}");
+    let spelled = ok(post("/detokenize", json!({"tokens": ids})).await);
+    assert_eq!(spelled["content"], v["content"], "{v}");
+    let probs = v["completion_probabilities"].as_array().unwrap();
+    assert_eq!(probs.len(), 8);
+    for (p, id) in probs.iter().zip(ids.as_array().unwrap()) {
+        assert_eq!(&p["id"], id, "{p}");
+        let top = p["top_logprobs"].as_array().unwrap();
+        assert_eq!(top.len(), 3, "{p}");
+        assert_eq!(&top[0]["id"], id, "greedy picks the most likely: {p}");
+        assert!(p["logprob"].as_f64().unwrap() <= 0.0 && p["bytes"].is_array(), "{p}");
+    }
+    for k in ["prompt_ms", "predicted_ms", "predicted_per_second"] {
+        assert!(v["timings"][k].as_f64().is_some(), "{k}: {v}");
+    }
+    // The alias, post-sampling probabilities and response_fields.
+    let mut alias = ask.clone();
+    alias["post_sampling_probs"] = json!(true);
+    let a = ok(post("/completions", alias.clone()).await);
+    assert_eq!(a["content"], v["content"]);
+    let p = a["completion_probabilities"][0]["prob"].as_f64().unwrap();
+    assert!(p > 0.0 && p <= 1.0 && a["completion_probabilities"][0]["top_probs"].is_array(), "{a}");
+    alias["response_fields"] = json!(["content", "timings/predicted_n"]);
+    let f = ok(post("/completion", alias).await);
+    assert_eq!(f, json!({"content": v["content"], "timings/predicted_n": 8}));
+    // A prompt of ids and text mixed: the ids as they are, the text tokenized after them.
+    let hello: Vec<Value> = count["tokens"].as_array().unwrap().clone();
+    let mut mixed = hello.clone();
+    mixed.push(json!(" again"));
+    let again = ok(post("/tokenize", json!({"content": " again"})).await);
+    let m = ok(post("/completion", json!({"prompt": mixed, "n_predict": 2})).await);
+    assert_eq!(
+        m["tokens_evaluated"].as_u64().unwrap() as usize,
+        hello.len() + again["tokens"].as_array().unwrap().len()
+    );
+    // A stop word: the text up to it.
+    let third = ok(post("/detokenize", json!({"tokens": [ids[2].clone()]})).await);
+    let word = third["content"].as_str().unwrap().to_string();
+    let before = ok(post("/detokenize", json!({"tokens": [ids[0].clone(), ids[1].clone()]})).await);
+    if !word.trim().is_empty() && !before["content"].as_str().unwrap().contains(&word) {
+        let mut s = ask.clone();
+        s["stop"] = json!([word]);
+        let w = ok(post("/completion", s).await);
+        assert_eq!((w["stop_type"].as_str(), w["stopping_word"].as_str()), (Some("word"), Some(word.as_str())), "{w}");
+        assert_eq!(w["content"], before["content"], "{w}");
+    }
+    // Streamed: the same text, one event per token, the last with the totals.
+    let mut s = ask.clone();
+    s["stream"] = json!(true);
+    let (status, text) = post("/completion", s).await;
+    assert_eq!(status, 200, "{text}");
+    let events: Vec<Value> = text
+        .split("\n\n")
+        .filter(|e| !e.is_empty())
+        .map(|e| serde_json::from_str(e.strip_prefix("data: ").unwrap()).unwrap())
+        .collect();
+    let joined: String = events.iter().map(|e| e["content"].as_str().unwrap()).collect();
+    assert_eq!(joined, v["content"].as_str().unwrap());
+    let last = events.last().unwrap();
+    assert_eq!(
+        (last["stop"].as_bool(), last["stop_type"].as_str(), last["tokens_predicted"].as_u64()),
+        (Some(true), Some("limit"), Some(8))
+    );
+    assert!(events[..events.len() - 1].iter().all(|e| e["stop"] == false && e["completion_probabilities"].is_array()));
+    // A JSON schema holds even a random model to it.
+    let schema = json!({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"], "additionalProperties": false});
+    let j =
+        ok(post("/completion", json!({"prompt": "JSON:", "n_predict": 60, "json_schema": schema, "temperature": 0}))
+            .await);
+    if j["stop_type"] == "eos" {
+        let got: Value = serde_json::from_str(j["content"].as_str().unwrap()).unwrap_or_else(|e| panic!("{e}: {j}"));
+        assert!(got["a"].is_i64(), "{j}");
+    } else {
+        assert!(j["content"].as_str().unwrap().starts_with('{'), "{j}");
+    }
+    // `false` in logit_bias bans a token: the greedy first token changes.
+    let first = ids[0].as_u64().unwrap();
+    let mut ban = ask.clone();
+    ban["logit_bias"] = json!([[first, false]]);
+    let b = ok(post("/completion", ban).await);
+    assert_ne!(b["tokens"][0].as_u64(), Some(first), "{b}");
+    // What this server does not have is a 400 naming the field.
+    for (body, param) in [
+        (json!({"prompt": "x", "mirostat": 2}), "mirostat"),
+        (json!({"prompt": "x", "dry_multiplier": 0.8}), "dry_multiplier"),
+        (json!({"prompt": "x", "xtc_probability": 0.5}), "xtc_probability"),
+        (json!({"prompt": "x", "typical_p": 0.9}), "typical_p"),
+        (json!({"prompt": "x", "grammar": "root ::= \"a\""}), "grammar"),
+        (json!({"prompt": "x", "n_predict": 0}), "n_predict"),
+        (json!({"prompt": "x", "logit_bias": [["a", 1]]}), "logit_bias"),
+        (json!({"prompt": [1, {}]}), "prompt[1]"),
+        (json!({"n_predict": 2}), "prompt"),
+    ] {
+        let (s, t) = post("/completion", body.clone()).await;
+        let e: Value = serde_json::from_str(&t).unwrap();
+        assert_eq!((s, e["error"]["param"].as_str()), (400, Some(param)), "{body}: {t}");
+    }
+    // Neutral settings of those samplers are fine.
+    ok(post("/completion", json!({"prompt": "x", "n_predict": 1, "mirostat": 0, "typical_p": 1.0, "grammar": ""}))
+        .await);
+    srv.shutdown().await;
+}

@@ -186,7 +186,7 @@ pub(crate) async fn translated(
     body: Body,
     translate: Translate,
 ) -> Result<(EngineHandle, Prepared, Value), ApiError> {
-    let (engine, (parsed, mut c, route, echo, fields)) = admit(st, headers, body, move |data, _, lim| {
+    let (engine, (parsed, mut c, route, echo, fields)) = admit(st, headers, body, move |data, e, lim| {
         let mut parsed = json::parse(&data, None)?;
         drop(data);
         let t = translate(std::mem::take(&mut parsed.obj))?;
@@ -194,11 +194,13 @@ pub(crate) async fn translated(
         let lim = if t.ollama_limits { lim.ollama() } else { lim };
         parsed.obj = t.body;
         if route == Route::Completions {
-            let text = match parsed.obj.remove("prompt") {
-                Some(Value::String(s)) => s,
+            let prompt = match parsed.obj.remove("prompt") {
+                Some(Value::String(s)) => Prompt::Text(s),
+                // llama-server's: token ids and strings, mixed.
+                Some(Value::Array(a)) if !a.is_empty() => Prompt::Ids(mixed_prompt(e, &a)?),
                 _ => return Err(ApiError::invalid("prompt", "`prompt` must be a string")),
             };
-            parsed.prompts = Some(vec![Prompt::Text(text)]);
+            parsed.prompts = Some(vec![prompt]);
         }
         let mut c = common_fields(&mut parsed, &lim, &["max_tokens"]).map_err(|e| in_client_terms(e, fields))?;
         c.clamp_max_tokens = true;
@@ -231,6 +233,40 @@ pub(crate) fn tokenize_prompt(
         Some(_) => too_long(ctx, param),
         None => ApiError::invalid(param, format!("{e:#}")),
     })
+}
+
+/// A prompt of token ids and strings (llama-server's mixed prompt): ids below the vocabulary
+/// size as they are, strings tokenized (the first element with the model's BOS), within the
+/// context.
+fn mixed_prompt(e: &EngineHandle, items: &[Value]) -> Result<Vec<u32>, ApiError> {
+    let max = e.info.max_model_len().saturating_sub(1);
+    let mut ids: Vec<u32> = Vec::new();
+    for (i, v) in items.iter().enumerate() {
+        let left = max.saturating_sub(ids.len());
+        match v {
+            Value::String(s) => {
+                let got = e.tokenizer.tokenize_limited(s, i == 0, true, left).map_err(|err| {
+                    match err.downcast_ref::<TooLong>() {
+                        Some(_) => too_long(max + 1, "prompt"),
+                        None => ApiError::invalid("prompt", format!("{err:#}")),
+                    }
+                })?;
+                ids.extend(got);
+            }
+            Value::Number(n) => match n.as_u64().filter(|&id| id < e.info.vocab as u64) {
+                Some(id) if left > 0 => ids.push(id as u32),
+                Some(_) => return Err(too_long(max + 1, "prompt")),
+                None => {
+                    return Err(ApiError::invalid(
+                        &format!("prompt[{i}]"),
+                        format!("token id {n} is outside the vocabulary (size {})", e.info.vocab),
+                    ))
+                }
+            },
+            _ => return Err(ApiError::invalid(&format!("prompt[{i}]"), "`prompt` items must be token ids or strings")),
+        }
+    }
+    Ok(ids)
 }
 
 /// `text`'s first tokens, as many as a prompt may have (Ollama's `truncate`).

@@ -1,5 +1,6 @@
 //! llama-server's own routes, for the tools written against it (SillyTavern's llama.cpp
-//! backend, the llama.cpp web UI, editor plugins): `GET /props` (the chat template, the default
+//! backend, the llama.cpp web UI, editor plugins): `POST /completion` (see `completion`),
+//! `GET /props` (the chat template, the default
 //! generation settings, `total_slots`, the model file's name, build info) and
 //! `POST /apply-template` (`{"messages": [...]}` -> `{"prompt": text}`, the chat template
 //! applied as for a chat completion, a final assistant message continued). Both are behind the
@@ -19,8 +20,14 @@ use axum::{Json, Router};
 use serde_json::{json, Value};
 use std::sync::Arc;
 
+mod completion;
+
 pub(super) fn routes() -> Router<Arc<AppState>> {
-    Router::new().route("/props", get(props)).route("/apply-template", post(apply_template))
+    Router::new()
+        .route("/props", get(props))
+        .route("/apply-template", post(apply_template))
+        .route("/completion", post(completion::completion))
+        .route("/completions", post(completion::completion))
 }
 
 /// llama-server's `/props`.
