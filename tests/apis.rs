@@ -399,6 +399,21 @@ async fn llama_server_completion() {
     } else {
         assert!(j["content"].as_str().unwrap().starts_with('{'), "{j}");
     }
+    // A GBNF grammar holds it too, on /completion and on chat; a bad one says where.
+    let gbnf = "root ::= answer \".\"\nanswer ::= (\"yes\" | \"no\") [!?]{0,2}";
+    let g = ok(post("/completion", json!({"prompt": "Well?", "n_predict": 12, "grammar": gbnf})).await);
+    let text = g["content"].as_str().unwrap();
+    let word = text.trim_end_matches('.').trim_end_matches(['!', '?']);
+    assert!(matches!(word, "yes" | "no") && text.ends_with('.') && g["stop_type"] == "eos", "{g}");
+    let c = ok(post(
+        "/v1/chat/completions",
+        json!({"messages": [{"role": "user", "content": "Well?"}], "max_tokens": 12, "grammar": gbnf}),
+    )
+    .await);
+    let text = c["choices"][0]["message"]["content"].as_str().unwrap();
+    assert!(text.starts_with("yes") || text.starts_with("no"), "{c}");
+    let (s, t) = post("/completion", json!({"prompt": "x", "grammar": "root ::= \"a\"\nb ::= [z-a]"})).await;
+    assert!(s == 400 && t.contains("line 2 column 7"), "{t}");
     // `false` in logit_bias bans a token: the greedy first token changes.
     let first = ids[0].as_u64().unwrap();
     let mut ban = ask.clone();
@@ -411,7 +426,8 @@ async fn llama_server_completion() {
         (json!({"prompt": "x", "dry_multiplier": 0.8}), "dry_multiplier"),
         (json!({"prompt": "x", "xtc_probability": 0.5}), "xtc_probability"),
         (json!({"prompt": "x", "typical_p": 0.9}), "typical_p"),
-        (json!({"prompt": "x", "grammar": "root ::= \"a\""}), "grammar"),
+        (json!({"prompt": "x", "grammar": "root ::= \"a\" | b"}), "grammar"),
+        (json!({"prompt": "x", "grammar": "root ::= [a-"}), "grammar"),
         (json!({"prompt": "x", "n_predict": 0}), "n_predict"),
         (json!({"prompt": "x", "logit_bias": [["a", 1]]}), "logit_bias"),
         (json!({"prompt": [1, {}]}), "prompt[1]"),

@@ -1,7 +1,8 @@
 //! Structured outputs in the OpenAI API: `response_format` (`text`, `json_object`,
 //! `json_schema`) on chat and completions, and vLLM's `structured_outputs` extension (`json`,
 //! `regex`, `choice`, `grammar`, `json_object`) with its older spellings `guided_json`,
-//! `guided_regex`, `guided_choice` and `guided_grammar`. The grammar is compiled before the
+//! `guided_regex`, `guided_choice` and `guided_grammar`, and llama-server's GBNF `grammar` (see
+//! `structured::gbnf`) and top-level `json_schema`. The grammar is compiled before the
 //! request is submitted, so one the library cannot compile is a 400 naming the field.
 
 use super::error::ApiError;
@@ -152,6 +153,18 @@ pub fn parse(f: &Fields) -> Result<Option<Requested>, ApiError> {
     }
     if let Some(v) = f.get("guided_grammar") {
         found.push(Requested { spec: ConstraintSpec::Lark(string(v, "guided_grammar")?), param: "guided_grammar" });
+    }
+    // llama-server's: a GBNF `grammar` and a top-level `json_schema`.
+    if let Some(v) = f.get("grammar").filter(|v| v.as_str() != Some("")) {
+        let g = string(v, "grammar")?;
+        let lark = crate::structured::gbnf::gbnf_to_lark(&g).map_err(|e| invalid("grammar", e.to_string()))?;
+        found.push(Requested { spec: ConstraintSpec::Lark(lark), param: "grammar" });
+    }
+    if let Some(v) = f.get("json_schema") {
+        found.push(Requested {
+            spec: ConstraintSpec::JsonSchema { schema: schema_value(v, "json_schema")?, strict: false },
+            param: "json_schema",
+        });
     }
     if found.len() > 1 {
         let names: Vec<&str> = found.iter().map(|r| r.param).collect();

@@ -16,6 +16,7 @@
 //! Never uses: engine, model, gpu, server.
 
 pub mod bounds;
+pub mod gbnf;
 
 use crate::tokenizer::Tokenizer;
 use anyhow::{anyhow, bail, Result};

@@ -8,11 +8,11 @@
 //! penalties off; other values count the whole sequence, as -1 does), `logit_bias` (`[[id, bias
 //! or false]]` or `{"id": bias}`), `n_probs` (with `post_sampling_probs`: probabilities instead
 //! of log-probabilities; both are the model's distribution before the samplers cut it),
-//! `json_schema`, `return_tokens`, `response_fields`, `stream`. `cache_prompt`, `n_keep`,
+//! `grammar` (GBNF), `json_schema`, `return_tokens`, `response_fields`, `stream`. `cache_prompt`, `n_keep`,
 //! `samplers`, `id_slot` are taken and have nothing to change here (the prefix cache is always
 //! on; a prompt never shifts out of the context). Samplers this engine does not have (`mirostat`,
-//! `dry_multiplier`, `xtc_probability`, `dynatemp_range`, `typical_p` other than 1) and GBNF
-//! `grammar` are a 400 naming the field, never ignored.
+//! `dry_multiplier`, `xtc_probability`, `dynatemp_range`, `typical_p` other than 1) are a 400
+//! naming the field, never ignored.
 //!
 //! Response: `content`, `tokens`, `stop`, `stop_type` (`eos`, `word`, `limit`), `stopping_word`,
 //! `truncated`, `tokens_predicted`, `tokens_evaluated`, `tokens_cached`, `generation_settings`,
@@ -45,12 +45,8 @@ type Log = Option<Extension<AccessRecord>>;
 const UNTIL_THE_END: u64 = 1 << 30;
 
 /// The chat fields the translation renamed, as llama-server's clients name them.
-const FIELDS: &[(&str, &str)] = &[
-    ("max_tokens", "n_predict"),
-    ("repetition_penalty", "repeat_penalty"),
-    ("logprobs", "n_probs"),
-    ("response_format", "json_schema"),
-];
+const FIELDS: &[(&str, &str)] =
+    &[("max_tokens", "n_predict"), ("repetition_penalty", "repeat_penalty"), ("logprobs", "n_probs")];
 
 pub(crate) async fn completion(State(st): State<Arc<AppState>>, log: Log, headers: HeaderMap, body: Body) -> Response {
     let t0 = Instant::now();
@@ -103,9 +99,6 @@ fn translate(o: Map<String, Value>) -> Result<Translated, ApiError> {
             ));
         }
     }
-    if get("grammar").is_some_and(|g| g.as_str() != Some("")) {
-        return Err(invalid("grammar", "GBNF `grammar` is not supported yet; `json_schema` is"));
-    }
     let mut body = Map::new();
     match get("prompt") {
         Some(p @ (Value::String(_) | Value::Array(_))) => body.insert("prompt".into(), p.clone()),
@@ -132,6 +125,8 @@ fn translate(o: Map<String, Value>) -> Result<Translated, ApiError> {
         ("frequency_penalty", "frequency_penalty"),
         ("stream", "stream"),
         ("model", "model"),
+        ("grammar", "grammar"),
+        ("json_schema", "json_schema"),
     ] {
         if let Some(v) = get(from) {
             body.insert(to.into(), v.clone());
@@ -155,16 +150,6 @@ fn translate(o: Map<String, Value>) -> Result<Translated, ApiError> {
     };
     if n_probs > 0 {
         body.insert("logprobs".into(), json!(n_probs));
-    }
-    match get("json_schema") {
-        None => {}
-        Some(s @ Value::Object(_)) => {
-            let f = json!({"type": "json_schema", "json_schema": {"name": "schema", "schema": s}});
-            body.insert("response_format".into(), f);
-        }
-        Some(v) => {
-            return Err(invalid("json_schema", format!("`json_schema` must be an object, got {}", type_name(v))))
-        }
     }
     let flag = |k: &str| get(k).and_then(Value::as_bool).unwrap_or(false);
     let mut settings = Map::new();
