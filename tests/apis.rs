@@ -437,8 +437,41 @@ async fn llama_server_completion() {
         let e: Value = serde_json::from_str(&t).unwrap();
         assert_eq!((s, e["error"]["param"].as_str()), (400, Some(param)), "{body}: {t}");
     }
+    // tiny-qwen2's reduced vocabulary has no FIM tokens: /infill and `suffix` say so.
+    let (s, t) = post("/infill", json!({"input_prefix": "a", "input_suffix": "b"})).await;
+    assert!(s == 400 && t.contains("fill-in-the-middle"), "{t}");
+    let (s, t) = post("/v1/completions", json!({"prompt": "a", "suffix": "b"})).await;
+    assert!(s == 400 && t.contains("\"param\":\"suffix\""), "{t}");
     // Neutral settings of those samplers are fine.
     ok(post("/completion", json!({"prompt": "x", "n_predict": 1, "mirostat": 0, "typical_p": 1.0, "grammar": ""}))
         .await);
+    srv.shutdown().await;
+}
+
+/// Fill-in-the-middle on Qwen2.5-Coder-0.5B (a FIM model): `/infill` and OpenAI's `suffix`
+/// complete the function between its head and its use, greedily, with the same text; other
+/// files in `input_extra` are taken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn infill_on_qwen_coder() {
+    let srv = serve(&common::qwen25_coder(), |_| {}).await;
+    let base = format!("http://{}", srv.addr);
+    let http = client();
+    let (prefix, suffix) = ("def add(a, b):\n    return ", "\n\nprint(add(1, 2))\n");
+    let body = json!({"input_prefix": prefix, "input_suffix": suffix, "n_predict": 6, "temperature": 0});
+    let r = http.post(format!("{base}/infill")).json(&body).send().await.unwrap();
+    let v: Value = r.json().await.unwrap();
+    let text = v["content"].as_str().unwrap_or_else(|| panic!("{v}"));
+    assert!(text.starts_with("a + b"), "{v}");
+    let openai = json!({"prompt": prefix, "suffix": suffix, "max_tokens": 6, "temperature": 0});
+    let r = http.post(format!("{base}/v1/completions")).json(&openai).send().await.unwrap();
+    let c: Value = r.json().await.unwrap();
+    assert_eq!(c["choices"][0]["text"], v["content"], "{c}");
+    assert_eq!(c["usage"]["prompt_tokens"], v["tokens_evaluated"], "{c} {v}");
+    let mut extra = body.clone();
+    extra["input_extra"] = json!([{"filename": "util.py", "text": "def sub(a, b):\n    return a - b\n"}]);
+    let r = http.post(format!("{base}/infill")).json(&extra).send().await.unwrap();
+    let e: Value = r.json().await.unwrap();
+    assert!(e["tokens_evaluated"].as_u64() > v["tokens_evaluated"].as_u64(), "{e}");
+    assert!(e["content"].as_str().unwrap().starts_with("a + b"), "{e}");
     srv.shutdown().await;
 }

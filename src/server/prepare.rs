@@ -161,6 +161,9 @@ pub(crate) struct Translated {
     pub fields: &'static [(&'static str, &'static str)],
     /// The sampling fields are read with Ollama's limits ([`Limits::ollama`]).
     pub ollama_limits: bool,
+    /// A fill-in-the-middle prompt (llama-server's `/infill`), built for the model's tokenizer
+    /// in place of `prompt`.
+    pub fim: Option<super::llama::Fim>,
 }
 
 /// `e` with its `param` and the backquoted field names in its message as the client knows them
@@ -190,10 +193,13 @@ pub(crate) async fn translated(
         let mut parsed = json::parse(&data, None)?;
         drop(data);
         let t = translate(std::mem::take(&mut parsed.obj))?;
-        let (route, echo, fields) = (t.route, t.echo, t.fields);
+        let (route, echo, fields, fim) = (t.route, t.echo, t.fields, t.fim);
         let lim = if t.ollama_limits { lim.ollama() } else { lim };
         parsed.obj = t.body;
-        if route == Route::Completions {
+        if let Some(f) = fim {
+            parsed.obj.remove("prompt");
+            parsed.prompts = Some(vec![Prompt::Ids(f.tokens(e, "input_prefix")?)]);
+        } else if route == Route::Completions {
             let prompt = match parsed.obj.remove("prompt") {
                 Some(Value::String(s)) => Prompt::Text(s),
                 // llama-server's: token ids and strings, mixed.
@@ -359,9 +365,8 @@ pub(crate) fn completion(engine: &EngineHandle, parsed: Parsed, mut c: Common) -
     let lp = f.int_in("logprobs", 0, MAX_TOP_LOGPROBS as i64)?.map(|n| n as u32);
     // `echo` with `logprobs`: the prompt's tokens come back with their logprobs too.
     let prompt_lp = if echo { lp } else { None };
-    if f.string("suffix")?.is_some_and(|s| !s.is_empty()) {
-        return Err(ApiError::invalid("suffix", "`suffix` is not supported"));
-    }
+    // OpenAI's `suffix`: the prompt is the text before the cursor, filled in the middle.
+    let suffix = f.string("suffix")?.filter(|s| !s.is_empty()).map(str::to_string);
     if f.int("best_of")?.is_some_and(|b| b != c.n as i64) {
         return Err(ApiError::invalid("best_of", "`best_of` other than `n` is not supported"));
     }
@@ -379,9 +384,21 @@ pub(crate) fn completion(engine: &EngineHandle, parsed: Parsed, mut c: Common) -
     let mut echoes = Vec::with_capacity(prompts.len());
     let mut echo_ids = Vec::new();
     for p in prompts {
-        let (prompt, text) = match p {
-            Prompt::Text(s) => (tokenize_prompt(tok, &engine.info, &s, "prompt")?, s),
-            Prompt::Ids(ids) => {
+        let (prompt, text) = match (p, &suffix) {
+            (Prompt::Text(s), Some(suffix)) => {
+                let fim = super::llama::Fim {
+                    prefix: s.clone(),
+                    suffix: suffix.clone(),
+                    answer: max_tokens,
+                    ..Default::default()
+                };
+                (fim.tokens(engine, "suffix")?, s)
+            }
+            (Prompt::Ids(_), Some(_)) => {
+                return Err(ApiError::invalid("suffix", "`suffix` needs a text `prompt`"));
+            }
+            (Prompt::Text(s), None) => (tokenize_prompt(tok, &engine.info, &s, "prompt")?, s),
+            (Prompt::Ids(ids), None) => {
                 let text = if echo { tok.decode(&ids, false) } else { String::new() };
                 (ids, text)
             }

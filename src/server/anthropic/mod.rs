@@ -296,7 +296,14 @@ fn translate(mut o: Map<String, Value>) -> Result<Translated, ApiError> {
             chat.insert(to.into(), v);
         }
     }
-    Ok(Translated { body: chat, route: Route::Chat, echo: Value::Null, fields: ANTHROPIC_FIELDS, ollama_limits: false })
+    Ok(Translated {
+        body: chat,
+        route: Route::Chat,
+        echo: Value::Null,
+        fields: ANTHROPIC_FIELDS,
+        ollama_limits: false,
+        fim: None,
+    })
 }
 
 /// The chat fields the translation renamed, as Anthropic's clients name them.

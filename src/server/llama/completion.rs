@@ -1,4 +1,5 @@
-//! llama-server's `POST /completion` (also `/completions`, its alias without `/v1`), with its
+//! llama-server's `POST /completion` (also `/completions`, its alias without `/v1`) and
+//! `POST /infill` (the same with a fill-in-the-middle prompt, see `infill`), with their
 //! request and response as its README documents them.
 //!
 //! Request: `prompt` (a string, token ids, or ids and strings mixed; a string first gets the
@@ -19,6 +20,7 @@
 //! `timings`, `completion_probabilities` with `n_probs`; streamed as `data: {...}` events, one
 //! per token, the last with `stop: true` and the rest of the fields.
 
+use super::Fim;
 use crate::engine::{Event, FinishReason, Usage};
 use crate::server::access::AccessRecord;
 use crate::server::error::ApiError;
@@ -48,7 +50,22 @@ const UNTIL_THE_END: u64 = 1 << 30;
 const FIELDS: &[(&str, &str)] =
     &[("max_tokens", "n_predict"), ("repetition_penalty", "repeat_penalty"), ("logprobs", "n_probs")];
 
-pub(crate) async fn completion(State(st): State<Arc<AppState>>, log: Log, headers: HeaderMap, body: Body) -> Response {
+pub(crate) async fn completion(st: State<Arc<AppState>>, log: Log, headers: HeaderMap, body: Body) -> Response {
+    run(st, log, headers, body, translate).await
+}
+
+/// llama-server's `POST /infill` (see `infill`): `/completion` with a fill-in-the-middle prompt.
+pub(crate) async fn infill(st: State<Arc<AppState>>, log: Log, headers: HeaderMap, body: Body) -> Response {
+    run(st, log, headers, body, translate_infill).await
+}
+
+async fn run(
+    State(st): State<Arc<AppState>>,
+    log: Log,
+    headers: HeaderMap,
+    body: Body,
+    translate: prepare::Translate,
+) -> Response {
     let t0 = Instant::now();
     let log = log.map(|l| l.0).unwrap_or_default();
     let r = within(&st, t0, st.cfg.request_timeout, async {
@@ -167,7 +184,41 @@ fn translate(o: Map<String, Value>) -> Result<Translated, ApiError> {
         "response_fields": get("response_fields").cloned().unwrap_or(Value::Null),
         "settings": settings,
     });
-    Ok(Translated { body, route: Route::Completions, echo, fields: FIELDS, ollama_limits: false })
+    Ok(Translated { body, route: Route::Completions, echo, fields: FIELDS, ollama_limits: false, fim: None })
+}
+
+/// An `/infill` body: its FIM fields, then the rest as `/completion`'s.
+fn translate_infill(mut o: Map<String, Value>) -> Result<Translated, ApiError> {
+    let mut text = |k: &str| match o.remove(k) {
+        None | Some(Value::Null) => Ok(String::new()),
+        Some(Value::String(s)) => Ok(s),
+        Some(v) => Err(invalid(k, format!("`{k}` must be a string, got {}", type_name(&v)))),
+    };
+    let (prefix, suffix, middle) = (text("input_prefix")?, text("input_suffix")?, text("prompt")?);
+    let mut extra = Vec::new();
+    match o.remove("input_extra") {
+        None | Some(Value::Null) => {}
+        Some(Value::Array(list)) => {
+            for (i, x) in list.iter().enumerate() {
+                let field = |k: &str| x.get(k).and_then(Value::as_str).map(str::to_string);
+                match (field("filename"), field("text")) {
+                    (Some(name), Some(t)) => extra.push((name, t)),
+                    _ => {
+                        return Err(invalid(
+                            &format!("input_extra[{i}]"),
+                            "each of `input_extra` is {\"filename\", \"text\"}",
+                        ))
+                    }
+                }
+            }
+        }
+        Some(_) => return Err(invalid("input_extra", "`input_extra` must be an array of {\"filename\", \"text\"}")),
+    }
+    o.insert("prompt".into(), Value::String(String::new()));
+    let mut t = translate(o)?;
+    let answer = t.body.get("max_tokens").and_then(Value::as_u64).filter(|&n| n < UNTIL_THE_END).map(|n| n as usize);
+    t.fim = Some(Fim { prefix, suffix, middle, extra, answer });
+    Ok(t)
 }
 
 /// `logit_bias` in llama-server's forms: `[[id, bias], ...]` (`false` for never) or

@@ -21,6 +21,9 @@ use serde_json::{json, Value};
 use std::sync::Arc;
 
 mod completion;
+mod infill;
+
+pub(crate) use infill::Fim;
 
 pub(super) fn routes() -> Router<Arc<AppState>> {
     Router::new()
@@ -28,6 +31,7 @@ pub(super) fn routes() -> Router<Arc<AppState>> {
         .route("/apply-template", post(apply_template))
         .route("/completion", post(completion::completion))
         .route("/completions", post(completion::completion))
+        .route("/infill", post(completion::infill))
 }
 
 /// llama-server's `/props`.

@@ -373,6 +373,7 @@ fn translate_chat(o: Map<String, Value>) -> Result<Translated, ApiError> {
         echo: Value::Null,
         fields: OLLAMA_CHAT_FIELDS,
         ollama_limits: true,
+        fim: None,
     })
 }
 
@@ -414,7 +415,7 @@ fn translate_generate(o: Map<String, Value>) -> Result<Translated, ApiError> {
     if raw {
         body.remove("chat_template_kwargs");
     }
-    Ok(Translated { body, route, echo: Value::Null, fields: OLLAMA_GENERATE_FIELDS, ollama_limits: true })
+    Ok(Translated { body, route, echo: Value::Null, fields: OLLAMA_GENERATE_FIELDS, ollama_limits: true, fim: None })
 }
 
 #[cfg(test)]

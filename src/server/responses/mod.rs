@@ -387,6 +387,7 @@ fn translate(mut o: Map<String, Value>) -> Result<Translated, ApiError> {
         echo: Value::Object(echo),
         fields: RESPONSES_FIELDS,
         ollama_limits: false,
+        fim: None,
     })
 }
 
