@@ -890,6 +890,10 @@ async fn bad_requests_get_openai_errors() {
     }
     let too_long = srv.post(comp, &json!({"prompt": long_prompt})).await;
     assert_eq!(too_long.1["error"]["code"], "context_length_exceeded");
+    // With the prompt's length and the context beside OpenAI's fields, as llama-server's.
+    let (s, v) = srv.post(comp, &json!({"prompt": long_prompt[..500], "max_tokens": 100})).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+    assert_eq!((v["error"]["n_prompt_tokens"].as_u64(), v["error"]["n_ctx"].as_u64()), (Some(500), Some(512)), "{v}");
 
     // Raw bodies: malformed JSON, not an object, invalid UTF-8, empty, nesting past serde_json's
     // depth limit, lone surrogates and bad escapes, numbers past f64, too large (declared and

@@ -16,11 +16,14 @@ pub struct ApiError {
     pub code: Option<&'static str>,
     /// Seconds for a `Retry-After` header (503).
     pub retry_after: Option<u32>,
+    /// A prompt that does not fit: (its tokens, the context), as llama-server reports them
+    /// (`n_prompt_tokens`, `n_ctx` beside OpenAI's fields; llama.cpp's web UI reads them).
+    pub context: Option<(usize, usize)>,
 }
 
 impl ApiError {
     fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> ApiError {
-        ApiError { status, message: message.into(), kind, param: None, code: None, retry_after: None }
+        ApiError { status, message: message.into(), kind, param: None, code: None, retry_after: None, context: None }
     }
 
     /// 400, naming the request field at fault.
@@ -125,14 +128,25 @@ impl ApiError {
     }
 
     pub fn body(&self) -> Value {
-        json!({
+        let mut v = json!({
             "error": {
                 "message": self.message,
                 "type": self.kind,
                 "param": self.param,
                 "code": self.code,
             }
-        })
+        });
+        if let Some((prompt, ctx)) = self.context {
+            v["error"]["n_prompt_tokens"] = json!(prompt);
+            v["error"]["n_ctx"] = json!(ctx);
+        }
+        v
+    }
+
+    /// With the prompt's length and the context (see [`ApiError::context`]).
+    pub fn with_context(mut self, prompt_tokens: usize, ctx: usize) -> ApiError {
+        self.context = Some((prompt_tokens, ctx));
+        self
     }
 }
 

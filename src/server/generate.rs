@@ -35,7 +35,8 @@ pub(crate) fn check_context(
                  which leaves no room for the completion. Please reduce the length of the prompt."
             ),
         )
-        .code("context_length_exceeded"));
+        .code("context_length_exceeded")
+        .with_context(prompt_len, ctx));
     }
     match max_tokens {
         None => Ok(ctx - prompt_len),
@@ -48,7 +49,8 @@ pub(crate) fn check_context(
                 prompt_len.saturating_add(m)
             ),
         )
-        .code("context_length_exceeded")),
+        .code("context_length_exceeded")
+        .with_context(prompt_len, ctx)),
         Some(m) => Ok(m),
     }
 }
