@@ -40,6 +40,9 @@ const OLLAMA_GENERATE: &str = "/api/generate";
 const OLLAMA_SHOW: &str = "/api/show";
 const EMBEDDINGS: &str = "/v1/embeddings";
 const OLLAMA_EMBED: &str = "/api/embed";
+const LLAMA_COMPLETION: &str = "/completion";
+const LLAMA_INFILL: &str = "/infill";
+const APPLY_TEMPLATE: &str = "/apply-template";
 /// The POST routes whose bodies must be declared JSON.
 const POSTS: &[&str] = &[
     CHAT,
@@ -54,15 +57,37 @@ const POSTS: &[&str] = &[
     OLLAMA_SHOW,
     EMBEDDINGS,
     OLLAMA_EMBED,
+    LLAMA_COMPLETION,
+    LLAMA_INFILL,
+    APPLY_TEMPLATE,
 ];
 /// The other routes the statistics name (the others count as "other").
-const GETS: &[&str] =
-    &["/v1/models", "/health", "/metrics", "/version", "/server_info", "/api/tags", "/api/ps", "/api/version", "/"];
+const GETS: &[&str] = &[
+    "/v1/models",
+    "/health",
+    "/metrics",
+    "/version",
+    "/server_info",
+    "/api/tags",
+    "/api/ps",
+    "/api/version",
+    "/",
+    "/props",
+];
 
 /// Request fields the server reads (and some it does not).
 const FIELDS: &[&str] = &[
     "model",
     "messages",
+    "n_predict",
+    "n_probs",
+    "grammar",
+    "json_schema",
+    "input_prefix",
+    "input_suffix",
+    "input_extra",
+    "mirostat",
+    "response_fields",
     "prompt",
     "max_tokens",
     "max_completion_tokens",
@@ -247,7 +272,7 @@ fn tweak() -> impl Strategy<Value = Tweak> {
 fn generation_body() -> impl Strategy<Value = (&'static str, Vec<u8>)> {
     let edit = (prop::sample::select(FIELDS), prop::option::weighted(0.85, value()));
     (
-        0u8..10,
+        0u8..13,
         1u32..6,
         prop::bool::weighted(0.25),
         prop::collection::vec(edit, 0..4),
@@ -265,7 +290,10 @@ fn generation_body() -> impl Strategy<Value = (&'static str, Vec<u8>)> {
                 6 => (OLLAMA_CHAT, json!({"messages": user, "options": {"num_predict": max_tokens}})),
                 7 => (OLLAMA_GENERATE, json!({"prompt": "hi", "options": {"num_predict": max_tokens}})),
                 8 => (EMBEDDINGS, json!({"input": ["hi", "there"], "dimensions": max_tokens})),
-                _ => (OLLAMA_EMBED, json!({"input": "hi"})),
+                9 => (OLLAMA_EMBED, json!({"input": "hi"})),
+                10 => (LLAMA_COMPLETION, json!({"prompt": "hi", "n_predict": max_tokens, "n_probs": 2})),
+                11 => (LLAMA_INFILL, json!({"input_prefix": "def f(", "input_suffix": ")", "n_predict": max_tokens})),
+                _ => (APPLY_TEMPLATE, json!({"messages": user})),
             };
             // Ollama streams unless told not to.
             if path.starts_with("/api/") {

@@ -8,10 +8,14 @@ pub enum Dialect {
     OpenAi,
     Anthropic,
     Ollama,
+    /// llama-server's own routes: errors in OpenAI's shape, streams of `data:` objects.
+    Llama,
 }
 
 pub fn dialect(path: &str) -> Dialect {
-    if path.starts_with("/v1/messages") {
+    if matches!(path, "/completion" | "/completions" | "/infill") {
+        Dialect::Llama
+    } else if path.starts_with("/v1/messages") {
         Dialect::Anthropic
     } else if path.starts_with("/api/") || path == "/api" {
         Dialect::Ollama
@@ -23,7 +27,7 @@ pub fn dialect(path: &str) -> Dialect {
 /// Whether `v` is an error body in `d`'s shape.
 pub fn is_error(d: Dialect, v: &Value) -> bool {
     match d {
-        Dialect::OpenAi => {
+        Dialect::OpenAi | Dialect::Llama => {
             let e = &v["error"];
             e["message"].as_str().is_some_and(|m| !m.is_empty())
                 && e["type"].is_string()
@@ -41,7 +45,8 @@ pub fn is_error(d: Dialect, v: &Value) -> bool {
 
 /// A whole SSE stream in its API's framing: OpenAI's ends with `[DONE]` (error events carry a
 /// code), Anthropic's with `message_stop` or an error event, the Responses API's with
-/// `response.completed`, `.incomplete` or `.failed`.
+/// `response.completed`, `.incomplete` or `.failed`; llama-server's with a `stop: true` object
+/// (or an error).
 pub fn check_sse(d: Dialect, text: &str) -> Result<(), String> {
     let events: Vec<&str> = text.split("\n\n").filter(|e| !e.is_empty() && !e.starts_with(':')).collect();
     let data = |ev: &str| -> Result<Value, String> {
@@ -73,6 +78,17 @@ pub fn check_sse(d: Dialect, text: &str) -> Result<(), String> {
                 if v.get("error").is_some_and(|e| !e["code"].is_string()) {
                     return Err(format!("error event {v}"));
                 }
+            }
+            Ok(())
+        }
+        Dialect::Llama => {
+            let all: Vec<Value> = events.iter().map(|e| data(e)).collect::<Result<_, _>>()?;
+            let last = all.last().ok_or("an empty stream")?;
+            if last["stop"] != true && last.get("error").is_none() {
+                return Err(format!("the stream ends with {last}"));
+            }
+            if all[..all.len() - 1].iter().any(|e| e["stop"] != false) {
+                return Err("a chunk before the last says stop".into());
             }
             Ok(())
         }
