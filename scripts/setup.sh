@@ -49,5 +49,7 @@ python3 -c 'import openai, pydantic, jsonschema, zmq, msgpack, msgspec' 2>/dev/n
 # The official Anthropic and Ollama clients (tests/apis_e2e.py) and selenium, which drives
 # Chromium for the chat page's test (tests/webui_selenium.py).
 python3 -c 'import anthropic, ollama, selenium' 2>/dev/null || pip_install anthropic ollama selenium
+# litellm, whose `ollama_chat/` provider tests/apis_e2e.py drives (it sends no Content-Type).
+LITELLM_LOCAL_MODEL_COST_MAP=True python3 -c 'import litellm' 2>/dev/null || pip_install litellm
 # The Shepherd Model Gateway (the `smg` router) for the replicas test and scripts/replicas.sh.
 [ "$(smg --version 2>/dev/null | grep -o '[0-9.]*' | head -1)" = "1.13.0" ] || pip_install smg==1.13.0

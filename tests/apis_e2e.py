@@ -11,6 +11,7 @@ greedy by default, e.g. SmolLM2-135M-Instruct, and requires API_KEY). Prints
 """
 
 import json
+import os
 import re
 import sys
 import urllib.error
@@ -307,7 +308,14 @@ def ollama_checks():
         check(MODEL + ":latest" in names, f"ollama list: {names}")
         parts = [p.message.content for p in c.chat(model=MODEL, messages=msgs, options=opts, stream=True)]
         check("".join(parts) == streamed, f"ollama stream: {parts}")
-    print("ollama: ok" + (" (with the ollama package)" if ollama else ""))
+    # litellm's `ollama_chat/` provider (it posts without a Content-Type), greedy as above.
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    import litellm
+
+    r = litellm.completion(model=f"ollama_chat/{MODEL}", api_base=BASE, messages=msgs, temperature=0, max_tokens=16,
+                           extra_headers={"Authorization": f"Bearer {KEY}"}, timeout=120)
+    check(r.choices[0].message.content == streamed, f"litellm ollama_chat/: {r.choices[0].message.content!r}")
+    print("ollama: ok" + (" (with the ollama package and litellm)" if ollama else " (with litellm)"))
 
 
 def main():
