@@ -24,6 +24,7 @@ mod cli;
 mod conn;
 mod embeddings;
 mod error;
+mod fields;
 mod generate;
 pub mod harmony;
 mod hosts;
