@@ -60,22 +60,26 @@ impl LayerSummary {
     }
 }
 
-/// A layer in host memory (`HostModel::layer`): one the model holds, or one just read.
-pub enum LayerRef<'a> {
-    Held(&'a HostLayer),
-    Read(Box<HostLayer>),
+/// A tensor or layer in host memory: one the model holds, or one just read from the open
+/// weights (dropped by the caller once uploaded).
+pub enum Loaded<'a, T> {
+    Held(&'a T),
+    Read(Box<T>),
 }
 
-impl std::ops::Deref for LayerRef<'_> {
-    type Target = HostLayer;
+impl<T> std::ops::Deref for Loaded<'_, T> {
+    type Target = T;
 
-    fn deref(&self) -> &HostLayer {
+    fn deref(&self) -> &T {
         match self {
-            LayerRef::Held(l) => l,
-            LayerRef::Read(l) => l,
+            Loaded::Held(t) => t,
+            Loaded::Read(t) => t,
         }
     }
 }
+
+/// A layer (`HostModel::layer`).
+pub type LayerRef<'a> = Loaded<'a, HostLayer>;
 
 /// The format and device bytes of a tensor outside the layers (the embedding, the LM head).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -90,23 +94,8 @@ impl TensorInfo {
     }
 }
 
-/// A tensor in host memory (`HostModel::read_embed`, `read_lm_head`): one the model holds, or
-/// one just read.
-pub enum TensorRef<'a> {
-    Held(&'a QTensor),
-    Read(Box<QTensor>),
-}
-
-impl std::ops::Deref for TensorRef<'_> {
-    type Target = QTensor;
-
-    fn deref(&self) -> &QTensor {
-        match self {
-            TensorRef::Held(t) => t,
-            TensorRef::Read(t) => t,
-        }
-    }
-}
+/// The embedding or LM head (`HostModel::read_embed`, `read_lm_head`).
+pub type TensorRef<'a> = Loaded<'a, QTensor>;
 
 /// The open weights of a model's layers, read one layer at a time (and its embedding and LM
 /// head, read when uploaded).

@@ -172,6 +172,14 @@ impl ServerConfig {
     }
 }
 
+impl ServerConfig {
+    /// The model file's (or directory's) name, never its path: where it lives on the server is
+    /// not the client's business.
+    pub fn model_file_name(&self) -> Option<String> {
+        self.model_path.as_deref().and_then(|p| p.file_name()).map(|n| n.to_string_lossy().into_owned())
+    }
+}
+
 /// The model id for a model path: a file's stem (`SmolLM2-135M-Instruct.Q4_1`) or a
 /// directory's name (`tiny-qwen2`).
 pub fn model_id_for_path(path: &Path) -> String {

@@ -40,13 +40,7 @@ async fn props(State(st): State<Arc<AppState>>) -> Response {
         let e = st.engine()?;
         let tok = &e.tokenizer;
         let text = |id: Option<u32>| id.map(|i| tok.decode(&[i], false)).unwrap_or_default();
-        let model = st
-            .cfg
-            .model_path
-            .as_deref()
-            .and_then(|p| p.file_name())
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_else(|| st.cfg.served_model_name.clone());
+        let model = st.cfg.model_file_name().unwrap_or_else(|| st.cfg.served_model_name.clone());
         let params = json!({
             "n_predict": -1,
             "temperature": st.cfg.default_temperature,

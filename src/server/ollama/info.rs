@@ -186,14 +186,7 @@ pub(super) async fn show(State(st): State<Arc<AppState>>, headers: HeaderMap, bo
             caps.push("thinking");
         }
         let (size, modified) = file_facts(&st);
-        // The file's name only: where it lives on the server is not the client's business.
-        let path = st
-            .cfg
-            .model_path
-            .as_deref()
-            .and_then(|p| p.file_name())
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
+        let path = st.cfg.model_file_name().unwrap_or_default();
         Ok::<_, ApiError>(
             Json(json!({
                 "license": "",
