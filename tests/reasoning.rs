@@ -135,3 +135,79 @@ async fn thinking_goes_to_reasoning_content() {
     tokio::task::spawn_blocking(move || common::openai_e2e(&base, &["--reasoning"])).await.unwrap();
     h.shutdown().await;
 }
+
+/// Renders an assistant message's `reasoning_content` in a `<think>` span (as Qwen3's own
+/// template does for the current tool-use cycle).
+const READS_REASONING: &str = "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' }}{% if m.reasoning_content is defined %}{{ '<think>' + m.reasoning_content + '</think>' }}{% endif %}{{ m['content'] + '<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+
+/// Anthropic's `thinking` blocks reach the template within the current tool-use cycle and are
+/// dropped from earlier turns (`count_tokens` counts exactly what the prompt holds); OpenAI's
+/// `reasoning_content` reaches a template that reads it, and is put back into the content's
+/// `<think>` span for one that does not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thinking_given_back_reaches_the_template() {
+    let reads = model_with_template("reads", READS_REASONING);
+    let (_h, base) = serve(&reads.0, ReasoningChoice::None).await;
+    let http = reqwest::Client::new();
+    let count = |messages: Value| {
+        let (http, base) = (http.clone(), base.clone());
+        async move {
+            let r = http.post(format!("{base}/messages/count_tokens")).json(&json!({"messages": messages})).send();
+            let r = r.await.unwrap();
+            assert_eq!(r.status(), 200);
+            let v: Value = r.json().await.unwrap();
+            v["input_tokens"].as_u64().unwrap()
+        }
+    };
+    let thinking = json!({"type": "thinking", "thinking": "alpha beta gamma delta", "signature": "s"});
+    let call = json!({"type": "tool_use", "id": "toolu_1", "name": "f", "input": {"x": 1}});
+    let text = json!({"type": "text", "text": "Looking."});
+    let result = json!({"type": "tool_result", "tool_use_id": "toolu_1", "content": "42"});
+    let cycle = |with: bool| {
+        let mut blocks = if with { vec![thinking.clone()] } else { vec![] };
+        blocks.extend([text.clone(), call.clone()]);
+        json!([
+            {"role": "user", "content": "q"},
+            {"role": "assistant", "content": blocks},
+            {"role": "user", "content": [result.clone()]},
+        ])
+    };
+    let (with, without) = (count(cycle(true)).await, count(cycle(false)).await);
+    assert!(with > without + 4, "the current cycle's thinking must be in the prompt: {with} vs {without}");
+    // The same assistant message before a new user question: its thinking is dropped.
+    let earlier = |with: bool| {
+        let mut m = cycle(with);
+        m.as_array_mut().unwrap()[2] = json!({"role": "user", "content": "next question"});
+        m.as_array_mut().unwrap()[1]["content"] =
+            if with { json!([thinking.clone(), text.clone()]) } else { json!([text.clone()]) };
+        m
+    };
+    assert_eq!(count(earlier(true)).await, count(earlier(false)).await, "an earlier turn's thinking is dropped");
+
+    // OpenAI's `reasoning_content`, through llama-server's /apply-template (the prompt text).
+    let root = base.trim_end_matches("/v1");
+    let apply = |root: String, http: reqwest::Client| async move {
+        let messages = json!([
+            {"role": "user", "content": "q"},
+            {"role": "assistant", "content": "A", "reasoning_content": "R"},
+            {"role": "user", "content": "q2"},
+        ]);
+        let r = http.post(format!("{root}/apply-template")).json(&json!({"messages": messages})).send().await.unwrap();
+        assert_eq!(r.status(), 200);
+        r.json::<Value>().await.unwrap()["prompt"].as_str().unwrap().to_string()
+    };
+    let p = apply(root.to_string(), http.clone()).await;
+    assert!(p.contains("<|im_start|>assistant\n<think>R</think>A<|im_end|>"), "{p}");
+    let bad = json!({"messages": [{"role": "user", "content": "q", "reasoning_content": "R"}]});
+    let r = http.post(format!("{root}/apply-template")).json(&bad).send().await.unwrap();
+    assert_eq!(r.status(), 400);
+    let e: Value = r.json().await.unwrap();
+    assert_eq!(e["error"]["param"], "messages[0].reasoning_content", "{e}");
+
+    // A template that does not read `reasoning_content` but writes `<think>`: folded into the
+    // content's span.
+    let folds = model_with_template("folds", QWEN3_STYLE);
+    let (_h2, base2) = serve(&folds.0, ReasoningChoice::None).await;
+    let p = apply(base2.trim_end_matches("/v1").to_string(), http.clone()).await;
+    assert!(p.contains("<|im_start|>assistant\n<think>\nR\n</think>\n\nA<|im_end|>"), "{p}");
+}

@@ -357,6 +357,20 @@ pub fn parse_messages(v: Option<&Value>) -> Result<Vec<ChatMessage>, ApiError> {
             };
             let mut msg = ChatMessage::new(role, content);
             super::tools::parse_history_fields(&f, &p, &mut msg)?;
+            // The thinking of an earlier answer, given back (vLLM's `reasoning_content`, or
+            // `reasoning`): the template decides whether it shows it (Qwen3's show only the
+            // current tool-use cycle's).
+            for key in ["reasoning_content", "reasoning"] {
+                match f.get(key) {
+                    None | Some(Value::Null) => {}
+                    Some(Value::String(s)) if role == "assistant" => msg.reasoning_content = Some(s.clone()),
+                    Some(Value::String(_)) => {
+                        let pk = format!("{p}.{key}");
+                        return Err(ApiError::invalid(&pk, format!("only assistant messages may have `{key}`")));
+                    }
+                    Some(v) => return Err(wrong_type(&format!("{p}.{key}"), "a string", v)),
+                }
+            }
             Ok(msg)
         })
         .collect()

@@ -163,7 +163,7 @@ fn push_message(out: &mut Vec<Value>, i: usize, m: &Value) -> Result<(), ApiErro
         Some(Value::Array(b)) => b,
         _ => return Err(invalid(&pc, format!("`{pc}` must be a string or an array of content blocks"))),
     };
-    let mut text = String::new();
+    let (mut text, mut thinking) = (String::new(), String::new());
     let mut calls = Vec::new();
     for (j, b) in blocks.iter().enumerate() {
         let pb = format!("{pc}[{j}]");
@@ -172,8 +172,15 @@ fn push_message(out: &mut Vec<Value>, i: usize, m: &Value) -> Result<(), ApiErro
             ("text", _) => text.push_str(
                 b.get("text").and_then(Value::as_str).ok_or_else(|| invalid(&pb, "a text block needs `text`"))?,
             ),
-            // Earlier thinking is not shown to the model again (as Anthropic's own API does).
-            ("thinking" | "redacted_thinking", "assistant") => {}
+            // Thinking goes to the template as `reasoning_content`; `translate` drops it from
+            // turns before the current tool-use cycle (as Anthropic's own API does). Redacted
+            // thinking is encrypted elsewhere: nothing a model here can read.
+            ("thinking", "assistant") => thinking.push_str(
+                b.get("thinking")
+                    .and_then(Value::as_str)
+                    .ok_or_else(|| invalid(&pb, "a thinking block needs `thinking`"))?,
+            ),
+            ("redacted_thinking", "assistant") => {}
             ("tool_use", "assistant") => {
                 let id = b.get("id").and_then(Value::as_str).ok_or_else(|| invalid(&pb, "`tool_use` needs an `id`"))?;
                 let name =
@@ -210,7 +217,24 @@ fn push_message(out: &mut Vec<Value>, i: usize, m: &Value) -> Result<(), ApiErro
     } else if !text.is_empty() || role == "assistant" || !blocks.iter().any(|b| b["type"] == "tool_result") {
         out.push(json!({"role": role, "content": text}));
     }
+    if !thinking.is_empty() {
+        if let Some(last) = out.last_mut() {
+            last["reasoning_content"] = Value::String(thinking);
+        }
+    }
     Ok(())
+}
+
+/// Drop the thinking of assistant turns that ended before the last user message: only the
+/// current tool-use cycle (the assistant messages and tool results after it) keeps its thinking,
+/// which a reasoning model must see to go on where it left off between calls.
+fn keep_current_thinking(messages: &mut [Value]) {
+    let Some(last_user) = messages.iter().rposition(|m| m["role"] == "user") else { return };
+    for m in &mut messages[..last_user] {
+        if let Some(o) = m.as_object_mut() {
+            o.remove("reasoning_content");
+        }
+    }
 }
 
 fn translate_tools(v: &Value) -> Result<Vec<Value>, ApiError> {
@@ -255,6 +279,7 @@ fn translate(mut o: Map<String, Value>) -> Result<Translated, ApiError> {
             for (i, m) in list.iter().enumerate() {
                 push_message(&mut messages, i, m)?;
             }
+            keep_current_thinking(&mut messages);
         }
         _ => return Err(invalid("messages", "`messages` must be a non-empty array")),
     }

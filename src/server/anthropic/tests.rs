@@ -129,3 +129,28 @@ fn structured_outputs_become_the_chat_response_format() {
     let body = tr(json!({"messages": [{"role": "user", "content": "x"}], "output_config": {"effort": "low"}})).unwrap();
     assert!(body.get("response_format").is_none());
 }
+
+#[test]
+fn thinking_is_kept_only_in_the_current_tool_use_cycle() {
+    let think = |t: &str| json!({"type": "thinking", "thinking": t, "signature": "s"});
+    let call = |id: &str| json!({"type": "tool_use", "id": id, "name": "f", "input": {}});
+    let result =
+        |id: &str| json!({"role": "user", "content": [{"type": "tool_result", "tool_use_id": id, "content": "ok"}]});
+    let body = tr(json!({"messages": [
+        {"role": "user", "content": "q1"},
+        {"role": "assistant", "content": [think("old"), {"type": "text", "text": "a1"}]},
+        {"role": "user", "content": "q2"},
+        {"role": "assistant", "content": [think("t1"), call("c1")]},
+        result("c1"),
+        {"role": "assistant", "content": [think("t2"), {"type": "redacted_thinking", "data": "x"}, call("c2")]},
+        result("c2"),
+    ]}))
+    .unwrap();
+    let m = body["messages"].as_array().unwrap();
+    let reasoning: Vec<&Value> = m.iter().map(|m| &m["reasoning_content"]).collect();
+    assert_eq!(
+        reasoning,
+        [&Value::Null, &Value::Null, &Value::Null, &json!("t1"), &Value::Null, &json!("t2"), &Value::Null]
+    );
+    assert_eq!(m[1]["content"], "a1");
+}

@@ -340,6 +340,10 @@ fn translate_chat(o: Map<String, Value>) -> Result<Translated, ApiError> {
         let role = m.get("role").cloned().unwrap_or(Value::Null);
         let content = m.get("content").filter(|c| !c.is_null()).cloned().unwrap_or(json!(""));
         let mut out = json!({"role": role, "content": content});
+        // An earlier answer's thinking, given back: the template decides whether it shows it.
+        if let Some(t) = m.get("thinking").filter(|t| t.is_string() && role == "assistant") {
+            out["reasoning_content"] = t.clone();
+        }
         if let Some(Value::Array(calls)) = m.get("tool_calls") {
             let mut with_ids = Vec::new();
             for (j, c) in calls.iter().enumerate() {

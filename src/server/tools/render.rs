@@ -42,7 +42,9 @@ pub fn generic_messages(messages: &[ChatMessage], tools: Option<&[Value]>) -> Ve
             if m.role == "tool" {
                 ChatMessage::new("user", format!("<tool_response>\n{content}\n</tool_response>"))
             } else {
-                ChatMessage::new(m.role.clone(), content)
+                let mut out = ChatMessage::new(m.role.clone(), content);
+                out.reasoning_content = m.reasoning_content.clone();
+                out
             }
         })
         .collect();
@@ -75,6 +77,14 @@ pub fn render_prompt(
             }
         }
     }
+    let folded;
+    let messages = match fold_reasoning(tok, messages) {
+        Some(f) => {
+            folded = f;
+            &folded[..]
+        }
+        None => messages,
+    };
     let has_history = messages.iter().any(|m| m.tool_calls.is_some() || m.role == "tool");
     if tok.chat_template_supports_tools() {
         tok.apply_chat_template_kwargs(messages, specs.as_deref(), add_generation_prompt, kwargs)
@@ -84,4 +94,29 @@ pub fn render_prompt(
     } else {
         tok.apply_chat_template_kwargs(messages, None, add_generation_prompt, kwargs)
     }
+}
+
+/// For a template that does not read `reasoning_content` but writes `<think>` spans (it finds
+/// the thinking in the content, as Qwen3's and DeepSeek-R1's do): the messages with their
+/// thinking put back into the content, in the span. None when nothing needs folding.
+fn fold_reasoning(tok: &Tokenizer, messages: &[ChatMessage]) -> Option<Vec<ChatMessage>> {
+    let source = tok.chat_template_source()?;
+    if !messages.iter().any(|m| m.reasoning_content.is_some()) || source.contains("reasoning_content") {
+        return None;
+    }
+    let think = source.contains(crate::server::reasoning::OPEN);
+    let fold = |m: &ChatMessage| {
+        let mut m = m.clone();
+        if let Some(r) = m.reasoning_content.take().filter(|_| think) {
+            m.content = format!(
+                "{}\n{}\n{}\n\n{}",
+                crate::server::reasoning::OPEN,
+                r,
+                crate::server::reasoning::CLOSE,
+                m.content
+            );
+        }
+        m
+    };
+    Some(messages.iter().map(fold).collect())
 }
