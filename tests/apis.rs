@@ -475,3 +475,71 @@ async fn infill_on_qwen_coder() {
     assert!(e["content"].as_str().unwrap().starts_with("a + b"), "{e}");
     srv.shutdown().await;
 }
+
+/// llama-server's `GET /slots`: behind the key; a running request shows as a busy slot with its
+/// prompt and decode counts (never its text); `fail_on_no_slot` is a 503 while every slot is
+/// busy; the slot is idle again once the client leaves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slots_under_an_api_key() {
+    let srv = serve(&tiny(), |s| {
+        s.api_key = Some(KEY.into());
+        s.total_slots = 1;
+    })
+    .await;
+    let base = format!("http://{}", srv.addr);
+    let http = client();
+    let slots = |q: &'static str| {
+        let r = http.get(format!("{base}/slots{q}")).bearer_auth(KEY).send();
+        async move {
+            let r = r.await.unwrap();
+            (r.status().as_u16(), r.text().await.unwrap())
+        }
+    };
+    assert_eq!(http.get(format!("{base}/slots")).send().await.unwrap().status(), 401);
+    let (s, idle) = slots("").await;
+    assert_eq!(s, 200, "{idle}");
+    let idle: Value = serde_json::from_str(&idle).unwrap();
+    assert_eq!(idle.as_array().unwrap().len(), 1, "{idle}");
+    assert_eq!(idle[0]["is_processing"], false, "{idle}");
+    assert_eq!(slots("?fail_on_no_slot=1").await.0, 200);
+
+    let prompt = "A secret prompt about zebras";
+    let n = 400;
+    let body = json!({"prompt": prompt, "n_predict": n, "ignore_eos": true, "stream": true});
+    let mut r = http.post(format!("{base}/completion")).bearer_auth(KEY).json(&body).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(r.chunk().await.unwrap().is_some(), "the stream's first event");
+    let (s, text) = slots("").await;
+    assert_eq!(s, 200, "{text}");
+    assert!(!text.contains("zebras"), "no request's text in /slots: {text}");
+    let busy: Value = serde_json::from_str(&text).unwrap();
+    let slot = &busy[0];
+    assert_eq!(slot["is_processing"], true, "{busy}");
+    let r2 =
+        http.post(format!("{base}/tokenize")).bearer_auth(KEY).json(&json!({"content": prompt, "add_special": true}));
+    let count: Value = r2.send().await.unwrap().json().await.unwrap();
+    assert_eq!(slot["n_prompt_tokens"], json!(count["tokens"].as_array().unwrap().len()), "{busy}");
+    assert_eq!(slot["n_prompt_tokens_processed"], slot["n_prompt_tokens"], "{busy}");
+    let decoded = slot["next_token"]["n_decoded"].as_u64().unwrap();
+    assert!(decoded >= 1, "{busy}");
+    assert_eq!(slot["next_token"]["n_remain"].as_u64().unwrap(), n - decoded, "{busy}");
+    assert_eq!(slot["params"]["n_predict"], json!(n), "{busy}");
+    let (s, e) = slots("?fail_on_no_slot=1").await;
+    assert_eq!(s, 503, "{e}");
+    let e: Value = serde_json::from_str(&e).unwrap();
+    assert_eq!(e["error"]["code"], "no_slot_available", "{e}");
+
+    // The client leaves: its sequence is aborted and the slot is idle again.
+    drop(r);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let (_, t) = slots("").await;
+        let v: Value = serde_json::from_str(&t).unwrap();
+        if v[0]["is_processing"] == false {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the slot stayed busy: {v}");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    srv.shutdown().await;
+}

@@ -42,6 +42,8 @@ pub(crate) enum Command {
     CachedBlocks(std::sync::mpsc::Sender<(Vec<BlockKey>, u64)>),
     /// Turn embeddings on (engine/embed.rs); answers the embedding size or why not.
     EnableEmbeddings(std::sync::mpsc::Sender<Result<usize, String>>),
+    /// Every sequence's state (running first, then waiting), for `GET /slots`.
+    Slots(tokio::sync::oneshot::Sender<Vec<super::slots::SlotState>>),
 }
 
 /// A step submitted and not yet finished.
@@ -229,6 +231,11 @@ impl EngineCore {
             }
             Command::EnableEmbeddings(reply) => {
                 let _ = reply.send(self.enable_embeddings());
+            }
+            Command::Slots(reply) => {
+                use super::slots::SlotState;
+                let running = self.sched.running.iter().map(|s| SlotState::of(s, true));
+                let _ = reply.send(running.chain(self.sched.waiting.iter().map(|s| SlotState::of(s, false))).collect());
             }
             Command::Fault(f) => match f {
                 Fault::EnginePanic => panic!("injected fault: the engine thread panics"),

@@ -263,6 +263,14 @@ impl EngineHandle {
         rx.recv().ok()
     }
 
+    /// Every sequence's state, running first then waiting (`GET /slots`); answered between
+    /// steps. Err when the engine has stopped.
+    pub async fn slots(&self) -> Result<Vec<super::slots::SlotState>, String> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.tx.send(Command::Slots(tx)).map_err(|_| "the engine has stopped".to_string())?;
+        rx.await.map_err(|_| "the engine has stopped".to_string())
+    }
+
     /// Turns embeddings on (`--task embed`): from now on every step hands back its hidden
     /// states, and requests with `pooling` are served. Returns the embedding size, or why this
     /// engine cannot (a pipeline).

@@ -27,6 +27,7 @@ mod scheduler_tests;
 #[cfg(test)]
 mod scripted;
 mod sequence;
+pub mod slots;
 mod speculate;
 #[cfg(test)]
 mod trace_tests;

@@ -138,6 +138,8 @@ pub struct ServerConfig {
     pub model_path: Option<std::path::PathBuf>,
     /// Sequences decoded at once (llama-server's `total_slots` in `/props`).
     pub total_slots: usize,
+    /// Speculative decoding is on (`/props` and `/slots` say so).
+    pub speculative: bool,
 }
 
 impl ServerConfig {
@@ -168,6 +170,7 @@ impl ServerConfig {
             pooling: crate::engine::Pooling::Last,
             model_path: None,
             total_slots: cfg.max_decode_batch_size,
+            speculative: cfg.speculative != crate::config::SpecMethod::Off,
         }
     }
 }

@@ -3,8 +3,8 @@
 //! `GET /props` (the chat template, the default
 //! generation settings, `total_slots`, the model file's name, build info) and
 //! `POST /apply-template` (`{"messages": [...]}` -> `{"prompt": text}`, the chat template
-//! applied as for a chat completion, a final assistant message continued). Both are behind the
-//! API key when one is set.
+//! applied as for a chat completion, a final assistant message continued), `GET /slots` (see
+//! `slots`). All are behind the API key when one is set.
 
 use super::error::ApiError;
 use super::params::{parse_messages, Fields};
@@ -22,12 +22,14 @@ use std::sync::Arc;
 
 mod completion;
 mod infill;
+mod slots;
 
 pub(crate) use infill::Fim;
 
 pub(super) fn routes() -> Router<Arc<AppState>> {
     Router::new()
         .route("/props", get(props))
+        .route("/slots", get(slots::slots))
         .route("/apply-template", post(apply_template))
         .route("/completion", post(completion::completion))
         .route("/completions", post(completion::completion))
@@ -61,7 +63,7 @@ async fn props(State(st): State<Arc<AppState>>) -> Response {
                     "id": 0,
                     "id_task": -1,
                     "n_ctx": e.info.max_model_len(),
-                    "speculative": false,
+                    "speculative": st.cfg.speculative,
                     "is_processing": false,
                     "params": params,
                 },
