@@ -543,3 +543,78 @@ async fn slots_under_an_api_key() {
     }
     srv.shutdown().await;
 }
+
+/// llama-server's `return_progress` and `timings_per_token`, on `/completion` and on chat: a
+/// prompt longer than a step's token budget (256) sends its progress chunk by chunk before the
+/// first token; every event then carries `timings` whose counts match the usage; without them the
+/// responses keep their shape.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn progress_and_timings() {
+    let srv = serve(&tiny(), |_| {}).await;
+    let base = format!("http://{}", srv.addr);
+    let http = client();
+    let long = "the quick brown fox jumps over the lazy dog ".repeat(20);
+    let events = |text: &str| -> Vec<Value> {
+        text.split("\n\n")
+            .filter_map(|e| e.strip_prefix("data: "))
+            .filter(|d| *d != "[DONE]")
+            .map(|d| serde_json::from_str(d).unwrap())
+            .collect()
+    };
+    let body = json!({"prompt": long, "n_predict": 4, "ignore_eos": true, "stream": true,
+                      "return_progress": true, "timings_per_token": true});
+    let r = http.post(format!("{base}/completion")).json(&body).send().await.unwrap();
+    let status = r.status();
+    let text = r.text().await.unwrap();
+    assert_eq!(status, 200, "{text}");
+    let ev = events(&text);
+    let last = ev.last().unwrap();
+    let total = last["tokens_evaluated"].as_u64().unwrap();
+    assert!(total > 256, "{last}");
+    let progress: Vec<&Value> = ev.iter().filter_map(|e| e.get("prompt_progress")).collect();
+    assert!(progress.len() >= 2, "a prompt of {total} tokens in steps of 256: {progress:?}");
+    let processed: Vec<u64> = progress.iter().map(|p| p["processed"].as_u64().unwrap()).collect();
+    assert!(processed.windows(2).all(|w| w[0] < w[1]) && processed.last() == Some(&total), "{processed:?}");
+    assert!(progress.iter().all(|p| p["total"] == json!(total)), "{progress:?}");
+    let first_token = ev.iter().position(|e| e["content"].as_str().is_some_and(|c| !c.is_empty())).unwrap();
+    let last_progress = ev.iter().rposition(|e| e.get("prompt_progress").is_some()).unwrap();
+    assert!(last_progress < first_token, "progress comes before the tokens");
+    let tokens: Vec<&Value> = ev.iter().filter(|e| e.get("prompt_progress").is_none()).collect();
+    assert!(tokens.iter().all(|e| e["timings"]["predicted_n"].is_u64()), "timings on every token: {tokens:?}");
+    assert_eq!(last["timings"]["predicted_n"], 4, "{last}");
+    assert_eq!(last["timings"]["prompt_n"], json!(total - last["tokens_cached"].as_u64().unwrap()), "{last}");
+
+    // Chat, whole: `timings` only when asked.
+    let chat = |extra: Value| {
+        let mut b = json!({"messages": [{"role": "user", "content": long}], "max_tokens": 3, "temperature": 0});
+        for (k, v) in extra.as_object().unwrap() {
+            b[k] = v.clone();
+        }
+        http.post(format!("{base}/v1/chat/completions")).json(&b).send()
+    };
+    let plain: Value = chat(json!({})).await.unwrap().json().await.unwrap();
+    assert!(plain.get("timings").is_none() && plain.get("prompt_progress").is_none(), "{plain}");
+    let timed: Value = chat(json!({"timings_per_token": true})).await.unwrap().json().await.unwrap();
+    let (u, t) = (&timed["usage"], &timed["timings"]);
+    assert_eq!(t["predicted_n"], u["completion_tokens"], "{timed}");
+    let cached = u["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap_or(0);
+    assert_eq!(t["prompt_n"].as_u64().unwrap(), u["prompt_tokens"].as_u64().unwrap() - cached, "{timed}");
+    assert!(t["prompt_ms"].as_f64().unwrap() > 0.0, "{timed}");
+
+    // Chat, streamed, with a prompt the cache has not seen: progress chunks with no choices, then
+    // chunks with timings.
+    let fresh = format!("a different text {long}");
+    let b = json!({"messages": [{"role": "user", "content": fresh}], "max_tokens": 3, "stream": true,
+                   "return_progress": true, "timings_per_token": true});
+    let r = http.post(format!("{base}/v1/chat/completions")).json(&b).send().await.unwrap();
+    let ev = events(&r.text().await.unwrap());
+    let progress: Vec<&Value> = ev.iter().filter(|e| e.get("prompt_progress").is_some()).collect();
+    assert!(progress.len() >= 2, "{ev:?}");
+    assert!(progress.iter().all(|e| e["choices"] == json!([])), "{progress:?}");
+    let chunks: Vec<&Value> = ev.iter().filter(|e| e.get("prompt_progress").is_none()).collect();
+    // The role chunk goes out at once; every chunk after it carries the timings.
+    assert!(chunks[0]["choices"][0]["delta"]["role"] == "assistant" && chunks.len() > 1, "{chunks:?}");
+    assert!(chunks[1..].iter().all(|e| e["timings"]["prompt_n"].as_u64() > Some(256)), "{chunks:?}");
+    assert_eq!(chunks.last().unwrap()["timings"]["predicted_n"], 3, "{chunks:?}");
+    srv.shutdown().await;
+}

@@ -124,7 +124,7 @@ impl RequestStream {
                     c.logprobs.push(logprob);
                 }
                 Event::PromptLogprobs(lps) => c.prompt_logprobs.extend(lps),
-                Event::Embedding(_) => {}
+                Event::Embedding(_) | Event::Progress { .. } => {}
                 Event::Done { text, reason, usage } => {
                     c.text.push_str(&text);
                     c.reason = reason;

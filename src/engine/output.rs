@@ -121,6 +121,11 @@ impl EngineCore {
             }
             s.computed += p.len;
             commit_computed(&mut self.sched.bm, &self.sched.cfg, s);
+            if !decode && s.params.progress && s.computed <= s.prompt_len {
+                let (processed, total) = (s.computed, s.prompt_len);
+                // A send fails only when the client has gone: the abort comes from there.
+                let _ = s.out.send(Event::Progress { processed, cached: s.cached_tokens.unwrap_or(0), total });
+            }
         }
         if !hidden.is_empty() {
             self.pool_rows(&step.plan, &hidden);

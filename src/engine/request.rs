@@ -51,6 +51,9 @@ pub struct RequestParams {
     /// request ends without generating. Needs embeddings enabled
     /// ([`EngineHandle::enable_embeddings`](crate::engine::EngineHandle::enable_embeddings)).
     pub pooling: Option<Pooling>,
+    /// Send [`Event::Progress`] after each step that computes part of the prompt (llama-server's
+    /// `return_progress`; also how the server learns the cached prefix before the end).
+    pub progress: bool,
 }
 
 /// How an embedding request's hidden states (after the model's final norm) become one vector.
@@ -91,6 +94,7 @@ impl Default for RequestParams {
             constraint: None,
             constraint_after: None,
             pooling: None,
+            progress: false,
         }
     }
 }
@@ -168,6 +172,9 @@ pub enum Event {
     /// Log-probabilities of prompt tokens (`prompt_logprobs`), in prompt order starting with the
     /// second token; they may come in several events, all before the first `Token`.
     PromptLogprobs(Vec<PromptLogprob>),
+    /// Prefill progress (`RequestParams::progress`): of the prompt's `total` tokens,
+    /// `processed` have their K/V in the cache, `cached` of them found in the prefix cache.
+    Progress { processed: usize, cached: usize, total: usize },
     /// An embedding request's vector (L2-normalised), just before its `Done`.
     Embedding(Vec<f32>),
     /// The end: any remaining text, why, and the token counts.

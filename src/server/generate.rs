@@ -122,7 +122,7 @@ impl Choice {
                 self.last = Some(now);
                 e
             }
-            Some(Event::PromptLogprobs(_) | Event::Embedding(_)) => e,
+            Some(Event::PromptLogprobs(_) | Event::Embedding(_) | Event::Progress { .. }) => e,
             Some(Event::Done { usage, ref reason, .. }) => {
                 self.done = true;
                 // A sequence whose only token ended it (eos) still had a first token.
@@ -318,6 +318,8 @@ pub(crate) struct Collected {
     pub usage: Usage,
     /// An embedding request's vector.
     pub embedding: Option<Vec<f32>>,
+    /// When its first token came (llama-server's `timings`).
+    pub first: Option<Instant>,
 }
 
 impl Choice {
@@ -331,15 +333,18 @@ impl Choice {
             reason: FinishReason::Error("the engine stopped".into()),
             usage: Usage::default(),
             embedding: None,
+            first: None,
         };
         while let Some(e) = self.next().await {
             match e {
                 Event::Token { id, text, logprob, top } => {
+                    c.first.get_or_insert_with(Instant::now);
                     c.text.push_str(&text);
                     c.tokens.push(TokenOut { id, logprob, top });
                 }
                 Event::PromptLogprobs(lps) => c.prompt_logprobs.extend(lps),
                 Event::Embedding(v) => c.embedding = Some(v),
+                Event::Progress { .. } => {}
                 Event::Done { text, reason, usage } => {
                     c.text.push_str(&text);
                     c.reason = reason;

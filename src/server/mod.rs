@@ -41,6 +41,7 @@ mod queue;
 pub mod reasoning;
 mod responses;
 mod structured;
+mod timings;
 mod token_ids;
 mod tokenize;
 mod tools;

@@ -62,6 +62,10 @@ pub struct Common {
     pub n: usize,
     pub stream: bool,
     pub include_usage: bool,
+    /// llama-server's `timings_per_token`: `timings` on the response (and on every chunk).
+    pub timings: bool,
+    /// llama-server's `return_progress`: `prompt_progress` chunks while the prompt is computed.
+    pub progress: bool,
     pub sampling: SamplingParams,
     pub repetition_penalty: f32,
     pub frequency_penalty: f32,
@@ -111,6 +115,8 @@ impl Common {
             }
             Some(v) => return Err(wrong_type("stream_options", "an object", v)),
         };
+        let timings = f.bool("timings_per_token")?.unwrap_or(false);
+        let progress = f.bool("return_progress")?.unwrap_or(false);
         let temperature =
             f.float_in("temperature", 0.0, lim.max_temperature, false)?.unwrap_or(lim.default_temperature);
         let top_p = f.float_in("top_p", 0.0, 1.0, true)?.unwrap_or(lim.default_top_p);
@@ -190,6 +196,8 @@ impl Common {
             n,
             stream,
             include_usage,
+            timings,
+            progress,
             sampling: SamplingParams { temperature, top_p, top_k, min_p, seed },
             repetition_penalty,
             frequency_penalty,
@@ -232,6 +240,7 @@ impl Common {
             constraint: self.compiled.clone(),
             constraint_after: None,
             pooling: None,
+            progress: self.timings || self.progress,
         }
     }
 }

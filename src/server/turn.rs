@@ -213,7 +213,7 @@ impl Turn {
                     first.get_or_insert_with(std::time::Instant::now);
                     text.push_str(&t)
                 }
-                Some(Event::PromptLogprobs(_) | Event::Embedding(_)) => {}
+                Some(Event::PromptLogprobs(_) | Event::Embedding(_) | Event::Progress { .. }) => {}
                 Some(Event::Done { text: t, reason, usage }) => {
                     if let Some(e) = error_of(&reason) {
                         return Err(e);
@@ -251,7 +251,7 @@ impl Turn {
                                     return Some((TurnEvent::Parts(parts), Some((t, started))));
                                 }
                             }
-                            Some(Event::PromptLogprobs(_) | Event::Embedding(_)) => {}
+                            Some(Event::PromptLogprobs(_) | Event::Embedding(_) | Event::Progress { .. }) => {}
                             Some(Event::Done { text, reason, usage }) => {
                                 if let Some(e) = error_of(&reason) {
                                     return Some((TurnEvent::Failed(e), None));

@@ -18,7 +18,9 @@
 //! Response: `content`, `tokens`, `stop`, `stop_type` (`eos`, `word`, `limit`), `stopping_word`,
 //! `truncated`, `tokens_predicted`, `tokens_evaluated`, `tokens_cached`, `generation_settings`,
 //! `timings`, `completion_probabilities` with `n_probs`; streamed as `data: {...}` events, one
-//! per token, the last with `stop: true` and the rest of the fields.
+//! per token, the last with `stop: true` and the rest of the fields; with `timings_per_token`
+//! every event carries `timings`, with `return_progress` `prompt_progress` events come while the
+//! prompt is computed (`{total, cache, processed, time_ms}`).
 
 use super::Fim;
 use crate::engine::{Event, FinishReason, Usage};
@@ -28,6 +30,7 @@ use crate::server::generate::{submit, Choice};
 use crate::server::openai::{deadline, error_of, token_piece, within};
 use crate::server::params::type_name;
 use crate::server::prepare::{self, Route, Translated};
+use crate::server::timings::Clock;
 use crate::server::AppState;
 use crate::tokenizer::Tokenizer;
 use axum::body::{Body, Bytes};
@@ -144,6 +147,8 @@ fn translate(o: Map<String, Value>) -> Result<Translated, ApiError> {
         ("model", "model"),
         ("grammar", "grammar"),
         ("json_schema", "json_schema"),
+        ("timings_per_token", "timings_per_token"),
+        ("return_progress", "return_progress"),
     ] {
         if let Some(v) = get(from) {
             body.insert(to.into(), v.clone());
@@ -181,6 +186,8 @@ fn translate(o: Map<String, Value>) -> Result<Translated, ApiError> {
         "n_probs": n_probs,
         "post_sampling_probs": flag("post_sampling_probs"),
         "return_tokens": flag("return_tokens"),
+        "timings_per_token": flag("timings_per_token"),
+        "return_progress": flag("return_progress"),
         "response_fields": get("response_fields").cloned().unwrap_or(Value::Null),
         "settings": settings,
     });
@@ -263,8 +270,7 @@ struct Out {
     echo: Value,
     stops: Vec<String>,
     prompt_tokens: usize,
-    t0: Instant,
-    first: Option<Instant>,
+    clock: Clock,
     content: String,
     ids: Vec<u32>,
     probs: Vec<Value>,
@@ -279,8 +285,7 @@ impl Out {
             echo,
             stops,
             prompt_tokens: prompt,
-            t0,
-            first: None,
+            clock: Clock::new(t0, prompt),
             content: String::new(),
             ids: vec![],
             probs: vec![],
@@ -289,7 +294,7 @@ impl Out {
 
     /// One token: its text and, with `n_probs`, its probabilities entry.
     fn token(&mut self, id: u32, text: &str, logprob: f32, top: &[(u32, f32)]) -> (Option<Value>, String) {
-        self.first.get_or_insert_with(Instant::now);
+        self.clock.token();
         self.content.push_str(text);
         self.ids.push(id);
         let n = self.echo["n_probs"].as_u64().unwrap_or(0) as usize;
@@ -321,8 +326,7 @@ impl Out {
     /// The fields of the last (or only) response object.
     fn finish(&mut self, text: &str, reason: &FinishReason, u: &Usage) -> Value {
         self.content.push_str(text);
-        let end = Instant::now();
-        let first = self.first.unwrap_or(end);
+        self.clock.done(u);
         let (stop_type, word) = match reason {
             FinishReason::Length => ("limit", ""),
             _ => match u.stop_string.and_then(|i| self.stops.get(i)) {
@@ -330,12 +334,6 @@ impl Out {
                 None => ("eos", ""),
             },
         };
-        let ms = |d: Duration| d.as_secs_f64() * 1e3;
-        let (prompt_ms, predicted_ms) = (ms(first - self.t0), ms(end - first));
-        let prompt_n = u.prompt_tokens.saturating_sub(u.cached_tokens);
-        let per = |n: usize, ms: f64| if n == 0 { (0.0, 0.0) } else { (ms / n as f64, n as f64 * 1e3 / ms.max(1e-9)) };
-        let (ppt, pps) = per(prompt_n, prompt_ms);
-        let (gpt, gps) = per(u.completion_tokens, predicted_ms);
         let mut settings = self.echo["settings"].clone();
         settings["model"] = json!(self.model);
         let mut v = json!({
@@ -353,16 +351,7 @@ impl Out {
             "truncated": false,
             "stop_type": stop_type,
             "stopping_word": word,
-            "timings": {
-                "prompt_n": prompt_n,
-                "prompt_ms": prompt_ms,
-                "prompt_per_token_ms": ppt,
-                "prompt_per_second": pps,
-                "predicted_n": u.completion_tokens,
-                "predicted_ms": predicted_ms,
-                "predicted_per_token_ms": gpt,
-                "predicted_per_second": gps,
-            },
+            "timings": self.clock.timings(),
         });
         if !self.probs.is_empty() {
             v["completion_probabilities"] = json!(std::mem::take(&mut self.probs));
@@ -390,7 +379,7 @@ async fn whole(mut out: Out, mut choice: Choice) -> Result<Response, ApiError> {
             Some(Event::Token { id, text, logprob, top }) => {
                 out.token(id, &text, logprob, &top);
             }
-            Some(Event::PromptLogprobs(_) | Event::Embedding(_)) => {}
+            Some(Event::PromptLogprobs(_) | Event::Embedding(_) | Event::Progress { .. }) => {}
             Some(Event::Done { text, reason, usage }) => {
                 if let Some(e) = error_of(&reason) {
                     return Err(e);
@@ -430,7 +419,18 @@ fn streamed(out: Out, choice: Choice, limit: Option<(Duration, tokio::time::Inst
                     if let Some(p) = prob {
                         v["completion_probabilities"] = json!([p]);
                     }
+                    if out.echo["timings_per_token"] == true {
+                        v["timings"] = out.clock.timings();
+                    }
                     return Some((event(&v), Some((out, choice))));
+                }
+                Some(Event::Progress { processed, cached, total }) => {
+                    let progress = out.clock.progress(processed, cached, total);
+                    if out.echo["return_progress"] == true {
+                        let v = json!({"index": 0, "content": "", "tokens": [], "stop": false, "id_slot": 0,
+                                       "prompt_progress": progress});
+                        return Some((event(&v), Some((out, choice))));
+                    }
                 }
                 Some(Event::PromptLogprobs(_) | Event::Embedding(_)) => {}
                 Some(Event::Done { text, reason, usage }) => {

@@ -7,6 +7,7 @@ use super::generate::{submit, total_usage, Choice, Collected, TokenOut};
 use super::harmony::{self, HarmonyParser, HarmonyPart};
 use super::prepare::{self, Prepared, Route};
 use super::reasoning::{self, Reasoning, Splitter};
+use super::timings::Clock;
 use super::tools::{self, Piece, ToolCallParser, ToolRequest};
 use super::{unix_now, AppState};
 use crate::engine::{EngineHandle, Event, FinishReason, PromptLogprob, Usage};
@@ -118,6 +119,9 @@ async fn respond(
         tools: p.tools,
         reasoning: p.reasoning,
         st: st.clone(),
+        t0,
+        timings: c.timings,
+        progress: c.progress && c.stream,
     };
     Ok(if c.stream { out.stream(choices) } else { within(&st, t0, c.timeout, out.whole(choices)).await? })
 }
@@ -206,6 +210,11 @@ struct Output {
     /// Chat with a reasoning parser: the thinking goes to `reasoning_content` (before tools).
     reasoning: Option<Reasoning>,
     st: Arc<AppState>,
+    t0: Instant,
+    /// llama-server's `timings_per_token`: `timings` on the response, and on every chunk.
+    timings: bool,
+    /// llama-server's `return_progress`: `prompt_progress` chunks while the prompt is computed.
+    progress: bool,
 }
 
 /// Legacy completions logprobs under construction.
@@ -377,6 +386,9 @@ impl Output {
             .collect();
         let mut v = self.envelope(false, choices);
         v["usage"] = usage;
+        if let Some(c) = done.first().filter(|_| self.timings) {
+            v["timings"] = Clock::finished(self.t0, c.first, &c.usage).timings();
+        }
         Ok(Json(v).into_response())
     }
 }

@@ -18,6 +18,7 @@ impl Output {
             open: choices.iter().map(|c| c.index).collect(),
             echo_pending: BTreeSet::new(),
             prompt_lps: HashMap::new(),
+            clocks: HashMap::new(),
             finished: false,
             started: false,
             out: self,
@@ -116,6 +117,8 @@ struct SseState {
     /// logprobs, and those received so far.
     echo_pending: BTreeSet<usize>,
     prompt_lps: HashMap<usize, Vec<PromptLogprob>>,
+    /// Each choice's clock (`timings_per_token`, `return_progress`).
+    clocks: HashMap<usize, Clock>,
     finished: bool,
     /// Whether an engine event arrived (no more keep-alive comments after it).
     started: bool,
@@ -215,10 +218,23 @@ impl SseState {
         }
     }
 
+    fn clock(&mut self, index: usize) -> &mut Clock {
+        let t0 = self.out.t0;
+        self.clocks.entry(index).or_insert_with(|| Clock::new(t0, 0))
+    }
+
     fn push_choice(&mut self, choice: Value) {
+        // From the choice's first engine event on (the role chunk goes out before it).
+        let timings = match choice["index"].as_u64() {
+            Some(i) if self.out.timings => self.clocks.get(&(i as usize)).map(Clock::timings),
+            _ => None,
+        };
         let mut v = self.out.envelope(true, vec![choice]);
         if self.out.include_usage {
             v["usage"] = Value::Null;
+        }
+        if let Some(t) = timings {
+            v["timings"] = t;
         }
         self.tail.push_back(sse(&v));
     }
@@ -246,7 +262,16 @@ impl SseState {
         match e {
             Event::PromptLogprobs(lps) => self.prompt_lps.entry(index).or_default().extend(lps),
             Event::Embedding(_) => {}
+            Event::Progress { processed, cached, total } => {
+                let progress = self.clock(index).progress(processed, cached, total);
+                if self.out.progress {
+                    let mut v = self.out.envelope(true, vec![]);
+                    v["prompt_progress"] = progress;
+                    self.tail.push_back(sse(&v));
+                }
+            }
             Event::Token { id, text, logprob, top } => {
+                self.clock(index).token();
                 if text.is_empty() && !self.out.logprobs {
                     return;
                 }
@@ -278,6 +303,7 @@ impl SseState {
                     return;
                 }
                 self.usage.push((index, prompt_index, usage));
+                self.clock(index).done(&usage);
                 let mut reason = json!(finish.as_openai());
                 if self.out.chat && self.out.reasoning.is_some_and(|r| r.is_harmony()) {
                     if self.push_harmony(index, &text, true, Value::Null) > 0 {
