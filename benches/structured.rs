@@ -56,7 +56,7 @@ fn run(e: &EngineHandle, g: &Grammars, spec: Option<&ConstraintSpec>) -> (f64, V
                             ids.push(id);
                         }
                         Event::Done { .. } => break,
-                        Event::PromptLogprobs(_) | Event::Embedding(_) => {}
+                        Event::PromptLogprobs(_) | Event::Embedding(_) | Event::Progress { .. } => {}
                     }
                 }
                 (times, ids)
