@@ -6,18 +6,23 @@
 #       spirv-headers where missing, builds llama.cpp's Vulkan backend and llama-bench from the
 #       tree vendored in the llama-cpp-python==0.3.36 sdist (GGML_NATIVE off, only the x86
 #       features /proc/cpuinfo lists, AVX-512 and VNNI left off: not every machine has them),
-#       and writes DIR/pack.tar.xz: llama-bench, its libraries and the torus-wgpu binary
+#       and writes DIR/pack.tar.xz: llama-bench, llama-batched-bench, their libraries and the torus-wgpu binary
 #       (target/release), stripped. Carry DIR to the GPU machine (the device tool's `carry`).
 #
 #   scripts/gpu-side-by-side.sh run [--pack DIR] [--out DIR (side-by-side-out)] [--shapes LIST]
-#       [--quick] [--tmp DIR] [--peak-gb-s N (the GPU's memory bandwidth: 3350 H100 SXM, 4800 H200)]
+#       [--serve-shapes LIST] [--quick] [--tmp DIR] [--peak-gb-s N (the GPU's memory bandwidth: 3350 H100 SXM, 4800 H200)]
 #       On the GPU machine (no compiler, no network): unpacks, writes each synthetic model once
 #       with `torus-wgpu synth-model` (qwen2.5-7b and llama-3-8b in Q4_K, qwen3-30b-a3b at 12
 #       layers, qwen3.5-9b), runs llama-bench (tg128 and pp512, flash attention off and on) and
 #       `torus-wgpu bench-model` (decode at batch 1, 8, 32; a 512-token prefill) on it, and
-#       prints torus-wgpu / llama.cpp ratios. DIR gets side-by-side.json (every report whole and
-#       the ratios), reports.jsonl, summary.txt and log.txt. --quick (lavapipe): the tiny variants, tg16/pp64,
-#       batches 1 and 8. About 6 minutes for the four shapes on an H100/H200.
+#       prints torus-wgpu / llama.cpp ratios. On the --serve-shapes (qwen2.5-7b) also (issue 49):
+#       bench-model again with the GEMM from 8 rows (TORUS_GEMM_MIN_ROWS=8) and with cooperative
+#       matrices (TORUS_COOPERATIVE_MATRIX=1), llama-batched-bench (pp128 tg128 at 8 and 32
+#       sequences), and `torus-wgpu serve` measured by `torus-wgpu bench` (completions, 128-token
+#       prompts, 128 tokens out with ignore_eos) at concurrency 1, 8 and 32.
+#       DIR gets side-by-side.json (every report whole and the ratios), reports.jsonl, summary.txt
+#       and log.txt. --quick (lavapipe): the tiny variants, tg16/pp64, batches 1 and 8, concurrency
+#       1 and 8 with 16 tokens out. About 9 minutes for the four shapes on an H100/H200.
 #
 # Vulkan on the GPU machine: see scripts/gpu-check.sh's header (libvulkan1, VK_DRIVER_FILES).
 set -uo pipefail
@@ -28,6 +33,7 @@ shift || true
 pack="side-by-side-pack"
 out="side-by-side-out"
 shapes="qwen2.5-7b,llama-3-8b,qwen3-30b-a3b,qwen3.5-9b"
+serve_shapes="qwen2.5-7b"
 quick=0
 tmp="${TMPDIR:-/tmp}"
 peak=""
@@ -36,6 +42,7 @@ while [ $# -gt 0 ]; do
         --pack) pack="$2"; shift 2 ;;
         --out) out="$2"; shift 2 ;;
         --shapes) shapes="$2"; shift 2 ;;
+        --serve-shapes) serve_shapes="$2"; shift 2 ;;
         --tmp) tmp="$2"; shift 2 ;;
         --quick) quick=1; shift ;;
         --peak-gb-s) peak="$2"; shift 2 ;;
@@ -106,19 +113,89 @@ do_pack() {
     done
     echo "building llama-bench (Vulkan) in $src/build-vulkan: ${flags[*]}"
     cmake -S "$src" -B "$src/build-vulkan" "${flags[@]}" >/dev/null
-    cmake --build "$src/build-vulkan" --target llama-bench -j "$(nproc)"
+    cmake --build "$src/build-vulkan" --target llama-bench llama-batched-bench -j "$(nproc)"
     local stage
     stage=$(mktemp -d)
     mkdir -p "$stage/pack"
-    cp "$src/build-vulkan/bin/llama-bench" "$stage/pack/"
+    cp "$src/build-vulkan/bin/llama-bench" "$src/build-vulkan/bin/llama-batched-bench" "$stage/pack/"
     find "$src/build-vulkan/bin" -maxdepth 1 -name '*.so*' -exec cp -a {} "$stage/pack/" \;
     cp "$bin" "$stage/pack/torus-wgpu"
-    strip "$stage/pack/llama-bench" "$stage/pack/torus-wgpu"
+    strip "$stage/pack/llama-bench" "$stage/pack/llama-batched-bench" "$stage/pack/torus-wgpu"
     find "$stage/pack" -type f -name '*.so*' -exec strip --strip-unneeded {} \;
     mkdir -p "$pack"
     tar -C "$stage" -cJf "$pack/pack.tar.xz" pack
     rm -rf "$stage"
     ls -la "$pack/pack.tar.xz"
+}
+
+# Issue 49's measurements on one shape: the matmul variants A/B, llama.cpp's batched decode, and
+# serving throughput through HTTP.
+serving() {
+    local shape="$1" model="$2"
+    local v env
+    for v in gemm8 coop; do
+        case "$v" in gemm8) env="TORUS_GEMM_MIN_ROWS=8" ;; coop) env="TORUS_COOPERATIVE_MATRIX=1" ;; esac
+        echo "+ $env torus-wgpu bench-model $model" >>"$log"
+        if env "$env" "$p/torus-wgpu" bench-model --model "$model" --kernel-profile gpu --batches "${batches#1,}" \
+            --decode-steps "$steps" --warmup-steps 2 --prefill-tokens "$pp" ${peak:+--peak-gb-s "$peak"} \
+            --json "$work/torus-$v.json" >"$work/bench.out" 2>&1; then
+            cat "$work/bench.out" >>"$log"
+            grep -E '^(batch [0-9]+:|prefill:)' "$work/bench.out" | sed "s/^/[$env] /" | tee -a "$summary"
+            printf '{"shape":"%s","engine":"torus-wgpu","variant":"%s","report":%s}\n' "$shape" "$env" \
+                "$(tr -d '\n' <"$work/torus-$v.json")" >>"$reports"
+        else
+            cat "$work/bench.out" >>"$log"
+            say "FAIL: $shape: bench-model with $env ($(tail -n 1 "$work/bench.out"))"
+        fi
+    done
+    # llama.cpp's batched decode: 8 and 32 sequences of a 128-token prompt and 128 new tokens.
+    local npl=8,32 ctx=16384
+    [ "$quick" = 1 ] && { npl=8; ctx=2048; }
+    for fa in off on; do
+        if run "$p/llama-batched-bench" -m "$model" -ngl 99 -fa "$fa" -c "$ctx" -b 2048 -ub 512 -npp 128 \
+            -ntg "$tg" -npl "$npl" --output-format jsonl >"$work/batched.out"; then
+            grep '^{' "$work/batched.out" | while read -r row; do
+                printf '{"shape":"%s","engine":"llama.cpp-batched","report":%s}\n' "$shape" "$row" >>"$reports"
+                echo "llama-batched-bench fa $fa: $row" | tee -a "$summary"
+            done
+        else
+            say "FAIL: $shape: llama-batched-bench -fa $fa ($(tail -n 1 "$log"))"
+        fi
+    done
+    # torus-wgpu serve, measured through its OpenAI API.
+    local port=18431
+    "$p/torus-wgpu" serve --model "$model" --kernel-profile gpu --port "$port" --max-decode-batch-size 32 \
+        --max-sequence-length 4096 --total-cache-size "$cache" >>"$log" 2>&1 &
+    local spid=$! i
+    # No curl on the GPU machine: bash's /dev/tcp asks /health.
+    healthy() { (exec 3<>"/dev/tcp/127.0.0.1/$port" && printf 'GET /health HTTP/1.0\r\n\r\n' >&3 && head -n 1 <&3 | grep -q ' 200') 2>/dev/null; }
+    for i in $(seq 1200); do
+        healthy && break
+        kill -0 "$spid" 2>/dev/null || break
+        sleep 0.5
+    done
+    if ! healthy; then
+        say "FAIL: $shape: serve did not come up ($(tail -n 1 "$log"))"
+        kill "$spid" 2>/dev/null
+        return
+    fi
+    local c
+    for c in ${conc//,/ }; do
+        local n=$((c * 2))
+        [ "$n" -lt 4 ] && n=4
+        if run "$p/torus-wgpu" bench --base-url "http://127.0.0.1:$port" --endpoint completions --num-prompts "$n" \
+            --concurrency "$c" --input-len 128 --output-len "$out_len" --ignore-eos --tokenizer "$model" --quiet \
+            --json-out "$work/serve.json" >"$work/serve.out"; then
+            say "serve, concurrency $c: $(grep -E 'Output token throughput' "$work/serve.out" | tr -s ' ')"
+            cp "$work/serve.json" "$out/serve-$shape-c$c.json"
+            printf '{"shape":"%s","engine":"torus-wgpu-serve","concurrency":%s,"report":%s}\n' "$shape" "$c" \
+                "$(python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print(json.dumps(r["summary"]))' "$work/serve.json" 2>/dev/null || echo null)" >>"$reports"
+        else
+            say "FAIL: $shape: bench at concurrency $c ($(tail -n 1 "$log"))"
+        fi
+    done
+    kill "$spid" 2>/dev/null
+    wait "$spid" 2>/dev/null
 }
 
 do_run() {
@@ -134,9 +211,9 @@ do_run() {
     export LD_LIBRARY_PATH="$p${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     say() { echo "$*" | tee -a "$summary"; }
     run() { echo "+ $*" >>"$log"; "$@" 2>>"$log"; }
-    local tg=128 pp=512 batches=1,8,32 steps=32 tiny=""
+    local tg=128 pp=512 batches=1,8,32 steps=32 tiny="" conc=1,8,32 out_len=128 cache=4294967296
     if [ "$quick" = 1 ]; then
-        tg=16; pp=64; batches=1,8; steps=4; tiny="--tiny"
+        tg=16; pp=64; batches=1,8; steps=4; tiny="--tiny"; conc=1,8; out_len=16; cache=268435456
         # ggml-vulkan skips CPU devices (llvmpipe) unless they are named.
         export GGML_VK_VISIBLE_DEVICES="${GGML_VK_VISIBLE_DEVICES:-0}"
     fi
@@ -175,6 +252,7 @@ do_run() {
             cat "$work/bench.out" >>"$log"
             say "FAIL: $shape: bench-model ($(tail -n 1 "$work/bench.out"))"
         fi
+        case ",$serve_shapes," in *",$shape,"*) serving "$shape" "$model" ;; esac
         rm -f "$model"
     done
     cp "$reports" "$out/reports.jsonl"

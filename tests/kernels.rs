@@ -142,6 +142,21 @@ fn gpu_profile_matmul_every_format() {
     }
 }
 
+/// The tiled GEMM (64 x 64 tiles) for steps of fewer rows than a tile, as TORUS_GEMM_MIN_ROWS
+/// sends batched decode to it: ragged token tiles of 1, 8, 17 and 33 rows, every format (the
+/// tiles use no subgroup operations; tests/subgroup_widths.rs runs them at every width).
+#[test]
+fn gpu_gemm_for_few_rows_every_format() {
+    let ks = [(64, 256), (160, 512), (96, 768), (288, 2048)];
+    let ns = [37, 130, 67, 9];
+    let rows = [1, 8, 17, 33];
+    let legacy: Vec<_> = rows.iter().zip(ns).zip(ks).map(|((&m, n), (k, _))| (m, n, k)).collect();
+    let k_quant: Vec<_> = rows.iter().zip(ns).zip(ks).map(|((&m, n), (_, k))| (m, n, k)).collect();
+    let mut h = Harness::with_profile(gpu(), 64, 1, KernelProfile::Gpu).unwrap();
+    h.set_gemm_min_rows(1);
+    check_matmuls(&h, &[(None, false)], &legacy, &k_quant);
+}
+
 fn check_matmuls(
     h: &Harness,
     variants: &[(Option<usize>, bool)],

@@ -38,7 +38,7 @@ fn gpu() -> Arc<Gpu> {
 #[test]
 fn gpu_profile_matmuls_at_this_width() {
     let formats = [WFormat::Q4_K, WFormat::Q6_K, WFormat::Q8_0];
-    let h = Harness::with_formats(gpu(), &formats, (64, 1), KernelProfile::Gpu).unwrap();
+    let mut h = Harness::with_formats(gpu(), &formats, (64, 1), KernelProfile::Gpu).unwrap();
     let mut rng = Rng::new(11);
     // Decode variants (1, 3 and 16 rows; rows of 16, 80 and 24 blocks: groups of 16, 64 and 32
     // invocations per row),
@@ -62,6 +62,18 @@ fn gpu_profile_matmuls_at_this_width() {
             let got = h.matmul(&gate, Some(&up), &x, m, None, None, None, false, 1 << 27).unwrap();
             let tol = |i: usize| 2.0 * (tg[i] * u[i].abs() + tu[i] * g[i].abs()) + 1e-5 * (1.0 + want[i].abs());
             assert_close(&got, &want, tol, &format!("swiglu {format:?} m={m} n={n}"));
+        }
+    }
+    // The tiled GEMM for batched-decode-sized steps (TORUS_GEMM_MIN_ROWS=8): ragged token tiles.
+    h.set_gemm_min_rows(8);
+    for format in formats {
+        for (m, n, k) in [(8, 37, 512), (17, 20, 768)] {
+            let w = weights(format, n, k, &mut rng, 1.0);
+            let x = randn(&mut rng, m * k, 1.0);
+            let want = matmul_ref(&x, m, &w);
+            let tol = dot_tol(&x, m, &w);
+            let got = h.matmul(&w, None, &x, m, None, None, None, false, 1 << 27).unwrap();
+            assert_close(&got, &want, |i| tol[i], &format!("gemm {format:?} m={m} n={n} k={k}"));
         }
     }
 }

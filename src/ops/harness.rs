@@ -153,6 +153,13 @@ impl Harness {
         Ok(Harness { gpu, kernels })
     }
 
+    /// Tests: the gpu profile's matmuls take the tiled GEMM from `rows` rows on.
+    pub fn set_gemm_min_rows(&mut self, rows: u32) {
+        if let Some(g) = self.kernels.gpu.as_mut() {
+            g.gemm_min_rows = rows;
+        }
+    }
+
     /// The ops' dispatches for a step of `shape`, as the forward step records them; `tile`:
     /// the cpu profile's storage-x matmul tile to force.
     pub(crate) fn calls(&self, ops: &[Op], shape: StepShape, tile: Option<usize>) -> Vec<Call> {

@@ -83,6 +83,25 @@ pub const GPU_DECODE_MAX_ROWS: u32 = 64;
 pub const GPU_DECODE_NR: u32 = 4;
 /// Tokens x weight rows of one tiled-kernel workgroup (matmul_tiled.wgsl).
 pub const GPU_TILE: (u32, u32) = (64, 64);
+/// Sets the fewest rows a step has for the gpu profile's matmuls to take the tiled GEMM
+/// (matmul_tiled.wgsl, or its cooperative-matrix form) instead of the decode kernel; default
+/// GPU_DECODE_MAX_ROWS + 1. For measuring on a GPU (scripts/gpu-side-by-side.sh runs 8) until the
+/// tuner chooses it per adapter.
+pub const GEMM_MIN_ROWS_ENV: &str = "TORUS_GEMM_MIN_ROWS";
+
+/// The gpu profile's GEMM threshold: GEMM_MIN_ROWS_ENV, or GPU_DECODE_MAX_ROWS + 1.
+pub fn gemm_min_rows() -> Result<u32> {
+    match std::env::var(GEMM_MIN_ROWS_ENV) {
+        Err(_) => Ok(GPU_DECODE_MAX_ROWS + 1),
+        Ok(v) => match v.trim().parse::<u32>() {
+            Ok(n) if n >= 1 => {
+                tracing::info!("{GEMM_MIN_ROWS_ENV}={n}: steps of {n} rows or more take the tiled GEMM");
+                Ok(n)
+            }
+            _ => Err(anyhow::anyhow!("{GEMM_MIN_ROWS_ENV} must be a positive number of rows, got {v:?}")),
+        },
+    }
+}
 
 pub struct MatmulPipelines {
     /// One per MATMUL_TILES entry.
@@ -126,6 +145,9 @@ pub struct GpuPipelines {
     /// Query-tiled attention for prefill-sized steps and its tokens per tile (None where no
     /// tile of two tokens fits the workgroup memory).
     pub attention_tiled: Option<(wgpu::ComputePipeline, u32)>,
+    /// Steps of this many rows or more take the tiled GEMM, fewer the decode kernel
+    /// ([`gemm_min_rows`]).
+    pub gemm_min_rows: u32,
 }
 
 /// The mixture-of-experts kernels of one weight format (moe.wgsl).
@@ -358,6 +380,7 @@ impl Kernels {
                 attention: attn_family.pipeline(gpu, "attention_split", &src, "main")?,
                 combine: attn_family.pipeline(gpu, "attention_combine", &src, "combine")?,
                 attention_tiled,
+                gemm_min_rows: gemm_min_rows()?,
             })
         } else {
             None
