@@ -13,6 +13,7 @@ pub mod engine;
 pub mod exec;
 pub mod formats;
 pub mod gpu;
+pub mod hub;
 pub mod kv;
 pub mod kv_events;
 pub mod model;

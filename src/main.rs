@@ -76,6 +76,14 @@ enum Cmd {
     },
     /// List every wgpu adapter with its features and limits.
     Adapters,
+    /// Download a model from the Hugging Face Hub into its cache (`$HF_HOME/hub`) and print its
+    /// local path: OWNER/REPO[:QUANT] (a GGUF repository's file of that quantization, Q4_K_M by
+    /// default; a Transformers repository's weights, config and tokenizer). `--model
+    /// hf:OWNER/REPO[:QUANT]` (or `-hf OWNER/REPO[:QUANT]`) does the same for any command.
+    Pull {
+        /// OWNER/REPO or OWNER/REPO:QUANT, e.g. ggml-org/Qwen3-8B-GGUF:Q4_K_M
+        name: String,
+    },
     /// Print a text's token ids as a JSON array (or, with --decode, the text of ids); no GPU or
     /// weights needed.
     Tokenize(torus_wgpu::tokenizer::cli::TokenizeArgs),
@@ -204,8 +212,46 @@ fn throughput(
     Ok(())
 }
 
-fn run(cli: Cli) -> Result<()> {
+/// The engine flags of a command that loads a model.
+fn engine_args(cmd: &mut Cmd) -> Option<&mut EngineArgs> {
+    match cmd {
+        Cmd::Serve(a) => Some(&mut a.engine),
+        Cmd::BenchModel(a) => Some(&mut a.engine),
+        Cmd::CheckProfiles(a) => Some(&mut a.engine),
+        Cmd::Generate { engine, .. } | Cmd::Throughput { engine, .. } | Cmd::Worker { engine, .. } => Some(engine),
+        _ => None,
+    }
+}
+
+/// `-hf X` (llama.cpp's spelling) as `--model hf:X`.
+fn hf_flag(args: impl Iterator<Item = String>) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut args = args.peekable();
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "-hf" | "--hf-repo" => {
+                out.push("--model".to_string());
+                out.push(format!("{}{}", torus_wgpu::hub::MODEL_PREFIX, args.next().unwrap_or_default()));
+            }
+            _ => out.push(a),
+        }
+    }
+    out
+}
+
+fn run(mut cli: Cli) -> Result<()> {
+    // Models named on the Hub (`--model hf:OWNER/REPO[:QUANT]`) are pulled before anything loads.
+    if let Some(e) = engine_args(&mut cli.cmd) {
+        for m in [&mut e.model, &mut e.draft_model].into_iter().flatten() {
+            *m = torus_wgpu::hub::resolve_model_arg(m)?;
+        }
+    }
     match cli.cmd {
+        Cmd::Pull { name } => {
+            let spec = torus_wgpu::hub::Spec::parse(&name)?;
+            let path = torus_wgpu::hub::pull(&spec, &torus_wgpu::hub::Options::from_env())?;
+            println!("{}", path.display());
+        }
         Cmd::Serve(args) => torus_wgpu::server::run(*args)?,
         Cmd::Bench(args) => torus_wgpu::bench::run(*args)?,
         Cmd::Tokenize(args) => torus_wgpu::tokenizer::cli::run(&args)?,
@@ -328,7 +374,7 @@ fn run(cli: Cli) -> Result<()> {
 }
 
 fn main() {
-    let cli = Cli::parse();
+    let cli = Cli::parse_from(hf_flag(std::env::args()));
     init_logging(cli.log_format);
     if let Err(e) = run(cli) {
         eprintln!("error: {e:#}");

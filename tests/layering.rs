@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 /// Rooms anyone may use.
-const LEAVES: [&str; 4] = ["config", "sampling", "shutdown", "formats"];
+const LEAVES: [&str; 5] = ["config", "sampling", "shutdown", "formats", "hub"];
 
 /// Each room's level: a room may use rooms of a lower level (and the leaves).
 const LEVELS: [(&str, u32); 13] = [

@@ -1,0 +1,397 @@
+//! Models by name from the Hub (src/hub), against a local HTTP server that answers the Hub's
+//! endpoints the client uses: the file listing with LFS sha256 (`/api/models/OWNER/REPO/revision/
+//! main?blobs=true`), `resolve/main/FILE` as a redirect to the blob (with the commit and ETag
+//! headers), and the blob with Range. No test reaches the real Hub. Checked: the quantization
+//! picked and the Hugging Face cache layout, no request at all for a cached file, a download cut
+//! in the middle resumed from its committed chunks, a wrong checksum refused and removed, offline
+//! mode, a gated repository without a token, split GGUFs, unknown repositories and
+//! quantizations, and `generate --model hf:...` / `-hf` end to end on the tiny Qwen2.
+
+mod common;
+
+use axum::body::Body;
+use axum::extract::{Path as UrlPath, Query, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+use sha2::{Digest, Sha256};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use torus_wgpu::hub::{pull, Options, Spec};
+
+const TOKEN: &str = "hf_good";
+
+struct Repo {
+    commit: String,
+    files: Vec<(String, Vec<u8>)>,
+    gated: bool,
+    /// Files whose blob differs from the sha256 the listing gives.
+    corrupt: Vec<String>,
+}
+
+#[derive(Default)]
+struct Hub {
+    repos: HashMap<String, Repo>,
+    /// Every request: (path, Range header).
+    log: Vec<(String, Option<String>)>,
+    /// Cut the next blob response after this many bytes of the whole file (once).
+    cut_at: Option<usize>,
+}
+
+type Shared = Arc<Mutex<Hub>>;
+
+fn sha(b: &[u8]) -> String {
+    Sha256::digest(b).iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn authorized(h: &HeaderMap) -> bool {
+    h.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()) == Some(&format!("Bearer {TOKEN}"))
+}
+
+async fn listing(
+    State(hub): State<Shared>,
+    UrlPath((owner, name, _rev)): UrlPath<(String, String, String)>,
+    Query(q): Query<HashMap<String, String>>,
+    headers: HeaderMap,
+) -> Response {
+    let mut hub = hub.lock().unwrap();
+    hub.log.push((format!("/api/models/{owner}/{name}"), None));
+    let Some(r) = hub.repos.get(&format!("{owner}/{name}")) else {
+        return (StatusCode::NOT_FOUND, "Repository not found").into_response();
+    };
+    if r.gated && !authorized(&headers) {
+        return (StatusCode::UNAUTHORIZED, "Access to this model is restricted").into_response();
+    }
+    assert_eq!(q.get("blobs").map(String::as_str), Some("true"), "the client asks for the LFS metadata");
+    let siblings: Vec<serde_json::Value> = r
+        .files
+        .iter()
+        .map(|(n, b)| serde_json::json!({"rfilename": n, "size": b.len(), "lfs": {"sha256": sha(b), "size": b.len()}}))
+        .collect();
+    axum::Json(serde_json::json!({"id": format!("{owner}/{name}"), "sha": r.commit, "siblings": siblings}))
+        .into_response()
+}
+
+async fn resolve(
+    State(hub): State<Shared>,
+    UrlPath((owner, name, _rev, file)): UrlPath<(String, String, String, String)>,
+    headers: HeaderMap,
+) -> Response {
+    let mut hub = hub.lock().unwrap();
+    let range = headers.get(header::RANGE).and_then(|v| v.to_str().ok()).map(str::to_string);
+    hub.log.push((format!("/{owner}/{name}/resolve/{file}"), range));
+    // The storage is another host, as the Hub's is: `localhost` for `127.0.0.1`.
+    let host =
+        headers.get(header::HOST).and_then(|v| v.to_str().ok()).unwrap_or_default().replace("127.0.0.1", "localhost");
+    let Some(r) = hub.repos.get(&format!("{owner}/{name}")) else { return StatusCode::NOT_FOUND.into_response() };
+    if r.gated && !authorized(&headers) {
+        return StatusCode::UNAUTHORIZED.into_response();
+    }
+    let Some((_, bytes)) = r.files.iter().find(|(n, _)| *n == file) else {
+        return StatusCode::NOT_FOUND.into_response();
+    };
+    let etag = sha(bytes);
+    // A redirect to another host, as the Hub's to its storage: the client reads the commit and
+    // the ETag here and the size from the blob.
+    Response::builder()
+        .status(StatusCode::FOUND)
+        .header(header::LOCATION, format!("http://{host}/blobs/{owner}/{name}/{etag}"))
+        .header("x-repo-commit", r.commit.as_str())
+        .header("x-linked-etag", format!("\"{etag}\""))
+        .header("x-linked-size", bytes.len())
+        .body(Body::empty())
+        .unwrap()
+}
+
+async fn blob(
+    State(hub): State<Shared>,
+    UrlPath((owner, name, etag)): UrlPath<(String, String, String)>,
+    headers: HeaderMap,
+) -> Response {
+    let mut hub = hub.lock().unwrap();
+    let range = headers.get(header::RANGE).and_then(|v| v.to_str().ok()).map(str::to_string);
+    hub.log.push((format!("/blobs/{etag}"), range.clone()));
+    let Some(r) = hub.repos.get(&format!("{owner}/{name}")) else { return StatusCode::NOT_FOUND.into_response() };
+    let Some((file, bytes)) = r.files.iter().find(|(_, b)| sha(b) == etag) else {
+        return StatusCode::NOT_FOUND.into_response();
+    };
+    let mut bytes = bytes.clone();
+    if r.corrupt.contains(file) {
+        bytes[0] ^= 0xff;
+    }
+    let total = bytes.len();
+    let (a, b) = match range.as_deref().and_then(|r| r.strip_prefix("bytes=")).and_then(|r| r.split_once('-')) {
+        Some((a, b)) => {
+            let a: usize = a.parse().unwrap();
+            let b: usize = b.parse::<usize>().map_or(total - 1, |b| b.min(total - 1));
+            (a, b)
+        }
+        None => (0, total - 1),
+    };
+    let body = bytes[a..=b].to_vec();
+    let mut resp = Response::builder()
+        .status(StatusCode::PARTIAL_CONTENT)
+        .header(header::CONTENT_RANGE, format!("bytes {a}-{b}/{total}"))
+        .header(header::CONTENT_LENGTH, body.len());
+    // The connection is cut in the middle of the response that passes `cut_at`.
+    if let Some(at) = hub.cut_at.filter(|&at| at > a && at <= b) {
+        hub.cut_at = None;
+        let head = body[..at - a].to_vec();
+        let stream = futures_util::stream::iter([
+            Ok::<_, std::io::Error>(axum::body::Bytes::from(head)),
+            Err(std::io::Error::other("connection cut")),
+        ]);
+        resp = resp.header("x-cut", "1");
+        return resp.body(Body::from_stream(stream)).unwrap();
+    }
+    resp.body(Body::from(body)).unwrap()
+}
+
+/// The local Hub, serving on a thread of its own (the client blocks its caller).
+fn start(hub: Shared) -> String {
+    let app = Router::new()
+        .route("/api/models/{owner}/{name}/revision/{rev}", get(listing))
+        .route("/{owner}/{name}/resolve/{rev}/{*file}", get(resolve))
+        .route("/blobs/{owner}/{name}/{etag}", get(blob))
+        .with_state(hub);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async move {
+            let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            tx.send(l.local_addr().unwrap()).unwrap();
+            axum::serve(l, app).await.unwrap();
+        });
+    });
+    format!("http://{}", rx.recv().unwrap())
+}
+
+/// Deterministic bytes standing in for a model file.
+fn bytes(n: usize, seed: u8) -> Vec<u8> {
+    (0..n).map(|i| (i as u32).wrapping_mul(2654435761).rotate_left(seed as u32 % 31) as u8 ^ seed).collect()
+}
+
+struct Tmp(PathBuf);
+
+impl Drop for Tmp {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn tmp(tag: &str) -> Tmp {
+    let d = std::env::temp_dir().join(format!("torus-hub-{}-{tag}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    Tmp(d)
+}
+
+fn opts(endpoint: &str, cache: &Path) -> Options {
+    Options {
+        cache: cache.to_path_buf(),
+        endpoint: endpoint.to_string(),
+        token: None,
+        offline: false,
+        progress: false,
+        chunk_bytes: 256 << 10,
+    }
+}
+
+fn hub_with(repos: Vec<(&str, Repo)>) -> Shared {
+    let mut h = Hub::default();
+    for (n, r) in repos {
+        h.repos.insert(n.to_string(), r);
+    }
+    Arc::new(Mutex::new(h))
+}
+
+fn repo(files: Vec<(&str, Vec<u8>)>) -> Repo {
+    Repo {
+        commit: "0123456789abcdef0123456789abcdef01234567".into(),
+        files: files.into_iter().map(|(n, b)| (n.to_string(), b)).collect(),
+        gated: false,
+        corrupt: vec![],
+    }
+}
+
+fn requests(hub: &Shared) -> usize {
+    hub.lock().unwrap().log.len()
+}
+
+fn spec(s: &str) -> Spec {
+    Spec::parse(s).unwrap()
+}
+
+#[test]
+fn pull_picks_the_quantization_into_the_hf_cache_and_reuses_it() {
+    let q4 = bytes(700_000, 1);
+    let hub = hub_with(vec![(
+        "org/M-GGUF",
+        repo(vec![("README.md", b"# M".to_vec()), ("M-Q8_0.gguf", bytes(300_000, 2)), ("M-Q4_K_M.gguf", q4.clone())]),
+    )]);
+    let url = start(hub.clone());
+    let dir = tmp("pick");
+    let o = opts(&url, &dir.0);
+    let p = pull(&spec("org/M-GGUF"), &o).unwrap();
+    assert!(p.ends_with("M-Q4_K_M.gguf"), "{}", p.display());
+    assert_eq!(std::fs::read(&p).unwrap(), q4);
+    // The Hugging Face layout: refs/main, snapshots/COMMIT/FILE -> ../../blobs/SHA256.
+    let root = dir.0.join("models--org--M-GGUF");
+    let commit = std::fs::read_to_string(root.join("refs/main")).unwrap();
+    assert_eq!(commit.trim(), "0123456789abcdef0123456789abcdef01234567");
+    assert_eq!(p, root.join("snapshots").join(commit.trim()).join("M-Q4_K_M.gguf"));
+    assert!(std::fs::symlink_metadata(&p).unwrap().file_type().is_symlink());
+    assert_eq!(std::fs::canonicalize(&p).unwrap(), std::fs::canonicalize(root.join("blobs").join(sha(&q4))).unwrap());
+    // Cached: no request at all.
+    let n = requests(&hub);
+    assert_eq!(pull(&spec("org/M-GGUF"), &o).unwrap(), p);
+    assert_eq!(pull(&spec("org/M-GGUF:q4_k_m"), &o).unwrap(), p);
+    assert_eq!(requests(&hub), n, "a cached model makes no request");
+    // Another quantization is downloaded beside it; an unknown one lists those there are.
+    let q8 = pull(&spec("org/M-GGUF:Q8_0"), &o).unwrap();
+    assert!(q8.ends_with("M-Q8_0.gguf"));
+    let e = pull(&spec("org/M-GGUF:Q5_K_S"), &o).unwrap_err().to_string();
+    assert!(e.contains("Q5_K_S") && e.contains("Q4_K_M, Q8_0"), "{e}");
+    let e = pull(&spec("org/nothing-here"), &o).unwrap_err().to_string();
+    assert!(e.contains("no such repository"), "{e}");
+}
+
+#[test]
+fn a_cut_download_resumes_from_its_committed_chunks() {
+    let file = bytes(1_100_000, 3);
+    let hub = hub_with(vec![("org/R-GGUF", repo(vec![("R-Q4_K_M.gguf", file.clone())]))]);
+    hub.lock().unwrap().cut_at = Some(700_000);
+    let url = start(hub.clone());
+    let dir = tmp("resume");
+    let o = opts(&url, &dir.0);
+    let e = pull(&spec("org/R-GGUF"), &o).unwrap_err();
+    assert!(format!("{e:#}").contains("R-Q4_K_M.gguf"), "{e:#}");
+    let before = requests(&hub);
+    let p = pull(&spec("org/R-GGUF"), &o).unwrap();
+    assert_eq!(std::fs::read(&p).unwrap(), file, "the resumed file is whole");
+    // The second try asked for the bytes from the first uncommitted chunk on (chunks of 256 KiB:
+    // two were whole before the cut at 700 000), not from 0.
+    let log = hub.lock().unwrap().log[before..].to_vec();
+    let first_blob = log
+        .iter()
+        .filter(|(p, r)| p.contains("/resolve/") && r.as_deref() != Some("bytes=0-0"))
+        .map(|(_, r)| r.clone().unwrap_or_default())
+        .next()
+        .unwrap();
+    assert_eq!(first_blob, format!("bytes={}-{}", 2 * (256 << 10), 3 * (256 << 10) - 1), "{log:?}");
+}
+
+#[test]
+fn a_wrong_checksum_is_refused_and_removed() {
+    let file = bytes(200_000, 4);
+    let mut r = repo(vec![("C-Q4_K_M.gguf", file.clone())]);
+    r.corrupt = vec!["C-Q4_K_M.gguf".into()];
+    let hub = hub_with(vec![("org/C-GGUF", r)]);
+    let url = start(hub);
+    let dir = tmp("sum");
+    let e = pull(&spec("org/C-GGUF"), &opts(&url, &dir.0)).unwrap_err().to_string();
+    assert!(e.contains("sha256") && e.contains(&sha(&file)), "{e}");
+    let root = dir.0.join("models--org--C-GGUF");
+    // (hf-hub leaves its lock file beside the blobs.)
+    let left: Vec<_> = std::fs::read_dir(root.join("blobs"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_none_or(|x| x != "lock"))
+        .collect();
+    assert!(left.is_empty(), "the bad blob is removed: {left:?}");
+    assert!(!root.join("snapshots/0123456789abcdef0123456789abcdef01234567/C-Q4_K_M.gguf").exists());
+}
+
+#[test]
+fn offline_mode_uses_the_cache_only() {
+    let hub = hub_with(vec![("org/O-GGUF", repo(vec![("O-Q4_K_M.gguf", bytes(50_000, 5))]))]);
+    let url = start(hub.clone());
+    let dir = tmp("offline");
+    let mut o = opts(&url, &dir.0);
+    o.offline = true;
+    let e = pull(&spec("org/O-GGUF"), &o).unwrap_err().to_string();
+    assert!(e.contains("HF_HUB_OFFLINE") && e.contains("not in the Hugging Face cache"), "{e}");
+    assert_eq!(requests(&hub), 0, "offline: no request");
+    o.offline = false;
+    let p = pull(&spec("org/O-GGUF"), &o).unwrap();
+    let n = requests(&hub);
+    o.offline = true;
+    assert_eq!(pull(&spec("org/O-GGUF"), &o).unwrap(), p);
+    assert_eq!(requests(&hub), n);
+}
+
+#[test]
+fn a_gated_repository_needs_a_token() {
+    let mut r = repo(vec![("G-Q4_K_M.gguf", bytes(40_000, 6))]);
+    r.gated = true;
+    let hub = hub_with(vec![("org/G-GGUF", r)]);
+    let url = start(hub);
+    let dir = tmp("gated");
+    let mut o = opts(&url, &dir.0);
+    let e = pull(&spec("org/G-GGUF"), &o).unwrap_err().to_string();
+    assert!(e.contains("gated") && e.contains("HF_TOKEN"), "{e}");
+    o.token = Some("hf_wrong".into());
+    let e = pull(&spec("org/G-GGUF"), &o).unwrap_err().to_string();
+    assert!(e.contains("refused HF_TOKEN"), "{e}");
+    o.token = Some(TOKEN.into());
+    assert!(pull(&spec("org/G-GGUF"), &o).unwrap().ends_with("G-Q4_K_M.gguf"));
+}
+
+#[test]
+fn split_gguf_parts_come_together() {
+    let (a, b) = (bytes(90_000, 7), bytes(60_000, 8));
+    let hub = hub_with(vec![(
+        "org/S-GGUF",
+        repo(vec![("S-Q8_0-00002-of-00002.gguf", b.clone()), ("S-Q8_0-00001-of-00002.gguf", a.clone())]),
+    )]);
+    let url = start(hub);
+    let dir = tmp("split");
+    let p = pull(&spec("org/S-GGUF:Q8_0"), &opts(&url, &dir.0)).unwrap();
+    assert!(p.ends_with("S-Q8_0-00001-of-00002.gguf"), "the first part is the entry: {}", p.display());
+    assert_eq!(std::fs::read(&p).unwrap(), a);
+    assert_eq!(std::fs::read(p.with_file_name("S-Q8_0-00002-of-00002.gguf")).unwrap(), b);
+}
+
+/// The binary: `generate --model hf:org/tiny-qwen2` downloads the Transformers repository and
+/// runs it; `-hf` then finds it in the cache with HF_HUB_OFFLINE=1.
+#[test]
+fn generate_with_a_model_from_the_hub() {
+    let src = common::tiny();
+    let mut files = Vec::new();
+    for f in ["config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"] {
+        files.push((f, std::fs::read(src.join(f)).unwrap()));
+    }
+    files.push(("README.md", b"tiny".to_vec()));
+    let hub = hub_with(vec![("org/tiny-qwen2", repo(files))]);
+    let url = start(hub.clone());
+    let home = tmp("generate");
+    let run = |args: &[&str], offline: bool| {
+        let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_torus-wgpu"));
+        c.args(args).env("HF_HOME", &home.0).env("HF_ENDPOINT", &url).env_remove("HF_TOKEN").env_remove("HF_HUB_CACHE");
+        if offline {
+            c.env("HF_HUB_OFFLINE", "1");
+        } else {
+            c.env_remove("HF_HUB_OFFLINE");
+        }
+        let out = c.output().unwrap();
+        let (so, se) =
+            (String::from_utf8_lossy(&out.stdout).to_string(), String::from_utf8_lossy(&out.stderr).to_string());
+        assert!(out.status.success(), "{args:?}: {se}");
+        (so, se)
+    };
+    let gen = ["generate", "--prompt", "Hello", "--max-tokens", "4", "--temperature", "0"];
+    let (a, _) = run(&[&gen[..], &["--model", "hf:org/tiny-qwen2"]].concat(), false);
+    let n = requests(&hub);
+    assert!(n > 0);
+    let (b, _) = run(&[&gen[..], &["-hf", "org/tiny-qwen2"]].concat(), true);
+    assert_eq!(requests(&hub), n, "the second run is served by the cache");
+    let (c, _) = run(&[&gen[..], &["--model", src.to_str().unwrap()]].concat(), true);
+    let text = |s: &str| s.lines().next().unwrap_or_default().to_string();
+    assert_eq!(text(&a), text(&c), "the model from the Hub generates what the local copy does");
+    assert_eq!(text(&b), text(&c));
+    let (path, _) = run(&["pull", "org/tiny-qwen2"], true);
+    assert!(Path::new(path.trim()).join("model.safetensors").is_file(), "{path}");
+}
