@@ -1254,7 +1254,9 @@ async fn one_request_does_not_own_the_queue() {
     let cfg = EngineConfig { max_decode_batch_size: 2, max_prefill_batch_size: 1, ..tiny_cfg() };
     let srv = serve_with(&tiny(), cfg, |s| s.max_queued_requests = 4).await;
     let prompts: Vec<String> = (0..12).map(|i| format!("Prompt number {i}")).collect();
-    let big = json!({"prompt": prompts, "max_tokens": 64, "ignore_eos": true, "temperature": 0});
+    // Long enough (12 x 400 tokens, two at a time: ~2400 steps) that the chat request, whose
+    // preparation waits for a CPU on a loaded machine, arrives while it runs.
+    let big = json!({"prompt": prompts, "max_tokens": 400, "ignore_eos": true, "temperature": 0});
     let (http, url) = (srv.http.clone(), format!("{}/v1/completions", srv.base));
     let big =
         tokio::spawn(async move { http.post(url).json(&big).send().await.unwrap().json::<Value>().await.unwrap() });
@@ -1274,7 +1276,7 @@ async fn one_request_does_not_own_the_queue() {
     for (i, c) in choices.iter().enumerate() {
         assert_eq!((c["index"].as_u64(), c["finish_reason"].as_str()), (Some(i as u64), Some("length")), "{v}");
     }
-    assert_eq!(v["usage"]["completion_tokens"], 12 * 64, "{v}");
+    assert_eq!(v["usage"]["completion_tokens"], 12 * 400, "{v}");
     let m = srv.wait_idle().await;
     assert_eq!((m.requests_aborted, m.requests_failed, m.kv_blocks_used), (0, 0, 0), "{m:?}");
     assert_eq!(srv.metric("torus_queued_requests").await, 0.0);
