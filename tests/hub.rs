@@ -390,8 +390,61 @@ fn generate_with_a_model_from_the_hub() {
     assert_eq!(requests(&hub), n, "the second run is served by the cache");
     let (c, _) = run(&[&gen[..], &["--model", src.to_str().unwrap()]].concat(), true);
     let text = |s: &str| s.lines().next().unwrap_or_default().to_string();
+    assert!(text(&c).len() > "Hello".len(), "generate printed the prompt and its tokens: {c:?}");
     assert_eq!(text(&a), text(&c), "the model from the Hub generates what the local copy does");
     assert_eq!(text(&b), text(&c));
     let (path, _) = run(&["pull", "org/tiny-qwen2"], true);
     assert!(Path::new(path.trim()).join("model.safetensors").is_file(), "{path}");
+}
+
+/// A split GGUF (llama.cpp's gguf-split layout, cut here by `write_split`) loads as the whole
+/// file: the same tensors and bytes, and through the Hub the same generated text; a later part
+/// or a missing part is a clear error.
+#[test]
+fn a_split_gguf_from_the_hub_runs_as_the_whole_file() {
+    use torus_wgpu::formats::gguf::GgufFile;
+    use torus_wgpu::formats::gguf_split::write_split;
+    let whole_path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-gemma4.gguf");
+    let whole = GgufFile::open(&whole_path).unwrap();
+    let cut = tmp("cut");
+    let parts = write_split(&whole, &cut.0.join("tg4-Q8_0"), 3).unwrap();
+    assert_eq!(parts.len(), 3);
+    let joined = GgufFile::open(&parts[0]).unwrap();
+    assert_eq!(joined.tensors.len(), whole.tensors.len());
+    for t in &whole.tensors {
+        let j = joined.tensor(&t.name).unwrap_or_else(|| panic!("{} is missing", t.name));
+        assert_eq!((&j.dims, j.ggml_type), (&t.dims, t.ggml_type));
+        assert_eq!(joined.tensor_data(j), whole.tensor_data(t), "{}", t.name);
+    }
+    assert!(joined.tensors.iter().any(|t| t.part == 2), "the last part's tensors are there");
+    let e = GgufFile::open(&parts[1]).unwrap_err().to_string();
+    assert!(e.contains("part 2 of a split GGUF file of 3") && e.contains("first part"), "{e}");
+
+    let files: Vec<(&str, Vec<u8>)> =
+        ["tg4-Q8_0-00001-of-00003.gguf", "tg4-Q8_0-00002-of-00003.gguf", "tg4-Q8_0-00003-of-00003.gguf"]
+            .into_iter()
+            .zip(&parts)
+            .map(|(n, p)| (n, std::fs::read(p).unwrap()))
+            .collect();
+    let hub = hub_with(vec![("org/tg4-GGUF", repo(files))]);
+    let url = start(hub);
+    let home = tmp("split-run");
+    let generate = |model: &str| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_torus-wgpu"))
+            .args(["generate", "--prompt", "Hello", "--max-tokens", "4", "--temperature", "0", "--model", model])
+            .env("HF_HOME", &home.0)
+            .env("HF_ENDPOINT", &url)
+            .env_remove("HF_HUB_OFFLINE")
+            .env_remove("HF_HUB_CACHE")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{model}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).lines().next().unwrap_or_default().to_string()
+    };
+    let text = generate(whole_path.to_str().unwrap());
+    assert!(text.len() > "Hello".len(), "generate printed the prompt and its tokens: {text:?}");
+    assert_eq!(generate("hf:org/tg4-GGUF:Q8_0"), text);
+    std::fs::remove_file(&parts[2]).unwrap();
+    let e = GgufFile::open(&parts[0]).unwrap_err().to_string();
+    assert!(e.contains("tg4-Q8_0-00003-of-00003.gguf"), "the missing part is named: {e}");
 }

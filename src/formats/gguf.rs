@@ -350,6 +350,8 @@ pub struct GgufTensorInfo {
     /// Size of the tensor's data in bytes; 0 when the type code is unknown to ggml (so the size
     /// cannot be computed).
     pub n_bytes: u64,
+    /// The part of a split file it is in (0: the first, or an unsplit file; see `gguf_split`).
+    pub part: usize,
 }
 
 impl GgufTensorInfo {
@@ -375,6 +377,8 @@ pub struct GgufFile {
     pub data_offset: u64,
     pub alignment: u64,
     mmap: Mmap,
+    /// The other parts of a split file, in order (empty for one file).
+    parts: Vec<Mmap>,
 }
 
 impl fmt::Debug for GgufFile {
@@ -514,8 +518,24 @@ fn min_value_bytes(ty: u32) -> Option<usize> {
 }
 
 impl GgufFile {
-    /// Open and parse a GGUF file. The tensor bytes are not read (they are memory-mapped).
+    /// Open and parse a GGUF file, with the other parts of a split one (`gguf_split`: opening
+    /// the first part joins them). The tensor bytes are not read (they are memory-mapped).
     pub fn open(path: &Path) -> Result<Self> {
+        let mut g = Self::open_one(path)?;
+        let count = super::gguf_split::split_count(&g)?;
+        for i in 1..count {
+            let part = Self::open_one(&super::gguf_split::part_path(path, i, count)?)?;
+            let tensors = super::gguf_split::part_tensors(&part, i, count)?;
+            g.tensors.extend(tensors);
+            g.parts.push(part.mmap);
+        }
+        if count > 1 {
+            super::gguf_split::check_joined(&g, &g.tensors)?;
+        }
+        Ok(g)
+    }
+
+    fn open_one(path: &Path) -> Result<Self> {
         let p = path.display();
         let file = File::open(path).map_err(|e| anyhow!("{p}: cannot open GGUF file: {e}"))?;
         let len = file.metadata().map_err(|e| anyhow!("{p}: cannot stat GGUF file: {e}"))?.len();
@@ -534,12 +554,22 @@ impl GgufFile {
             data_offset: parsed.data_offset,
             alignment: parsed.alignment,
             mmap,
+            parts: vec![],
         })
     }
 
-    /// Size of the file in bytes.
+    /// Size of the file in bytes (of every part of a split file).
     pub fn file_len(&self) -> u64 {
-        self.mmap.len() as u64
+        self.mmap.len() as u64 + self.parts.iter().map(|m| m.len() as u64).sum::<u64>()
+    }
+
+    /// The map holding part `i`'s bytes.
+    fn map(&self, part: usize) -> Option<&Mmap> {
+        if part == 0 {
+            Some(&self.mmap)
+        } else {
+            self.parts.get(part - 1)
+        }
     }
 
     pub fn tensor(&self, name: &str) -> Option<&GgufTensorInfo> {
@@ -552,22 +582,25 @@ impl GgufFile {
     pub fn tensor_data(&self, t: &GgufTensorInfo) -> &[u8] {
         let start = t.offset as usize;
         let end = t.offset.saturating_add(t.n_bytes) as usize;
-        self.mmap.get(start..end).unwrap_or(&[])
+        self.map(t.part).and_then(|m| m.get(start..end)).unwrap_or(&[])
     }
 
     /// Lets go of the pages of the map read so far (see `formats::release_pages`).
     pub fn release_pages(&self) {
         super::release_pages(&self.mmap);
+        for m in &self.parts {
+            super::release_pages(m);
+        }
     }
 
     /// Lets go of the pages of one tensor's data (a large tensor once copied out).
     pub fn release_tensor_pages(&self, t: &GgufTensorInfo) {
-        if t.offset.saturating_add(t.n_bytes) <= self.mmap.len() as u64 {
-            super::release_range(&self.mmap, t.offset as usize, t.n_bytes as usize);
+        if let Some(m) = self.map(t.part).filter(|m| t.offset.saturating_add(t.n_bytes) <= m.len() as u64) {
+            super::release_range(m, t.offset as usize, t.n_bytes as usize);
         }
     }
 
-    /// The whole mapped file.
+    /// The whole mapped file (the first part of a split one).
     pub fn bytes(&self) -> &[u8] {
         &self.mmap
     }
@@ -793,7 +826,7 @@ fn parse(buf: &[u8]) -> Result<Parsed, String> {
                 end.map_or_else(|| "overflow".to_string(), |e| e.to_string())
             ));
         }
-        tensors.push(GgufTensorInfo { name, dims: t.dims, ggml_type: t.ty, offset, n_bytes });
+        tensors.push(GgufTensorInfo { name, dims: t.dims, ggml_type: t.ty, offset, n_bytes, part: 0 });
     }
 
     Ok(Parsed { version, metadata, tensors, data_offset, alignment })

@@ -5,6 +5,7 @@
 //! Never uses: gpu, model, tokenizer, engine, server.
 
 pub mod gguf;
+pub mod gguf_split;
 
 /// Drops a read-only file mapping's pages from the process (they stay in the page cache and
 /// are read back on the next access), so that reading a large file through its map does not
