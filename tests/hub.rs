@@ -448,3 +448,64 @@ fn a_split_gguf_from_the_hub_runs_as_the_whole_file() {
     let e = GgufFile::open(&parts[0]).unwrap_err().to_string();
     assert!(e.contains("tg4-Q8_0-00003-of-00003.gguf"), "the missing part is named: {e}");
 }
+
+/// Ollama's `/api/pull` of a Hugging Face name (`hf.co/OWNER/REPO:QUANT`) downloads into the
+/// cache, streamed as Ollama streams it or answered once; the served model is "already here";
+/// a name of Ollama's library, or a failed download, is an error in Ollama's shape.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ollama_pull_downloads_a_hub_model() {
+    use torus_wgpu::config::EngineConfig;
+    use torus_wgpu::server::{model_id_for_path, start, ServerConfig};
+    let q8 = bytes(120_000, 9);
+    let mut gated = repo(vec![("G-Q4_K_M.gguf", bytes(1000, 10))]);
+    gated.gated = true;
+    let hub = hub_with(vec![
+        ("org/P-GGUF", repo(vec![("P-Q4_K_M.gguf", bytes(80_000, 11)), ("P-Q8_0.gguf", q8.clone())])),
+        ("org/G-GGUF", gated),
+    ]);
+    let url = start_hub_async(hub).await;
+    let cache = tmp("ollama-pull");
+    let cfg = EngineConfig { max_sequence_length: 256, total_cache_size: 4 << 20, ..Default::default() };
+    let engine = common::start_engine_async(&common::tiny(), &cfg).await;
+    let mut scfg = ServerConfig::new(model_id_for_path(&common::tiny()), &cfg);
+    scfg.hub = Some(opts(&url, &cache.0));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let srv = start(listener, scfg, Some(engine)).unwrap();
+    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    let post = |body: serde_json::Value| http.post(format!("http://{}/api/pull", srv.addr)).json(&body).send();
+
+    let r = post(serde_json::json!({"model": "hf.co/org/P-GGUF:Q8_0"})).await.unwrap();
+    assert_eq!(r.status(), 200);
+    let lines: Vec<serde_json::Value> =
+        r.text().await.unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines.first().unwrap()["status"], "pulling manifest", "{lines:?}");
+    assert_eq!(lines.last().unwrap()["status"], "success", "{lines:?}");
+    let file = cache.0.join("models--org--P-GGUF/snapshots/0123456789abcdef0123456789abcdef01234567/P-Q8_0.gguf");
+    assert_eq!(std::fs::read(&file).unwrap(), q8);
+
+    let r = post(serde_json::json!({"model": "hf.co/org/P-GGUF", "stream": false})).await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.json::<serde_json::Value>().await.unwrap(), serde_json::json!({"status": "success"}));
+    assert!(file.with_file_name("P-Q4_K_M.gguf").is_file());
+
+    let r = post(serde_json::json!({"model": "tiny-qwen2"})).await.unwrap();
+    assert_eq!(r.json::<serde_json::Value>().await.unwrap()["status"], "success", "the served model is here");
+    let r = post(serde_json::json!({"model": "qwen3:8b"})).await.unwrap();
+    assert_eq!(r.status(), 400);
+    let e: serde_json::Value = r.json().await.unwrap();
+    assert!(e["error"].as_str().unwrap().contains("hf.co/OWNER/REPO"), "{e}");
+    let r = post(serde_json::json!({"model": "hf.co/org/G-GGUF", "stream": false})).await.unwrap();
+    assert_eq!(r.status(), 502);
+    let e: serde_json::Value = r.json().await.unwrap();
+    assert!(e["error"].as_str().unwrap().contains("HF_TOKEN"), "{e}");
+    let r = post(serde_json::json!({"model": "hf.co/org/G-GGUF"})).await.unwrap();
+    let text = r.text().await.unwrap();
+    let last: serde_json::Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+    assert!(last["error"].as_str().unwrap().contains("gated"), "{text}");
+    srv.shutdown().await;
+}
+
+/// `start` from inside a runtime (it blocks on a channel only until the port is bound).
+async fn start_hub_async(hub: Shared) -> String {
+    tokio::task::spawn_blocking(move || start(hub)).await.unwrap()
+}

@@ -22,7 +22,7 @@ pub struct ApiError {
 }
 
 impl ApiError {
-    fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> ApiError {
+    pub(crate) fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> ApiError {
         ApiError { status, message: message.into(), kind, param: None, code: None, retry_after: None, context: None }
     }
 

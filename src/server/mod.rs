@@ -14,7 +14,7 @@
 //! (port 0 for an ephemeral port) and stop it with [`ServerHandle::shutdown`].
 //!
 //! Owns: the HTTP APIs (OpenAI, Anthropic, Responses and Ollama routes, SSE, errors, metrics, access log), the chat page, tools and structured-output parsing of requests.
-//! May use: engine, exec, tokenizer, structured, config, sampling, shutdown, formats.
+//! May use: engine, exec, tokenizer, structured, config, sampling, shutdown, formats, hub.
 //! Never uses: gpu, model, ops.
 
 pub mod access;
@@ -141,6 +141,9 @@ pub struct ServerConfig {
     pub total_slots: usize,
     /// Speculative decoding is on (`/props` and `/slots` say so).
     pub speculative: bool,
+    /// Where Ollama's `/api/pull` downloads from and to (None: the environment's, as
+    /// `hub::Options::from_env`).
+    pub hub: Option<crate::hub::Options>,
 }
 
 impl ServerConfig {
@@ -172,6 +175,7 @@ impl ServerConfig {
             model_path: None,
             total_slots: cfg.max_decode_batch_size,
             speculative: cfg.speculative != crate::config::SpecMethod::Off,
+            hub: None,
         }
     }
 }

@@ -212,23 +212,6 @@ pub(super) async fn show(State(st): State<Arc<AppState>>, headers: HeaderMap, bo
     r.unwrap_or_else(|e| e.response_in(Dialect::Ollama))
 }
 
-/// `/api/pull` of the served model: already here. Any other: 400.
-pub(super) async fn pull(State(st): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
-    match named_model(&st, &headers, body).await {
-        Ok(()) => Json(json!({"status": "success"})).into_response(),
-        Err(e) if e.status == 404 => ApiError::invalid(
-            "model",
-            format!(
-                "this server serves one model, loaded at start ({}), and never downloads: fetch the weights yourself \
-                 and start `torus-wgpu serve --model PATH`",
-                st.cfg.served_model_name
-            ),
-        )
-        .response_in(Dialect::Ollama),
-        Err(e) => e.response_in(Dialect::Ollama),
-    }
-}
-
 pub(super) async fn unsupported() -> Response {
     ApiError::invalid(
         "model",

@@ -26,6 +26,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 mod info;
+mod pull;
 
 pub(super) fn routes() -> Router<Arc<AppState>> {
     Router::new()
@@ -37,7 +38,7 @@ pub(super) fn routes() -> Router<Arc<AppState>> {
         .route("/api/show", post(info::show))
         .route("/api/version", get(info::version))
         .route("/api/ps", get(info::ps))
-        .route("/api/pull", post(info::pull))
+        .route("/api/pull", post(pull::pull))
         .route("/api/delete", delete(info::unsupported))
         .route("/api/push", post(info::unsupported))
         .route("/api/create", post(info::unsupported))

@@ -1,0 +1,122 @@
+//! Ollama's `POST /api/pull`: the served model is already here (success at once); a Hugging
+//! Face name, as Ollama spells it (`hf.co/OWNER/REPO[:QUANT]`, also `huggingface.co/...`), is
+//! downloaded into the Hugging Face cache (src/hub), streamed as Ollama streams a pull
+//! (`pulling manifest`, `pulling FILE`, `verifying sha256 digest`, `success`, or `{"error"}`),
+//! or answered once with `"stream": false`. One pull runs at a time (another is a 429); a name of
+//! Ollama's own library (`qwen3:8b`) is a 400 saying what this server pulls. The server keeps
+//! serving the model it started with: a pulled one is loadable by a later `serve --model
+//! hf:...` (the cache finds it without a request).
+
+use super::model_name;
+use crate::hub::{pull as hub_pull, Options, Spec};
+use crate::server::error::{ApiError, Dialect};
+use crate::server::AppState;
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::{json, Value};
+use std::sync::{Arc, OnceLock};
+use tokio::sync::Semaphore;
+
+/// One pull at a time: a download holds a thread and the disk.
+fn one_at_a_time() -> &'static Semaphore {
+    static S: OnceLock<Semaphore> = OnceLock::new();
+    S.get_or_init(|| Semaphore::new(1))
+}
+
+/// `hf.co/OWNER/REPO[:QUANT]` as a Hub name (`:latest` is no quantization), or None.
+fn hub_name(name: &str) -> Option<&str> {
+    let rest = name.strip_prefix("hf.co/").or_else(|| name.strip_prefix("huggingface.co/"))?;
+    Some(rest.strip_suffix(":latest").unwrap_or(rest))
+}
+
+pub(super) async fn pull(State(st): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
+    let r = async {
+        let data =
+            crate::server::body::read(&headers, body, st.cfg.max_request_body_bytes, st.cfg.body_read_timeout).await?;
+        let v = st.work.run_sized(data.len(), move || crate::server::json::parse(&data, None)).await??.obj;
+        let m = v.get("model").or_else(|| v.get("name")).filter(|m| !m.is_null());
+        let Some(m) = m else { return Err(ApiError::invalid("model", "`model` is required")) };
+        let Some(name) = model_name(m).as_str().map(str::to_string) else {
+            return Err(ApiError::invalid("model", "`model` must be a string"));
+        };
+        let stream = match v.get("stream") {
+            None | Some(Value::Null) => true,
+            Some(Value::Bool(b)) => *b,
+            Some(_) => return Err(ApiError::invalid("stream", "`stream` must be a boolean")),
+        };
+        if st.check_model(Some(&name)).is_ok() {
+            return Ok(Json(json!({"status": "success"})).into_response());
+        }
+        let Some(hub) = hub_name(&name) else {
+            return Err(ApiError::invalid(
+                "model",
+                format!(
+                    "{name:?} is not served here ({} is) and is not a Hugging Face name: this server pulls \
+                     hf.co/OWNER/REPO[:QUANT] (GGUF or Transformers repositories), not Ollama's library",
+                    st.cfg.served_model_name
+                ),
+            ));
+        };
+        let spec = Spec::parse(hub).map_err(|e| ApiError::invalid("model", format!("{e:#}")))?;
+        let Ok(permit) = one_at_a_time().try_acquire() else {
+            return Err(ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "rate_limit_error",
+                "another pull is running: try again when it ends",
+            ));
+        };
+        let opts = st.cfg.hub.clone().unwrap_or_else(Options::from_env);
+        let job = tokio::task::spawn_blocking(move || hub_pull(&spec, &Options { progress: false, ..opts }));
+        if !stream {
+            let r = job.await.map_err(|_| ApiError::internal("the pull panicked"))?;
+            drop(permit);
+            return match r {
+                Ok(_) => Ok(Json(json!({"status": "success"})).into_response()),
+                Err(e) => Err(ApiError::new(StatusCode::BAD_GATEWAY, "api_error", format!("{e:#}"))),
+            };
+        }
+        // The permit goes with the stream (a client that leaves does not stop the download,
+        // which finishes into the cache).
+        let permit = Arc::new(permit);
+        let lines = futures_util::stream::unfold((0u8, Some(job), permit), |(stage, job, permit)| async move {
+            let line = |v: Value| Ok::<_, std::convert::Infallible>(Bytes::from(format!("{v}\n")));
+            match (stage, job) {
+                (0, job) => Some((line(json!({"status": "pulling manifest"})), (1, job, permit))),
+                (1, Some(job)) => {
+                    let next = match job.await {
+                        Ok(Ok(path)) => {
+                            let file = path.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
+                            json!({"status": format!("pulling {file}"), "completed": 1, "total": 1})
+                        }
+                        Ok(Err(e)) => return Some((line(json!({"error": format!("{e:#}")})), (9, None, permit))),
+                        Err(_) => return Some((line(json!({"error": "the pull panicked"})), (9, None, permit))),
+                    };
+                    Some((line(next), (2, None, permit)))
+                }
+                (2, _) => Some((line(json!({"status": "verifying sha256 digest"})), (3, None, permit))),
+                (3, _) => Some((line(json!({"status": "success"})), (9, None, permit))),
+                _ => None,
+            }
+        });
+        let mut r = Body::from_stream(lines).into_response();
+        r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/x-ndjson"));
+        Ok(r)
+    }
+    .await;
+    r.unwrap_or_else(|e| e.response_in(Dialect::Ollama))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hub_names() {
+        assert_eq!(hub_name("hf.co/ggml-org/Qwen3-8B-GGUF:Q4_K_M"), Some("ggml-org/Qwen3-8B-GGUF:Q4_K_M"));
+        assert_eq!(hub_name("huggingface.co/Qwen/Qwen3-8B:latest"), Some("Qwen/Qwen3-8B"));
+        assert_eq!(hub_name("qwen3:8b"), None);
+    }
+}
