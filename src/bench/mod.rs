@@ -131,17 +131,9 @@ fn random_prompts(a: &BenchArgs) -> Result<Vec<BenchPrompt>> {
             (0..a.input_len.max(1)).map(|_| WORDS[(rng.next_u64() % WORDS.len() as u64) as usize]).collect();
         let mut n = words.len();
         if let Some(t) = &tok {
-            // Trim or grow until the tokenizer sees exactly input_len tokens (or as near as words allow).
-            loop {
-                n = t.encode(&words.join(" "))?.len();
-                if n > a.input_len && words.len() > 1 {
-                    words.pop();
-                } else if n < a.input_len {
-                    words.push(WORDS[(rng.next_u64() % WORDS.len() as u64) as usize]);
-                } else {
-                    break;
-                }
-            }
+            let count = |w: &[&str]| t.encode(&w.join(" ")).map(|ids| ids.len());
+            let mut next = || WORDS[(rng.next_u64() % WORDS.len() as u64) as usize];
+            n = fit_words(&mut words, a.input_len, count, &mut next)?;
         }
         out.push(BenchPrompt {
             prompt: Some(words.join(" ")),
@@ -151,6 +143,51 @@ fn random_prompts(a: &BenchArgs) -> Result<Vec<BenchPrompt>> {
         });
     }
     Ok(out)
+}
+
+/// Trims or grows `words` until `count` gives exactly `want` tokens, or, where words of several
+/// tokens step over it, the most below it (the word that stepped over is taken back once, so
+/// the search ends); returns the count.
+fn fit_words<'w>(
+    words: &mut Vec<&'w str>,
+    want: usize,
+    count: impl Fn(&[&'w str]) -> Result<usize>,
+    next: &mut impl FnMut() -> &'w str,
+) -> Result<usize> {
+    let mut grew = false;
+    loop {
+        let n = count(words)?;
+        if n > want && words.len() > 1 {
+            words.pop();
+            if grew {
+                return count(words);
+            }
+        } else if n < want {
+            words.push(next());
+            grew = true;
+        } else {
+            return Ok(n);
+        }
+    }
+}
+
+#[cfg(test)]
+mod fit_tests {
+    use super::fit_words;
+
+    #[test]
+    fn prompts_of_multi_token_words_end_as_near_as_words_allow() {
+        // Every word 3 tokens: 128 cannot be hit; it used to loop for ever around it.
+        let count = |w: &[&str]| Ok(3 * w.len());
+        let mut next = || "word";
+        for start in [1, 10, 43, 60, 200] {
+            let mut words = vec!["word"; start];
+            let n = fit_words(&mut words, 128, count, &mut next).unwrap();
+            assert_eq!((n, words.len()), (126, 42), "from {start} words");
+        }
+        let mut words = vec!["a"; 5];
+        assert_eq!(fit_words(&mut words, 7, |w: &[&str]| Ok(w.len()), &mut || "b").unwrap(), 7);
+    }
 }
 
 fn dataset_prompts(a: &BenchArgs, path: &std::path::Path) -> Result<Vec<BenchPrompt>> {
