@@ -171,25 +171,6 @@ fn fit_words<'w>(
     }
 }
 
-#[cfg(test)]
-mod fit_tests {
-    use super::fit_words;
-
-    #[test]
-    fn prompts_of_multi_token_words_end_as_near_as_words_allow() {
-        // Every word 3 tokens: 128 cannot be hit; it used to loop for ever around it.
-        let count = |w: &[&str]| Ok(3 * w.len());
-        let mut next = || "word";
-        for start in [1, 10, 43, 60, 200] {
-            let mut words = vec!["word"; start];
-            let n = fit_words(&mut words, 128, count, &mut next).unwrap();
-            assert_eq!((n, words.len()), (126, 42), "from {start} words");
-        }
-        let mut words = vec!["a"; 5];
-        assert_eq!(fit_words(&mut words, 7, |w: &[&str]| Ok(w.len()), &mut || "b").unwrap(), 7);
-    }
-}
-
 fn dataset_prompts(a: &BenchArgs, path: &std::path::Path) -> Result<Vec<BenchPrompt>> {
     let text = std::fs::read_to_string(path).with_context(|| format!("{}", path.display()))?;
     let mut rows = Vec::new();
@@ -537,4 +518,23 @@ pub fn run(args: BenchArgs) -> Result<()> {
         eprintln!("wrote {}", p.display());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod fit_tests {
+    use super::fit_words;
+
+    #[test]
+    fn prompts_of_multi_token_words_end_as_near_as_words_allow() {
+        // Every word 3 tokens: 128 cannot be hit; it used to loop for ever around it.
+        let count = |w: &[&str]| Ok(3 * w.len());
+        let mut next = || "word";
+        for start in [1, 10, 43, 60, 200] {
+            let mut words = vec!["word"; start];
+            let n = fit_words(&mut words, 128, count, &mut next).unwrap();
+            assert_eq!((n, words.len()), (126, 42), "from {start} words");
+        }
+        let mut words = vec!["a"; 5];
+        assert_eq!(fit_words(&mut words, 7, |w: &[&str]| Ok(w.len()), &mut || "b").unwrap(), 7);
+    }
 }

@@ -6,6 +6,8 @@
 
 pub mod gguf;
 pub mod gguf_split;
+pub mod gguf_types;
+pub mod gguf_write;
 
 /// Drops a read-only file mapping's pages from the process (they stay in the page cache and
 /// are read back on the next access), so that reading a large file through its map does not
