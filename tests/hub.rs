@@ -503,6 +503,19 @@ async fn ollama_pull_downloads_a_hub_model() {
     let last: serde_json::Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
     assert!(last["error"].as_str().unwrap().contains("gated"), "{text}");
     srv.shutdown().await;
+
+    // `serve --no-pull`: a 403, nothing downloaded.
+    let engine = common::start_engine_async(&common::tiny(), &cfg).await;
+    let mut scfg = ServerConfig::new(model_id_for_path(&common::tiny()), &cfg);
+    scfg.hub = Some(opts(&url, &cache.0));
+    scfg.allow_pull = false;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let srv = start(listener, scfg, Some(engine)).unwrap();
+    let r = http.post(format!("http://{}/api/pull", srv.addr)).json(&serde_json::json!({"model": "hf.co/org/Q-GGUF"}));
+    let r = r.send().await.unwrap();
+    assert_eq!(r.status(), 403);
+    assert!(!cache.0.join("models--org--Q-GGUF").exists());
+    srv.shutdown().await;
 }
 
 /// `start` from inside a runtime (it blocks on a channel only until the port is bound).

@@ -84,6 +84,10 @@ pub struct ServeArgs {
     /// Do not serve the chat page at `GET /`.
     #[arg(long)]
     pub no_webui: bool,
+    /// Refuse Ollama's `/api/pull` of Hugging Face models (a client may otherwise make the
+    /// server download any Hub repository into its cache).
+    #[arg(long)]
+    pub no_pull: bool,
     /// `embed` also serves embeddings (`/v1/embeddings`, Ollama's `/api/embed`) from any
     /// supported model: every step then hands back its tokens' hidden states. `generate` (the
     /// default): text only, unless the model file is an embedding model (a GGUF declaring
@@ -165,6 +169,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     scfg.body_read_timeout = secs(args.body_read_timeout_s);
     scfg.reasoning_parser = args.reasoning_parser;
     scfg.webui = !args.no_webui;
+    scfg.allow_pull = !args.no_pull;
     let declared = crate::engine::embed::declared_pooling(&model_path);
     scfg.pooling = args.pooling.or(declared).unwrap_or(crate::engine::Pooling::Last);
     scfg.model_path = Some(model_path.clone());

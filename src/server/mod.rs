@@ -144,6 +144,8 @@ pub struct ServerConfig {
     /// Where Ollama's `/api/pull` downloads from and to (None: the environment's, as
     /// `hub::Options::from_env`).
     pub hub: Option<crate::hub::Options>,
+    /// Ollama's `/api/pull` may download Hub models (`serve --no-pull` turns it off).
+    pub allow_pull: bool,
 }
 
 impl ServerConfig {
@@ -176,6 +178,7 @@ impl ServerConfig {
             total_slots: cfg.max_decode_batch_size,
             speculative: cfg.speculative != crate::config::SpecMethod::Off,
             hub: None,
+            allow_pull: true,
         }
     }
 }

@@ -2,7 +2,8 @@
 //! Face name, as Ollama spells it (`hf.co/OWNER/REPO[:QUANT]`, also `huggingface.co/...`), is
 //! downloaded into the Hugging Face cache (src/hub), streamed as Ollama streams a pull
 //! (`pulling manifest`, `pulling FILE`, `verifying sha256 digest`, `success`, or `{"error"}`),
-//! or answered once with `"stream": false`. One pull runs at a time (another is a 429); a name of
+//! or answered once with `"stream": false`. One pull runs at a time (another is a 429);
+//! `serve --no-pull` refuses them (403); behind the API key when one is set. A name of
 //! Ollama's own library (`qwen3:8b`) is a 400 saying what this server pulls. The server keeps
 //! serving the model it started with: a pulled one is loadable by a later `serve --model
 //! hf:...` (the cache finds it without a request).
@@ -60,6 +61,13 @@ pub(super) async fn pull(State(st): State<Arc<AppState>>, headers: HeaderMap, bo
                 ),
             ));
         };
+        if !st.cfg.allow_pull {
+            return Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                "permission_error",
+                "this server does not pull models (started with --no-pull)",
+            ));
+        }
         let spec = Spec::parse(hub).map_err(|e| ApiError::invalid("model", format!("{e:#}")))?;
         let Ok(permit) = one_at_a_time().try_acquire() else {
             return Err(ApiError::new(
