@@ -146,20 +146,22 @@ fn random_prompts(a: &BenchArgs) -> Result<Vec<BenchPrompt>> {
 }
 
 /// Trims or grows `words` until `count` gives exactly `want` tokens, or, where words of several
-/// tokens step over it, the most below it (the word that stepped over is taken back once, so
-/// the search ends); returns the count.
+/// tokens keep stepping over it, the most below it (a word that steps over is taken back and
+/// another tried, at most `TRIES` times, so the search ends); returns the count.
 fn fit_words<'w>(
     words: &mut Vec<&'w str>,
     want: usize,
     count: impl Fn(&[&'w str]) -> Result<usize>,
     next: &mut impl FnMut() -> &'w str,
 ) -> Result<usize> {
-    let mut grew = false;
+    const TRIES: usize = 64;
+    let (mut grew, mut over) = (false, 0);
     loop {
         let n = count(words)?;
         if n > want && words.len() > 1 {
             words.pop();
-            if grew {
+            over += usize::from(grew);
+            if over >= TRIES {
                 return count(words);
             }
         } else if n < want {
@@ -536,5 +538,18 @@ mod fit_tests {
         }
         let mut words = vec!["a"; 5];
         assert_eq!(fit_words(&mut words, 7, |w: &[&str]| Ok(w.len()), &mut || "b").unwrap(), 7);
+        // Words of 1 and 2 tokens: another word is tried after one steps over, so 8 is hit.
+        let mut words = vec!["aa"; 3];
+        let count = |w: &[&str]| Ok(w.iter().map(|x| x.len()).sum());
+        let mut k = 0;
+        let mut next = || {
+            k += 1;
+            if k % 2 == 1 {
+                "aa"
+            } else {
+                "a"
+            }
+        };
+        assert_eq!(fit_words(&mut words, 7, count, &mut next).unwrap(), 7);
     }
 }
