@@ -157,9 +157,13 @@ pub(super) async fn version() -> Response {
     Json(json!({"version": OLLAMA_API_VERSION})).into_response()
 }
 
-/// The request body's `model` (or Ollama's older `name`), checked against the served model.
-/// The body is parsed like every other (bounded JSON, on the request workers).
-async fn named_model(st: &AppState, headers: &HeaderMap, body: Body) -> Result<(), ApiError> {
+/// The request body's `model` (or Ollama's older `name`) and the whole body. The body is parsed
+/// like every other (bounded JSON, on the request workers).
+pub(super) async fn read_named(
+    st: &AppState,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<(String, serde_json::Map<String, Value>), ApiError> {
     let data =
         crate::server::body::read(headers, body, st.cfg.max_request_body_bytes, st.cfg.body_read_timeout).await?;
     let v = st.work.run_sized(data.len(), move || crate::server::json::parse(&data, None)).await??.obj;
@@ -168,6 +172,12 @@ async fn named_model(st: &AppState, headers: &HeaderMap, body: Body) -> Result<(
     let Some(name) = model_name(m).as_str().map(str::to_string) else {
         return Err(ApiError::invalid("model", "`model` must be a string"));
     };
+    Ok((name, v))
+}
+
+/// The request body's model, checked against the served model.
+async fn named_model(st: &AppState, headers: &HeaderMap, body: Body) -> Result<(), ApiError> {
+    let (name, _) = read_named(st, headers, body).await?;
     st.check_model(Some(&name))
 }
 

@@ -8,7 +8,6 @@
 //! serving the model it started with: a pulled one is loadable by a later `serve --model
 //! hf:...` (the cache finds it without a request).
 
-use super::model_name;
 use crate::hub::{pull as hub_pull, Options, Spec};
 use crate::server::error::{ApiError, Dialect};
 use crate::server::AppState;
@@ -35,14 +34,7 @@ fn hub_name(name: &str) -> Option<&str> {
 
 pub(super) async fn pull(State(st): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
     let r = async {
-        let data =
-            crate::server::body::read(&headers, body, st.cfg.max_request_body_bytes, st.cfg.body_read_timeout).await?;
-        let v = st.work.run_sized(data.len(), move || crate::server::json::parse(&data, None)).await??.obj;
-        let m = v.get("model").or_else(|| v.get("name")).filter(|m| !m.is_null());
-        let Some(m) = m else { return Err(ApiError::invalid("model", "`model` is required")) };
-        let Some(name) = model_name(m).as_str().map(str::to_string) else {
-            return Err(ApiError::invalid("model", "`model` must be a string"));
-        };
+        let (name, v) = super::info::read_named(&st, &headers, body).await?;
         let stream = match v.get("stream") {
             None | Some(Value::Null) => true,
             Some(Value::Bool(b)) => *b,
