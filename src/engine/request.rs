@@ -76,6 +76,15 @@ impl Pooling {
             o => Err(format!("unknown pooling '{o}' (last, mean or cls)")),
         }
     }
+
+    /// The name that parses back to this pooling.
+    pub fn name(self) -> &'static str {
+        match self {
+            Pooling::Last => "last",
+            Pooling::Mean => "mean",
+            Pooling::Cls => "cls",
+        }
+    }
 }
 
 impl Default for RequestParams {

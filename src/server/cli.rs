@@ -99,11 +99,37 @@ pub struct ServeArgs {
     /// token's). Default: what an embedding GGUF declares, else `last`.
     #[arg(long, value_parser = crate::engine::Pooling::parse)]
     pub pooling: Option<crate::engine::Pooling>,
+    /// Serve every model under DIR (GGUF files, Transformers directories; three levels deep)
+    /// from one endpoint: a request's `model` picks one, loaded when first asked for (in a
+    /// process of its own, with these engine settings); instead of `--model`.
+    #[arg(long, env = "TORUS_MODELS_DIR")]
+    pub models_dir: Option<std::path::PathBuf>,
+    /// With --models-dir: most models loaded at once; the least recently used idle one is
+    /// unloaded to load another.
+    #[arg(long, default_value_t = 4)]
+    pub max_loaded_models: usize,
+    /// With --models-dir: GiB the loaded models may take, each counted as its weights' size on
+    /// disk plus total_cache_size; the least recently used idle ones are unloaded to make room.
+    /// (A load that the device cannot hold also unloads idle models and tries again.)
+    #[arg(long)]
+    pub models_memory_gb: Option<f64>,
+    /// With --models-dir: seconds a model may take to load.
+    #[arg(long, default_value_t = 600)]
+    pub model_load_timeout_s: u64,
+    /// Exit when standard input closes (a models server's model processes: they end with it).
+    #[arg(long, hide = true)]
+    pub exit_with_stdin: bool,
 }
 
 /// `torus-wgpu serve`: binds, loads the model (503 until then), serves until SIGINT/SIGTERM,
 /// then finishes in-flight requests and exits.
 pub fn run(args: ServeArgs) -> Result<()> {
+    if args.exit_with_stdin {
+        exit_with_stdin();
+    }
+    if args.models_dir.is_some() {
+        return super::models::serve::run(args);
+    }
     let cfg = args.engine.resolve()?;
     let model_path = cfg.model_path();
     if !model_path.exists() {
@@ -111,18 +137,6 @@ pub fn run(args: ServeArgs) -> Result<()> {
             "{}: model not found (run scripts/fetch-model.sh for the default model, or pass --model)",
             model_path.display()
         );
-    }
-    if args.max_request_body_bytes == 0 {
-        anyhow::bail!("--max-request-body-bytes must be positive");
-    }
-    if args.max_queued_requests == 0 {
-        anyhow::bail!("--max-queued-requests must be positive");
-    }
-    if args.max_connections == 0 {
-        anyhow::bail!("--max-connections must be positive");
-    }
-    if args.header_read_timeout_s > 86_400 {
-        anyhow::bail!("--header-read-timeout-s must be at most 86400 (a day), or 0 for no limit");
     }
     let mut names: Vec<String> = Vec::new();
     for n in args.served_model_name.iter().map(|n| n.trim()) {
@@ -136,8 +150,39 @@ pub fn run(args: ServeArgs) -> Result<()> {
     if names.is_empty() {
         names.push(model_id_for_path(&model_path));
     }
-    let mut scfg = ServerConfig::new(names.remove(0), &cfg);
+    let mut scfg = http_config(&args, &cfg, names.remove(0))?;
     scfg.model_aliases = names;
+    let declared = crate::engine::embed::declared_pooling(&model_path);
+    scfg.pooling = args.pooling.or(declared).unwrap_or(crate::engine::Pooling::Last);
+    scfg.model_path = Some(model_path.clone());
+    // Why embeddings are on, if they are.
+    let embed = match (args.task == "embed", declared) {
+        (true, _) => Some("--task embed"),
+        (false, Some(_)) => Some("the model file is an embedding model"),
+        (false, None) => None,
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().thread_name("torus-http").build()?;
+    let r = rt.block_on(serve(args, cfg, scfg, model_path, embed));
+    // Never wait on work that is still running (dropping the runtime would).
+    rt.shutdown_timeout(Duration::from_secs(1));
+    r
+}
+
+/// The server settings every `serve` takes from its flags (one model or several), checked.
+pub(super) fn http_config(args: &ServeArgs, cfg: &EngineConfig, name: String) -> Result<ServerConfig> {
+    if args.max_request_body_bytes == 0 {
+        anyhow::bail!("--max-request-body-bytes must be positive");
+    }
+    if args.max_queued_requests == 0 {
+        anyhow::bail!("--max-queued-requests must be positive");
+    }
+    if args.max_connections == 0 {
+        anyhow::bail!("--max-connections must be positive");
+    }
+    if args.header_read_timeout_s > 86_400 {
+        anyhow::bail!("--header-read-timeout-s must be at most 86400 (a day), or 0 for no limit");
+    }
+    let mut scfg = ServerConfig::new(name, cfg);
     cors_layer(&args.allowed_origins).map_err(anyhow::Error::msg)?;
     scfg.allowed_origins = args.allowed_origins.clone();
     super::hosts::HostCheck::new(true, &args.allowed_hosts).map_err(anyhow::Error::msg)?;
@@ -170,20 +215,19 @@ pub fn run(args: ServeArgs) -> Result<()> {
     scfg.reasoning_parser = args.reasoning_parser;
     scfg.webui = !args.no_webui;
     scfg.allow_pull = !args.no_pull;
-    let declared = crate::engine::embed::declared_pooling(&model_path);
-    scfg.pooling = args.pooling.or(declared).unwrap_or(crate::engine::Pooling::Last);
-    scfg.model_path = Some(model_path.clone());
-    // Why embeddings are on, if they are.
-    let embed = match (args.task == "embed", declared) {
-        (true, _) => Some("--task embed"),
-        (false, Some(_)) => Some("the model file is an embedding model"),
-        (false, None) => None,
-    };
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().thread_name("torus-http").build()?;
-    let r = rt.block_on(serve(args, cfg, scfg, model_path, embed));
-    // Never wait on work that is still running (dropping the runtime would).
-    rt.shutdown_timeout(Duration::from_secs(1));
-    r
+    Ok(scfg)
+}
+
+/// Ends the process when standard input closes (its parent, a models server, is gone).
+fn exit_with_stdin() {
+    std::thread::spawn(|| {
+        use std::io::Write;
+        let _ = std::io::copy(&mut std::io::stdin().lock(), &mut std::io::sink());
+        // Not eprintln!: the parent read our stderr, and a write to a closed pipe must not panic.
+        let _ =
+            writeln!(std::io::stderr(), "torus-wgpu serve: standard input closed (the models server is gone); exiting");
+        std::process::exit(0);
+    });
 }
 
 async fn serve(

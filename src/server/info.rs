@@ -17,6 +17,9 @@ pub(super) async fn version() -> Response {
 /// do SGLang's): the model names, the context length and the KV cache. The engine's fields are
 /// null while the model loads.
 pub(super) async fn server_info(State(st): State<Arc<AppState>>) -> Response {
+    if let Some(pool) = &st.models {
+        return super::models::server_info(&st, pool);
+    }
     let e = st.engine.get();
     let dtype = match st.cfg.kv_cache_dtype {
         crate::config::KvDtype::F16 => "f16",
@@ -43,6 +46,9 @@ pub(super) async fn server_info(State(st): State<Arc<AppState>>) -> Response {
 /// 200 when the model is loaded and every pipeline stage answers (remote workers are asked
 /// now); otherwise 503 naming what is missing.
 pub(super) async fn health(State(st): State<Arc<AppState>>) -> Response {
+    if let Some(pool) = &st.models {
+        return super::models::health(pool);
+    }
     let engine = match st.engine() {
         Ok(e) => e,
         Err(e) => return e.into_response(),
@@ -87,6 +93,9 @@ pub(super) async fn health(State(st): State<Arc<AppState>>) -> Response {
 }
 
 pub(super) async fn prometheus(State(st): State<Arc<AppState>>) -> Response {
+    if let Some(pool) = &st.models {
+        return super::models::metrics(&st, pool).await;
+    }
     let snap = st.engine.get().map(|e| e.metrics.snapshot());
     let labels = metrics::VllmLabels {
         model_name: st.cfg.served_model_name.clone(),
@@ -127,6 +136,9 @@ fn model_card(st: &AppState, name: &str) -> serde_json::Value {
 }
 
 pub(super) async fn list_models(State(st): State<Arc<AppState>>) -> Response {
+    if let Some(pool) = &st.models {
+        return super::models::list_models(pool);
+    }
     let data: Vec<serde_json::Value> = st.model_names().map(|n| model_card(&st, n)).collect();
     Json(json!({"object": "list", "data": data})).into_response()
 }
@@ -137,6 +149,9 @@ pub(super) async fn get_model(
 ) -> Response {
     // A path that does not decode (invalid UTF-8 in percent escapes) names no model.
     let Ok(UrlPath(model)) = model else { return ApiError::not_found("no such model").into_response() };
+    if let Some(pool) = &st.models {
+        return super::models::get_model(pool, &model);
+    }
     match st.check_model(Some(&model)) {
         Ok(()) => Json(model_card(&st, &model)).into_response(),
         Err(e) => e.into_response(),

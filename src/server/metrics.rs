@@ -371,6 +371,31 @@ impl ServerMetrics {
         out
     }
 
+    /// A models server's own HTTP counters (`serve --models-dir`), named apart from the models'
+    /// series it adds after them: responses by status and connections.
+    pub fn render_front(&self) -> String {
+        let mut out = String::new();
+        sample(
+            &mut out,
+            "torus_front_http_connections",
+            "gauge",
+            "Open HTTP connections to the models server.",
+            "",
+            self.connections.load(Relaxed).to_string(),
+        );
+        let _ = writeln!(
+            out,
+            "# HELP torus_front_requests_total The models server's HTTP responses by status code.\n\
+             # TYPE torus_front_requests_total counter"
+        );
+        if let Ok(m) = self.statuses.lock() {
+            for (status, n) in m.iter() {
+                let _ = writeln!(out, "torus_front_requests_total{{status=\"{status}\"}} {n}");
+            }
+        }
+        out
+    }
+
     /// vLLM's families (names, units and labels as vLLM exports them), from the same numbers as
     /// the `torus_*` ones: only where the meaning is the same.
     fn render_vllm(&self, out: &mut String, engine: Option<&MetricsSnapshot>, v: &VllmLabels) {

@@ -32,6 +32,7 @@ mod info;
 mod json;
 mod llama;
 pub mod metrics;
+pub mod models;
 mod ollama;
 mod openai;
 mod params;
@@ -211,6 +212,8 @@ pub(crate) struct AppState {
     pub work: work::WorkPool,
     /// Unix time the server started (the model's `created`).
     pub started: u64,
+    /// A models server's models (`serve --models-dir`); None for a server of one model.
+    pub models: Option<Arc<models::Pool>>,
     id_salt: u64,
     next_id: AtomicU64,
 }
@@ -252,6 +255,9 @@ impl AppState {
 
     /// 404 for a request naming another model (no model named: the served one).
     pub fn check_model(&self, model: Option<&str>) -> Result<(), ApiError> {
+        if let (Some(pool), Some(m)) = (&self.models, model) {
+            return pool.find(m).map(|_| ()).ok_or_else(|| models::unknown(pool, m));
+        }
         match model {
             Some(m) if !self.model_names().any(|n| n == m) => Err(ApiError::model_not_found(m)),
             _ => Ok(()),
@@ -301,6 +307,9 @@ impl ServerHandle {
         if let Some(engine) = self.state.engine.get().cloned() {
             let _ = tokio::task::spawn_blocking(move || engine.shutdown(true)).await;
         }
+        if let Some(pool) = &self.state.models {
+            pool.stop_all();
+        }
     }
 }
 
@@ -310,6 +319,16 @@ pub fn start(
     listener: tokio::net::TcpListener,
     cfg: ServerConfig,
     engine: Option<EngineHandle>,
+) -> std::io::Result<ServerHandle> {
+    start_with(listener, cfg, engine, None)
+}
+
+/// [`start`], for a models server when `models` is given (`serve --models-dir`).
+pub fn start_with(
+    listener: tokio::net::TcpListener,
+    cfg: ServerConfig,
+    engine: Option<EngineHandle>,
+    models: Option<Arc<models::Pool>>,
 ) -> std::io::Result<ServerHandle> {
     let addr = listener.local_addr()?;
     let invalid = |e: String| std::io::Error::new(std::io::ErrorKind::InvalidInput, e);
@@ -323,6 +342,7 @@ pub fn start(
         metrics: ServerMetrics::default(),
         work: work::WorkPool::per_core(),
         started: unix_now(),
+        models,
         id_salt: crate::sampling::Rng::from_entropy().next_u64(),
         next_id: AtomicU64::new(1),
     });
@@ -390,6 +410,8 @@ fn router(state: Arc<AppState>, cors: Option<tower_http::cors::CorsLayer>) -> Ro
         .merge(responses::routes())
         .merge(ollama::routes())
         .merge(llama::routes())
+        // A models server passes requests on to their models (inside the key check).
+        .route_layer(from_fn_with_state(state.clone(), models::dispatch))
         .route_layer(from_fn_with_state(state.clone(), require_api_key));
     let mut app = Router::new()
         .merge(api)

@@ -61,6 +61,18 @@ impl ReasoningKind {
 pub const HARMONY_FINAL: &str = "<|channel|>final<|message|>";
 
 impl ReasoningChoice {
+    /// The flag value that parses back to this choice.
+    pub fn flag(self) -> &'static str {
+        match self {
+            ReasoningChoice::Auto => "auto",
+            ReasoningChoice::None => "none",
+            ReasoningChoice::Parser(ReasoningKind::DeepSeekR1) => "deepseek_r1",
+            ReasoningChoice::Parser(ReasoningKind::Qwen3) => "qwen3",
+            ReasoningChoice::Parser(ReasoningKind::Gemma4) => "gemma4",
+            ReasoningChoice::Parser(ReasoningKind::Harmony) => "openai_gptoss",
+        }
+    }
+
     pub fn parse(s: &str) -> Result<ReasoningChoice, String> {
         Ok(match s {
             "auto" => ReasoningChoice::Auto,

@@ -20,7 +20,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 pub const OLLAMA_API_VERSION: &str = "0.12.0";
 
 /// `t` as RFC 3339 in UTC with nanoseconds (`2026-12-04T20:31:05.123456789Z`).
-pub(super) fn rfc3339(t: SystemTime) -> String {
+pub(in crate::server) fn rfc3339(t: SystemTime) -> String {
     let d = t.duration_since(UNIX_EPOCH).unwrap_or_default();
     let secs = d.as_secs();
     let (days, rem) = ((secs / 86_400) as i64, secs % 86_400);
@@ -47,9 +47,14 @@ pub(super) fn rfc3339(t: SystemTime) -> String {
 /// count and quantization as its name gives them (`SmolLM2-135M-Instruct.Q4_1.gguf`).
 fn details(st: &AppState) -> Value {
     let path = st.cfg.model_path.as_deref();
+    let count = *st.parameter_count.get_or_init(|| path.and_then(parameter_count));
+    details_of(path, count)
+}
+
+/// Ollama's `details` of the model at `path` with `count` parameters (when known).
+pub(in crate::server) fn details_of(path: Option<&std::path::Path>, count: Option<u64>) -> Value {
     let name = path.and_then(|p| p.file_name()).map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let format = if name.to_ascii_lowercase().ends_with(".gguf") { "gguf" } else { "safetensors" };
-    let count = *st.parameter_count.get_or_init(|| path.and_then(parameter_count));
     let size = count.map(human_count).or_else(|| size_in_name(&name));
     let lower = name.to_ascii_lowercase();
     let quant = [
@@ -70,7 +75,7 @@ fn details(st: &AppState) -> Value {
 
 /// The parameters of a GGUF file (its tensors' elements), from its header; None for another
 /// kind of model or an unreadable file.
-fn parameter_count(path: &std::path::Path) -> Option<u64> {
+pub(in crate::server) fn parameter_count(path: &std::path::Path) -> Option<u64> {
     let g = crate::formats::gguf::GgufFile::open(path).ok()?;
     Some(g.tensors.iter().map(|t| t.n_elements()).sum())
 }
@@ -104,17 +109,26 @@ fn file_facts(st: &AppState) -> (u64, SystemTime) {
 
 /// A stable digest for the served model (of its name, size and time; the file is not read).
 fn digest(st: &AppState, size: u64, modified: SystemTime) -> String {
+    digest_of(&st.cfg.served_model_name, size, modified)
+}
+
+/// A stable digest for model `name` (of its name, size and time; the file is not read).
+pub(in crate::server) fn digest_of(name: &str, size: u64, modified: SystemTime) -> String {
     use sha2::{Digest, Sha256};
     let secs = modified.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-    let h = Sha256::digest(format!("{}\0{size}\0{secs}", st.cfg.served_model_name));
+    let h = Sha256::digest(format!("{name}\0{size}\0{secs}"));
     h.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// The served model's name as Ollama lists it (`name:latest` unless it has a tag).
 fn listed_name(st: &AppState) -> String {
-    let n = &st.cfg.served_model_name;
+    listed(&st.cfg.served_model_name)
+}
+
+/// A model name as Ollama lists it (`name:latest` unless it has a tag).
+pub(in crate::server) fn listed(n: &str) -> String {
     if n.contains(':') {
-        n.clone()
+        n.to_string()
     } else {
         format!("{n}:latest")
     }
@@ -133,6 +147,9 @@ fn entry(st: &AppState) -> Value {
 }
 
 pub(super) async fn tags(State(st): State<Arc<AppState>>) -> Response {
+    if let Some(pool) = &st.models {
+        return crate::server::models::ollama_tags(pool);
+    }
     if let Err(e) = st.engine() {
         return e.response_in(Dialect::Ollama);
     }
@@ -140,6 +157,9 @@ pub(super) async fn tags(State(st): State<Arc<AppState>>) -> Response {
 }
 
 pub(super) async fn ps(State(st): State<Arc<AppState>>) -> Response {
+    if let Some(pool) = &st.models {
+        return crate::server::models::ollama_ps(pool);
+    }
     if let Err(e) = st.engine() {
         return e.response_in(Dialect::Ollama);
     }

@@ -25,7 +25,7 @@ use serde_json::{json, Map, Value};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-mod info;
+pub(super) mod info;
 mod pull;
 
 pub(super) fn routes() -> Router<Arc<AppState>> {

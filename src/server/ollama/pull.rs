@@ -10,6 +10,7 @@
 
 use crate::hub::{pull as hub_pull, Options, Spec};
 use crate::server::error::{ApiError, Dialect};
+use crate::server::models::catalog::hub_name;
 use crate::server::AppState;
 use axum::body::{Body, Bytes};
 use axum::extract::State;
@@ -24,12 +25,6 @@ use tokio::sync::Semaphore;
 fn one_at_a_time() -> &'static Semaphore {
     static S: OnceLock<Semaphore> = OnceLock::new();
     S.get_or_init(|| Semaphore::new(1))
-}
-
-/// `hf.co/OWNER/REPO[:QUANT]` as a Hub name (`:latest` is no quantization), or None.
-fn hub_name(name: &str) -> Option<&str> {
-    let rest = name.strip_prefix("hf.co/").or_else(|| name.strip_prefix("huggingface.co/"))?;
-    Some(rest.strip_suffix(":latest").unwrap_or(rest))
 }
 
 pub(super) async fn pull(State(st): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
@@ -69,7 +64,15 @@ pub(super) async fn pull(State(st): State<Arc<AppState>>, headers: HeaderMap, bo
             ));
         };
         let opts = st.cfg.hub.clone().unwrap_or_else(Options::from_env);
-        let job = tokio::task::spawn_blocking(move || hub_pull(&spec, &Options { progress: false, ..opts }));
+        // On a models server the pulled model is servable under the name it was pulled by.
+        let (pool, pulled) = (st.models.clone(), name.clone());
+        let job = tokio::task::spawn_blocking(move || {
+            let r = hub_pull(&spec, &Options { progress: false, ..opts });
+            if let (Ok(path), Some(pool)) = (&r, &pool) {
+                pool.add_pulled(&pulled, path.clone());
+            }
+            r
+        });
         if !stream {
             let r = job.await.map_err(|_| ApiError::internal("the pull panicked"))?;
             drop(permit);

@@ -1,0 +1,175 @@
+//! The models a `serve --models-dir DIR` server can load: every GGUF file (the first part of a
+//! split one; not vision projectors) and every Transformers directory (`config.json` beside
+//! `*.safetensors`) under DIR, three levels deep at most, named by the file's stem or the
+//! directory's name (a second model of the same name gets its path under DIR as its name);
+//! also the Hub models pulled through Ollama's `/api/pull` while the server runs
+//! (`hf.co/OWNER/REPO[:QUANT]`). DIR is read again when a request names a model it does not
+//! know, so files copied there are served without a restart.
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use std::time::SystemTime;
+
+/// Most levels below DIR that are searched.
+const MAX_DEPTH: usize = 3;
+/// Most directory entries looked at in one scan (a huge tree is not walked for ever).
+const MAX_ENTRIES: usize = 20_000;
+
+/// One model the server can load.
+#[derive(Debug)]
+pub struct Entry {
+    pub name: String,
+    pub path: PathBuf,
+    /// Bytes of its weights on disk (every part of a split GGUF; a directory's safetensors).
+    pub size: u64,
+    pub modified: SystemTime,
+    /// Its parameter count (GGUF headers), read once when asked.
+    pub parameters: OnceLock<Option<u64>>,
+}
+
+impl Entry {
+    pub fn new(name: String, path: PathBuf) -> Entry {
+        let (size, modified) = weight_bytes(&path);
+        Entry { name, path, size, modified, parameters: OnceLock::new() }
+    }
+}
+
+/// `model-00001-of-00003.gguf` -> Some(("model", 1)).
+fn split_part(stem: &str) -> Option<(&str, u32)> {
+    let (head, of) = stem.rsplit_once("-of-")?;
+    let (base, part) = head.rsplit_once('-')?;
+    let digits = |s: &str| s.len() == 5 && s.bytes().all(|b| b.is_ascii_digit());
+    (digits(part) && digits(of)).then(|| (base, part.parse().unwrap_or(0)))
+}
+
+fn is_gguf(p: &Path) -> bool {
+    p.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
+}
+
+/// Bytes of a model's weights and their newest modification time.
+fn weight_bytes(path: &Path) -> (u64, SystemTime) {
+    let facts = |p: &Path| std::fs::metadata(p).ok().map(|m| (m.len(), m.modified().unwrap_or(SystemTime::UNIX_EPOCH)));
+    let mut files: Vec<PathBuf> = Vec::new();
+    if path.is_dir() {
+        if let Ok(rd) = std::fs::read_dir(path) {
+            files.extend(rd.flatten().map(|e| e.path()).filter(|p| p.extension().is_some_and(|e| e == "safetensors")));
+        }
+    } else {
+        files.push(path.to_path_buf());
+        let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+        if let (Some((base, 1)), Some(dir)) = (split_part(&stem), path.parent()) {
+            let n: u32 = stem.rsplit_once("-of-").and_then(|(_, n)| n.parse().ok()).unwrap_or(1);
+            files.extend((2..=n.min(9999)).map(|k| dir.join(format!("{base}-{k:05}-of-{n:05}.gguf"))));
+        }
+    }
+    files.iter().filter_map(|p| facts(p)).fold((0, SystemTime::UNIX_EPOCH), |(s, t), (b, m)| (s + b, t.max(m)))
+}
+
+/// What a scan of DIR found: (name, path), sorted by name.
+pub fn scan(dir: &Path) -> Vec<(String, PathBuf)> {
+    let mut found: Vec<(String, PathBuf)> = Vec::new();
+    let mut budget = MAX_ENTRIES;
+    walk(dir, dir, 0, &mut budget, &mut found);
+    // Names first come, first named; a repeated name is the model's path under DIR.
+    found.sort_by(|a, b| a.1.cmp(&b.1));
+    let mut named: Vec<(String, PathBuf)> = Vec::new();
+    for (name, path) in found {
+        let name = if named.iter().any(|(n, _)| *n == name) {
+            let rel = path.strip_prefix(dir).unwrap_or(&path);
+            let rel = if is_gguf(rel) { rel.with_extension("") } else { rel.to_path_buf() };
+            rel.to_string_lossy().replace('\\', "/")
+        } else {
+            name
+        };
+        named.push((name, path));
+    }
+    named.sort_by(|a, b| a.0.cmp(&b.0));
+    named
+}
+
+fn walk(root: &Path, dir: &Path, depth: usize, budget: &mut usize, out: &mut Vec<(String, PathBuf)>) {
+    let Ok(rd) = std::fs::read_dir(dir) else { return };
+    let mut entries: Vec<PathBuf> = Vec::new();
+    for e in rd.flatten() {
+        if *budget == 0 {
+            return;
+        }
+        *budget -= 1;
+        if !e.file_name().to_string_lossy().starts_with('.') {
+            entries.push(e.path());
+        }
+    }
+    entries.sort();
+    for p in entries {
+        let name = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        if p.is_dir() {
+            let hf = p.join("config.json").is_file()
+                && std::fs::read_dir(&p)
+                    .map(|rd| rd.flatten().any(|e| e.path().extension().is_some_and(|x| x == "safetensors")))
+                    .unwrap_or(false);
+            if hf {
+                out.push((name, p));
+            } else if depth < MAX_DEPTH && p != root {
+                walk(root, &p, depth + 1, budget, out);
+            }
+        } else if is_gguf(&p) && p.is_file() {
+            let stem = p.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+            if stem.to_ascii_lowercase().starts_with("mmproj") {
+                continue;
+            }
+            match split_part(&stem) {
+                Some((base, 1)) => out.push((base.to_string(), p)),
+                Some(_) => {}
+                None => out.push((stem, p)),
+            }
+        }
+    }
+}
+
+/// A model name as a client may send it: Ollama's `:latest` tag is no tag.
+pub fn plain_name(name: &str) -> &str {
+    name.strip_suffix(":latest").unwrap_or(name)
+}
+
+/// `hf.co/OWNER/REPO[:QUANT]` (Ollama's spelling of a Hub model) as `OWNER/REPO[:QUANT]`.
+pub fn hub_name(name: &str) -> Option<&str> {
+    let rest = name.strip_prefix("hf.co/").or_else(|| name.strip_prefix("huggingface.co/"))?;
+    Some(plain_name(rest))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_gguf_files_split_files_and_transformers_directories() {
+        let d = std::env::temp_dir().join(format!("torus-catalog-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        for (p, body) in [
+            ("a.gguf", "x"),
+            ("mmproj-a.gguf", "x"),
+            ("big-00001-of-00002.gguf", "xx"),
+            ("big-00002-of-00002.gguf", "yyy"),
+            ("notes.txt", "x"),
+            ("org/a.gguf", "x"),
+            ("org/deep/er/still/z.gguf", "x"),
+            ("hf/config.json", "{}"),
+            ("hf/model.safetensors", "12345"),
+            ("hf/inner.gguf", "x"),
+            ("empty/config.json", "{}"),
+        ] {
+            let p = d.join(p);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(&p, body).unwrap();
+        }
+        let names: Vec<String> = scan(&d).into_iter().map(|(n, _)| n).collect();
+        assert_eq!(names, ["a", "big", "hf", "org/a"]);
+        let big = scan(&d).into_iter().find(|(n, _)| n == "big").unwrap().1;
+        assert_eq!(Entry::new("big".into(), big).size, 5, "both parts counted");
+        assert_eq!(Entry::new("hf".into(), d.join("hf")).size, 5);
+        assert_eq!(plain_name("a:latest"), "a");
+        assert_eq!(split_part("m-00002-of-00003"), Some(("m", 2)));
+        assert_eq!(split_part("m-2-of-3"), None);
+        let _ = std::fs::remove_dir_all(&d);
+    }
+}

@@ -1,0 +1,189 @@
+//! One loaded model: a `torus-wgpu serve` process of its own on a loopback port, started by the
+//! models server with the same engine settings, a random API key only the parent knows, and
+//! its stdin a pipe from the parent (`--exit-with-stdin`: if the parent dies, it exits too).
+//! Unloading a model ends its process, which gives its device memory back whole; one model
+//! that fails or crashes never takes another down with it.
+
+use std::collections::VecDeque;
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// How a model's process is started: the program and the arguments every model gets.
+#[derive(Clone, Debug)]
+pub struct Spawn {
+    pub exe: PathBuf,
+    /// After `serve`: the engine config file and the server flags passed on.
+    pub args: Vec<String>,
+}
+
+/// Lines of a model's log kept for the error a failed load reports.
+const TAIL: usize = 12;
+
+/// A model's running process.
+pub struct Child {
+    /// Unique among this server's loads.
+    pub id: u64,
+    pub name: String,
+    pub port: u16,
+    pub key: String,
+    /// Bytes it is counted as holding (the memory budget's estimate).
+    pub bytes: u64,
+    pub loaded_at: std::time::SystemTime,
+    /// Requests being proxied to it (a model with none is idle, and may be unloaded).
+    pub in_flight: AtomicUsize,
+    pub last_used: Mutex<Instant>,
+    alive: Arc<AtomicBool>,
+    process: Arc<Mutex<std::process::Child>>,
+    /// Held so the pipe stays open while the parent lives.
+    _stdin: Option<std::process::ChildStdin>,
+}
+
+impl Child {
+    pub fn alive(&self) -> bool {
+        self.alive.load(SeqCst)
+    }
+
+    /// Ends the process (an idle model's: nothing is lost).
+    pub fn kill(&self) {
+        if let Ok(mut p) = self.process.lock() {
+            let _ = p.kill();
+        }
+    }
+}
+
+/// A fresh secret for a model's process.
+fn new_key() -> String {
+    let mut rng = crate::sampling::Rng::from_entropy();
+    (0..4).map(|_| format!("{:016x}", rng.next_u64())).collect()
+}
+
+/// The port of `torus-wgpu serve: listening on http://127.0.0.1:PORT (...`.
+fn listening_port(line: &str) -> Option<u16> {
+    let rest = line.split("listening on http://").nth(1)?;
+    let addr = rest.split_whitespace().next()?;
+    addr.rsplit_once(':')?.1.parse().ok()
+}
+
+/// Starts `path` as model `name` and waits (up to `limit`) until it serves; `on_exit` runs
+/// once when the process ends, whenever that is. The error of a load that fails carries the
+/// last lines the process printed.
+pub async fn start(
+    spawn: &Spawn,
+    id: u64,
+    name: &str,
+    path: &std::path::Path,
+    bytes: u64,
+    limit: Duration,
+    on_exit: impl FnOnce() + Send + 'static,
+) -> Result<Child, String> {
+    let key = new_key();
+    let mut cmd = Command::new(&spawn.exe);
+    cmd.arg("serve")
+        .args(&spawn.args)
+        .arg("--model")
+        .arg(path)
+        .args(["--served-model-name", name, "--host", "127.0.0.1", "--port", "0", "--exit-with-stdin"])
+        .args(["--no-webui", "--no-pull"])
+        .env("TORUS_API_KEY", &key)
+        .env_remove("TORUS_MODELS_DIR")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let mut p = cmd.spawn().map_err(|e| format!("cannot start {}: {e}", spawn.exe.display()))?;
+    let stdin = p.stdin.take();
+    let stderr = p.stderr.take().ok_or("no stderr pipe")?;
+    let (tx, rx) = tokio::sync::oneshot::channel::<Result<u16, String>>();
+    let tag = name.to_string();
+    std::thread::Builder::new()
+        .name("torus-model-log".into())
+        .spawn(move || {
+            let mut tx = Some(tx);
+            let mut port = None;
+            let mut tail: VecDeque<String> = VecDeque::new();
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                eprintln!("[{tag}] {line}");
+                if port.is_none() {
+                    port = listening_port(&line);
+                }
+                if line.contains("torus-wgpu serve: ready on http://") {
+                    if let (Some(tx), Some(p)) = (tx.take(), port) {
+                        let _ = tx.send(Ok(p));
+                    }
+                }
+                if tx.is_some() {
+                    if tail.len() == TAIL {
+                        tail.pop_front();
+                    }
+                    tail.push_back(line);
+                }
+            }
+            if let Some(tx) = tx {
+                let last = tail.iter().rev().find(|l| l.to_ascii_lowercase().starts_with("error")).cloned();
+                let _ = tx.send(Err(last.unwrap_or_else(|| Vec::from(tail).join("\n"))));
+            }
+        })
+        .map_err(|e| e.to_string())?;
+    let alive = Arc::new(AtomicBool::new(true));
+    let process = Arc::new(Mutex::new(p));
+    {
+        let (alive, process) = (alive.clone(), process.clone());
+        std::thread::Builder::new()
+            .name("torus-model-wait".into())
+            .spawn(move || {
+                loop {
+                    std::thread::sleep(Duration::from_millis(100));
+                    let done = process.lock().map(|mut p| !matches!(p.try_wait(), Ok(None))).unwrap_or(true);
+                    if done {
+                        break;
+                    }
+                }
+                alive.store(false, SeqCst);
+                on_exit();
+            })
+            .map_err(|e| e.to_string())?;
+    }
+    let child = Child {
+        id,
+        name: name.to_string(),
+        port: 0,
+        key,
+        bytes,
+        loaded_at: std::time::SystemTime::now(),
+        in_flight: AtomicUsize::new(0),
+        last_used: Mutex::new(Instant::now()),
+        alive,
+        process,
+        _stdin: stdin,
+    };
+    match tokio::time::timeout(limit, rx).await {
+        Ok(Ok(Ok(port))) => Ok(Child { port, ..child }),
+        Ok(Ok(Err(why))) => {
+            child.kill();
+            // Where the model lives on the server is not the client's business.
+            let file = path.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
+            Err(why.replace(&path.display().to_string(), &file))
+        }
+        Ok(Err(_)) => {
+            child.kill();
+            Err("the model's process ended without a word".into())
+        }
+        Err(_) => {
+            child.kill();
+            Err(format!("the model did not load within {} s", limit.as_secs()))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn reads_the_port() {
+        let l = "torus-wgpu serve: listening on http://127.0.0.1:43211 (no API key); loading ...";
+        assert_eq!(super::listening_port(l), Some(43211));
+        assert_eq!(super::listening_port("torus-wgpu serve: ready"), None);
+    }
+}

@@ -1,0 +1,430 @@
+//! `serve --models-dir DIR`: one endpoint for every model under DIR (`catalog`). A request names
+//! its model (the body's `model`, Ollama's older `name`, or `?model=` on a GET); a model that is
+//! not loaded is loaded then (that request waits; requests for loaded models go on), each in a
+//! process of its own (`child`), and the request is passed to it (`proxy`). At most
+//! `--max-loaded-models` are loaded, and with `--models-memory-gb` their estimated memory
+//! (weights on disk + the configured KV cache) stays within it: the least recently used idle
+//! model is unloaded to make room, and also when a load fails because the model does not fit
+//! (its own memory plan, the authority, said so). `/v1/models`, `/api/tags` and `/api/ps` say
+//! which are loaded; `/metrics` labels each model's series with `model="NAME"` (`listing`).
+//!
+//! Owns: the set of loadable models, their processes, loading and unloading, passing requests on.
+//! May use: the server's error shapes and body reading; hub (pulled models).
+//! Never uses: engine internals, gpu, model.
+
+pub mod catalog;
+pub mod child;
+mod listing;
+mod proxy;
+pub mod serve;
+
+pub use child::Spawn;
+pub(crate) use listing::{get_model, health, list_models, metrics, ollama_ps, ollama_tags, server_info};
+
+use super::error::{ApiError, Dialect};
+use super::AppState;
+use axum::extract::{Request, State};
+use axum::http::StatusCode;
+use axum::middleware::Next;
+use axum::response::Response;
+use catalog::Entry;
+use child::Child;
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// How a models server loads and unloads.
+#[derive(Clone, Debug)]
+pub struct PoolConfig {
+    pub dir: PathBuf,
+    /// Most models loaded (or loading) at once (at least 1).
+    pub max_loaded: usize,
+    /// Bytes the loaded models' estimates may add up to (None: no budget beyond the count).
+    pub memory_budget: Option<u64>,
+    /// Bytes of KV cache (and scratch) each model is counted as holding beside its weights.
+    pub per_model_extra: u64,
+    pub spawn: Spawn,
+    /// How long a load may take.
+    pub load_timeout: Duration,
+}
+
+/// What is loaded or loading.
+enum Slot {
+    Loading { load: u64, bytes: u64 },
+    Ready(Arc<Child>),
+}
+
+impl Slot {
+    fn bytes(&self) -> u64 {
+        match self {
+            Slot::Loading { bytes, .. } => *bytes,
+            Slot::Ready(c) => c.bytes,
+        }
+    }
+}
+
+/// Counters by model for `/metrics`.
+#[derive(Default, Clone)]
+pub(crate) struct Counts {
+    pub loads: u64,
+    pub load_failures: u64,
+    pub unloads_lru: u64,
+    pub unloads_memory: u64,
+    pub exits: u64,
+    pub requests: u64,
+}
+
+#[derive(Default)]
+struct State_ {
+    slots: HashMap<String, Slot>,
+    /// Why a load failed, by load id (read by the requests that waited on it).
+    failed: HashMap<u64, String>,
+    counts: HashMap<String, Counts>,
+}
+
+/// The models of a models server.
+pub struct Pool {
+    pub cfg: PoolConfig,
+    entries: Mutex<Vec<Arc<Entry>>>,
+    /// Hub models pulled while the server runs.
+    pulled: Mutex<Vec<Arc<Entry>>>,
+    state: Mutex<State_>,
+    /// Bumped on every change of `state` (a load ends, a request ends, a process exits).
+    changed: tokio::sync::watch::Sender<u64>,
+    next_load: AtomicU64,
+    pub(crate) http: reqwest::Client,
+}
+
+/// A request's hold on a loaded model: while any is held the model is not unloaded.
+pub struct Lease {
+    pub child: Arc<Child>,
+    pool: Arc<Pool>,
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        if let Ok(mut t) = self.child.last_used.lock() {
+            *t = Instant::now();
+        }
+        self.child.in_flight.fetch_sub(1, SeqCst);
+        self.pool.bump();
+    }
+}
+
+impl Pool {
+    pub fn new(cfg: PoolConfig) -> anyhow::Result<Arc<Pool>> {
+        let http = reqwest::Client::builder().no_proxy().connect_timeout(Duration::from_secs(5)).build()?;
+        let pool = Pool {
+            cfg,
+            entries: Mutex::new(Vec::new()),
+            pulled: Mutex::new(Vec::new()),
+            state: Mutex::new(State_::default()),
+            changed: tokio::sync::watch::Sender::new(0),
+            next_load: AtomicU64::new(1),
+            http,
+        };
+        pool.rescan();
+        Ok(Arc::new(pool))
+    }
+
+    fn bump(&self) {
+        self.changed.send_modify(|g| *g += 1);
+    }
+
+    /// Reads DIR again (entries keep their identity where the name and path are unchanged).
+    pub fn rescan(&self) {
+        let found = catalog::scan(&self.cfg.dir);
+        let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        let old = std::mem::take(&mut *entries);
+        *entries = found
+            .into_iter()
+            .map(|(name, path)| match old.iter().find(|e| e.name == name && e.path == path) {
+                Some(e) => e.clone(),
+                None => Arc::new(Entry::new(name, path)),
+            })
+            .collect();
+    }
+
+    /// Every loadable model, DIR's first, then the pulled ones.
+    pub fn entries(&self) -> Vec<Arc<Entry>> {
+        let mut v = self.entries.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        v.extend(self.pulled.lock().unwrap_or_else(|e| e.into_inner()).iter().cloned());
+        v
+    }
+
+    /// The model a client names (Ollama's `:latest` is no tag); DIR is read again once when
+    /// the name is not known.
+    pub fn find(&self, name: &str) -> Option<Arc<Entry>> {
+        let name = catalog::plain_name(name);
+        let look = |p: &Pool| p.entries().into_iter().find(|e| e.name == name);
+        look(self)
+            .or_else(|| {
+                self.rescan();
+                look(self)
+            })
+            .or_else(|| {
+                // A Hub model already in the cache (pulled earlier, by this or another tool).
+                let spec = crate::hub::Spec::parse(catalog::hub_name(name)?).ok()?;
+                let opts = crate::hub::Options { offline: true, progress: false, ..crate::hub::Options::from_env() };
+                let path = crate::hub::pull(&spec, &opts).ok()?;
+                self.add_pulled(name, path);
+                look(self)
+            })
+    }
+
+    /// Adds a Hub model pulled into the cache (`hf.co/...`), servable under that name.
+    pub fn add_pulled(&self, name: &str, path: PathBuf) {
+        let mut p = self.pulled.lock().unwrap_or_else(|e| e.into_inner());
+        let name = catalog::plain_name(name).to_string();
+        p.retain(|e| e.name != name);
+        p.push(Arc::new(Entry::new(name, path)));
+    }
+
+    /// (name, loaded child or None while it loads) of every model loaded or loading.
+    pub(crate) fn loaded(&self) -> Vec<(String, Option<Arc<Child>>)> {
+        let s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut v: Vec<_> = s
+            .slots
+            .iter()
+            .filter_map(|(n, slot)| {
+                let c = match slot {
+                    Slot::Ready(c) if c.alive() => Some(c.clone()),
+                    Slot::Ready(_) => return None,
+                    Slot::Loading { .. } => None,
+                };
+                Some((n.clone(), c))
+            })
+            .collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
+    }
+
+    pub(crate) fn counts(&self) -> Vec<(String, Counts)> {
+        let s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut v: Vec<_> = s.counts.iter().map(|(n, c)| (n.clone(), c.clone())).collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
+    }
+
+    /// The bytes a model is counted as holding once loaded.
+    fn estimate(&self, e: &Entry) -> u64 {
+        e.size + self.cfg.per_model_extra
+    }
+
+    /// Idle loaded models to unload so that one more of `need` bytes fits, least recently
+    /// used first; None when the models in the way are busy (or loading) and it must wait.
+    /// With nothing else loaded, the model is tried whatever its estimate.
+    fn room_for(&self, s: &State_, need: u64) -> Option<Vec<(String, bool)>> {
+        let mut idle: Vec<(Instant, &String, &Arc<Child>)> = s
+            .slots
+            .iter()
+            .filter_map(|(n, slot)| match slot {
+                Slot::Ready(c) if c.in_flight.load(SeqCst) == 0 => {
+                    Some((*c.last_used.lock().unwrap_or_else(|e| e.into_inner()), n, c))
+                }
+                _ => None,
+            })
+            .collect();
+        idle.sort_by_key(|x| x.0);
+        let (mut count, mut used) = (s.slots.len(), s.slots.values().map(Slot::bytes).sum::<u64>());
+        let over_count = |count: usize| count >= self.cfg.max_loaded;
+        let over_memory =
+            |count: usize, used: u64| count > 0 && self.cfg.memory_budget.is_some_and(|b| used + need > b);
+        let mut out = Vec::new();
+        let mut idle = idle.into_iter();
+        while over_count(count) || over_memory(count, used) {
+            let memory = !over_count(count);
+            let (_, n, c) = idle.next()?;
+            out.push((n.clone(), memory));
+            count -= 1;
+            used -= c.bytes;
+        }
+        Some(out)
+    }
+
+    /// Unloads `name` (it is idle), counted by why.
+    fn unload(&self, s: &mut State_, name: &str, memory: bool) {
+        if let Some(Slot::Ready(c)) = s.slots.remove(name) {
+            tracing::info!(
+                model = name,
+                "unloading model (least recently used; {})",
+                if memory { "memory" } else { "count" }
+            );
+            eprintln!(
+                "torus-wgpu serve: unloading model {name:?} (least recently used, for {})",
+                if memory { "the memory budget" } else { "--max-loaded-models" }
+            );
+            let k = s.counts.entry(name.to_string()).or_default();
+            if memory {
+                k.unloads_memory += 1;
+            } else {
+                k.unloads_lru += 1;
+            }
+            c.kill();
+        }
+    }
+
+    /// A hold on model `e`, loading it first if it is not loaded (waiting for room where the
+    /// loaded models are busy), within `limit`.
+    pub async fn acquire(self: &Arc<Pool>, e: Arc<Entry>, limit: Duration) -> Result<Lease, ApiError> {
+        let deadline = Instant::now() + limit;
+        let mut waited_on: Option<u64> = None;
+        loop {
+            // Subscribed before looking, so no change after the look is missed.
+            let mut rx = self.changed.subscribe();
+            {
+                let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+                if let Some(why) = waited_on.and_then(|l| s.failed.get(&l).cloned()) {
+                    return Err(ApiError::internal(format!("model {:?} failed to load: {why}", e.name))
+                        .code("model_load_failed"));
+                }
+                match s.slots.get(&e.name) {
+                    Some(Slot::Ready(c)) if c.alive() => {
+                        let c = c.clone();
+                        c.in_flight.fetch_add(1, SeqCst);
+                        s.counts.entry(e.name.clone()).or_default().requests += 1;
+                        return Ok(Lease { child: c, pool: self.clone() });
+                    }
+                    Some(Slot::Ready(_)) => {
+                        s.slots.remove(&e.name);
+                        continue;
+                    }
+                    Some(Slot::Loading { load, .. }) => waited_on = Some(*load),
+                    None => {
+                        let need = self.estimate(&e);
+                        if let Some(victims) = self.room_for(&s, need) {
+                            for (n, memory) in victims {
+                                self.unload(&mut s, &n, memory);
+                            }
+                            let load = self.next_load.fetch_add(1, SeqCst);
+                            s.slots.insert(e.name.clone(), Slot::Loading { load, bytes: need });
+                            waited_on = Some(load);
+                            tokio::spawn(self.clone().load(e.clone(), load, need));
+                        }
+                    }
+                }
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if tokio::time::timeout(left, rx.changed()).await.is_err() {
+                return Err(ApiError::unavailable(
+                    format!(
+                        "model {:?} could not be loaded within {} s: the loaded models are busy",
+                        e.name,
+                        limit.as_secs()
+                    ),
+                    "model_busy",
+                ));
+            }
+        }
+    }
+
+    /// Loads `e` (its slot says Loading with id `load`); where its own memory plan says it does
+    /// not fit and an idle model is loaded, that one is unloaded and the load tried again.
+    async fn load(self: Arc<Pool>, e: Arc<Entry>, load: u64, bytes: u64) {
+        eprintln!("torus-wgpu serve: loading model {:?} from {}", e.name, e.path.display());
+        let t0 = Instant::now();
+        let r = loop {
+            let pool = Arc::downgrade(&self);
+            let name = e.name.clone();
+            let on_exit = move || {
+                if let Some(p) = pool.upgrade() {
+                    p.exited(&name, load);
+                }
+            };
+            let r = child::start(&self.cfg.spawn, load, &e.name, &e.path, bytes, self.cfg.load_timeout, on_exit).await;
+            match r {
+                Err(why) if why.contains("does not fit") || why.contains("not enough host memory") => {
+                    let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+                    let victim = self.room_for(&s, u64::MAX).and_then(|v| v.into_iter().next());
+                    match victim {
+                        Some((n, _)) => self.unload(&mut s, &n, true),
+                        None => break Err(why),
+                    }
+                }
+                r => break r,
+            }
+        };
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let counts = s.counts.entry(e.name.clone()).or_default();
+        match r {
+            Ok(c) => {
+                counts.loads += 1;
+                eprintln!("torus-wgpu serve: model {:?} loaded in {:.1} s", e.name, t0.elapsed().as_secs_f64());
+                s.slots.insert(e.name.clone(), Slot::Ready(Arc::new(c)));
+            }
+            Err(why) => {
+                counts.load_failures += 1;
+                eprintln!("torus-wgpu serve: model {:?} failed to load: {why}", e.name);
+                s.slots.remove(&e.name);
+                if s.failed.len() > 1024 {
+                    s.failed.clear();
+                }
+                s.failed.insert(load, why);
+            }
+        }
+        drop(s);
+        self.bump();
+    }
+
+    /// A model's process ended: unloaded by us, or it died (then it is loaded again when next
+    /// asked for).
+    fn exited(&self, name: &str, load: u64) {
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if matches!(s.slots.get(name), Some(Slot::Ready(c)) if c.id == load) {
+            eprintln!("torus-wgpu serve: model {name:?} stopped unexpectedly; it loads again when next asked for");
+            s.slots.remove(name);
+            s.counts.entry(name.to_string()).or_default().exits += 1;
+        }
+        drop(s);
+        self.bump();
+    }
+
+    /// Ends every model's process (the server is stopping).
+    pub fn stop_all(&self) {
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        for (_, slot) in s.slots.drain() {
+            if let Slot::Ready(c) = slot {
+                c.kill();
+            }
+        }
+    }
+}
+
+/// The routes a models server answers itself; every other API route is passed to a model.
+fn answered_here(path: &str) -> bool {
+    matches!(path, "/v1/models" | "/models" | "/api/tags" | "/api/ps" | "/api/version" | "/api/pull")
+        || path.starts_with("/v1/models/")
+        || path.starts_with("/api/blobs/")
+        || matches!(path, "/api/delete" | "/api/push" | "/api/create" | "/api/copy")
+}
+
+/// The middleware in front of the API routes: on a models server, the request goes to the
+/// model it names; elsewhere (and for the routes answered here) it goes on.
+pub(crate) async fn dispatch(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    let Some(pool) = st.models.clone() else { return next.run(req).await };
+    let path = req.uri().path().to_string();
+    if answered_here(&path) {
+        return next.run(req).await;
+    }
+    let dialect = Dialect::of_path(&path);
+    match proxy::pass(&st, &pool, req).await {
+        Ok(r) => r,
+        Err(e) => e.response_in(dialect),
+    }
+}
+
+/// 404 for an unknown model in a models server's words.
+pub(crate) fn unknown(pool: &Pool, name: &str) -> ApiError {
+    let name = catalog::plain_name(name);
+    let mut names: Vec<String> = pool.entries().iter().map(|e| e.name.clone()).collect();
+    names.truncate(20);
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "invalid_request_error",
+        format!("The model `{name}` does not exist here; the models are: {}", names.join(", ")),
+    )
+    .param("model")
+    .code("model_not_found")
+}
