@@ -522,3 +522,62 @@ async fn ollama_pull_downloads_a_hub_model() {
 async fn start_hub_async(hub: Shared) -> String {
     tokio::task::spawn_blocking(move || start(hub)).await.unwrap()
 }
+
+/// On a `serve --models-dir` server, a model pulled through Ollama's `/api/pull` is served by
+/// the name it was pulled by at once (listed by `/api/tags`, loaded when a chat names it), and
+/// its answer is the local copy's; a Hub name the cache does not hold is a 404 that downloads
+/// nothing (only `/api/pull` reaches the network).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_models_server_serves_what_it_pulled() {
+    let src = common::tiny();
+    let mut files = Vec::new();
+    for f in ["config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"] {
+        files.push((f, std::fs::read(src.join(f)).unwrap()));
+    }
+    let hub = hub_with(vec![("org/tiny-qwen2", repo(files.clone())), ("org/other", repo(files))]);
+    let url = start_hub_async(hub.clone()).await;
+    let home = tmp("models-pull");
+    let dir = home.0.join("models");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::os::unix::fs::symlink(&src, dir.join("local-tiny")).unwrap();
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_torus-wgpu"));
+    cmd.args(["serve", "--port", "0", "--max-loaded-models", "1", "--models-dir"])
+        .arg(&dir)
+        .env("HF_HOME", home.0.join("hf"))
+        .env("HF_ENDPOINT", &url)
+        .env_remove("HF_TOKEN")
+        .env_remove("HF_HUB_CACHE")
+        .env_remove("HF_HUB_OFFLINE");
+    let (mut child, lines, _log) =
+        common::spawn_until_ready(&mut cmd, "models", "ready on http://", std::time::Duration::from_secs(60));
+    let addr = lines.last().unwrap().split("ready on http://").nth(1).unwrap().split_whitespace().next().unwrap();
+    let base = format!("http://{addr}");
+    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    let chat = |model: &str| {
+        let body = serde_json::json!({"model": model, "messages": [{"role": "user", "content": "Hello"}],
+                                      "max_tokens": 6, "temperature": 0});
+        http.post(format!("{base}/v1/chat/completions")).json(&body).send()
+    };
+
+    let r = chat("hf.co/org/other").await.unwrap();
+    assert_eq!(r.status(), 404, "not pulled, not in the cache");
+    let before = requests(&hub);
+    assert_eq!(before, 0, "a name alone never downloads");
+
+    let r = http
+        .post(format!("{base}/api/pull"))
+        .json(&serde_json::json!({"model": "hf.co/org/tiny-qwen2", "stream": false}));
+    let r = r.send().await.unwrap();
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    let tags: serde_json::Value = http.get(format!("{base}/api/tags")).send().await.unwrap().json().await.unwrap();
+    let names: Vec<&str> = tags["models"].as_array().unwrap().iter().map(|m| m["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["local-tiny:latest", "hf.co/org/tiny-qwen2:latest"]);
+    let pulled: serde_json::Value = chat("hf.co/org/tiny-qwen2:latest").await.unwrap().json().await.unwrap();
+    assert_eq!(pulled["model"], "hf.co/org/tiny-qwen2", "{pulled}");
+    let local: serde_json::Value = chat("local-tiny").await.unwrap().json().await.unwrap();
+    let content = |v: &serde_json::Value| v["choices"][0]["message"]["content"].as_str().unwrap().to_string();
+    assert!(!content(&local).is_empty());
+    assert_eq!(content(&pulled), content(&local), "the pulled model answers as the local copy");
+    let _ = child.kill();
+    let _ = child.wait();
+}

@@ -60,8 +60,13 @@ fn start(dir: &Dir, extra: &[&str]) -> Server {
     Server { child, base: format!("http://{addr}"), log }
 }
 
+/// The key of the server with one (the other has none and ignores it).
+const KEY: &str = "models-key";
+
 fn client() -> reqwest::Client {
-    reqwest::Client::builder().no_proxy().build().unwrap()
+    let mut h = reqwest::header::HeaderMap::new();
+    h.insert(reqwest::header::AUTHORIZATION, format!("Bearer {KEY}").parse().unwrap());
+    reqwest::Client::builder().no_proxy().default_headers(h).build().unwrap()
 }
 
 async fn post(base: &str, path: &str, body: Value) -> (u16, Value) {
@@ -234,8 +239,14 @@ async fn models_by_name_one_loaded_at_a_time() {
 async fn loads_under_a_memory_budget() {
     let dir = models_dir("budget");
     // Each model counts its file plus the 256 MiB KV cache: 0.5 GiB holds either, not both.
-    let srv = start(&dir, &["--models-memory-gb", "0.5"]);
+    let srv = start(&dir, &["--models-memory-gb", "0.5", "--api-key", KEY]);
     let base = srv.base.clone();
+    // The server's key guards every model (each model's process has a key of its own).
+    let bare = reqwest::Client::builder().no_proxy().build().unwrap();
+    let body = json!({"model": TINY, "prompt": "hi", "n_predict": 2});
+    let r = bare.post(format!("{base}/completion")).json(&body).send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 401);
+    assert_eq!(status_of(&get(&base, "/v1/models").await, TINY), "unloaded", "nothing loaded for a refused request");
 
     // Requests arriving during one load: one load serves them all; the listing answers meanwhile.
     let (prompt, want, margins) = reference(TINY);

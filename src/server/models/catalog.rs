@@ -81,10 +81,15 @@ pub fn scan(dir: &Path) -> Vec<(String, PathBuf)> {
         } else {
             name
         };
-        named.push((name, path));
+        named.push((clean_name(&name), path));
     }
     named.sort_by(|a, b| a.0.cmp(&b.0));
     named
+}
+
+/// A name as the models' processes take it (`--served-model-name` splits at commas).
+pub fn clean_name(name: &str) -> String {
+    name.replace(',', "_")
 }
 
 fn walk(root: &Path, dir: &Path, depth: usize, budget: &mut usize, out: &mut Vec<(String, PathBuf)>) {

@@ -86,7 +86,9 @@ pub async fn start(
         .args(&spawn.args)
         .arg("--model")
         .arg(path)
-        .args(["--served-model-name", name, "--host", "127.0.0.1", "--port", "0", "--exit-with-stdin"])
+        // Ollama's clients may add `:latest` on any route.
+        .args(["--served-model-name", name, "--served-model-name", &format!("{name}:latest")])
+        .args(["--host", "127.0.0.1", "--port", "0", "--exit-with-stdin"])
         .args(["--no-webui", "--no-pull"])
         .env("TORUS_API_KEY", &key)
         .env_remove("TORUS_MODELS_DIR")

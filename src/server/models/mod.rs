@@ -94,6 +94,8 @@ pub struct Pool {
     /// Bumped on every change of `state` (a load ends, a request ends, a process exits).
     changed: tokio::sync::watch::Sender<u64>,
     next_load: AtomicU64,
+    /// When DIR was last read for an unknown name.
+    last_scan: Mutex<Option<Instant>>,
     pub(crate) http: reqwest::Client,
 }
 
@@ -123,6 +125,7 @@ impl Pool {
             state: Mutex::new(State_::default()),
             changed: tokio::sync::watch::Sender::new(0),
             next_load: AtomicU64::new(1),
+            last_scan: Mutex::new(None),
             http,
         };
         pool.rescan();
@@ -158,10 +161,21 @@ impl Pool {
     /// the name is not known.
     pub fn find(&self, name: &str) -> Option<Arc<Entry>> {
         let name = catalog::plain_name(name);
-        let look = |p: &Pool| p.entries().into_iter().find(|e| e.name == name);
+        let look = |p: &Pool| p.entries().into_iter().find(|e| e.name == name || e.name == catalog::clean_name(name));
         look(self)
             .or_else(|| {
-                self.rescan();
+                // At most one read of DIR a second, however many unknown names arrive.
+                let due = {
+                    let mut last = self.last_scan.lock().unwrap_or_else(|e| e.into_inner());
+                    let due = last.is_none_or(|t| t.elapsed() >= Duration::from_secs(1));
+                    if due {
+                        *last = Some(Instant::now());
+                    }
+                    due
+                };
+                if due {
+                    self.rescan();
+                }
                 look(self)
             })
             .or_else(|| {
@@ -177,7 +191,7 @@ impl Pool {
     /// Adds a Hub model pulled into the cache (`hf.co/...`), servable under that name.
     pub fn add_pulled(&self, name: &str, path: PathBuf) {
         let mut p = self.pulled.lock().unwrap_or_else(|e| e.into_inner());
-        let name = catalog::plain_name(name).to_string();
+        let name = catalog::clean_name(catalog::plain_name(name));
         p.retain(|e| e.name != name);
         p.push(Arc::new(Entry::new(name, path)));
     }
