@@ -222,6 +222,14 @@ async fn models_by_name_one_loaded_at_a_time() {
     let m = metrics(&base).await;
     assert_eq!(series(&m, "torus_model_load_failures_total{model=\"broken\"}"), Some(1.0), "{m}");
 
+    // `ollama stop`: `keep_alive: 0` and no prompt unloads the model.
+    assert_eq!(loaded(&base).await, [format!("{TINY}:latest")]);
+    let (s, v) = post(&base, "/api/generate", json!({"model": TINY, "keep_alive": 0})).await;
+    assert_eq!((s, v["done_reason"].as_str(), v["done"].as_bool()), (200, Some("unload"), Some(true)), "{v}");
+    assert!(loaded(&base).await.is_empty());
+    let m = metrics(&base).await;
+    assert_eq!(series(&m, &format!("torus_model_unloads_total{{model=\"{TINY}\",reason=\"asked\"}}")), Some(1.0));
+
     // The models' processes end with the server.
     let mut ports = Vec::new();
     model_ports(&srv.log, &mut ports);

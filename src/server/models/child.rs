@@ -36,6 +36,8 @@ pub struct Child {
     /// Requests being proxied to it (a model with none is idle, and may be unloaded).
     pub in_flight: AtomicUsize,
     pub last_used: Mutex<Instant>,
+    /// Unload once the requests in flight end (a client asked while it was busy).
+    pub unload_when_idle: AtomicBool,
     alive: Arc<AtomicBool>,
     process: Arc<Mutex<std::process::Child>>,
     /// Held so the pipe stays open while the parent lives.
@@ -157,6 +159,7 @@ pub async fn start(
         loaded_at: std::time::SystemTime::now(),
         in_flight: AtomicUsize::new(0),
         last_used: Mutex::new(Instant::now()),
+        unload_when_idle: AtomicBool::new(false),
         alive,
         process,
         _stdin: stdin,

@@ -198,6 +198,7 @@ pub(crate) async fn metrics(st: &AppState, pool: &Pool) -> Response {
         ));
         text.push_str(&format!("torus_model_unloads_total{{model=\"{m}\",reason=\"memory\"}} {}\n", c.unloads_memory));
         text.push_str(&format!("torus_model_unloads_total{{model=\"{m}\",reason=\"exited\"}} {}\n", c.exits));
+        text.push_str(&format!("torus_model_unloads_total{{model=\"{m}\",reason=\"asked\"}} {}\n", c.unloads_asked));
     }
     let mut counter = |name: &str, help: &str, get: &dyn Fn(&super::Counts) -> u64| {
         gauge(&mut text, name, help, "counter");

@@ -72,6 +72,8 @@ pub(crate) struct Counts {
     pub load_failures: u64,
     pub unloads_lru: u64,
     pub unloads_memory: u64,
+    /// Unloads a client asked for (Ollama's `keep_alive: 0`).
+    pub unloads_asked: u64,
     pub exits: u64,
     pub requests: u64,
 }
@@ -110,7 +112,10 @@ impl Drop for Lease {
         if let Ok(mut t) = self.child.last_used.lock() {
             *t = Instant::now();
         }
-        self.child.in_flight.fetch_sub(1, SeqCst);
+        let last = self.child.in_flight.fetch_sub(1, SeqCst) == 1;
+        if last && self.child.unload_when_idle.load(SeqCst) {
+            self.pool.stop(&self.child.name);
+        }
         self.pool.bump();
     }
 }
@@ -393,6 +398,25 @@ impl Pool {
         }
         drop(s);
         self.bump();
+    }
+
+    /// Unloads `name` (Ollama's `keep_alive: 0`): now if it is idle, else when its last
+    /// request ends. Whether it was loaded.
+    pub fn stop(&self, name: &str) -> bool {
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(Slot::Ready(c)) = s.slots.get(name) else { return false };
+        if c.in_flight.load(SeqCst) == 0 {
+            if let Some(Slot::Ready(c)) = s.slots.remove(name) {
+                eprintln!("torus-wgpu serve: unloading model {name:?} (asked to)");
+                s.counts.entry(name.to_string()).or_default().unloads_asked += 1;
+                c.kill();
+            }
+        } else {
+            c.unload_when_idle.store(true, SeqCst);
+        }
+        drop(s);
+        self.bump();
+        true
     }
 
     /// Ends every model's process (the server is stopping).

@@ -34,15 +34,26 @@ fn hop(name: &HeaderName) -> bool {
     )
 }
 
-/// The model a body names: `model`, else Ollama's `name`; Err(why) for a body that is not JSON.
-fn named(data: &[u8]) -> Result<Option<String>, String> {
+/// What a body says that the models server reads: the model it names (`model`, else Ollama's
+/// `name`), and whether it is Ollama's "unload" (`keep_alive` 0 with no prompt or messages, as
+/// `ollama stop` sends). Err(why) for a body that is not JSON.
+fn named(data: &[u8]) -> Result<(Option<String>, bool), String> {
     #[derive(serde::Deserialize)]
     struct Named {
         model: Option<serde_json::Value>,
         name: Option<serde_json::Value>,
+        keep_alive: Option<serde_json::Value>,
+        prompt: Option<serde::de::IgnoredAny>,
+        messages: Option<Vec<serde::de::IgnoredAny>>,
     }
     let n: Named = serde_json::from_slice(data).map_err(|e| e.to_string())?;
-    Ok(n.model.or(n.name).and_then(|v| v.as_str().map(str::to_string)))
+    let zero = match &n.keep_alive {
+        Some(serde_json::Value::Number(x)) => x.as_f64() == Some(0.0),
+        Some(serde_json::Value::String(s)) => matches!(s.trim(), "0" | "0s" | "0m" | "0h"),
+        _ => false,
+    };
+    let unload = zero && n.prompt.is_none() && n.messages.is_none_or(|m| m.is_empty());
+    Ok((n.model.or(n.name).and_then(|v| v.as_str().map(str::to_string)), unload))
 }
 
 /// The `model=` of a query string (percent-decoded).
@@ -68,6 +79,20 @@ fn query_model(query: Option<&str>) -> Option<String> {
         }
         String::from_utf8(out).ok()
     })
+}
+
+/// Ollama's answer to an unload (`ollama stop`): the model is unloaded now if idle, else once
+/// its requests end.
+fn unloaded(pool: &Pool, e: &Entry, chat: bool) -> Response {
+    pool.stop(&e.name);
+    let now = crate::server::ollama::info::rfc3339(std::time::SystemTime::now());
+    let mut v = serde_json::json!({"model": e.name, "created_at": now, "done": true, "done_reason": "unload"});
+    if chat {
+        v["message"] = serde_json::json!({"role": "assistant", "content": ""});
+    } else {
+        v["response"] = serde_json::json!("");
+    }
+    axum::response::IntoResponse::into_response(axum::Json(v))
 }
 
 /// The model a request is for: the one it names, or the only one there is.
@@ -108,7 +133,14 @@ pub(super) async fn pass(st: &Arc<AppState>, pool: &Arc<Pool>, req: Request) -> 
             })
             .await?;
         match r {
-            Ok(n) => (data, n.or_else(|| query_model(parts.uri.query())), None),
+            Ok((n, unload)) => {
+                let ollama = matches!(parts.uri.path(), "/api/generate" | "/api/chat");
+                if unload && ollama && n.is_some() {
+                    let entry = choose(pool, n, None)?;
+                    return Ok(unloaded(pool, &entry, parts.uri.path() == "/api/chat"));
+                }
+                (data, n.or_else(|| query_model(parts.uri.query())), None)
+            }
             Err(why) => (data, None, Some(why)),
         }
     };
@@ -146,9 +178,13 @@ mod tests {
 
     #[test]
     fn names_from_bodies_and_queries() {
-        assert_eq!(named(br#"{"model": "a", "messages": [{"x": [1, {"y": 2}]}]}"#).unwrap().as_deref(), Some("a"));
-        assert_eq!(named(br#"{"name": "b:latest"}"#).unwrap().as_deref(), Some("b:latest"));
-        assert_eq!(named(br#"{"prompt": "p"}"#).unwrap(), None);
+        assert_eq!(named(br#"{"model": "a", "messages": [{"x": [1, {"y": 2}]}]}"#).unwrap(), (Some("a".into()), false));
+        assert_eq!(named(br#"{"name": "b:latest"}"#).unwrap(), (Some("b:latest".into()), false));
+        assert_eq!(named(br#"{"prompt": "p"}"#).unwrap(), (None, false));
+        assert_eq!(named(br#"{"model": "a", "keep_alive": 0}"#).unwrap(), (Some("a".into()), true));
+        assert_eq!(named(br#"{"model": "a", "keep_alive": "0s", "messages": []}"#).unwrap(), (Some("a".into()), true));
+        assert_eq!(named(br#"{"model": "a", "keep_alive": 0, "prompt": "hi"}"#).unwrap(), (Some("a".into()), false));
+        assert_eq!(named(br#"{"model": "a", "keep_alive": "5m"}"#).unwrap(), (Some("a".into()), false));
         assert!(named(b"{nope").is_err());
         assert_eq!(query_model(Some("x=1&model=hf.co%2Fa%2Fb%3AQ4_K_M")).as_deref(), Some("hf.co/a/b:Q4_K_M"));
         assert_eq!(query_model(Some("fail_on_no_slot=1")), None);
