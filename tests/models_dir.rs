@@ -230,6 +230,25 @@ async fn models_by_name_one_loaded_at_a_time() {
     let m = metrics(&base).await;
     assert_eq!(series(&m, &format!("torus_model_unloads_total{{model=\"{TINY}\",reason=\"asked\"}}")), Some(1.0));
 
+    // A request's `keep_alive` (Ollama's): the model is unloaded once idle that long.
+    let body =
+        json!({"model": TINY, "prompt": "hi", "stream": false, "keep_alive": "3s", "options": {"num_predict": 2}});
+    let (s, v) = post(&base, "/api/generate", body).await;
+    assert_eq!(s, 200, "{v}");
+    let ps = get(&base, "/api/ps").await;
+    assert_eq!(ps["models"][0]["name"], format!("{TINY}:latest"), "{ps}");
+    assert!(ps["models"][0]["expires_at"].as_str().unwrap() < "9999", "an expiry is shown: {ps}");
+    let t0 = Instant::now();
+    while !loaded(&base).await.is_empty() {
+        assert!(t0.elapsed() < Duration::from_secs(30), "the model outlived its keep-alive");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let m = metrics(&base).await;
+    assert_eq!(series(&m, &format!("torus_model_unloads_total{{model=\"{TINY}\",reason=\"expired\"}}")), Some(1.0));
+    let (s, v) = post(&base, "/api/generate", json!({"model": TINY, "prompt": "hi", "keep_alive": "soon"})).await;
+    assert_eq!(s, 400, "{v}");
+    assert!(v["error"].as_str().unwrap().contains("keep_alive"), "{v}");
+
     // The models' processes end with the server.
     let mut ports = Vec::new();
     model_ports(&srv.log, &mut ports);

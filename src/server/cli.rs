@@ -113,6 +113,11 @@ pub struct ServeArgs {
     /// (A load that the device cannot hold also unloads idle models and tries again.)
     #[arg(long)]
     pub models_memory_gb: Option<f64>,
+    /// With --models-dir: how long an idle model stays loaded when its last request did not
+    /// say (Ollama's `keep_alive`): seconds or a duration such as 5m or 1h; negative (the
+    /// default): until it is unloaded to make room.
+    #[arg(long, env = "TORUS_KEEP_ALIVE", default_value = "-1", allow_hyphen_values = true)]
+    pub keep_alive: String,
     /// With --models-dir: seconds a model may take to load.
     #[arg(long, default_value_t = 600)]
     pub model_load_timeout_s: u64,

@@ -4,6 +4,7 @@
 //! Unloading a model ends its process, which gives its device memory back whole; one model
 //! that fails or crashes never takes another down with it.
 
+use super::keep_alive::KeepAlive;
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
@@ -38,6 +39,8 @@ pub struct Child {
     pub last_used: Mutex<Instant>,
     /// Unload once the requests in flight end (a client asked while it was busy).
     pub unload_when_idle: AtomicBool,
+    /// How long it stays loaded once idle (the last request's `keep_alive`, or the server's).
+    keep_alive: Mutex<KeepAlive>,
     alive: Arc<AtomicBool>,
     process: Arc<Mutex<std::process::Child>>,
     /// Held so the pipe stays open while the parent lives.
@@ -47,6 +50,18 @@ pub struct Child {
 impl Child {
     pub fn alive(&self) -> bool {
         self.alive.load(SeqCst)
+    }
+
+    pub fn set_keep_alive(&self, k: KeepAlive) {
+        *self.keep_alive.lock().unwrap_or_else(|e| e.into_inner()) = k;
+    }
+
+    /// When it will be unloaded if it stays idle (None: not by time).
+    pub fn expires(&self) -> Option<Instant> {
+        match *self.keep_alive.lock().unwrap_or_else(|e| e.into_inner()) {
+            KeepAlive::Forever => None,
+            KeepAlive::For(d) => Some(*self.last_used.lock().unwrap_or_else(|e| e.into_inner()) + d),
+        }
     }
 
     /// Ends the process (an idle model's: nothing is lost).
@@ -160,6 +175,7 @@ pub async fn start(
         in_flight: AtomicUsize::new(0),
         last_used: Mutex::new(Instant::now()),
         unload_when_idle: AtomicBool::new(false),
+        keep_alive: Mutex::new(KeepAlive::Forever),
         alive,
         process,
         _stdin: stdin,

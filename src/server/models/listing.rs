@@ -12,7 +12,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Value};
 use std::collections::HashMap;
-use std::time::{Duration, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 fn status(pool: &Pool) -> HashMap<String, &'static str> {
     pool.loaded().into_iter().map(|(n, c)| (n, if c.is_some() { "loaded" } else { "loading" })).collect()
@@ -59,7 +59,7 @@ pub(crate) fn ollama_tags(pool: &Pool) -> Response {
     Json(json!({"models": models})).into_response()
 }
 
-/// The loaded models, as Ollama's `/api/ps` (kept until unloaded to make room: no expiry).
+/// The loaded models, as Ollama's `/api/ps`.
 pub(crate) fn ollama_ps(pool: &Pool) -> Response {
     let entries = pool.entries();
     let mut models = Vec::new();
@@ -69,7 +69,12 @@ pub(crate) fn ollama_ps(pool: &Pool) -> Response {
         let o = t.as_object_mut().expect("an object");
         o.remove("modified_at");
         o.insert("size_vram".into(), json!(c.bytes));
-        o.insert("expires_at".into(), json!(rfc3339(UNIX_EPOCH + Duration::from_secs(253_402_300_799))));
+        // Until unloaded to make room, unless a keep-alive ends it sooner.
+        let at = match c.expires() {
+            Some(t) => SystemTime::now() + t.saturating_duration_since(std::time::Instant::now()),
+            None => UNIX_EPOCH + Duration::from_secs(253_402_300_799),
+        };
+        o.insert("expires_at".into(), json!(rfc3339(at)));
         o.insert("loaded_at".into(), json!(rfc3339(c.loaded_at)));
         models.push(t);
     }
@@ -199,6 +204,10 @@ pub(crate) async fn metrics(st: &AppState, pool: &Pool) -> Response {
         text.push_str(&format!("torus_model_unloads_total{{model=\"{m}\",reason=\"memory\"}} {}\n", c.unloads_memory));
         text.push_str(&format!("torus_model_unloads_total{{model=\"{m}\",reason=\"exited\"}} {}\n", c.exits));
         text.push_str(&format!("torus_model_unloads_total{{model=\"{m}\",reason=\"asked\"}} {}\n", c.unloads_asked));
+        text.push_str(&format!(
+            "torus_model_unloads_total{{model=\"{m}\",reason=\"expired\"}} {}\n",
+            c.unloads_expired
+        ));
     }
     let mut counter = |name: &str, help: &str, get: &dyn Fn(&super::Counts) -> u64| {
         gauge(&mut text, name, help, "counter");

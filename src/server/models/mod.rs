@@ -14,6 +14,7 @@
 
 pub mod catalog;
 pub mod child;
+pub mod keep_alive;
 mod listing;
 mod proxy;
 pub mod serve;
@@ -48,6 +49,8 @@ pub struct PoolConfig {
     pub spawn: Spawn,
     /// How long a load may take.
     pub load_timeout: Duration,
+    /// How long an idle model stays loaded when its last request did not say (`--keep-alive`).
+    pub keep_alive: keep_alive::KeepAlive,
 }
 
 /// What is loaded or loading.
@@ -74,6 +77,8 @@ pub(crate) struct Counts {
     pub unloads_memory: u64,
     /// Unloads a client asked for (Ollama's `keep_alive: 0`).
     pub unloads_asked: u64,
+    /// Unloads of models idle past their keep-alive.
+    pub unloads_expired: u64,
     pub exits: u64,
     pub requests: u64,
 }
@@ -417,6 +422,47 @@ impl Pool {
         drop(s);
         self.bump();
         true
+    }
+
+    /// Unloads the idle models whose keep-alive has run out.
+    pub fn expire(&self) {
+        let now = Instant::now();
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let due: Vec<String> = s
+            .slots
+            .iter()
+            .filter_map(|(n, slot)| match slot {
+                Slot::Ready(c) if c.in_flight.load(SeqCst) == 0 && c.expires().is_some_and(|t| t <= now) => {
+                    Some(n.clone())
+                }
+                _ => None,
+            })
+            .collect();
+        for name in &due {
+            if let Some(Slot::Ready(c)) = s.slots.remove(name) {
+                eprintln!("torus-wgpu serve: unloading model {name:?} (idle past its keep-alive)");
+                s.counts.entry(name.clone()).or_default().unloads_expired += 1;
+                c.kill();
+            }
+        }
+        drop(s);
+        if !due.is_empty() {
+            self.bump();
+        }
+    }
+
+    /// Checks keep-alives every quarter second while the pool lives (inside a runtime).
+    pub fn start_expiry(self: &Arc<Pool>) {
+        let pool = Arc::downgrade(self);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(250)).await;
+                match pool.upgrade() {
+                    Some(p) => p.expire(),
+                    None => return,
+                }
+            }
+        });
     }
 
     /// Ends every model's process (the server is stopping).

@@ -5,6 +5,7 @@
 //! there).
 
 use super::catalog::Entry;
+use super::keep_alive::KeepAlive;
 use super::{unknown, Pool};
 use crate::server::error::ApiError;
 use crate::server::AppState;
@@ -34,10 +35,19 @@ fn hop(name: &HeaderName) -> bool {
     )
 }
 
-/// What a body says that the models server reads: the model it names (`model`, else Ollama's
-/// `name`), and whether it is Ollama's "unload" (`keep_alive` 0 with no prompt or messages, as
-/// `ollama stop` sends). Err(why) for a body that is not JSON.
-fn named(data: &[u8]) -> Result<(Option<String>, bool), String> {
+/// What the models server reads of a body.
+#[derive(Debug, Default, PartialEq)]
+struct Said {
+    /// `model`, else Ollama's `name`.
+    model: Option<String>,
+    /// Ollama's `keep_alive`, when given (Err: not a duration).
+    keep_alive: Option<Result<KeepAlive, String>>,
+    /// Ollama's "unload": `keep_alive` 0 with no prompt or messages, as `ollama stop` sends.
+    unload: bool,
+}
+
+/// What a body says; Err(why) for a body that is not JSON.
+fn named(data: &[u8]) -> Result<Said, String> {
     #[derive(serde::Deserialize)]
     struct Named {
         model: Option<serde_json::Value>,
@@ -47,13 +57,10 @@ fn named(data: &[u8]) -> Result<(Option<String>, bool), String> {
         messages: Option<Vec<serde::de::IgnoredAny>>,
     }
     let n: Named = serde_json::from_slice(data).map_err(|e| e.to_string())?;
-    let zero = match &n.keep_alive {
-        Some(serde_json::Value::Number(x)) => x.as_f64() == Some(0.0),
-        Some(serde_json::Value::String(s)) => matches!(s.trim(), "0" | "0s" | "0m" | "0h"),
-        _ => false,
-    };
+    let keep_alive = n.keep_alive.as_ref().filter(|v| !v.is_null()).map(KeepAlive::from_json);
+    let zero = matches!(keep_alive, Some(Ok(KeepAlive::For(d))) if d.is_zero());
     let unload = zero && n.prompt.is_none() && n.messages.is_none_or(|m| m.is_empty());
-    Ok((n.model.or(n.name).and_then(|v| v.as_str().map(str::to_string)), unload))
+    Ok(Said { model: n.model.or(n.name).and_then(|v| v.as_str().map(str::to_string)), keep_alive, unload })
 }
 
 /// The `model=` of a query string (percent-decoded).
@@ -119,6 +126,7 @@ fn choose(pool: &Pool, name: Option<String>, unparsed: Option<String>) -> Result
 /// Reads `req`, finds (and if need be loads) its model, and passes it on.
 pub(super) async fn pass(st: &Arc<AppState>, pool: &Arc<Pool>, req: Request) -> Result<Response, ApiError> {
     let (parts, body) = req.into_parts();
+    let mut keep_alive = None;
     let (data, name, unparsed) = if parts.method == Method::GET || parts.method == Method::HEAD {
         (Vec::new(), query_model(parts.uri.query()), None)
     } else {
@@ -133,13 +141,22 @@ pub(super) async fn pass(st: &Arc<AppState>, pool: &Arc<Pool>, req: Request) -> 
             })
             .await?;
         match r {
-            Ok((n, unload)) => {
-                let ollama = matches!(parts.uri.path(), "/api/generate" | "/api/chat");
-                if unload && ollama && n.is_some() {
-                    let entry = choose(pool, n, None)?;
+            Ok(said) => {
+                // `keep_alive` is Ollama's (its routes are /api/...).
+                let ollama = parts.uri.path().starts_with("/api/");
+                if ollama {
+                    match said.keep_alive {
+                        Some(Err(why)) => return Err(ApiError::invalid("keep_alive", why)),
+                        Some(Ok(k)) => keep_alive = Some(k),
+                        None => {}
+                    }
+                }
+                let generate = matches!(parts.uri.path(), "/api/generate" | "/api/chat");
+                if said.unload && generate && said.model.is_some() {
+                    let entry = choose(pool, said.model, None)?;
                     return Ok(unloaded(pool, &entry, parts.uri.path() == "/api/chat"));
                 }
-                (data, n.or_else(|| query_model(parts.uri.query())), None)
+                (data, said.model.or_else(|| query_model(parts.uri.query())), None)
             }
             Err(why) => (data, None, Some(why)),
         }
@@ -147,6 +164,7 @@ pub(super) async fn pass(st: &Arc<AppState>, pool: &Arc<Pool>, req: Request) -> 
     let entry = choose(pool, name, unparsed)?;
     let limit = st.cfg.request_timeout.unwrap_or(pool.cfg.load_timeout).max(pool.cfg.load_timeout);
     let lease = pool.acquire(entry, limit).await?;
+    lease.child.set_keep_alive(keep_alive.unwrap_or(pool.cfg.keep_alive));
     let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
     let url = format!("http://127.0.0.1:{}{path}", lease.child.port);
     let mut rb = pool.http.request(parts.method.clone(), url).bearer_auth(&lease.child.key);
@@ -178,13 +196,27 @@ mod tests {
 
     #[test]
     fn names_from_bodies_and_queries() {
-        assert_eq!(named(br#"{"model": "a", "messages": [{"x": [1, {"y": 2}]}]}"#).unwrap(), (Some("a".into()), false));
-        assert_eq!(named(br#"{"name": "b:latest"}"#).unwrap(), (Some("b:latest".into()), false));
-        assert_eq!(named(br#"{"prompt": "p"}"#).unwrap(), (None, false));
-        assert_eq!(named(br#"{"model": "a", "keep_alive": 0}"#).unwrap(), (Some("a".into()), true));
-        assert_eq!(named(br#"{"model": "a", "keep_alive": "0s", "messages": []}"#).unwrap(), (Some("a".into()), true));
-        assert_eq!(named(br#"{"model": "a", "keep_alive": 0, "prompt": "hi"}"#).unwrap(), (Some("a".into()), false));
-        assert_eq!(named(br#"{"model": "a", "keep_alive": "5m"}"#).unwrap(), (Some("a".into()), false));
+        let said = |m: Option<&str>, k: Option<KeepAlive>, unload| Said {
+            model: m.map(str::to_string),
+            keep_alive: k.map(Ok),
+            unload,
+        };
+        let zero = Some(KeepAlive::For(std::time::Duration::ZERO));
+        assert_eq!(
+            named(br#"{"model": "a", "messages": [{"x": [1, {"y": 2}]}]}"#).unwrap(),
+            said(Some("a"), None, false)
+        );
+        assert_eq!(named(br#"{"name": "b:latest"}"#).unwrap(), said(Some("b:latest"), None, false));
+        assert_eq!(named(br#"{"prompt": "p"}"#).unwrap(), said(None, None, false));
+        assert_eq!(named(br#"{"model": "a", "keep_alive": 0}"#).unwrap(), said(Some("a"), zero, true));
+        assert_eq!(
+            named(br#"{"model": "a", "keep_alive": "0s", "messages": []}"#).unwrap(),
+            said(Some("a"), zero, true)
+        );
+        assert_eq!(named(br#"{"model": "a", "keep_alive": 0, "prompt": "hi"}"#).unwrap(), said(Some("a"), zero, false));
+        let five = Some(KeepAlive::For(std::time::Duration::from_secs(300)));
+        assert_eq!(named(br#"{"model": "a", "keep_alive": "5m"}"#).unwrap(), said(Some("a"), five, false));
+        assert!(matches!(named(br#"{"model": "a", "keep_alive": "soon"}"#).unwrap().keep_alive, Some(Err(_))));
         assert!(named(b"{nope").is_err());
         assert_eq!(query_model(Some("x=1&model=hf.co%2Fa%2Fb%3AQ4_K_M")).as_deref(), Some("hf.co/a/b:Q4_K_M"));
         assert_eq!(query_model(Some("fail_on_no_slot=1")), None);

@@ -78,6 +78,8 @@ pub fn run(args: ServeArgs) -> Result<()> {
         Some(g) => Some((g * (1u64 << 30) as f64) as u64),
         None => None,
     };
+    let keep_alive =
+        super::keep_alive::KeepAlive::parse(&args.keep_alive).map_err(|e| anyhow::anyhow!("--keep-alive: {e}"))?;
     let cfg = args.engine.resolve()?;
     let scfg = http_config(&args, &cfg, String::new())?;
     let settings = write_settings(&serde_json::to_string_pretty(&cfg)?)?;
@@ -89,6 +91,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         per_model_extra: cfg.total_cache_size,
         spawn: Spawn { exe, args: passed_flags(&args, &settings.0) },
         load_timeout: Duration::from_secs(args.model_load_timeout_s.max(1)),
+        keep_alive,
     })?;
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().thread_name("torus-http").build()?;
     let r = rt.block_on(async move {
@@ -97,6 +100,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
             .with_context(|| format!("cannot listen on {}:{}", args.host, args.port))?;
         let auth = if scfg.api_key.is_some() { "API key required" } else { "no API key" };
         let server = crate::server::start_with(listener, scfg, None, Some(pool.clone()))?;
+        pool.start_expiry();
         let names: Vec<String> = pool.entries().iter().map(|e| e.name.clone()).collect();
         eprintln!("torus-wgpu serve: listening on http://{} ({auth})", server.addr);
         eprintln!(
