@@ -31,7 +31,8 @@ pub struct Child {
     pub name: String,
     pub port: u16,
     pub key: String,
-    /// Bytes it is counted as holding (the memory budget's estimate).
+    /// Bytes it is counted as holding: its memory plan's total as its process reported it (the
+    /// estimate, weights on disk + KV cache, where it did not).
     pub bytes: u64,
     pub loaded_at: std::time::SystemTime,
     /// Requests being proxied to it (a model with none is idle, and may be unloaded).
@@ -78,6 +79,19 @@ fn new_key() -> String {
     (0..4).map(|_| format!("{:016x}", rng.next_u64())).collect()
 }
 
+/// The bytes of the memory plans a ready line reports (`memory: weights ... = 257.7 MiB`, once
+/// per pipeline stage), summed; None where it reports none.
+fn planned_bytes(line: &str) -> Option<u64> {
+    let mut total = None;
+    for part in line.split("memory: ").skip(1) {
+        let Some(mib) = part.split(" MiB)").next().and_then(|p| p.rsplit("= ").next()) else { continue };
+        if let Ok(v) = mib.trim().parse::<f64>() {
+            *total.get_or_insert(0) += (v * (1u64 << 20) as f64) as u64;
+        }
+    }
+    total
+}
+
 /// The port of `torus-wgpu serve: listening on http://127.0.0.1:PORT (...`.
 fn listening_port(line: &str) -> Option<u16> {
     let rest = line.split("listening on http://").nth(1)?;
@@ -115,7 +129,7 @@ pub async fn start(
     let mut p = cmd.spawn().map_err(|e| format!("cannot start {}: {e}", spawn.exe.display()))?;
     let stdin = p.stdin.take();
     let stderr = p.stderr.take().ok_or("no stderr pipe")?;
-    let (tx, rx) = tokio::sync::oneshot::channel::<Result<u16, String>>();
+    let (tx, rx) = tokio::sync::oneshot::channel::<Result<(u16, Option<u64>), String>>();
     let tag = name.to_string();
     std::thread::Builder::new()
         .name("torus-model-log".into())
@@ -130,7 +144,7 @@ pub async fn start(
                 }
                 if line.contains("torus-wgpu serve: ready on http://") {
                     if let (Some(tx), Some(p)) = (tx.take(), port) {
-                        let _ = tx.send(Ok(p));
+                        let _ = tx.send(Ok((p, planned_bytes(&line))));
                     }
                 }
                 if tx.is_some() {
@@ -181,7 +195,8 @@ pub async fn start(
         _stdin: stdin,
     };
     match tokio::time::timeout(limit, rx).await {
-        Ok(Ok(Ok(port))) => Ok(Child { port, ..child }),
+        // Counted from now on as its own memory plan says, where it says.
+        Ok(Ok(Ok((port, plan)))) => Ok(Child { port, bytes: plan.unwrap_or(bytes), ..child }),
         Ok(Ok(Err(why))) => {
             child.kill();
             // Where the model lives on the server is not the client's business.
@@ -206,5 +221,12 @@ mod tests {
         let l = "torus-wgpu serve: listening on http://127.0.0.1:43211 (no API key); loading ...";
         assert_eq!(super::listening_port(l), Some(43211));
         assert_eq!(super::listening_port("torus-wgpu serve: ready"), None);
+        let ready =
+            "torus-wgpu serve: ready on http://127.0.0.1:1 | model \"m\" (x) | adapter llvmpipe (kernel profile cpu; \
+                     memory: weights 0.5 MiB + KV cache 256.0 MiB + scratch 1.5 MiB = 258.0 MiB) | KV cache";
+        assert_eq!(super::planned_bytes(ready), Some(258 << 20));
+        let two = "a (memory: weights 1 MiB = 2.0 MiB), b (memory: weights 1 MiB = 3.0 MiB) |";
+        assert_eq!(super::planned_bytes(two), Some(5 << 20));
+        assert_eq!(super::planned_bytes("ready on http://x | adapter y"), None);
     }
 }
