@@ -108,8 +108,9 @@ pub struct ServeArgs {
     /// unloaded to load another.
     #[arg(long, default_value_t = 4)]
     pub max_loaded_models: usize,
-    /// With --models-dir: GiB the loaded models may take, each counted as its weights' size on
-    /// disk plus total_cache_size; the least recently used idle ones are unloaded to make room.
+    /// With --models-dir: GiB the loaded models may take, each counted as its memory plan's total
+    /// (one about to load: its weights' size on disk plus total_cache_size); the least recently
+    /// used idle ones are unloaded to make room.
     /// (A load that the device cannot hold also unloads idle models and tries again.)
     #[arg(long)]
     pub models_memory_gb: Option<f64>,

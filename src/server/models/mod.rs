@@ -2,11 +2,13 @@
 //! its model (the body's `model`, Ollama's older `name`, or `?model=` on a GET); a model that is
 //! not loaded is loaded then (that request waits; requests for loaded models go on), each in a
 //! process of its own (`child`), and the request is passed to it (`proxy`). At most
-//! `--max-loaded-models` are loaded, and with `--models-memory-gb` their estimated memory
-//! (weights on disk + the configured KV cache) stays within it: the least recently used idle
-//! model is unloaded to make room, and also when a load fails because the model does not fit
-//! (its own memory plan, the authority, said so). `/v1/models`, `/api/tags` and `/api/ps` say
-//! which are loaded; `/metrics` labels each model's series with `model="NAME"` (`listing`).
+//! `--max-loaded-models` are loaded, and with `--models-memory-gb` their memory stays within it
+//! (each counted as its own memory plan once loaded; before, as its weights on disk + the
+//! configured KV cache): the least recently used idle model is unloaded to make room, and also
+//! when a load fails because the model does not fit (its own memory plan, the authority, said
+//! so). Idle models are also unloaded when their keep-alive runs out (`keep_alive`). `/v1/models`,
+//! `/api/tags` and `/api/ps` say which are loaded; `/metrics` labels each model's series with
+//! `model="NAME"` (`listing`).
 //!
 //! Owns: the set of loadable models, their processes, loading and unloading, passing requests on.
 //! May use: the server's error shapes and body reading; hub (pulled models).
