@@ -150,6 +150,11 @@ async fn models_by_name_one_loaded_at_a_time() {
     let tag_names: Vec<&str> = tags["models"].as_array().unwrap().iter().map(|m| m["name"].as_str().unwrap()).collect();
     assert_eq!(tag_names, [format!("{SMOL}:latest"), "broken:latest".into(), format!("{TINY}:latest")]);
     assert!(loaded(&base).await.is_empty());
+    // Ollama's /api/show of a model not loaded is answered from its files: nothing loads.
+    let (s, unloaded_show) = post(&base, "/api/show", json!({"model": format!("{SMOL}:latest")})).await;
+    assert_eq!(s, 200, "{unloaded_show}");
+    assert!(unloaded_show["template"].as_str().unwrap().contains("<|im_start|>"), "{unloaded_show}");
+    assert!(loaded(&base).await.is_empty(), "/api/show loaded nothing");
 
     // Alternating, one loaded at a time: every answer is the model's own.
     let chat = |model: &str| json!({"model": model, "messages": [{"role": "user", "content": "Name a color."}]});
@@ -171,6 +176,15 @@ async fn models_by_name_one_loaded_at_a_time() {
         assert!(!text.is_empty());
         if round == 0 {
             ollama_answer = Some(text);
+            // The loaded model's own /api/show says what the files said.
+            let (s, shown) = post(&base, "/api/show", json!({"model": SMOL})).await;
+            assert_eq!(s, 200, "{shown}");
+            for k in ["template", "details", "capabilities", "parameters", "modelfile", "modified_at"] {
+                assert_eq!(shown[k], unloaded_show[k], "{k}");
+            }
+            for k in ["general.file_size", "general.vocab_size"] {
+                assert_eq!(shown["model_info"][k], unloaded_show["model_info"][k], "{k}");
+            }
         } else {
             assert_eq!(Some(&text), ollama_answer.as_ref(), "the same answer after a reload");
         }

@@ -5,7 +5,8 @@
 
 use super::catalog::Entry;
 use super::Pool;
-use crate::server::ollama::info::{details_of, digest_of, listed, parameter_count, rfc3339};
+use crate::server::error::ApiError;
+use crate::server::ollama::info::{details_of, digest_of, listed, parameter_count, rfc3339, show_body, ShowFacts};
 use crate::server::AppState;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -79,6 +80,31 @@ pub(crate) fn ollama_ps(pool: &Pool) -> Response {
         models.push(t);
     }
     Json(json!({"models": models})).into_response()
+}
+
+/// Ollama's `/api/show` of a model that is not loaded, from its files alone (its tokenizer and
+/// chat template are read; nothing is loaded on a device): clients ask it of every model they
+/// list, and that must not load each in turn. The context length is the configured
+/// `max_sequence_length` (a loaded model answers with what its KV cache holds, which may be less).
+pub(crate) async fn show_unloaded(st: &AppState, pool: &Pool, e: &Entry) -> Result<Response, ApiError> {
+    let path = e.path.clone();
+    let tok = st.work.run_sized(0, move || crate::tokenizer::Tokenizer::from_path(&path)).await?;
+    let tok = tok.map_err(|err| {
+        let file = e.path.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
+        let why = format!("{err:#}").replace(&e.path.display().to_string(), &file);
+        ApiError::internal(format!("model {:?}: cannot read its tokenizer: {why}", e.name)).code("model_load_failed")
+    })?;
+    let count = *e.parameters.get_or_init(|| if e.path.is_file() { parameter_count(&e.path) } else { None });
+    let facts = ShowFacts {
+        template: tok.chat_template_source().unwrap_or_default(),
+        file: e.path.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default(),
+        size: e.size,
+        modified: e.modified,
+        details: details_of(Some(&e.path), count),
+        context_length: pool.cfg.max_sequence_length,
+        vocab: tok.vocab_size(),
+    };
+    Ok(Json(show_body(&st.cfg, facts)).into_response())
 }
 
 pub(crate) fn health(pool: &Pool) -> Response {

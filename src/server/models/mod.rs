@@ -22,7 +22,7 @@ mod proxy;
 pub mod serve;
 
 pub use child::Spawn;
-pub(crate) use listing::{get_model, health, list_models, metrics, ollama_ps, ollama_tags, server_info};
+pub(crate) use listing::{get_model, health, list_models, metrics, ollama_ps, ollama_tags, server_info, show_unloaded};
 
 use super::error::{ApiError, Dialect};
 use super::AppState;
@@ -53,6 +53,8 @@ pub struct PoolConfig {
     pub load_timeout: Duration,
     /// How long an idle model stays loaded when its last request did not say (`--keep-alive`).
     pub keep_alive: keep_alive::KeepAlive,
+    /// The engine's `max_sequence_length` (what `/api/show` of an unloaded model reports).
+    pub max_sequence_length: usize,
 }
 
 /// What is loaded or loading.
@@ -225,6 +227,12 @@ impl Pool {
             .collect();
         v.sort_by(|a, b| a.0.cmp(&b.0));
         v
+    }
+
+    /// Whether `name` is loaded (not loading).
+    pub(crate) fn is_loaded(&self, name: &str) -> bool {
+        let s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        matches!(s.slots.get(name), Some(Slot::Ready(c)) if c.alive())
     }
 
     pub(crate) fn counts(&self) -> Vec<(String, Counts)> {

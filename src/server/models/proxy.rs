@@ -162,6 +162,9 @@ pub(super) async fn pass(st: &Arc<AppState>, pool: &Arc<Pool>, req: Request) -> 
         }
     };
     let entry = choose(pool, name, unparsed)?;
+    if parts.uri.path() == "/api/show" && !pool.is_loaded(&entry.name) {
+        return super::show_unloaded(st, pool, &entry).await;
+    }
     let limit = st.cfg.request_timeout.unwrap_or(pool.cfg.load_timeout).max(pool.cfg.load_timeout);
     let lease = pool.acquire(entry, limit).await?;
     lease.child.set_keep_alive(keep_alive.unwrap_or(pool.cfg.keep_alive));

@@ -92,6 +92,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         spawn: Spawn { exe, args: passed_flags(&args, &settings.0) },
         load_timeout: Duration::from_secs(args.model_load_timeout_s.max(1)),
         keep_alive,
+        max_sequence_length: cfg.max_sequence_length,
     })?;
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().thread_name("torus-http").build()?;
     let r = rt.block_on(async move {

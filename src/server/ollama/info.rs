@@ -205,41 +205,61 @@ pub(super) async fn show(State(st): State<Arc<AppState>>, headers: HeaderMap, bo
     let r = async {
         let engine = st.engine()?.clone();
         named_model(&st, &headers, body).await?;
-        let template = engine.tokenizer.chat_template_source().unwrap_or_default().to_string();
-        let mut caps = vec!["completion"];
-        if template.contains("tools") {
-            caps.push("tools");
-        }
-        if st.cfg.reasoning_parser != ReasoningChoice::None
-            && st.cfg.reasoning_parser.resolve(Some(&template)).is_some()
-        {
-            caps.push("thinking");
-        }
         let (size, modified) = file_facts(&st);
-        let path = st.cfg.model_file_name().unwrap_or_default();
-        Ok::<_, ApiError>(
-            Json(json!({
-                "license": "",
-                "modelfile": format!("# served by torus-wgpu\nFROM {path}\n"),
-                "parameters": format!(
-                    "temperature {}\ntop_p {}\ntop_k {}",
-                    st.cfg.default_temperature, st.cfg.default_top_p, st.cfg.default_top_k
-                ),
-                "template": template,
-                "details": details(&st),
-                "model_info": {
-                    "general.file_size": size,
-                    "general.context_length": engine.info.max_model_len(),
-                    "general.vocab_size": engine.info.vocab,
-                },
-                "capabilities": caps,
-                "modified_at": rfc3339(modified),
-            }))
-            .into_response(),
-        )
+        let facts = ShowFacts {
+            template: engine.tokenizer.chat_template_source().unwrap_or_default(),
+            file: st.cfg.model_file_name().unwrap_or_default(),
+            size,
+            modified,
+            details: details(&st),
+            context_length: engine.info.max_model_len(),
+            vocab: engine.info.vocab,
+        };
+        Ok::<_, ApiError>(Json(show_body(&st.cfg, facts)).into_response())
     }
     .await;
     r.unwrap_or_else(|e| e.response_in(Dialect::Ollama))
+}
+
+/// What `/api/show` tells of a model.
+pub(in crate::server) struct ShowFacts<'a> {
+    pub template: &'a str,
+    /// The model file's (or directory's) name.
+    pub file: String,
+    pub size: u64,
+    pub modified: SystemTime,
+    pub details: Value,
+    pub context_length: usize,
+    pub vocab: usize,
+}
+
+/// `/api/show`'s answer: the server's sampling defaults, the template and what it makes the
+/// model capable of (tools where it renders them, thinking where the reasoning parser applies).
+pub(in crate::server) fn show_body(cfg: &crate::server::ServerConfig, f: ShowFacts) -> Value {
+    let mut caps = vec!["completion"];
+    if f.template.contains("tools") {
+        caps.push("tools");
+    }
+    if cfg.reasoning_parser != ReasoningChoice::None && cfg.reasoning_parser.resolve(Some(f.template)).is_some() {
+        caps.push("thinking");
+    }
+    json!({
+        "license": "",
+        "modelfile": format!("# served by torus-wgpu\nFROM {}\n", f.file),
+        "parameters": format!(
+            "temperature {}\ntop_p {}\ntop_k {}",
+            cfg.default_temperature, cfg.default_top_p, cfg.default_top_k
+        ),
+        "template": f.template,
+        "details": f.details,
+        "model_info": {
+            "general.file_size": f.size,
+            "general.context_length": f.context_length,
+            "general.vocab_size": f.vocab,
+        },
+        "capabilities": caps,
+        "modified_at": rfc3339(f.modified),
+    })
 }
 
 pub(super) async fn unsupported() -> Response {
