@@ -263,6 +263,31 @@ async fn models_by_name_one_loaded_at_a_time() {
     assert_eq!(s, 400, "{v}");
     assert!(v["error"].as_str().unwrap().contains("keep_alive"), "{v}");
 
+    // A burst for both models at once: each model is loaded once and serves all its requests
+    // before it is unloaded for the other (a model just loaded for its waiters is theirs first;
+    // a third load is allowed for a request arriving after its model was unloaded).
+    let m = metrics(&base).await;
+    let loads = |m: &str| {
+        [TINY, SMOL]
+            .map(|n| series(m, &format!("torus_model_loads_total{{model=\"{n}\"}}")).unwrap())
+            .iter()
+            .sum::<f64>()
+    };
+    let before = loads(&m);
+    let burst: Vec<_> = (0..8)
+        .map(|i| {
+            let model = if i % 2 == 0 { SMOL } else { TINY };
+            let body = json!({"model": model, "prompt": "hi", "n_predict": 8});
+            tokio::spawn(post_owned(base.clone(), body))
+        })
+        .collect();
+    for r in burst {
+        let (s, v) = r.await.unwrap();
+        assert_eq!(s, 200, "{v}");
+    }
+    let m = metrics(&base).await;
+    assert!(loads(&m) - before <= 3.0, "loads for the burst: {} (the models thrashed)", loads(&m) - before);
+
     // The models' processes end with the server.
     let mut ports = Vec::new();
     model_ports(&srv.log, &mut ports);

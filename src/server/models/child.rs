@@ -17,6 +17,8 @@ use std::time::{Duration, Instant};
 #[derive(Clone, Debug)]
 pub struct Spawn {
     pub exe: PathBuf,
+    /// Before `serve` (none for this program; tests start a stand-in through `sh -c`).
+    pub before: Vec<String>,
     /// After `serve`: the engine config file and the server flags passed on.
     pub args: Vec<String>,
 }
@@ -113,7 +115,8 @@ pub async fn start(
 ) -> Result<Child, String> {
     let key = new_key();
     let mut cmd = Command::new(&spawn.exe);
-    cmd.arg("serve")
+    cmd.args(&spawn.before)
+        .arg("serve")
         .args(&spawn.args)
         .arg("--model")
         .arg(path)

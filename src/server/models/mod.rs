@@ -18,6 +18,8 @@ pub mod catalog;
 pub mod child;
 pub mod keep_alive;
 mod listing;
+#[cfg(test)]
+mod pool_tests;
 mod proxy;
 pub mod serve;
 
@@ -93,6 +95,27 @@ struct State_ {
     /// Why a load failed, by load id (read by the requests that waited on it).
     failed: HashMap<u64, String>,
     counts: HashMap<String, Counts>,
+    /// Requests waiting for each model: a model that was just loaded for them is not unloaded
+    /// before they have it.
+    waiting: HashMap<String, usize>,
+}
+
+/// A request's place among a model's waiters, for as long as `acquire` runs.
+struct Waiting<'a> {
+    pool: &'a Pool,
+    name: &'a str,
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        let mut s = self.pool.state.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = s.waiting.get_mut(self.name) {
+            *n -= 1;
+            if *n == 0 {
+                s.waiting.remove(self.name);
+            }
+        }
+    }
 }
 
 /// The models of a models server.
@@ -255,7 +278,7 @@ impl Pool {
             .slots
             .iter()
             .filter_map(|(n, slot)| match slot {
-                Slot::Ready(c) if c.in_flight.load(SeqCst) == 0 => {
+                Slot::Ready(c) if c.in_flight.load(SeqCst) == 0 && !s.waiting.contains_key(n) => {
                     Some((*c.last_used.lock().unwrap_or_else(|e| e.into_inner()), n, c))
                 }
                 _ => None,
@@ -305,6 +328,8 @@ impl Pool {
     pub async fn acquire(self: &Arc<Pool>, e: Arc<Entry>, limit: Duration) -> Result<Lease, ApiError> {
         let deadline = Instant::now() + limit;
         let mut waited_on: Option<u64> = None;
+        *self.state.lock().unwrap_or_else(|e| e.into_inner()).waiting.entry(e.name.clone()).or_default() += 1;
+        let _waiting = Waiting { pool: self, name: &e.name };
         loop {
             // Subscribed before looking, so no change after the look is missed.
             let mut rx = self.changed.subscribe();
@@ -442,7 +467,11 @@ impl Pool {
             .slots
             .iter()
             .filter_map(|(n, slot)| match slot {
-                Slot::Ready(c) if c.in_flight.load(SeqCst) == 0 && c.expires().is_some_and(|t| t <= now) => {
+                Slot::Ready(c)
+                    if c.in_flight.load(SeqCst) == 0
+                        && !s.waiting.contains_key(n)
+                        && c.expires().is_some_and(|t| t <= now) =>
+                {
                     Some(n.clone())
                 }
                 _ => None,

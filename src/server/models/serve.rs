@@ -89,7 +89,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         max_loaded: args.max_loaded_models,
         memory_budget: budget,
         per_model_extra: cfg.total_cache_size,
-        spawn: Spawn { exe, args: passed_flags(&args, &settings.0) },
+        spawn: Spawn { exe, before: Vec::new(), args: passed_flags(&args, &settings.0) },
         load_timeout: Duration::from_secs(args.model_load_timeout_s.max(1)),
         keep_alive,
         max_sequence_length: cfg.max_sequence_length,

@@ -1,0 +1,80 @@
+//! The pool's loading and unloading with stand-in model processes (`sh`, which says it is ready
+//! at once and lives until its stdin closes or it is killed): no model, no device.
+
+use super::catalog::Entry;
+use super::keep_alive::KeepAlive;
+use super::{Pool, PoolConfig, Spawn};
+use std::sync::Arc;
+use std::time::Duration;
+
+const STAND_IN: &str = "echo 'torus-wgpu serve: listening on http://127.0.0.1:9 (stand-in)' >&2; \
+                        echo 'torus-wgpu serve: ready on http://127.0.0.1:9 | stand-in' >&2; exec cat >/dev/null";
+
+fn pool(max_loaded: usize, budget: Option<u64>) -> Arc<Pool> {
+    let dir = std::env::temp_dir().join(format!("torus-pool-{}-{max_loaded}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    Pool::new(PoolConfig {
+        dir,
+        max_loaded,
+        memory_budget: budget,
+        per_model_extra: 100,
+        spawn: Spawn { exe: "/bin/sh".into(), before: vec!["-c".into(), STAND_IN.into()], args: vec![] },
+        load_timeout: Duration::from_secs(20),
+        keep_alive: KeepAlive::Forever,
+        max_sequence_length: 64,
+    })
+    .unwrap()
+}
+
+fn entry(name: &str) -> Arc<Entry> {
+    Arc::new(Entry::new(name.into(), std::path::PathBuf::from("/nonexistent")))
+}
+
+fn loads(p: &Pool) -> u64 {
+    p.counts().iter().map(|(_, c)| c.loads).sum()
+}
+
+/// Requests for two models at once with room for one: each model is loaded once and serves all
+/// of its requests before it is unloaded for the other (one just loaded is its waiters' first).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_burst_for_two_models_loads_each_once() {
+    let p = pool(1, None);
+    let (a, b) = (entry("a"), entry("b"));
+    let tasks: Vec<_> = (0..12)
+        .map(|i| {
+            let (p, e) = (p.clone(), if i % 2 == 0 { a.clone() } else { b.clone() });
+            tokio::spawn(async move {
+                let lease = p.acquire(e, Duration::from_secs(20)).await.unwrap();
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                drop(lease);
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(loads(&p), 2, "{:?}", p.counts().iter().map(|(n, c)| (n.clone(), c.loads)).collect::<Vec<_>>());
+    p.stop_all();
+}
+
+/// A budget that holds one: the idle model is unloaded for the next (reason memory); a busy one
+/// is not, and the next waits for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_busy_model_is_never_unloaded() {
+    let p = pool(4, Some(150));
+    let (a, b) = (entry("a"), entry("b"));
+    let held = p.acquire(a.clone(), Duration::from_secs(20)).await.unwrap();
+    let waiting = {
+        let (p, b) = (p.clone(), b.clone());
+        tokio::spawn(async move { p.acquire(b, Duration::from_secs(20)).await.map(|_| ()) })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiting.is_finished(), "b waits while a serves");
+    assert!(p.is_loaded("a") && !p.is_loaded("b"));
+    drop(held);
+    waiting.await.unwrap().unwrap();
+    assert!(!p.is_loaded("a") && p.is_loaded("b"));
+    let c = p.counts();
+    assert_eq!(c.iter().find(|(n, _)| n == "a").unwrap().1.unloads_memory, 1);
+    p.stop_all();
+}
