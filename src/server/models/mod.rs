@@ -21,6 +21,7 @@ mod listing;
 #[cfg(test)]
 mod pool_tests;
 mod proxy;
+mod room;
 pub mod serve;
 
 pub use child::Spawn;
@@ -34,6 +35,7 @@ use axum::middleware::Next;
 use axum::response::Response;
 use catalog::Entry;
 use child::Child;
+use room::Waiting;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
@@ -98,24 +100,9 @@ struct State_ {
     /// Requests waiting for each model: a model that was just loaded for them is not unloaded
     /// before they have it.
     waiting: HashMap<String, usize>,
-}
-
-/// A request's place among a model's waiters, for as long as `acquire` runs.
-struct Waiting<'a> {
-    pool: &'a Pool,
-    name: &'a str,
-}
-
-impl Drop for Waiting<'_> {
-    fn drop(&mut self) {
-        let mut s = self.pool.state.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(n) = s.waiting.get_mut(self.name) {
-            *n -= 1;
-            if *n == 0 {
-                s.waiting.remove(self.name);
-            }
-        }
-    }
+    /// Requests waiting for room to load their model, by ticket: since when.
+    room: HashMap<u64, Instant>,
+    next_ticket: u64,
 }
 
 /// The models of a models server.
@@ -270,66 +257,13 @@ impl Pool {
         e.size + self.cfg.per_model_extra
     }
 
-    /// Idle loaded models to unload so that one more of `need` bytes fits, least recently
-    /// used first; None when the models in the way are busy (or loading) and it must wait.
-    /// With nothing else loaded, the model is tried whatever its estimate.
-    fn room_for(&self, s: &State_, need: u64) -> Option<Vec<(String, bool)>> {
-        let mut idle: Vec<(Instant, &String, &Arc<Child>)> = s
-            .slots
-            .iter()
-            .filter_map(|(n, slot)| match slot {
-                Slot::Ready(c) if c.in_flight.load(SeqCst) == 0 && !s.waiting.contains_key(n) => {
-                    Some((*c.last_used.lock().unwrap_or_else(|e| e.into_inner()), n, c))
-                }
-                _ => None,
-            })
-            .collect();
-        idle.sort_by_key(|x| x.0);
-        let (mut count, mut used) = (s.slots.len(), s.slots.values().map(Slot::bytes).sum::<u64>());
-        let over_count = |count: usize| count >= self.cfg.max_loaded;
-        let over_memory =
-            |count: usize, used: u64| count > 0 && self.cfg.memory_budget.is_some_and(|b| used + need > b);
-        let mut out = Vec::new();
-        let mut idle = idle.into_iter();
-        while over_count(count) || over_memory(count, used) {
-            let memory = !over_count(count);
-            let (_, n, c) = idle.next()?;
-            out.push((n.clone(), memory));
-            count -= 1;
-            used -= c.bytes;
-        }
-        Some(out)
-    }
-
-    /// Unloads `name` (it is idle), counted by why.
-    fn unload(&self, s: &mut State_, name: &str, memory: bool) {
-        if let Some(Slot::Ready(c)) = s.slots.remove(name) {
-            tracing::info!(
-                model = name,
-                "unloading model (least recently used; {})",
-                if memory { "memory" } else { "count" }
-            );
-            eprintln!(
-                "torus-wgpu serve: unloading model {name:?} (least recently used, for {})",
-                if memory { "the memory budget" } else { "--max-loaded-models" }
-            );
-            let k = s.counts.entry(name.to_string()).or_default();
-            if memory {
-                k.unloads_memory += 1;
-            } else {
-                k.unloads_lru += 1;
-            }
-            c.kill();
-        }
-    }
-
     /// A hold on model `e`, loading it first if it is not loaded (waiting for room where the
     /// loaded models are busy), within `limit`.
     pub async fn acquire(self: &Arc<Pool>, e: Arc<Entry>, limit: Duration) -> Result<Lease, ApiError> {
         let deadline = Instant::now() + limit;
         let mut waited_on: Option<u64> = None;
-        *self.state.lock().unwrap_or_else(|e| e.into_inner()).waiting.entry(e.name.clone()).or_default() += 1;
-        let _waiting = Waiting { pool: self, name: &e.name };
+        let started = Instant::now();
+        let mut waiting = Waiting::new(self, &e.name);
         loop {
             // Subscribed before looking, so no change after the look is missed.
             let mut rx = self.changed.subscribe();
@@ -339,7 +273,12 @@ impl Pool {
                     return Err(ApiError::internal(format!("model {:?} failed to load: {why}", e.name))
                         .code("model_load_failed"));
                 }
+                let drain = self.draining(&s);
                 match s.slots.get(&e.name) {
+                    // A model being drained for a request that waits for room takes no request
+                    // that came after that one.
+                    Some(Slot::Ready(c))
+                        if c.alive() && drain.as_ref().is_some_and(|d| d.0 == e.name && d.1 < started) => {}
                     Some(Slot::Ready(c)) if c.alive() => {
                         let c = c.clone();
                         c.in_flight.fetch_add(1, SeqCst);
@@ -353,20 +292,26 @@ impl Pool {
                     Some(Slot::Loading { load, .. }) => waited_on = Some(*load),
                     None => {
                         let need = self.estimate(&e);
-                        if let Some(victims) = self.room_for(&s, need) {
-                            for (n, memory) in victims {
-                                self.unload(&mut s, &n, memory);
-                            }
+                        let room = self.room_for(&s, need, drain.as_ref().map(|d| d.0.as_str()));
+                        if room.is_none() {
+                            waiting.wait_for_room(&mut s);
+                        }
+                        if let Some(victims) = room {
+                            waiting.got_room(&mut s);
+                            let gone: Vec<Arc<Child>> =
+                                victims.into_iter().filter_map(|(n, memory)| self.unload(&mut s, &n, memory)).collect();
                             let load = self.next_load.fetch_add(1, SeqCst);
                             s.slots.insert(e.name.clone(), Slot::Loading { load, bytes: need });
                             waited_on = Some(load);
-                            tokio::spawn(self.clone().load(e.clone(), load, need));
+                            tokio::spawn(self.clone().load(e.clone(), load, need, gone));
                         }
                     }
                 }
             }
+            // Also looked at again every quarter second: a drain starts with time, not an event.
             let left = deadline.saturating_duration_since(Instant::now());
-            if tokio::time::timeout(left, rx.changed()).await.is_err() {
+            let nap = left.min(Duration::from_millis(250));
+            if tokio::time::timeout(nap, rx.changed()).await.is_err() && nap == left {
                 return Err(ApiError::unavailable(
                     format!(
                         "model {:?} could not be loaded within {} s: the loaded models are busy",
@@ -381,7 +326,7 @@ impl Pool {
 
     /// Loads `e` (its slot says Loading with id `load`); where its own memory plan says it does
     /// not fit and an idle model is loaded, that one is unloaded and the load tried again.
-    async fn load(self: Arc<Pool>, e: Arc<Entry>, load: u64, bytes: u64) {
+    async fn load(self: Arc<Pool>, e: Arc<Entry>, load: u64, bytes: u64, mut gone: Vec<Arc<Child>>) {
         eprintln!("torus-wgpu serve: loading model {:?} from {}", e.name, e.path.display());
         let t0 = Instant::now();
         let r = loop {
@@ -392,13 +337,15 @@ impl Pool {
                     p.exited(&name, load);
                 }
             };
+            // The models unloaded for this one give their memory back first.
+            Pool::gone(&gone).await;
             let r = child::start(&self.cfg.spawn, load, &e.name, &e.path, bytes, self.cfg.load_timeout, on_exit).await;
             match r {
                 Err(why) if why.contains("does not fit") || why.contains("not enough host memory") => {
                     let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
-                    let victim = self.room_for(&s, u64::MAX).and_then(|v| v.into_iter().next());
-                    match victim {
-                        Some((n, _)) => self.unload(&mut s, &n, true),
+                    let victim = Pool::idle(&s, None).first().map(|(n, _)| n.to_string());
+                    match victim.and_then(|n| self.unload(&mut s, &n, true)) {
+                        Some(c) => gone = vec![c],
                         None => break Err(why),
                     }
                 }

@@ -11,6 +11,10 @@ const STAND_IN: &str = "echo 'torus-wgpu serve: listening on http://127.0.0.1:9 
                         echo 'torus-wgpu serve: ready on http://127.0.0.1:9 | stand-in' >&2; exec cat >/dev/null";
 
 fn pool(max_loaded: usize, budget: Option<u64>) -> Arc<Pool> {
+    pool_with(max_loaded, budget, STAND_IN)
+}
+
+fn pool_with(max_loaded: usize, budget: Option<u64>, script: &str) -> Arc<Pool> {
     let dir = std::env::temp_dir().join(format!("torus-pool-{}-{max_loaded}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     Pool::new(PoolConfig {
@@ -18,7 +22,7 @@ fn pool(max_loaded: usize, budget: Option<u64>) -> Arc<Pool> {
         max_loaded,
         memory_budget: budget,
         per_model_extra: 100,
-        spawn: Spawn { exe: "/bin/sh".into(), before: vec!["-c".into(), STAND_IN.into()], args: vec![] },
+        spawn: Spawn { exe: "/bin/sh".into(), before: vec!["-c".into(), script.into()], args: vec![] },
         load_timeout: Duration::from_secs(20),
         keep_alive: KeepAlive::Forever,
         max_sequence_length: 64,
@@ -77,4 +81,65 @@ async fn a_busy_model_is_never_unloaded() {
     let c = p.counts();
     assert_eq!(c.iter().find(|(n, _)| n == "a").unwrap().1.unloads_memory, 1);
     p.stop_all();
+}
+
+/// Steady traffic to one model (its requests overlap, so it is never idle) does not keep a
+/// request for another from loading: after DRAIN_AFTER the busy model takes no new request,
+/// drains, and is unloaded; the other loads while the traffic goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn steady_traffic_to_one_model_does_not_starve_another() {
+    let p = pool(1, None);
+    let (a, b) = (entry("a"), entry("b"));
+    let traffic = {
+        let (p, a) = (p.clone(), a.clone());
+        tokio::spawn(async move {
+            let t0 = std::time::Instant::now();
+            let mut running = Vec::new();
+            while t0.elapsed() < Duration::from_secs(8) {
+                let (p, a) = (p.clone(), a.clone());
+                running.push(tokio::spawn(async move {
+                    let lease = p.acquire(a, Duration::from_secs(30)).await.unwrap();
+                    tokio::time::sleep(Duration::from_millis(150)).await;
+                    drop(lease);
+                }));
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            running
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(p.is_loaded("a"));
+    let lease = p.acquire(b, Duration::from_secs(30)).await.unwrap();
+    assert!(!traffic.is_finished(), "b loaded while a's traffic went on");
+    drop(lease);
+    for r in traffic.await.unwrap() {
+        r.await.unwrap();
+    }
+    p.stop_all();
+}
+
+/// A load that its own memory plan refuses ("does not fit") unloads an idle model, waits for
+/// its process to end, and tries again; with nothing idle to unload, the refusal is the answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_load_that_does_not_fit_unloads_an_idle_model() {
+    let lock = std::env::temp_dir().join(format!("torus-pool-fit-{}", std::process::id()));
+    let _ = std::fs::remove_file(&lock);
+    // One stand-in at a time fits: another, while the first lives, is refused as the engine's
+    // memory check refuses a model.
+    let script = format!(
+        "if [ -f {l} ] && kill -0 $(cat {l}) 2>/dev/null; then \
+         echo 'Error: m.gguf: the model does not fit on the device' >&2; exit 1; fi; echo $$ > {l}; {STAND_IN}",
+        l = lock.display()
+    );
+    let p = pool_with(4, None, &script);
+    let (a, b, c) = (entry("a"), entry("b"), entry("c"));
+    drop(p.acquire(a.clone(), Duration::from_secs(20)).await.unwrap());
+    let held = p.acquire(b, Duration::from_secs(20)).await.unwrap();
+    assert!(!p.is_loaded("a") && p.is_loaded("b"), "a was unloaded for b");
+    assert_eq!(p.counts().iter().find(|(n, _)| n == "a").unwrap().1.unloads_memory, 1);
+    let refused = p.acquire(c, Duration::from_secs(20)).await.err().expect("nothing idle to unload");
+    assert!(refused.body()["error"]["message"].as_str().unwrap().contains("does not fit"), "{:?}", refused.body());
+    drop(held);
+    p.stop_all();
+    let _ = std::fs::remove_file(&lock);
 }

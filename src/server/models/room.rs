@@ -1,0 +1,155 @@
+//! Making room for a model: which idle models to unload (least recently used first), and
+//! fairness between models. A model just loaded is its waiters' before it can be unloaded; and a
+//! request that has waited `DRAIN_AFTER` for room makes the least recently used loaded model
+//! *drain*: requests for it that came later wait, so its requests end, it is unloaded, and the
+//! waiting model loads (without this, steady traffic to one model would keep another from ever
+//! loading).
+
+use super::{Child, Pool, Slot, State_};
+use std::sync::atomic::Ordering::SeqCst;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How long a request waits for room before a loaded model is drained for it.
+pub const DRAIN_AFTER: Duration = Duration::from_secs(1);
+
+/// A request's place among a model's waiters (and, while it waits for room, among those), for
+/// as long as `acquire` runs.
+pub(super) struct Waiting<'a> {
+    pool: &'a Pool,
+    name: &'a str,
+    ticket: Option<u64>,
+}
+
+impl<'a> Waiting<'a> {
+    pub fn new(pool: &'a Pool, name: &'a str) -> Waiting<'a> {
+        *pool.state.lock().unwrap_or_else(|e| e.into_inner()).waiting.entry(name.to_string()).or_default() += 1;
+        Waiting { pool, name, ticket: None }
+    }
+
+    /// It waits for room (from now, the first time).
+    pub fn wait_for_room(&mut self, s: &mut State_) {
+        if self.ticket.is_none() {
+            s.next_ticket += 1;
+            self.ticket = Some(s.next_ticket);
+            s.room.insert(s.next_ticket, Instant::now());
+        }
+    }
+
+    /// It has room now.
+    pub fn got_room(&mut self, s: &mut State_) {
+        if let Some(t) = self.ticket.take() {
+            s.room.remove(&t);
+        }
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        let mut s = self.pool.state.lock().unwrap_or_else(|e| e.into_inner());
+        self.got_room(&mut s);
+        if let Some(n) = s.waiting.get_mut(self.name) {
+            *n -= 1;
+            if *n == 0 {
+                s.waiting.remove(self.name);
+            }
+        }
+    }
+}
+
+impl Pool {
+    /// The loaded model being drained, and since when the request it drains for has waited:
+    /// the least recently used loaded model once some request has waited DRAIN_AFTER for room.
+    pub(super) fn draining(&self, s: &State_) -> Option<(String, Instant)> {
+        let since = *s.room.values().min()?;
+        if since.elapsed() < DRAIN_AFTER {
+            return None;
+        }
+        let used = |c: &Arc<Child>| *c.last_used.lock().unwrap_or_else(|e| e.into_inner());
+        let lru = s
+            .slots
+            .iter()
+            .filter_map(|(n, slot)| match slot {
+                Slot::Ready(c) => Some((used(c), n)),
+                Slot::Loading { .. } => None,
+            })
+            .min_by_key(|x| x.0)?;
+        Some((lru.1.clone(), since))
+    }
+
+    /// Idle loaded models to unload so that one more of `need` bytes fits, least recently
+    /// used first; None when the models in the way are busy (or loading) and it must wait.
+    /// With nothing else loaded, the model is tried whatever its estimate.
+    /// The loaded models that may be unloaded, least recently used first: no request in flight
+    /// and none waiting for them (a drained model's waiters wait on).
+    pub(super) fn idle<'s>(s: &'s State_, drain: Option<&str>) -> Vec<(&'s String, &'s Arc<Child>)> {
+        let mut idle: Vec<(Instant, &String, &Arc<Child>)> = s
+            .slots
+            .iter()
+            .filter_map(|(n, slot)| match slot {
+                Slot::Ready(c)
+                    if c.in_flight.load(SeqCst) == 0 && (!s.waiting.contains_key(n) || drain == Some(n.as_str())) =>
+                {
+                    Some((*c.last_used.lock().unwrap_or_else(|e| e.into_inner()), n, c))
+                }
+                _ => None,
+            })
+            .collect();
+        idle.sort_by_key(|x| x.0);
+        idle.into_iter().map(|(_, n, c)| (n, c)).collect()
+    }
+
+    pub(super) fn room_for(&self, s: &State_, need: u64, drain: Option<&str>) -> Option<Vec<(String, bool)>> {
+        let idle = Pool::idle(s, drain);
+        let (mut count, mut used) = (s.slots.len(), s.slots.values().map(Slot::bytes).sum::<u64>());
+        let over_count = |count: usize| count >= self.cfg.max_loaded;
+        let over_memory = |count: usize, used: u64| {
+            count > 0 && self.cfg.memory_budget.is_some_and(|b| used.saturating_add(need) > b)
+        };
+        let mut out = Vec::new();
+        let mut idle = idle.into_iter();
+        while over_count(count) || over_memory(count, used) {
+            let memory = !over_count(count);
+            let (n, c) = idle.next()?;
+            out.push((n.clone(), memory));
+            count -= 1;
+            used -= c.bytes;
+        }
+        Some(out)
+    }
+
+    /// Unloads `name` (it is idle), counted by why.
+    /// Unloads idle model `name` to make room (for the memory budget, else the count); its
+    /// process, ending (see `gone`).
+    pub(super) fn unload(&self, s: &mut State_, name: &str, memory: bool) -> Option<Arc<Child>> {
+        let Some(Slot::Ready(c)) = s.slots.remove(name) else { return None };
+        {
+            tracing::info!(
+                model = name,
+                "unloading model (least recently used; {})",
+                if memory { "memory" } else { "count" }
+            );
+            eprintln!(
+                "torus-wgpu serve: unloading model {name:?} (least recently used, for {})",
+                if memory { "the memory budget" } else { "--max-loaded-models" }
+            );
+            let k = s.counts.entry(name.to_string()).or_default();
+            if memory {
+                k.unloads_memory += 1;
+            } else {
+                k.unloads_lru += 1;
+            }
+            c.kill();
+        }
+        Some(c)
+    }
+
+    /// Waits (up to 10 s) until the processes of unloaded models have ended: their device
+    /// memory is free only then.
+    pub(super) async fn gone(children: &[Arc<Child>]) {
+        let t0 = Instant::now();
+        while children.iter().any(|c| c.alive()) && t0.elapsed() < Duration::from_secs(10) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
