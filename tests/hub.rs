@@ -15,9 +15,10 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
+use common::served::TempDir;
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use torus_wgpu::hub::{pull, Options, Spec};
 
@@ -173,19 +174,11 @@ fn bytes(n: usize, seed: u8) -> Vec<u8> {
     (0..n).map(|i| (i as u32).wrapping_mul(2654435761).rotate_left(seed as u32 % 31) as u8 ^ seed).collect()
 }
 
-struct Tmp(PathBuf);
-
-impl Drop for Tmp {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn tmp(tag: &str) -> Tmp {
+fn tmp(tag: &str) -> TempDir {
     let d = std::env::temp_dir().join(format!("torus-hub-{}-{tag}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
-    Tmp(d)
+    TempDir(d)
 }
 
 fn opts(endpoint: &str, cache: &Path) -> Options {

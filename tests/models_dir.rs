@@ -11,31 +11,23 @@
 
 mod common;
 
+use common::served::TempDir;
 use common::{assert_greedy_matches, fixtures, floats, ids, smollm2, spawn_until_ready, tiny, F16_MARGIN};
 use serde_json::{json, Value};
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 const SMOL: &str = "SmolLM2-135M-Instruct.Q4_1";
 const TINY: &str = "tiny-qwen2";
 
-struct Dir(PathBuf);
-
-impl Drop for Dir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 /// A models directory: SmolLM2 and the tiny Qwen2 (links), and a file that is not a model.
-fn models_dir(tag: &str) -> Dir {
+fn models_dir(tag: &str) -> TempDir {
     let d = std::env::temp_dir().join(format!("torus-models-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
     std::os::unix::fs::symlink(smollm2(), d.join(format!("{SMOL}.gguf"))).unwrap();
     std::os::unix::fs::symlink(tiny(), d.join(TINY)).unwrap();
     std::fs::write(d.join("broken.gguf"), b"this is not a model file").unwrap();
-    Dir(d)
+    TempDir(d)
 }
 
 struct Server {
@@ -51,7 +43,7 @@ impl Drop for Server {
     }
 }
 
-fn start(dir: &Dir, extra: &[&str]) -> Server {
+fn start(dir: &TempDir, extra: &[&str]) -> Server {
     let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_torus-wgpu"));
     cmd.args(["serve", "--port", "0", "--models-dir"]).arg(&dir.0).args(extra);
     let (child, lines, log) = spawn_until_ready(&mut cmd, "models", "ready on http://", Duration::from_secs(60));

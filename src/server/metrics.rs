@@ -335,15 +335,7 @@ impl ServerMetrics {
                 m.requests_finished, m.requests_aborted, m.requests_failed
             );
         }
-        let _ = writeln!(
-            out,
-            "# HELP torus_requests_total HTTP responses by status code.\n# TYPE torus_requests_total counter"
-        );
-        if let Ok(m) = self.statuses.lock() {
-            for (status, n) in m.iter() {
-                let _ = writeln!(out, "torus_requests_total{{status=\"{status}\"}} {n}");
-            }
-        }
+        self.render_statuses(&mut out, "torus_requests_total", "HTTP responses by status code.");
         let hist = |out: &mut String, h: &Mutex<Histogram>, name: &str, help: &str| {
             if let Ok(h) = h.lock() {
                 h.render(out, name, help, "");
@@ -371,6 +363,16 @@ impl ServerMetrics {
         out
     }
 
+    /// The responses by status code as counter `name`.
+    fn render_statuses(&self, out: &mut String, name: &str, help: &str) {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+        if let Ok(m) = self.statuses.lock() {
+            for (status, n) in m.iter() {
+                let _ = writeln!(out, "{name}{{status=\"{status}\"}} {n}");
+            }
+        }
+    }
+
     /// A models server's own HTTP counters (`serve --models-dir`), named apart from the models'
     /// series it adds after them: responses by status and connections.
     pub fn render_front(&self) -> String {
@@ -383,16 +385,11 @@ impl ServerMetrics {
             "",
             self.connections.load(Relaxed).to_string(),
         );
-        let _ = writeln!(
-            out,
-            "# HELP torus_front_requests_total The models server's HTTP responses by status code.\n\
-             # TYPE torus_front_requests_total counter"
+        self.render_statuses(
+            &mut out,
+            "torus_front_requests_total",
+            "The models server's HTTP responses by status code.",
         );
-        if let Ok(m) = self.statuses.lock() {
-            for (status, n) in m.iter() {
-                let _ = writeln!(out, "torus_front_requests_total{{status=\"{status}\"}} {n}");
-            }
-        }
         out
     }
 

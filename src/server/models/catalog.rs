@@ -32,14 +32,33 @@ impl Entry {
         let (size, modified) = weight_bytes(&path);
         Entry { name, path, size, modified, parameters: OnceLock::new() }
     }
+
+    /// Its parameter count (a GGUF file's header; None for a directory).
+    pub fn parameter_count(&self) -> Option<u64> {
+        let path = &self.path;
+        *self.parameters.get_or_init(|| path.is_file().then(|| crate::server::ollama::info::parameter_count(path))?)
+    }
 }
 
-/// `model-00001-of-00003.gguf` -> Some(("model", 1)).
-fn split_part(stem: &str) -> Option<(&str, u32)> {
-    let (head, of) = stem.rsplit_once("-of-")?;
-    let (base, part) = head.rsplit_once('-')?;
-    let digits = |s: &str| s.len() == 5 && s.bytes().all(|b| b.is_ascii_digit());
-    (digits(part) && digits(of)).then(|| (base, part.parse().unwrap_or(0)))
+/// `text` (an error) with `path` written as its file name alone: where a model lives on the
+/// server is not the client's business.
+pub fn hide_path(text: &str, path: &Path) -> String {
+    text.replace(&path.display().to_string(), &file_name(path))
+}
+
+/// A path's last part (a model's file or folder name).
+pub fn file_name(path: &Path) -> String {
+    path.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default()
+}
+
+/// A split GGUF's part as (index, count), from llama.cpp's `NAME-00001-of-00003.gguf` names.
+fn part_of(p: &Path) -> Option<(u32, u32)> {
+    crate::hub::select::split_part(p.file_name()?.to_str()?)
+}
+
+/// `NAME` of a split GGUF's `NAME-00001-of-00003` stem.
+fn split_base(stem: &str) -> &str {
+    stem.rsplit_once("-of-").and_then(|(head, _)| head.rsplit_once('-')).map_or(stem, |(base, _)| base)
 }
 
 fn is_gguf(p: &Path) -> bool {
@@ -56,10 +75,9 @@ fn weight_bytes(path: &Path) -> (u64, SystemTime) {
         }
     } else {
         files.push(path.to_path_buf());
-        let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
-        if let (Some((base, 1)), Some(dir)) = (split_part(&stem), path.parent()) {
-            let n: u32 = stem.rsplit_once("-of-").and_then(|(_, n)| n.parse().ok()).unwrap_or(1);
-            files.extend((2..=n.min(9999)).map(|k| dir.join(format!("{base}-{k:05}-of-{n:05}.gguf"))));
+        if let Some((1, n)) = part_of(path) {
+            let part = |i: u32| crate::formats::gguf_split::part_path(path, i as u64, n as u64).ok();
+            files.extend((1..n).filter_map(part));
         }
     }
     files.iter().filter_map(|p| facts(p)).fold((0, SystemTime::UNIX_EPOCH), |(s, t), (b, m)| (s + b, t.max(m)))
@@ -106,7 +124,7 @@ fn walk(root: &Path, dir: &Path, depth: usize, budget: &mut usize, out: &mut Vec
     }
     entries.sort();
     for p in entries {
-        let name = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let name = file_name(&p);
         if p.is_dir() {
             let hf = p.join("config.json").is_file()
                 && std::fs::read_dir(&p)
@@ -122,8 +140,8 @@ fn walk(root: &Path, dir: &Path, depth: usize, budget: &mut usize, out: &mut Vec
             if stem.to_ascii_lowercase().starts_with("mmproj") {
                 continue;
             }
-            match split_part(&stem) {
-                Some((base, 1)) => out.push((base.to_string(), p)),
+            match part_of(&p) {
+                Some((1, _)) => out.push((split_base(&stem).to_string(), p)),
                 Some(_) => {}
                 None => out.push((stem, p)),
             }
@@ -173,8 +191,9 @@ mod tests {
         assert_eq!(Entry::new("big".into(), big).size, 5, "both parts counted");
         assert_eq!(Entry::new("hf".into(), d.join("hf")).size, 5);
         assert_eq!(plain_name("a:latest"), "a");
-        assert_eq!(split_part("m-00002-of-00003"), Some(("m", 2)));
-        assert_eq!(split_part("m-2-of-3"), None);
+        assert_eq!(part_of(Path::new("d/m-00002-of-00003.gguf")), Some((2, 3)));
+        assert_eq!(split_base("m-00002-of-00003"), "m");
+        assert_eq!(part_of(Path::new("m-2-of-3.gguf")), None);
         let _ = std::fs::remove_dir_all(&d);
     }
 }

@@ -202,9 +202,7 @@ pub async fn start(
         Ok(Ok(Ok((port, plan)))) => Ok(Child { port, bytes: plan.unwrap_or(bytes), ..child }),
         Ok(Ok(Err(why))) => {
             child.kill();
-            // Where the model lives on the server is not the client's business.
-            let file = path.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
-            Err(why.replace(&path.display().to_string(), &file))
+            Err(super::catalog::hide_path(&why, path))
         }
         Ok(Err(_)) => {
             child.kill();

@@ -6,7 +6,7 @@
 use super::catalog::Entry;
 use super::Pool;
 use crate::server::error::ApiError;
-use crate::server::ollama::info::{details_of, digest_of, listed, parameter_count, rfc3339, show_body, ShowFacts};
+use crate::server::ollama::info::{details_of, digest_of, listed, rfc3339, show_body, ShowFacts};
 use crate::server::AppState;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -44,7 +44,7 @@ pub(crate) fn get_model(pool: &Pool, name: &str) -> Response {
 }
 
 fn tag(e: &Entry) -> Value {
-    let count = *e.parameters.get_or_init(|| if e.path.is_file() { parameter_count(&e.path) } else { None });
+    let count = e.parameter_count();
     json!({
         "name": listed(&e.name),
         "model": listed(&e.name),
@@ -90,14 +90,13 @@ pub(crate) async fn show_unloaded(st: &AppState, pool: &Pool, e: &Entry) -> Resu
     let path = e.path.clone();
     let tok = st.work.run_sized(0, move || crate::tokenizer::Tokenizer::from_path(&path)).await?;
     let tok = tok.map_err(|err| {
-        let file = e.path.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
-        let why = format!("{err:#}").replace(&e.path.display().to_string(), &file);
+        let why = super::catalog::hide_path(&format!("{err:#}"), &e.path);
         ApiError::internal(format!("model {:?}: cannot read its tokenizer: {why}", e.name)).code("model_load_failed")
     })?;
-    let count = *e.parameters.get_or_init(|| if e.path.is_file() { parameter_count(&e.path) } else { None });
+    let count = e.parameter_count();
     let facts = ShowFacts {
         template: tok.chat_template_source().unwrap_or_default(),
-        file: e.path.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default(),
+        file: super::catalog::file_name(&e.path),
         size: e.size,
         modified: e.modified,
         details: details_of(Some(&e.path), count),
@@ -222,18 +221,10 @@ pub(crate) async fn metrics(st: &AppState, pool: &Pool) -> Response {
     counter("torus_model_load_failures_total", "Model loads that failed.", "", &|c| c.load_failures);
     gauge(&mut text, "torus_model_unloads_total", "Models unloaded to make room, by why.", "counter");
     for (m, c) in &counts {
-        let m = label(m);
-        text.push_str(&format!(
-            "torus_model_unloads_total{{model=\"{m}\",reason=\"max_loaded_models\"}} {}\n",
-            c.unloads_lru
-        ));
-        text.push_str(&format!("torus_model_unloads_total{{model=\"{m}\",reason=\"memory\"}} {}\n", c.unloads_memory));
-        text.push_str(&format!("torus_model_unloads_total{{model=\"{m}\",reason=\"exited\"}} {}\n", c.exits));
-        text.push_str(&format!("torus_model_unloads_total{{model=\"{m}\",reason=\"asked\"}} {}\n", c.unloads_asked));
-        text.push_str(&format!(
-            "torus_model_unloads_total{{model=\"{m}\",reason=\"expired\"}} {}\n",
-            c.unloads_expired
-        ));
+        for why in super::Why::ALL {
+            let (m, r, n) = (label(m), why.label(), c.unloads[why as usize]);
+            text.push_str(&format!("torus_model_unloads_total{{model=\"{m}\",reason=\"{r}\"}} {n}\n"));
+        }
     }
     let mut counter = |name: &str, help: &str, get: &dyn Fn(&super::Counts) -> u64| {
         gauge(&mut text, name, help, "counter");

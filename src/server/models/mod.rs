@@ -36,6 +36,7 @@ use axum::response::Response;
 use catalog::Entry;
 use child::Child;
 use room::Waiting;
+pub use room::Why;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
@@ -81,13 +82,8 @@ impl Slot {
 pub(crate) struct Counts {
     pub loads: u64,
     pub load_failures: u64,
-    pub unloads_lru: u64,
-    pub unloads_memory: u64,
-    /// Unloads a client asked for (Ollama's `keep_alive: 0`).
-    pub unloads_asked: u64,
-    /// Unloads of models idle past their keep-alive.
-    pub unloads_expired: u64,
-    pub exits: u64,
+    /// Unloads by `Why` (as its index).
+    pub unloads: [u64; Why::ALL.len()],
     pub requests: u64,
 }
 
@@ -299,7 +295,7 @@ impl Pool {
                         if let Some(victims) = room {
                             waiting.got_room(&mut s);
                             let gone: Vec<Arc<Child>> =
-                                victims.into_iter().filter_map(|(n, memory)| self.unload(&mut s, &n, memory)).collect();
+                                victims.into_iter().filter_map(|(n, why)| self.unload(&mut s, &n, why)).collect();
                             let load = self.next_load.fetch_add(1, SeqCst);
                             s.slots.insert(e.name.clone(), Slot::Loading { load, bytes: need });
                             waited_on = Some(load);
@@ -344,7 +340,7 @@ impl Pool {
                 Err(why) if why.contains("does not fit") || why.contains("not enough host memory") => {
                     let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
                     let victim = Pool::idle(&s, None).first().map(|(n, _)| n.to_string());
-                    match victim.and_then(|n| self.unload(&mut s, &n, true)) {
+                    match victim.and_then(|n| self.unload(&mut s, &n, Why::Memory)) {
                         Some(c) => gone = vec![c],
                         None => break Err(why),
                     }
@@ -381,7 +377,7 @@ impl Pool {
         if matches!(s.slots.get(name), Some(Slot::Ready(c)) if c.id == load) {
             eprintln!("torus-wgpu serve: model {name:?} stopped unexpectedly; it loads again when next asked for");
             s.slots.remove(name);
-            s.counts.entry(name.to_string()).or_default().exits += 1;
+            s.counts.entry(name.to_string()).or_default().unloads[Why::Exited as usize] += 1;
         }
         drop(s);
         self.bump();
@@ -393,11 +389,7 @@ impl Pool {
         let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let Some(Slot::Ready(c)) = s.slots.get(name) else { return false };
         if c.in_flight.load(SeqCst) == 0 {
-            if let Some(Slot::Ready(c)) = s.slots.remove(name) {
-                eprintln!("torus-wgpu serve: unloading model {name:?} (asked to)");
-                s.counts.entry(name.to_string()).or_default().unloads_asked += 1;
-                c.kill();
-            }
+            self.unload(&mut s, name, Why::Asked);
         } else {
             c.unload_when_idle.store(true, SeqCst);
         }
@@ -425,11 +417,7 @@ impl Pool {
             })
             .collect();
         for name in &due {
-            if let Some(Slot::Ready(c)) = s.slots.remove(name) {
-                eprintln!("torus-wgpu serve: unloading model {name:?} (idle past its keep-alive)");
-                s.counts.entry(name.clone()).or_default().unloads_expired += 1;
-                c.kill();
-            }
+            self.unload(&mut s, name, Why::Expired);
         }
         drop(s);
         if !due.is_empty() {

@@ -3,7 +3,7 @@
 
 use super::catalog::Entry;
 use super::keep_alive::KeepAlive;
-use super::{Pool, PoolConfig, Spawn};
+use super::{Pool, PoolConfig, Spawn, Why};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -79,7 +79,7 @@ async fn a_busy_model_is_never_unloaded() {
     waiting.await.unwrap().unwrap();
     assert!(!p.is_loaded("a") && p.is_loaded("b"));
     let c = p.counts();
-    assert_eq!(c.iter().find(|(n, _)| n == "a").unwrap().1.unloads_memory, 1);
+    assert_eq!(c.iter().find(|(n, _)| n == "a").unwrap().1.unloads[Why::Memory as usize], 1);
     p.stop_all();
 }
 
@@ -136,7 +136,7 @@ async fn a_load_that_does_not_fit_unloads_an_idle_model() {
     drop(p.acquire(a.clone(), Duration::from_secs(20)).await.unwrap());
     let held = p.acquire(b, Duration::from_secs(20)).await.unwrap();
     assert!(!p.is_loaded("a") && p.is_loaded("b"), "a was unloaded for b");
-    assert_eq!(p.counts().iter().find(|(n, _)| n == "a").unwrap().1.unloads_memory, 1);
+    assert_eq!(p.counts().iter().find(|(n, _)| n == "a").unwrap().1.unloads[Why::Memory as usize], 1);
     let refused = p.acquire(c, Duration::from_secs(20)).await.err().expect("nothing idle to unload");
     assert!(refused.body()["error"]["message"].as_str().unwrap().contains("does not fit"), "{:?}", refused.body());
     drop(held);

@@ -10,6 +10,45 @@ use std::sync::atomic::Ordering::SeqCst;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// Why a model was unloaded (`torus_model_unloads_total`'s `reason`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Why {
+    /// For `--max-loaded-models`.
+    Count,
+    /// For the memory budget, or a load its own memory plan refused.
+    Memory,
+    /// A client asked (Ollama's `keep_alive: 0`).
+    Asked,
+    /// Idle past its keep-alive.
+    Expired,
+    /// Its process ended by itself.
+    Exited,
+}
+
+impl Why {
+    pub const ALL: [Why; 5] = [Why::Count, Why::Memory, Why::Asked, Why::Expired, Why::Exited];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Why::Count => "max_loaded_models",
+            Why::Memory => "memory",
+            Why::Asked => "asked",
+            Why::Expired => "expired",
+            Why::Exited => "exited",
+        }
+    }
+
+    fn says(self) -> &'static str {
+        match self {
+            Why::Count => "least recently used, for --max-loaded-models",
+            Why::Memory => "least recently used, for memory",
+            Why::Asked => "asked to",
+            Why::Expired => "idle past its keep-alive",
+            Why::Exited => "its process ended",
+        }
+    }
+}
+
 /// How long a request waits for room before a loaded model is drained for it.
 pub const DRAIN_AFTER: Duration = Duration::from_secs(1);
 
@@ -99,7 +138,7 @@ impl Pool {
         idle.into_iter().map(|(_, n, c)| (n, c)).collect()
     }
 
-    pub(super) fn room_for(&self, s: &State_, need: u64, drain: Option<&str>) -> Option<Vec<(String, bool)>> {
+    pub(super) fn room_for(&self, s: &State_, need: u64, drain: Option<&str>) -> Option<Vec<(String, Why)>> {
         let idle = Pool::idle(s, drain);
         let (mut count, mut used) = (s.slots.len(), s.slots.values().map(Slot::bytes).sum::<u64>());
         let over_count = |count: usize| count >= self.cfg.max_loaded;
@@ -109,9 +148,9 @@ impl Pool {
         let mut out = Vec::new();
         let mut idle = idle.into_iter();
         while over_count(count) || over_memory(count, used) {
-            let memory = !over_count(count);
+            let why = if over_count(count) { Why::Count } else { Why::Memory };
             let (n, c) = idle.next()?;
-            out.push((n.clone(), memory));
+            out.push((n.clone(), why));
             count -= 1;
             used -= c.bytes;
         }
@@ -119,28 +158,12 @@ impl Pool {
     }
 
     /// Unloads `name` (it is idle), counted by why.
-    /// Unloads idle model `name` to make room (for the memory budget, else the count); its
-    /// process, ending (see `gone`).
-    pub(super) fn unload(&self, s: &mut State_, name: &str, memory: bool) -> Option<Arc<Child>> {
+    /// Unloads idle model `name`, counted by why; its process, ending (see `gone`).
+    pub(super) fn unload(&self, s: &mut State_, name: &str, why: Why) -> Option<Arc<Child>> {
         let Some(Slot::Ready(c)) = s.slots.remove(name) else { return None };
-        {
-            tracing::info!(
-                model = name,
-                "unloading model (least recently used; {})",
-                if memory { "memory" } else { "count" }
-            );
-            eprintln!(
-                "torus-wgpu serve: unloading model {name:?} (least recently used, for {})",
-                if memory { "the memory budget" } else { "--max-loaded-models" }
-            );
-            let k = s.counts.entry(name.to_string()).or_default();
-            if memory {
-                k.unloads_memory += 1;
-            } else {
-                k.unloads_lru += 1;
-            }
-            c.kill();
-        }
+        eprintln!("torus-wgpu serve: unloading model {name:?} ({})", why.says());
+        s.counts.entry(name.to_string()).or_default().unloads[why as usize] += 1;
+        c.kill();
         Some(c)
     }
 
