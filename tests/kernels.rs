@@ -3,11 +3,12 @@
 
 mod common;
 
-use common::reference::{assert_close, dot_tol, randn, weights};
+use common::reference::{assert_close, dot_tol, dot_tol_f16, randn, weights};
 use std::sync::{Arc, OnceLock};
 use torus_wgpu::config::{KernelProfile, KvDtype};
 use torus_wgpu::gpu::wformat::WFormat;
 use torus_wgpu::gpu::{validate_wgsl, Gpu};
+use torus_wgpu::ops::gemm::{GemmKernel, GemmPlan};
 use torus_wgpu::ops::harness::{AttnShape, AttnStep, Harness};
 use torus_wgpu::ops::kernels::{plan_x, XPlan, MATMUL_TILES, UNIFORM_X_VEC4};
 use torus_wgpu::ops::sources::{all_sources, coop_sources};
@@ -127,7 +128,7 @@ fn rows_binding(format: WFormat, k: usize, rows: u64) -> u64 {
 fn matmul_every_format_and_variant() {
     let legacy = [(1, 37, 64), (3, 130, 96), (5, 67, 160), (33, 45, 64), (20, 9, 288), (9, 20, 2048), (70, 13, 576)];
     let k_quant = [(1, 37, 256), (3, 130, 512), (33, 45, 256), (9, 20, 2048), (70, 13, 768)];
-    check_matmuls(harness(), &variants(), &legacy, &k_quant);
+    check_matmuls(harness(), &variants(), &legacy, &k_quant, false);
 }
 
 #[test]
@@ -138,40 +139,57 @@ fn gpu_profile_matmul_every_format() {
     let legacy: Vec<_> = GPU_ROWS.iter().zip(ns).zip(ks).map(|((&m, n), (k, _))| (m, n, k)).collect();
     let k_quant: Vec<_> = GPU_ROWS.iter().zip(ns).zip(ks).map(|((&m, n), (_, k))| (m, n, k)).collect();
     for h in gpu_harnesses() {
-        check_matmuls(h, &[(None, false)], &legacy, &k_quant);
+        check_matmuls(h, &[(None, false)], &legacy, &k_quant, false);
     }
 }
 
-/// The tiled GEMM (64 x 64 tiles) for steps of fewer rows than a tile, as TORUS_GEMM_MIN_ROWS
-/// sends batched decode to it: ragged token tiles of 1, 8, 17 and 33 rows, every format (the
-/// tiles use no subgroup operations; tests/subgroup_widths.rs runs them at every width).
+/// Every GEMM variant the tuner chooses from (64 x 64 and 32 x 64 tiles, in f32 and, where the
+/// device has shader-f16, f16), for steps of fewer rows than a tile (as a plan sends batched
+/// decode to them) and of several tiles: ragged token tiles of 1, 8, 17, 33 and 70 rows, K of 2
+/// to 72 blocks, every format (the tiles use no subgroup operations; tests/subgroup_widths.rs
+/// runs them at every width).
 #[test]
-fn gpu_gemm_for_few_rows_every_format() {
-    let ks = [(64, 256), (160, 512), (96, 768), (288, 2048)];
-    let ns = [37, 130, 67, 9];
-    let rows = [1, 8, 17, 33];
+fn gpu_gemm_variants_every_format() {
+    let ks = [(64, 256), (160, 512), (96, 768), (288, 2048), (2304, 256)];
+    let ns = [37, 130, 67, 9, 70];
+    let rows = [1, 8, 17, 33, 70];
     let legacy: Vec<_> = rows.iter().zip(ns).zip(ks).map(|((&m, n), (k, _))| (m, n, k)).collect();
     let k_quant: Vec<_> = rows.iter().zip(ns).zip(ks).map(|((&m, n), (_, k))| (m, n, k)).collect();
-    let mut h = Harness::with_profile(gpu(), 64, 1, KernelProfile::Gpu).unwrap();
-    h.set_gemm_min_rows(1);
-    check_matmuls(&h, &[(None, false)], &legacy, &k_quant);
+    let mut every = Harness::with_profile(gpu(), 64, 1, KernelProfile::Gpu).unwrap();
+    // The format's part (the tile loads) is shared by the variants and the variant's part does
+    // not depend on the format: every format with the default tiles and with the variant that
+    // differs from them in both ways (32 tokens, f16), a few formats with the other two.
+    let few = [WFormat::F16, WFormat::Q4_0, WFormat::Q4_K, WFormat::Q6_K, WFormat::IQ4_XS, WFormat::MXFP4];
+    let mut some = Harness::with_formats(gpu(), &few, (64, 1), KernelProfile::Gpu).unwrap();
+    let variants = GemmKernel::available(&every.gpu);
+    assert!(variants.contains(&GemmKernel::Tile { bm: 32, f16: true }), "lavapipe has shader-f16");
+    for k in variants {
+        let GemmKernel::Tile { bm, f16 } = k else { continue };
+        let h = if (bm == 64) == f16 { &mut some } else { &mut every };
+        h.set_gemm(GemmPlan::only(k, 1)).unwrap();
+        check_matmuls(h, &[(None, false)], &legacy, &k_quant, f16);
+        // The fused SwiGLU (32 outputs per tile).
+        check_swiglu(h, &[(None, false)], &[(8, 41, 64), (70, 35, 96)], &[(17, 41, 256), (70, 9, 512)], f16);
+    }
 }
 
+/// `f16`: the kernel rounds its operands to f16 (dot_tol_f16).
 fn check_matmuls(
     h: &Harness,
     variants: &[(Option<usize>, bool)],
     legacy: &[(usize, usize, usize)],
     k_quant: &[(usize, usize, usize)],
+    f16: bool,
 ) {
     let mut rng = Rng::new(1);
-    for format in WFormat::ALL {
+    for format in h.kernels.matmul.keys().copied().collect::<Vec<_>>() {
         for (m, n, k) in shapes(format, legacy, k_quant) {
             let w = weights(format, n, k, &mut rng, 1.0);
             let x = randn(&mut rng, m * k, 1.0);
             let bias = randn(&mut rng, n, 1.0);
             let y0 = randn(&mut rng, m * n, 1.0);
             let base = matmul_ref(&x, m, &w);
-            let tol = dot_tol(&x, m, &w);
+            let tol = if f16 { dot_tol_f16(&x, m, &w) } else { dot_tol(&x, m, &w) };
             // Chunks of about 16 rows, so several chunks (and a ragged last one) are used.
             for &(variant, ux) in variants {
                 for max_binding in [1 << 27, rows_binding(format, k, 16)] {
@@ -199,7 +217,7 @@ fn check_matmuls(
 fn swiglu_matmul_every_format() {
     let legacy = [(1, 41, 64), (7, 130, 96), (19, 33, 128)];
     let k_quant = [(1, 41, 256), (7, 130, 512), (19, 33, 256)];
-    check_swiglu(harness(), &variants(), &legacy, &k_quant);
+    check_swiglu(harness(), &variants(), &legacy, &k_quant, false);
 }
 
 #[test]
@@ -209,7 +227,7 @@ fn gpu_profile_swiglu_every_format() {
     let legacy = [(1, 41, 64), (2, 3, 96), (5, 130, 96), (8, 33, 128), (13, 20, 64), (40, 67, 96), (70, 35, 64)];
     let k_quant = [(1, 41, 256), (3, 130, 512), (8, 33, 256), (16, 9, 256), (40, 67, 256), (70, 35, 256)];
     for h in gpu_harnesses() {
-        check_swiglu(h, &[(None, false)], &legacy, &k_quant);
+        check_swiglu(h, &[(None, false)], &legacy, &k_quant, false);
     }
 }
 
@@ -218,9 +236,10 @@ fn check_swiglu(
     variants: &[(Option<usize>, bool)],
     legacy: &[(usize, usize, usize)],
     k_quant: &[(usize, usize, usize)],
+    f16: bool,
 ) {
     let mut rng = Rng::new(2);
-    for format in WFormat::ALL {
+    for format in h.kernels.matmul.keys().copied().collect::<Vec<_>>() {
         for (m, n, k) in shapes(format, legacy, k_quant) {
             let gate = weights(format, n, k, &mut rng, 0.5);
             let up = weights(format, n, k, &mut rng, 0.5);
@@ -229,7 +248,8 @@ fn check_swiglu(
             let x = randn(&mut rng, m * k, xs);
             let (g, u) = (matmul_ref(&x, m, &gate), matmul_ref(&x, m, &up));
             let want: Vec<f32> = g.iter().zip(&u).map(|(a, b)| a / (1.0 + (-a).exp()) * b).collect();
-            let (tg, tu) = (dot_tol(&x, m, &gate), dot_tol(&x, m, &up));
+            let tols = if f16 { dot_tol_f16 } else { dot_tol };
+            let (tg, tu) = (tols(&x, m, &gate), tols(&x, m, &up));
             let tol = |i: usize| 2.0 * (tg[i] * u[i].abs() + tu[i] * g[i].abs()) + 1e-5 * (1.0 + want[i].abs());
             for &(variant, ux) in variants {
                 for max_binding in [1 << 27, rows_binding(format, k, 2 * 10)] {

@@ -8,13 +8,14 @@
 
 mod common;
 
-use common::reference::{assert_close, dot_tol, randn, weights};
+use common::reference::{assert_close, dot_tol, dot_tol_f16, randn, weights};
 use common::{assert_greedy_matches, fixtures, floats, ids, logits_steps, F32_MARGIN};
 use std::process::Command;
 use std::sync::Arc;
 use torus_wgpu::config::{EngineConfig, KernelProfile, KvDtype};
 use torus_wgpu::gpu::wformat::WFormat;
 use torus_wgpu::gpu::Gpu;
+use torus_wgpu::ops::gemm::{GemmKernel, GemmPlan};
 use torus_wgpu::ops::harness::Harness;
 use torus_wgpu::sampling::{Rng, SamplingParams};
 use torus_wgpu::weights::tensor::matmul_ref;
@@ -64,16 +65,19 @@ fn gpu_profile_matmuls_at_this_width() {
             assert_close(&got, &want, tol, &format!("swiglu {format:?} m={m} n={n}"));
         }
     }
-    // The tiled GEMM for batched-decode-sized steps (TORUS_GEMM_MIN_ROWS=8): ragged token tiles.
-    h.set_gemm_min_rows(8);
-    for format in formats {
-        for (m, n, k) in [(8, 37, 512), (17, 20, 768)] {
-            let w = weights(format, n, k, &mut rng, 1.0);
-            let x = randn(&mut rng, m * k, 1.0);
-            let want = matmul_ref(&x, m, &w);
-            let tol = dot_tol(&x, m, &w);
-            let got = h.matmul(&w, None, &x, m, None, None, None, false, 1 << 27).unwrap();
-            assert_close(&got, &want, |i| tol[i], &format!("gemm {format:?} m={m} n={n} k={k}"));
+    // Every GEMM variant for batched-decode-sized steps (a plan from 8 rows): ragged token tiles.
+    for v in GemmKernel::available(&h.gpu.clone()) {
+        let GemmKernel::Tile { f16, .. } = v else { continue };
+        h.set_gemm(GemmPlan::only(v, 8)).unwrap();
+        for format in formats {
+            for (m, n, k) in [(8, 37, 512), (17, 20, 768)] {
+                let w = weights(format, n, k, &mut rng, 1.0);
+                let x = randn(&mut rng, m * k, 1.0);
+                let want = matmul_ref(&x, m, &w);
+                let tol = if f16 { dot_tol_f16(&x, m, &w) } else { dot_tol(&x, m, &w) };
+                let got = h.matmul(&w, None, &x, m, None, None, None, false, 1 << 27).unwrap();
+                assert_close(&got, &want, |i| tol[i], &format!("{} {format:?} m={m} n={n} k={k}", v.name()));
+            }
         }
     }
 }

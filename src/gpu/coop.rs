@@ -1,12 +1,14 @@
 //! Cooperative matrices (NVIDIA tensor cores, AMD WMMA, Apple simdgroup matrices) for the gpu
 //! profile's prefill GEMM (shaders/matmul_coop.wgsl), through wgpu's experimental feature.
 //!
-//! Off by default: wgpu marks the feature experimental, it cannot run on lavapipe (which has no
-//! VK_KHR_cooperative_matrix), and so no test here runs the kernel; the tests validate its WGSL
-//! with naga and translate it to SPIR-V. `TORUS_COOPERATIVE_MATRIX=1` turns it on where the
-//! adapter has the feature, one fixed subgroup size (16, 32 or 64), a fragment shape the kernel
-//! has (16x16x16 with f16 inputs and f32 accumulators, or 8x8x8 in f32) and the workgroup
-//! memory it needs; otherwise the tiled kernel runs, with one log line saying why.
+//! The device is opened with the feature where the adapter has it, one fixed subgroup size (16,
+//! 32 or 64), a fragment shape the kernel has (16x16x16 with f16 inputs and f32 accumulators, or
+//! 8x8x8 in f32) and the workgroup memory it needs, and something wants it: the tuner (`torus-wgpu
+//! tune` measures the kernel against the tiled ones), the tuner's cached choice for this adapter
+//! (it measured the kernel faster), or `TORUS_COOPERATIVE_MATRIX=1` (then every GEMM runs it);
+//! `TORUS_COOPERATIVE_MATRIX=0` keeps it off. Otherwise the tiled kernels run, with one log line
+//! saying why. It cannot run on lavapipe (no VK_KHR_cooperative_matrix): the tests validate its
+//! WGSL with naga and translate it to SPIR-V.
 
 use anyhow::{anyhow, Result};
 use wgpu::{CooperativeMatrixProperties as Props, CooperativeScalarType as Ty};
@@ -61,11 +63,20 @@ pub fn choose(props: &[Props], subgroups: (u32, u32), f16: bool, wg_bytes: u32) 
     Ok(shape)
 }
 
-/// The shape for this adapter when the user opted in (COOP_ENV=1), logging why not otherwise.
-pub fn for_adapter(adapter: &wgpu::Adapter) -> Option<CoopShape> {
-    if std::env::var(COOP_ENV).ok().as_deref() != Some("1") {
-        return None;
-    }
+/// Whether the user asked for cooperative matrices in every GEMM (COOP_ENV=1).
+pub fn opted_in() -> bool {
+    std::env::var(COOP_ENV).ok().as_deref() == Some("1")
+}
+
+/// Whether the user turned them off (COOP_ENV=0).
+pub fn opted_out() -> bool {
+    std::env::var(COOP_ENV).ok().as_deref() == Some("0")
+}
+
+/// The shape for this adapter when something wants cooperative matrices (`wanted`: why, for the
+/// log), logging why not where the adapter has none.
+pub fn for_adapter(adapter: &wgpu::Adapter, wanted: Option<&str>) -> Option<CoopShape> {
+    let wanted = wanted?;
     let why = if !adapter.features().contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX) {
         Err("the adapter has no cooperative-matrix feature".to_string())
     } else if !adapter.features().contains(wgpu::Features::SUBGROUP) {
@@ -81,11 +92,11 @@ pub fn for_adapter(adapter: &wgpu::Adapter) -> Option<CoopShape> {
     };
     match why {
         Ok(s) => {
-            tracing::info!("cooperative matrices on ({COOP_ENV}=1): {0}x{0} fragments, f16 inputs: {1}", s.side, s.f16);
+            tracing::info!("cooperative matrices on ({wanted}): {0}x{0} fragments, f16 inputs: {1}", s.side, s.f16);
             Some(s)
         }
         Err(e) => {
-            tracing::info!("{COOP_ENV}=1, but cooperative matrices stay off: {e}");
+            tracing::info!("{wanted}, but cooperative matrices stay off: {e}");
             None
         }
     }

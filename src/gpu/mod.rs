@@ -11,6 +11,7 @@ pub mod shader;
 pub mod shared;
 mod staging;
 pub mod timing;
+pub mod tune_cache;
 pub mod wformat;
 
 pub use crate::config::{KernelProfile, KvDtype};
@@ -52,8 +53,10 @@ pub struct Gpu {
     /// Whether the device was opened with subgroup operations (the gpu profile's matmuls reduce
     /// with subgroupAdd then; tests turn it off to check the workgroup-memory reduction).
     pub subgroups: bool,
-    /// The cooperative-matrix shape the prefill GEMM is built for, where the user opted in and
-    /// the adapter has one (see `coop`); None by default.
+    /// Whether the device was opened with shader-f16 (the GEMM's f16 tile variants).
+    pub f16: bool,
+    /// The cooperative-matrix shape the GEMMs are built for, where something wants them and the
+    /// adapter has one (see `coop`); None by default.
     pub coop: Option<coop::CoopShape>,
     /// How kernels can be timed on this device (the per-kernel profile).
     pub timestamps: timing::TimestampMode,
@@ -199,6 +202,10 @@ impl Gpu {
     /// `torus-wgpu adapters` prints), or the best adapter when None: discrete, then integrated,
     /// then anything else (lavapipe).
     pub fn new(selector: Option<&str>) -> Result<Gpu> {
+        Self::open(selector, false)
+    }
+
+    fn open(selector: Option<&str>, tuning: bool) -> Result<Gpu> {
         let inst = instance();
         let adapters = pollster::block_on(inst.enumerate_adapters(wgpu::Backends::PRIMARY));
         if adapters.is_empty() {
@@ -227,10 +234,16 @@ impl Gpu {
                 adapters.into_iter().min_by_key(rank).ok_or_else(no_adapter)?
             }
         };
-        Self::from_adapter(adapter)
+        Self::from_adapter(adapter, tuning)
     }
 
-    fn from_adapter(adapter: wgpu::Adapter) -> Result<Gpu> {
+    /// A device as `new` opens it, with everything the tuner may measure (cooperative matrices
+    /// where the adapter has them).
+    pub fn for_tuning(selector: Option<&str>) -> Result<Gpu> {
+        Self::open(selector, true)
+    }
+
+    fn from_adapter(adapter: wgpu::Adapter, tuning: bool) -> Result<Gpu> {
         let info = adapter.get_info();
         let memory = adapter_memory(&adapter);
         let al = adapter.limits();
@@ -255,12 +268,27 @@ impl Gpu {
         }
         // Timestamp queries where the adapter has them (only the per-kernel profile writes any).
         features |= timing::TimestampMode::wanted(adapter.features());
-        let coop = if subgroups { coop::for_adapter(&adapter) } else { None };
+        // f16 where the adapter has it (the GEMM's f16 tile variants).
+        let f16 = adapter.features().contains(wgpu::Features::SHADER_F16);
+        if f16 {
+            features |= wgpu::Features::SHADER_F16;
+        }
+        let wanted = if coop::opted_out() {
+            None
+        } else if coop::opted_in() {
+            Some(format!("{}=1", coop::COOP_ENV))
+        } else if tuning {
+            Some("the tuner measures them".to_string())
+        } else if tune_cache::TuneCache::for_run().is_some_and(|c| c.wants_coop(&info)) {
+            Some("the tuner chose them for this adapter".to_string())
+        } else {
+            None
+        };
+        let coop = if subgroups { coop::for_adapter(&adapter, wanted.as_deref()) } else { None };
         features |= coop::features(coop);
         let experimental_features = if coop.is_some() {
             // SAFETY: only the cooperative-matrix feature is experimental here, asked for only
-            // when the user opted in (coop::COOP_ENV); its kernel uses the shapes the adapter
-            // lists.
+            // when something wants it (see `coop`); its kernel uses the shapes the adapter lists.
             unsafe { wgpu::ExperimentalFeatures::enabled() }
         } else {
             wgpu::ExperimentalFeatures::disabled()
@@ -310,6 +338,7 @@ impl Gpu {
             pipeline_cache_path: cache_path,
             max_grid,
             subgroups,
+            f16,
             coop,
             timestamps: timing::TimestampMode::of(features),
             faults,
@@ -509,6 +538,8 @@ pub fn capabilities(source: &str) -> naga::valid::Capabilities {
     let caps = C::SHADER_FLOAT16_IN_FLOAT32 | C::SUBGROUP;
     if source.contains("enable wgpu_cooperative_matrix;") {
         caps | C::COOPERATIVE_MATRIX | C::SHADER_FLOAT16
+    } else if source.contains("enable f16;") {
+        caps | C::SHADER_FLOAT16
     } else {
         caps
     }

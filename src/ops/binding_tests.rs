@@ -61,7 +61,7 @@ fn check(family: &str, slots: &[(u32, &str, Slot)], sources: &[String], kv: Opti
 #[test]
 fn bindings_match_the_shaders() {
     for f in WFormat::ALL {
-        let mut matmul = vec![matmul_tiled_source(f, true).unwrap()];
+        let mut matmul = vec![super::gemm::matmul_tiled_source(f, true, 32, true).unwrap()];
         matmul.extend([1, 8].map(|tm| matmul_gpu_source(f, tm, false, true).unwrap()));
         matmul.push(matmul_source(f, 1, 4, false).unwrap());
         let shape = crate::gpu::coop::CoopShape { side: 16, f16: true, subgroup: 32 };

@@ -6,6 +6,7 @@ use crate::gpu::shared::StepHeader;
 use crate::gpu::wformat::WFormat;
 use crate::gpu::Gpu;
 use crate::ops::attention::{self, AttnBinds, AttnParams};
+use crate::ops::gemm::{add_gemm, GemmPlan};
 use crate::ops::kernels::{window_entries, window_stride, KernelSpec, Kernels};
 use crate::ops::matmul::{self, MatmulIo, MAT_ACCUMULATE, MAT_BIAS, MAT_SWIGLU_UP};
 use crate::ops::norm::{self, HeadNormBinds, HeadNormParams, NormBinds, NormParams};
@@ -153,11 +154,19 @@ impl Harness {
         Ok(Harness { gpu, kernels })
     }
 
-    /// Tests: the gpu profile's matmuls take the tiled GEMM from `rows` rows on.
-    pub fn set_gemm_min_rows(&mut self, rows: u32) {
-        if let Some(g) = self.kernels.gpu.as_mut() {
-            g.gemm_min_rows = rows;
+    /// Tests and the tuner: every weight format's gpu-profile matmuls follow `plan` (its GEMM
+    /// variants are built where missing).
+    pub fn set_gemm(&mut self, plan: GemmPlan) -> Result<()> {
+        let k = &mut self.kernels;
+        if let Some(g) = k.gpu.as_mut() {
+            for (&f, p) in g.matmul.iter_mut() {
+                for v in plan.kernels() {
+                    add_gemm(&self.gpu, &k.matmul_family, f, p, v)?;
+                }
+                p.plan = plan;
+            }
         }
+        Ok(())
     }
 
     /// The ops' dispatches for a step of `shape`, as the forward step records them; `tile`:

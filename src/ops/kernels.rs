@@ -3,6 +3,7 @@
 //! uniform windows on the cpu profile).
 
 use super::attention::{AttnBinds, ATTN_KV};
+use super::gemm::{gpu_matmul_pipelines, GemmKernel, GemmPlan};
 use super::layout_of;
 use super::matmul::MatmulBinds;
 use super::moe::MoeBinds;
@@ -12,6 +13,7 @@ use super::sample::SampleBinds;
 use super::sources::*;
 use crate::config::{KernelProfile, KvDtype};
 use crate::gpu::family::{Family, Slot};
+use crate::gpu::tune_cache::TuneCache;
 use crate::gpu::wformat::WFormat;
 use crate::gpu::Gpu;
 use anyhow::Result;
@@ -74,34 +76,13 @@ pub fn plan_x(m: u32, x_vec4: u32, uniform: bool, align: u32, win_stride: u32) -
 pub use crate::gpu::{UNIFORM_X_BYTES, UNIFORM_X_VEC4};
 
 /// Tokens per workgroup of the gpu profile's decode matmul variants (matmul_gpu.wgsl): a step
-/// of m <= 16 rows uses the first TM >= m, up to GPU_DECODE_MAX_ROWS groups of 16; larger steps
-/// use the tiled kernel.
+/// of m <= 16 rows uses the first TM >= m, larger ones groups of 16, until the format's GEMM
+/// plan (ops/gemm.rs) sends the step to a GEMM.
 pub const GPU_DECODE_TM: [u32; 5] = [1, 2, 4, 8, 16];
-/// Most rows of a step the decode matmul serves (as groups of 16 tokens).
+/// Most rows of a step the decode matmul serves (as groups of 16 tokens) in the default GEMM plan.
 pub const GPU_DECODE_MAX_ROWS: u32 = 64;
 /// Weight rows per workgroup of the decode kernel (gate+up rows for SwiGLU: half as many outputs).
 pub const GPU_DECODE_NR: u32 = 4;
-/// Tokens x weight rows of one tiled-kernel workgroup (matmul_tiled.wgsl).
-pub const GPU_TILE: (u32, u32) = (64, 64);
-/// Sets the fewest rows a step has for the gpu profile's matmuls to take the tiled GEMM
-/// (matmul_tiled.wgsl, or its cooperative-matrix form) instead of the decode kernel; default
-/// GPU_DECODE_MAX_ROWS + 1. For measuring on a GPU (scripts/gpu-side-by-side.sh runs 8) until the
-/// tuner chooses it per adapter.
-pub const GEMM_MIN_ROWS_ENV: &str = "TORUS_GEMM_MIN_ROWS";
-
-/// The gpu profile's GEMM threshold: GEMM_MIN_ROWS_ENV, or GPU_DECODE_MAX_ROWS + 1.
-pub fn gemm_min_rows() -> Result<u32> {
-    match std::env::var(GEMM_MIN_ROWS_ENV) {
-        Err(_) => Ok(GPU_DECODE_MAX_ROWS + 1),
-        Ok(v) => match v.trim().parse::<u32>() {
-            Ok(n) if n >= 1 => {
-                tracing::info!("{GEMM_MIN_ROWS_ENV}={n}: steps of {n} rows or more take the tiled GEMM");
-                Ok(n)
-            }
-            _ => Err(anyhow::anyhow!("{GEMM_MIN_ROWS_ENV} must be a positive number of rows, got {v:?}")),
-        },
-    }
-}
 
 pub struct MatmulPipelines {
     /// One per MATMUL_TILES entry.
@@ -125,15 +106,22 @@ impl MatmulPipelines {
     }
 }
 
-/// The gpu profile's matmuls of one weight format.
+/// The gpu profile's matmuls of one weight format (ops/gemm.rs builds them).
 pub struct GpuMatmulPipelines {
     /// Decode-sized, one per GPU_DECODE_TM entry: [plain, swiglu].
     pub decode: Vec<[wgpu::ComputePipeline; 2]>,
-    /// Prefill-sized tiles: [plain, swiglu].
-    pub tiled: [wgpu::ComputePipeline; 2],
-    /// The same tiles on cooperative matrices, where the device has them (gpu::coop): they
-    /// replace `tiled`.
-    pub coop: Option<[wgpu::ComputePipeline; 2]>,
+    /// The GEMM variants built ([plain, swiglu] each): those of `plan` (and, in the kernel
+    /// harness, any other it was asked for).
+    pub gemm: Vec<(GemmKernel, [wgpu::ComputePipeline; 2])>,
+    /// Which kernel a step of m rows runs.
+    pub plan: GemmPlan,
+}
+
+impl GpuMatmulPipelines {
+    /// The pipelines of GEMM variant `k` (built with the plan).
+    pub fn gemm(&self, k: GemmKernel) -> &[wgpu::ComputePipeline; 2] {
+        &self.gemm.iter().find(|(g, _)| *g == k).expect("a GEMM variant of the plan is built with it").1
+    }
 }
 
 /// The gpu profile's kernels (built only for models that run it).
@@ -145,9 +133,6 @@ pub struct GpuPipelines {
     /// Query-tiled attention for prefill-sized steps and its tokens per tile (None where no
     /// tile of two tokens fits the workgroup memory).
     pub attention_tiled: Option<(wgpu::ComputePipeline, u32)>,
-    /// Steps of this many rows or more take the tiled GEMM, fewer the decode kernel
-    /// ([`gemm_min_rows`]).
-    pub gemm_min_rows: u32,
 }
 
 /// The mixture-of-experts kernels of one weight format (moe.wgsl).
@@ -338,30 +323,14 @@ impl Kernels {
             }
         }
         let gpu_kernels = if profile == KernelProfile::Gpu {
+            let cache = TuneCache::for_run();
             let mut matmul = BTreeMap::new();
             for &f in formats.iter() {
                 if matmul.contains_key(&f) {
                     continue;
                 }
-                let n = f.name();
-                let both = |make: &dyn Fn(bool) -> (String, Result<String>)| -> Result<[wgpu::ComputePipeline; 2]> {
-                    let (l0, s0) = make(false);
-                    let (l1, s1) = make(true);
-                    let (s0, s1) = (s0?, s1?);
-                    Ok([matmul_family.pipeline(gpu, &l0, &s0, "main")?, matmul_family.pipeline(gpu, &l1, &s1, "main")?])
-                };
-                let decode = GPU_DECODE_TM
-                    .iter()
-                    .map(|&tm| {
-                        both(&|sw| (format!("matmul_gpu_{n}_{tm}_{sw}"), matmul_gpu_source(f, tm, sw, gpu.subgroups)))
-                    })
-                    .collect::<Result<Vec<_>>>()?;
-                let tiled = both(&|sw| (format!("matmul_tiled_{n}_{sw}"), matmul_tiled_source(f, sw)))?;
-                let coop = match gpu.coop {
-                    Some(c) => Some(both(&|sw| (format!("matmul_coop_{n}_{sw}"), matmul_coop_source(f, sw, c)))?),
-                    None => None,
-                };
-                matmul.insert(f, GpuMatmulPipelines { decode, tiled, coop });
+                let plan = GemmPlan::for_device(gpu, f, cache.as_ref())?;
+                matmul.insert(f, gpu_matmul_pipelines(gpu, &matmul_family, f, plan)?);
             }
             let src = attention_split_source(head_dim, group.max(1), kv, kv_chunks, gpu.subgroups)?;
             // One tile size for every geometry (a step picks the tiled kernel for all layers).
@@ -380,7 +349,6 @@ impl Kernels {
                 attention: attn_family.pipeline(gpu, "attention_split", &src, "main")?,
                 combine: attn_family.pipeline(gpu, "attention_combine", &src, "combine")?,
                 attention_tiled,
-                gemm_min_rows: gemm_min_rows()?,
             })
         } else {
             None

@@ -2,7 +2,8 @@
 //! SwiGLU, or the up half of an unfused one), and the embedding lookup. Their parameters
 //! (`MatParams`, `EmbedParams`), bindings and constructors.
 
-use super::kernels::{plan_x, Kernels, XPlan, GPU_DECODE_NR, GPU_DECODE_TM, GPU_TILE, MATMUL_TILES, MATMUL_WG};
+use super::gemm::{GemmKernel, GEMM_COLS};
+use super::kernels::{plan_x, Kernels, XPlan, GPU_DECODE_NR, GPU_DECODE_TM, MATMUL_TILES, MATMUL_WG};
 use super::{bindings, div_up, Dispatch, Op, OpKind, Recorder, StepShape};
 use crate::gpu::shared::gpu_struct;
 use crate::gpu::WFormat;
@@ -212,7 +213,7 @@ pub(super) fn embed_dispatches<'a>(
 }
 
 /// A matmul's dispatches over the step's rows (or its sampled rows): the gpu profile's decode
-/// kernel (below `gemm_min_rows` rows: GPU_DECODE_MAX_ROWS + 1 unless set) or tiled kernel; on the cpu profile the register tile
+/// kernel or a GEMM variant, as the format's GEMM plan says for m rows; on the cpu profile the register tile
 /// for the rows, reading x from storage or through uniform windows (one dispatch per window).
 pub(super) fn dispatches<'a>(
     op: &'a Op,
@@ -231,10 +232,10 @@ pub(super) fn dispatches<'a>(
         let p = &gk.matmul[&format];
         let sw = swiglu as usize;
         let last = GPU_DECODE_TM.len() - 1;
-        let (pipe, tm, outs) = match GPU_DECODE_TM.iter().position(|&t| t >= m) {
-            _ if m >= gk.gemm_min_rows => (&p.coop.as_ref().unwrap_or(&p.tiled)[sw], GPU_TILE.0, GPU_TILE.1),
-            Some(i) => (&p.decode[i][sw], GPU_DECODE_TM[i], GPU_DECODE_NR),
-            None => (&p.decode[last][sw], GPU_DECODE_TM[last], GPU_DECODE_NR),
+        let (pipe, tm, outs) = match (p.plan.kernel_for(m), GPU_DECODE_TM.iter().position(|&t| t >= m)) {
+            (GemmKernel::Decode, Some(i)) => (&p.decode[i][sw], GPU_DECODE_TM[i], GPU_DECODE_NR),
+            (GemmKernel::Decode, None) => (&p.decode[last][sw], GPU_DECODE_TM[last], GPU_DECODE_NR),
+            (g, _) => (&p.gemm(g)[sw], g.tokens(), GEMM_COLS),
         };
         let outs = if swiglu { outs / 2 } else { outs };
         out(r.folded(pipe, &op.bind, div_up(rows, outs) * div_up(m, tm)));

@@ -20,6 +20,7 @@ pub mod attention;
 mod binding_tests;
 pub mod cost;
 pub mod delta;
+pub mod gemm;
 pub mod harness;
 pub mod harness_delta;
 pub mod harness_moe;

@@ -120,7 +120,7 @@ pub fn matmul_source(f: WFormat, tm: u32, tn: u32, uniform_x: bool) -> Result<St
     } else {
         ("@group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;".to_string(), WINDOW_ALL)
     };
-    matmul_shader(format!("matmul_{}_{tm}x{tn}", f.name()), f, include_str!("../../shaders/matmul.wgsl"))
+    matmul_shader(Shader::new(format!("matmul_{}_{tm}x{tn}", f.name()), include_str!("../../shaders/matmul.wgsl")), f)
         .fill("X_BINDING", x)
         .fill("WINDOW", window)
         .fill_if(uniform_x, "UX", UNIFORM_X_VEC4)
@@ -130,9 +130,10 @@ pub fn matmul_source(f: WFormat, tm: u32, tn: u32, uniform_x: bool) -> Result<St
         .build()
 }
 
-/// A matmul template after the shared declarations, the format's snippet and the matmul epilogue.
-fn matmul_shader(label: String, f: WFormat, body: &str) -> Shader {
-    Shader::new(label, body).after(common()).after(f.snippet()).after(matmul_common())
+/// A matmul template after the shared declarations, the format's snippet and the matmul epilogue
+/// (and after the parts `shader` has already, such as `enable` directives).
+pub(super) fn matmul_shader(shader: Shader, f: WFormat) -> Shader {
+    shader.after(common()).after(f.snippet()).after(matmul_common())
 }
 
 /// Reduction of matmul_gpu.wgsl's partial sums into `tot`: subgroupAdd, then one value per
@@ -181,24 +182,19 @@ const REDUCE_WORKGROUP: &str = "    for (var k0 = 0u; k0 < NV; k0 += RB) {
 pub fn matmul_gpu_source(f: WFormat, tm: u32, swiglu: bool, subgroups: bool) -> Result<String> {
     let (args, decl, reduce) =
         if subgroups { (SG_ARGS, RED_SUBGROUP, REDUCE_SUBGROUP) } else { ("", RED_WORKGROUP, REDUCE_WORKGROUP) };
-    matmul_shader(format!("matmul_gpu_{}_{tm}", f.name()), f, include_str!("../../shaders/matmul_gpu.wgsl"))
-        .fill("TM", tm)
-        .fill("SWIGLU", swiglu)
-        .fill("SG_ARGS", args)
-        .fill("RED_DECL", decl)
-        .fill("REDUCE", reduce)
-        .build()
+    matmul_shader(
+        Shader::new(format!("matmul_gpu_{}_{tm}", f.name()), include_str!("../../shaders/matmul_gpu.wgsl")),
+        f,
+    )
+    .fill("TM", tm)
+    .fill("SWIGLU", swiglu)
+    .fill("SG_ARGS", args)
+    .fill("RED_DECL", decl)
+    .fill("REDUCE", reduce)
+    .build()
 }
 
-const TILE_LOAD: &str = include_str!("../../shaders/matmul_tile_load.wgsl");
-
-/// The gpu profile's prefill-sized matmul (see matmul_tiled.wgsl).
-pub fn matmul_tiled_source(f: WFormat, swiglu: bool) -> Result<String> {
-    matmul_shader(format!("matmul_tiled_{}", f.name()), f, include_str!("../../shaders/matmul_tiled.wgsl"))
-        .after(TILE_LOAD)
-        .fill("SWIGLU", swiglu)
-        .build()
-}
+pub(super) const TILE_LOAD: &str = include_str!("../../shaders/matmul_tile_load.wgsl");
 
 /// The prefill-sized matmul on cooperative matrices of `shape` (see matmul_coop.wgsl and
 /// gpu::coop): the `enable` directives first, then the usual parts.
@@ -554,7 +550,12 @@ pub fn all_sources(head_dims: &[u32]) -> Vec<(String, String)> {
                     ));
                 }
             }
-            v.push((format!("matmul_tiled_{}_{swiglu}", f.name()), matmul_tiled_source(f, swiglu)));
+            for k in super::gemm::GemmKernel::TILES {
+                if let super::gemm::GemmKernel::Tile { bm, f16 } = k {
+                    let src = super::gemm::matmul_tiled_source(f, swiglu, bm, f16);
+                    v.push((format!("matmul_{}_{}_{swiglu}", k.name(), f.name()), src));
+                }
+            }
         }
     }
     for &d in head_dims {

@@ -17,16 +17,28 @@ pub fn assert_close(got: &[f32], want: &[f32], tol: impl Fn(usize) -> f32, what:
 
 /// Tolerance for a dot product: f32 rounding grows with the sum of |terms|.
 pub fn dot_tol(x: &[f32], m: usize, w: &QTensor) -> Vec<f32> {
+    let k = w.cols as f32;
+    dot_abs(x, m, w).into_iter().map(|s| 2e-6 * s * k.sqrt() + 1e-6).collect()
+}
+
+/// The same for a kernel that rounds x and the weights to f16 before multiplying (in f32):
+/// each term off by at most 2^-10 of its size, on top of dot_tol.
+pub fn dot_tol_f16(x: &[f32], m: usize, w: &QTensor) -> Vec<f32> {
+    let k = w.cols as f32;
+    dot_abs(x, m, w).into_iter().map(|s| (2e-6 * k.sqrt() + 1.0 / 1024.0) * s + 1e-6).collect()
+}
+
+/// Sum of |x[t, i] w[n, i]| for every output (t, n).
+fn dot_abs(x: &[f32], m: usize, w: &QTensor) -> Vec<f32> {
     let k = w.cols;
-    let mut tol = vec![0f32; m * w.rows];
+    let mut out = vec![0f32; m * w.rows];
     for n in 0..w.rows {
         let row = w.dequant_row(n);
         for t in 0..m {
-            let s: f32 = x[t * k..(t + 1) * k].iter().zip(&row).map(|(a, b)| (a * b).abs()).sum();
-            tol[t * w.rows + n] = 2e-6 * s * (k as f32).sqrt() + 1e-6;
+            out[t * w.rows + n] = x[t * k..(t + 1) * k].iter().zip(&row).map(|(a, b)| (a * b).abs()).sum();
         }
     }
-    tol
+    out
 }
 
 /// A random [n, k] weight matrix of `format`: quantized from random values where this crate has

@@ -1,0 +1,182 @@
+//! The tuner's choices per adapter (`torus-wgpu tune`, ops/tune.rs), kept in one JSON file:
+//! `$TORUS_TUNE_CACHE` (a path, or `off`), else `$XDG_CACHE_HOME/torus-wgpu/tune.json`, else
+//! `~/.cache/torus-wgpu/tune.json`. An entry is keyed by the adapter (name, vendor and device
+//! ids, driver, backend) and by this binary's kernels (its version and a hash of the matmul
+//! shaders), so a driver update or a kernel change is tuned again rather than misread. A file
+//! that cannot be read or parsed is ignored with a log line (the next tune replaces it): the
+//! defaults run then, never an error.
+
+use anyhow::{Context, Result};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// The environment variable naming the cache file (`off`: no cache).
+pub const TUNE_CACHE_ENV: &str = "TORUS_TUNE_CACHE";
+/// Largest cache file read (a file written by the tuner is a few KiB).
+const MAX_BYTES: u64 = 4 << 20;
+
+/// One weight format's GEMM plan (ops::gemm::GemmPlan, its kernels by name).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GemmRecord {
+    pub min_rows: u32,
+    pub small: String,
+    pub large: String,
+}
+
+/// What the tuner chose on one adapter.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct AdapterTuning {
+    /// The adapter's name and driver, for people reading the file.
+    pub adapter: String,
+    /// Unix seconds of the last tune.
+    pub tuned_at: u64,
+    /// GEMM plans by weight-format name.
+    pub gemm: BTreeMap<String, GemmRecord>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct TuneCache {
+    /// By `TuneCache::key`.
+    pub adapters: BTreeMap<String, AdapterTuning>,
+}
+
+/// FNV-1a, 64 bits.
+fn fnv(parts: &[&str]) -> u64 {
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    for b in parts.iter().flat_map(|p| p.bytes().chain([0])) {
+        h = (h ^ b as u64).wrapping_mul(0x100_0000_01b3);
+    }
+    h
+}
+
+impl TuneCache {
+    /// The cache file: TUNE_CACHE_ENV, else under XDG_CACHE_HOME or ~/.cache; None when off.
+    pub fn path() -> Option<PathBuf> {
+        match std::env::var_os(TUNE_CACHE_ENV) {
+            Some(p) if p == "off" => None,
+            Some(p) => Some(PathBuf::from(p)),
+            None => std::env::var_os("XDG_CACHE_HOME")
+                .map(PathBuf::from)
+                .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+                .map(|d| d.join("torus-wgpu/tune.json")),
+        }
+    }
+
+    /// The cache a run reads (None when there is none or it cannot be read).
+    pub fn for_run() -> Option<TuneCache> {
+        let path = Self::path()?;
+        if !path.exists() {
+            return None;
+        }
+        match Self::read(&path) {
+            Ok(c) => Some(c),
+            Err(e) => {
+                tracing::warn!("ignoring the tuner's cache: {e:#}");
+                None
+            }
+        }
+    }
+
+    /// Reads `path` (an empty cache when it does not exist).
+    pub fn read(path: &Path) -> Result<TuneCache> {
+        let meta = match std::fs::metadata(path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(TuneCache::default()),
+            m => m.with_context(|| format!("{}", path.display()))?,
+        };
+        anyhow::ensure!(meta.len() <= MAX_BYTES, "{}: larger than {MAX_BYTES} bytes", path.display());
+        let text = std::fs::read_to_string(path).with_context(|| format!("{}", path.display()))?;
+        serde_json::from_str(&text).with_context(|| format!("{}: not a tuner cache", path.display()))
+    }
+
+    /// Writes the cache to `path` (a temporary file renamed over it: a reader sees the old file
+    /// or the new one).
+    pub fn write(&self, path: &Path) -> Result<()> {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        }
+        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+        std::fs::write(&tmp, serde_json::to_string_pretty(self)?)
+            .with_context(|| format!("writing {}", tmp.display()))?;
+        std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))
+    }
+
+    /// The key of an adapter with this binary's kernels.
+    pub fn key(info: &wgpu::AdapterInfo) -> String {
+        let kernels = fnv(&[
+            env!("CARGO_PKG_VERSION"),
+            include_str!("../../shaders/matmul_gpu.wgsl"),
+            include_str!("../../shaders/matmul_tiled.wgsl"),
+            include_str!("../../shaders/matmul_tile_load.wgsl"),
+            include_str!("../../shaders/matmul_coop.wgsl"),
+        ]);
+        format!(
+            "{} [{:04x}:{:04x}] {:?} {} {} / kernels {kernels:016x}",
+            info.name, info.vendor, info.device, info.backend, info.driver, info.driver_info
+        )
+    }
+
+    pub fn adapter(&self, info: &wgpu::AdapterInfo) -> Option<&AdapterTuning> {
+        self.adapters.get(&Self::key(info))
+    }
+
+    /// The GEMM plan tuned for `format` (by name) on this adapter.
+    pub fn gemm(&self, info: &wgpu::AdapterInfo, format: &str) -> Option<&GemmRecord> {
+        self.adapter(info)?.gemm.get(format)
+    }
+
+    /// Whether a plan tuned on this adapter runs the cooperative-matrix GEMM (the device is then
+    /// opened with the feature).
+    pub fn wants_coop(&self, info: &wgpu::AdapterInfo) -> bool {
+        self.adapter(info).is_some_and(|a| a.gemm.values().any(|r| r.small == "coop" || r.large == "coop"))
+    }
+
+    /// Records the plan of `format` on this adapter.
+    pub fn set_gemm(&mut self, info: &wgpu::AdapterInfo, format: &str, record: GemmRecord) {
+        let a = self.adapters.entry(Self::key(info)).or_default();
+        a.adapter = format!("{} ({} {})", info.name, info.driver, info.driver_info);
+        a.tuned_at = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        a.gemm.insert(format.to_string(), record);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(driver: &str) -> wgpu::AdapterInfo {
+        wgpu::AdapterInfo {
+            name: "Test GPU".into(),
+            vendor: 0x10de,
+            device: 0x2330,
+            device_type: wgpu::DeviceType::DiscreteGpu,
+            driver: driver.into(),
+            driver_info: "1.0".into(),
+            backend: wgpu::Backend::Vulkan,
+            ..wgpu::AdapterInfo::new(wgpu::DeviceType::DiscreteGpu, wgpu::Backend::Vulkan)
+        }
+    }
+
+    #[test]
+    fn plans_are_kept_per_adapter_and_driver() {
+        let dir = std::env::temp_dir().join(format!("torus-tune-cache-{}", std::process::id()));
+        let path = dir.join("sub/tune.json");
+        let rec = GemmRecord { min_rows: 8, small: "tile32h".into(), large: "coop".into() };
+        let mut c = TuneCache::default();
+        c.set_gemm(&info("nvidia"), "q4_k", rec.clone());
+        c.write(&path).unwrap();
+        let back = TuneCache::read(&path).unwrap();
+        assert_eq!(back.gemm(&info("nvidia"), "q4_k"), Some(&rec));
+        assert!(back.wants_coop(&info("nvidia")));
+        // Another driver (or format) has no plan: it is tuned again, not misread.
+        assert_eq!(back.gemm(&info("nvidia 2"), "q4_k"), None);
+        assert!(!back.wants_coop(&info("nvidia 2")));
+        assert_eq!(back.gemm(&info("nvidia"), "q8_0"), None);
+        // A missing file is an empty cache; a file that is not one is an error naming it.
+        assert!(TuneCache::read(&dir.join("none.json")).unwrap().adapters.is_empty());
+        std::fs::write(&path, "{ not json").unwrap();
+        let e = format!("{:#}", TuneCache::read(&path).unwrap_err());
+        assert!(e.contains("not a tuner cache") && e.contains("tune.json"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

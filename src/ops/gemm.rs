@@ -1,0 +1,321 @@
+//! The gpu profile's GEMM for steps of many rows (batched decode, speculative verification,
+//! prefill): its variants (matmul_tiled.wgsl's tile shapes and operand types, the
+//! cooperative-matrix kernel), the plan that says which kernel a step of m rows runs, where a
+//! plan comes from (the environment, the tuner's cache, the default) and the pipelines of a plan.
+
+use super::kernels::{GpuMatmulPipelines, GPU_DECODE_MAX_ROWS, GPU_DECODE_TM};
+use super::sources::{matmul_coop_source, matmul_gpu_source, matmul_shader, TILE_LOAD};
+use crate::gpu::family::Family;
+use crate::gpu::shader::Shader;
+use crate::gpu::tune_cache::{GemmRecord, TuneCache};
+use crate::gpu::wformat::WFormat;
+use crate::gpu::Gpu;
+use anyhow::{anyhow, Result};
+
+/// Steps of this many rows or more take the plan's `large` GEMM (prefill-sized), fewer its
+/// `small` one (batched decode, speculative verification).
+pub const LARGE_ROWS: u32 = 64;
+/// Weight rows per workgroup of every GEMM variant (gate+up rows for SwiGLU: half as many outputs).
+pub const GEMM_COLS: u32 = 64;
+/// Sets the fewest rows a step has for the gpu profile's matmuls to take a GEMM instead of the
+/// decode kernel (over the tuner's choice; default GPU_DECODE_MAX_ROWS + 1).
+pub const GEMM_MIN_ROWS_ENV: &str = "TORUS_GEMM_MIN_ROWS";
+/// Sets the GEMM variant (a GemmKernel name: tile64, tile32, tile64h, tile32h) for every step
+/// that takes a GEMM, over the tuner's choice.
+pub const GEMM_TILE_ENV: &str = "TORUS_GEMM_TILE";
+
+/// What a matmul of a step runs on the gpu profile.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum GemmKernel {
+    /// The decode kernel (matmul_gpu.wgsl): a matrix-vector product per group of up to 16 rows.
+    Decode,
+    /// matmul_tiled.wgsl with tiles of `bm` tokens x 64 weight rows, the tiles' elements in f16
+    /// (`f16`, where the device has shader-f16) or f32; f32 accumulation either way.
+    Tile { bm: u32, f16: bool },
+    /// matmul_coop.wgsl on the device's cooperative-matrix shape (gpu::coop): 64 x 64 tiles.
+    Coop,
+}
+
+impl GemmKernel {
+    /// The default GEMM: 64 x 64 tiles in f32.
+    pub const TILE64: GemmKernel = GemmKernel::Tile { bm: 64, f16: false };
+    /// Every tiled variant.
+    pub const TILES: [GemmKernel; 4] = [
+        GemmKernel::TILE64,
+        GemmKernel::Tile { bm: 32, f16: false },
+        GemmKernel::Tile { bm: 64, f16: true },
+        GemmKernel::Tile { bm: 32, f16: true },
+    ];
+
+    pub fn name(self) -> String {
+        match self {
+            GemmKernel::Decode => "decode".into(),
+            GemmKernel::Tile { bm, f16 } => format!("tile{bm}{}", if f16 { "h" } else { "" }),
+            GemmKernel::Coop => "coop".into(),
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<GemmKernel> {
+        match s.trim() {
+            "decode" => Some(GemmKernel::Decode),
+            "coop" => Some(GemmKernel::Coop),
+            s => GemmKernel::TILES.into_iter().find(|k| k.name() == s),
+        }
+    }
+
+    /// Tokens per workgroup of a GEMM variant (0 for the decode kernel, which groups by 16).
+    pub fn tokens(self) -> u32 {
+        match self {
+            GemmKernel::Decode => 0,
+            GemmKernel::Tile { bm, .. } => bm,
+            GemmKernel::Coop => 64,
+        }
+    }
+
+    /// Whether `gpu` can build it: f16 tiles need shader-f16, Coop the cooperative-matrix shape.
+    pub fn runs_on(self, gpu: &Gpu) -> bool {
+        match self {
+            GemmKernel::Decode => true,
+            GemmKernel::Tile { f16, .. } => !f16 || gpu.f16,
+            GemmKernel::Coop => gpu.coop.is_some(),
+        }
+    }
+
+    /// The GEMM variants `gpu` can build (what the tuner measures).
+    pub fn available(gpu: &Gpu) -> Vec<GemmKernel> {
+        GemmKernel::TILES.into_iter().chain([GemmKernel::Coop]).filter(|k| k.runs_on(gpu)).collect()
+    }
+}
+
+/// Which kernel a step of m rows runs, for one weight format: the decode kernel below
+/// `min_rows`, `small` from there to LARGE_ROWS, `large` from there on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GemmPlan {
+    pub min_rows: u32,
+    pub small: GemmKernel,
+    pub large: GemmKernel,
+}
+
+impl Default for GemmPlan {
+    /// The plan without a tuner's choice: the decode kernel up to GPU_DECODE_MAX_ROWS rows, the
+    /// 64 x 64 f32 tiles above.
+    fn default() -> GemmPlan {
+        GemmPlan { min_rows: GPU_DECODE_MAX_ROWS + 1, small: GemmKernel::TILE64, large: GemmKernel::TILE64 }
+    }
+}
+
+impl GemmPlan {
+    /// One GEMM variant for every step of `min_rows` rows or more.
+    pub fn only(kernel: GemmKernel, min_rows: u32) -> GemmPlan {
+        GemmPlan { min_rows, small: kernel, large: kernel }
+    }
+
+    pub fn kernel_for(&self, m: u32) -> GemmKernel {
+        if m < self.min_rows {
+            GemmKernel::Decode
+        } else if m < LARGE_ROWS {
+            self.small
+        } else {
+            self.large
+        }
+    }
+
+    /// The GEMM variants the plan runs (each once).
+    pub fn kernels(&self) -> Vec<GemmKernel> {
+        let mut v: Vec<GemmKernel> =
+            [self.small, self.large].into_iter().filter(|&k| k != GemmKernel::Decode).collect();
+        v.dedup();
+        v
+    }
+
+    pub fn describe(&self) -> String {
+        format!(
+            "decode below {} rows, {} below {LARGE_ROWS}, {} from {LARGE_ROWS}",
+            self.min_rows,
+            self.small.name(),
+            self.large.name()
+        )
+    }
+
+    pub fn record(&self) -> GemmRecord {
+        GemmRecord { min_rows: self.min_rows, small: self.small.name(), large: self.large.name() }
+    }
+
+    /// A cached record read back (None when it names a kernel this binary does not have).
+    pub fn from_record(r: &GemmRecord) -> Option<GemmPlan> {
+        let plan = GemmPlan {
+            min_rows: r.min_rows.max(1),
+            small: GemmKernel::parse(&r.small)?,
+            large: GemmKernel::parse(&r.large)?,
+        };
+        (plan.small != GemmKernel::Decode && plan.large != GemmKernel::Decode).then_some(plan)
+    }
+
+    /// The plan for `format` on `gpu`: the tuner's cached choice for this adapter (or the
+    /// default), under the environment's overrides (GEMM_MIN_ROWS_ENV, GEMM_TILE_ENV,
+    /// gpu::coop::COOP_ENV=1); a variant the device cannot build gives way to the 64 x 64 tiles.
+    pub fn for_device(gpu: &Gpu, format: WFormat, cache: Option<&TuneCache>) -> Result<GemmPlan> {
+        let mut plan =
+            cache.and_then(|c| c.gemm(&gpu.info, format.name())).and_then(GemmPlan::from_record).unwrap_or_default();
+        if let Some(n) = env_min_rows()? {
+            plan.min_rows = n;
+        }
+        if let Ok(v) = std::env::var(GEMM_TILE_ENV) {
+            let k = GemmKernel::parse(&v).filter(|&k| k != GemmKernel::Decode).ok_or_else(|| {
+                anyhow!("{GEMM_TILE_ENV} must be one of tile64, tile32, tile64h, tile32h, coop; got {v:?}")
+            })?;
+            plan.small = k;
+            plan.large = k;
+        }
+        if crate::gpu::coop::opted_in() && gpu.coop.is_some() {
+            plan.small = GemmKernel::Coop;
+            plan.large = GemmKernel::Coop;
+        }
+        for k in [&mut plan.small, &mut plan.large] {
+            if !k.runs_on(gpu) {
+                tracing::info!(
+                    "GEMM variant {} cannot run on this device: {} instead",
+                    k.name(),
+                    GemmKernel::TILE64.name()
+                );
+                *k = GemmKernel::TILE64;
+            }
+        }
+        Ok(plan)
+    }
+}
+
+/// GEMM_MIN_ROWS_ENV, when set.
+fn env_min_rows() -> Result<Option<u32>> {
+    match std::env::var(GEMM_MIN_ROWS_ENV) {
+        Err(_) => Ok(None),
+        Ok(v) => match v.trim().parse::<u32>() {
+            Ok(n) if n >= 1 => {
+                tracing::info!("{GEMM_MIN_ROWS_ENV}={n}: steps of {n} rows or more take a GEMM");
+                Ok(Some(n))
+            }
+            _ => Err(anyhow!("{GEMM_MIN_ROWS_ENV} must be a positive number of rows, got {v:?}")),
+        },
+    }
+}
+
+/// The multiply-adds of one k of matmul_tiled.wgsl, unrolled (acc indices constant, so the
+/// accumulators stay in registers): the x vec4 of tokens 32q + 4ty.. times both row halves.
+fn tiled_fma(bm: u32) -> String {
+    let mut s = String::new();
+    for q in 0..bm / 32 {
+        s += &format!("            let x{q} = vec4<f32>(xt[k * XQ + {}u + ty]);\n", 8 * q);
+        for c in 0..4 {
+            let j = 4 * q + c;
+            let comp = ["x", "y", "z", "w"][c as usize];
+            s += &format!("            acc[{}] += x{q}.{comp} * wa;\n", 2 * j);
+            s += &format!("            acc[{}] += x{q}.{comp} * wb;\n", 2 * j + 1);
+        }
+    }
+    s
+}
+
+/// A tiled GEMM variant's program (see matmul_tiled.wgsl).
+pub fn matmul_tiled_source(f: WFormat, swiglu: bool, bm: u32, f16: bool) -> Result<String> {
+    let body = include_str!("../../shaders/matmul_tiled.wgsl");
+    let label = format!("matmul_tiled_{}_{bm}{}", f.name(), if f16 { "h" } else { "" });
+    let shader = if f16 { Shader::new(label, body).after("enable f16;") } else { Shader::new(label, body) };
+    matmul_shader(shader, f)
+        .after(TILE_LOAD)
+        .fill("SWIGLU", swiglu)
+        .fill("BM", bm)
+        .fill("AB", if f16 { "f16" } else { "f32" })
+        .fill("TO_AB", if f16 { "return f16(clamp(v, -65504.0, 65504.0));" } else { "return v;" })
+        .fill("FMA", tiled_fma(bm))
+        .build()
+}
+
+/// The program of GEMM variant `k` (not Decode) for `f`, or why it cannot be built here.
+pub fn gemm_source(gpu: &Gpu, k: GemmKernel, f: WFormat, swiglu: bool) -> Result<String> {
+    match k {
+        GemmKernel::Decode => Err(anyhow!("the decode kernel is not a GEMM variant")),
+        GemmKernel::Tile { bm, f16 } => matmul_tiled_source(f, swiglu, bm, f16),
+        GemmKernel::Coop => {
+            let shape = gpu.coop.ok_or_else(|| anyhow!("this device has no cooperative matrices"))?;
+            matmul_coop_source(f, swiglu, shape)
+        }
+    }
+}
+
+/// Plain and SwiGLU pipelines of one program maker.
+fn both(
+    gpu: &Gpu,
+    family: &Family,
+    make: &dyn Fn(bool) -> (String, Result<String>),
+) -> Result<[wgpu::ComputePipeline; 2]> {
+    let (l0, s0) = make(false);
+    let (l1, s1) = make(true);
+    Ok([family.pipeline(gpu, &l0, &s0?, "main")?, family.pipeline(gpu, &l1, &s1?, "main")?])
+}
+
+/// The gpu profile's matmuls of `f` for `plan`: the decode kernels and the plan's GEMMs.
+pub fn gpu_matmul_pipelines(gpu: &Gpu, family: &Family, f: WFormat, plan: GemmPlan) -> Result<GpuMatmulPipelines> {
+    let n = f.name();
+    let decode = GPU_DECODE_TM
+        .iter()
+        .map(|&tm| {
+            both(gpu, family, &|sw| (format!("matmul_gpu_{n}_{tm}_{sw}"), matmul_gpu_source(f, tm, sw, gpu.subgroups)))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let mut p = GpuMatmulPipelines { decode, gemm: Vec::new(), plan };
+    for k in plan.kernels() {
+        add_gemm(gpu, family, f, &mut p, k)?;
+    }
+    Ok(p)
+}
+
+/// Builds GEMM variant `k` of `f` into `p` unless it is there.
+pub fn add_gemm(gpu: &Gpu, family: &Family, f: WFormat, p: &mut GpuMatmulPipelines, k: GemmKernel) -> Result<()> {
+    if k == GemmKernel::Decode || p.gemm.iter().any(|(g, _)| *g == k) {
+        return Ok(());
+    }
+    let name = format!("matmul_{}_{}", k.name(), f.name());
+    let pipes = both(gpu, family, &|sw| (format!("{name}_{sw}"), gemm_source(gpu, k, f, sw)))?;
+    p.gemm.push((k, pipes));
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plans_pick_by_rows_and_read_back() {
+        let plan = GemmPlan { min_rows: 8, small: GemmKernel::Tile { bm: 32, f16: true }, large: GemmKernel::Coop };
+        assert_eq!(plan.kernel_for(7), GemmKernel::Decode);
+        assert_eq!(plan.kernel_for(8), plan.small);
+        assert_eq!(plan.kernel_for(63), plan.small);
+        assert_eq!(plan.kernel_for(64), GemmKernel::Coop);
+        assert_eq!(GemmPlan::from_record(&plan.record()), Some(plan));
+        let d = GemmPlan::default();
+        assert_eq!(d.kernel_for(64), GemmKernel::Decode);
+        assert_eq!(d.kernel_for(65), GemmKernel::TILE64);
+        assert_eq!(d.kernels(), vec![GemmKernel::TILE64]);
+        for k in GemmKernel::TILES.into_iter().chain([GemmKernel::Coop, GemmKernel::Decode]) {
+            assert_eq!(GemmKernel::parse(&k.name()), Some(k));
+        }
+        // A record naming a kernel this binary lacks (or the decode kernel as a GEMM) is ignored.
+        let bad = GemmRecord { min_rows: 8, small: "tile128".into(), large: "tile64".into() };
+        assert_eq!(GemmPlan::from_record(&bad), None);
+        let bad = GemmRecord { min_rows: 8, small: "decode".into(), large: "tile64".into() };
+        assert_eq!(GemmPlan::from_record(&bad), None);
+    }
+
+    #[test]
+    fn every_tiled_variant_assembles_and_validates() {
+        for f in WFormat::ALL {
+            for k in GemmKernel::TILES {
+                let GemmKernel::Tile { bm, f16 } = k else { unreachable!() };
+                for sw in [false, true] {
+                    let src = matmul_tiled_source(f, sw, bm, f16).unwrap();
+                    crate::gpu::validate_wgsl(&format!("{} {f:?} {sw}", k.name()), &src).unwrap();
+                }
+            }
+        }
+    }
+}
