@@ -15,11 +15,13 @@
 #       with `torus-wgpu synth-model` (qwen2.5-7b and llama-3-8b in Q4_K, qwen3-30b-a3b at 12
 #       layers, qwen3.5-9b), runs llama-bench (tg128 and pp512, flash attention off and on) and
 #       `torus-wgpu bench-model` (decode at batch 1, 8, 32; a 512-token prefill) on it, and
-#       prints torus-wgpu / llama.cpp ratios. On the --serve-shapes (qwen2.5-7b) also (issue 49):
-#       bench-model again with the GEMM from 8 rows (TORUS_GEMM_MIN_ROWS=8) and with cooperative
-#       matrices (TORUS_COOPERATIVE_MATRIX=1), llama-batched-bench (pp128 tg128 at 8 and 32
-#       sequences), and `torus-wgpu serve` measured by `torus-wgpu bench` (completions, 128-token
-#       prompts, 128 tokens out with ignore_eos) at concurrency 1, 8 and 32.
+#       prints torus-wgpu / llama.cpp ratios (those runs with the default GEMM plan: no tuner
+#       cache). On the --serve-shapes (qwen2.5-7b) also (issue 49): `torus-wgpu tune` on the
+#       model (every GEMM variant timed against the decode kernel; DIR/tune-SHAPE.json), then
+#       bench-model with the tuned plan and with cooperative matrices in every GEMM
+#       (TORUS_COOPERATIVE_MATRIX=1), llama-batched-bench (pp128 tg128 at 8 and 32 sequences),
+#       and `torus-wgpu serve` (with the tuned plan) measured by `torus-wgpu bench` (completions,
+#       128-token prompts, 128 tokens out with ignore_eos) at concurrency 1, 8 and 32.
 #       DIR gets side-by-side.json (every report whole and the ratios), reports.jsonl, summary.txt
 #       and log.txt. --quick (lavapipe): the tiny variants, tg16/pp64, batches 1 and 8, concurrency
 #       1 and 8 with 16 tokens out. About 9 minutes for the four shapes on an H100/H200.
@@ -132,16 +134,28 @@ do_pack() {
 # serving throughput through HTTP.
 serving() {
     local shape="$1" model="$2"
-    local v env
-    for v in gemm8 coop; do
-        case "$v" in gemm8) env="TORUS_GEMM_MIN_ROWS=8" ;; coop) env="TORUS_COOPERATIVE_MATRIX=1" ;; esac
+    local v env tuned="$work/tune-$shape.json"
+    local budget=45
+    [ "$quick" = 1 ] && budget=20
+    echo "+ torus-wgpu tune --model $model" >>"$log"
+    if "$p/torus-wgpu" tune --model "$model" --budget-s "$budget" --cache "$tuned" --json "$out/tune-$shape.json" \
+        >"$work/tune.out" 2>&1; then
+        cat "$work/tune.out" >>"$log"
+        grep -E '^[a-z0-9_]+: decode below' "$work/tune.out" | sed 's/^/tuned plan: /' | tee -a "$summary"
+        printf '{"shape":"%s","engine":"torus-wgpu-tune","report":%s}\n' "$shape" "$(tr -d '\n' <"$out/tune-$shape.json")" >>"$reports"
+    else
+        cat "$work/tune.out" >>"$log"
+        say "FAIL: $shape: tune ($(tail -n 1 "$work/tune.out"))"
+    fi
+    for v in tuned coop; do
+        case "$v" in tuned) env="TORUS_TUNE_CACHE=$tuned" ;; coop) env="TORUS_COOPERATIVE_MATRIX=1" ;; esac
         echo "+ $env torus-wgpu bench-model $model" >>"$log"
         if env "$env" "$p/torus-wgpu" bench-model --model "$model" --kernel-profile gpu --batches "${batches#1,}" \
             --decode-steps "$steps" --warmup-steps 2 --prefill-tokens "$pp" ${peak:+--peak-gb-s "$peak"} \
             --json "$work/torus-$v.json" >"$work/bench.out" 2>&1; then
             cat "$work/bench.out" >>"$log"
-            grep -E '^(batch [0-9]+:|prefill:)' "$work/bench.out" | sed "s/^/[$env] /" | tee -a "$summary"
-            printf '{"shape":"%s","engine":"torus-wgpu","variant":"%s","report":%s}\n' "$shape" "$env" \
+            grep -E '^(batch [0-9]+:|prefill:)' "$work/bench.out" | sed "s/^/[$v] /" | tee -a "$summary"
+            printf '{"shape":"%s","engine":"torus-wgpu","variant":"%s","report":%s}\n' "$shape" "$v" \
                 "$(tr -d '\n' <"$work/torus-$v.json")" >>"$reports"
         else
             cat "$work/bench.out" >>"$log"
@@ -164,7 +178,7 @@ serving() {
     done
     # torus-wgpu serve, measured through its OpenAI API.
     local port=18431
-    "$p/torus-wgpu" serve --model "$model" --kernel-profile gpu --port "$port" --max-decode-batch-size 32 \
+    TORUS_TUNE_CACHE="$tuned" "$p/torus-wgpu" serve --model "$model" --kernel-profile gpu --port "$port" --max-decode-batch-size 32 \
         --max-sequence-length 4096 --total-cache-size "$cache" >>"$log" 2>&1 &
     local spid=$! i
     # No curl on the GPU machine: bash's /dev/tcp asks /health.
@@ -209,6 +223,8 @@ do_run() {
     : >"$summary"
     : >"$reports"
     export LD_LIBRARY_PATH="$p${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    # The default GEMM plan unless a run names the tuner's cache.
+    export TORUS_TUNE_CACHE=off
     say() { echo "$*" | tee -a "$summary"; }
     run() { echo "+ $*" >>"$log"; "$@" 2>>"$log"; }
     local tg=128 pp=512 batches=1,8,32 steps=32 tiny="" conc=1,8,32 out_len=128 cache=4294967296

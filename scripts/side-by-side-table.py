@@ -4,7 +4,8 @@
 Usage: side-by-side-table.py REPORTS.jsonl OUT.json
 REPORTS.jsonl: one line per run, {"shape", "engine": "llama.cpp", "fa", "report": llama-bench's
 JSON array} or {"shape", "engine": "torus-wgpu", "report": bench-model's JSON} (with "variant":
-the environment of an A/B run), {"shape", "engine": "llama.cpp-batched", "report": one
+"tuned" (the tuner's plan) or "coop"), {"shape", "engine": "torus-wgpu-tune", "report": the
+tuner's JSON} (not tabled), {"shape", "engine": "llama.cpp-batched", "report": one
 llama-batched-bench jsonl row}, {"shape", "engine": "torus-wgpu-serve", "concurrency",
 "report": `torus-wgpu bench`'s summary}. Prints a markdown table per shape (tok/s and ratios),
 then the batched and serving table, and writes OUT.json with every report and the ratios.

@@ -16,6 +16,7 @@ const NSG: u32 = 64u / {{SG}}u; // subgroups per workgroup (the adapter's one su
 const FR: u32 = 64u / MS; // fragments per tile side
 const FT: u32 = FR / NSG; // token fragments per subgroup
 const SWIGLU: bool = {{SWIGLU}};
+const BN: u32 = 64u; // weight rows per tile (matmul_tile_load.wgsl reads it)
 alias AB = {{AB}};
 alias MA = coop_mat{{MS}}x{{MS}}<AB, A>;
 alias MB = coop_mat{{MS}}x{{MS}}<AB, B>;

@@ -76,6 +76,9 @@ enum Cmd {
     },
     /// List every wgpu adapter with its features and limits.
     Adapters,
+    /// Choose the gpu profile's GEMM kernels for this adapter by measuring them (on a model's
+    /// matmul shapes, or a synthetic 7B layer) and keep the choice for later runs.
+    Tune(Box<torus_wgpu::bench::tune::TuneArgs>),
     /// Download a model from the Hugging Face Hub into its cache (`$HF_HOME/hub`) and print its
     /// local path: OWNER/REPO[:QUANT] (a GGUF repository's file of that quantization, Q4_K_M by
     /// default; a Transformers repository's weights, config and tokenizer). `--model
@@ -284,6 +287,7 @@ fn run(mut cli: Cli) -> Result<()> {
             );
         }
         Cmd::BenchModel(args) => torus_wgpu::bench::model::run(&args)?,
+        Cmd::Tune(args) => torus_wgpu::bench::tune::run(&args)?,
         Cmd::CheckProfiles(args) => torus_wgpu::bench::profiles::run(&args)?,
         Cmd::Throughput { engine, num_prompts, input_len, output_len, shared_prefix, seed } => {
             let cfg = engine.resolve()?;

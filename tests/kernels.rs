@@ -143,8 +143,8 @@ fn gpu_profile_matmul_every_format() {
     }
 }
 
-/// Every GEMM variant the tuner chooses from (64 x 64 and 32 x 64 tiles, in f32 and, where the
-/// device has shader-f16, f16), for steps of fewer rows than a tile (as a plan sends batched
+/// Every GEMM variant the tuner chooses from (64 x 64, 32 x 64 and 128 x 128 tiles, in f32 and,
+/// where the device has shader-f16, f16), for steps of fewer rows than a tile (as a plan sends batched
 /// decode to them) and of several tiles: ragged token tiles of 1, 8, 17, 33 and 70 rows, K of 2
 /// to 72 blocks, every format (the tiles use no subgroup operations; tests/subgroup_widths.rs
 /// runs them at every width).
@@ -158,14 +158,15 @@ fn gpu_gemm_variants_every_format() {
     let mut every = Harness::with_profile(gpu(), 64, 1, KernelProfile::Gpu).unwrap();
     // The format's part (the tile loads) is shared by the variants and the variant's part does
     // not depend on the format: every format with the default tiles and with the variant that
-    // differs from them in both ways (32 tokens, f16), a few formats with the other two.
+    // differs from them in two ways (32 tokens, f16), a few formats with the others (128 x 128
+    // tiles: 256 invocations, split loads).
     let few = [WFormat::F16, WFormat::Q4_0, WFormat::Q4_K, WFormat::Q6_K, WFormat::IQ4_XS, WFormat::MXFP4];
     let mut some = Harness::with_formats(gpu(), &few, (64, 1), KernelProfile::Gpu).unwrap();
     let variants = GemmKernel::available(&every.gpu);
-    assert!(variants.contains(&GemmKernel::Tile { bm: 32, f16: true }), "lavapipe has shader-f16");
+    assert_eq!(variants.len(), GemmKernel::TILES.len(), "lavapipe builds every tiled variant");
     for k in variants {
         let GemmKernel::Tile { bm, f16 } = k else { continue };
-        let h = if (bm == 64) == f16 { &mut some } else { &mut every };
+        let h = if matches!((bm, f16), (64, false) | (32, true)) { &mut every } else { &mut some };
         h.set_gemm(GemmPlan::only(k, 1)).unwrap();
         check_matmuls(h, &[(None, false)], &legacy, &k_quant, f16);
         // The fused SwiGLU (32 outputs per tile).

@@ -17,6 +17,7 @@ pub mod mtp;
 pub mod overhead;
 pub mod profiles;
 pub mod spec_counters;
+pub mod tune;
 
 use anyhow::{anyhow, bail, Context, Result};
 use futures_util::StreamExt;

@@ -120,6 +120,11 @@ impl Model {
     }
 
     /// The embedding and LM head on the device (the whole model only), for an MTP head to share.
+    /// The pipelines the model runs (tests and tools read which GEMM plan was built).
+    pub fn kernels(&self) -> &Kernels {
+        &self.kernels
+    }
+
     pub fn io(&self) -> Option<SharedIo> {
         self.io.clone()
     }

@@ -15,8 +15,6 @@ use anyhow::{anyhow, Result};
 /// Steps of this many rows or more take the plan's `large` GEMM (prefill-sized), fewer its
 /// `small` one (batched decode, speculative verification).
 pub const LARGE_ROWS: u32 = 64;
-/// Weight rows per workgroup of every GEMM variant (gate+up rows for SwiGLU: half as many outputs).
-pub const GEMM_COLS: u32 = 64;
 /// Sets the fewest rows a step has for the gpu profile's matmuls to take a GEMM instead of the
 /// decode kernel (over the tuner's choice; default GPU_DECODE_MAX_ROWS + 1).
 pub const GEMM_MIN_ROWS_ENV: &str = "TORUS_GEMM_MIN_ROWS";
@@ -29,8 +27,9 @@ pub const GEMM_TILE_ENV: &str = "TORUS_GEMM_TILE";
 pub enum GemmKernel {
     /// The decode kernel (matmul_gpu.wgsl): a matrix-vector product per group of up to 16 rows.
     Decode,
-    /// matmul_tiled.wgsl with tiles of `bm` tokens x 64 weight rows, the tiles' elements in f16
-    /// (`f16`, where the device has shader-f16) or f32; f32 accumulation either way.
+    /// matmul_tiled.wgsl with tiles of `bm` tokens (32, 64 or 128) x `cols()` weight rows, the
+    /// tiles' elements in f16 (`f16`, where the device has shader-f16) or f32; f32 accumulation
+    /// either way.
     Tile { bm: u32, f16: bool },
     /// matmul_coop.wgsl on the device's cooperative-matrix shape (gpu::coop): 64 x 64 tiles.
     Coop,
@@ -40,11 +39,13 @@ impl GemmKernel {
     /// The default GEMM: 64 x 64 tiles in f32.
     pub const TILE64: GemmKernel = GemmKernel::Tile { bm: 64, f16: false };
     /// Every tiled variant.
-    pub const TILES: [GemmKernel; 4] = [
+    pub const TILES: [GemmKernel; 6] = [
         GemmKernel::TILE64,
         GemmKernel::Tile { bm: 32, f16: false },
+        GemmKernel::Tile { bm: 128, f16: false },
         GemmKernel::Tile { bm: 64, f16: true },
         GemmKernel::Tile { bm: 32, f16: true },
+        GemmKernel::Tile { bm: 128, f16: true },
     ];
 
     pub fn name(self) -> String {
@@ -72,11 +73,44 @@ impl GemmKernel {
         }
     }
 
-    /// Whether `gpu` can build it: f16 tiles need shader-f16, Coop the cooperative-matrix shape.
+    /// Weight rows per workgroup of a GEMM variant (gate+up rows for SwiGLU: half as many
+    /// outputs); 0 for the decode kernel.
+    pub fn cols(self) -> u32 {
+        match self {
+            GemmKernel::Decode => 0,
+            GemmKernel::Tile { bm: 128, .. } => 128,
+            GemmKernel::Tile { .. } | GemmKernel::Coop => 64,
+        }
+    }
+
+    /// Invocations per workgroup of a tiled variant (64, or 256 for 128 x 128 tiles).
+    fn invocations(self) -> u32 {
+        if self.cols() == 128 {
+            256
+        } else {
+            64
+        }
+    }
+
+    /// Workgroup memory of a tiled variant: a 32-deep block of its x and weight tiles.
+    fn workgroup_bytes(self) -> u32 {
+        match self {
+            GemmKernel::Tile { bm, f16 } => 32 * (bm + self.cols()) * if f16 { 2 } else { 4 },
+            _ => 0,
+        }
+    }
+
+    /// Whether `gpu` can build it: f16 tiles need shader-f16, every tile its workgroup memory and
+    /// invocations, Coop the cooperative-matrix shape.
     pub fn runs_on(self, gpu: &Gpu) -> bool {
+        let l = gpu.device.limits();
         match self {
             GemmKernel::Decode => true,
-            GemmKernel::Tile { f16, .. } => !f16 || gpu.f16,
+            GemmKernel::Tile { f16, .. } => {
+                (!f16 || gpu.f16)
+                    && self.workgroup_bytes() <= l.max_compute_workgroup_storage_size
+                    && self.invocations() <= l.max_compute_invocations_per_workgroup.min(l.max_compute_workgroup_size_x)
+            }
             GemmKernel::Coop => gpu.coop.is_some(),
         }
     }
@@ -181,6 +215,9 @@ impl GemmPlan {
                 *k = GemmKernel::TILE64;
             }
         }
+        if plan != GemmPlan::default() {
+            tracing::info!("{} matmuls: {}", format.name(), plan.describe());
+        }
         Ok(plan)
     }
 }
@@ -199,12 +236,21 @@ fn env_min_rows() -> Result<Option<u32>> {
     }
 }
 
+/// Tokens per invocation of a tiled variant of `bm` tokens.
+fn tokens_per_invocation(bm: u32) -> u32 {
+    if bm == 32 {
+        4
+    } else {
+        8
+    }
+}
+
 /// The multiply-adds of one k of matmul_tiled.wgsl, unrolled (acc indices constant, so the
-/// accumulators stay in registers): the x vec4 of tokens 32q + 4ty.. times both row halves.
+/// accumulators stay in registers): the x vec4 of tokens q BM/2 + 4ty.. times both row halves.
 fn tiled_fma(bm: u32) -> String {
     let mut s = String::new();
-    for q in 0..bm / 32 {
-        s += &format!("            let x{q} = vec4<f32>(xt[k * XQ + {}u + ty]);\n", 8 * q);
+    for q in 0..tokens_per_invocation(bm) / 4 {
+        s += &format!("            let x{q} = vec4<f32>(xt[k * XQ + {}u + ty]);\n", q * bm / 8);
         for c in 0..4 {
             let j = 4 * q + c;
             let comp = ["x", "y", "z", "w"][c as usize];
@@ -220,10 +266,14 @@ pub fn matmul_tiled_source(f: WFormat, swiglu: bool, bm: u32, f16: bool) -> Resu
     let body = include_str!("../../shaders/matmul_tiled.wgsl");
     let label = format!("matmul_tiled_{}_{bm}{}", f.name(), if f16 { "h" } else { "" });
     let shader = if f16 { Shader::new(label, body).after("enable f16;") } else { Shader::new(label, body) };
+    let k = GemmKernel::Tile { bm, f16 };
     matmul_shader(shader, f)
         .after(TILE_LOAD)
         .fill("SWIGLU", swiglu)
         .fill("BM", bm)
+        .fill("BN", k.cols())
+        .fill("WG", k.invocations())
+        .fill("NJ", tokens_per_invocation(bm))
         .fill("AB", if f16 { "f16" } else { "f32" })
         .fill("TO_AB", if f16 { "return f16(clamp(v, -65504.0, 65504.0));" } else { "return v;" })
         .fill("FMA", tiled_fma(bm))

@@ -2,7 +2,7 @@
 //! SwiGLU, or the up half of an unfused one), and the embedding lookup. Their parameters
 //! (`MatParams`, `EmbedParams`), bindings and constructors.
 
-use super::gemm::{GemmKernel, GEMM_COLS};
+use super::gemm::GemmKernel;
 use super::kernels::{plan_x, Kernels, XPlan, GPU_DECODE_NR, GPU_DECODE_TM, MATMUL_TILES, MATMUL_WG};
 use super::{bindings, div_up, Dispatch, Op, OpKind, Recorder, StepShape};
 use crate::gpu::shared::gpu_struct;
@@ -235,7 +235,7 @@ pub(super) fn dispatches<'a>(
         let (pipe, tm, outs) = match (p.plan.kernel_for(m), GPU_DECODE_TM.iter().position(|&t| t >= m)) {
             (GemmKernel::Decode, Some(i)) => (&p.decode[i][sw], GPU_DECODE_TM[i], GPU_DECODE_NR),
             (GemmKernel::Decode, None) => (&p.decode[last][sw], GPU_DECODE_TM[last], GPU_DECODE_NR),
-            (g, _) => (&p.gemm(g)[sw], g.tokens(), GEMM_COLS),
+            (g, _) => (&p.gemm(g)[sw], g.tokens(), g.cols()),
         };
         let outs = if swiglu { outs / 2 } else { outs };
         out(r.folded(pipe, &op.bind, div_up(rows, outs) * div_up(m, tm)));

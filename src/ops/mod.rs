@@ -32,6 +32,7 @@ pub mod ple;
 pub mod rope;
 pub mod sample;
 pub mod sources;
+pub mod tune;
 
 pub use attention::{attention_splits, attention_tiled};
 

@@ -1,0 +1,255 @@
+//! The GEMM tuner: for one weight format, times every kernel the device can build (the decode
+//! kernel, the tiled variants, cooperative matrices) at the step sizes a plan tells apart, on the
+//! model's own matmul shapes, and chooses the format's GemmPlan: the fastest GEMM for prefill-sized
+//! steps, the fastest for batched-decode-sized ones, and the fewest rows from which GEMMs beat the
+//! decode kernel. A kernel is timed only after its output matched the decode kernel's on the same
+//! input (a variant a driver miscompiles is never chosen), within a time budget (what was not
+//! measured in time is not chosen; the default stands where nothing was). `torus-wgpu tune`
+//! (bench/tune.rs) runs it and keeps the plans in gpu::tune_cache.
+
+use super::gemm::{GemmKernel, GemmPlan, LARGE_ROWS};
+use super::harness::Harness;
+use crate::weights::tensor::QTensor;
+use anyhow::{anyhow, Result};
+use std::time::{Duration, Instant};
+
+/// Step sizes measured, most telling first (the budget may end the list): a prefill, then
+/// batched decode from 32 sequences down, then a 64-row step.
+pub const TUNE_ROWS: [u32; 5] = [512, 32, 16, 8, 64];
+/// The step sizes below LARGE_ROWS and at it that decide `min_rows`, ascending.
+const SMALL_ROWS: [u32; 4] = [8, 16, 32, 64];
+
+/// One timing: a kernel at a step size, per call (all shapes of the format), or why it failed.
+#[derive(Clone, Debug)]
+pub struct Measurement {
+    pub kernel: GemmKernel,
+    pub rows: u32,
+    pub time: Result<Duration, String>,
+}
+
+/// A tuned plan and what it was chosen from.
+#[derive(Clone, Debug)]
+pub struct Tuned {
+    pub plan: GemmPlan,
+    pub measurements: Vec<Measurement>,
+    /// Whether every kernel was measured at every size within the budget.
+    pub complete: bool,
+}
+
+/// Measures `kernels` (GEMM variants; the decode kernel is measured beside them) through
+/// `measure` while `elapsed()` is under `budget`, and chooses the plan.
+pub fn choose(
+    kernels: &[GemmKernel],
+    budget: Duration,
+    elapsed: &mut dyn FnMut() -> Duration,
+    measure: &mut dyn FnMut(GemmKernel, u32) -> Result<Duration>,
+) -> Tuned {
+    let gemms: Vec<GemmKernel> = kernels.iter().copied().filter(|&k| k != GemmKernel::Decode).collect();
+    let mut measurements = Vec::new();
+    let mut complete = true;
+    'sizes: for m in TUNE_ROWS {
+        let decode = (m <= LARGE_ROWS).then_some(GemmKernel::Decode);
+        for k in decode.into_iter().chain(gemms.iter().copied()) {
+            if elapsed() >= budget {
+                complete = false;
+                break 'sizes;
+            }
+            let time = measure(k, m).map_err(|e| format!("{e:#}"));
+            measurements.push(Measurement { kernel: k, rows: m, time });
+        }
+    }
+    Tuned { plan: plan_from(&gemms, &measurements), measurements, complete }
+}
+
+/// The plan the measurements support (see the module's comment).
+pub fn plan_from(gemms: &[GemmKernel], ms: &[Measurement]) -> GemmPlan {
+    let t = |k: GemmKernel, m: u32| {
+        ms.iter().find(|x| x.kernel == k && x.rows == m).and_then(|x| x.time.as_ref().ok().copied())
+    };
+    let fastest = |m: u32| gemms.iter().filter_map(|&k| t(k, m).map(|d| (d, k))).min().map(|(_, k)| k);
+    let default = GemmPlan::default();
+    let large = fastest(512).unwrap_or(default.large);
+    let small = fastest(32).unwrap_or(large);
+    let gemm_wins = |m: u32| {
+        let g = if m < LARGE_ROWS { small } else { large };
+        matches!((t(g, m), t(GemmKernel::Decode, m)), (Some(a), Some(b)) if a < b)
+    };
+    let min_rows = SMALL_ROWS
+        .iter()
+        .copied()
+        .find(|&m0| SMALL_ROWS.iter().filter(|&&m| m >= m0).all(|&m| gemm_wins(m)))
+        .unwrap_or(default.min_rows);
+    GemmPlan { min_rows, small, large }
+}
+
+/// A matmul the tuner times: the weights (and the up projection of a fused SwiGLU).
+pub struct TuneShape {
+    pub w: QTensor,
+    pub up: Option<QTensor>,
+}
+
+/// Time of one call of kernel `k` at `m` rows over `shapes` on the harness's device, after its
+/// output matched the decode kernel's on the same input (`reference`: the decode kernel's
+/// outputs per (shape, m), filled as needed). Each shape runs enough repetitions in one submit
+/// to take about `per_shape` (wall time, the submit's overhead spread over them).
+pub fn measure_on(
+    h: &mut Harness,
+    shapes: &[TuneShape],
+    k: GemmKernel,
+    m: u32,
+    per_shape: Duration,
+    reference: &mut Vec<((usize, u32), Vec<f32>)>,
+) -> Result<Duration> {
+    let m_us = m as usize;
+    let run = |h: &Harness, s: &TuneShape, x: &[f32]| {
+        h.matmul(&s.w, s.up.as_ref(), x, m_us, None, None, None, false, h.gpu.max_binding)
+    };
+    let mut total = Duration::ZERO;
+    for (i, s) in shapes.iter().enumerate() {
+        let x: Vec<f32> = (0..m_us * s.w.cols).map(|j| ((j * 7919 + 13) % 2003) as f32 / 2003.0 - 0.5).collect();
+        if !reference.iter().any(|(key, _)| *key == (i, m)) {
+            h.set_gemm(GemmPlan::only(GemmKernel::TILE64, u32::MAX))?;
+            let y = run(h, s, &x)?;
+            reference.push(((i, m), y));
+        }
+        let want = &reference.iter().find(|(key, _)| *key == (i, m)).expect("filled above").1;
+        let plan =
+            if k == GemmKernel::Decode { GemmPlan::only(GemmKernel::TILE64, u32::MAX) } else { GemmPlan::only(k, 1) };
+        h.set_gemm(plan)?;
+        let got = run(h, s, &x)?;
+        agree(&got, want).map_err(|e| anyhow!("{} at {m} rows disagrees with the decode kernel: {e}", k.name()))?;
+        let once = h.time_matmul(&s.w, s.up.as_ref(), m_us, false, 1)?;
+        let iters = (per_shape.as_secs_f64() / once.as_secs_f64().max(1e-6)).clamp(1.0, 200.0) as u64;
+        total += h.time_matmul(&s.w, s.up.as_ref(), m_us, false, iters)? / iters as u32;
+    }
+    Ok(total)
+}
+
+/// Whether `got` matches `want` within what f16 operands allow (relative to the output's scale).
+fn agree(got: &[f32], want: &[f32]) -> Result<(), String> {
+    let scale = want.iter().fold(0f32, |a, v| a.max(v.abs())).max(1e-6);
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        if !g.is_finite() || (g - w).abs() > 0.02 * scale {
+            return Err(format!("output {i} is {g}, the decode kernel's {w}"));
+        }
+    }
+    Ok(())
+}
+
+/// The wall clock since `start`, for `choose`.
+pub fn since(start: Instant) -> impl FnMut() -> Duration {
+    move || start.elapsed()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::Cell;
+
+    const T32: GemmKernel = GemmKernel::Tile { bm: 32, f16: false };
+    const T64H: GemmKernel = GemmKernel::Tile { bm: 64, f16: true };
+
+    /// Runs the tuner on a fake device: `time(k, m)` in microseconds (None: it fails
+    /// validation), each measurement advancing a fake clock by `cost`.
+    fn tune(
+        kernels: &[GemmKernel],
+        budget_us: u64,
+        cost_us: u64,
+        time: impl Fn(GemmKernel, u32) -> Option<u64>,
+    ) -> (Tuned, Vec<(GemmKernel, u32)>) {
+        let clock = Cell::new(0u64);
+        let mut asked = Vec::new();
+        let tuned = choose(
+            kernels,
+            Duration::from_micros(budget_us),
+            &mut || Duration::from_micros(clock.get()),
+            &mut |k, m| {
+                asked.push((k, m));
+                clock.set(clock.get() + cost_us);
+                time(k, m).map(Duration::from_micros).ok_or_else(|| anyhow!("disagrees"))
+            },
+        );
+        (tuned, asked)
+    }
+
+    #[test]
+    fn picks_the_fastest_kernel_for_each_step_size() {
+        // Decode costs 10 us per row; tile64 40 + 1 per row; tile32 20 + 1 per row; tile64h wins
+        // prefill-sized steps only (and beats decode at 64 rows).
+        let time = |k: GemmKernel, m: u32| {
+            let m = m as u64;
+            Some(match k {
+                GemmKernel::Decode => 10 * m,
+                GemmKernel::TILE64 => 40 + m,
+                T32 => 20 + m,
+                T64H => {
+                    if m >= 512 {
+                        300
+                    } else {
+                        500
+                    }
+                }
+                _ => unreachable!(),
+            })
+        };
+        let (t, asked) = tune(&[GemmKernel::TILE64, T32, T64H], 1_000_000, 1, time);
+        assert!(t.complete);
+        // Decode at every size up to 64, each GEMM at all five.
+        assert_eq!(asked.len(), 4 + 3 * 5);
+        assert_eq!(t.plan.large, T64H);
+        assert_eq!(t.plan.small, T32);
+        // tile32 at 8 rows: 28 us vs decode's 80: GEMMs from 8 rows (tile64h at 64 rows: 500 us
+        // vs 640).
+        assert_eq!(t.plan.min_rows, 8);
+        // Where the decode kernel is faster at 8 and 16 rows, GEMMs start at 32.
+        let slow_small =
+            |k: GemmKernel, m: u32| if k != GemmKernel::Decode && m <= 16 { Some(10_000) } else { time(k, m) };
+        assert_eq!(tune(&[GemmKernel::TILE64, T32, T64H], 1_000_000, 1, slow_small).0.plan.min_rows, 32);
+        // Where the large GEMM loses at 64 rows, the plan cannot send 64 rows to the decode
+        // kernel and smaller ones to a GEMM: the default threshold stands.
+        let slow_64 = |k: GemmKernel, m: u32| if k == T64H && m == 64 { Some(10_000) } else { time(k, m) };
+        assert_eq!(
+            tune(&[GemmKernel::TILE64, T32, T64H], 1_000_000, 1, slow_64).0.plan.min_rows,
+            GemmPlan::default().min_rows
+        );
+        // Where it is faster everywhere, the default threshold stands.
+        let decode_wins = |k: GemmKernel, m: u32| if k == GemmKernel::Decode { Some(1) } else { time(k, m) };
+        assert_eq!(
+            tune(&[GemmKernel::TILE64, T32], 1_000_000, 1, decode_wins).0.plan.min_rows,
+            GemmPlan::default().min_rows
+        );
+    }
+
+    #[test]
+    fn never_picks_a_kernel_that_failed_validation() {
+        // Coop would be fastest everywhere, but its output disagreed: never chosen.
+        let time = |k: GemmKernel, m: u32| match k {
+            GemmKernel::Coop => None,
+            GemmKernel::Decode => Some(10 * m as u64),
+            _ => Some(100 + m as u64),
+        };
+        let (t, _) = tune(&[GemmKernel::TILE64, GemmKernel::Coop], 1_000_000, 1, time);
+        assert!(t.measurements.iter().any(|x| x.kernel == GemmKernel::Coop && x.time.is_err()));
+        assert_eq!((t.plan.small, t.plan.large), (GemmKernel::TILE64, GemmKernel::TILE64));
+        // All GEMMs failing: the default plan.
+        let none = |k: GemmKernel, m: u32| (k == GemmKernel::Decode).then_some(10 * m as u64);
+        assert_eq!(tune(&[GemmKernel::TILE64, T32], 1_000_000, 1, none).0.plan, GemmPlan::default());
+    }
+
+    #[test]
+    fn honours_the_budget() {
+        let time = |k: GemmKernel, m: u32| Some(if k == GemmKernel::Decode { 10 * m as u64 } else { 100 });
+        // Each measurement costs 10 us of a 35 us budget: 4 are taken (the clock is read before
+        // each), all at 512 rows, then it stops.
+        let (t, asked) = tune(&[GemmKernel::TILE64, T32, T64H, GemmKernel::Coop], 35, 10, time);
+        assert!(!t.complete);
+        assert_eq!(asked.len(), 4);
+        assert!(asked.iter().all(|&(_, m)| m == 512));
+        // Nothing measured below 64 rows: no evidence for GEMMs there, the default threshold.
+        assert_eq!(t.plan.min_rows, GemmPlan::default().min_rows);
+        // A zero budget measures nothing and keeps the default plan.
+        let (t, asked) = tune(&[GemmKernel::TILE64, T32], 0, 10, time);
+        assert!(asked.is_empty() && !t.complete);
+        assert_eq!(t.plan, GemmPlan::default());
+    }
+}

@@ -1,0 +1,125 @@
+//! `torus-wgpu tune` on lavapipe: it measures every GEMM variant the device has (the decode
+//! kernel beside them), its plan agrees with its own timings, it is kept in the cache, the next
+//! run on the adapter builds that plan, and a model runs right on a tuned plan. One test: it sets
+//! the cache's environment variable for this process.
+
+mod common;
+
+use common::served::TempDir;
+use common::{assert_greedy_matches, fixtures, floats, ids, logits_steps, F16_MARGIN};
+use serde_json::Value;
+use std::sync::Arc;
+use torus_wgpu::config::{EngineConfig, KernelProfile, KvDtype};
+use torus_wgpu::gpu::tune_cache::{GemmRecord, TuneCache, TUNE_CACHE_ENV};
+use torus_wgpu::gpu::wformat::WFormat;
+use torus_wgpu::gpu::Gpu;
+use torus_wgpu::ops::gemm::GemmPlan;
+use torus_wgpu::ops::harness::Harness;
+use torus_wgpu::sampling::SamplingParams;
+
+/// The measured time of `kernel` at `rows` in the tuner's JSON.
+fn time(ms: &[Value], kernel: &str, rows: u64) -> Option<f64> {
+    ms.iter().find(|m| m["kernel"] == kernel && m["rows"] == rows).and_then(|m| m["ms"].as_f64())
+}
+
+#[test]
+fn tune_keeps_a_plan_the_next_run_uses() {
+    let dir = TempDir(std::env::temp_dir().join(format!("torus-tune-{}", std::process::id())));
+    std::fs::create_dir_all(&dir.0).unwrap();
+    let cache = dir.0.join("cache/tune.json");
+    let report = dir.0.join("report.json");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_torus-wgpu"))
+        .args(["tune", "--format", "q4_0", "--hidden", "256", "--ffn", "512", "--kv", "128", "--budget-s", "300"])
+        .arg("--cache")
+        .arg(&cache)
+        .arg("--json")
+        .arg(&report)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "tune failed: {stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let r: Value = serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
+    let f = &r["formats"][0];
+    assert_eq!(f["format"], "q4_0");
+    assert_eq!(f["complete"], true, "{stdout}");
+    let ms = f["measurements"].as_array().unwrap();
+    // Every variant lavapipe has (f16 tiles included) at every size, the decode kernel up to 64
+    // rows; none failed its check against the decode kernel.
+    let gemms = ["tile64", "tile32", "tile64h", "tile32h"];
+    for rows in [512, 32, 16, 8, 64] {
+        for k in gemms {
+            assert!(time(ms, k, rows).is_some(), "{k} at {rows} rows: {stdout}");
+        }
+        assert_eq!(time(ms, "decode", rows).is_some(), rows <= 64, "decode at {rows} rows");
+    }
+    // The plan is what its timings say: the fastest GEMM at 512 rows and at 32, and from
+    // min_rows on the plan's GEMM beats the decode kernel at every size measured.
+    let plan: GemmRecord = serde_json::from_value(f["plan"].clone()).unwrap();
+    let fastest = |rows| {
+        gemms
+            .iter()
+            .min_by(|a, b| time(ms, a, rows).unwrap().total_cmp(&time(ms, b, rows).unwrap()))
+            .unwrap()
+            .to_string()
+    };
+    assert_eq!(plan.large, fastest(512), "{stdout}");
+    assert_eq!(plan.small, fastest(32), "{stdout}");
+    let gemm_wins = |rows: u64| {
+        let k = if rows < 64 { &plan.small } else { &plan.large };
+        time(ms, k, rows).unwrap() < time(ms, "decode", rows).unwrap()
+    };
+    for rows in [8u64, 16, 32, 64] {
+        if rows >= plan.min_rows as u64 {
+            assert!(gemm_wins(rows), "the plan sends {rows} rows to a slower GEMM: {stdout}");
+        }
+    }
+    if plan.min_rows > 64 {
+        assert!([8u64, 16, 32, 64].iter().any(|&m| !gemm_wins(m)), "{stdout}");
+    } else {
+        assert!([8, 16, 32, 64].contains(&plan.min_rows), "{stdout}");
+    }
+
+    // The next run on this adapter builds the kept plan (and nothing reads the default's).
+    unsafe { std::env::set_var(TUNE_CACHE_ENV, &cache) };
+    let gpu = Arc::new(Gpu::new(None).unwrap());
+    let h = Harness::with_formats(gpu.clone(), &[WFormat::Q4_0, WFormat::Q8_0], (64, 1), KernelProfile::Gpu).unwrap();
+    let g = h.kernels.gpu.as_ref().unwrap();
+    assert_eq!(g.matmul[&WFormat::Q4_0].plan.record(), plan);
+    assert_eq!(g.matmul[&WFormat::Q8_0].plan, GemmPlan::default(), "q8_0 was not tuned");
+
+    // A model on a tuned plan: f16 tiles of 32 tokens from one row on (every matmul of every
+    // step), against the PyTorch reference.
+    let mut c = TuneCache::read(&cache).unwrap();
+    for f in WFormat::ALL {
+        let rec = GemmRecord { min_rows: 1, small: "tile32h".into(), large: "tile32h".into() };
+        c.set_gemm(&gpu.info, f.name(), rec);
+    }
+    c.write(&cache).unwrap();
+    let reference: Value =
+        serde_json::from_str(&std::fs::read_to_string(fixtures().join("tiny-qwen2-reference.json")).unwrap()).unwrap();
+    let cfg = EngineConfig {
+        max_num_batched_tokens: 128,
+        max_sequence_length: 256,
+        total_cache_size: 16 << 20,
+        kv_cache_dtype: KvDtype::F32,
+        kernel_profile: KernelProfile::Gpu,
+        ..Default::default()
+    };
+    let (mut model, _) = torus_wgpu::engine::load_model(&common::tiny(), &cfg, gpu, &|_, _| {}).unwrap();
+    let plans: Vec<GemmPlan> = model.kernels().gpu.as_ref().unwrap().matmul.values().map(|p| p.plan).collect();
+    assert!(!plans.is_empty() && plans.iter().all(|p| p.kernel_for(1).name() == "tile32h"), "{plans:?}");
+    for p in reference["prompts"].as_array().unwrap() {
+        let name = p["name"].as_str().unwrap();
+        let input = ids(&p["input_ids"]);
+        let got = logits_steps(&mut model, &input, &[]).remove(0);
+        let want = floats(&p["last_position_logits_full"]);
+        let d = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+        assert!(d < 2e-2, "{name}: last-position logits differ by {d}");
+        let want_ids = ids(&p["greedy_ids"]);
+        let out =
+            torus_wgpu::engine::generate(&mut model, &input, want_ids.len(), &SamplingParams::default(), |_, _| true)
+                .unwrap()
+                .generated;
+        assert_greedy_matches(&out, &want_ids, &floats(&p["argmax_margins"]), F16_MARGIN, name);
+    }
+}
