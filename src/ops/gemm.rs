@@ -350,7 +350,7 @@ mod tests {
             assert_eq!(GemmKernel::parse(&k.name()), Some(k));
         }
         // A record naming a kernel this binary lacks (or the decode kernel as a GEMM) is ignored.
-        let bad = GemmRecord { min_rows: 8, small: "tile128".into(), large: "tile64".into() };
+        let bad = GemmRecord { min_rows: 8, small: "tile256".into(), large: "tile64".into() };
         assert_eq!(GemmPlan::from_record(&bad), None);
         let bad = GemmRecord { min_rows: 8, small: "decode".into(), large: "tile64".into() };
         assert_eq!(GemmPlan::from_record(&bad), None);
