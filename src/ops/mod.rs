@@ -1,7 +1,8 @@
 //! The GPU ops of a forward step: the kernels (their WGSL assembly in `sources`, their
 //! pipelines in `kernels`) and one file per kernel family — `matmul` (and the embedding),
 //! `norm` (RMSNorm, the per-head q/k norm), `rope` (RoPE + KV write), `attention`, `sample`
-//! (logit adjustments, the sampler), `delta` (Gated DeltaNet) — each with its parameter struct (one Rust definition that
+//! (logit adjustments, the sampler), `delta` (Gated DeltaNet); `gemm` (the GEMM variants and the
+//! plan of which matmul kernel a step runs) and `tune` (the tuner that measures the plan) — each with its parameter struct (one Rust definition that
 //! generates the WGSL declaration), its bindings by name (checked against the shader), and the
 //! constructor of its ops; `harness` runs single ops on host data for tests and benches.
 //!
