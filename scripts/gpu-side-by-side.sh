@@ -10,7 +10,7 @@
 #       (target/release), stripped. Carry DIR to the GPU machine (the device tool's `carry`).
 #
 #   scripts/gpu-side-by-side.sh run [--pack DIR] [--out DIR (side-by-side-out)] [--shapes LIST]
-#       [--serve-shapes LIST] [--quick] [--tmp DIR] [--peak-gb-s N (the GPU's memory bandwidth: 3350 H100 SXM, 4800 H200)]
+#       [--serve-shapes LIST] [--tune-shapes LIST] [--quick] [--tmp DIR] [--peak-gb-s N (the GPU's memory bandwidth: 3350 H100 SXM, 4800 H200)]
 #       On the GPU machine (no compiler, no network): unpacks, writes each synthetic model once
 #       with `torus-wgpu synth-model` (qwen2.5-7b and llama-3-8b in Q4_K, qwen3-30b-a3b at 12
 #       layers, qwen3.5-9b), runs llama-bench (tg128 and pp512, flash attention off and on) and
@@ -21,10 +21,13 @@
 #       bench-model with the tuned plan and with cooperative matrices in every GEMM
 #       (TORUS_COOPERATIVE_MATRIX=1), llama-batched-bench (pp128 tg128 at 8 and 32 sequences),
 #       and `torus-wgpu serve` (with the tuned plan) measured by `torus-wgpu bench` (completions,
-#       128-token prompts, 128 tokens out with ignore_eos) at concurrency 1, 8 and 32.
+#       128-token prompts, 128 tokens out with ignore_eos) at concurrency 1, 8 and 32. On the
+#       --tune-shapes (qwen2.5-7b; add qwen3-30b-a3b for the MoE experts' tiled kernels) tune and
+#       bench-model with the tuned choice.
 #       DIR gets side-by-side.json (every report whole and the ratios), reports.jsonl, summary.txt
 #       and log.txt. --quick (lavapipe): the tiny variants, tg16/pp64, batches 1 and 8, concurrency
-#       1 and 8 with 16 tokens out. About 9 minutes for the four shapes on an H100/H200.
+#       1 and 8 with 16 tokens out. About 10 minutes for the four shapes on an H100/H200 (the
+#       device allows 10 minutes a call: give each call two shapes with --shapes).
 #
 # Vulkan on the GPU machine: see scripts/gpu-check.sh's header (libvulkan1, VK_DRIVER_FILES).
 set -uo pipefail
@@ -36,6 +39,7 @@ pack="side-by-side-pack"
 out="side-by-side-out"
 shapes="qwen2.5-7b,llama-3-8b,qwen3-30b-a3b,qwen3.5-9b"
 serve_shapes="qwen2.5-7b"
+tune_shapes="qwen2.5-7b"
 quick=0
 tmp="${TMPDIR:-/tmp}"
 peak=""
@@ -45,6 +49,7 @@ while [ $# -gt 0 ]; do
         --out) out="$2"; shift 2 ;;
         --shapes) shapes="$2"; shift 2 ;;
         --serve-shapes) serve_shapes="$2"; shift 2 ;;
+        --tune-shapes) tune_shapes="$2"; shift 2 ;;
         --tmp) tmp="$2"; shift 2 ;;
         --quick) quick=1; shift ;;
         --peak-gb-s) peak="$2"; shift 2 ;;
@@ -132,23 +137,31 @@ do_pack() {
 
 # Issue 49's measurements on one shape: the matmul variants A/B, llama.cpp's batched decode, and
 # serving throughput through HTTP.
-serving() {
-    local shape="$1" model="$2"
-    local v env tuned="$work/tune-$shape.json"
-    local budget=45
+# `torus-wgpu tune` on one shape's file (its GEMM plan, and for a MoE shape tiled against grouped
+# experts), kept in $work/tune-SHAPE.json, which the tuned runs name.
+tune_shape() {
+    local shape="$1" model="$2" tuned="$work/tune-$shape.json"
+    local budget=30
     [ "$quick" = 1 ] && budget=20
     echo "+ torus-wgpu tune --model $model" >>"$log"
     if "$p/torus-wgpu" tune --model "$model" --budget-s "$budget" --cache "$tuned" --json "$out/tune-$shape.json" \
         >"$work/tune.out" 2>&1; then
         cat "$work/tune.out" >>"$log"
-        grep -E '^[a-z0-9_]+: decode below' "$work/tune.out" | sed 's/^/tuned plan: /' | tee -a "$summary"
+        grep -E '^[a-z0-9_]+: decode below|experts \(' "$work/tune.out" | sed 's/^/tuned: /' | tee -a "$summary"
         printf '{"shape":"%s","engine":"torus-wgpu-tune","report":%s}\n' "$shape" "$(tr -d '\n' <"$out/tune-$shape.json")" >>"$reports"
     else
         cat "$work/tune.out" >>"$log"
         say "FAIL: $shape: tune ($(tail -n 1 "$work/tune.out"))"
     fi
-    for v in tuned coop; do
-        case "$v" in tuned) env="TORUS_TUNE_CACHE=$tuned" ;; coop) env="TORUS_COOPERATIVE_MATRIX=1" ;; esac
+}
+
+# bench-model on one shape's file with the variants named (tuned: the plan tune_shape kept;
+# coop: cooperative matrices in every GEMM), each A/B against the default run.
+variants() {
+    local shape="$1" model="$2" v env
+    shift 2
+    for v in "$@"; do
+        case "$v" in tuned) env="TORUS_TUNE_CACHE=$work/tune-$shape.json" ;; coop) env="TORUS_COOPERATIVE_MATRIX=1" ;; esac
         echo "+ $env torus-wgpu bench-model $model" >>"$log"
         if env "$env" "$p/torus-wgpu" bench-model --model "$model" --kernel-profile gpu --batches "${batches#1,}" \
             --decode-steps "$steps" --warmup-steps 2 --prefill-tokens "$pp" ${peak:+--peak-gb-s "$peak"} \
@@ -162,6 +175,16 @@ serving() {
             say "FAIL: $shape: bench-model with $env ($(tail -n 1 "$work/bench.out"))"
         fi
     done
+}
+
+tuned_bench() {
+    variants "$1" "$2" tuned
+}
+
+serving() {
+    local shape="$1" model="$2"
+    local tuned="$work/tune-$shape.json"
+    variants "$shape" "$model" tuned coop
     # llama.cpp's batched decode: 8 and 32 sequences of a 128-token prompt and 128 new tokens.
     local npl=8,32 ctx=16384
     [ "$quick" = 1 ] && { npl=8; ctx=2048; }
@@ -268,7 +291,11 @@ do_run() {
             cat "$work/bench.out" >>"$log"
             say "FAIL: $shape: bench-model ($(tail -n 1 "$work/bench.out"))"
         fi
-        case ",$serve_shapes," in *",$shape,"*) serving "$shape" "$model" ;; esac
+        case ",$tune_shapes,$serve_shapes," in *",$shape,"*) tune_shape "$shape" "$model" ;; esac
+        case ",$serve_shapes," in
+            *",$shape,"*) serving "$shape" "$model" ;;
+            *) case ",$tune_shapes," in *",$shape,"*) tuned_bench "$shape" "$model" ;; esac ;;
+        esac
         rm -f "$model"
     done
     cp "$reports" "$out/reports.jsonl"
@@ -282,5 +309,5 @@ do_run() {
 case "$cmd" in
     pack) do_pack ;;
     run) do_run ;;
-    *) sed -n 2,21p "$0"; exit 2 ;;
+    *) sed -n 2,32p "$0"; exit 2 ;;
 esac

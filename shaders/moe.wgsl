@@ -14,43 +14,12 @@
 // pair; down writes each pair's projection, and the combine adds the weighted pairs of a token
 // into the residual.
 
-@group(0) @binding(0) var<uniform> step: Step;
-@group(0) @binding(1) var<uniform> p: MoeParams;
+// moe_common.wgsl (the bindings but x, act, bias_of, linear) precedes this file.
+
 @group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;
-@group(0) @binding(5) var<storage, read> route: array<u32>;
-@group(0) @binding(6) var<storage, read_write> y: array<f32>;
-// Per-expert biases of the projection (MOE_BIAS; gpt-oss): bias[e * p.rows_per_expert + row].
-@group(0) @binding(7) var<storage, read> bias: array<f32>;
 
 const TN: u32 = {{TN}}u;
 const TG: u32 = {{TG}}u;
-const NONE: u32 = 0xffffffffu;
-
-fn silu(v: f32) -> f32 {
-    return v / (1.0 + exp(-v));
-}
-
-// The expert's activation of (gate, up): SwiGLU, GeGLU (MOE_GELU), or gpt-oss's clamped SwiGLU
-// (MOE_CLAMPED: gate clamped above at limit, up to [-limit, limit], gate * sigmoid(alpha * gate)
-// * (up + 1)).
-fn act(g: f32, u: f32) -> f32 {
-    if ((p.flags & MOE_CLAMPED) != 0u) {
-        let gc = min(g, p.limit);
-        let uc = clamp(u, -p.limit, p.limit);
-        return gc / (1.0 + exp(-p.alpha * gc)) * (uc + 1.0);
-    }
-    if ((p.flags & MOE_GELU) != 0u) {
-        return gelu_tanh(g) * u;
-    }
-    return silu(g) * u;
-}
-
-fn bias_of(e: u32, row: u32) -> f32 {
-    if ((p.flags & MOE_BIAS) != 0u) {
-        return bias[e * p.rows_per_expert + row];
-    }
-    return 0.0;
-}
 
 // Dot products of TN consecutive weight rows from `row` (clamped to `last`) with x row `xr`.
 fn dots(row: u32, last: u32, xr: u32) -> array<f32, TN> {
@@ -97,11 +66,6 @@ fn group_dots(row: u32, last: u32, xr: array<u32, TG>) -> array<array<f32, TN>, 
         }
     }
     return acc;
-}
-
-// The linear invocation index of a grid folded into 2-D (see Gpu::fold).
-fn linear(gid: vec3<u32>, nwg: vec3<u32>) -> u32 {
-    return gid.x + gid.y * nwg.x * 64u;
 }
 
 // Writes one pair's TN outputs from n0: gate/up (`gu`: the up dots in `u`) or down.

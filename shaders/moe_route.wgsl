@@ -2,7 +2,8 @@
 // into `y`, the route buffer (y[2p] = expert, y[2p + 1] = weight bits, for pair p = t * top_k + j;
 // read by moe.wgsl); then, for prefill-sized steps, the pairs grouped by expert: a count per
 // expert (each pair's rank among its expert's pairs), where each expert's run starts (runs
-// padded to multiples of TG with NONE), and each pair put at its place. The order of pairs within
+// padded to multiples of TG with NONE; and the tiles of MT pairs before each expert's), and each
+// pair put at its place. The order of pairs within
 // a run depends on the atomics, but a pair's result does not depend on its neighbours.
 // MoeParams precedes this file.
 
@@ -14,6 +15,7 @@
 @group(0) @binding(7) var<storage, read> bias: array<f32>;
 
 const TG: u32 = {{TG}}u;
+const MT: u32 = {{MT}}u;
 const NONE: u32 = 0xffffffffu;
 
 // Router: one thread per token. x = the router's logits [n_tokens, n_experts] (with the
@@ -90,21 +92,26 @@ fn count_main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgr
 }
 
 // One thread: where each expert's run starts (runs padded to multiples of TG), the end of all runs
-// at n_experts, and the padding slots set to NONE.
+// at n_experts, and the padding slots set to NONE; and, from p.off_tiles, the tiles of MT pairs
+// the runs before each expert take (moe_tiled.wgsl), all of them at n_experts.
 @compute @workgroup_size(1)
 fn offsets_main() {
     let ne = p.n_experts;
     var at = 0u;
+    var tiles = 0u;
     for (var e = 0u; e < ne; e++) {
         atomicStore(&y[p.off_counts + ne + e], at);
+        atomicStore(&y[p.off_tiles + e], tiles);
         let c = atomicLoad(&y[p.off_counts + e]);
         let end = at + (c + TG - 1u) / TG * TG;
         for (var s = at + c; s < end; s++) {
             atomicStore(&y[p.off_order + s], NONE);
         }
         at = end;
+        tiles += (c + MT - 1u) / MT;
     }
     atomicStore(&y[p.off_counts + 2u * ne], at);
+    atomicStore(&y[p.off_tiles + ne], tiles);
 }
 
 // A thread per pair: into its expert's run, at its rank.

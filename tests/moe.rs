@@ -2,7 +2,8 @@
 //! plain-Rust reference `ops::moe::moe_ref`: every format the experts of real files use, sizes
 //! that are not powers of two, expert tensors split over several chunks, uneven routing (one
 //! expert chosen by every token, most chosen by none), a router bias, expert biases and
-//! gpt-oss's clamped SwiGLU, with and without renormalised weights, in both kernel profiles.
+//! gpt-oss's clamped SwiGLU, with and without renormalised weights, in both kernel profiles and
+//! with the gpu profile's tiled expert kernels.
 
 mod common;
 
@@ -34,6 +35,18 @@ fn harness(profile: KernelProfile) -> &'static Harness {
         [KernelProfile::Cpu, KernelProfile::Gpu].map(|p| Harness::for_moe(gpu(), &formats, p).unwrap())
     });
     &h[(profile == KernelProfile::Gpu) as usize]
+}
+
+/// The gpu profile with the tiled (grouped-GEMM) expert kernels for prefill-sized steps.
+fn tiled_harness() -> &'static Harness {
+    static H: OnceLock<Harness> = OnceLock::new();
+    H.get_or_init(|| {
+        // F32: the router's format.
+        let mut h = Harness::for_moe(gpu(), &[&FORMATS[..], &[WFormat::F32]].concat(), KernelProfile::Gpu).unwrap();
+        h.set_moe_tiled(true).unwrap();
+        assert!(h.kernels.moe.values().all(|p| p.use_tiled), "the gpu profile builds the tiled kernels");
+        h
+    })
 }
 
 /// How the tokens are routed: the router is the identity on the first `experts` columns of x,
@@ -89,6 +102,21 @@ fn check(
     biased: bool,
     chunk_experts: usize,
 ) -> Vec<Vec<usize>> {
+    check_on(harness(profile), &format!("{profile:?}"), format, spec, h, t, routing, biased, chunk_experts)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn check_on(
+    harness: &Harness,
+    label: &str,
+    format: WFormat,
+    spec: MoeSpec,
+    h: usize,
+    t: usize,
+    routing: Routing,
+    biased: bool,
+    chunk_experts: usize,
+) -> Vec<Vec<usize>> {
     let mut rng = Rng::new(11 + t as u64 * 7 + h as u64);
     let (e, f) = (spec.experts, spec.ffn);
     let (x, router) = inputs(&mut rng, &spec, h, t, routing);
@@ -110,11 +138,11 @@ fn check(
     // its largest buffer).
     let per_expert = |m: &QTensor, rows: usize| (m.q.len().max(m.s.len()) * 4 / m.rows * rows) as u64;
     let mb = (chunk_experts as u64 * per_expert(&gate_up, 2 * f).max(per_expert(&down, h))).max(256);
-    let got = harness(profile).moe(&spec, &w, &x, t, &y0, mb).unwrap();
+    let got = harness.moe(&spec, &w, &x, t, &y0, mb).unwrap();
     let mut want = moe_ref(&spec, &x, t, &router, w.router_bias, &gate_up, &down, w.biases);
     want.iter_mut().zip(&y0).for_each(|(a, b)| *a += b);
     let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
-    let what = format!("{profile:?} {} h{h} f{f} e{e} k{} t{t} {routing:?} bias {biased}", format.name(), spec.top_k);
+    let what = format!("{label} {} h{h} f{f} e{e} k{} t{t} {routing:?} bias {biased}", format.name(), spec.top_k);
     for (i, (g, w)) in got.iter().zip(&want).enumerate() {
         assert!((g - w).abs() <= 1e-4 * scale + 1e-5, "{what}: element {i}: got {g}, want {w} (scale {scale})");
     }
@@ -152,6 +180,24 @@ fn experts_match_the_reference_in_every_format_and_profile() {
             }
         }
     }
+}
+
+/// The tiled expert kernels (a grouped GEMM: tiles of 32 pairs of one expert): every format,
+/// experts with several tiles (the skewed expert takes every token: 70 pairs, three tiles) and
+/// with none, chunks of experts, biases and gpt-oss's clamped SwiGLU, and a decode-sized step
+/// on the same harness (the per-pair kernels).
+#[test]
+fn tiled_experts_match_the_reference() {
+    let h = tiled_harness();
+    for f in FORMATS {
+        let (hd, ffn) = sizes(f);
+        for (t, routing) in [(70, Routing::Skewed), (37, Routing::Spread), (2, Routing::Spread)] {
+            check_on(h, "GpuTiled", f, spec(8, 2, ffn, true), hd, t, routing, false, 3);
+        }
+    }
+    let clamped = MoeSpec { clamped: Some((1.702, 7.0)), ..spec(8, 4, 64, true) };
+    check_on(h, "GpuTiled", WFormat::MXFP4, clamped, 96, 33, Routing::Spread, true, 2);
+    check_on(h, "GpuTiled", WFormat::Q8_0, spec(8, 2, 64, false), 96, 40, Routing::Skewed, true, 8);
 }
 
 #[test]

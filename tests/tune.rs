@@ -1,7 +1,8 @@
 //! `torus-wgpu tune` on lavapipe: it measures every GEMM variant the device has (the decode
-//! kernel beside them), its plan agrees with its own timings, it is kept in the cache, the next
-//! run on the adapter builds that plan, and a model runs right on a tuned plan. One test: it sets
-//! the cache's environment variable for this process.
+//! kernel beside them), its plan agrees with its own timings, the tiled and grouped expert
+//! kernels of a MoE block are timed and the faster kept, the choices are kept in the cache, the
+//! next run on the adapter builds them, and a model runs right on a tuned plan. One test: it
+//! sets the cache's environment variable for this process.
 
 mod common;
 
@@ -79,13 +80,37 @@ fn tune_keeps_a_plan_the_next_run_uses() {
         assert!([8, 16, 32, 64].contains(&plan.min_rows), "{stdout}");
     }
 
-    // The next run on this adapter builds the kept plan (and nothing reads the default's).
+    // A synthetic mixture-of-experts block (no time for the dense matmuls: budget 0): the tiled
+    // and the grouped expert kernels timed at a 64-token step, the faster kept.
+    let report2 = dir.0.join("report-moe.json");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_torus-wgpu"))
+        .args(["tune", "--format", "q8_0", "--hidden", "256", "--ffn", "256", "--kv", "64", "--budget-s", "0"])
+        .args(["--experts", "8", "--top-k", "2", "--expert-ffn", "256", "--moe-tokens", "64"])
+        .arg("--cache")
+        .arg(&cache)
+        .arg("--json")
+        .arg(&report2)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "tune failed: {stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let r: Value = serde_json::from_slice(&std::fs::read(&report2).unwrap()).unwrap();
+    let moe = &r["moe"];
+    assert_eq!(moe["format"], "q8_0", "{stdout}");
+    let (grouped, tiled) = (moe["grouped_ms"].as_f64().unwrap(), moe["tiled_ms"].as_f64());
+    let tiled = tiled.unwrap_or_else(|| panic!("the tiled kernels were not timed: {stdout}"));
+    assert_eq!(moe["kernel"], if tiled < grouped { "tiled" } else { "grouped" }, "{stdout}");
+    let moe_kernel = moe["kernel"].as_str().unwrap().to_string();
+
+    // The next run on this adapter builds the kept plans (and nothing reads the default's).
     unsafe { std::env::set_var(TUNE_CACHE_ENV, &cache) };
     let gpu = Arc::new(Gpu::new(None).unwrap());
     let h = Harness::with_formats(gpu.clone(), &[WFormat::Q4_0, WFormat::Q8_0], (64, 1), KernelProfile::Gpu).unwrap();
     let g = h.kernels.gpu.as_ref().unwrap();
     assert_eq!(g.matmul[&WFormat::Q4_0].plan.record(), plan);
-    assert_eq!(g.matmul[&WFormat::Q8_0].plan, GemmPlan::default(), "q8_0 was not tuned");
+    assert_eq!(g.matmul[&WFormat::Q8_0].plan, GemmPlan::default(), "q8_0's GEMMs were not measured");
+    let h = Harness::for_moe(gpu.clone(), &[WFormat::Q8_0, WFormat::F32], KernelProfile::Gpu).unwrap();
+    assert_eq!(h.kernels.moe[&WFormat::Q8_0].use_tiled, moe_kernel == "tiled");
 
     // A model on a tuned plan: f16 tiles of 32 tokens from one row on (every matmul of every
     // step), against the PyTorch reference.

@@ -1,8 +1,10 @@
 //! `torus-wgpu tune`: chooses the gpu profile's GEMM plan of each weight format on this adapter
 //! by measuring (ops/tune.rs) on a model's own matmul shapes (its first layer: q, k, v, o, the
-//! fused gate/up and down), or on a synthetic one (Qwen2.5-7B's by default), and keeps the plans
-//! in the tuner's cache (gpu::tune_cache), which every later run on this adapter, driver and
-//! binary reads. It prints every timing and the plans, and writes them as JSON with `--json`.
+//! fused gate/up and down), or on a synthetic one (Qwen2.5-7B's by default), and, for a
+//! mixture-of-experts layer (the model's first, or a synthetic one with --experts), whether
+//! prefill-sized steps run the tiled or the grouped expert kernels; it keeps the choices in the
+//! tuner's cache (gpu::tune_cache), which every later run on this adapter, driver and binary
+//! reads. It prints every timing and the choices, and writes them as JSON with `--json`.
 
 use crate::config::KernelProfile;
 use crate::gpu::tune_cache::TuneCache;
@@ -11,7 +13,9 @@ use crate::gpu::Gpu;
 use crate::model::loader::HostModel;
 use crate::ops::gemm::GemmKernel;
 use crate::ops::harness::Harness;
-use crate::ops::tune::{choose, measure_on, since, TuneShape, Tuned};
+use crate::ops::harness_moe::MoeWeights;
+use crate::ops::moe::MoeSpec;
+use crate::ops::tune::{choose, choose_moe, measure_on, since, TuneShape, Tuned};
 use crate::weights::tensor::QTensor;
 use anyhow::{anyhow, bail, Result};
 use serde_json::json;
@@ -38,6 +42,18 @@ pub struct TuneArgs {
     /// Key/value width of the synthetic layer (KV heads x head size).
     #[arg(long, default_value_t = 512)]
     pub kv: usize,
+    /// Experts of a synthetic mixture-of-experts block to tune too (0: none).
+    #[arg(long, default_value_t = 0)]
+    pub experts: usize,
+    /// Experts per token of the synthetic block.
+    #[arg(long, default_value_t = 8)]
+    pub top_k: usize,
+    /// Each synthetic expert's intermediate size.
+    #[arg(long, default_value_t = 768)]
+    pub expert_ffn: usize,
+    /// Tokens of the prefill step the expert kernels are timed at.
+    #[arg(long, default_value_t = 512)]
+    pub moe_tokens: usize,
     /// Seconds of measuring per format; what is not measured by then is not chosen.
     #[arg(long, default_value_t = 60.0)]
     pub budget_s: f64,
@@ -52,18 +68,39 @@ pub struct TuneArgs {
     pub json: Option<PathBuf>,
 }
 
+/// A mixture-of-experts block to tune: its spec and weights (see moe::moe_ref for the layout).
+struct MoeBlock {
+    spec: MoeSpec,
+    router: QTensor,
+    gate_up: QTensor,
+    down: QTensor,
+}
+
 /// The matmuls of one layer by weight format.
-fn shapes(args: &TuneArgs) -> Result<BTreeMap<WFormat, Vec<TuneShape>>> {
+type DenseShapes = BTreeMap<WFormat, Vec<TuneShape>>;
+
+/// The matmuls of one layer by weight format, and its mixture-of-experts block (a model's first
+/// layer's when it is sparse, or the synthetic one of --experts).
+fn shapes(args: &TuneArgs) -> Result<(DenseShapes, Option<MoeBlock>)> {
     let mut by_format: BTreeMap<WFormat, Vec<TuneShape>> = BTreeMap::new();
     let mut add = |w: &QTensor, up: Option<&QTensor>| {
         if w.rows > 0 && up.is_none_or(|u| u.format == w.format && u.rows == w.rows) {
             by_format.entry(w.format).or_default().push(TuneShape { w: w.clone(), up: up.cloned() });
         }
     };
+    let mut moe = None;
     match &args.model {
         Some(path) => {
             let m = HostModel::load_layers(path, Some(0..1), &|_, _| {})?;
             let l = m.layers.first().ok_or_else(|| anyhow!("{}: no layers", path.display()))?;
+            if let (Some(hm), Some(c)) = (&l.moe, &m.cfg.moe) {
+                moe = Some(MoeBlock {
+                    spec: c.spec(false),
+                    router: hm.router.clone(),
+                    gate_up: hm.gate_up.clone(),
+                    down: hm.down.clone(),
+                });
+            }
             for w in [&l.q, &l.k, &l.v, &l.o, &l.down] {
                 add(w, None);
             }
@@ -87,12 +124,22 @@ fn shapes(args: &TuneArgs) -> Result<BTreeMap<WFormat, Vec<TuneShape>>> {
                 add(w, None);
             }
             add(&gate, Some(&up));
+            if args.experts > 0 {
+                let (e, ef) = (args.experts, args.expert_ffn);
+                let spec = MoeSpec { experts: e, top_k: args.top_k, ffn: ef, norm: true, gelu: false, clamped: None };
+                moe = Some(MoeBlock {
+                    spec,
+                    router: QTensor::random_gguf(WFormat::F32, e, h, 8)?,
+                    gate_up: r(e * 2 * ef, h, 9)?,
+                    down: r(e * h, ef, 10)?,
+                });
+            }
         }
     }
     if by_format.is_empty() {
         bail!("no dense matmul to tune");
     }
-    Ok(by_format)
+    Ok((by_format, moe))
 }
 
 fn ms(d: &Result<Duration, String>) -> String {
@@ -130,7 +177,8 @@ pub fn run(args: &TuneArgs) -> Result<()> {
     );
     let budget = Duration::from_secs_f64(args.budget_s.max(0.0));
     let mut out = Vec::new();
-    for (format, shapes) in shapes(args)? {
+    let (dense, moe) = shapes(args)?;
+    for (format, shapes) in dense {
         let mut h = Harness::with_formats(gpu.clone(), &[format], (64, 1), KernelProfile::Gpu)?;
         let mut reference = Vec::new();
         let per_shape = Duration::from_millis(20);
@@ -152,10 +200,39 @@ pub fn run(args: &TuneArgs) -> Result<()> {
             })).collect::<Vec<_>>(),
         }));
     }
+    let mut moe_out = None;
+    if let Some(b) = moe {
+        let format = b.gate_up.format;
+        let mut h = Harness::for_moe(gpu.clone(), &[format, b.router.format, b.down.format], KernelProfile::Gpu)?;
+        let w = MoeWeights { router: &b.router, router_bias: None, gate_up: &b.gate_up, down: &b.down, biases: None };
+        let t = args.moe_tokens.max(1);
+        let c = choose_moe(&mut h, &b.spec, &w, t, Duration::from_millis(100))?;
+        println!(
+            "{} experts ({} of {}, {t} tokens): {} (grouped {} ms, tiled {} ms per block)",
+            format.name(),
+            b.spec.top_k,
+            b.spec.experts,
+            c.kernel,
+            ms(&Ok(c.grouped)),
+            ms(&c.tiled)
+        );
+        if let Err(e) = &c.tiled {
+            println!("  {e}");
+        }
+        cache.set_moe(&gpu.info, format.name(), c.kernel);
+        moe_out = Some(json!({
+            "format": format.name(),
+            "tokens": t,
+            "kernel": c.kernel,
+            "grouped_ms": c.grouped.as_secs_f64() * 1e3,
+            "tiled_ms": c.tiled.as_ref().ok().map(|d| d.as_secs_f64() * 1e3),
+            "error": c.tiled.as_ref().err(),
+        }));
+    }
     cache.write(&path)?;
     println!("plans kept in {}", path.display());
     if let Some(j) = &args.json {
-        let doc = json!({ "adapter": gpu.info.name, "driver": gpu.info.driver, "formats": out });
+        let doc = json!({ "adapter": gpu.info.name, "driver": gpu.info.driver, "formats": out, "moe": moe_out });
         std::fs::write(j, serde_json::to_string_pretty(&doc)?)?;
     }
     Ok(())

@@ -33,6 +33,9 @@ pub struct AdapterTuning {
     pub tuned_at: u64,
     /// GEMM plans by weight-format name.
     pub gemm: BTreeMap<String, GemmRecord>,
+    /// The prefill-sized expert kernels by weight-format name (ops::moe: "tiled" or "grouped").
+    #[serde(default)]
+    pub moe: BTreeMap<String, String>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -108,6 +111,8 @@ impl TuneCache {
             include_str!("../../shaders/matmul_gpu.wgsl"),
             include_str!("../../shaders/matmul_tiled.wgsl"),
             include_str!("../../shaders/matmul_tile_load.wgsl"),
+            include_str!("../../shaders/matmul_tile_row.wgsl"),
+            include_str!("../../shaders/moe_tiled.wgsl"),
             include_str!("../../shaders/matmul_coop.wgsl"),
         ]);
         format!(
@@ -131,12 +136,27 @@ impl TuneCache {
         self.adapter(info).is_some_and(|a| a.gemm.values().any(|r| r.small == "coop" || r.large == "coop"))
     }
 
-    /// Records the plan of `format` on this adapter.
-    pub fn set_gemm(&mut self, info: &wgpu::AdapterInfo, format: &str, record: GemmRecord) {
+    /// The prefill-sized expert kernel tuned for `format` on this adapter.
+    pub fn moe(&self, info: &wgpu::AdapterInfo, format: &str) -> Option<&str> {
+        self.adapter(info)?.moe.get(format).map(|s| s.as_str())
+    }
+
+    /// This adapter's entry, stamped now.
+    fn entry(&mut self, info: &wgpu::AdapterInfo) -> &mut AdapterTuning {
         let a = self.adapters.entry(Self::key(info)).or_default();
         a.adapter = format!("{} ({} {})", info.name, info.driver, info.driver_info);
         a.tuned_at = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
-        a.gemm.insert(format.to_string(), record);
+        a
+    }
+
+    /// Records the plan of `format` on this adapter.
+    pub fn set_gemm(&mut self, info: &wgpu::AdapterInfo, format: &str, record: GemmRecord) {
+        self.entry(info).gemm.insert(format.to_string(), record);
+    }
+
+    /// Records the prefill-sized expert kernel of `format` on this adapter.
+    pub fn set_moe(&mut self, info: &wgpu::AdapterInfo, format: &str, kernel: &str) {
+        self.entry(info).moe.insert(format.to_string(), kernel.to_string());
     }
 }
 

@@ -4,7 +4,7 @@
 //! plan comes from (the environment, the tuner's cache, the default) and the pipelines of a plan.
 
 use super::kernels::{GpuMatmulPipelines, GPU_DECODE_MAX_ROWS, GPU_DECODE_TM};
-use super::sources::{matmul_coop_source, matmul_gpu_source, matmul_shader, TILE_LOAD};
+use super::sources::{matmul_coop_source, matmul_gpu_source, matmul_shader, TILE_LOAD, TILE_ROW};
 use crate::gpu::family::Family;
 use crate::gpu::shader::Shader;
 use crate::gpu::tune_cache::{GemmRecord, TuneCache};
@@ -247,7 +247,7 @@ fn tokens_per_invocation(bm: u32) -> u32 {
 
 /// The multiply-adds of one k of matmul_tiled.wgsl, unrolled (acc indices constant, so the
 /// accumulators stay in registers): the x vec4 of tokens q BM/2 + 4ty.. times both row halves.
-fn tiled_fma(bm: u32) -> String {
+pub(super) fn tiled_fma(bm: u32) -> String {
     let mut s = String::new();
     for q in 0..tokens_per_invocation(bm) / 4 {
         s += &format!("            let x{q} = vec4<f32>(xt[k * XQ + {}u + ty]);\n", q * bm / 8);
@@ -269,6 +269,7 @@ pub fn matmul_tiled_source(f: WFormat, swiglu: bool, bm: u32, f16: bool) -> Resu
     let k = GemmKernel::Tile { bm, f16 };
     matmul_shader(shader, f)
         .after(TILE_LOAD)
+        .after(TILE_ROW)
         .fill("SWIGLU", swiglu)
         .fill("BM", bm)
         .fill("BN", k.cols())

@@ -21,6 +21,20 @@ pub struct MoeWeights<'a> {
 }
 
 impl Harness {
+    /// Tests and the tuner: whether the gpu profile's prefill-sized MoE steps run the tiled
+    /// expert kernels (built here where missing; the cpu profile has none).
+    pub fn set_moe_tiled(&mut self, on: bool) -> Result<()> {
+        let gpu_profile = self.kernels.gpu.is_some();
+        let k = &mut self.kernels;
+        for (&f, p) in k.moe.iter_mut() {
+            if on && gpu_profile && p.tiled.is_none() {
+                p.tiled = Some(moe::tiled_pipelines(&self.gpu, &k.moe_family, f)?);
+            }
+            p.use_tiled = on && p.tiled.is_some();
+        }
+        Ok(())
+    }
+
     /// y_init + the MoE block's output for `t` rows of `x`, the expert tensors split into chunks
     /// of whole experts within `max_binding` bytes.
     pub fn moe(

@@ -143,6 +143,11 @@ pub struct MoePipelines {
     /// A thread per MOE_TG pairs of one expert (prefill-sized steps).
     pub gate_up_grouped: wgpu::ComputePipeline,
     pub down_grouped: wgpu::ComputePipeline,
+    /// gpu profile: tiles of MOE_MT pairs of one expert x 64 rows (moe_tiled.wgsl), [gate_up,
+    /// down], built where prefill-sized steps run them instead of the grouped ones
+    /// (moe::tiled_wanted; the kernel harness builds them when asked).
+    pub tiled: Option<[wgpu::ComputePipeline; 2]>,
+    pub use_tiled: bool,
 }
 
 /// What a set of kernels is built for.
@@ -309,6 +314,8 @@ impl Kernels {
             let shared_gate = moe_family.pipeline(gpu, "moe_shared_gate", &src, "shared_gate_main")?;
             (Some(route), Some(combine), Some(shared_gate))
         };
+        // The tuner's choices for this adapter (gpu profile).
+        let cache = if profile == KernelProfile::Gpu { TuneCache::for_run() } else { None };
         let mut moe = BTreeMap::new();
         for &f in moe_formats.iter() {
             if let std::collections::btree_map::Entry::Vacant(slot) = moe.entry(f) {
@@ -319,11 +326,13 @@ impl Kernels {
                 let gate_up_grouped =
                     moe_family.pipeline(gpu, &format!("moe_gate_up_grouped_{n}"), &src, "gate_up_grouped")?;
                 let down_grouped = moe_family.pipeline(gpu, &format!("moe_down_grouped_{n}"), &src, "down_grouped")?;
-                slot.insert(MoePipelines { gate_up, down, gate_up_grouped, down_grouped });
+                // The tiled expert kernels only where they will run (gpu profile, chosen).
+                let use_tiled = profile == KernelProfile::Gpu && super::moe::tiled_wanted(gpu, f, cache.as_ref())?;
+                let tiled = if use_tiled { Some(super::moe::tiled_pipelines(gpu, &moe_family, f)?) } else { None };
+                slot.insert(MoePipelines { gate_up, down, gate_up_grouped, down_grouped, tiled, use_tiled });
             }
         }
         let gpu_kernels = if profile == KernelProfile::Gpu {
-            let cache = TuneCache::for_run();
             let mut matmul = BTreeMap::new();
             for &f in formats.iter() {
                 if matmul.contains_key(&f) {

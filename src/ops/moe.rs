@@ -7,8 +7,11 @@
 //! reference of the whole block is `moe_ref`.
 
 use super::kernels::Kernels;
+use super::sources::moe_tiled_source;
 use super::{bindings, div_up, Dispatch, Op, OpKind, Recorder, StepShape};
+use crate::gpu::family::Family;
 use crate::gpu::shared::gpu_struct;
+use crate::gpu::tune_cache::TuneCache;
 use crate::gpu::{Gpu, WFormat};
 use crate::weights::tensor::{matmul_ref, QTensor};
 use crate::weights::upload::GpuMatrix;
@@ -42,13 +45,19 @@ gpu_struct! {
         pub off_counts: u32,
         pub off_rank: u32,
         pub off_order: u32,
-        pub _pad: u32,
+        /// Where the tiles of MOE_MT pairs before each expert are counted (moe_tiled.wgsl).
+        pub off_tiles: u32,
     }
 }
 
 /// Pairs per thread of the grouped (prefill-sized) expert kernels: each weight part is loaded
 /// once for MOE_TG tokens.
 pub const MOE_TG: u32 = 4;
+/// Pairs per tile of the gpu profile's tiled (grouped-GEMM) expert kernels (moe_tiled.wgsl).
+pub const MOE_MT: u32 = 32;
+/// TORUS_MOE_TILED=1 (or the tuner's choice for the adapter): the gpu profile's prefill-sized
+/// steps run the tiled expert kernels; =0 keeps the grouped ones.
+pub const MOE_TILED_ENV: &str = "TORUS_MOE_TILED";
 
 /// Whether a step of `n_tokens` runs the grouped kernels: when its experts average two pairs or
 /// more (a decode-sized step runs a thread per pair). TORUS_MOE_PER_PAIR=1 keeps every step on
@@ -58,14 +67,42 @@ pub fn grouped(n_tokens: u32, top_k: u32, experts: u32) -> bool {
     n_tokens * top_k >= 2 * experts && !*PER_PAIR.get_or_init(|| std::env::var_os("TORUS_MOE_PER_PAIR").is_some())
 }
 
+/// Whether the gpu profile's prefill-sized steps run the tiled expert kernels for `format` on
+/// `gpu`: MOE_TILED_ENV when set, else the tuner's choice for the adapter, else not.
+pub fn tiled_wanted(gpu: &Gpu, format: WFormat, cache: Option<&TuneCache>) -> anyhow::Result<bool> {
+    let on = match std::env::var(MOE_TILED_ENV).ok().as_deref() {
+        Some("1") => true,
+        Some("0") => false,
+        Some(v) => anyhow::bail!("{MOE_TILED_ENV} must be 0 or 1, got {v:?}"),
+        None => cache.and_then(|c| c.moe(&gpu.info, format.name())) == Some(MOE_TILED),
+    };
+    if on {
+        tracing::info!("{} experts: tiled (grouped GEMM) kernels for prefill-sized steps", format.name());
+    }
+    Ok(on)
+}
+
+/// The tiled expert kernels of `format`: [gate_up, down].
+pub fn tiled_pipelines(gpu: &Gpu, family: &Family, format: WFormat) -> anyhow::Result<[wgpu::ComputePipeline; 2]> {
+    let n = format.name();
+    let make = |gu: bool| family.pipeline(gpu, &format!("moe_tiled_{n}_{gu}"), &moe_tiled_source(format, gu)?, "main");
+    Ok([make(true)?, make(false)?])
+}
+
+/// The tuner's names of the two prefill-sized expert kernels.
+pub const MOE_TILED: &str = "tiled";
+pub const MOE_GROUPED: &str = "grouped";
+
 /// The route buffer's words for steps of at most `t_max` tokens: 2 per pair (expert, weight),
-/// the per-expert counts, the runs' starts and end, each pair's rank, and the grouped pairs (each
-/// expert's run padded to a multiple of MOE_TG).
+/// the per-expert counts, the runs' starts and end, each pair's rank, the grouped pairs (each
+/// expert's run padded to a multiple of MOE_TG), and the tiles of MOE_MT pairs before each
+/// expert (and in all).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct RouteLayout {
     pub off_counts: usize,
     pub off_rank: usize,
     pub off_order: usize,
+    pub off_tiles: usize,
     pub words: usize,
 }
 
@@ -75,7 +112,8 @@ impl RouteLayout {
         let off_counts = 2 * pairs;
         let off_rank = off_counts + 2 * experts + 1;
         let off_order = off_rank + pairs;
-        RouteLayout { off_counts, off_rank, off_order, words: off_order + pairs + experts * (MOE_TG as usize - 1) }
+        let off_tiles = off_order + pairs + experts * (MOE_TG as usize - 1);
+        RouteLayout { off_counts, off_rank, off_order, off_tiles, words: off_tiles + experts + 1 }
     }
 
     fn fill(&self, p: MoeParams) -> MoeParams {
@@ -83,6 +121,7 @@ impl RouteLayout {
             off_counts: self.off_counts as u32,
             off_rank: self.off_rank as u32,
             off_order: self.off_order as u32,
+            off_tiles: self.off_tiles as u32,
             ..p
         }
     }
@@ -353,7 +392,8 @@ pub(super) fn shared_gate_dispatches<'a>(
 }
 
 /// An expert chunk's grid: a thread per (pair, MOE_TN outputs) for decode-sized steps, per
-/// (MOE_TG grouped pairs, MOE_TN outputs) for prefill-sized ones.
+/// (MOE_TG grouped pairs, MOE_TN outputs) for prefill-sized ones, or (gpu profile, where
+/// chosen) a workgroup per tile of MOE_MT grouped pairs.
 pub(super) fn expert_dispatches<'a>(
     op: &'a Op,
     r: &Recorder<'a>,
@@ -366,7 +406,16 @@ pub(super) fn expert_dispatches<'a>(
     }
     let p = &r.kernels.moe[&format];
     let pairs = s.n_tokens * top_k;
-    let (pipe, units) = match (grouped(s.n_tokens, top_k, experts), down) {
+    let is_grouped = grouped(s.n_tokens, top_k, experts);
+    if let (true, true, Some(t)) = (is_grouped, p.use_tiled, &p.tiled) {
+        // A workgroup per (tile of MOE_MT pairs of one expert, 64 weight rows): at most one
+        // partial tile per expert.
+        let tiles = div_up(pairs, MOE_MT) + experts;
+        let outs = if down { 64 } else { 32 };
+        out(r.folded(&t[down as usize], &op.bind, tiles * div_up(n_out, outs)));
+        return;
+    }
+    let (pipe, units) = match (is_grouped, down) {
         (false, false) => (&p.gate_up, pairs),
         (false, true) => (&p.down, pairs),
         (true, down) => {

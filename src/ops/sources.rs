@@ -195,6 +195,21 @@ pub fn matmul_gpu_source(f: WFormat, tm: u32, swiglu: bool, subgroups: bool) -> 
 }
 
 pub(super) const TILE_LOAD: &str = include_str!("../../shaders/matmul_tile_load.wgsl");
+pub(super) const TILE_ROW: &str = include_str!("../../shaders/matmul_tile_row.wgsl");
+pub(super) const MOE_COMMON: &str = include_str!("../../shaders/moe_common.wgsl");
+
+/// The gpu profile's tiled expert kernel (moe_tiled.wgsl): gate/up (`gu`) or down.
+pub fn moe_tiled_source(f: WFormat, gu: bool) -> Result<String> {
+    Shader::new(format!("moe_tiled_{}_{gu}", f.name()), include_str!("../../shaders/moe_tiled.wgsl"))
+        .after(common())
+        .after(super::moe::wgsl_moe())
+        .after(f.snippet())
+        .after(MOE_COMMON)
+        .after(TILE_LOAD)
+        .fill("GU", gu)
+        .fill("FMA", super::gemm::tiled_fma(super::moe::MOE_MT))
+        .build()
+}
 
 /// The prefill-sized matmul on cooperative matrices of `shape` (see matmul_coop.wgsl and
 /// gpu::coop): the `enable` directives first, then the usual parts.
@@ -209,6 +224,7 @@ pub fn matmul_coop_source(f: WFormat, swiglu: bool, shape: CoopShape) -> Result<
         .after(f.snippet())
         .after(matmul_common())
         .after(TILE_LOAD)
+        .after(TILE_ROW)
         .fill("MS", shape.side)
         .fill("SG", shape.subgroup)
         .fill("AB", if shape.f16 { "f16" } else { "f32" })
@@ -402,6 +418,7 @@ pub fn moe_source(f: WFormat) -> Result<String> {
         .after(common())
         .after(super::moe::wgsl_moe())
         .after(f.snippet())
+        .after(MOE_COMMON)
         .fill("TN", super::moe::MOE_TN)
         .fill("TG", super::moe::MOE_TG)
         .build()
@@ -413,6 +430,7 @@ pub fn moe_route_source() -> Result<String> {
         .after(common())
         .after(super::moe::wgsl_moe())
         .fill("TG", super::moe::MOE_TG)
+        .fill("MT", super::moe::MOE_MT)
         .build()
 }
 
@@ -541,6 +559,9 @@ pub fn all_sources(head_dims: &[u32]) -> Vec<(String, String)> {
         }
         v.push((format!("embed_{}", f.name()), embed_source(f)));
         v.push((format!("moe_{}", f.name()), moe_source(f)));
+        for gu in [false, true] {
+            v.push((format!("moe_tiled_{}_{gu}", f.name()), moe_tiled_source(f, gu)));
+        }
         for swiglu in [false, true] {
             for tm in GPU_DECODE_TM {
                 for sg in [false, true] {

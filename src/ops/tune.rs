@@ -9,6 +9,8 @@
 
 use super::gemm::{GemmKernel, GemmPlan, LARGE_ROWS};
 use super::harness::Harness;
+use super::harness_moe::MoeWeights;
+use super::moe::{MoeSpec, MOE_GROUPED, MOE_TILED};
 use crate::weights::tensor::QTensor;
 use anyhow::{anyhow, Result};
 use std::time::{Duration, Instant};
@@ -123,6 +125,49 @@ pub fn measure_on(
         total += h.time_matmul(&s.w, s.up.as_ref(), m_us, false, iters)? / iters as u32;
     }
     Ok(total)
+}
+
+/// The prefill-sized expert kernels of one MoE block, timed against each other.
+#[derive(Clone, Debug)]
+pub struct MoeChoice {
+    /// moe::MOE_TILED or moe::MOE_GROUPED.
+    pub kernel: &'static str,
+    /// Per run of the block (router, routing, experts, combine) at the step size tuned.
+    pub grouped: Duration,
+    /// The same with the tiled kernels, or why they were not timed (their output disagreed with
+    /// the grouped kernels').
+    pub tiled: Result<Duration, String>,
+}
+
+/// Times a `t`-token step of the MoE block `w` with the grouped and with the tiled expert
+/// kernels (the tiled ones only after their output matched the grouped ones'), each for about
+/// `per_run` of repetitions, and chooses the faster. Leaves the harness on the grouped kernels.
+pub fn choose_moe(h: &mut Harness, spec: &MoeSpec, w: &MoeWeights, t: usize, per_run: Duration) -> Result<MoeChoice> {
+    let n = t * w.router.cols;
+    let x: Vec<f32> = (0..n).map(|j| ((j * 7919 + 13) % 2003) as f32 / 2003.0 - 0.5).collect();
+    let zeros = vec![0f32; n];
+    let time = |h: &Harness| -> Result<Duration> {
+        let once = h.time_moe(spec, w, t, 1)?;
+        let iters = (per_run.as_secs_f64() / once.as_secs_f64().max(1e-6)).clamp(1.0, 200.0) as u64;
+        Ok(h.time_moe(spec, w, t, iters)? / iters as u32)
+    };
+    h.set_moe_tiled(false)?;
+    let want = h.moe(spec, w, &x, t, &zeros, h.gpu.max_binding)?;
+    let grouped = time(h)?;
+    h.set_moe_tiled(true)?;
+    let tiled = h
+        .moe(spec, w, &x, t, &zeros, h.gpu.max_binding)
+        .map_err(|e| format!("{e:#}"))
+        .and_then(|got| {
+            agree(&got, &want).map_err(|e| format!("the tiled kernels disagree with the grouped ones: {e}"))
+        })
+        .and_then(|()| time(h).map_err(|e| format!("{e:#}")));
+    h.set_moe_tiled(false)?;
+    let kernel = match &tiled {
+        Ok(d) if *d < grouped => MOE_TILED,
+        _ => MOE_GROUPED,
+    };
+    Ok(MoeChoice { kernel, grouped, tiled })
 }
 
 /// Whether `got` matches `want` within what f16 operands allow (relative to the output's scale).
