@@ -3,13 +3,16 @@
 //! projections (with the gated activation), and their down projections weighted and summed into
 //! the residual. Each expert tensor is one matrix of `experts * rows_per_expert` rows, uploaded
 //! in chunks of whole experts; an op per chunk reads only the rows of the experts routed to it,
-//! so a token costs its k experts' weights, not all of them (ggml's `mul_mat_id`). The CPU
-//! reference of the whole block is `moe_ref`.
+//! so a token costs its k experts' weights, not all of them (ggml's `mul_mat_id`); on the gpu
+//! profile a prefill-sized step can run the experts as a grouped GEMM (shaders/moe_tiled.wgsl).
+//! The shaders are assembled here (sources.rs re-exports them). The CPU reference of the whole
+//! block is `moe_ref`.
 
 use super::kernels::Kernels;
-use super::sources::moe_tiled_source;
+use super::sources::{common, TILE_LOAD};
 use super::{bindings, div_up, Dispatch, Op, OpKind, Recorder, StepShape};
 use crate::gpu::family::Family;
+use crate::gpu::shader::Shader;
 use crate::gpu::shared::gpu_struct;
 use crate::gpu::tune_cache::TuneCache;
 use crate::gpu::{Gpu, WFormat};
@@ -156,6 +159,43 @@ pub fn wgsl_moe() -> String {
          const MOE_SCALED: u32 = {MOE_SCALED}u;\n",
         MoeParams::WGSL
     )
+}
+
+const MOE_COMMON: &str = include_str!("../../shaders/moe_common.wgsl");
+
+/// The gpu profile's tiled expert kernel (moe_tiled.wgsl): gate/up (`gu`) or down.
+pub fn moe_tiled_source(f: WFormat, gu: bool) -> anyhow::Result<String> {
+    Shader::new(format!("moe_tiled_{}_{gu}", f.name()), include_str!("../../shaders/moe_tiled.wgsl"))
+        .after(common())
+        .after(wgsl_moe())
+        .after(f.snippet())
+        .after(MOE_COMMON)
+        .after(TILE_LOAD)
+        .fill("GU", gu)
+        .fill("FMA", super::gemm::tiled_fma(MOE_MT))
+        .build()
+}
+
+/// The mixture-of-experts kernels of one weight format (moe.wgsl: gate_up_main, down_main).
+pub fn moe_source(f: WFormat) -> anyhow::Result<String> {
+    Shader::new(format!("moe_{}", f.name()), include_str!("../../shaders/moe.wgsl"))
+        .after(common())
+        .after(wgsl_moe())
+        .after(f.snippet())
+        .after(MOE_COMMON)
+        .fill("TN", MOE_TN)
+        .fill("TG", MOE_TG)
+        .build()
+}
+
+/// The mixture-of-experts router (moe_route.wgsl).
+pub fn moe_route_source() -> anyhow::Result<String> {
+    Shader::new("moe_route", include_str!("../../shaders/moe_route.wgsl"))
+        .after(common())
+        .after(wgsl_moe())
+        .fill("TG", MOE_TG)
+        .fill("MT", MOE_MT)
+        .build()
 }
 
 bindings! {

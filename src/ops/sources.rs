@@ -3,6 +3,7 @@
 //! RoPE + KV write, norms and the sampler.
 
 use super::kernels::{GPU_DECODE_TM, MATMUL_TILES, MATMUL_WG, UNIFORM_X_VEC4};
+pub use super::moe::{moe_route_source, moe_source, moe_tiled_source};
 use crate::config::KvDtype;
 use crate::gpu::coop::CoopShape;
 use crate::gpu::shader::Shader;
@@ -74,7 +75,7 @@ fn kv_snippet(kv: KvDtype, write: bool, chunks: usize) -> String {
 const COMMON: &str = include_str!("../../shaders/common.wgsl");
 
 /// What every shader starts with: the shared declarations (src/gpu/shared.rs) and common.wgsl.
-fn common() -> String {
+pub(super) fn common() -> String {
     format!("{}\n{COMMON}", crate::gpu::shared::wgsl_common())
 }
 
@@ -196,21 +197,6 @@ pub fn matmul_gpu_source(f: WFormat, tm: u32, swiglu: bool, subgroups: bool) -> 
 
 pub(super) const TILE_LOAD: &str = include_str!("../../shaders/matmul_tile_load.wgsl");
 pub(super) const TILE_ROW: &str = include_str!("../../shaders/matmul_tile_row.wgsl");
-pub(super) const MOE_COMMON: &str = include_str!("../../shaders/moe_common.wgsl");
-
-/// The gpu profile's tiled expert kernel (moe_tiled.wgsl): gate/up (`gu`) or down.
-pub fn moe_tiled_source(f: WFormat, gu: bool) -> Result<String> {
-    Shader::new(format!("moe_tiled_{}_{gu}", f.name()), include_str!("../../shaders/moe_tiled.wgsl"))
-        .after(common())
-        .after(super::moe::wgsl_moe())
-        .after(f.snippet())
-        .after(MOE_COMMON)
-        .after(TILE_LOAD)
-        .fill("GU", gu)
-        .fill("FMA", super::gemm::tiled_fma(super::moe::MOE_MT))
-        .build()
-}
-
 /// The prefill-sized matmul on cooperative matrices of `shape` (see matmul_coop.wgsl and
 /// gpu::coop): the `enable` directives first, then the usual parts.
 pub fn matmul_coop_source(f: WFormat, swiglu: bool, shape: CoopShape) -> Result<String> {
@@ -409,28 +395,6 @@ pub fn embed_source(f: WFormat) -> Result<String> {
         .after(common())
         .after(super::matmul::EmbedParams::WGSL)
         .after(f.snippet())
-        .build()
-}
-
-/// The mixture-of-experts kernels of one weight format (moe.wgsl: gate_up_main, down_main).
-pub fn moe_source(f: WFormat) -> Result<String> {
-    Shader::new(format!("moe_{}", f.name()), include_str!("../../shaders/moe.wgsl"))
-        .after(common())
-        .after(super::moe::wgsl_moe())
-        .after(f.snippet())
-        .after(MOE_COMMON)
-        .fill("TN", super::moe::MOE_TN)
-        .fill("TG", super::moe::MOE_TG)
-        .build()
-}
-
-/// The mixture-of-experts router (moe_route.wgsl).
-pub fn moe_route_source() -> Result<String> {
-    Shader::new("moe_route", include_str!("../../shaders/moe_route.wgsl"))
-        .after(common())
-        .after(super::moe::wgsl_moe())
-        .fill("TG", super::moe::MOE_TG)
-        .fill("MT", super::moe::MOE_MT)
         .build()
 }
 

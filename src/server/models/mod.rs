@@ -93,9 +93,9 @@ struct State_ {
     /// Why a load failed, by load id (read by the requests that waited on it).
     failed: HashMap<u64, String>,
     counts: HashMap<String, Counts>,
-    /// Requests waiting for each model: a model that was just loaded for them is not unloaded
-    /// before they have it.
-    waiting: HashMap<String, usize>,
+    /// Requests waiting for each model (by id: since when): a model that was just loaded for
+    /// them is not unloaded before they have it, even when it drains (see room.rs).
+    waiting: HashMap<String, HashMap<u64, Instant>>,
     /// Requests waiting for room to load their model, by ticket: since when.
     room: HashMap<u64, Instant>,
     next_ticket: u64,
@@ -259,7 +259,7 @@ impl Pool {
         let deadline = Instant::now() + limit;
         let mut waited_on: Option<u64> = None;
         let started = Instant::now();
-        let mut waiting = Waiting::new(self, &e.name);
+        let mut waiting = Waiting::new(self, &e.name, started);
         loop {
             // Subscribed before looking, so no change after the look is missed.
             let mut rx = self.changed.subscribe();
@@ -288,7 +288,7 @@ impl Pool {
                     Some(Slot::Loading { load, .. }) => waited_on = Some(*load),
                     None => {
                         let need = self.estimate(&e);
-                        let room = self.room_for(&s, need, drain.as_ref().map(|d| d.0.as_str()));
+                        let room = self.room_for(&s, need, drain.as_ref().map(|d| (d.0.as_str(), d.1)));
                         if room.is_none() {
                             waiting.wait_for_room(&mut s);
                         }

@@ -61,6 +61,32 @@ async fn a_burst_for_two_models_loads_each_once() {
     p.stop_all();
 }
 
+/// The same with loads slower than DRAIN_AFTER (so the other model's requests have waited long
+/// enough to drain the model just loaded before its own requests had it): still no model is
+/// unloaded before the requests that came before the drain had it, so no thrashing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn slow_loads_do_not_thrash() {
+    let slow = format!("sleep 1.3; {STAND_IN}");
+    let p = pool_with(1, None, &slow);
+    let (a, b) = (entry("a"), entry("b"));
+    let tasks: Vec<_> = (0..8)
+        .map(|i| {
+            let (p, e) = (p.clone(), if i % 2 == 0 { a.clone() } else { b.clone() });
+            tokio::spawn(async move {
+                let lease = p.acquire(e, Duration::from_secs(30)).await.unwrap();
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                drop(lease);
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let n = loads(&p);
+    assert!(n <= 3, "{n} loads: {:?}", p.counts().iter().map(|(n, c)| (n.clone(), c.loads)).collect::<Vec<_>>());
+    p.stop_all();
+}
+
 /// A budget that holds one: the idle model is unloaded for the next (reason memory); a busy one
 /// is not, and the next waits for it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

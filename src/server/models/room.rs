@@ -3,7 +3,9 @@
 //! request that has waited `DRAIN_AFTER` for room makes the least recently used loaded model
 //! *drain*: requests for it that came later wait, so its requests end, it is unloaded, and the
 //! waiting model loads (without this, steady traffic to one model would keep another from ever
-//! loading).
+//! loading). A draining model is unloaded only once the requests that came before the drain
+//! have had it: else two models with waiters could unload each other before either served
+//! (a load slower than DRAIN_AFTER starts a drain of the model just loaded).
 
 use super::{Child, Pool, Slot, State_};
 use std::sync::atomic::Ordering::SeqCst;
@@ -57,13 +59,18 @@ pub const DRAIN_AFTER: Duration = Duration::from_secs(1);
 pub(super) struct Waiting<'a> {
     pool: &'a Pool,
     name: &'a str,
+    id: u64,
     ticket: Option<u64>,
 }
 
 impl<'a> Waiting<'a> {
-    pub fn new(pool: &'a Pool, name: &'a str) -> Waiting<'a> {
-        *pool.state.lock().unwrap_or_else(|e| e.into_inner()).waiting.entry(name.to_string()).or_default() += 1;
-        Waiting { pool, name, ticket: None }
+    /// A request for `name` that arrived at `since`.
+    pub fn new(pool: &'a Pool, name: &'a str, since: Instant) -> Waiting<'a> {
+        let mut s = pool.state.lock().unwrap_or_else(|e| e.into_inner());
+        s.next_ticket += 1;
+        let id = s.next_ticket;
+        s.waiting.entry(name.to_string()).or_default().insert(id, since);
+        Waiting { pool, name, id, ticket: None }
     }
 
     /// It waits for room (from now, the first time).
@@ -87,9 +94,9 @@ impl Drop for Waiting<'_> {
     fn drop(&mut self) {
         let mut s = self.pool.state.lock().unwrap_or_else(|e| e.into_inner());
         self.got_room(&mut s);
-        if let Some(n) = s.waiting.get_mut(self.name) {
-            *n -= 1;
-            if *n == 0 {
+        if let Some(w) = s.waiting.get_mut(self.name) {
+            w.remove(&self.id);
+            if w.is_empty() {
                 s.waiting.remove(self.name);
             }
         }
@@ -120,15 +127,20 @@ impl Pool {
     /// used first; None when the models in the way are busy (or loading) and it must wait.
     /// With nothing else loaded, the model is tried whatever its estimate.
     /// The loaded models that may be unloaded, least recently used first: no request in flight
-    /// and none waiting for them (a drained model's waiters wait on).
-    pub(super) fn idle<'s>(s: &'s State_, drain: Option<&str>) -> Vec<(&'s String, &'s Arc<Child>)> {
+    /// and none waiting for them, but for the drained model (`drain`: its name, and since when
+    /// the request it drains for has waited) none that came before the drain (those that came
+    /// after wait on).
+    pub(super) fn idle<'s>(s: &'s State_, drain: Option<(&str, Instant)>) -> Vec<(&'s String, &'s Arc<Child>)> {
+        let unwaited = |n: &String| match (s.waiting.get(n), drain) {
+            (None, _) => true,
+            (Some(w), Some((d, since))) if d == n.as_str() => w.values().all(|&t| t > since),
+            (Some(_), _) => false,
+        };
         let mut idle: Vec<(Instant, &String, &Arc<Child>)> = s
             .slots
             .iter()
             .filter_map(|(n, slot)| match slot {
-                Slot::Ready(c)
-                    if c.in_flight.load(SeqCst) == 0 && (!s.waiting.contains_key(n) || drain == Some(n.as_str())) =>
-                {
+                Slot::Ready(c) if c.in_flight.load(SeqCst) == 0 && unwaited(n) => {
                     Some((*c.last_used.lock().unwrap_or_else(|e| e.into_inner()), n, c))
                 }
                 _ => None,
@@ -138,7 +150,7 @@ impl Pool {
         idle.into_iter().map(|(_, n, c)| (n, c)).collect()
     }
 
-    pub(super) fn room_for(&self, s: &State_, need: u64, drain: Option<&str>) -> Option<Vec<(String, Why)>> {
+    pub(super) fn room_for(&self, s: &State_, need: u64, drain: Option<(&str, Instant)>) -> Option<Vec<(String, Why)>> {
         let idle = Pool::idle(s, drain);
         let (mut count, mut used) = (s.slots.len(), s.slots.values().map(Slot::bytes).sum::<u64>());
         let over_count = |count: usize| count >= self.cfg.max_loaded;
