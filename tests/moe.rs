@@ -89,26 +89,11 @@ fn inputs(rng: &mut Rng, spec: &MoeSpec, h: usize, t: usize, routing: Routing) -
     (x, QTensor::from_f32(e, h, &router).unwrap())
 }
 
-/// Runs one case on the GPU and the CPU; returns the routing the reference took (to check the
-/// case routes as meant).
+/// Runs one case on `harness`'s kernels and on the CPU; returns the routing the reference took
+/// (to check the case routes as meant).
 #[allow(clippy::too_many_arguments)]
 fn check(
-    profile: KernelProfile,
-    format: WFormat,
-    spec: MoeSpec,
-    h: usize,
-    t: usize,
-    routing: Routing,
-    biased: bool,
-    chunk_experts: usize,
-) -> Vec<Vec<usize>> {
-    check_on(harness(profile), &format!("{profile:?}"), format, spec, h, t, routing, biased, chunk_experts)
-}
-
-#[allow(clippy::too_many_arguments)]
-fn check_on(
     harness: &Harness,
-    label: &str,
     format: WFormat,
     spec: MoeSpec,
     h: usize,
@@ -117,6 +102,11 @@ fn check_on(
     biased: bool,
     chunk_experts: usize,
 ) -> Vec<Vec<usize>> {
+    let label = match (&harness.kernels.gpu, harness.kernels.moe.values().any(|p| p.use_tiled)) {
+        (None, _) => "Cpu",
+        (Some(_), false) => "Gpu",
+        (Some(_), true) => "GpuTiled",
+    };
     let mut rng = Rng::new(11 + t as u64 * 7 + h as u64);
     let (e, f) = (spec.experts, spec.ffn);
     let (x, router) = inputs(&mut rng, &spec, h, t, routing);
@@ -176,7 +166,7 @@ fn experts_match_the_reference_in_every_format_and_profile() {
         for f in FORMATS {
             let (h, ffn) = sizes(f);
             for (t, routing) in [(1, Routing::Spread), (5, Routing::Skewed), (37, Routing::Spread)] {
-                check(profile, f, spec(8, 2, ffn, true), h, t, routing, false, 3);
+                check(harness(profile), f, spec(8, 2, ffn, true), h, t, routing, false, 3);
             }
         }
     }
@@ -192,31 +182,32 @@ fn tiled_experts_match_the_reference() {
     for f in FORMATS {
         let (hd, ffn) = sizes(f);
         for (t, routing) in [(70, Routing::Skewed), (37, Routing::Spread), (2, Routing::Spread)] {
-            check_on(h, "GpuTiled", f, spec(8, 2, ffn, true), hd, t, routing, false, 3);
+            check(h, f, spec(8, 2, ffn, true), hd, t, routing, false, 3);
         }
     }
     let clamped = MoeSpec { clamped: Some((1.702, 7.0)), ..spec(8, 4, 64, true) };
-    check_on(h, "GpuTiled", WFormat::MXFP4, clamped, 96, 33, Routing::Spread, true, 2);
-    check_on(h, "GpuTiled", WFormat::Q8_0, spec(8, 2, 64, false), 96, 40, Routing::Skewed, true, 8);
+    check(h, WFormat::MXFP4, clamped, 96, 33, Routing::Spread, true, 2);
+    check(h, WFormat::Q8_0, spec(8, 2, 64, false), 96, 40, Routing::Skewed, true, 8);
 }
 
 #[test]
 fn skewed_routing_leaves_experts_idle_and_one_busy() {
     // The case routes as it says: expert 3 is every token's first choice, experts 2 and 4..7
     // are nobody's.
-    let routes = check(KernelProfile::Cpu, WFormat::Q8_0, spec(8, 2, 64, false), 96, 9, Routing::Skewed, false, 1);
+    let routes =
+        check(harness(KernelProfile::Cpu), WFormat::Q8_0, spec(8, 2, 64, false), 96, 9, Routing::Skewed, false, 1);
     assert!(routes.iter().all(|r| r[0] == 3 && (r[1] == 0 || r[1] == 1)), "{routes:?}");
     // More experts per token than the skew names, with one expert per chunk.
-    check(KernelProfile::Gpu, WFormat::Q4_K, spec(6, 4, 256, true), 256, 4, Routing::Skewed, false, 1);
+    check(harness(KernelProfile::Gpu), WFormat::Q4_K, spec(6, 4, 256, true), 256, 4, Routing::Skewed, false, 1);
 }
 
 #[test]
 fn router_bias_expert_biases_and_clamped_swiglu() {
     let clamped = MoeSpec { clamped: Some((1.702, 7.0)), ..spec(8, 4, 64, true) };
     for profile in [KernelProfile::Cpu, KernelProfile::Gpu] {
-        check(profile, WFormat::MXFP4, clamped, 96, 6, Routing::Spread, true, 2);
-        check(profile, WFormat::Q8_0, spec(8, 2, 64, false), 96, 3, Routing::Spread, true, 8);
+        check(harness(profile), WFormat::MXFP4, clamped, 96, 6, Routing::Spread, true, 2);
+        check(harness(profile), WFormat::Q8_0, spec(8, 2, 64, false), 96, 3, Routing::Spread, true, 8);
     }
     let gelu = MoeSpec { gelu: true, ..spec(4, 1, 64, false) };
-    check(KernelProfile::Cpu, WFormat::F16, gelu, 96, 7, Routing::Spread, false, 4);
+    check(harness(KernelProfile::Cpu), WFormat::F16, gelu, 96, 7, Routing::Spread, false, 4);
 }

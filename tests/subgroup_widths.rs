@@ -9,7 +9,7 @@
 mod common;
 
 use common::reference::{assert_close, dot_tol, dot_tol_f16, randn, weights};
-use common::{assert_greedy_matches, fixtures, floats, ids, logits_steps, F32_MARGIN};
+use common::{fixtures, tiny, F32_MARGIN};
 use std::process::Command;
 use std::sync::Arc;
 use torus_wgpu::config::{EngineConfig, KernelProfile, KvDtype};
@@ -17,7 +17,7 @@ use torus_wgpu::gpu::wformat::WFormat;
 use torus_wgpu::gpu::Gpu;
 use torus_wgpu::ops::gemm::{GemmKernel, GemmPlan};
 use torus_wgpu::ops::harness::Harness;
-use torus_wgpu::sampling::{Rng, SamplingParams};
+use torus_wgpu::sampling::Rng;
 use torus_wgpu::weights::tensor::matmul_ref;
 
 /// The adapter, and in a child process the check that it runs at the width asked for.
@@ -98,20 +98,7 @@ fn tiny_qwen2_gpu_profile_at_this_width() {
     };
     let (mut model, _) = torus_wgpu::engine::load_model(&common::tiny(), &cfg, gpu(), &|_, _| {}).unwrap();
     assert_eq!(model.limits.profile, KernelProfile::Gpu);
-    for p in reference["prompts"].as_array().unwrap() {
-        let name = p["name"].as_str().unwrap();
-        let input = ids(&p["input_ids"]);
-        let got = logits_steps(&mut model, &input, &[]).remove(0);
-        let want = floats(&p["last_position_logits_full"]);
-        let d = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
-        assert!(d < 1e-3, "{name}: last-position logits differ by {d}");
-        let want_ids = ids(&p["greedy_ids"]);
-        let out =
-            torus_wgpu::engine::generate(&mut model, &input, want_ids.len(), &SamplingParams::default(), |_, _| true)
-                .unwrap()
-                .generated;
-        assert_greedy_matches(&out, &want_ids, &floats(&p["argmax_margins"]), F32_MARGIN, name);
-    }
+    tiny::assert_model_matches(&mut model, &reference, "tiny-qwen2 gpu profile", 1e-3, F32_MARGIN);
 }
 
 /// Both checks again at 4, 32 and 64 lanes, each in a child process of this test binary.

@@ -7,8 +7,9 @@
 mod common;
 
 use common::served::TempDir;
-use common::{assert_greedy_matches, fixtures, floats, ids, logits_steps, F16_MARGIN};
+use common::{fixtures, tiny, F16_MARGIN};
 use serde_json::Value;
+use std::path::Path;
 use std::sync::Arc;
 use torus_wgpu::config::{EngineConfig, KernelProfile, KvDtype};
 use torus_wgpu::gpu::tune_cache::{GemmRecord, TuneCache, TUNE_CACHE_ENV};
@@ -16,11 +17,26 @@ use torus_wgpu::gpu::wformat::WFormat;
 use torus_wgpu::gpu::Gpu;
 use torus_wgpu::ops::gemm::GemmPlan;
 use torus_wgpu::ops::harness::Harness;
-use torus_wgpu::sampling::SamplingParams;
 
 /// The measured time of `kernel` at `rows` in the tuner's JSON.
 fn time(ms: &[Value], kernel: &str, rows: u64) -> Option<f64> {
     ms.iter().find(|m| m["kernel"] == kernel && m["rows"] == rows).and_then(|m| m["ms"].as_f64())
+}
+
+/// Runs `torus-wgpu tune ARGS --cache CACHE --json REPORT`; its stdout and the report.
+fn tune(args: &[&str], cache: &Path, report: &Path) -> (String, Value) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_torus-wgpu"))
+        .arg("tune")
+        .args(args)
+        .arg("--cache")
+        .arg(cache)
+        .arg("--json")
+        .arg(report)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "tune failed: {stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    (stdout, serde_json::from_slice(&std::fs::read(report).unwrap()).unwrap())
 }
 
 #[test]
@@ -29,17 +45,11 @@ fn tune_keeps_a_plan_the_next_run_uses() {
     std::fs::create_dir_all(&dir.0).unwrap();
     let cache = dir.0.join("cache/tune.json");
     let report = dir.0.join("report.json");
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_torus-wgpu"))
-        .args(["tune", "--format", "q4_0", "--hidden", "256", "--ffn", "512", "--kv", "128", "--budget-s", "300"])
-        .arg("--cache")
-        .arg(&cache)
-        .arg("--json")
-        .arg(&report)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "tune failed: {stdout}\n{}", String::from_utf8_lossy(&out.stderr));
-    let r: Value = serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
+    let (stdout, r) = tune(
+        &["--format", "q4_0", "--hidden", "256", "--ffn", "512", "--kv", "128", "--budget-s", "300"],
+        &cache,
+        &report,
+    );
     let f = &r["formats"][0];
     assert_eq!(f["format"], "q4_0");
     assert_eq!(f["complete"], true, "{stdout}");
@@ -83,18 +93,30 @@ fn tune_keeps_a_plan_the_next_run_uses() {
     // A synthetic mixture-of-experts block (no time for the dense matmuls: budget 0): the tiled
     // and the grouped expert kernels timed at a 64-token step, the faster kept.
     let report2 = dir.0.join("report-moe.json");
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_torus-wgpu"))
-        .args(["tune", "--format", "q8_0", "--hidden", "256", "--ffn", "256", "--kv", "64", "--budget-s", "0"])
-        .args(["--experts", "8", "--top-k", "2", "--expert-ffn", "256", "--moe-tokens", "64"])
-        .arg("--cache")
-        .arg(&cache)
-        .arg("--json")
-        .arg(&report2)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "tune failed: {stdout}\n{}", String::from_utf8_lossy(&out.stderr));
-    let r: Value = serde_json::from_slice(&std::fs::read(&report2).unwrap()).unwrap();
+    let (stdout, r) = tune(
+        &[
+            "--format",
+            "q8_0",
+            "--hidden",
+            "256",
+            "--ffn",
+            "256",
+            "--kv",
+            "64",
+            "--budget-s",
+            "0",
+            "--experts",
+            "8",
+            "--top-k",
+            "2",
+            "--expert-ffn",
+            "256",
+            "--moe-tokens",
+            "64",
+        ],
+        &cache,
+        &report2,
+    );
     let moe = &r["moe"];
     assert_eq!(moe["format"], "q8_0", "{stdout}");
     let (grouped, tiled) = (moe["grouped_ms"].as_f64().unwrap(), moe["tiled_ms"].as_f64());
@@ -133,18 +155,5 @@ fn tune_keeps_a_plan_the_next_run_uses() {
     let (mut model, _) = torus_wgpu::engine::load_model(&common::tiny(), &cfg, gpu, &|_, _| {}).unwrap();
     let plans: Vec<GemmPlan> = model.kernels().gpu.as_ref().unwrap().matmul.values().map(|p| p.plan).collect();
     assert!(!plans.is_empty() && plans.iter().all(|p| p.kernel_for(1).name() == "tile32h"), "{plans:?}");
-    for p in reference["prompts"].as_array().unwrap() {
-        let name = p["name"].as_str().unwrap();
-        let input = ids(&p["input_ids"]);
-        let got = logits_steps(&mut model, &input, &[]).remove(0);
-        let want = floats(&p["last_position_logits_full"]);
-        let d = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
-        assert!(d < 2e-2, "{name}: last-position logits differ by {d}");
-        let want_ids = ids(&p["greedy_ids"]);
-        let out =
-            torus_wgpu::engine::generate(&mut model, &input, want_ids.len(), &SamplingParams::default(), |_, _| true)
-                .unwrap()
-                .generated;
-        assert_greedy_matches(&out, &want_ids, &floats(&p["argmax_margins"]), F16_MARGIN, name);
-    }
+    tiny::assert_model_matches(&mut model, &reference, "tiny-qwen2 on tile32h", 2e-2, F16_MARGIN);
 }

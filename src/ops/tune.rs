@@ -120,9 +120,7 @@ pub fn measure_on(
         h.set_gemm(plan)?;
         let got = run(h, s, &x)?;
         agree(&got, want).map_err(|e| anyhow!("{} at {m} rows disagrees with the decode kernel: {e}", k.name()))?;
-        let once = h.time_matmul(&s.w, s.up.as_ref(), m_us, false, 1)?;
-        let iters = (per_shape.as_secs_f64() / once.as_secs_f64().max(1e-6)).clamp(1.0, 200.0) as u64;
-        total += h.time_matmul(&s.w, s.up.as_ref(), m_us, false, iters)? / iters as u32;
+        total += per_call(per_shape, |iters| h.time_matmul(&s.w, s.up.as_ref(), m_us, false, iters))?;
     }
     Ok(total)
 }
@@ -146,11 +144,7 @@ pub fn choose_moe(h: &mut Harness, spec: &MoeSpec, w: &MoeWeights, t: usize, per
     let n = t * w.router.cols;
     let x: Vec<f32> = (0..n).map(|j| ((j * 7919 + 13) % 2003) as f32 / 2003.0 - 0.5).collect();
     let zeros = vec![0f32; n];
-    let time = |h: &Harness| -> Result<Duration> {
-        let once = h.time_moe(spec, w, t, 1)?;
-        let iters = (per_run.as_secs_f64() / once.as_secs_f64().max(1e-6)).clamp(1.0, 200.0) as u64;
-        Ok(h.time_moe(spec, w, t, iters)? / iters as u32)
-    };
+    let time = |h: &Harness| per_call(per_run, |iters| h.time_moe(spec, w, t, iters));
     h.set_moe_tiled(false)?;
     let want = h.moe(spec, w, &x, t, &zeros, h.gpu.max_binding)?;
     let grouped = time(h)?;
@@ -168,6 +162,14 @@ pub fn choose_moe(h: &mut Harness, spec: &MoeSpec, w: &MoeWeights, t: usize, per
         _ => MOE_GROUPED,
     };
     Ok(MoeChoice { kernel, grouped, tiled })
+}
+
+/// Time of one call of `run` (which times `iters` calls in one submit): timed once, then with as
+/// many calls (1 to 200) as take about `target`.
+fn per_call(target: Duration, run: impl Fn(u64) -> Result<Duration>) -> Result<Duration> {
+    let once = run(1)?;
+    let iters = (target.as_secs_f64() / once.as_secs_f64().max(1e-6)).clamp(1.0, 200.0) as u64;
+    Ok(run(iters)? / iters as u32)
 }
 
 /// Whether `got` matches `want` within what f16 operands allow (relative to the output's scale).

@@ -11,7 +11,7 @@ use torus_wgpu::config::{EngineConfig, KernelProfile, KvDtype, StageConfig};
 use torus_wgpu::engine::{generate, load_model, EngineHandle, Request};
 use torus_wgpu::exec as pipeline;
 use torus_wgpu::gpu::Gpu;
-use torus_wgpu::model::StepInput;
+use torus_wgpu::model::{Model, StepInput};
 use torus_wgpu::sampling::{SampleParams, SamplingParams};
 
 /// A file or directory of tests/fixtures.
@@ -52,14 +52,23 @@ pub fn assert_matches_reference(file: &str, r: &Value, profile: KernelProfile) {
         load_model(&local(file), &cfg(profile), gpu, &|_, _| {}).unwrap_or_else(|e| panic!("{file} loads: {e:#}"));
     for p in r["prompts"].as_array().unwrap() {
         let what = format!("{file} {profile:?} {}", p["name"].as_str().unwrap());
+        assert_eq!(tok.encode(p["text"].as_str().unwrap()).unwrap(), ids(&p["input_ids"]), "{what}: tokenization");
+    }
+    assert_model_matches(&mut model, r, &format!("{file} {profile:?}"), 1e-3, F32_MARGIN);
+}
+
+/// Every prompt of reference `r` on `model`: last-position logits within `logit_tol`, and the
+/// greedy tokens up to the first step whose reference margin is under `margin`.
+pub fn assert_model_matches(model: &mut Model, r: &Value, what: &str, logit_tol: f32, margin: f32) {
+    for p in r["prompts"].as_array().unwrap() {
+        let what = format!("{what} {}", p["name"].as_str().unwrap());
         let input = ids(&p["input_ids"]);
-        assert_eq!(tok.encode(p["text"].as_str().unwrap()).unwrap(), input, "{what}: tokenization");
-        let got = logits_steps(&mut model, &input, &[]).remove(0);
+        let got = logits_steps(model, &input, &[]).remove(0);
         let d = max_diff(&got, &floats(&p["last_position_logits_full"]));
-        assert!(d < 1e-3, "{what}: last-position logits differ by {d}");
+        assert!(d < logit_tol, "{what}: last-position logits differ by {d}");
         let want = ids(&p["greedy_ids"]);
-        let out = generate(&mut model, &input, want.len(), &SamplingParams::default(), |_, _| true).unwrap().generated;
-        assert_greedy_matches(&out, &want, &floats(&p["argmax_margins"]), F32_MARGIN, &what);
+        let out = generate(model, &input, want.len(), &SamplingParams::default(), |_, _| true).unwrap().generated;
+        assert_greedy_matches(&out, &want, &floats(&p["argmax_margins"]), margin, &what);
     }
 }
 
