@@ -16,10 +16,12 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 use common::served::TempDir;
+use futures_util::StreamExt;
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 use torus_wgpu::hub::{pull, Options, Spec};
 
 const TOKEN: &str = "hf_good";
@@ -30,6 +32,16 @@ struct Repo {
     gated: bool,
     /// Files whose blob differs from the sha256 the listing gives.
     corrupt: Vec<String>,
+    /// The listing gives no sha256 (only a git blob id), as for files outside LFS.
+    no_sha: bool,
+    /// The listing claims this size for every file.
+    claim: Option<u64>,
+    /// Blobs end after this many bytes, however long the file.
+    short: Option<usize>,
+    /// How a blob's body comes: (bytes per piece, pause between pieces), instead of at once.
+    pace: Option<(usize, Duration)>,
+    /// Hostile metadata headers on `resolve` (traversal in the etag and commit).
+    hostile_headers: bool,
 }
 
 #[derive(Default)]
@@ -39,6 +51,16 @@ struct Hub {
     log: Vec<(String, Option<String>)>,
     /// Cut the next blob response after this many bytes of the whole file (once).
     cut_at: Option<usize>,
+    /// Requests that reached another origin than the Hub's (`localhost`) with an
+    /// `Authorization` header.
+    leaked_token: usize,
+    /// Blob bodies being sent now.
+    sending: usize,
+    /// The listing of every repository, in place of the real one: (body, bytes per piece,
+    /// pause between pieces).
+    listing_body: Option<(Vec<u8>, usize, Duration)>,
+    /// The listing redirects to the same path on another origin.
+    listing_elsewhere: bool,
 }
 
 type Shared = Arc<Mutex<Hub>>;
@@ -59,6 +81,20 @@ async fn listing(
 ) -> Response {
     let mut hub = hub.lock().unwrap();
     hub.log.push((format!("/api/models/{owner}/{name}"), None));
+    let host = headers.get(header::HOST).and_then(|v| v.to_str().ok()).unwrap_or_default().to_string();
+    if host.starts_with("localhost") && headers.contains_key(header::AUTHORIZATION) {
+        hub.leaked_token += 1;
+    }
+    if hub.listing_elsewhere && host.starts_with("127.0.0.1") {
+        let to = format!(
+            "http://{}/api/models/{owner}/{name}/revision/main?blobs=true",
+            host.replace("127.0.0.1", "localhost")
+        );
+        return Response::builder().status(StatusCode::FOUND).header(header::LOCATION, to).body(Body::empty()).unwrap();
+    }
+    if let Some((body, piece, pause)) = hub.listing_body.clone() {
+        return paced(body, piece, pause, None);
+    }
     let Some(r) = hub.repos.get(&format!("{owner}/{name}")) else {
         return (StatusCode::NOT_FOUND, "Repository not found").into_response();
     };
@@ -69,7 +105,13 @@ async fn listing(
     let siblings: Vec<serde_json::Value> = r
         .files
         .iter()
-        .map(|(n, b)| serde_json::json!({"rfilename": n, "size": b.len(), "lfs": {"sha256": sha(b), "size": b.len()}}))
+        .map(|(n, b)| {
+            let size = r.claim.unwrap_or(b.len() as u64);
+            match r.no_sha {
+                true => serde_json::json!({"rfilename": n, "size": size, "blobId": &sha(b)[..40]}),
+                false => serde_json::json!({"rfilename": n, "size": size, "lfs": {"sha256": sha(b), "size": size}}),
+            }
+        })
         .collect();
     axum::Json(serde_json::json!({"id": format!("{owner}/{name}"), "sha": r.commit, "siblings": siblings}))
         .into_response()
@@ -94,16 +136,42 @@ async fn resolve(
         return StatusCode::NOT_FOUND.into_response();
     };
     let etag = sha(bytes);
-    // A redirect to another host, as the Hub's to its storage: the client reads the commit and
-    // the ETag here and the size from the blob.
+    // A redirect to another host, as the Hub's to its storage, with the Hub's metadata headers.
+    let (etag_header, commit_header) = match r.hostile_headers {
+        true => ("\"../../../../escaped\"".to_string(), "../../escaped-commit".to_string()),
+        false => (format!("\"{etag}\""), r.commit.clone()),
+    };
     Response::builder()
         .status(StatusCode::FOUND)
         .header(header::LOCATION, format!("http://{host}/blobs/{owner}/{name}/{etag}"))
-        .header("x-repo-commit", r.commit.as_str())
-        .header("x-linked-etag", format!("\"{etag}\""))
+        .header("x-repo-commit", commit_header)
+        .header("x-linked-etag", etag_header)
         .header("x-linked-size", bytes.len())
         .body(Body::empty())
         .unwrap()
+}
+
+/// Counts a blob body being sent (until it is dropped: sent, or the client left).
+struct Sending(Shared);
+
+impl Drop for Sending {
+    fn drop(&mut self) {
+        self.0.lock().unwrap().sending -= 1;
+    }
+}
+
+/// `body` in pieces of `piece` bytes with `pause` between them (`sending`: counted meanwhile).
+fn paced(body: Vec<u8>, piece: usize, pause: Duration, sending: Option<Sending>) -> Response {
+    let pieces: Vec<Vec<u8>> = body.chunks(piece.max(1)).map(<[u8]>::to_vec).collect();
+    let stream =
+        futures_util::stream::unfold((pieces.into_iter(), sending, true), move |(mut it, s, first)| async move {
+            if !first {
+                tokio::time::sleep(pause).await;
+            }
+            let p = it.next()?;
+            Some((Ok::<_, std::io::Error>(axum::body::Bytes::from(p)), (it, s, false)))
+        });
+    Response::builder().status(StatusCode::OK).body(Body::from_stream(stream)).unwrap()
 }
 
 async fn blob(
@@ -111,9 +179,13 @@ async fn blob(
     UrlPath((owner, name, etag)): UrlPath<(String, String, String)>,
     headers: HeaderMap,
 ) -> Response {
+    let shared = hub.clone();
     let mut hub = hub.lock().unwrap();
     let range = headers.get(header::RANGE).and_then(|v| v.to_str().ok()).map(str::to_string);
     hub.log.push((format!("/blobs/{etag}"), range.clone()));
+    if headers.contains_key(header::AUTHORIZATION) {
+        hub.leaked_token += 1;
+    }
     let Some(r) = hub.repos.get(&format!("{owner}/{name}")) else { return StatusCode::NOT_FOUND.into_response() };
     let Some((file, bytes)) = r.files.iter().find(|(_, b)| sha(b) == etag) else {
         return StatusCode::NOT_FOUND.into_response();
@@ -131,19 +203,33 @@ async fn blob(
         }
         None => (0, total - 1),
     };
-    let body = bytes[a..=b].to_vec();
+    let mut body = bytes[a..=b].to_vec();
+    if let Some(n) = r.short {
+        body.truncate(n);
+    }
+    if let Some((piece, pause)) = r.pace {
+        hub.sending += 1;
+        let mut resp = paced(body, piece, pause, Some(Sending(shared.clone())));
+        *resp.status_mut() = StatusCode::PARTIAL_CONTENT;
+        let h = resp.headers_mut();
+        h.insert(header::CONTENT_RANGE, format!("bytes {a}-{b}/{total}").parse().unwrap());
+        return resp;
+    }
     let mut resp = Response::builder()
         .status(StatusCode::PARTIAL_CONTENT)
         .header(header::CONTENT_RANGE, format!("bytes {a}-{b}/{total}"))
-        .header(header::CONTENT_LENGTH, body.len());
-    // The connection is cut in the middle of the response that passes `cut_at`.
+        .header(header::CONTENT_LENGTH, body.len().min(b + 1 - a));
+    // The response that passes `cut_at` stops there (the bytes before it sent, then nothing
+    // until the client gives up; the connection is cut after 30 s).
     if let Some(at) = hub.cut_at.filter(|&at| at > a && at <= b) {
         hub.cut_at = None;
         let head = body[..at - a].to_vec();
-        let stream = futures_util::stream::iter([
-            Ok::<_, std::io::Error>(axum::body::Bytes::from(head)),
-            Err(std::io::Error::other("connection cut")),
-        ]);
+        let hang = async {
+            tokio::time::sleep(Duration::from_secs(30)).await;
+            Err::<axum::body::Bytes, _>(std::io::Error::other("connection cut"))
+        };
+        let stream = futures_util::stream::iter([Ok::<_, std::io::Error>(axum::body::Bytes::from(head))])
+            .chain(futures_util::stream::once(hang));
         resp = resp.header("x-cut", "1");
         return resp.body(Body::from_stream(stream)).unwrap();
     }
@@ -188,7 +274,8 @@ fn opts(endpoint: &str, cache: &Path) -> Options {
         token: None,
         offline: false,
         progress: false,
-        chunk_bytes: 256 << 10,
+        timeout: Duration::from_secs(1),
+        retries: 0,
     }
 }
 
@@ -206,6 +293,11 @@ fn repo(files: Vec<(&str, Vec<u8>)>) -> Repo {
         files: files.into_iter().map(|(n, b)| (n.to_string(), b)).collect(),
         gated: false,
         corrupt: vec![],
+        no_sha: false,
+        claim: None,
+        short: None,
+        pace: None,
+        hostile_headers: false,
     }
 }
 
@@ -252,28 +344,33 @@ fn pull_picks_the_quantization_into_the_hf_cache_and_reuses_it() {
 }
 
 #[test]
-fn a_cut_download_resumes_from_its_committed_chunks() {
+fn a_cut_download_resumes_from_its_last_byte() {
     let file = bytes(1_100_000, 3);
     let hub = hub_with(vec![("org/R-GGUF", repo(vec![("R-Q4_K_M.gguf", file.clone())]))]);
     hub.lock().unwrap().cut_at = Some(700_000);
     let url = start(hub.clone());
     let dir = tmp("resume");
-    let o = opts(&url, &dir.0);
+    let mut o = opts(&url, &dir.0);
+    // No second try within the pull: it fails, and the next pull resumes.
     let e = pull(&spec("org/R-GGUF"), &o).unwrap_err();
     assert!(format!("{e:#}").contains("R-Q4_K_M.gguf"), "{e:#}");
     let before = requests(&hub);
     let p = pull(&spec("org/R-GGUF"), &o).unwrap();
     assert_eq!(std::fs::read(&p).unwrap(), file, "the resumed file is whole");
-    // The second try asked for the bytes from the first uncommitted chunk on (chunks of 256 KiB:
-    // two were whole before the cut at 700 000), not from 0.
-    let log = hub.lock().unwrap().log[before..].to_vec();
-    let first_blob = log
-        .iter()
-        .filter(|(p, r)| p.contains("/resolve/") && r.as_deref() != Some("bytes=0-0"))
-        .map(|(_, r)| r.clone().unwrap_or_default())
-        .next()
-        .unwrap();
-    assert_eq!(first_blob, format!("bytes={}-{}", 2 * (256 << 10), 3 * (256 << 10) - 1), "{log:?}");
+    let ranges = |from: usize| -> Vec<String> {
+        let log = hub.lock().unwrap().log[from..].to_vec();
+        log.into_iter().filter(|(p, _)| p.contains("/resolve/")).map(|(_, r)| r.unwrap_or_default()).collect()
+    };
+    assert_eq!(ranges(before), ["bytes=700000-"], "the second try asked for the bytes from the cut on");
+    // With tries to spare, one pull gets over a cut by itself.
+    let dir = tmp("resume2");
+    o = opts(&url, &dir.0);
+    o.retries = 2;
+    hub.lock().unwrap().cut_at = Some(300_000);
+    let before = requests(&hub);
+    let p = pull(&spec("org/R-GGUF"), &o).unwrap();
+    assert_eq!(std::fs::read(&p).unwrap(), file);
+    assert_eq!(ranges(before), ["bytes=0-", "bytes=300000-"]);
 }
 
 #[test]
@@ -287,13 +384,7 @@ fn a_wrong_checksum_is_refused_and_removed() {
     let e = pull(&spec("org/C-GGUF"), &opts(&url, &dir.0)).unwrap_err().to_string();
     assert!(e.contains("sha256") && e.contains(&sha(&file)), "{e}");
     let root = dir.0.join("models--org--C-GGUF");
-    // (hf-hub leaves its lock file beside the blobs.)
-    let left: Vec<_> = std::fs::read_dir(root.join("blobs"))
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_none_or(|x| x != "lock"))
-        .collect();
+    let left: Vec<_> = std::fs::read_dir(root.join("blobs")).unwrap().flatten().map(|e| e.path()).collect();
     assert!(left.is_empty(), "the bad blob is removed: {left:?}");
     assert!(!root.join("snapshots/0123456789abcdef0123456789abcdef01234567/C-Q4_K_M.gguf").exists());
 }
@@ -573,4 +664,325 @@ async fn a_models_server_serves_what_it_pulled() {
     assert_eq!(content(&pulled), content(&local), "the pulled model answers as the local copy");
     let _ = child.kill();
     let _ = child.wait();
+}
+
+// ---- A hostile Hub and a poisoned cache ----
+
+const COMMIT: &str = "0123456789abcdef0123456789abcdef01234567";
+
+/// Every file and link under `dir` (links not followed).
+fn files_under(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let ty = e.file_type().unwrap();
+            if ty.is_dir() {
+                stack.push(e.path());
+            } else {
+                out.push(e.path());
+            }
+        }
+    }
+    out
+}
+
+/// `f` on a thread of its own, which must end within `secs` (a hang fails the test).
+fn within<T: Send + 'static>(secs: u64, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(Duration::from_secs(secs)).unwrap_or_else(|_| panic!("still running after {secs} s"))
+}
+
+/// A Hub that answers every listing with `body` (in pieces of `piece` bytes, `pause` apart).
+fn hub_listing(body: Vec<u8>, piece: usize, pause: Duration) -> String {
+    let h = hub_with(vec![]);
+    h.lock().unwrap().listing_body = Some((body, piece, pause));
+    start(h)
+}
+
+/// What the Hub says is data, never a path: traversal in the metadata headers (etag and
+/// commit), in the listing's commit, blob id, sha256 and file names. Nothing is written
+/// outside the cache, and the bad values are errors that say which.
+#[test]
+fn hub_values_never_become_paths() {
+    let file = bytes(30_000, 12);
+    let mut headers = repo(vec![("H-Q4_K_M.gguf", file.clone())]);
+    headers.hostile_headers = true;
+    let mut commit = repo(vec![("B-Q4_K_M.gguf", bytes(1000, 13))]);
+    commit.commit = "../../escaped-commit".into();
+    let base = tmp("paths");
+    let cache = base.0.join("a/b/c/hub");
+    let url = start(hub_with(vec![("org/H-GGUF", headers), ("org/B-GGUF", commit)]));
+    let o = opts(&url, &cache);
+    let p = pull(&spec("org/H-GGUF"), &o).unwrap();
+    assert_eq!(std::fs::read(&p).unwrap(), file);
+    let e = pull(&spec("org/B-GGUF"), &o).unwrap_err().to_string();
+    assert!(e.contains("no commit"), "{e}");
+    let one = |sibling: serde_json::Value| serde_json::json!({"sha": COMMIT, "siblings": [sibling]});
+    for (listing, why) in [
+        (
+            one(serde_json::json!({"rfilename": "E-Q4_K_M.gguf", "size": 10, "blobId": "../../../../escaped-blob"})),
+            "no blob id",
+        ),
+        (
+            one(
+                serde_json::json!({"rfilename": "E-Q4_K_M.gguf", "size": 1, "lfs": {"sha256": "/tmp/escaped-abs", "size": 1}}),
+            ),
+            "no blob id",
+        ),
+        (
+            one(
+                serde_json::json!({"rfilename": "../../../escaped-Q4_K_M.gguf", "size": 1, "lfs": {"sha256": sha(b"x"), "size": 1}}),
+            ),
+            "unsafe file",
+        ),
+        (
+            one(
+                serde_json::json!({"rfilename": "/tmp/escaped-Q4_K_M.gguf", "size": 1, "lfs": {"sha256": sha(b"x"), "size": 1}}),
+            ),
+            "unsafe file",
+        ),
+    ] {
+        let url = hub_listing(serde_json::to_vec(&listing).unwrap(), 1 << 20, Duration::ZERO);
+        let e = pull(&spec("org/E-GGUF"), &opts(&url, &cache)).unwrap_err().to_string();
+        assert!(e.contains(why), "{listing}: {e}");
+    }
+    let all = files_under(&base.0);
+    let outside: Vec<_> = all.iter().filter(|p| !p.starts_with(&cache)).collect();
+    assert!(outside.is_empty(), "written outside the cache: {outside:?}");
+    let escaped: Vec<_> = all.iter().filter(|p| p.to_string_lossy().contains("escaped")).collect();
+    assert!(escaped.is_empty(), "{escaped:?}");
+}
+
+/// The cache is checked when read: a `refs/main` that leads out of the cache, a snapshot file
+/// linked to a file outside it, and a snapshot holding a branching symlink loop are not served,
+/// and looking at them ends at once.
+#[test]
+fn a_poisoned_cache_is_not_followed() {
+    let base = tmp("poison");
+    let cache = base.0.join("hub");
+    std::fs::create_dir_all(&cache).unwrap();
+    std::fs::write(base.0.join("secret-Q4_K_M.gguf"), b"secret").unwrap();
+    let root = cache.join("models--org--P-GGUF");
+    std::fs::create_dir_all(root.join("refs")).unwrap();
+    std::fs::create_dir_all(root.join("snapshots")).unwrap();
+    let mut o = opts("http://127.0.0.1:9", &cache);
+    o.offline = true;
+    // refs/main naming a folder three levels up: the snapshot would be `base`.
+    std::fs::write(root.join("refs/main"), "../../..").unwrap();
+    let e = pull(&spec("org/P-GGUF"), &o).unwrap_err().to_string();
+    assert!(e.contains("refs/main names no commit"), "{e}");
+    // A commit whose snapshot links to a file outside the cache.
+    std::fs::write(root.join("refs/main"), COMMIT).unwrap();
+    let snap = root.join("snapshots").join(COMMIT);
+    std::fs::create_dir_all(&snap).unwrap();
+    std::os::unix::fs::symlink(base.0.join("secret-Q4_K_M.gguf"), snap.join("P-Q4_K_M.gguf")).unwrap();
+    let e = pull(&spec("org/P-GGUF"), &o).unwrap_err().to_string();
+    assert!(e.contains("not in the Hugging Face cache"), "{e}");
+    // A loop that branches three ways at every level.
+    std::fs::create_dir_all(snap.join("d")).unwrap();
+    for l in ["u1", "u2", "u3"] {
+        std::os::unix::fs::symlink("..", snap.join("d").join(l)).unwrap();
+    }
+    std::fs::write(snap.join("d/x-Q8_0.gguf"), b"x").unwrap();
+    let o2 = o.clone();
+    let e = within(30, move || pull(&spec("org/P-GGUF"), &o2).unwrap_err().to_string());
+    assert!(e.contains("not in the Hugging Face cache"), "{e}");
+}
+
+/// `Authorization` goes to the Hub's origin only: not to the storage its downloads redirect
+/// to, nor to another origin its listing redirects to.
+#[test]
+fn the_token_goes_only_to_the_hub() {
+    let file = bytes(20_000, 16);
+    let hub = hub_with(vec![("org/T-GGUF", repo(vec![("T-Q4_K_M.gguf", file.clone())]))]);
+    hub.lock().unwrap().listing_elsewhere = true;
+    let url = start(hub.clone());
+    let dir = tmp("token");
+    let mut o = opts(&url, &dir.0);
+    o.token = Some(TOKEN.into());
+    assert_eq!(std::fs::read(pull(&spec("org/T-GGUF"), &o).unwrap()).unwrap(), file);
+    let h = hub.lock().unwrap();
+    assert!(h.log.iter().filter(|(p, _)| p.starts_with("/blobs/")).count() >= 1, "{:?}", h.log);
+    assert_eq!(h.leaked_token, 0, "the token reached another origin: {:?}", h.log);
+}
+
+/// A listing or a body that drips (a byte every 300 ms, under the 1 s time limit per read) is
+/// cut within a few time limits, not held for as long as it drips.
+#[test]
+fn a_drip_is_cut() {
+    let mut r = repo(vec![("D-Q4_K_M.gguf", bytes(200_000, 17))]);
+    r.pace = Some((1, Duration::from_millis(300)));
+    let url = start(hub_with(vec![("org/D-GGUF", r)]));
+    let dir = tmp("drip");
+    let mut o = opts(&url, &dir.0);
+    o.retries = 1;
+    let t0 = Instant::now();
+    let e = within(60, move || pull(&spec("org/D-GGUF"), &o).unwrap_err().to_string());
+    assert!(e.contains("stalled"), "{e}");
+    assert!(t0.elapsed() < Duration::from_secs(20), "{:?}", t0.elapsed());
+    let listing = serde_json::to_vec(&serde_json::json!({"sha": COMMIT, "siblings": []})).unwrap();
+    let url = hub_listing(listing, 1, Duration::from_millis(300));
+    let o = opts(&url, &dir.0);
+    let t0 = Instant::now();
+    let e = within(60, move || pull(&spec("org/D-GGUF"), &o).unwrap_err().to_string());
+    assert!(e.contains("file listing took longer"), "{e}");
+    assert!(t0.elapsed() < Duration::from_secs(20), "{:?}", t0.elapsed());
+}
+
+/// Sizes are enforced: a body shorter than the listed size (no sha256 listed to catch it), a
+/// size claim of 10 TB for a 1 KiB file, and a body longer than the listed size all fail,
+/// nothing is linked into the snapshot, and no file grows past what was sent.
+#[test]
+fn sizes_are_enforced() {
+    let file = bytes(1024, 18);
+    let mut short = repo(vec![("S-Q4_K_M.gguf", file.clone())]);
+    (short.no_sha, short.short) = (true, Some(100));
+    let mut huge = repo(vec![("H-Q4_K_M.gguf", file.clone())]);
+    huge.claim = Some(10 << 40);
+    let mut small = repo(vec![("L-Q4_K_M.gguf", file.clone())]);
+    (small.no_sha, small.claim) = (true, Some(500));
+    let url = start(hub_with(vec![("org/S-GGUF", short), ("org/H-GGUF", huge), ("org/L-GGUF", small)]));
+    let dir = tmp("sizes");
+    for name in ["org/S-GGUF", "org/H-GGUF", "org/L-GGUF"] {
+        let e = pull(&spec(name), &opts(&url, &dir.0)).unwrap_err().to_string();
+        assert!(e.contains("bytes"), "{name}: {e}");
+    }
+    let all = files_under(&dir.0);
+    assert!(!all.iter().any(|p| p.to_string_lossy().contains("snapshots")), "{all:?}");
+    for p in &all {
+        assert!(std::fs::metadata(p).unwrap().len() <= 1024, "{} grew past what was sent", p.display());
+    }
+}
+
+/// A 20 MB listing (the limit is 16 MiB) is refused, and a listing of 900,000 tiny files is
+/// refused past 100,000 files, each costing the `pull` process under 100 MB (its peak resident
+/// memory, as a Python parent reads it: a child the test process starts would count the test's
+/// own memory, which it shares until it runs the program).
+#[test]
+fn huge_listings_cost_little_memory() {
+    let mut nested = br#"{"sha": "0123456789abcdef0123456789abcdef01234567", "siblings": [], "x": ["#.to_vec();
+    while nested.len() < 20_000_000 {
+        nested.extend_from_slice(b"[[]],");
+    }
+    nested.extend_from_slice(b"[]]}");
+    let mut many = br#"{"sha": "0123456789abcdef0123456789abcdef01234567", "siblings": ["#.to_vec();
+    for i in 0..900_000 {
+        many.extend_from_slice(if i == 0 { b"{\"rfilename\":\"a\"}" } else { b",{\"rfilename\":\"a\"}" });
+    }
+    many.extend_from_slice(b"]}");
+    assert!(many.len() < 16 << 20);
+    const MEASURE: &str = "import os, resource, subprocess, sys\n\
+        r = subprocess.run(sys.argv[1:], capture_output=True, text=True)\n\
+        print(r.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)\n\
+        sys.stdout.write(r.stderr)\n";
+    for (body, why) in [(nested, "larger than 16 MiB"), (many, "more than 100000 files")] {
+        let url = hub_listing(body, 1 << 20, Duration::ZERO);
+        let home = tmp("listing");
+        let out = std::process::Command::new("python3")
+            .args(["-c", MEASURE, env!("CARGO_BIN_EXE_torus-wgpu"), "pull", "org/L-GGUF"])
+            .env("HF_HOME", &home.0)
+            .env("HF_ENDPOINT", &url)
+            .env_remove("HF_HUB_OFFLINE")
+            .env_remove("HF_HUB_CACHE")
+            .output()
+            .expect("python3 (scripts/setup.sh installs it)");
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        let mut head = text.lines().next().unwrap_or_default().split_whitespace();
+        let status: i32 = head.next().and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("{text}"));
+        let rss_kb: u64 = head.next().and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("{text}"));
+        assert_ne!(status, 0, "{text}");
+        assert!(text.contains(why), "{text}");
+        assert!(rss_kb < 100_000, "the pull took {rss_kb} KB for a listing it refused");
+    }
+}
+
+/// Ollama's `/api/pull` holds its one-at-a-time permit for as long as its download runs, and a
+/// pull whose client left is cancelled (the Hub sees its download end), keeping what it fetched
+/// for the next pull to resume; a failed pull's error names no path of the server's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pull_whose_client_left_is_cancelled() {
+    use torus_wgpu::config::EngineConfig;
+    use torus_wgpu::server::{model_id_for_path, start, ServerConfig};
+    let file = bytes(2_000_000, 19);
+    let mut r = repo(vec![("C-Q4_K_M.gguf", file.clone())]);
+    // 160 KB/s: 12 s for the whole file.
+    r.pace = Some((16 << 10, Duration::from_millis(100)));
+    let hub = hub_with(vec![("org/C-GGUF", r)]);
+    let url = start_hub_async(hub.clone()).await;
+    let cache = tmp("cancel");
+    let cfg = EngineConfig { max_sequence_length: 256, total_cache_size: 4 << 20, ..Default::default() };
+    let serve = |hub_cache: &Path| {
+        let mut scfg = ServerConfig::new(model_id_for_path(&common::tiny()), &cfg);
+        scfg.hub = Some(opts(&url, hub_cache));
+        scfg
+    };
+    let engine = common::start_engine_async(&common::tiny(), &cfg).await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let srv = start(listener, serve(&cache.0), Some(engine)).unwrap();
+    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    let pull_url = format!("http://{}/api/pull", srv.addr);
+    let body = serde_json::json!({"model": "hf.co/org/C-GGUF"});
+    let until = |what: &'static str, f: Box<dyn Fn() -> bool + Send>| async move {
+        let t0 = Instant::now();
+        while !f() {
+            assert!(t0.elapsed() < Duration::from_secs(8), "{what}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+
+    // A client that leaves once the download runs.
+    let r = http.post(&pull_url).json(&body).send().await.unwrap();
+    let mut lines = r.bytes_stream();
+    let first = lines.next().await.unwrap().unwrap();
+    assert!(String::from_utf8_lossy(&first).contains("pulling manifest"));
+    let h = hub.clone();
+    until("the download starts", Box::new(move || h.lock().unwrap().sending == 1)).await;
+    drop(lines);
+    let h = hub.clone();
+    until("the abandoned download is cancelled", Box::new(move || h.lock().unwrap().sending == 0)).await;
+    let blobs = cache.0.join("models--org--C-GGUF/blobs");
+    let partial = std::fs::read_dir(&blobs).unwrap().flatten().map(|e| e.path()).next().unwrap();
+    let kept = std::fs::metadata(&partial).unwrap().len();
+    assert!(kept > 0 && kept < file.len() as u64, "{kept}");
+
+    // The next pull resumes it; while it runs, another is refused.
+    let before = requests(&hub);
+    let next = tokio::spawn(
+        http.post(&pull_url).json(&serde_json::json!({"model": "hf.co/org/C-GGUF", "stream": false})).send(),
+    );
+    let h = hub.clone();
+    until("the second download starts", Box::new(move || h.lock().unwrap().sending == 1)).await;
+    let r = http.post(&pull_url).json(&body).send().await.unwrap();
+    assert_eq!(r.status(), 429, "one pull at a time");
+    let r = next.await.unwrap().unwrap();
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    let h = hub.clone();
+    until("the download ends", Box::new(move || h.lock().unwrap().sending == 0)).await;
+    let log = hub.lock().unwrap().log[before..].to_vec();
+    let range = log.iter().find(|(p, _)| p.contains("/resolve/")).and_then(|(_, r)| r.clone()).unwrap();
+    let from: u64 = range.trim_start_matches("bytes=").trim_end_matches('-').parse().unwrap();
+    assert!(from >= kept, "resumed from {from}, {kept} were kept");
+    let snap = cache.0.join("models--org--C-GGUF/snapshots").join(COMMIT).join("C-Q4_K_M.gguf");
+    assert_eq!(std::fs::read(snap).unwrap(), file);
+    srv.shutdown().await;
+
+    // A cache that cannot be written: the error says why without the server's paths.
+    let not_a_dir = cache.0.join("a-file");
+    std::fs::write(&not_a_dir, b"x").unwrap();
+    let engine = common::start_engine_async(&common::tiny(), &cfg).await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let srv = start(listener, serve(&not_a_dir.join("hub")), Some(engine)).unwrap();
+    let r = http
+        .post(format!("http://{}/api/pull", srv.addr))
+        .json(&serde_json::json!({"model": "hf.co/org/C-GGUF", "stream": false}));
+    let r = r.send().await.unwrap();
+    assert_eq!(r.status(), 502);
+    let text = r.text().await.unwrap();
+    assert!(!text.contains(&*cache.0.to_string_lossy()) && !text.contains("/tmp"), "{text}");
+    assert!(text.contains("cannot create"), "{text}");
+    srv.shutdown().await;
 }

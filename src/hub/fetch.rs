@@ -1,18 +1,20 @@
-//! The download: the cache first (no request at all when it holds the files), then the Hub's
-//! file listing (`/api/models/OWNER/REPO/revision/main?blobs=true`: names, sizes, LFS sha256),
-//! the selection, and each file not cached through `hf-hub` (`resolve/main/FILE`, in chunks of
-//! `TORUS_HUB_CHUNK_BYTES` (10 MB) whose progress is kept beside the blob, so a cut download
-//! resumes), then its sha256 checked against the listing (a mismatch removes the file).
+//! The pull: the cache first (no request at all when it holds the files), then the Hub's file
+//! listing, the selection, and each file not cached downloaded into its blob (see `http`),
+//! linked into the snapshot, and `refs/main` pointed at the listing's commit last (see `cache`).
+//! A file is used only once it is whole: its size is the listing's, and its sha256 too where
+//! the listing gives one.
 
+use super::cache::{self, RepoCache};
+use super::http;
 use super::select::{quant_of, select, DEFAULT_QUANT};
 use super::Spec;
 use anyhow::{anyhow, bail, Context, Result};
-use hf_hub::api::tokio::ApiBuilder;
-use hf_hub::{Cache, Repo};
 use serde_json::Value;
-use sha2::{Digest, Sha256};
 use std::io::{IsTerminal, Read};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
 
 /// Where and how to download (from the environment, as the Hugging Face tools read it).
 #[derive(Clone, Debug)]
@@ -21,45 +23,68 @@ pub struct Options {
     pub cache: PathBuf,
     /// `HF_ENDPOINT`, else the Hub.
     pub endpoint: String,
-    /// `HF_TOKEN`, else the cache's token file.
+    /// `HF_TOKEN`, else the token file (`HF_TOKEN_PATH`, else `$HF_HOME/token`).
     pub token: Option<String>,
     /// `HF_HUB_OFFLINE=1`: the cache only.
     pub offline: bool,
     /// A progress bar (on a terminal).
     pub progress: bool,
-    /// Bytes per request: how much a cut download loses at most.
-    pub chunk_bytes: usize,
+    /// Connecting, waiting for an answer, and each window in which a download must bring
+    /// bytes (`HF_HUB_DOWNLOAD_TIMEOUT`, seconds; 10 by default, as the Python client's).
+    pub timeout: Duration,
+    /// Further tries of a download that was cut or stalled, each from its last byte.
+    pub retries: u32,
 }
 
 const DEFAULT_ENDPOINT: &str = "https://huggingface.co";
-const DEFAULT_CHUNK_BYTES: usize = 10_000_000;
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+const DEFAULT_RETRIES: u32 = 3;
 
 fn env(k: &str) -> Option<String> {
     std::env::var(k).ok().filter(|v| !v.trim().is_empty())
 }
 
+/// `HF_HOME`, else `$XDG_CACHE_HOME/huggingface`, else ~/.cache/huggingface.
+fn hf_home() -> PathBuf {
+    if let Some(h) = env("HF_HOME") {
+        return PathBuf::from(h);
+    }
+    let cache = env("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| env("HOME").or_else(|| env("USERPROFILE")).map(|h| Path::new(&h).join(".cache")))
+        .unwrap_or_else(|| PathBuf::from(".cache"));
+    cache.join("huggingface")
+}
+
+/// The token `huggingface-cli login` saved (its first line, at most 4 KiB read).
+fn token_file() -> Option<String> {
+    let path = env("HF_TOKEN_PATH").map(PathBuf::from).unwrap_or_else(|| hf_home().join("token"));
+    let mut text = String::new();
+    std::fs::File::open(path).ok()?.take(4096).read_to_string(&mut text).ok()?;
+    let t = text.lines().next()?.trim();
+    (!t.is_empty()).then(|| t.to_string())
+}
+
 impl Options {
     pub fn from_env() -> Options {
-        let cache = match (env("HF_HUB_CACHE"), env("HF_HOME")) {
-            (Some(c), _) => PathBuf::from(c),
-            (None, Some(h)) => Path::new(&h).join("hub"),
-            (None, None) => Cache::default().path().clone(),
-        };
-        let token = env("HF_TOKEN").or_else(|| Cache::from_env().token());
+        let cache = env("HF_HUB_CACHE").map(PathBuf::from).unwrap_or_else(|| hf_home().join("hub"));
         let offline = env("HF_HUB_OFFLINE")
             .is_some_and(|v| matches!(v.to_ascii_lowercase().as_str(), "1" | "true" | "yes" | "on"));
-        let chunk_bytes =
-            env("TORUS_HUB_CHUNK_BYTES").and_then(|v| v.parse().ok()).filter(|&n| n > 0).unwrap_or(DEFAULT_CHUNK_BYTES);
+        let timeout = env("HF_HUB_DOWNLOAD_TIMEOUT")
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .filter(|s| s.is_finite() && *s > 0.0)
+            .map_or(DEFAULT_TIMEOUT, |s| Duration::from_secs_f64(s.min(3600.0)));
         Options {
             cache,
             endpoint: env("HF_ENDPOINT")
                 .unwrap_or_else(|| DEFAULT_ENDPOINT.to_string())
                 .trim_end_matches('/')
                 .to_string(),
-            token,
+            token: env("HF_TOKEN").or_else(token_file),
             offline,
             progress: std::io::stderr().is_terminal(),
-            chunk_bytes,
+            timeout,
+            retries: DEFAULT_RETRIES,
         }
     }
 }
@@ -67,53 +92,40 @@ impl Options {
 /// The local path of `spec`'s model: its GGUF file (the first part of a split one) or its
 /// snapshot directory, downloaded where the cache does not hold it.
 pub fn pull(spec: &Spec, opts: &Options) -> Result<PathBuf> {
-    let dir = opts.cache.join(Repo::model(spec.repo.clone()).folder_name());
-    match from_cache(&dir, spec, opts.offline) {
+    pull_cancellable(spec, opts, Arc::new(AtomicBool::new(false)))
+}
+
+/// [`pull`], stopped (what was downloaded kept, to resume) once `cancel` is set.
+pub fn pull_cancellable(spec: &Spec, opts: &Options, cancel: Arc<AtomicBool>) -> Result<PathBuf> {
+    let repo = RepoCache::new(&opts.cache, &spec.repo);
+    match from_cache(&repo, spec, opts.offline) {
         Ok(Some(p)) => return Ok(p),
         Ok(None) if opts.offline => bail!(
             "{} is not in the Hugging Face cache ({}) and HF_HUB_OFFLINE is set: pull it with a network first",
             spec.repo,
             opts.cache.display()
         ),
-        Err(e) if opts.offline => bail!("HF_HUB_OFFLINE is set and the cache cannot serve it: {e}"),
+        Err(e) if opts.offline => bail!("HF_HUB_OFFLINE is set and the cache cannot serve {}: {e}", spec.repo),
         _ => {}
     }
-    // hf-hub is async; a thread of its own runs it, whatever runtime the caller is in.
-    let (spec, opts, d) = (spec.clone(), opts.clone(), dir.clone());
-    std::thread::spawn(move || -> Result<PathBuf> {
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-        rt.block_on(online(&spec, &opts, &d))
-    })
-    .join()
-    .map_err(|_| anyhow!("the download thread panicked"))?
-}
-
-/// The files of the snapshot `refs/main` points at, relative to it.
-fn cached_files(snapshot: &Path) -> Vec<String> {
-    fn walk(root: &Path, dir: &Path, out: &mut Vec<String>) {
-        for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-            let p = e.path();
-            if p.is_dir() {
-                walk(root, &p, out);
-            } else if p.is_file() {
-                if let Ok(rel) = p.strip_prefix(root) {
-                    out.push(rel.to_string_lossy().replace('\\', "/"));
-                }
-            }
-        }
-    }
-    let mut out = Vec::new();
-    walk(snapshot, snapshot, &mut out);
-    out.sort();
-    out
+    // A runtime of its own on a thread of its own, whatever runtime the caller is in.
+    let (spec, opts) = (spec.clone(), opts.clone());
+    std::thread::Builder::new()
+        .name("torus-hub-pull".into())
+        .spawn(move || -> Result<PathBuf> {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            rt.block_on(online(&spec, &opts, &repo, &cancel))
+        })
+        .context("cannot start the download thread")?
+        .join()
+        .map_err(|_| anyhow!("the download thread panicked"))?
 }
 
 /// The model from the cache alone, when it holds every file (None: it does not, or, with no
 /// quantization named and no Q4_K_M cached, the Hub must say which file is the default).
-fn from_cache(dir: &Path, spec: &Spec, offline: bool) -> Result<Option<PathBuf>, String> {
-    let Ok(commit) = std::fs::read_to_string(dir.join("refs/main")) else { return Ok(None) };
-    let snapshot = dir.join("snapshots").join(commit.trim());
-    let names = cached_files(&snapshot);
+fn from_cache(repo: &RepoCache, spec: &Spec, offline: bool) -> Result<Option<PathBuf>, String> {
+    let Some(commit) = repo.main_ref()? else { return Ok(None) };
+    let names = repo.list(&commit);
     if names.is_empty() {
         return Ok(None);
     }
@@ -122,107 +134,105 @@ fn from_cache(dir: &Path, spec: &Spec, offline: bool) -> Result<Option<PathBuf>,
     if spec.quant.is_none() && !is_default && !offline {
         return Ok(None);
     }
-    if sel.entry.is_none() && !shards_complete(&snapshot) {
+    if !sel.files.iter().all(|f| repo.resolve(&commit, f).is_some()) {
         return Ok(None);
     }
+    let snapshot = repo.snapshot(&commit);
     Ok(Some(match sel.entry {
         Some(e) => snapshot.join(e),
-        None => snapshot,
+        None if shards_complete(repo, &commit) && repo.snapshot_contained(&commit) => snapshot,
+        None => return Ok(None),
     }))
 }
 
 /// A Transformers snapshot holds every shard its index names.
-fn shards_complete(snapshot: &Path) -> bool {
-    let Ok(text) = std::fs::read_to_string(snapshot.join("model.safetensors.index.json")) else { return true };
-    let Ok(v) = serde_json::from_str::<Value>(&text) else { return false };
+fn shards_complete(repo: &RepoCache, commit: &str) -> bool {
+    let Some(index) = repo.resolve(commit, "model.safetensors.index.json") else { return true };
+    let mut text = String::new();
+    let read = std::fs::File::open(index).and_then(|f| f.take(64 << 20).read_to_string(&mut text));
+    let Ok(v) = read.map_err(|_| ()).and_then(|_| serde_json::from_str::<Value>(&text).map_err(|_| ())) else {
+        return false;
+    };
     v["weight_map"]
         .as_object()
-        .is_some_and(|m| m.values().filter_map(Value::as_str).all(|f| !f.contains("..") && snapshot.join(f).is_file()))
+        .is_some_and(|m| m.values().filter_map(Value::as_str).all(|f| repo.resolve(commit, f).is_some()))
 }
 
-async fn online(spec: &Spec, opts: &Options, dir: &Path) -> Result<PathBuf> {
-    let api = ApiBuilder::new()
-        .with_cache_dir(opts.cache.clone())
-        .with_endpoint(opts.endpoint.clone())
-        .with_token(opts.token.clone())
-        .with_progress(opts.progress)
-        .with_chunk_size(Some(opts.chunk_bytes))
-        .build()
-        .context("the Hub client")?;
-    let repo = api.model(spec.repo.clone());
+/// A file's name in a URL path (each part percent-encoded, `/` kept).
+fn url_path(file: &str) -> String {
+    let keep = |b: u8| b.is_ascii_alphanumeric() || b"-._~".contains(&b);
+    file.split('/')
+        .map(|part| part.bytes().map(|b| if keep(b) { (b as char).to_string() } else { format!("%{b:02X}") }).collect())
+        .collect::<Vec<String>>()
+        .join("/")
+}
+
+async fn online(spec: &Spec, opts: &Options, repo: &RepoCache, cancel: &AtomicBool) -> Result<PathBuf> {
+    let client = http::client(opts)?;
     let where_ = format!("{}/{}", opts.endpoint, spec.repo);
-    let r = repo
-        .info_request()
-        .query(&[("blobs", "true")])
-        .send()
-        .await
-        .with_context(|| format!("cannot reach {}", opts.endpoint))?;
-    match r.status().as_u16() {
-        200 => {}
-        401 | 403 if opts.token.is_none() => {
-            bail!("{where_} is gated or private: accept its terms on the Hub, then set HF_TOKEN to a token of yours")
-        }
-        401 | 403 => {
-            bail!("{where_}: the Hub refused HF_TOKEN (HTTP {}): is the repository's access granted to it?", r.status())
-        }
-        404 => bail!("{where_}: no such repository (or it is private: set HF_TOKEN)"),
-        s => bail!("{where_}: the Hub answered HTTP {s}"),
-    }
-    let info: Value = r.json().await.with_context(|| format!("{where_}: the file listing is not JSON"))?;
-    let commit = info["sha"].as_str().filter(|c| c.len() >= 7 && c.bytes().all(|b| b.is_ascii_hexdigit()));
-    let commit = commit.ok_or_else(|| anyhow!("{where_}: the listing has no commit"))?.to_string();
-    let siblings = info["siblings"].as_array().cloned().unwrap_or_default();
-    let names: Vec<String> = siblings.iter().filter_map(|s| s["rfilename"].as_str().map(str::to_string)).collect();
+    let listing = http::listing(&client, opts, &spec.repo, &where_).await?;
+    let commit = listing.sha.as_deref().filter(|c| cache::is_commit(c));
+    let commit = commit.ok_or_else(|| anyhow!("{where_}: the listing names no commit"))?.to_ascii_lowercase();
+    let names: Vec<String> = listing.siblings.iter().map(|s| s.rfilename.clone()).collect();
     let sel = select(&spec.repo, &names, spec.quant.as_deref()).map_err(|e| anyhow!(e))?;
-    let snapshot = dir.join("snapshots").join(&commit);
     for file in &sel.files {
-        if file.split('/').any(|p| p == ".." || p.is_empty()) {
-            bail!("{where_}: the listing names an unsafe path {file:?}");
-        }
-        if snapshot.join(file).is_file() {
+        cache::file_name(file).map_err(|e| anyhow!("{where_}: {e}"))?;
+    }
+    for file in &sel.files {
+        if repo.resolve(&commit, file).is_some() {
             continue;
         }
-        let sha = siblings
-            .iter()
-            .find(|s| s["rfilename"] == file.as_str())
-            .and_then(|s| s["lfs"]["sha256"].as_str())
-            .map(str::to_string);
-        let path = repo.download(file).await.with_context(|| format!("downloading {file} from {where_}"))?;
-        if let Some(want) = sha {
-            let p = path.clone();
-            let got = tokio::task::spawn_blocking(move || sha256_file(&p)).await??;
-            if !got.eq_ignore_ascii_case(&want) {
-                if let Ok(blob) = std::fs::canonicalize(&path) {
-                    let _ = std::fs::remove_file(blob);
-                }
-                let _ = std::fs::remove_file(&path);
-                bail!("{file} from {where_}: sha256 {got} is not the {want} the Hub lists; the file was removed (run again)");
+        let Some(listed) = listing.siblings.iter().find(|s| &s.rfilename == file) else { continue };
+        let etag = listed.etag().ok_or_else(|| anyhow!("{where_}: the listing gives {file} no blob id or sha256"))?;
+        let size = listed.size().ok_or_else(|| anyhow!("{where_}: the listing gives {file} no size"))?;
+        repo.blobs_dir()?;
+        let blob = repo.blob(&etag);
+        let whole = std::fs::symlink_metadata(&blob).is_ok_and(|m| m.is_file() && m.len() == size);
+        if !whole {
+            let partial = repo.partial(&etag);
+            let want = http::Want {
+                url: format!("{}/{}/resolve/{commit}/{}", opts.endpoint, spec.repo, url_path(file)),
+                partial: &partial,
+                size,
+                sha256: listed.sha256(),
+                what: format!("{file} from {where_}"),
+            };
+            let bar = opts.progress.then(|| progress_bar(file, size));
+            http::download(&client, opts, &want, cancel, bar.as_ref()).await?;
+            if let Some(b) = bar {
+                b.finish_and_clear();
             }
+            if cancel.load(Ordering::Relaxed) {
+                bail!("{file} from {where_}: the pull was cancelled");
+            }
+            std::fs::rename(&partial, &blob)
+                .with_context(|| format!("cannot move {} into place", partial.display()))?;
         }
+        repo.link(&commit, file, &etag)?;
     }
-    let out = match &sel.entry {
+    repo.set_main_ref(&commit)?;
+    let snapshot = repo.snapshot(&commit);
+    Ok(match &sel.entry {
         Some(e) => snapshot.join(e),
-        None => snapshot.clone(),
-    };
-    if !out.exists() {
-        bail!(
-            "{where_}: downloaded, but {} is not in the cache (the Hub's commit moved while downloading?)",
-            out.display()
-        );
-    }
-    Ok(out)
+        None => snapshot,
+    })
 }
 
-fn sha256_file(path: &Path) -> Result<String> {
-    let mut f = std::fs::File::open(path).with_context(|| format!("{}", path.display()))?;
-    let mut h = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = f.read(&mut buf)?;
-        if n == 0 {
-            break;
-        }
-        h.update(&buf[..n]);
+fn progress_bar(file: &str, size: u64) -> indicatif::ProgressBar {
+    let bar = indicatif::ProgressBar::new(size);
+    let style =
+        indicatif::ProgressStyle::with_template("{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} ETA {eta}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar());
+    bar.set_style(style.progress_chars("=> "));
+    bar.set_message(file.rsplit('/').next().unwrap_or(file).to_string());
+    bar
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn file_names_in_urls() {
+        assert_eq!(super::url_path("sub dir/m#1.gguf"), "sub%20dir/m%231.gguf");
+        assert_eq!(super::url_path("Q4_K_M/m-Q4_K_M.gguf"), "Q4_K_M/m-Q4_K_M.gguf");
     }
-    Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
 }

@@ -3,24 +3,27 @@
 //! repository gives the file of the quantization asked for (Q4_K_M when none is named, else the
 //! first; every part of a split file), a Transformers repository its safetensors, config and
 //! tokenizer files (see `select`). Files go into the Hugging Face cache (`$HF_HOME/hub`, blobs +
-//! snapshots + refs, through the `hf-hub` crate), so what other tools downloaded is reused and
-//! theirs reuse ours; a file already there is used without any request. `HF_TOKEN` (or the
+//! snapshots + refs, see `cache`), so what other tools downloaded is reused and theirs reuse
+//! ours; a file already there is used without any request. `HF_TOKEN` (or the
 //! cache's token file) for gated repositories, `HF_ENDPOINT` for a mirror, `HF_HUB_OFFLINE=1`
-//! for the cache only. Downloads resume from their last committed chunk and are checked against
-//! the sha256 the Hub lists for them (see `fetch`).
+//! for the cache only. Downloads are streamed to disk, resume from their last byte, and are
+//! checked against the size and sha256 the Hub lists for them (see `fetch` and `http`). What
+//! the Hub or the cache says is data, never a path until checked (see `cache`).
 //!
 //! Owns: the repository name syntax, file selection, the download into the Hugging Face cache.
 //! May use: nothing.
 //! Never uses: every other room (a leaf: the binary resolves `--model hf:...` through it before
 //! any room loads the model).
 
+mod cache;
 mod fetch;
+mod http;
 pub mod select;
 
 use anyhow::{bail, Result};
 use std::path::PathBuf;
 
-pub use fetch::{pull, Options};
+pub use fetch::{pull, pull_cancellable, Options};
 
 /// `OWNER/REPO[:QUANT]`.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -214,6 +214,8 @@ pub(crate) struct AppState {
     pub started: u64,
     /// A models server's models (`serve --models-dir`); None for a server of one model.
     pub models: Option<Arc<models::Pool>>,
+    /// Ollama's `/api/pull`: one download at a time (its permit is the download's).
+    pub pulls: Arc<tokio::sync::Semaphore>,
     id_salt: u64,
     next_id: AtomicU64,
 }
@@ -343,6 +345,7 @@ pub fn start_with(
         work: work::WorkPool::per_core(),
         started: unix_now(),
         models,
+        pulls: Arc::new(tokio::sync::Semaphore::new(1)),
         id_salt: crate::sampling::Rng::from_entropy().next_u64(),
         next_id: AtomicU64::new(1),
     });

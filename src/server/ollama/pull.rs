@@ -2,13 +2,15 @@
 //! Face name, as Ollama spells it (`hf.co/OWNER/REPO[:QUANT]`, also `huggingface.co/...`), is
 //! downloaded into the Hugging Face cache (src/hub), streamed as Ollama streams a pull
 //! (`pulling manifest`, `pulling FILE`, `verifying sha256 digest`, `success`, or `{"error"}`),
-//! or answered once with `"stream": false`. One pull runs at a time (another is a 429);
+//! or answered once with `"stream": false`. One download runs at a time (another pull is a
+//! 429 until it ends, even when its client left); a pull whose client left is cancelled (what
+//! it fetched is kept for the next pull to resume). Errors name no path of the server's;
 //! `serve --no-pull` refuses them (403); behind the API key when one is set. A name of
 //! Ollama's own library (`qwen3:8b`) is a 400 saying what this server pulls. The server keeps
 //! serving the model it started with: a pulled one is loadable by a later `serve --model
 //! hf:...` (the cache finds it without a request).
 
-use crate::hub::{pull as hub_pull, Options, Spec};
+use crate::hub::{pull_cancellable as hub_pull_cancellable, Options, Spec};
 use crate::server::error::{ApiError, Dialect};
 use crate::server::models::catalog::hub_name;
 use crate::server::AppState;
@@ -18,13 +20,28 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Value};
-use std::sync::{Arc, OnceLock};
-use tokio::sync::Semaphore;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
-/// One pull at a time: a download holds a thread and the disk.
-fn one_at_a_time() -> &'static Semaphore {
-    static S: OnceLock<Semaphore> = OnceLock::new();
-    S.get_or_init(|| Semaphore::new(1))
+/// Cancels a download when dropped before it ended: the pull's client left.
+struct Abandon(Arc<AtomicBool>);
+
+impl Drop for Abandon {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
+/// A pull's error as a client sees it: the cache's place on this server's disk is not theirs
+/// to know.
+fn private(text: &str, opts: &Options) -> String {
+    let mut out = text.to_string();
+    let mut places = vec![opts.cache.clone()];
+    places.extend(std::fs::canonicalize(&opts.cache).ok());
+    for p in places {
+        out = out.replace(&p.display().to_string(), "$HF_HUB_CACHE");
+    }
+    out
 }
 
 pub(super) async fn pull(State(st): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
@@ -56,7 +73,8 @@ pub(super) async fn pull(State(st): State<Arc<AppState>>, headers: HeaderMap, bo
             ));
         }
         let spec = Spec::parse(hub).map_err(|e| ApiError::invalid("model", format!("{e:#}")))?;
-        let Ok(permit) = one_at_a_time().try_acquire() else {
+        // One download at a time: it holds a thread, the disk and the network.
+        let Ok(permit) = st.pulls.clone().try_acquire_owned() else {
             return Err(ApiError::new(
                 StatusCode::TOO_MANY_REQUESTS,
                 "rate_limit_error",
@@ -66,41 +84,43 @@ pub(super) async fn pull(State(st): State<Arc<AppState>>, headers: HeaderMap, bo
         let opts = st.cfg.hub.clone().unwrap_or_else(Options::from_env);
         // On a models server the pulled model is servable under the name it was pulled by.
         let (pool, pulled) = (st.models.clone(), name.clone());
+        // The permit is the download's: it is given back when the download ends, whoever
+        // waits for it; the download is cancelled when nobody does (`Abandon`).
+        let cancel = Arc::new(AtomicBool::new(false));
+        let abandon = Abandon(cancel.clone());
         let job = tokio::task::spawn_blocking(move || {
-            let r = hub_pull(&spec, &Options { progress: false, ..opts });
+            let _permit = permit;
+            let r = hub_pull_cancellable(&spec, &Options { progress: false, ..opts.clone() }, cancel);
             if let (Ok(path), Some(pool)) = (&r, &pool) {
                 pool.add_pulled(&pulled, path.clone());
             }
-            r
+            r.map_err(|e| private(&format!("{e:#}"), &opts))
         });
         if !stream {
             let r = job.await.map_err(|_| ApiError::internal("the pull panicked"))?;
-            drop(permit);
+            drop(abandon);
             return match r {
                 Ok(_) => Ok(Json(json!({"status": "success"})).into_response()),
-                Err(e) => Err(ApiError::new(StatusCode::BAD_GATEWAY, "api_error", format!("{e:#}"))),
+                Err(e) => Err(ApiError::new(StatusCode::BAD_GATEWAY, "api_error", e)),
             };
         }
-        // The permit goes with the stream (a client that leaves does not stop the download,
-        // which finishes into the cache).
-        let permit = Arc::new(permit);
-        let lines = futures_util::stream::unfold((0u8, Some(job), permit), |(stage, job, permit)| async move {
+        let lines = futures_util::stream::unfold((0u8, Some(job), abandon), |(stage, job, abandon)| async move {
             let line = |v: Value| Ok::<_, std::convert::Infallible>(Bytes::from(format!("{v}\n")));
             match (stage, job) {
-                (0, job) => Some((line(json!({"status": "pulling manifest"})), (1, job, permit))),
+                (0, job) => Some((line(json!({"status": "pulling manifest"})), (1, job, abandon))),
                 (1, Some(job)) => {
                     let next = match job.await {
                         Ok(Ok(path)) => {
                             let file = path.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
                             json!({"status": format!("pulling {file}"), "completed": 1, "total": 1})
                         }
-                        Ok(Err(e)) => return Some((line(json!({"error": format!("{e:#}")})), (9, None, permit))),
-                        Err(_) => return Some((line(json!({"error": "the pull panicked"})), (9, None, permit))),
+                        Ok(Err(e)) => return Some((line(json!({"error": e})), (9, None, abandon))),
+                        Err(_) => return Some((line(json!({"error": "the pull panicked"})), (9, None, abandon))),
                     };
-                    Some((line(next), (2, None, permit)))
+                    Some((line(next), (2, None, abandon)))
                 }
-                (2, _) => Some((line(json!({"status": "verifying sha256 digest"})), (3, None, permit))),
-                (3, _) => Some((line(json!({"status": "success"})), (9, None, permit))),
+                (2, _) => Some((line(json!({"status": "verifying sha256 digest"})), (3, None, abandon))),
+                (3, _) => Some((line(json!({"status": "success"})), (9, None, abandon))),
                 _ => None,
             }
         });
