@@ -1,11 +1,12 @@
 //! The models a `serve --models-dir DIR` server can load: every GGUF file (the first part of a
 //! split one; not vision projectors) and every Transformers directory (`config.json` beside
 //! `*.safetensors`) under DIR, three levels deep at most, named by the file's stem or the
-//! directory's name (a second model of the same name gets its path under DIR as its name);
+//! directory's name (models that would share a name get their paths under DIR; see `scan`);
 //! also the Hub models pulled through Ollama's `/api/pull` while the server runs
 //! (`hf.co/OWNER/REPO[:QUANT]`). DIR is read again when a request names a model it does not
 //! know, so files copied there are served without a restart.
 
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::SystemTime;
@@ -65,8 +66,16 @@ fn is_gguf(p: &Path) -> bool {
     p.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
 }
 
+/// A model's file as it is now: its weights' bytes and newest modification time.
+pub type FileFacts = (u64, SystemTime);
+
+/// The facts of the model at `path` now.
+pub fn facts(path: &Path) -> FileFacts {
+    weight_bytes(path)
+}
+
 /// Bytes of a model's weights and their newest modification time.
-fn weight_bytes(path: &Path) -> (u64, SystemTime) {
+fn weight_bytes(path: &Path) -> FileFacts {
     let facts = |p: &Path| std::fs::metadata(p).ok().map(|m| (m.len(), m.modified().unwrap_or(SystemTime::UNIX_EPOCH)));
     let mut files: Vec<PathBuf> = Vec::new();
     if path.is_dir() {
@@ -83,31 +92,113 @@ fn weight_bytes(path: &Path) -> (u64, SystemTime) {
     files.iter().filter_map(|p| facts(p)).fold((0, SystemTime::UNIX_EPOCH), |(s, t), (b, m)| (s + b, t.max(m)))
 }
 
-/// What a scan of DIR found: (name, path), sorted by name.
+/// A model found by a scan, with the names it may take, shortest first.
+struct Found {
+    path: PathBuf,
+    /// The file's stem, a split file's base, or the folder's name.
+    short: String,
+    /// Its path under DIR with that last part (no `.gguf`).
+    long: String,
+    /// Its path under DIR as it is (with `.gguf`).
+    full: String,
+}
+
+/// What a scan of DIR found: (name, path), sorted by name. The naming rule: a model is named by
+/// its file's stem (a split file's base name, a folder's name); models that would share a name
+/// are named by their paths under DIR instead (without `.gguf`; so a top-level file keeps its
+/// stem), and where even those are shared, with `.gguf`. Names are unique and do not depend on
+/// the order files are found in. A file or folder whose name holds a comma or a control
+/// character is not served (a warning says so, once).
 pub fn scan(dir: &Path) -> Vec<(String, PathBuf)> {
     let mut found: Vec<(String, PathBuf)> = Vec::new();
     let mut budget = MAX_ENTRIES;
     walk(dir, dir, 0, &mut budget, &mut found);
-    // Names first come, first named; a repeated name is the model's path under DIR.
-    found.sort_by(|a, b| a.1.cmp(&b.1));
+    let mut models: Vec<Found> = Vec::new();
+    for (short, path) in found {
+        let rel = path.strip_prefix(dir).unwrap_or(&path).to_string_lossy().replace('\\', "/");
+        if let Some(bad) = unservable(&rel) {
+            warn_once(&path, &format!("is not served: its name holds {bad}"));
+            continue;
+        }
+        let parent = rel.rsplit_once('/').map(|(p, _)| format!("{p}/")).unwrap_or_default();
+        models.push(Found { long: format!("{parent}{short}"), full: rel, short, path });
+    }
+    let count = |names: &[String], n: &String| names.iter().filter(|m| *m == n).count();
+    let mut names: Vec<String> = models.iter().map(|m| m.short.clone()).collect();
+    let shorts = names.clone();
+    for (i, m) in models.iter().enumerate() {
+        if count(&shorts, &m.short) > 1 {
+            names[i] = m.long.clone();
+        }
+    }
+    let longs = names.clone();
+    for (i, m) in models.iter().enumerate() {
+        if count(&longs, &longs[i]) > 1 {
+            names[i] = m.full.clone();
+        }
+    }
     let mut named: Vec<(String, PathBuf)> = Vec::new();
-    for (name, path) in found {
-        let name = if named.iter().any(|(n, _)| *n == name) {
-            let rel = path.strip_prefix(dir).unwrap_or(&path);
-            let rel = if is_gguf(rel) { rel.with_extension("") } else { rel.to_path_buf() };
-            rel.to_string_lossy().replace('\\', "/")
+    for (name, m) in names.iter().zip(models) {
+        if count(&names, name) > 1 {
+            warn_once(&m.path, &format!("is not served: another model is also named {name:?}"));
         } else {
-            name
-        };
-        named.push((clean_name(&name), path));
+            named.push((name.clone(), m.path));
+        }
     }
     named.sort_by(|a, b| a.0.cmp(&b.0));
     named
 }
 
-/// A name as the models' processes take it (`--served-model-name` splits at commas).
-pub fn clean_name(name: &str) -> String {
-    name.replace(',', "_")
+/// What in a model's path under DIR keeps it from being served: a comma (the models'
+/// processes take comma-separated names) or a control character (names and paths are logged).
+fn unservable(rel: &str) -> Option<&'static str> {
+    if rel.chars().any(char::is_control) {
+        Some("a control character")
+    } else if rel.contains(',') {
+        Some("a comma")
+    } else {
+        None
+    }
+}
+
+/// `text` with its control characters escaped (`\n`, `\u{1b}`), for one line of the log.
+pub fn printable(text: &str) -> String {
+    text.chars().map(|c| if c.is_control() { c.escape_default().to_string() } else { c.to_string() }).collect()
+}
+
+/// Logs `what` about `path` the first time only (DIR is read again and again).
+fn warn_once(path: &Path, what: &str) {
+    static SEEN: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
+    let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
+    if seen.iter().any(|p| p == path) || seen.len() >= 1000 {
+        return;
+    }
+    seen.push(path.to_path_buf());
+    eprintln!("torus-wgpu serve: {:?} {what}", path.display().to_string());
+}
+
+/// Whether `path` looks like a model this server can load, read without loading it: a GGUF
+/// file's header, metadata and tensor table (every part of a split one) with its architecture
+/// named; a folder's config.json, a JSON object naming its architecture. A file that fails
+/// this never makes room for itself.
+pub fn check_loadable(path: &Path) -> Result<(), String> {
+    let hidden = |e: anyhow::Error| hide_path(&format!("{e:#}"), path);
+    if path.is_dir() {
+        let config = path.join("config.json");
+        let mut text = String::new();
+        let read = std::fs::File::open(&config).and_then(|f| f.take(16 << 20).read_to_string(&mut text));
+        read.map_err(|e| format!("config.json: {e}"))?;
+        let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| format!("config.json: {e}"))?;
+        if !(v.get("architectures").is_some() || v.get("model_type").is_some()) {
+            return Err("config.json names no architecture".into());
+        }
+        return Ok(());
+    }
+    let g = crate::formats::gguf::GgufFile::open(path).map_err(hidden)?;
+    if g.get_str("general.architecture").is_none() {
+        return Err(format!("{}: the GGUF file names no architecture", file_name(path)));
+    }
+    Ok(())
 }
 
 fn walk(root: &Path, dir: &Path, depth: usize, budget: &mut usize, out: &mut Vec<(String, PathBuf)>) {
@@ -194,6 +285,42 @@ mod tests {
         assert_eq!(part_of(Path::new("d/m-00002-of-00003.gguf")), Some((2, 3)));
         assert_eq!(split_base("m-00002-of-00003"), "m");
         assert_eq!(part_of(Path::new("m-2-of-3.gguf")), None);
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    /// Names are unique whatever the files: a shared stem makes each model its path under DIR
+    /// (a top-level file keeps its stem), a folder and a file of one name keep `.gguf` apart;
+    /// names with a comma or a control character are not served; names like flags are names.
+    #[test]
+    fn names_are_unique_and_follow_one_rule() {
+        let d = std::env::temp_dir().join(format!("torus-catalog-names-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        for p in [
+            "m.gguf",
+            "a/m.gguf",
+            "b/m.gguf",
+            "q,x.gguf",
+            "q_x.gguf",
+            "-x.gguf",
+            "--help.gguf",
+            "bad\nname.gguf",
+            "esc\u{1b}[2J.gguf",
+            "n.gguf",
+            "n/config.json",
+            "n/model.safetensors",
+        ] {
+            let p = d.join(p);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(&p, "x").unwrap();
+        }
+        let found = scan(&d);
+        let names: Vec<&str> = found.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["--help", "-x", "a/m", "b/m", "m", "n", "n.gguf", "q_x"]);
+        let path_of = |n: &str| found.iter().find(|(m, _)| m == n).unwrap().1.clone();
+        assert_eq!(path_of("m"), d.join("m.gguf"));
+        assert_eq!(path_of("n"), d.join("n"));
+        assert_eq!(path_of("n.gguf"), d.join("n.gguf"));
+        assert_eq!(printable("a\nb\u{1b}"), "a\\nb\\u{1b}");
         let _ = std::fs::remove_dir_all(&d);
     }
 }

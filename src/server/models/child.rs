@@ -94,6 +94,29 @@ fn planned_bytes(line: &str) -> Option<u64> {
     total
 }
 
+/// The command line of model `name` at `path`.
+fn command(spawn: &Spawn, name: &str, path: &std::path::Path) -> Command {
+    let mut cmd = Command::new(&spawn.exe);
+    cmd.args(&spawn.before)
+        .arg("serve")
+        .args(&spawn.args)
+        // `--flag=VALUE`: a file named `-x.gguf` or `--help.gguf` is a value, never a flag.
+        .arg(with_flag("--model=", path.as_os_str()))
+        // Ollama's clients may add `:latest` on any route.
+        .arg(format!("--served-model-name={name}"))
+        .arg(format!("--served-model-name={name}:latest"))
+        .args(["--host", "127.0.0.1", "--port", "0", "--exit-with-stdin"])
+        .args(["--no-webui", "--no-pull"]);
+    cmd
+}
+
+/// `FLAG=VALUE` as one argument (a path need not be UTF-8).
+fn with_flag(flag: &str, value: &std::ffi::OsStr) -> std::ffi::OsString {
+    let mut a = std::ffi::OsString::from(flag);
+    a.push(value);
+    a
+}
+
 /// The port of `torus-wgpu serve: listening on http://127.0.0.1:PORT (...`.
 fn listening_port(line: &str) -> Option<u16> {
     let rest = line.split("listening on http://").nth(1)?;
@@ -114,17 +137,8 @@ pub async fn start(
     on_exit: impl FnOnce() + Send + 'static,
 ) -> Result<Child, String> {
     let key = new_key();
-    let mut cmd = Command::new(&spawn.exe);
-    cmd.args(&spawn.before)
-        .arg("serve")
-        .args(&spawn.args)
-        .arg("--model")
-        .arg(path)
-        // Ollama's clients may add `:latest` on any route.
-        .args(["--served-model-name", name, "--served-model-name", &format!("{name}:latest")])
-        .args(["--host", "127.0.0.1", "--port", "0", "--exit-with-stdin"])
-        .args(["--no-webui", "--no-pull"])
-        .env("TORUS_API_KEY", &key)
+    let mut cmd = command(spawn, name, path);
+    cmd.env("TORUS_API_KEY", &key)
         .env_remove("TORUS_MODELS_DIR")
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
@@ -141,7 +155,8 @@ pub async fn start(
             let mut port = None;
             let mut tail: VecDeque<String> = VecDeque::new();
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                eprintln!("[{tag}] {line}");
+                // A model's own output, one line of the log each, control characters escaped.
+                eprintln!("[{tag}] {}", super::catalog::printable(&line));
                 if port.is_none() {
                     port = listening_port(&line);
                 }
@@ -217,6 +232,30 @@ pub async fn start(
 
 #[cfg(test)]
 mod tests {
+    /// The program's own parser reads a model named like a flag as a value: the path and the
+    /// names arrive whole.
+    #[test]
+    fn names_like_flags_stay_values() {
+        use clap::Parser;
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(subcommand)]
+            command: Cmd,
+        }
+        #[derive(clap::Subcommand)]
+        enum Cmd {
+            Serve(Box<crate::server::ServeArgs>),
+        }
+        let spawn = super::Spawn { exe: "torus-wgpu".into(), before: vec![], args: vec![] };
+        let cmd = super::command(&spawn, "--help", std::path::Path::new("-x.gguf"));
+        let args: Vec<String> = cmd.get_args().map(|a| a.to_string_lossy().into_owned()).collect();
+        let cli = Cli::try_parse_from(std::iter::once("torus-wgpu".to_string()).chain(args))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let Cmd::Serve(s) = cli.command;
+        assert_eq!(s.served_model_name, ["--help", "--help:latest"]);
+        assert_eq!(s.engine.model.as_deref(), Some("-x.gguf"));
+    }
+
     #[test]
     fn reads_the_port() {
         let l = "torus-wgpu serve: listening on http://127.0.0.1:43211 (no API key); loading ...";

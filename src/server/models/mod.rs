@@ -11,7 +11,8 @@
 //! `model="NAME"` (`listing`).
 //!
 //! Owns: the set of loadable models, their processes, loading and unloading, passing requests on.
-//! May use: the server's error shapes and body reading; hub (pulled models).
+//! May use: the server's error shapes and body reading; hub (pulled models); formats (a file's
+//! header is read before room is made for it).
 //! Never uses: engine internals, gpu, model.
 
 pub mod catalog;
@@ -87,11 +88,39 @@ pub(crate) struct Counts {
     pub requests: u64,
 }
 
+/// How long a model whose load failed is refused (without unloading anything for it), unless
+/// its file changes.
+pub const FAILED_HOLD: Duration = Duration::from_secs(60);
+
+/// A load that failed lately.
+struct Failure {
+    at: Instant,
+    why: String,
+    /// The file then.
+    file: catalog::FileFacts,
+}
+
+/// 503 for a model larger than the whole memory budget.
+fn too_large(name: &str, need: u64, budget: u64) -> ApiError {
+    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+    ApiError::unavailable(
+        format!(
+            "model {name:?} needs about {:.2} GiB (its weights and KV cache), more than the {:.2} GiB \
+             --models-memory-gb allows for all models",
+            gib(need),
+            gib(budget)
+        ),
+        "model_too_large",
+    )
+}
+
 #[derive(Default)]
 struct State_ {
     slots: HashMap<String, Slot>,
     /// Why a load failed, by load id (read by the requests that waited on it).
     failed: HashMap<u64, String>,
+    /// Loads that failed lately, by model name.
+    failures: HashMap<String, Failure>,
     counts: HashMap<String, Counts>,
     /// Requests waiting for each model (by id: since when): a model that was just loaded for
     /// them is not unloaded before they have it, even when it drains (see room.rs).
@@ -181,7 +210,7 @@ impl Pool {
     /// the name is not known.
     pub fn find(&self, name: &str) -> Option<Arc<Entry>> {
         let name = catalog::plain_name(name);
-        let look = |p: &Pool| p.entries().into_iter().find(|e| e.name == name || e.name == catalog::clean_name(name));
+        let look = |p: &Pool| p.entries().into_iter().find(|e| e.name == name);
         look(self)
             .or_else(|| {
                 // At most one read of DIR a second, however many unknown names arrive.
@@ -194,15 +223,16 @@ impl Pool {
                     due
                 };
                 if due {
-                    self.rescan();
+                    off_async(|| self.rescan());
                 }
                 look(self)
             })
             .or_else(|| {
-                // A Hub model already in the cache (pulled earlier, by this or another tool).
+                // A Hub model already in the cache (pulled earlier, by this or another tool);
+                // the look is bounded (see hub::cache).
                 let spec = crate::hub::Spec::parse(catalog::hub_name(name)?).ok()?;
                 let opts = crate::hub::Options { offline: true, progress: false, ..crate::hub::Options::from_env() };
-                let path = crate::hub::pull(&spec, &opts).ok()?;
+                let path = off_async(|| crate::hub::pull(&spec, &opts)).ok()?;
                 self.add_pulled(name, path);
                 look(self)
             })
@@ -211,7 +241,7 @@ impl Pool {
     /// Adds a Hub model pulled into the cache (`hf.co/...`), servable under that name.
     pub fn add_pulled(&self, name: &str, path: PathBuf) {
         let mut p = self.pulled.lock().unwrap_or_else(|e| e.into_inner());
-        let name = catalog::clean_name(catalog::plain_name(name));
+        let name = catalog::plain_name(name).to_string();
         p.retain(|e| e.name != name);
         p.push(Arc::new(Entry::new(name, path)));
     }
@@ -260,9 +290,12 @@ impl Pool {
         let mut waited_on: Option<u64> = None;
         let started = Instant::now();
         let mut waiting = Waiting::new(self, &e.name, started);
+        // The file as it was when checked, before any room is made for it.
+        let mut checked: Option<catalog::FileFacts> = None;
         loop {
             // Subscribed before looking, so no change after the look is missed.
             let mut rx = self.changed.subscribe();
+            let mut check_first = false;
             {
                 let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
                 if let Some(why) = waited_on.and_then(|l| s.failed.get(&l).cloned()) {
@@ -286,8 +319,12 @@ impl Pool {
                         continue;
                     }
                     Some(Slot::Loading { load, .. }) => waited_on = Some(*load),
+                    None if checked.is_none() => check_first = true,
                     None => {
                         let need = self.estimate(&e);
+                        if let Some(budget) = self.cfg.memory_budget.filter(|&b| need > b) {
+                            return Err(too_large(&e.name, need, budget));
+                        }
                         let room = self.room_for(&s, need, drain.as_ref().map(|d| (d.0.as_str(), d.1)));
                         if room.is_none() {
                             waiting.wait_for_room(&mut s);
@@ -299,10 +336,15 @@ impl Pool {
                             let load = self.next_load.fetch_add(1, SeqCst);
                             s.slots.insert(e.name.clone(), Slot::Loading { load, bytes: need });
                             waited_on = Some(load);
-                            tokio::spawn(self.clone().load(e.clone(), load, need, gone));
+                            let file = checked.unwrap_or((0, std::time::UNIX_EPOCH));
+                            tokio::spawn(self.clone().load(e.clone(), load, need, gone, file));
                         }
                     }
                 }
+            }
+            if check_first {
+                checked = Some(self.check(&e).await?);
+                continue;
             }
             // Also looked at again every quarter second: a drain starts with time, not an event.
             let left = deadline.saturating_duration_since(Instant::now());
@@ -320,10 +362,45 @@ impl Pool {
         }
     }
 
+    /// Before any room is made for `e`: its file must read as a model, and must not be one
+    /// whose load failed within [`FAILED_HOLD`] (unless the file changed since). The file's
+    /// facts as checked.
+    async fn check(&self, e: &Entry) -> Result<catalog::FileFacts, ApiError> {
+        let path = e.path.clone();
+        let looked = tokio::task::spawn_blocking(move || (catalog::facts(&path), catalog::check_loadable(&path))).await;
+        let (file, r) = looked.map_err(|_| ApiError::internal("the model check panicked"))?;
+        let failed = |why: &str| {
+            ApiError::internal(format!("model {:?} cannot be loaded: {why}", e.name)).code("model_load_failed")
+        };
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(f) = s.failures.get(&e.name).filter(|f| f.file == file && f.at.elapsed() < FAILED_HOLD) {
+            let ago = f.at.elapsed().as_secs();
+            let why = format!("it failed to load {ago} s ago ({}); it is tried again once its file changes", f.why);
+            return Err(failed(&why));
+        }
+        if let Err(why) = r {
+            s.counts.entry(e.name.clone()).or_default().load_failures += 1;
+            s.failures.insert(e.name.clone(), Failure { at: Instant::now(), why: why.clone(), file });
+            return Err(failed(&why));
+        }
+        Ok(file)
+    }
+
     /// Loads `e` (its slot says Loading with id `load`); where its own memory plan says it does
     /// not fit and an idle model is loaded, that one is unloaded and the load tried again.
-    async fn load(self: Arc<Pool>, e: Arc<Entry>, load: u64, bytes: u64, mut gone: Vec<Arc<Child>>) {
-        eprintln!("torus-wgpu serve: loading model {:?} from {}", e.name, e.path.display());
+    async fn load(
+        self: Arc<Pool>,
+        e: Arc<Entry>,
+        load: u64,
+        bytes: u64,
+        mut gone: Vec<Arc<Child>>,
+        file: catalog::FileFacts,
+    ) {
+        eprintln!(
+            "torus-wgpu serve: loading model {:?} from {}",
+            e.name,
+            catalog::printable(&e.path.display().to_string())
+        );
         let t0 = Instant::now();
         let r = loop {
             let pool = Arc::downgrade(&self);
@@ -355,11 +432,16 @@ impl Pool {
                 counts.loads += 1;
                 eprintln!("torus-wgpu serve: model {:?} loaded in {:.1} s", e.name, t0.elapsed().as_secs_f64());
                 s.slots.insert(e.name.clone(), Slot::Ready(Arc::new(c)));
+                s.failures.remove(&e.name);
             }
             Err(why) => {
                 counts.load_failures += 1;
-                eprintln!("torus-wgpu serve: model {:?} failed to load: {why}", e.name);
+                eprintln!("torus-wgpu serve: model {:?} failed to load: {}", e.name, catalog::printable(&why));
                 s.slots.remove(&e.name);
+                if s.failures.len() > 1024 {
+                    s.failures.clear();
+                }
+                s.failures.insert(e.name.clone(), Failure { at: Instant::now(), why: why.clone(), file });
                 if s.failed.len() > 1024 {
                     s.failed.clear();
                 }
@@ -450,9 +532,19 @@ impl Pool {
     }
 }
 
+/// Runs `f`, which reads the disk, telling the runtime (where it is a multi-threaded one) that
+/// this thread blocks, so the other requests go on on other threads.
+fn off_async<T>(f: impl FnOnce() -> T) -> T {
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    match Handle::try_current() {
+        Ok(h) if h.runtime_flavor() == RuntimeFlavor::MultiThread => tokio::task::block_in_place(f),
+        _ => f(),
+    }
+}
+
 /// The routes a models server answers itself; every other API route is passed to a model.
 fn answered_here(path: &str) -> bool {
-    matches!(path, "/v1/models" | "/models" | "/api/tags" | "/api/ps" | "/api/version" | "/api/pull")
+    matches!(path, "/v1/models" | "/models" | "/api/tags" | "/api/ps" | "/api/version" | "/api/pull" | "/server_info")
         || path.starts_with("/v1/models/")
         || path.starts_with("/api/blobs/")
         || matches!(path, "/api/delete" | "/api/push" | "/api/create" | "/api/copy")

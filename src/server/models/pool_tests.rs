@@ -30,8 +30,17 @@ fn pool_with(max_loaded: usize, budget: Option<u64>, script: &str) -> Arc<Pool> 
     .unwrap()
 }
 
+/// A real GGUF file (the stand-in does not read it, but the check before a load does).
+const GGUF: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/tiny-gemma4.gguf");
+
+/// Model `name` at `path`, counted as no bytes on disk (its estimate is `per_model_extra`).
+fn entry_at(name: &str, path: &std::path::Path) -> Arc<Entry> {
+    let e = Entry::new(name.into(), path.to_path_buf());
+    Arc::new(Entry { size: 0, ..e })
+}
+
 fn entry(name: &str) -> Arc<Entry> {
-    Arc::new(Entry::new(name.into(), std::path::PathBuf::from("/nonexistent")))
+    entry_at(name, std::path::Path::new(GGUF))
 }
 
 fn loads(p: &Pool) -> u64 {
@@ -168,4 +177,64 @@ async fn a_load_that_does_not_fit_unloads_an_idle_model() {
     drop(held);
     p.stop_all();
     let _ = std::fs::remove_file(&lock);
+}
+
+/// A file that is no model never makes room for itself: with one model loaded and room for one,
+/// a request for a broken file is refused at once (its header read), again and again, and the
+/// loaded model stays loaded and is never unloaded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_broken_file_never_unloads_the_loaded_model() {
+    let p = pool(1, None);
+    let broken = std::env::temp_dir().join(format!("torus-pool-broken-{}.gguf", std::process::id()));
+    std::fs::write(&broken, b"GGUF but not really a model file").unwrap();
+    let (good, bad) = (entry("good"), entry_at("bad", &broken));
+    drop(p.acquire(good.clone(), Duration::from_secs(20)).await.unwrap());
+    for _ in 0..3 {
+        let e = p.acquire(bad.clone(), Duration::from_secs(20)).await.err().expect("a broken file does not load");
+        assert_eq!(e.body()["error"]["code"], "model_load_failed", "{:?}", e.body());
+        assert!(!e.body().to_string().contains("/tmp"), "no server path: {:?}", e.body());
+        assert!(p.is_loaded("good"));
+    }
+    let c = p.counts();
+    let good_counts = &c.iter().find(|(n, _)| n == "good").unwrap().1;
+    assert_eq!((good_counts.loads, good_counts.unloads.iter().sum::<u64>()), (1, 0));
+    assert_eq!(loads(&p), 1, "nothing was started for the broken file");
+    let _ = std::fs::remove_file(&broken);
+    p.stop_all();
+}
+
+/// A model whose process fails to load is refused for a while (`FAILED_HOLD`) without making
+/// room again: the first failure unloaded the idle model once, the next request for it unloads
+/// nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_model_that_just_failed_is_refused_without_unloading() {
+    let script = format!(
+        "case \"$*\" in *served-model-name=fails*) echo 'Error: the model cannot load' >&2; exit 1;; esac; {STAND_IN}"
+    );
+    let p = pool_with(1, None, &script);
+    let (good, fails) = (entry("good"), entry("fails"));
+    drop(p.acquire(good.clone(), Duration::from_secs(20)).await.unwrap());
+    let e = p.acquire(fails.clone(), Duration::from_secs(20)).await.err().expect("its process fails");
+    assert!(e.body()["error"]["message"].as_str().unwrap().contains("cannot load"), "{:?}", e.body());
+    drop(p.acquire(good.clone(), Duration::from_secs(20)).await.unwrap());
+    let t0 = std::time::Instant::now();
+    let e = p.acquire(fails, Duration::from_secs(20)).await.err().expect("refused");
+    assert!(t0.elapsed() < Duration::from_secs(2), "refused at once");
+    assert!(e.body()["error"]["message"].as_str().unwrap().contains("failed to load"), "{:?}", e.body());
+    assert!(p.is_loaded("good"), "the loaded model stays");
+    let c = p.counts();
+    assert_eq!(c.iter().find(|(n, _)| n == "good").unwrap().1.unloads.iter().sum::<u64>(), 1, "unloaded once only");
+    p.stop_all();
+}
+
+/// The memory budget holds for a model alone: one larger than the whole budget is refused
+/// (503, saying the sizes) and nothing is started or unloaded for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_model_larger_than_the_budget_is_refused() {
+    let p = pool(4, Some(50));
+    let e = p.acquire(entry("big"), Duration::from_secs(20)).await.err().expect("100 bytes > a budget of 50");
+    assert_eq!(e.status.as_u16(), 503);
+    assert_eq!(e.body()["error"]["code"], "model_too_large", "{:?}", e.body());
+    assert_eq!(loads(&p), 0);
+    p.stop_all();
 }
