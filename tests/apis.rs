@@ -414,6 +414,17 @@ async fn llama_server_completion() {
     assert!(text.starts_with("yes") || text.starts_with("no"), "{c}");
     let (s, t) = post("/completion", json!({"prompt": "x", "grammar": "root ::= \"a\"\nb ::= [z-a]"})).await;
     assert!(s == 400 && t.contains("line 2 column 7"), "{t}");
+    // Past the parser's 2,000 items at one position: a 400 naming the limit, at once (it would
+    // fail only while generating); at the limit, the grammar holds.
+    let words = |n: usize| -> String {
+        let alts: Vec<String> = (0..n).map(|i| format!("\"w{i}\"")).collect();
+        format!("root ::= {}", alts.join(" | "))
+    };
+    let (s, t) = post("/completion", json!({"prompt": "x", "n_predict": 4, "grammar": words(2500)})).await;
+    assert!(s == 400 && t.contains("2500 alternatives") && t.contains("at most 1999"), "{t}");
+    let g = ok(post("/completion", json!({"prompt": "x", "n_predict": 8, "grammar": words(1999)})).await);
+    let w = g["content"].as_str().unwrap();
+    assert!(w.starts_with('w') && w[1..].parse::<u32>().is_ok_and(|n| n < 1999), "{g}");
     // `false` in logit_bias bans a token: the greedy first token changes.
     let first = ids[0].as_u64().unwrap();
     let mut ban = ask.clone();

@@ -1,6 +1,7 @@
 //! From a request body to what the engine is given, for both generation routes: the body read
 //! and parsed, the common fields, then (on a worker thread, within the request's own time
-//! limit) the messages or prompts, the chat template, tokenization and the grammar.
+//! limit) the messages or prompts, the chat template and tokenization, then the grammar (on a
+//! thread of its own, see `structured::compile`).
 //!
 //! The order is the admission order: the queue limit is checked before the body is parsed;
 //! counts (prompts, token ids per prompt) while it is parsed; the context length while each
@@ -38,7 +39,21 @@ pub enum Route {
     Completions,
 }
 
-/// A request ready to submit, with what its response needs.
+/// Compiles the prepared request's constraint (off the request workers: see
+/// `structured::compile`) and gives each of its choices a copy of its own.
+pub(crate) async fn compile_constraint(engine: &EngineHandle, p: &mut Prepared) -> Result<(), ApiError> {
+    let Some(c) = structured::compile(engine, p.common.constraint.take()).await? else { return Ok(()) };
+    for plan in &mut p.plans {
+        for choice in &mut plan.choices {
+            choice.constraint = Some(c.clone());
+        }
+    }
+    p.common.compiled = Some(c);
+    Ok(())
+}
+
+/// A request ready to submit (its constraint still to compile: [`compile_constraint`]), with
+/// what its response needs.
 pub(crate) struct Prepared {
     pub common: Common,
     pub plans: Vec<Planned>,
@@ -216,7 +231,7 @@ pub(crate) async fn translated(
     .await?;
     c.reasoning = st.cfg.reasoning_parser;
     let e = engine.clone();
-    let p = st
+    let mut p = st
         .work
         .run_sized(parsed.bytes, move || match route {
             Route::Chat => chat(&e, parsed, c),
@@ -224,6 +239,7 @@ pub(crate) async fn translated(
         })
         .await?
         .map_err(|e| in_client_terms(e, fields))?;
+    compile_constraint(&engine, &mut p).await.map_err(|e| in_client_terms(e, fields))?;
     Ok((engine, p, echo))
 }
 
@@ -322,9 +338,14 @@ fn chat_within(engine: &EngineHandle, parsed: Parsed, mut c: Common) -> Result<P
                 "a required or named `tool_choice` cannot be combined with an output constraint (response_format, structured_outputs)",
             ));
         }
+        // Each function's parameters as the document its own `$ref`s point into.
+        for t in tool_req.iter().flat_map(|r| &r.tools) {
+            let spec = ConstraintSpec::JsonSchema { schema: t.parameters.clone(), strict: false };
+            structured::check_bounds(Some(&structured::Requested { spec, param: "tools" }))?;
+        }
         c.constraint = Some(structured::Requested { spec: ConstraintSpec::Lark(tc.lark), param: "tools" });
     }
-    c.compiled = structured::compile(engine, c.constraint.take())?;
+    structured::check_bounds(c.constraint.as_ref())?;
     let text = prefill::render(tok, &messages, tool_req.as_ref(), end, kwargs.as_ref())?;
     drop(messages);
     let reasoning = kind.map(|k| Reasoning::new(k, &text));
@@ -334,7 +355,7 @@ fn chat_within(engine: &EngineHandle, parsed: Parsed, mut c: Common) -> Result<P
     let max_tokens = check_context(&engine.info, prompt.len(), want, "messages")?;
     let mut params: Vec<_> = (0..c.n).map(|j| c.request_params(j, max_tokens, lp)).collect();
     // A grammar constrains the answer, not the thinking before it.
-    if let Some(r) = reasoning.filter(|r| r.starts_thinking() && c.compiled.is_some()) {
+    if let Some(r) = reasoning.filter(|r| r.starts_thinking() && c.constraint.is_some()) {
         params.iter_mut().for_each(|p| p.constraint_after = Some(r.answer_starts_after().to_string()));
     }
     // Gemma 4's channel tags may be special tokens too (its Hugging Face tokenizer's).
@@ -356,7 +377,7 @@ fn chat_within(engine: &EngineHandle, parsed: Parsed, mut c: Common) -> Result<P
 }
 
 /// A completions request, ready to submit (blocking: run it on a worker).
-pub(crate) fn completion(engine: &EngineHandle, parsed: Parsed, mut c: Common) -> Result<Prepared, ApiError> {
+pub(crate) fn completion(engine: &EngineHandle, parsed: Parsed, c: Common) -> Result<Prepared, ApiError> {
     let f = Fields(&parsed.obj);
     if f.get("tools").is_some_and(|t| t.as_array().is_none_or(|a| !a.is_empty())) {
         return Err(ApiError::invalid("tools", "`tools` is only supported on /v1/chat/completions"));
@@ -377,7 +398,7 @@ pub(crate) fn completion(engine: &EngineHandle, parsed: Parsed, mut c: Common) -
             format!("at most {MAX_CHOICES} sequences (prompts x n) per request, got {}", prompts.len() * c.n),
         ));
     }
-    c.compiled = structured::compile(engine, c.constraint.take())?;
+    structured::check_bounds(c.constraint.as_ref())?;
     let tok = &engine.tokenizer;
     let max_tokens = Some(c.max_tokens.unwrap_or(COMPLETIONS_DEFAULT_MAX_TOKENS));
     let mut plans = Vec::with_capacity(prompts.len());

@@ -3,13 +3,18 @@
 //! `regex`, `choice`, `grammar`, `json_object`) with its older spellings `guided_json`,
 //! `guided_regex`, `guided_choice` and `guided_grammar`, and llama-server's GBNF `grammar` (see
 //! `structured::gbnf`) and top-level `json_schema`. The grammar is compiled before the
-//! request is submitted, so one the library cannot compile is a 400 naming the field.
+//! request is submitted (on a thread of its own, within a time limit), so one the library
+//! cannot compile is a 400 naming the field; so is one that fails while generating (the
+//! library's limits, see `openai::error_of`).
 
 use super::error::ApiError;
 use super::params::Fields;
 use crate::engine::EngineHandle;
+use crate::structured::bounds::{self, COMPILE_TIME_LIMIT};
 use crate::structured::{Constraint, ConstraintSpec};
 use serde_json::Value;
+use std::sync::{Arc, OnceLock};
+use tokio::sync::Semaphore;
 
 /// A request's constraint and the field it came from (for error messages).
 #[derive(Clone, Debug, PartialEq)]
@@ -176,14 +181,52 @@ pub fn parse(f: &Fields) -> Result<Option<Requested>, ApiError> {
     Ok(found.pop())
 }
 
-/// Compiles the request's constraint for this engine's tokenizer (blocking: callers run it on
-/// a worker): one too large or too deep (`structured::bounds`), or one the library rejects, is
-/// a 400 with the reason, naming the field.
-pub fn compile(engine: &EngineHandle, req: Option<Requested>) -> Result<Option<Constraint>, ApiError> {
+/// Checks the request's constraint against the bounds (`structured::bounds`: size, depth,
+/// alternatives) without compiling it: cheap, so a request past them is refused before its
+/// prompt is rendered (it is compiled later, see [`compile`]).
+pub fn check_bounds(req: Option<&Requested>) -> Result<(), ApiError> {
+    let Some(req) = req else { return Ok(()) };
+    let param = req.param;
+    bounds::check(&req.spec).map_err(|e| invalid(param, format!("`{param}` cannot be compiled: {e}")))
+}
+
+/// At most this many constraints compile at once, each on a thread of its own: a flood of slow
+/// grammars waits here (within each request's own time limit) and holds no request worker.
+const COMPILE_SLOTS: usize = 2;
+
+fn compile_slots() -> &'static Arc<Semaphore> {
+    static S: OnceLock<Arc<Semaphore>> = OnceLock::new();
+    S.get_or_init(|| Arc::new(Semaphore::new(COMPILE_SLOTS)))
+}
+
+/// Compiles the request's constraint for this engine's tokenizer, off the request workers and
+/// the async threads, within [`COMPILE_TIME_LIMIT`]: one too large, too deep or with too many
+/// alternatives (`structured::bounds`), one the library rejects, and one that takes too long
+/// are each a 400 with the reason, naming the field. A compile that ran out of time goes on to
+/// its end on its own thread (the library's own limits bound it), holding its slot.
+pub async fn compile(engine: &EngineHandle, req: Option<Requested>) -> Result<Option<Constraint>, ApiError> {
     let Some(req) = req else { return Ok(None) };
     let param = req.param;
-    let g = engine.grammars().map_err(|e| invalid(param, format!("structured outputs are not available: {e}")))?;
-    g.compile(&req.spec).map(Some).map_err(|e| invalid(param, format!("`{param}` cannot be compiled: {e}")))
+    let cannot = move |e: String| invalid(param, format!("`{param}` cannot be compiled: {e}"));
+    bounds::check(&req.spec).map_err(cannot)?;
+    let e = engine.clone();
+    let g = tokio::task::spawn_blocking(move || e.grammars())
+        .await
+        .map_err(|_| ApiError::internal("the grammar library failed to start"))?
+        .map_err(|e| invalid(param, format!("structured outputs are not available: {e}")))?;
+    let permit =
+        compile_slots().clone().acquire_owned().await.map_err(|_| ApiError::internal("no grammar compiler"))?;
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    g.compile_detached(req.spec, move |r| {
+        drop(permit);
+        let _ = tx.send(r);
+    })
+    .map_err(cannot)?;
+    match tokio::time::timeout(COMPILE_TIME_LIMIT, rx).await {
+        Ok(Ok(r)) => r.map(Some).map_err(cannot),
+        Ok(Err(_)) => Err(cannot("the grammar library failed on this grammar".into())),
+        Err(_) => Err(cannot(format!("it takes longer than {} s, the limit", COMPILE_TIME_LIMIT.as_secs()))),
+    }
 }
 
 #[cfg(test)]

@@ -1,4 +1,5 @@
-//! Bounds a constraint must keep before it is compiled: its size, and its depth.
+//! Bounds a constraint must keep before it is compiled: its size, its depth, and (a grammar) its
+//! number of alternatives; and how long compiling it may take.
 //!
 //! The grammar library compiles a JSON schema's `$ref`s and a Lark grammar's rule references
 //! recursively, one stack frame chain per level (up to ~6 KiB a level, measured with
@@ -18,6 +19,12 @@ use std::collections::{HashMap, HashSet};
 pub const MAX_DEPTH: usize = 512;
 /// Largest constraint, in bytes of its text (a schema's JSON, a grammar, a regex, the choices).
 pub const MAX_BYTES: usize = 1 << 20;
+/// Most alternatives a grammar may have, in all its rules: the parser follows at most 2,000
+/// items at one position (llguidance's `max_items_in_row`), one of them the grammar's start,
+/// and a grammar past it fails while generating, not when compiled.
+pub const MAX_ALTERNATIVES: usize = 1999;
+/// The longest a constraint may take to compile (on a thread of its own; see `Grammars`).
+pub const COMPILE_TIME_LIMIT: std::time::Duration = std::time::Duration::from_secs(5);
 /// The stack of the threads that compile constraints: ~16x what [`MAX_DEPTH`] levels take.
 pub const COMPILE_STACK_BYTES: usize = 64 << 20;
 
@@ -38,6 +45,15 @@ pub fn check(spec: &ConstraintSpec) -> Result<(), String> {
         ConstraintSpec::Lark(g) => lark_depth(g),
         _ => 0,
     };
+    if let ConstraintSpec::Lark(g) = spec {
+        let n = lark_alternatives(g);
+        if n > MAX_ALTERNATIVES {
+            return Err(format!(
+                "the grammar has {n} alternatives in all; at most {MAX_ALTERNATIVES} are allowed (the parser's \
+                 limit on the branches it follows at one position)"
+            ));
+        }
+    }
     if depth > MAX_DEPTH {
         return Err(format!(
             "the constraint nests {depth} levels deep (schemas inside schemas, references followed, or grammar \
@@ -199,9 +215,21 @@ pub fn lark_depth(src: &str) -> usize {
 /// the deepest `%json` schema in it. A light lexer: strings, regexes, comments and embedded
 /// JSON are skipped; `name:` (with an optional `.priority`) starts a definition.
 fn lark_definitions(src: &str) -> (Vec<(String, Vec<String>)>, usize) {
+    let (defs, json_depth, _) = lark_scan(src);
+    (defs, json_depth)
+}
+
+/// The alternatives of a Lark grammar, in all its definitions: one more than its `|`s.
+pub fn lark_alternatives(src: &str) -> usize {
+    lark_scan(src).2 + 1
+}
+
+/// [`lark_definitions`], and the number of `|`s between alternatives.
+fn lark_scan(src: &str) -> (Vec<(String, Vec<String>)>, usize, usize) {
     let b = src.as_bytes();
     let mut defs: Vec<(String, Vec<String>)> = Vec::new();
     let mut json_depth = 0;
+    let mut bars = 0;
     let mut i = 0;
     let ident = |c: u8| c.is_ascii_alphanumeric() || c == b'_' || c == b'-';
     while i < b.len() {
@@ -267,10 +295,14 @@ fn lark_definitions(src: &str) -> (Vec<(String, Vec<String>)>, usize) {
                     d.1.push(name);
                 }
             }
+            b'|' => {
+                bars += 1;
+                i += 1;
+            }
             _ => i += 1,
         }
     }
-    (defs, json_depth)
+    (defs, json_depth, bars)
 }
 
 #[cfg(test)]
@@ -331,6 +363,8 @@ mod tests {
         );
         // Strings, regexes and comments are not references; priorities are not names.
         assert_eq!(lark_depth("start.2: \"a: b\" /c: d/ // e: f\n# g: h\n"), 1);
+        // Alternatives: one more than the `|`s outside strings, regexes and comments.
+        assert_eq!(lark_alternatives("start: \"a|b\" | /c|d/ | x // e | f\nx: \"y\"\n"), 3);
         // A %json schema adds its own depth.
         let j = format!("start: %json {}\n", ref_chain(50));
         assert!(lark_depth(&j) > 50);

@@ -172,6 +172,25 @@ impl Grammars {
         })
     }
 
+    /// Checks `spec`'s bounds, then compiles it on a thread of its own (as [`compile`]) and
+    /// hands the result to `done` there, without waiting: the caller waits as it likes (the
+    /// server, with a time limit, off its request threads).
+    ///
+    /// [`compile`]: Self::compile
+    pub fn compile_detached(
+        self: Arc<Self>,
+        spec: ConstraintSpec,
+        done: impl FnOnce(Result<Constraint, String>) + Send + 'static,
+    ) -> Result<(), String> {
+        bounds::check(&spec)?;
+        std::thread::Builder::new()
+            .name("torus-grammar".into())
+            .stack_size(bounds::COMPILE_STACK_BYTES)
+            .spawn(move || done(self.compile_here(&spec)))
+            .map(|_| ())
+            .map_err(|e| format!("cannot start the grammar compiler: {e}"))
+    }
+
     fn compile_here(&self, spec: &ConstraintSpec) -> Result<Constraint, String> {
         let run = || -> Result<Constraint> {
             let grammar = spec.grammar()?;

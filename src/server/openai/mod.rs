@@ -90,7 +90,8 @@ async fn generate(
         Route::Chat => prepare::chat(&e, parsed, c),
         Route::Completions => prepare::completion(&e, parsed, c),
     });
-    let p = within(&st, t0, timeout, async { job.await? }).await?;
+    let mut p = within(&st, t0, timeout, async { job.await? }).await?;
+    within(&st, t0, timeout, prepare::compile_constraint(&engine, &mut p)).await?;
     respond(st, engine, p, route == Route::Chat, t0, log).await
 }
 
@@ -146,6 +147,11 @@ pub(crate) fn error_of(reason: &FinishReason) -> Option<ApiError> {
         {
             Some(ApiError::unavailable(m.clone(), "engine_unavailable"))
         }
+        // The request's grammar went past the library's limits while generating: the
+        // client's grammar, not the server, is at fault.
+        FinishReason::Error(m) if m.starts_with("structured output:") => Some(ApiError::bad_request(format!(
+            "{m} (the request's grammar needs more than the grammar library's limits allow; simplify it)"
+        ))),
         FinishReason::Error(m) => Some(ApiError::internal(m.clone())),
     }
 }
@@ -404,6 +410,17 @@ mod tests {
         assert_eq!(byte_level_byte('Ċ'), Some(b'\n'));
         assert_eq!(byte_level_byte('\u{100}'), Some(0));
         assert_eq!(byte_level_byte('▁'), None);
+    }
+
+    /// A grammar that goes past the library's limits while generating is the client's 400,
+    /// not the server's 500 (the parser's own words kept).
+    #[test]
+    fn grammar_failures_while_generating_are_the_clients() {
+        let m = "structured output: Parser Error: Current row has 2501 items; max is 2000";
+        let e = error_of(&FinishReason::Error(m.into())).unwrap();
+        assert_eq!(e.status.as_u16(), 400);
+        assert!(e.body()["error"]["message"].as_str().unwrap().contains("2501 items"), "{:?}", e.body());
+        assert_eq!(error_of(&FinishReason::Error("boom".into())).unwrap().status.as_u16(), 500);
     }
 
     #[test]
