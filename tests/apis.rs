@@ -487,9 +487,10 @@ async fn infill_on_qwen_coder() {
     srv.shutdown().await;
 }
 
-/// llama-server's `GET /slots`: behind the key; a running request shows as a busy slot with its
-/// prompt and decode counts (never its text); `fail_on_no_slot` is a 503 while every slot is
-/// busy; the slot is idle again once the client leaves.
+/// llama-server's `GET /slots` (and `/server_info`): behind the key; a running request shows as
+/// a busy slot with its prompt and decode counts (never its text, seed or sampling settings);
+/// `fail_on_no_slot` is a 503 while every slot is busy; the slot is idle again once the client
+/// leaves.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slots_under_an_api_key() {
     let srv = serve(&tiny(), |s| {
@@ -507,6 +508,9 @@ async fn slots_under_an_api_key() {
         }
     };
     assert_eq!(http.get(format!("{base}/slots")).send().await.unwrap().status(), 401);
+    // /server_info names the model and settings: for key holders too.
+    assert_eq!(http.get(format!("{base}/server_info")).send().await.unwrap().status(), 401);
+    assert_eq!(http.get(format!("{base}/server_info")).bearer_auth(KEY).send().await.unwrap().status(), 200);
     let (s, idle) = slots("").await;
     assert_eq!(s, 200, "{idle}");
     let idle: Value = serde_json::from_str(&idle).unwrap();
@@ -516,13 +520,15 @@ async fn slots_under_an_api_key() {
 
     let prompt = "A secret prompt about zebras";
     let n = 400;
-    let body = json!({"prompt": prompt, "n_predict": n, "ignore_eos": true, "stream": true});
+    let body = json!({"prompt": prompt, "n_predict": n, "ignore_eos": true, "stream": true, "seed": 987654321,
+                      "temperature": 0.75});
     let mut r = http.post(format!("{base}/completion")).bearer_auth(KEY).json(&body).send().await.unwrap();
     assert_eq!(r.status(), 200);
     assert!(r.chunk().await.unwrap().is_some(), "the stream's first event");
     let (s, text) = slots("").await;
     assert_eq!(s, 200, "{text}");
     assert!(!text.contains("zebras"), "no request's text in /slots: {text}");
+    assert!(!text.contains("987654321") && !text.contains("0.75"), "no request's sampling settings in /slots: {text}");
     let busy: Value = serde_json::from_str(&text).unwrap();
     let slot = &busy[0];
     assert_eq!(slot["is_processing"], true, "{busy}");

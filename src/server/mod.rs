@@ -407,6 +407,8 @@ fn router(state: Arc<AppState>, cors: Option<tower_http::cors::CorsLayer>) -> Ro
         .route("/chat/completions", post(openai::chat_completions))
         .route("/embeddings", post(embeddings::embeddings))
         .route("/models", get(info::list_models))
+        // The server's models and settings: for key holders only, as the API is.
+        .route("/server_info", get(info::server_info))
         .route("/tokenize", post(tokenize::tokenize))
         .route("/detokenize", post(tokenize::detokenize))
         .merge(anthropic::routes())
@@ -421,7 +423,6 @@ fn router(state: Arc<AppState>, cors: Option<tower_http::cors::CorsLayer>) -> Ro
         .route("/health", get(info::health))
         .route("/metrics", get(info::prometheus))
         .route("/version", get(info::version))
-        .route("/server_info", get(info::server_info))
         .fallback(|uri: axum::http::Uri| async move {
             ApiError::not_found("no such route").response_in(Dialect::of_path(uri.path()))
         })

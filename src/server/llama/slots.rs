@@ -1,8 +1,8 @@
 //! llama-server's `GET /slots`: one entry per decode slot (`total_slots`, the decode batch),
 //! the sequences being computed first, then the idle slots. What each sequence is doing is given
-//! as counts and sampling settings (prompt tokens, how many are prefilled and were cached,
-//! tokens decoded and remaining); unlike llama-server, never its prompt or output text: one
-//! client must not read another's. `?fail_on_no_slot=1` answers 503 when every slot is busy.
+//! as counts (prompt tokens, how many are prefilled and were cached, tokens decoded and
+//! remaining); unlike llama-server, never its prompt, output text or sampling settings (its
+//! seed would let another client predict its output): one client must not read another's. `?fail_on_no_slot=1` answers 503 when every slot is busy.
 //! Behind the API key when one is set.
 
 use super::super::error::ApiError;
@@ -58,14 +58,8 @@ fn slot_json(i: usize, s: Option<&SlotState>, n_ctx: usize, speculative: bool) -
         "n_ctx": n_ctx,
         "speculative": speculative,
         "is_processing": true,
-        "params": {
-            "n_predict": s.max_tokens,
-            "temperature": s.temperature,
-            "top_k": s.top_k,
-            "top_p": s.top_p,
-            "min_p": s.min_p,
-            "seed": s.seed.map_or(json!(-1), |v| json!(v)),
-        },
+        // Another client's sampling parameters (its seed above all) are not for this one.
+        "params": {"n_predict": s.max_tokens},
         "n_prompt_tokens": s.prompt_tokens,
         "n_prompt_tokens_processed": s.prompt_processed,
         "n_prompt_tokens_cache": s.cached_tokens,
