@@ -384,7 +384,13 @@ fn a_wrong_checksum_is_refused_and_removed() {
     let e = pull(&spec("org/C-GGUF"), &opts(&url, &dir.0)).unwrap_err().to_string();
     assert!(e.contains("sha256") && e.contains(&sha(&file)), "{e}");
     let root = dir.0.join("models--org--C-GGUF");
-    let left: Vec<_> = std::fs::read_dir(root.join("blobs")).unwrap().flatten().map(|e| e.path()).collect();
+    // (The download's lock file stays, as the Python client's does.)
+    let left: Vec<_> = std::fs::read_dir(root.join("blobs"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_none_or(|x| x != "lock"))
+        .collect();
     assert!(left.is_empty(), "the bad blob is removed: {left:?}");
     assert!(!root.join("snapshots/0123456789abcdef0123456789abcdef01234567/C-Q4_K_M.gguf").exists());
 }
@@ -422,6 +428,29 @@ fn a_gated_repository_needs_a_token() {
     assert!(e.contains("refused HF_TOKEN"), "{e}");
     o.token = Some(TOKEN.into());
     assert!(pull(&spec("org/G-GGUF"), &o).unwrap().ends_with("G-Q4_K_M.gguf"));
+}
+
+/// Two pulls of one file at once (two processes would do the same): one downloads, the other
+/// waits on the blob's lock and finds it whole; the Hub sends the file once.
+#[test]
+fn two_pulls_of_one_file_download_it_once() {
+    let file = bytes(1_000_000, 20);
+    let mut r = repo(vec![("W-Q4_K_M.gguf", file.clone())]);
+    r.pace = Some((64 << 10, Duration::from_millis(50)));
+    let hub = hub_with(vec![("org/W-GGUF", r)]);
+    let url = start(hub.clone());
+    let dir = tmp("twice");
+    let pulls: Vec<_> = (0..2)
+        .map(|_| {
+            let o = opts(&url, &dir.0);
+            std::thread::spawn(move || pull(&spec("org/W-GGUF"), &o))
+        })
+        .collect();
+    for p in pulls {
+        assert_eq!(std::fs::read(p.join().unwrap().unwrap()).unwrap(), file);
+    }
+    let fetched = hub.lock().unwrap().log.iter().filter(|(p, _)| p.starts_with("/blobs/")).count();
+    assert_eq!(fetched, 1, "{:?}", hub.lock().unwrap().log);
 }
 
 #[test]
@@ -945,7 +974,12 @@ async fn a_pull_whose_client_left_is_cancelled() {
     let h = hub.clone();
     until("the abandoned download is cancelled", Box::new(move || h.lock().unwrap().sending == 0)).await;
     let blobs = cache.0.join("models--org--C-GGUF/blobs");
-    let partial = std::fs::read_dir(&blobs).unwrap().flatten().map(|e| e.path()).next().unwrap();
+    let partial = std::fs::read_dir(&blobs)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|x| x == "incomplete"))
+        .unwrap();
     let kept = std::fs::metadata(&partial).unwrap().len();
     assert!(kept > 0 && kept < file.len() as u64, "{kept}");
 

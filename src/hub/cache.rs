@@ -1,8 +1,9 @@
 //! One repository's folder in the Hugging Face cache, laid out as `huggingface_hub` lays it out:
 //! `models--ORG--NAME/` with `refs/main` (the text of a commit), `blobs/ETAG` (a file's bytes,
 //! named by its sha256 or git blob id) and `snapshots/COMMIT/FILE`, a relative symlink to
-//! `../../blobs/ETAG`. Blobs being downloaded are `blobs/ETAG.incomplete` (the Python client's
-//! name, so either client resumes the other's download).
+//! `../../blobs/ETAG`. Blobs being downloaded are `blobs/ETAG.incomplete`, under the lock
+//! `blobs/ETAG.lock` (the Python client's names, so either client resumes the other's download
+//! and neither writes into one the other is writing).
 //!
 //! What the Hub says (a commit, an etag, a file name) is data, never a path until it is checked
 //! against its format ([`is_commit`], [`etag`], [`file_name`]); what the cache holds is checked
@@ -162,6 +163,11 @@ impl RepoCache {
     /// Where blob `etag` is downloaded to.
     pub fn partial(&self, etag: &str) -> PathBuf {
         self.root.join("blobs").join(format!("{etag}.incomplete"))
+    }
+
+    /// The lock a download of blob `etag` holds.
+    pub fn lock(&self, etag: &str) -> PathBuf {
+        self.root.join("blobs").join(format!("{etag}.lock"))
     }
 
     /// Creates `blobs/` (a folder of this repository's, not a link elsewhere).

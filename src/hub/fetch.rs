@@ -187,8 +187,10 @@ async fn online(spec: &Spec, opts: &Options, repo: &RepoCache, cancel: &AtomicBo
         let size = listed.size().ok_or_else(|| anyhow!("{where_}: the listing gives {file} no size"))?;
         repo.blobs_dir()?;
         let blob = repo.blob(&etag);
-        let whole = std::fs::symlink_metadata(&blob).is_ok_and(|m| m.is_file() && m.len() == size);
-        if !whole {
+        let whole = || std::fs::symlink_metadata(&blob).is_ok_and(|m| m.is_file() && m.len() == size);
+        // Another process pulling the same file waits for this one (and finds it whole).
+        let _lock = if whole() { None } else { Some(lock_blob(&repo.lock(&etag), cancel).await?) };
+        if !whole() {
             let partial = repo.partial(&etag);
             let want = http::Want {
                 url: format!("{}/{}/resolve/{commit}/{}", opts.endpoint, spec.repo, url_path(file)),
@@ -216,6 +218,34 @@ async fn online(spec: &Spec, opts: &Options, repo: &RepoCache, cancel: &AtomicBo
         Some(e) => snapshot.join(e),
         None => snapshot,
     })
+}
+
+/// Holds `blobs/ETAG.lock` (the Python client's lock file) while this process downloads the
+/// blob, so that two processes pulling one file never write into the same `.incomplete` file:
+/// the second waits (until cancelled).
+async fn lock_blob(path: &Path, cancel: &AtomicBool) -> Result<std::fs::File> {
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .write(true)
+        .truncate(false)
+        .open(path)
+        .with_context(|| format!("cannot open {}", path.display()))?;
+    let mut said = false;
+    loop {
+        match f.try_lock() {
+            Ok(()) => return Ok(f),
+            Err(std::fs::TryLockError::WouldBlock) => {}
+            Err(std::fs::TryLockError::Error(e)) => bail!("cannot lock {}: {e}", path.display()),
+        }
+        if cancel.load(Ordering::Relaxed) {
+            bail!("the pull was cancelled while another process downloaded the same file");
+        }
+        if !said {
+            tracing::info!("another process is downloading {}; waiting for it", path.display());
+            said = true;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
 }
 
 fn progress_bar(file: &str, size: u64) -> indicatif::ProgressBar {

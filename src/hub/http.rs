@@ -319,10 +319,12 @@ async fn attempt(
             match range.and_then(content_range) {
                 Some((a, b, total))
                     if a == at && b + 1 == want.size && total == want.size && expect(want.size - at) => {}
-                _ => return Err(Failed::Fatal(anyhow!(
+                _ => {
+                    return Err(Failed::Fatal(anyhow!(
                     "{what}: the Hub sent bytes {range:?} for a request from byte {at} of a file it lists at {} bytes",
                     want.size
-                ))),
+                )))
+                }
             }
         }
         200 => {
