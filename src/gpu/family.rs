@@ -80,6 +80,15 @@ pub fn shader_checks() -> ShaderChecks {
     })
 }
 
+/// `TORUS_PRINT_PIPELINES=1`: every pipeline's label is written to stderr just before the
+/// driver builds it, so that what the driver prints while compiling it (RADV_DEBUG=shaderstats,
+/// scripts/gpu-compiler-report.sh) can be told apart by kernel. Pipelines are built one at a
+/// time.
+fn print_pipelines() -> bool {
+    static PRINT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *PRINT.get_or_init(|| std::env::var("TORUS_PRINT_PIPELINES").is_ok_and(|v| !v.is_empty() && v != "0"))
+}
+
 /// A pipeline family sharing one bind group layout, so one bind group serves every variant.
 pub struct Family {
     pub layout: wgpu::BindGroupLayout,
@@ -115,6 +124,9 @@ impl Family {
                 gpu.device.create_shader_module_trusted(desc, wgpu::ShaderRuntimeChecks::unchecked())
             },
         };
+        if print_pipelines() {
+            eprintln!("torus-wgpu pipeline: {label}");
+        }
         Ok(gpu.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
             label: Some(label),
             layout: Some(&self.pipeline_layout),
