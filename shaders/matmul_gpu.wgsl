@@ -1,4 +1,7 @@
 // GPU profile, decode-sized steps (m <= 64 rows): y[t, row0 + n] (=|+=) sum_k x[t, k] * W[n, k].
+// Built for one token per workgroup (TM = 1, a step of one token); steps of more take
+// matmul_gpu_tokens.wgsl (one row per 16 invocations: sharing x across rows, as here, keeps
+// every token's x block live at once).
 // One workgroup per NR weight rows x TM tokens; the workgroups of the same rows for the step's
 // other TM-token groups are next in the grid, so they run together and the rows come from the
 // cache for all but the first (more than 16 rows: several groups of 16, a grid as large as at

@@ -178,9 +178,17 @@ const REDUCE_WORKGROUP: &str = "    for (var k0 = 0u; k0 < NV; k0 += RB) {
         workgroupBarrier();
     }";
 
-/// The gpu profile's decode-sized matmul (see matmul_gpu.wgsl); `subgroups`: reduce with
-/// subgroupAdd.
+/// The gpu profile's decode-sized matmul for `tm` tokens per workgroup: matmul_gpu.wgsl for one
+/// (`subgroups`: reduce with subgroupAdd), matmul_gpu_tokens.wgsl for more (one weight row per
+/// 16 invocations, so that the tokens' x values are never all live at once).
 pub fn matmul_gpu_source(f: WFormat, tm: u32, swiglu: bool, subgroups: bool) -> Result<String> {
+    if tm > 1 {
+        let template = include_str!("../../shaders/matmul_gpu_tokens.wgsl");
+        return matmul_shader(Shader::new(format!("matmul_gpu_{}_{tm}", f.name()), template), f)
+            .fill("TM", tm)
+            .fill("SWIGLU", swiglu)
+            .build();
+    }
     let (args, decl, reduce) =
         if subgroups { (SG_ARGS, RED_SUBGROUP, REDUCE_SUBGROUP) } else { ("", RED_WORKGROUP, REDUCE_WORKGROUP) };
     matmul_shader(
