@@ -193,6 +193,11 @@ pub(super) fn dispatches<'a>(
                 out(r.folded(combine, &op.bind, div_up(n * heads * hd4, 64)));
             }
         }
-        (None, _) => out(r.folded(more.map_or(&k.attention, |m| &m.cpu), &op.bind, div_up(n * heads, 32))),
+        // (Without the gpu profile's kernels, the cpu profile's attention was built.)
+        (None, _) => {
+            if let Some(pipe) = more.map_or(k.attention.as_ref(), |m| m.cpu.as_ref()) {
+                out(r.folded(pipe, &op.bind, div_up(n * heads, 32)));
+            }
+        }
     }
 }

@@ -85,7 +85,8 @@ pub const GPU_DECODE_MAX_ROWS: u32 = 64;
 pub const GPU_DECODE_NR: u32 = 4;
 
 pub struct MatmulPipelines {
-    /// One per MATMUL_TILES entry.
+    /// One per MATMUL_TILES entry (the cpu profile's; none on the gpu profile, whose matmuls
+    /// are GpuMatmulPipelines).
     pub plain: Vec<wgpu::ComputePipeline>,
     /// Fused gate/up SwiGLU, one per MATMUL_TILES entry.
     pub swiglu: Vec<wgpu::ComputePipeline>,
@@ -174,8 +175,8 @@ pub struct KernelSpec {
 pub struct MoreAttn {
     /// (head_dim, group).
     pub geom: (u32, u32),
-    /// The cpu profile's attention.
-    pub cpu: wgpu::ComputePipeline,
+    /// The cpu profile's attention (None on the gpu profile, which never runs it).
+    pub cpu: Option<wgpu::ComputePipeline>,
     /// gpu profile: the split attention and its merge, and the query-tiled one (at the tokens
     /// per tile of GpuPipelines::attention_tiled).
     pub split: Option<[wgpu::ComputePipeline; 2]>,
@@ -203,7 +204,10 @@ pub struct Kernels {
     pub rope_kv: wgpu::ComputePipeline,
     /// `AttnBinds` and the KV cache's chunks.
     pub attn_family: Family,
-    pub attention: wgpu::ComputePipeline,
+    /// The cpu profile's attention, a thread per (token, head) (None on the gpu profile, which
+    /// runs `gpu`'s split and tiled kernels: a thread holding a head's query and accumulator
+    /// spills on real GPUs).
+    pub attention: Option<wgpu::ComputePipeline>,
     /// `SampleBinds` (and `AdjustBinds`, with the same accesses).
     pub sample_family: Family,
     pub sample: wgpu::ComputePipeline,
@@ -251,7 +255,9 @@ impl Kernels {
             }
             let n = f.name();
             let (mut plain, mut swiglu, mut plain_u, mut swiglu_u) = (vec![], vec![], vec![], vec![]);
-            for (tm, tn) in MATMUL_TILES {
+            // The register tiles are the cpu profile's; the gpu profile runs `gpu`'s matmuls.
+            let tiles = if profile == KernelProfile::Gpu { &[][..] } else { &MATMUL_TILES[..] };
+            for &(tm, tn) in tiles {
                 let src = matmul_source(f, tm, tn, false)?;
                 plain.push(matmul_family.pipeline(gpu, &format!("matmul_{n}_{tm}x{tn}"), &src, "main")?);
                 swiglu.push(matmul_family.pipeline(gpu, &format!("swiglu_{n}_{tm}x{tn}"), &src, "main_swiglu")?);
@@ -292,7 +298,10 @@ impl Kernels {
         attn_slots.extend([(ATTN_KV.0, Read), (ATTN_KV.1, Read)]);
         attn_slots.extend(chunk_slots(Read));
         let attn_family = Family::new(gpu, &attn_slots);
-        let attention = attn_family.pipeline(gpu, "attention", &attention_source(head_dim, kv, kv_chunks)?, "main")?;
+        let attention = match profile {
+            KernelProfile::Gpu => None,
+            _ => Some(attn_family.pipeline(gpu, "attention", &attention_source(head_dim, kv, kv_chunks)?, "main")?),
+        };
         // The adjustment kernel binds the same way: AdjustBinds::SLOTS has these accesses.
         let sample_family = Family::new(gpu, &layout_of(SampleBinds::SLOTS));
         let sample = sample_family.pipeline(gpu, "sample", &sample_source()?, "main")?;
@@ -367,8 +376,15 @@ impl Kernels {
             .iter()
             .map(|&(d, g)| -> Result<MoreAttn> {
                 let name = |n: &str| format!("{n}_{d}_{g}");
-                let cpu =
-                    attn_family.pipeline(gpu, &name("attention"), &attention_source(d, kv, kv_chunks)?, "main")?;
+                let cpu = match profile {
+                    KernelProfile::Gpu => None,
+                    _ => Some(attn_family.pipeline(
+                        gpu,
+                        &name("attention"),
+                        &attention_source(d, kv, kv_chunks)?,
+                        "main",
+                    )?),
+                };
                 let (split, tiled) = if profile == KernelProfile::Gpu {
                     let src = attention_split_source(d, g.max(1), kv, kv_chunks, gpu.subgroups)?;
                     let split = [
