@@ -94,17 +94,23 @@ def main():
         i = args.index("--json")
         json_out = args[i + 1]
         del args[i:i + 2]
-    by_target = {}
+    # target -> label -> [(figures, first workload)], one entry per distinct result
+    variants = {}
     for path in args:
         name = os.path.basename(path)[:-4]
         target, _, workload = name.partition("-")
+        labels = variants.setdefault(target, {})
+        for label, figures in parse(path):
+            seen = labels.setdefault(label, [])
+            if not any(f == figures for f, _ in seen):
+                seen.append((figures, workload))
+    by_target = {}
+    for target, labels in variants.items():
         rows = by_target.setdefault(target, {})
-        for label, s in parse(path):
-            key = label
-            figures = {k: v for k, v in s.items()}
-            while key in rows and rows[key]["figures"] != figures:
-                key = f"{label}@{workload}" if "@" not in key else key + "+"
-            rows.setdefault(key, {"figures": figures})
+        for label, seen in labels.items():
+            for figures, workload in seen:
+                key = label if len(seen) == 1 else f"{label}@{workload}"
+                rows[key] = {"figures": figures}
     if json_out:
         with open(json_out, "w") as f:
             json.dump({t: {k: r["figures"] for k, r in rows.items()} for t, rows in by_target.items()}, f, indent=1)
