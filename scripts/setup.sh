@@ -36,6 +36,14 @@ if ! { command -v chromium && command -v chromedriver; } >/dev/null 2>&1 && comm
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y chromium chromium-driver
 fi
 ./scripts/fetch-model.sh all
+# Mesa's RADV (bookworm-backports, into ~/.cache/torus-wgpu; the system's Mesa is not touched)
+# and the driver shim in front of its null device: the GPU compiler report's test
+# (tests/compiler_report.rs) compiles every gpu-profile kernel for AMD targets with it.
+if command -v apt-get >/dev/null 2>&1 && command -v dpkg-deb >/dev/null 2>&1; then
+  ./scripts/fetch-radv.sh >/dev/null
+else
+  echo "note: tests/compiler_report.rs needs scripts/fetch-radv.sh (Debian's apt-get and dpkg-deb)" >&2
+fi
 # pip_install PKG...: a system Python that refuses user packages (PEP 668) gets them with
 # --break-system-packages.
 pip_install() {

@@ -79,6 +79,10 @@ enum Cmd {
     /// Choose the gpu profile's GEMM kernels for this adapter by measuring them (on a model's
     /// matmul shapes, or a synthetic 7B layer) and keep the choice for later runs.
     Tune(Box<torus_wgpu::bench::tune::TuneArgs>),
+    /// Build every pipeline a kernel profile has (every weight format, GEMM variant and attention
+    /// geometry) on an adapter, without a model; with TORUS_PRINT_PIPELINES=1 each is named on
+    /// stderr first (the GPU compiler report: scripts/gpu-compiler-report.sh).
+    BuildKernels(torus_wgpu::bench::build_kernels::BuildKernelsArgs),
     /// Download a model from the Hugging Face Hub into its cache (`$HF_HOME/hub`) and print its
     /// local path: OWNER/REPO[:QUANT] (a GGUF repository's file of that quantization, Q4_K_M by
     /// default; a Transformers repository's weights, config and tokenizer). `--model
@@ -288,6 +292,7 @@ fn run(mut cli: Cli) -> Result<()> {
         }
         Cmd::BenchModel(args) => torus_wgpu::bench::model::run(&args)?,
         Cmd::Tune(args) => torus_wgpu::bench::tune::run(&args)?,
+        Cmd::BuildKernels(args) => torus_wgpu::bench::build_kernels::run(&args)?,
         Cmd::CheckProfiles(args) => torus_wgpu::bench::profiles::run(&args)?,
         Cmd::Throughput { engine, num_prompts, input_len, output_len, shared_prefix, seed } => {
             let cfg = engine.resolve()?;

@@ -5,10 +5,12 @@
 //! had closed) is resent on a fresh connection and counted in `retries`; its timeline still
 //! starts at the first attempt.
 //!
-//! Owns: the load generator for OpenAI endpoints, `bench-model` and the kernel-profile sweep.
+//! Owns: the load generator for OpenAI endpoints, `bench-model`, the kernel-profile sweep and
+//! `build-kernels` (every pipeline a profile has, for the GPU compiler report).
 //! May use: config, exec, model, ops, weights, gpu, formats, tokenizer, sampling.
 //! Never uses: server, engine internals.
 
+pub mod build_kernels;
 pub mod kernels;
 pub mod measure;
 pub mod metrics;
