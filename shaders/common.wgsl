@@ -52,6 +52,47 @@ fn ubyte(w: u32, i: u32) -> u32 {
     return (w >> (8u * i)) & 255u;
 }
 
+// The int8 path's codes (wcodes8 of the weight formats, see matmul_gpu_xi8.wgsl): 32 codes as
+// bytes, four to a word, word i = elements 4i..4i+3.
+// A nibble word's low and high nibbles (elements 4p.. and 16+4p..) as bytes.
+fn nibs8(v: vec4<u32>) -> array<u32, 8> {
+    let lo = v & vec4<u32>(0x0F0F0F0Fu);
+    let hi = (v >> vec4<u32>(4u)) & vec4<u32>(0x0F0F0F0Fu);
+    return array<u32, 8>(lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w);
+}
+
+// Bits 0..4 of x, one to each byte (bit i to bit 8i).
+fn spread4(x: u32) -> u32 {
+    return ((x & 15u) * 0x00204081u) & 0x01010101u;
+}
+
+// The four 2-bit fields of bits 0..8 of x, one to each byte (field i to bits 8i..8i+2).
+fn spread2(x: u32) -> u32 {
+    let t = ((x & 255u) | ((x & 255u) << 12u)) & 0x000F000Fu;
+    return (t | (t << 6u)) & 0x03030303u;
+}
+
+// Nibble words with a bit word of fifth bits (Q5_0, Q5_1, Q5_K) as 5-bit bytes.
+fn fifth8(v: vec4<u32>, h: u32) -> array<u32, 8> {
+    var e = nibs8(v);
+    for (var p = 0u; p < 4u; p++) {
+        e[p] |= spread4(h >> (8u * p)) << 4u;
+        e[4u + p] |= spread4(h >> (8u * p + 4u)) << 4u;
+    }
+    return e;
+}
+
+// Pair words (Q2_K, and the low bits of Q3_K) as 2-bit bytes.
+fn pairs8(e2: vec2<u32>) -> array<u32, 8> {
+    var e: array<u32, 8>;
+    for (var p = 0u; p < 4u; p++) {
+        let b = pair_bits(e2, p);
+        e[p] = spread2(b);
+        e[4u + p] = spread2(b >> 8u);
+    }
+    return e;
+}
+
 // tanh with its argument clamped to +-15 (where it is +-1 in f32): a driver's tanh may compute
 // (e^2x - 1) / (e^2x + 1), which is inf / inf for large x.
 fn tanh_c(x: f32) -> f32 {

@@ -1,27 +1,25 @@
-// GPU profile, decode-sized steps (m <= 64 rows): y[t, row0 + n] (=|+=) sum_k x[t, k] * W[n, k].
-// Built for one token per workgroup (TM = 1, a step of one token); steps of more take
-// matmul_gpu_tokens.wgsl (one row per 16 invocations: sharing x across rows, as here, keeps
-// every token's x block live at once).
+// GPU profile, decode steps of one token: y[t, row0 + n] (=|+=) sum_k x[t, k] * W[n, k].
+// Steps of 2-16 tokens per workgroup take matmul_gpu_tokens.wgsl (one row per 16 invocations:
+// sharing x across rows, as here, keeps every token's x block live at once).
 // One workgroup per NR weight rows x TM tokens; the workgroups of the same rows for the step's
 // other TM-token groups are next in the grid, so they run together and the rows come from the
-// cache for all but the first (more than 16 rows: several groups of 16, a grid as large as at
-// batch 1 instead of a few 64 x 64 tiles). The WG invocations form WG / L groups of L
+// cache for all but the first. The WG invocations form WG / L groups of L
 // (`lanes_per_row`: 64, 32 or 16, so that rows of few blocks still keep most invocations busy);
 // group q takes rows q, q + WG / L, ... of the NR, and its invocation j the 32-element blocks
-// j, j + L, ..., so consecutive invocations read consecutive blocks. Per block and
-// row, the scale record is decoded once (`wscale`), the codes once (`wcodes`: 32 raw codes,
-// integer offsets already subtracted), and each token's contribution is
-//   d_lo * (codes_lo . x_lo) + d_hi * (codes_hi . x_hi) [+ m_lo * sum(x_lo) + m_hi * sum(x_hi)]
-// (`wterms`: the block's two 16-element halves' scales and, for formats with a min (`WMIN`),
-// their mins, applied once through the sums of x, which are shared by the NR rows). So a weight
-// costs one multiply-add per token and each weight is read once for all TM tokens. The NV
-// partial sums of each invocation are reduced with subgroupAdd where the adapter has subgroups,
+// j, j + L, ..., so consecutive invocations read consecutive blocks. Per block, each token's
+// x block is taken once (`xblock`) and shared by the NR rows; per block and row, `block_dot`
+// decodes the scale record and the codes once and multiplies them with the x block. How x is
+// read is the X part's (matmul_gpu_x*.wgsl, filled in below): f32 activations (the weights'
+// codes as floats, one multiply-add per weight), or activations quantized to int8 per 32
+// values by quantize_x8.wgsl (the codes packed four to a word, dot4I8Packed). The NV partial
+// sums of each invocation are reduced with subgroupAdd where the adapter has subgroups,
 // else through workgroup memory (the REDUCE snippet of sources.rs), into `tot`.
 // With SWIGLU, the NR weight rows are NR/2 gate rows and the same up rows (gate rows first in
 // the chunk, up rows n_rows later) and y = glu(gate . x) * (up . x).
-// The weight format's wfmt_*.wgsl (wq, ws, Sc, wscale, wcodes, wterms, WMIN) is prepended.
+// The weight format's wfmt_*.wgsl (wq, ws, Sc, wscale, wcodes, wterms, WMIN and, for int8,
+// wcodes8 and wterms8) is prepended.
 
-@group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;
+{{X}}
 
 const TM: u32 = {{TM}}u;
 const NR: u32 = 4u;
@@ -75,15 +73,9 @@ fn main(
     let groups = WG / lanes;
     let grp = lid / lanes;
     for (var b = lid % lanes; b < p.k_blocks; b += lanes) {
-        // Sums of each token's x over the block's halves (formats with a min only).
-        var xs: array<vec2<f32>, TM>;
-        if (WMIN) {
-            for (var i = 0u; i < TM; i++) {
-                let xb = min(t0 + i, m - 1u) * p.x_stride4 + b * 8u;
-                let lo = x[xb] + x[xb + 1u] + x[xb + 2u] + x[xb + 3u];
-                let hi = x[xb + 4u] + x[xb + 5u] + x[xb + 6u] + x[xb + 7u];
-                xs[i] = vec2<f32>(dot(lo, vec4<f32>(1.0)), dot(hi, vec4<f32>(1.0)));
-            }
+        var xbs: array<XB, TM>;
+        for (var i = 0u; i < TM; i++) {
+            xbs[i] = xblock(min(t0 + i, m - 1u), b);
         }
         for (var r = 0u; r < NR; r++) {
             // Rows of other groups stay 0 here: the reduction over all invocations adds them.
@@ -91,19 +83,8 @@ fn main(
                 continue;
             }
             let blk = rows[r] * p.k_blocks + b;
-            let s = wscale(blk);
-            let c = wcodes(blk, s);
-            let tm = wterms(s);
             for (var i = 0u; i < TM; i++) {
-                let xb = min(t0 + i, m - 1u) * p.x_stride4 + b * 8u;
-                let lo = dot(c[0], x[xb]) + dot(c[1], x[xb + 1u]) + dot(c[2], x[xb + 2u]) + dot(c[3], x[xb + 3u]);
-                let hi =
-                    dot(c[4], x[xb + 4u]) + dot(c[5], x[xb + 5u]) + dot(c[6], x[xb + 6u]) + dot(c[7], x[xb + 7u]);
-                var v = lo * tm.x + hi * tm.y;
-                if (WMIN) {
-                    v += xs[i].x * tm.z + xs[i].y * tm.w;
-                }
-                acc[i * NR + r] += v;
+                acc[i * NR + r] += block_dot(blk, xbs[i]);
             }
         }
     }

@@ -42,3 +42,19 @@ fn wcodes(blk: u32, s: Sc) -> array<vec4<f32>, 8> {
 fn wterms(s: Sc) -> vec4<f32> {
     return vec4<f32>(s.dlo, s.dhi, 0.0, 0.0);
 }
+
+// The int8 path (matmul_gpu_xi8.wgsl): the codes as bytes (wcodes8) and their terms (wterms8:
+// the halves' scales, then what multiplies the halves' sums of x):
+// 3-bit codes, the offset -4 applied through the sums.
+fn wcodes8(blk: u32, s: Sc) -> array<u32, 8> {
+    var e = pairs8(s.e);
+    for (var p = 0u; p < 4u; p++) {
+        e[p] |= spread4(s.h >> (8u * p)) << 2u;
+        e[4u + p] |= spread4(s.h >> (8u * p + 4u)) << 2u;
+    }
+    return e;
+}
+
+fn wterms8(s: Sc) -> vec4<f32> {
+    return vec4<f32>(s.dlo, s.dhi, -4.0 * s.dlo, -4.0 * s.dhi);
+}

@@ -35,3 +35,14 @@ fn wcodes(blk: u32, s: Sc) -> array<vec4<f32>, 8> {
 fn wterms(s: Sc) -> vec4<f32> {
     return vec4<f32>(s.d, s.d, 0.0, 0.0);
 }
+
+// The int8 path (matmul_gpu_xi8.wgsl): the codes as bytes (wcodes8) and their terms (wterms8:
+// the halves' scales, then what multiplies the halves' sums of x):
+// nibbles, the offset -8 applied through the sums.
+fn wcodes8(blk: u32, s: Sc) -> array<u32, 8> {
+    return nibs8(wq[blk]);
+}
+
+fn wterms8(s: Sc) -> vec4<f32> {
+    return vec4<f32>(s.d, s.d, -8.0 * s.d, -8.0 * s.d);
+}

@@ -39,3 +39,13 @@ fn wcodes(blk: u32, s: Sc) -> array<vec4<f32>, 8> {
 fn wterms(s: Sc) -> vec4<f32> {
     return vec4<f32>(s.d, s.d, s.m, s.m);
 }
+
+// The int8 path (matmul_gpu_xi8.wgsl): the codes as bytes (wcodes8) and their terms (wterms8:
+// the halves' scales, then what multiplies the halves' sums of x).
+fn wcodes8(blk: u32, s: Sc) -> array<u32, 8> {
+    return fifth8(vec4<u32>(wq[blk * 5u], wq[blk * 5u + 1u], wq[blk * 5u + 2u], wq[blk * 5u + 3u]), s.h);
+}
+
+fn wterms8(s: Sc) -> vec4<f32> {
+    return wterms(s);
+}

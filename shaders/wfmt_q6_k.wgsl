@@ -42,3 +42,20 @@ fn wcodes(blk: u32, s: Sc) -> array<vec4<f32>, 8> {
 fn wterms(s: Sc) -> vec4<f32> {
     return vec4<f32>(s.dlo, s.dhi, 0.0, 0.0);
 }
+
+// The int8 path (matmul_gpu_xi8.wgsl): the codes as bytes (wcodes8) and their terms (wterms8:
+// the halves' scales, then what multiplies the halves' sums of x):
+// 6-bit codes, the offset -32 applied through the sums.
+fn wcodes8(blk: u32, s: Sc) -> array<u32, 8> {
+    let v = vec4<u32>(wq[blk * 6u], wq[blk * 6u + 1u], wq[blk * 6u + 2u], wq[blk * 6u + 3u]);
+    var e = nibs8(v);
+    let hb = pairs8(s.e);
+    for (var i = 0u; i < 8u; i++) {
+        e[i] |= hb[i] << 4u;
+    }
+    return e;
+}
+
+fn wterms8(s: Sc) -> vec4<f32> {
+    return vec4<f32>(s.dlo, s.dhi, -32.0 * s.dlo, -32.0 * s.dhi);
+}

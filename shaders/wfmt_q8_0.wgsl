@@ -37,3 +37,15 @@ fn wcodes(blk: u32, s: Sc) -> array<vec4<f32>, 8> {
 fn wterms(s: Sc) -> vec4<f32> {
     return vec4<f32>(s.d, s.d, 0.0, 0.0);
 }
+
+// The int8 path (matmul_gpu_xi8.wgsl): the codes as bytes (wcodes8) and their terms (wterms8:
+// the halves' scales, then what multiplies the halves' sums of x).
+fn wcodes8(blk: u32, s: Sc) -> array<u32, 8> {
+    let a = wq[2u * blk];
+    let b = wq[2u * blk + 1u];
+    return array<u32, 8>(a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w);
+}
+
+fn wterms8(s: Sc) -> vec4<f32> {
+    return vec4<f32>(s.d, s.d, 0.0, 0.0);
+}

@@ -64,30 +64,119 @@ fn radv() -> PathBuf {
     dir
 }
 
-#[test]
-fn gpu_kernels_fit_in_registers_on_amd_targets() {
+/// `torus-wgpu build-kernels ARGS` on RADV's null device for `target` with RADV_DEBUG=`debug`:
+/// its stderr (each pipeline's label, then what RADV prints for it).
+fn build_kernels(target: &str, debug: &str, args: &[&str]) -> String {
     let dir = radv();
     let lib = dir.join("root/usr/lib/x86_64-linux-gnu");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_torus-wgpu"))
+        .arg("build-kernels")
+        .args(args)
+        .env("VK_ICD_FILENAMES", dir.join("shim_icd.json"))
+        .env("TORUS_RADV_LIBRARY", lib.join("libvulkan_radeon.so"))
+        .env("LD_LIBRARY_PATH", &lib)
+        .env("RADV_FORCE_FAMILY", target)
+        .env("RADV_DEBUG", debug)
+        .env("MESA_SHADER_CACHE_DISABLE", "true")
+        .env("TORUS_PIPELINE_CACHE_DIR", "off")
+        .env("TORUS_PRINT_PIPELINES", "1")
+        .env_remove("VK_DRIVER_FILES")
+        .env_remove("VK_ADD_DRIVER_FILES")
+        .env_remove("TORUS_INT8")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{target}: {stdout}\n{}", stderr.chars().rev().take(3000).collect::<String>());
+    assert!(stdout.contains(&format!("RADV {}", target.to_uppercase())), "{target}: not RADV's device: {stdout}");
+    stderr
+}
+
+/// The machine code RADV_DEBUG=asm printed for pipeline `label` (its lines up to the statistics).
+fn asm_of<'a>(log: &'a str, label: &str) -> Vec<&'a str> {
+    let start = format!("torus-wgpu pipeline: {label}");
+    let mut lines = log.lines().skip_while(|l| *l != start).skip(1);
+    lines.by_ref().take_while(|l| !l.starts_with("*** SHADER STATS ***")).collect()
+}
+
+/// (VALU, memory loads) of the loop with the most memory loads in `asm`: ACO's blocks
+/// (`BB12:`) and the backward branches (`s_cbranch_scc0 BB12` after it) that close loops.
+fn inner_loop(asm: &[&str]) -> Option<(usize, usize)> {
+    let mut blocks: Vec<Vec<&str>> = Vec::new();
+    let mut order = BTreeMap::new();
+    for line in asm {
+        let label = line
+            .split_once(':')
+            .map(|(n, _)| n)
+            .filter(|n| n.strip_prefix("BB").is_some_and(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit())));
+        if let Some(name) = label {
+            order.insert(name.to_string(), blocks.len());
+            blocks.push(Vec::new());
+        } else if let Some(b) = blocks.last_mut() {
+            b.push(line.trim());
+        }
+    }
+    let mut best: Option<((usize, i64), usize, usize)> = None;
+    for (i, body) in blocks.iter().enumerate() {
+        for ins in body {
+            let mut words = ins.split_whitespace();
+            let (Some(op), Some(target)) = (words.next(), words.next()) else { continue };
+            if !(op.starts_with("s_branch") || op.starts_with("s_cbranch")) {
+                continue;
+            }
+            let Some(&head) = order.get(target.trim_end_matches(',')) else { continue };
+            if head > i {
+                continue;
+            }
+            let body: Vec<&str> = blocks[head..=i].iter().flatten().copied().collect();
+            let valu = body.iter().filter(|x| x.starts_with("v_")).count();
+            let vmem = body.iter().filter(|x| x.starts_with("buffer_load") || x.starts_with("global_load")).count();
+            let key = (vmem, -(body.len() as i64));
+            if best.as_ref().is_none_or(|b| key > b.0) {
+                best = Some((key, valu, vmem));
+            }
+        }
+    }
+    best.map(|(_, valu, vmem)| (valu, vmem))
+}
+
+/// The one-token int8 matmuls on RDNA3 (navi31): v_dot4 (RDNA3's v_dot4_i32_iu8, RDNA2's
+/// v_dot4_i32_i8) in their loop over K and at most
+/// 1.5 vector instructions per weight there (4 rows x one 32-weight block per iteration), for
+/// Q4_K and Q8_0, plain and SwiGLU; still 8 waves per SIMD.
+#[test]
+fn int8_matmuls_use_dot4_on_rdna3() {
+    let log = build_kernels("navi31", "shaderstats,asm", &["--formats", "q4_k,q8_0"]);
+    let (stats, _) = parse(&log);
+    let mut failures = Vec::new();
+    for f in ["q4_k", "q8_0"] {
+        for sw in [false, true] {
+            let label = format!("matmul_gpu_i8_{f}_1_{sw}");
+            let asm = asm_of(&log, &label);
+            assert!(asm.len() > 50, "{label}: no machine code in the log");
+            let (valu, vmem) = inner_loop(&asm).unwrap_or_else(|| panic!("{label}: no loop"));
+            let dot4 = asm.iter().filter(|l| l.trim_start().starts_with("v_dot4_i32_i")).count();
+            let per_weight = valu as f64 / 128.0;
+            eprintln!(
+                "{label}: {valu} VALU and {vmem} loads per iteration ({per_weight:.2} per weight), {dot4} v_dot4"
+            );
+            if dot4 < 16 || per_weight > 1.5 {
+                failures.push(format!("{label}: {per_weight:.2} VALU per weight, {dot4} v_dot4"));
+            }
+            let waves = stats.get(&label).map_or(0, |s| s.waves);
+            if waves < 8 {
+                failures.push(format!("{label}: {waves} waves per SIMD"));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn gpu_kernels_fit_in_registers_on_amd_targets() {
     let mut failures = Vec::new();
     for target in ["navi31", "navi21"] {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_torus-wgpu"))
-            .arg("build-kernels")
-            .env("VK_ICD_FILENAMES", dir.join("shim_icd.json"))
-            .env("TORUS_RADV_LIBRARY", lib.join("libvulkan_radeon.so"))
-            .env("LD_LIBRARY_PATH", &lib)
-            .env("RADV_FORCE_FAMILY", target)
-            .env("RADV_DEBUG", "shaderstats")
-            .env("MESA_SHADER_CACHE_DISABLE", "true")
-            .env("TORUS_PIPELINE_CACHE_DIR", "off")
-            .env("TORUS_PRINT_PIPELINES", "1")
-            .env_remove("VK_DRIVER_FILES")
-            .env_remove("VK_ADD_DRIVER_FILES")
-            .output()
-            .unwrap();
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(out.status.success(), "{target}: {stdout}\n{}", stderr.chars().rev().take(3000).collect::<String>());
-        assert!(stdout.contains(&format!("RADV {}", target.to_uppercase())), "{target}: not RADV's device: {stdout}");
+        let stderr = build_kernels(target, "shaderstats", &[]);
         let (stats, blocks) = parse(&stderr);
         let labels = stderr.lines().filter(|l| l.starts_with("torus-wgpu pipeline: ")).count();
         // Every pipeline named has its statistics (none came from a cache), and there are many.

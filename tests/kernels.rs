@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::reference::{assert_close, dot_tol, dot_tol_f16, randn, weights};
+use common::reference::{assert_close, dot_tol, dot_tol_q8, matmul_tol, randn, weights};
 use std::sync::{Arc, OnceLock};
 use torus_wgpu::config::{KernelProfile, KvDtype};
 use torus_wgpu::gpu::wformat::WFormat;
@@ -143,6 +143,49 @@ fn gpu_profile_matmul_every_format() {
     }
 }
 
+/// The one-token matmuls on int8 activations (every format that has them), against the
+/// reference within the activations' quantization error and against the same kernels on f32
+/// activations (TORUS_INT8=0's), which must differ: the int8 kernel is what ran. Chunked
+/// weights; SwiGLU. (gpu_profile_matmul_every_format and gpu_profile_swiglu_every_format run
+/// them too, with and without subgroups, as one-token steps do by default.)
+#[test]
+fn gpu_profile_int8_matmul_every_format() {
+    let mut rng = Rng::new(8);
+    let formats: Vec<WFormat> = WFormat::ALL.iter().copied().filter(|f| f.has_int8()).collect();
+    let mut h = Harness::with_formats(gpu(), &formats, (64, 1), KernelProfile::Gpu).unwrap();
+    let every = &gpu_harnesses()[0];
+    for &f in WFormat::ALL.iter() {
+        assert_eq!(every.uses_int8(f, 1), f.has_int8(), "{f:?}: int8 kernels where the format has them");
+        assert!(!every.uses_int8(f, 2), "{f:?}: int8 serves one-token steps only");
+    }
+    for &format in &formats {
+        let k = if format.scale_group() == 256 { 768 } else { 320 };
+        let (w, up) = (weights(format, 45, k, &mut rng, 1.0), weights(format, 45, k, &mut rng, 1.0));
+        let x = randn(&mut rng, k, 1.0);
+        let want = matmul_ref(&x, 1, &w);
+        let (tol, tol32) = (dot_tol_q8(&x, 1, &w), dot_tol(&x, 1, &w));
+        for max_binding in [1 << 27, rows_binding(format, k, 16)] {
+            let what = format!("int8 {format:?} k={k} binding={max_binding}");
+            h.set_int8(true);
+            let got = h.matmul(&w, None, &x, 1, None, None, None, false, max_binding).unwrap();
+            assert_close(&got, &want, |i| tol[i], &what);
+            h.set_int8(false);
+            let f32_path = h.matmul(&w, None, &x, 1, None, None, None, false, max_binding).unwrap();
+            assert_close(&f32_path, &want, |i| tol32[i], &format!("{what} (f32 path)"));
+            assert!(got.iter().zip(&f32_path).any(|(a, b)| a != b), "{what}: the int8 kernel ran");
+        }
+        // The fused SwiGLU, small x (a moderate gate).
+        let xs: Vec<f32> = x.iter().map(|v| v * 0.02).collect();
+        let (g, u) = (matmul_ref(&xs, 1, &w), matmul_ref(&xs, 1, &up));
+        let want: Vec<f32> = g.iter().zip(&u).map(|(a, b)| a / (1.0 + (-a).exp()) * b).collect();
+        let (tg, tu) = (dot_tol_q8(&xs, 1, &w), dot_tol_q8(&xs, 1, &up));
+        h.set_int8(true);
+        let got = h.matmul(&w, Some(&up), &xs, 1, None, None, None, false, 1 << 27).unwrap();
+        let tol = |i: usize| 2.0 * (tg[i] * u[i].abs() + tu[i] * g[i].abs()) + 1e-5 * (1.0 + want[i].abs());
+        assert_close(&got, &want, tol, &format!("int8 swiglu {format:?}"));
+    }
+}
+
 /// Every GEMM variant the tuner chooses from (64 x 64, 32 x 64 and 128 x 128 tiles, in f32 and,
 /// where the device has shader-f16, f16), for steps of fewer rows than a tile (as a plan sends batched
 /// decode to them) and of several tiles: ragged token tiles of 1, 8, 17, 33 and 70 rows, K of 2
@@ -190,7 +233,7 @@ fn check_matmuls(
             let bias = randn(&mut rng, n, 1.0);
             let y0 = randn(&mut rng, m * n, 1.0);
             let base = matmul_ref(&x, m, &w);
-            let tol = if f16 { dot_tol_f16(&x, m, &w) } else { dot_tol(&x, m, &w) };
+            let tol = matmul_tol(h, &x, m, &w, f16);
             // Chunks of about 16 rows, so several chunks (and a ragged last one) are used.
             for &(variant, ux) in variants {
                 for max_binding in [1 << 27, rows_binding(format, k, 16)] {
@@ -249,8 +292,7 @@ fn check_swiglu(
             let x = randn(&mut rng, m * k, xs);
             let (g, u) = (matmul_ref(&x, m, &gate), matmul_ref(&x, m, &up));
             let want: Vec<f32> = g.iter().zip(&u).map(|(a, b)| a / (1.0 + (-a).exp()) * b).collect();
-            let tols = if f16 { dot_tol_f16 } else { dot_tol };
-            let (tg, tu) = (tols(&x, m, &gate), tols(&x, m, &up));
+            let (tg, tu) = (matmul_tol(h, &x, m, &gate, f16), matmul_tol(h, &x, m, &up, f16));
             let tol = |i: usize| 2.0 * (tg[i] * u[i].abs() + tu[i] * g[i].abs()) + 1e-5 * (1.0 + want[i].abs());
             for &(variant, ux) in variants {
                 for max_binding in [1 << 27, rows_binding(format, k, 2 * 10)] {
@@ -285,7 +327,7 @@ fn check_swiglu_unfused(h: &Harness, variants: &[(Option<usize>, bool)]) {
             let x = randn(&mut rng, m * k, 0.02);
             let (g, u) = (matmul_ref(&x, m, &gate), matmul_ref(&x, m, &up));
             let want: Vec<f32> = g.iter().zip(&u).map(|(a, b)| a / (1.0 + (-a).exp()) * b).collect();
-            let (tg, tu) = (dot_tol(&x, m, &gate), dot_tol(&x, m, &up));
+            let (tg, tu) = (matmul_tol(h, &x, m, &gate, false), matmul_tol(h, &x, m, &up, false));
             for &(variant, ux) in variants {
                 let got = h.swiglu_unfused(&gate, &up, &x, m, variant, ux, 1 << 27).unwrap();
                 let what = format!("unfused swiglu {fg:?}/{fu:?} tile {variant:?} uniform-x {ux} m={m}");

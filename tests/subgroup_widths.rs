@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::reference::{assert_close, dot_tol, dot_tol_f16, randn, weights};
+use common::reference::{assert_close, matmul_tol, randn, weights};
 use common::{fixtures, tiny, F32_MARGIN};
 use std::process::Command;
 use std::sync::Arc;
@@ -45,11 +45,11 @@ fn gpu_profile_matmuls_at_this_width() {
     // invocations per row),
     // and the tiled kernel (70 rows: two token tiles).
     for format in formats {
-        for (m, n, k) in [(1, 37, 512), (3, 20, 2560), (16, 13, 768), (70, 67, 256)] {
+        for (m, n, k) in [(1, 37, 512), (1, 9, 2560), (3, 20, 2560), (16, 13, 768), (70, 67, 256)] {
             let w = weights(format, n, k, &mut rng, 1.0);
             let x = randn(&mut rng, m * k, 1.0);
             let want = matmul_ref(&x, m, &w);
-            let tol = dot_tol(&x, m, &w);
+            let tol = matmul_tol(&h, &x, m, &w, false);
             let got = h.matmul(&w, None, &x, m, None, None, None, false, 1 << 27).unwrap();
             assert_close(&got, &want, |i| tol[i], &format!("{format:?} m={m} n={n} k={k}"));
         }
@@ -59,7 +59,7 @@ fn gpu_profile_matmuls_at_this_width() {
             let x = randn(&mut rng, m * 256, 0.02);
             let (g, u) = (matmul_ref(&x, m, &gate), matmul_ref(&x, m, &up));
             let want: Vec<f32> = g.iter().zip(&u).map(|(a, b)| a / (1.0 + (-a).exp()) * b).collect();
-            let (tg, tu) = (dot_tol(&x, m, &gate), dot_tol(&x, m, &up));
+            let (tg, tu) = (matmul_tol(&h, &x, m, &gate, false), matmul_tol(&h, &x, m, &up, false));
             let got = h.matmul(&gate, Some(&up), &x, m, None, None, None, false, 1 << 27).unwrap();
             let tol = |i: usize| 2.0 * (tg[i] * u[i].abs() + tu[i] * g[i].abs()) + 1e-5 * (1.0 + want[i].abs());
             assert_close(&got, &want, tol, &format!("swiglu {format:?} m={m} n={n}"));
@@ -76,7 +76,7 @@ fn gpu_profile_matmuls_at_this_width() {
                 let w = weights(format, n, k, &mut rng, 1.0);
                 let x = randn(&mut rng, m * k, 1.0);
                 let want = matmul_ref(&x, m, &w);
-                let tol = if f16 { dot_tol_f16(&x, m, &w) } else { dot_tol(&x, m, &w) };
+                let tol = matmul_tol(&h, &x, m, &w, f16);
                 let got = h.matmul(&w, None, &x, m, None, None, None, false, 1 << 27).unwrap();
                 assert_close(&got, &want, |i| tol[i], &format!("{} {format:?} m={m} n={n} k={k}", v.name()));
             }

@@ -22,6 +22,9 @@ pub struct BuildKernelsArgs {
     /// The kernel profile whose pipelines are built: gpu (default) or cpu.
     #[arg(long, default_value = "gpu")]
     pub kernel_profile: KernelProfile,
+    /// Only these weight formats' kernels (comma-separated names: q4_k,q8_0); all by default.
+    #[arg(long, value_delimiter = ',')]
+    pub formats: Vec<String>,
 }
 
 /// Attention geometries (head size, query heads per KV head) of the families served: Qwen2.5-7B,
@@ -30,11 +33,22 @@ pub struct BuildKernelsArgs {
 const ATTENTION: [(u32, u32); 6] = [(128, 7), (128, 4), (128, 8), (64, 8), (256, 4), (512, 2)];
 
 pub fn run(args: &BuildKernelsArgs) -> Result<()> {
+    let formats = if args.formats.is_empty() {
+        WFormat::ALL.to_vec()
+    } else {
+        args.formats
+            .iter()
+            .map(|n| {
+                let found = WFormat::ALL.iter().copied().find(|f| f.name() == n.as_str());
+                found.ok_or_else(|| anyhow::anyhow!("build-kernels: no weight format {n:?}"))
+            })
+            .collect::<Result<Vec<_>>>()?
+    };
     let gpu = Gpu::new(args.adapter.as_deref())?;
     let t0 = Instant::now();
     let spec = KernelSpec {
-        formats: WFormat::ALL.to_vec(),
-        moe_formats: WFormat::ALL.to_vec(),
+        formats: formats.clone(),
+        moe_formats: formats.clone(),
         head_dim: ATTENTION[0].0,
         group: ATTENTION[0].1,
         kv: KvDtype::F16,
@@ -60,7 +74,7 @@ pub fn run(args: &BuildKernelsArgs) -> Result<()> {
     println!(
         "built the {} profile's pipelines for {} weight formats and {} attention geometries on {} in {:.1} s",
         args.kernel_profile.name(),
-        WFormat::ALL.len(),
+        formats.len(),
         ATTENTION.len(),
         gpu.info.name,
         t0.elapsed().as_secs_f64()

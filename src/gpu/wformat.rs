@@ -159,6 +159,28 @@ impl WFormat {
         }
     }
 
+    /// Whether the format's snippet has the int8 path's codes (`wcodes8`, `wterms8`): integer
+    /// codes of at most 8 bits with per-block (or per-half) scales. The float formats and the
+    /// grid formats (IQ1-IQ3) have none.
+    pub fn has_int8(self) -> bool {
+        matches!(
+            self,
+            WFormat::Q8_0
+                | WFormat::Q4_0
+                | WFormat::Q4_1
+                | WFormat::Q5_0
+                | WFormat::Q5_1
+                | WFormat::Q2_K
+                | WFormat::Q3_K
+                | WFormat::Q4_K
+                | WFormat::Q5_K
+                | WFormat::Q6_K
+                | WFormat::IQ4_NL
+                | WFormat::IQ4_XS
+                | WFormat::MXFP4
+        )
+    }
+
     /// The K-quants: 256-element super-blocks.
     pub fn is_k_quant(self) -> bool {
         matches!(self, WFormat::Q2_K | WFormat::Q3_K | WFormat::Q4_K | WFormat::Q5_K | WFormat::Q6_K)

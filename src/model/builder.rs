@@ -13,7 +13,7 @@ use crate::ops::kernels::Kernels;
 use crate::ops::matmul::{self, MatmulIo};
 use crate::ops::norm::{HeadNormParams, NormParams};
 use crate::ops::rope::RopeParams;
-use crate::ops::Op;
+use crate::ops::{Op, OpKind};
 use crate::weights::tensor::QTensor;
 use crate::weights::upload::GpuMatrix;
 use anyhow::Result;
@@ -129,6 +129,9 @@ pub(crate) struct OpBuilder<'a> {
     /// Parameter and weight buffers the bind groups use.
     pub(crate) keep: Vec<wgpu::Buffer>,
     pub(crate) matrices: Vec<GpuMatrix>,
+    /// gpu profile: the int8 matmuls' quantized x (ops/matmul.rs), grown to the widest matrix
+    /// so far (the ops run one after another: one buffer serves them all).
+    pub(crate) xq: Option<wgpu::Buffer>,
 }
 
 impl OpBuilder<'_> {
@@ -185,9 +188,17 @@ impl OpBuilder<'_> {
         let windows = self.uniform_x.then_some(&s.windows);
         // The one soft-capped matmul is the LM head (Gemma 2's final_logit_softcapping).
         let cap = self.cfg.style.final_softcap.unwrap_or(0.0);
-        let io = MatmulIo { step: &s.step_buf, x, y, bias: bias.unwrap_or(&s.dummy), windows, cap };
+        let int8 = self.kernels.gpu.as_ref().is_some_and(|gk| gk.quantize_x8.is_some());
+        if int8 && self.xq.as_ref().is_none_or(|b| b.size() < matmul::xq_bytes(m.cols)) {
+            let b = self.g.storage("xq", matmul::xq_bytes(m.cols));
+            self.keep.push(b.clone());
+            self.xq = Some(b);
+        }
+        let xq = self.xq.as_ref().filter(|_| int8);
+        let io = MatmulIo { step: &s.step_buf, x, y, bias: bias.unwrap_or(&s.dummy), windows, cap, xq };
         let (mut ops, params) = matmul::matmul(self.kernels, self.g, m, &io, cols, flags, sampled, swiglu);
-        ops.iter_mut().for_each(|op| op.label = label);
+        // (The int8 path's quantization of x keeps its own label.)
+        ops.iter_mut().filter(|op| matches!(op.kind, OpKind::Matmul { .. })).for_each(|op| op.label = label);
         self.extend((ops, params));
     }
 }

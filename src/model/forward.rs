@@ -206,6 +206,7 @@ impl Model {
             ops: Vec::new(),
             keep: Vec::new(),
             matrices: Vec::new(),
+            xq: None,
         };
         let (shared_embed, shared_lm) = io.unzip();
         let embed = match (shared_embed, first || (last && host.tied)) {

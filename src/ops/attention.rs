@@ -122,7 +122,7 @@ pub fn attention(
 ) -> Op {
     let bind = kern.attn_family.bind(g, &kv_entries(b.entries(), ATTN_KV, k, v));
     let kind = OpKind::Attention { heads: heads as u32, kv_heads: kv_heads as u32, hd4: (head_dim / 4) as u32 };
-    Op { kind, label: kind.family(), bind, bind_u: None }
+    Op { kind, label: kind.family(), bind, bind_x: None }
 }
 
 /// Most key ranges per (token, KV head) of the split attention.

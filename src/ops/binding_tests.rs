@@ -66,6 +66,10 @@ fn bindings_match_the_shaders() {
         matmul.push(matmul_source(f, 1, 4, false).unwrap());
         let shape = crate::gpu::coop::CoopShape { side: 16, f16: true, subgroup: 32 };
         matmul.push(matmul_coop_source(f, true, shape).unwrap());
+        if f.has_int8() {
+            matmul.push(matmul_gpu_i8_source(f, true, true).unwrap());
+        }
+        matmul.push(quantize_x8_source().unwrap());
         check("matmul", MatmulBinds::SLOTS, &matmul, None);
         check("embed", EmbedBinds::SLOTS, &[embed_source(f).unwrap()], None);
         check("moe", MoeBinds::SLOTS, &[moe_source(f).unwrap(), moe_route_source().unwrap()], None);

@@ -32,6 +32,7 @@ impl OpKind {
         match self {
             OpKind::Embed { .. } => "embed",
             OpKind::Matmul { .. } => "matmul",
+            OpKind::QuantizeX8 { .. } => "quantize_x8",
             OpKind::Norm { .. } => "rmsnorm",
             OpKind::HeadNorm { .. } => "head_norm",
             OpKind::PleGate { .. } => "ple_gate",
@@ -68,6 +69,14 @@ impl OpKind {
                 let (w_rows, outs) = if swiglu { (2 * rows as u64, rows as u64) } else { (rows as u64, rows as u64) };
                 let weights = w_rows * format.row_bytes(k as usize) as u64;
                 Cost { bytes: weights + 4 * m * k + 4 * m * outs, flops: 2 * m * w_rows * k }
+            }
+            OpKind::QuantizeX8 { k_blocks, sampled, .. } => {
+                // Runs in one-token steps only (INT8_MAX_ROWS): reads f32 x, writes 48 bytes per block.
+                let m = if sampled { ns } else { n };
+                if m != 1 {
+                    return Cost::default();
+                }
+                Cost { bytes: k_blocks as u64 * (128 + 48), flops: k_blocks as u64 * 32 * 3 }
             }
             OpKind::Norm { sampled, dim } => {
                 let m = if sampled { ns } else { n };

@@ -267,7 +267,7 @@ const _: () = {
 pub fn delta(k: &Kernels, g: &Gpu, b: &DeltaBinds, stage: DeltaStage, per: u32) -> anyhow::Result<Op> {
     let fam = k.delta.as_ref().ok_or_else(|| anyhow::anyhow!("the Gated DeltaNet kernels were not built"))?;
     let kind = OpKind::Delta { stage, per };
-    Ok(Op { kind, label: stage.label(), bind: fam.family.bind(g, &b.entries()), bind_u: None })
+    Ok(Op { kind, label: stage.label(), bind: fam.family.bind(g, &b.entries()), bind_x: None })
 }
 
 /// A stage's grid: `per` threads per sequence (conv) or token, 64 to a workgroup; the recurrence

@@ -4,7 +4,7 @@
 //! plan comes from (the environment, the tuner's cache, the default) and the pipelines of a plan.
 
 use super::kernels::{GpuMatmulPipelines, GPU_DECODE_MAX_ROWS, GPU_DECODE_TM};
-use super::sources::{matmul_coop_source, matmul_gpu_source, matmul_shader, TILE_LOAD, TILE_ROW};
+use super::sources::{matmul_coop_source, matmul_gpu_i8_source, matmul_gpu_source, matmul_shader, TILE_LOAD, TILE_ROW};
 use crate::gpu::family::Family;
 use crate::gpu::shader::Shader;
 use crate::gpu::tune_cache::{GemmRecord, TuneCache};
@@ -305,7 +305,13 @@ fn both(
 }
 
 /// The gpu profile's matmuls of `f` for `plan`: the decode kernels and the plan's GEMMs.
-pub fn gpu_matmul_pipelines(gpu: &Gpu, family: &Family, f: WFormat, plan: GemmPlan) -> Result<GpuMatmulPipelines> {
+pub fn gpu_matmul_pipelines(
+    gpu: &Gpu,
+    family: &Family,
+    f: WFormat,
+    plan: GemmPlan,
+    int8: bool,
+) -> Result<GpuMatmulPipelines> {
     let n = f.name();
     let decode = GPU_DECODE_TM
         .iter()
@@ -313,7 +319,14 @@ pub fn gpu_matmul_pipelines(gpu: &Gpu, family: &Family, f: WFormat, plan: GemmPl
             both(gpu, family, &|sw| (format!("matmul_gpu_{n}_{tm}_{sw}"), matmul_gpu_source(f, tm, sw, gpu.subgroups)))
         })
         .collect::<Result<Vec<_>>>()?;
-    let mut p = GpuMatmulPipelines { decode, gemm: Vec::new(), plan };
+    let int8 = if int8 && f.has_int8() {
+        Some(both(gpu, family, &|sw| {
+            (format!("matmul_gpu_i8_{n}_1_{sw}"), matmul_gpu_i8_source(f, sw, gpu.subgroups))
+        })?)
+    } else {
+        None
+    };
+    let mut p = GpuMatmulPipelines { decode, gemm: Vec::new(), plan, int8 };
     for k in plan.kernels() {
         add_gemm(gpu, family, f, &mut p, k)?;
     }

@@ -154,6 +154,19 @@ impl Harness {
         Ok(Harness { gpu, kernels })
     }
 
+    /// Tests: whether the gpu profile's one-token matmuls run on int8 activations (where the
+    /// format has int8 kernels; on by default unless TORUS_INT8=0).
+    pub fn set_int8(&mut self, on: bool) {
+        if let Some(g) = self.kernels.gpu.as_mut() {
+            g.int8 = on;
+        }
+    }
+
+    /// Whether a matmul of `format` over `m` rows runs on int8 activations.
+    pub fn uses_int8(&self, format: WFormat, m: usize) -> bool {
+        self.kernels.gpu.as_ref().is_some_and(|g| g.int8_for(format, m as u32))
+    }
+
     /// Tests and the tuner: every weight format's gpu-profile matmuls follow `plan` (its GEMM
     /// variants are built where missing).
     pub fn set_gemm(&mut self, plan: GemmPlan) -> Result<()> {
@@ -310,7 +323,16 @@ impl Harness {
         let mat = GpuMatrix::upload(g, "w", w, up, max_binding)?;
         let (step, _meta) = self.step_buffers(Self::header(m, 0), &[0]);
         let windows = g.uniform_init("windows", bytemuck::cast_slice(&window_entries(m + 1, window_stride(g))));
-        let io = MatmulIo { step: &step, x: xb, y: yb, bias: bb, windows: uniform_x.then_some(&windows), cap: 0.0 };
+        let xq = g.storage("xq", matmul::xq_bytes(w.cols) * m as u64);
+        let io = MatmulIo {
+            step: &step,
+            x: xb,
+            y: yb,
+            bias: bb,
+            windows: uniform_x.then_some(&windows),
+            cap: 0.0,
+            xq: Some(&xq),
+        };
         let (ops, _params) = matmul::matmul(&self.kernels, g, &mat, &io, (0, w.rows), flags, false, up.is_some());
         let shape = StepShape { n_tokens: m as u32, n_sample: 0, n_splits: 1, any_adjust: false, ..Default::default() };
         // The weights stay alive through the bind groups.

@@ -94,7 +94,7 @@ impl Harness {
         let router = GpuMatrix::upload(g, "router", w.router, None, max_binding)?;
         let gate_up = GpuMatrix::upload_grouped(g, "gate_up", w.gate_up, 2 * spec.ffn, max_binding)?;
         let down = GpuMatrix::upload_grouped(g, "down", w.down, h, max_binding)?;
-        let io = MatmulIo { step: &step, x: &xb, y: &logits, bias: &rbias, windows: None, cap: 0.0 };
+        let io = MatmulIo { step: &step, x: &xb, y: &logits, bias: &rbias, windows: None, cap: 0.0, xq: None };
         let flags = if w.router_bias.is_some() { MAT_BIAS } else { 0 };
         let (mut ops, _p) = matmul::matmul(&self.kernels, g, &router, &io, (0, spec.experts), flags, false, false);
         let mio = MoeIo {

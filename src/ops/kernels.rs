@@ -116,7 +116,27 @@ pub struct GpuMatmulPipelines {
     pub gemm: Vec<(GemmKernel, [wgpu::ComputePipeline; 2])>,
     /// Which kernel a step of m rows runs.
     pub plan: GemmPlan,
+    /// The one-token decode kernel on int8 activations ([plain, swiglu]; formats with
+    /// `WFormat::has_int8`, unless INT8_ENV=0).
+    pub int8: Option<[wgpu::ComputePipeline; 2]>,
 }
+
+/// TORUS_INT8=0 keeps the gpu profile's one-token matmuls on f32 activations (for comparisons;
+/// =1, the default, quantizes them to int8 per 32 values where the weight format allows).
+pub const INT8_ENV: &str = "TORUS_INT8";
+
+/// Whether the gpu profile builds and runs the int8 matmuls (INT8_ENV; a bad value is an error
+/// naming it).
+pub fn int8_wanted() -> Result<bool> {
+    match std::env::var(INT8_ENV).ok().as_deref() {
+        None | Some("1") => Ok(true),
+        Some("0") => Ok(false),
+        Some(v) => anyhow::bail!("{INT8_ENV} must be 0 or 1, got {v:?}"),
+    }
+}
+
+/// Most rows of x a step may quantize for the int8 matmuls (they serve one-token steps).
+pub const INT8_MAX_ROWS: u32 = 1;
 
 impl GpuMatmulPipelines {
     /// The pipelines of GEMM variant `k` (built with the plan).
@@ -134,6 +154,19 @@ pub struct GpuPipelines {
     /// Query-tiled attention for prefill-sized steps and its tokens per tile (None where no
     /// tile of two tokens fits the workgroup memory).
     pub attention_tiled: Option<(wgpu::ComputePipeline, u32)>,
+    /// The activations' quantization for the int8 matmuls (built where a format has them).
+    pub quantize_x8: Option<wgpu::ComputePipeline>,
+    /// Whether one-token steps run the int8 matmuls (tests turn it off to check the f32 ones).
+    pub int8: bool,
+}
+
+impl GpuPipelines {
+    /// Whether a step of `m` rows runs `format`'s int8 matmul (and quantizes x for it).
+    pub fn int8_for(&self, format: WFormat, m: u32) -> bool {
+        self.int8
+            && m <= INT8_MAX_ROWS
+            && self.matmul.get(&format).is_some_and(|p| p.int8.is_some() && p.plan.kernel_for(m) == GemmKernel::Decode)
+    }
 }
 
 /// The mixture-of-experts kernels of one weight format (moe.wgsl).
@@ -342,14 +375,20 @@ impl Kernels {
             }
         }
         let gpu_kernels = if profile == KernelProfile::Gpu {
+            let int8 = int8_wanted()?;
             let mut matmul = BTreeMap::new();
             for &f in formats.iter() {
                 if matmul.contains_key(&f) {
                     continue;
                 }
                 let plan = GemmPlan::for_device(gpu, f, cache.as_ref())?;
-                matmul.insert(f, gpu_matmul_pipelines(gpu, &matmul_family, f, plan)?);
+                matmul.insert(f, gpu_matmul_pipelines(gpu, &matmul_family, f, plan, int8)?);
             }
+            let quantize_x8 = if matmul.values().any(|p| p.int8.is_some()) {
+                Some(matmul_family.pipeline(gpu, "quantize_x8", &quantize_x8_source()?, "main")?)
+            } else {
+                None
+            };
             let src = attention_split_source(head_dim, group.max(1), kv, kv_chunks, gpu.subgroups)?;
             // One tile size for every geometry (a step picks the tiled kernel for all layers).
             let qt = more
@@ -367,6 +406,8 @@ impl Kernels {
                 attention: attn_family.pipeline(gpu, "attention_split", &src, "main")?,
                 combine: attn_family.pipeline(gpu, "attention_combine", &src, "combine")?,
                 attention_tiled,
+                quantize_x8,
+                int8,
             })
         } else {
             None

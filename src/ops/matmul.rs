@@ -3,7 +3,7 @@
 //! (`MatParams`, `EmbedParams`), bindings and constructors.
 
 use super::gemm::GemmKernel;
-use super::kernels::{plan_x, Kernels, XPlan, GPU_DECODE_NR, GPU_DECODE_TM, MATMUL_TILES, MATMUL_WG};
+use super::kernels::{plan_x, Kernels, XPlan, GPU_DECODE_NR, GPU_DECODE_TM, INT8_MAX_ROWS, MATMUL_TILES, MATMUL_WG};
 use super::{bindings, div_up, Dispatch, Op, OpKind, Recorder, StepShape};
 use crate::gpu::shared::gpu_struct;
 use crate::gpu::WFormat;
@@ -129,6 +129,15 @@ pub struct MatmulIo<'a> {
     pub windows: Option<&'a wgpu::Buffer>,
     /// The soft cap of MAT_SOFTCAP (unused without it).
     pub cap: f32,
+    /// gpu profile: where x is quantized for the int8 matmuls (at least `xq_bytes` of the
+    /// matrix); None keeps every step on f32 activations.
+    pub xq: Option<&'a wgpu::Buffer>,
+}
+
+/// Bytes of the int8 activations (quantize_x8.wgsl) of a matmul of `cols` columns: 48 per
+/// 32-value block of INT8_MAX_ROWS rows.
+pub fn xq_bytes(cols: usize) -> u64 {
+    (cols / 32 * 48) as u64 * INT8_MAX_ROWS as u64
 }
 
 /// The ops of y (columns col0.. of rows of `y_stride` floats; flags: MAT_*) = x W^T for every
@@ -147,6 +156,9 @@ pub fn matmul(
 ) -> (Vec<Op>, Vec<wgpu::Buffer>) {
     let mut ops = Vec::new();
     let mut params = Vec::new();
+    // gpu profile: x quantized once for every chunk's int8 kernel.
+    let xq =
+        io.xq.filter(|_| k.gpu.as_ref().is_some_and(|gk| gk.matmul.get(&m.format).is_some_and(|p| p.int8.is_some())));
     for c in &m.chunks {
         let pb = g.uniform_init(
             "matmul_params",
@@ -155,14 +167,43 @@ pub fn matmul(
         let b = MatmulBinds { step: io.step, p: &pb, x: io.x, wq: &c.q, ws: &c.s, bias: io.bias, y: io.y };
         let entries = b.entries();
         let bind = k.matmul_family.bind(g, &entries);
-        let bind_u =
-            io.windows.map(|w| k.matmul_u_family.bind_windows(g, &entries, &[(2, UNIFORM_X_BYTES)], &[(7, w, 16)]));
+        if let Some(xq) = xq.filter(|_| ops.is_empty()) {
+            // The quantization reads x and writes xq (as its `y`); weights and bias unused.
+            let q = MatmulBinds { step: io.step, p: &pb, x: io.x, wq: &c.q, ws: &c.s, bias: io.bias, y: xq };
+            let kind = OpKind::QuantizeX8 { format: m.format, k_blocks: (m.cols / 32) as u32, sampled };
+            ops.push(Op { kind, label: kind.family(), bind: k.matmul_family.bind(g, &q.entries()), bind_x: None });
+        }
+        // (The gpu profile never reads x through uniform windows.)
+        let bind_x = match (xq, io.windows) {
+            (Some(xq), _) => Some(k.matmul_family.bind(g, &MatmulBinds { x: xq, ..b }.entries())),
+            (None, Some(w)) => {
+                Some(k.matmul_u_family.bind_windows(g, &entries, &[(2, UNIFORM_X_BYTES)], &[(7, w, 16)]))
+            }
+            (None, None) => None,
+        };
         let kind =
             OpKind::Matmul { format: m.format, rows: c.rows as u32, x_vec4: (m.cols / 4) as u32, sampled, swiglu };
-        ops.push(Op { kind, label: kind.family(), bind, bind_u });
+        ops.push(Op { kind, label: kind.family(), bind, bind_x });
         params.push(pb);
     }
     (ops, params)
+}
+
+/// The quantization of x for the int8 matmuls: one invocation per 32-value block of each row,
+/// in the steps that run them.
+pub(super) fn quantize_dispatches<'a>(
+    op: &'a Op,
+    r: &Recorder<'a>,
+    s: &StepShape,
+    (format, k_blocks, sampled): (WFormat, u32, bool),
+    mut out: impl FnMut(Dispatch<'a>),
+) {
+    let m = if sampled { s.n_sample } else { s.n_tokens };
+    if let Some(gk) = r.kernels.gpu.as_ref().filter(|gk| m > 0 && gk.int8_for(format, m)) {
+        if let Some(pipe) = &gk.quantize_x8 {
+            out(r.folded(pipe, &op.bind, div_up(m * k_blocks, 64)));
+        }
+    }
 }
 
 /// The embedding lookup of the step's tokens (`tokens`: the step metadata, whose first words
@@ -194,7 +235,7 @@ pub fn embed(
         let pb = g.uniform_init("embed_params", bytemuck::bytes_of(&p));
         let b = EmbedBinds { step, p: &pb, tokens, wq: &c.q, ws: &c.s, unused: placeholder, hidden };
         let kind = OpKind::Embed { format: e.format, k_blocks };
-        ops.push(Op { kind, label: kind.family(), bind: k.matmul_family.bind(g, &b.entries()), bind_u: None });
+        ops.push(Op { kind, label: kind.family(), bind: k.matmul_family.bind(g, &b.entries()), bind_x: None });
         params.push(pb);
     }
     (ops, params)
@@ -231,6 +272,10 @@ pub(super) fn dispatches<'a>(
     if let Some(gk) = &k.gpu {
         let p = &gk.matmul[&format];
         let sw = swiglu as usize;
+        if let (Some(i8), Some(bind_x), true) = (&p.int8, &op.bind_x, gk.int8_for(format, m)) {
+            out(r.folded(&i8[sw], bind_x, div_up(rows, if swiglu { GPU_DECODE_NR / 2 } else { GPU_DECODE_NR })));
+            return;
+        }
         let last = GPU_DECODE_TM.len() - 1;
         let (pipe, tm, outs) = match (p.plan.kernel_for(m), GPU_DECODE_TM.iter().position(|&t| t >= m)) {
             (GemmKernel::Decode, Some(i)) => (&p.decode[i][sw], GPU_DECODE_TM[i], GPU_DECODE_NR),
@@ -242,13 +287,13 @@ pub(super) fn dispatches<'a>(
         return;
     }
     let mk = &k.matmul[&format];
-    match (plan_x(m, x_vec4, op.bind_u.is_some(), r.align, r.win_stride), &op.bind_u) {
-        (XPlan::Uniform { tile, windows }, Some(bind_u)) => {
+    match (plan_x(m, x_vec4, op.bind_x.is_some(), r.align, r.win_stride), &op.bind_x) {
+        (XPlan::Uniform { tile, windows }, Some(bind_x)) => {
             let (tm, tn) = MATMUL_TILES[tile];
             for (x_off, win_off, rows_w) in windows {
                 out(Dispatch {
                     pipe: mk.get(tile, swiglu, true),
-                    bind: bind_u,
+                    bind: bind_x,
                     offsets: Some([x_off, win_off]),
                     grid: (div_up(div_up(rows, tn), MATMUL_WG), div_up(rows_w, tm)),
                 });

@@ -87,6 +87,14 @@ pub enum OpKind {
         sampled: bool,
         swiglu: bool,
     },
+    /// The int8 quantization of a matmul's x (`k_blocks` 32-value blocks per row, the step's
+    /// tokens or its sampled rows), for the matmuls of `format` after it; it runs only in the steps
+    /// that run their int8 kernel (`GpuPipelines::int8_for`).
+    QuantizeX8 {
+        format: WFormat,
+        k_blocks: u32,
+        sampled: bool,
+    },
     /// RMSNorm of every token row, or of the sampled rows, `dim` floats each.
     Norm {
         sampled: bool,
@@ -163,9 +171,10 @@ pub struct Op {
     /// recipe gave it (`qkv`, `down`, ...).
     pub label: &'static str,
     pub bind: wgpu::BindGroup,
-    /// Matmuls of the cpu profile: the bind group of the uniform-x variant, when the device
-    /// allows it.
-    pub bind_u: Option<wgpu::BindGroup>,
+    /// Matmuls: the bind group of their other reading of x, when there is one: the cpu
+    /// profile's uniform-x variant (where the device allows it), or the gpu profile's int8
+    /// activations (x bound to the quantized blocks; formats with int8 kernels).
+    pub bind_x: Option<wgpu::BindGroup>,
 }
 
 /// The sizes of one step that grids depend on.
@@ -266,6 +275,9 @@ impl Op {
             OpKind::Embed { format, k_blocks } => matmul::embed_dispatches(self, r, s, format, k_blocks, out),
             OpKind::Matmul { format, rows, x_vec4, sampled, swiglu } => {
                 matmul::dispatches(self, r, s, (format, rows, x_vec4), (sampled, swiglu), out)
+            }
+            OpKind::QuantizeX8 { format, k_blocks, sampled } => {
+                matmul::quantize_dispatches(self, r, s, (format, k_blocks, sampled), out)
             }
             OpKind::Norm { sampled, .. } => norm::norm_dispatches(self, r, s, sampled, out),
             OpKind::HeadNorm { heads, .. } => norm::head_norm_dispatches(self, r, s, heads, out),

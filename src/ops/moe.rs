@@ -285,7 +285,7 @@ pub fn route(
         (OpKind::MoeGroup { stage: 1, top_k, experts }, "moe_group"),
         (OpKind::MoeGroup { stage: 2, top_k, experts }, "moe_group"),
     ]
-    .map(|(kind, label)| Op { kind, label, bind: k.moe_family.bind(g, &b.entries()), bind_u: None });
+    .map(|(kind, label)| Op { kind, label, bind: k.moe_family.bind(g, &b.entries()), bind_x: None });
     (ops.into(), vec![pb])
 }
 
@@ -304,7 +304,7 @@ pub fn combine(k: &Kernels, g: &Gpu, spec: &MoeSpec, io: &MoeIo, hidden: usize, 
     let d = io.dummy;
     let b = MoeBinds { step: io.step, p: &pb, x: io.pair_out, wq: d, ws: d, route: io.route, y: io.hidden, bias: d };
     let kind = OpKind::MoeCombine { hidden: hidden as u32 };
-    (Op { kind, label: "moe_combine", bind: k.moe_family.bind(g, &b.entries()), bind_u: None }, pb)
+    (Op { kind, label: "moe_combine", bind: k.moe_family.bind(g, &b.entries()), bind_x: None }, pb)
 }
 
 /// The op scaling the shared expert's activations `act` ([tokens, width]) by the sigmoid of
@@ -315,7 +315,7 @@ pub fn shared_gate(k: &Kernels, g: &Gpu, spec: &MoeSpec, io: &MoeIo, width: usiz
     let d = io.dummy;
     let b = MoeBinds { step: io.step, p: &pb, x: io.logits, wq: d, ws: d, route: d, y: io.act, bias: d };
     let kind = OpKind::MoeSharedGate { width: width as u32 };
-    (Op { kind, label: "moe_shared_gate", bind: k.moe_family.bind(g, &b.entries()), bind_u: None }, pb)
+    (Op { kind, label: "moe_shared_gate", bind: k.moe_family.bind(g, &b.entries()), bind_x: None }, pb)
 }
 
 /// The experts' gate/up ops (`down` false: `m` holds each expert's gate rows then its up rows,
@@ -375,7 +375,7 @@ pub fn experts(
             experts: spec.experts as u32,
         };
         let label = if down { "moe_down" } else { "moe_gate_up" };
-        ops.push(Op { kind, label, bind: k.moe_family.bind(g, &b.entries()), bind_u: None });
+        ops.push(Op { kind, label, bind: k.moe_family.bind(g, &b.entries()), bind_x: None });
         params.push(pb);
     }
     (ops, params)

@@ -119,13 +119,13 @@ impl HeadNormParams {
 /// gather them).
 pub fn norm(k: &Kernels, g: &Gpu, b: &NormBinds, sampled: bool, dim: usize) -> Op {
     let kind = OpKind::Norm { sampled, dim: dim as u32 };
-    Op { kind, label: kind.family(), bind: k.norm_family.bind(g, &b.entries()), bind_u: None }
+    Op { kind, label: kind.family(), bind: k.norm_family.bind(g, &b.entries()), bind_x: None }
 }
 
 /// The per-head q/k (and v) norm op over `heads` query + KV (+ V) heads of `head_dim`.
 pub fn head_norm(k: &Kernels, g: &Gpu, b: &HeadNormBinds, heads: usize, head_dim: usize) -> Op {
     let kind = OpKind::HeadNorm { heads: heads as u32, head_dim: head_dim as u32 };
-    Op { kind, label: kind.family(), bind: k.head_norm_family.bind(g, &b.entries()), bind_u: None }
+    Op { kind, label: kind.family(), bind: k.head_norm_family.bind(g, &b.entries()), bind_x: None }
 }
 
 /// RMSNorm's grid: a workgroup per row.

@@ -42,7 +42,7 @@ impl PleParams {
 /// The gate op of rows of `width` floats.
 pub fn ple_gate(k: &Kernels, g: &Gpu, b: &PleBinds, width: usize) -> Op {
     let kind = OpKind::PleGate { width: width as u32 };
-    Op { kind, label: kind.family(), bind: k.ple_family.bind(g, &b.entries()), bind_u: None }
+    Op { kind, label: kind.family(), bind: k.ple_family.bind(g, &b.entries()), bind_x: None }
 }
 
 /// The gate's grid: a thread per (token, element).

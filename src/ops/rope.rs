@@ -98,7 +98,7 @@ pub fn rope_kv(
 ) -> Op {
     let bind = kern.rope_family.bind(g, &kv_entries(b.entries(), ROPE_KV, k, v));
     let kind = OpKind::RopeKv { threads: rope_threads(heads, kv_heads, head_dim) };
-    Op { kind, label: kind.family(), bind, bind_u: None }
+    Op { kind, label: kind.family(), bind, bind_x: None }
 }
 
 /// Bind entries plus a layer's KV-cache chunks: chunk 0 at `first` (K, V), chunk c >= 1 at

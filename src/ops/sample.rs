@@ -44,13 +44,13 @@ bindings! {
 /// The adjustments of rows of `vocab` logits.
 pub fn logit_adjust(k: &Kernels, g: &Gpu, b: &AdjustBinds, vocab: usize) -> Op {
     let kind = OpKind::LogitAdjust { vocab: vocab as u32 };
-    Op { kind, label: kind.family(), bind: k.sample_family.bind(g, &b.entries()), bind_u: None }
+    Op { kind, label: kind.family(), bind: k.sample_family.bind(g, &b.entries()), bind_x: None }
 }
 
 /// The sampler over rows of `vocab` logits.
 pub fn sample(k: &Kernels, g: &Gpu, b: &SampleBinds, vocab: usize) -> Op {
     let kind = OpKind::Sample { vocab: vocab as u32 };
-    Op { kind, label: kind.family(), bind: k.sample_family.bind(g, &b.entries()), bind_u: None }
+    Op { kind, label: kind.family(), bind: k.sample_family.bind(g, &b.entries()), bind_x: None }
 }
 
 /// The adjustments' grid: a workgroup per sampled row, when any row has adjustments.

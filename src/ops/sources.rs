@@ -189,18 +189,47 @@ pub fn matmul_gpu_source(f: WFormat, tm: u32, swiglu: bool, subgroups: bool) -> 
             .fill("SWIGLU", swiglu)
             .build();
     }
+    one_token_source(
+        format!("matmul_gpu_{}_{tm}", f.name()),
+        f,
+        include_str!("../../shaders/matmul_gpu_xf32.wgsl"),
+        swiglu,
+        subgroups,
+    )
+}
+
+/// The gpu profile's one-token decode matmul on int8 activations (matmul_gpu_xi8.wgsl; the
+/// formats with `WFormat::has_int8`), after quantize_x8_source's kernel.
+pub fn matmul_gpu_i8_source(f: WFormat, swiglu: bool, subgroups: bool) -> Result<String> {
+    one_token_source(
+        format!("matmul_gpu_i8_{}", f.name()),
+        f,
+        include_str!("../../shaders/matmul_gpu_xi8.wgsl"),
+        swiglu,
+        subgroups,
+    )
+}
+
+/// matmul_gpu.wgsl for one token with its X part (how it reads x).
+fn one_token_source(label: String, f: WFormat, x_part: &str, swiglu: bool, subgroups: bool) -> Result<String> {
     let (args, decl, reduce) =
         if subgroups { (SG_ARGS, RED_SUBGROUP, REDUCE_SUBGROUP) } else { ("", RED_WORKGROUP, REDUCE_WORKGROUP) };
-    matmul_shader(
-        Shader::new(format!("matmul_gpu_{}_{tm}", f.name()), include_str!("../../shaders/matmul_gpu.wgsl")),
-        f,
-    )
-    .fill("TM", tm)
-    .fill("SWIGLU", swiglu)
-    .fill("SG_ARGS", args)
-    .fill("RED_DECL", decl)
-    .fill("REDUCE", reduce)
-    .build()
+    matmul_shader(Shader::new(label, include_str!("../../shaders/matmul_gpu.wgsl")), f)
+        .fill("X", x_part)
+        .fill("TM", 1)
+        .fill("SWIGLU", swiglu)
+        .fill("SG_ARGS", args)
+        .fill("RED_DECL", decl)
+        .fill("REDUCE", reduce)
+        .build()
+}
+
+/// The quantization of a matmul's activations to int8 blocks (quantize_x8.wgsl).
+pub fn quantize_x8_source() -> Result<String> {
+    Shader::new("quantize_x8", include_str!("../../shaders/quantize_x8.wgsl"))
+        .after(crate::gpu::shared::wgsl_common())
+        .after(super::matmul::wgsl_matmul())
+        .build()
 }
 
 pub(super) const TILE_LOAD: &str = include_str!("../../shaders/matmul_tile_load.wgsl");
@@ -543,6 +572,11 @@ pub fn all_sources(head_dims: &[u32]) -> Vec<(String, String)> {
                     ));
                 }
             }
+            if f.has_int8() {
+                for sg in [false, true] {
+                    v.push((format!("matmul_gpu_i8_{}_{swiglu}_{sg}", f.name()), matmul_gpu_i8_source(f, swiglu, sg)));
+                }
+            }
             for k in super::gemm::GemmKernel::TILES {
                 if let super::gemm::GemmKernel::Tile { bm, f16 } = k {
                     let src = super::gemm::matmul_tiled_source(f, swiglu, bm, f16);
@@ -551,6 +585,7 @@ pub fn all_sources(head_dims: &[u32]) -> Vec<(String, String)> {
             }
         }
     }
+    v.push(("quantize_x8".into(), quantize_x8_source()));
     for &d in head_dims {
         for group in [1, 3, 7, 8] {
             for chunks in [1, MAX_KV_CHUNKS] {

@@ -28,6 +28,36 @@ pub fn dot_tol_f16(x: &[f32], m: usize, w: &QTensor) -> Vec<f32> {
     dot_abs(x, m, w).into_iter().map(|s| (2e-6 * k.sqrt() + 1.0 / 1024.0) * s + 1e-6).collect()
 }
 
+/// The same for the int8 matmuls (quantize_x8.wgsl), which see x rounded to d * q per 32-value
+/// block (d = max|x| / 127, each value off by at most d / 2): on top of dot_tol, the sum of
+/// |w[n, i]| * d / 2 over the row, twice (the integer codes a format multiplies, before its
+/// offset or min, may be up to twice the weight's size: Q4_0's 0..15 for -8..7).
+pub fn dot_tol_q8(x: &[f32], m: usize, w: &QTensor) -> Vec<f32> {
+    let k = w.cols;
+    let half_d: Vec<f32> = x.chunks(32).map(|b| b.iter().fold(0f32, |a, v| a.max(v.abs())) / 127.0 / 2.0).collect();
+    let mut out = dot_tol(x, m, w);
+    for n in 0..w.rows {
+        let row = w.dequant_row(n);
+        for t in 0..m {
+            let e: f32 = row.iter().enumerate().map(|(i, v)| v.abs() * half_d[(t * k + i) / 32]).sum();
+            out[t * w.rows + n] += 2.0 * e;
+        }
+    }
+    out
+}
+
+/// The tolerance of a matmul of `w` over `m` rows of x on harness `h`: int8 (dot_tol_q8) where it
+/// runs its int8 kernel, f16 operands (dot_tol_f16) with `f16`, else dot_tol.
+pub fn matmul_tol(h: &torus_wgpu::ops::harness::Harness, x: &[f32], m: usize, w: &QTensor, f16: bool) -> Vec<f32> {
+    if h.uses_int8(w.format, m) {
+        dot_tol_q8(x, m, w)
+    } else if f16 {
+        dot_tol_f16(x, m, w)
+    } else {
+        dot_tol(x, m, w)
+    }
+}
+
 /// Sum of |x[t, i] w[n, i]| for every output (t, n).
 fn dot_abs(x: &[f32], m: usize, w: &QTensor) -> Vec<f32> {
     let k = w.cols;
