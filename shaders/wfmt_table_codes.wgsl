@@ -24,20 +24,3 @@ fn wcodes(blk: u32, s: Sc) -> array<vec4<f32>, 8> {
 fn wterms(s: Sc) -> vec4<f32> {
     return vec4<f32>(s.d, s.d, 0.0, 0.0);
 }
-
-// The int8 path (matmul_gpu_xi8.wgsl): the codes as bytes (wcodes8) and their terms (wterms8:
-// the halves' scales, then what multiplies the halves' sums of x):
-// the table's values (integers) as bytes.
-fn wcodes8(blk: u32, s: Sc) -> array<u32, 8> {
-    let v = wq[blk];
-    var e: array<u32, 8>;
-    for (var p = 0u; p < 4u; p++) {
-        e[p] = pack4xI8(vec4<i32>(ktab(nib_lo(v[p]))));
-        e[4u + p] = pack4xI8(vec4<i32>(ktab(nib_hi(v[p]))));
-    }
-    return e;
-}
-
-fn wterms8(s: Sc) -> vec4<f32> {
-    return wterms(s);
-}

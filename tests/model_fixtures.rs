@@ -211,11 +211,40 @@ fn smollm2_logits_and_greedy_match_reference() {
     for profile in PROFILES {
         let (mut model, tok) = load_profile(&path, 128, profile);
         eprintln!("kernel profile {profile:?}");
-        smollm2_check(&reference, &mut model, &tok);
+        smollm2_check(&reference, &mut model, &tok, SMOLLM2_TOL);
     }
 }
 
-fn smollm2_check(reference: &Value, model: &mut Model, tok: &torus_wgpu::tokenizer::Tokenizer) {
+/// The gpu profile with its one-token matmuls on int8 activations (what GPUs run by default;
+/// llvmpipe's default is f32): every step's logits sample one row, so every logit comes from an
+/// int8 LM head (and the decode steps' matmuls are int8 too). Within SMOLLM2_INT8_TOL of the
+/// reference: the activations rounded to 8 bits per 32 values, as llama.cpp's quantized
+/// matmuls round them; greedy tokens until the first step whose reference margin is below it.
+#[test]
+fn smollm2_int8_activations_within_their_rounding() {
+    let path = common::smollm2();
+    let reference = json("smollm2-reference.json");
+    let host = torus_wgpu::model::loader::HostModel::open(&path, None, &|_, _| {}).unwrap();
+    let tok = torus_wgpu::engine::load_tokenizer(&path).unwrap();
+    let cfg = EngineConfig {
+        max_num_batched_tokens: 128,
+        max_sequence_length: 512,
+        total_cache_size: 64 << 20,
+        kv_cache_dtype: KvDtype::F32,
+        kernel_profile: KernelProfile::Gpu,
+        ..Default::default()
+    };
+    let limits = torus_wgpu::model::StepLimits { int8: Some(true), ..torus_wgpu::exec::step_limits(&cfg, &host.cfg) };
+    let mut model = Model::new(Arc::new(Gpu::new(None).unwrap()), &host, limits).unwrap();
+    assert!(model.runs_int8(), "SmolLM2's Q4_1 and Q8_0 matmuls have int8 kernels");
+    smollm2_check(&reference, &mut model, &tok, SMOLLM2_INT8_TOL);
+}
+
+/// SmolLM2's logits with int8 activations: the largest difference from the reference seen was
+/// 1.27 (chat_capital, a logit near 16, on lavapipe 2026-12-07); the f32 path is within 1e-3.
+const SMOLLM2_INT8_TOL: f32 = 2.0;
+
+fn smollm2_check(reference: &Value, model: &mut Model, tok: &torus_wgpu::tokenizer::Tokenizer, tol: f32) {
     let mut worst = 0f32;
     for p in reference["prompts"].as_array().unwrap() {
         let name = p["name"].as_str().unwrap();
@@ -231,12 +260,15 @@ fn smollm2_check(reference: &Value, model: &mut Model, tok: &torus_wgpu::tokeniz
             for (id, want) in top_ids.iter().zip(&top_logits) {
                 let got = logits[s][*id as usize];
                 worst = worst.max((got - want).abs());
-                assert!((got - want).abs() < SMOLLM2_TOL, "{name} step {s} id {id}: logit {got} vs {want}");
+                assert!((got - want).abs() < tol, "{name} step {s} id {id}: logit {got} vs {want}");
             }
         }
-        let got_ids = greedy(model, &input, want_ids.len());
-        let trusted = margins.iter().position(|&m| m < SMOLLM2_TOL).unwrap_or(margins.len());
-        assert_eq!(got_ids[..trusted], want_ids[..trusted], "{name}: greedy tokens (first {trusted} steps)");
+        // Greedy tokens up to the first step whose reference margin is within the tolerance.
+        let trusted = margins.iter().position(|&m| m < tol).unwrap_or(margins.len()).min(want_ids.len());
+        if trusted > 0 {
+            let got_ids = greedy(model, &input, trusted);
+            assert_eq!(got_ids[..trusted], want_ids[..trusted], "{name}: greedy tokens (first {trusted} steps)");
+        }
         eprintln!("{name}: {trusted} greedy tokens compared");
     }
     eprintln!("max |logit diff| over the top-5 of the first 4 steps: {worst}");
@@ -244,7 +276,7 @@ fn smollm2_check(reference: &Value, model: &mut Model, tok: &torus_wgpu::tokeniz
     let last = &reference["plain_prompt_last_position_logits"];
     let l = logits_steps(model, &ids(&last["input_ids"]), &[]);
     for (id, want) in ids(&last["top20_ids"]).iter().zip(floats(&last["top20_logits"])) {
-        assert!((l[0][*id as usize] - want).abs() < SMOLLM2_TOL, "top-20 id {id}");
+        assert!((l[0][*id as usize] - want).abs() < tol, "top-20 id {id}");
     }
 }
 

@@ -40,6 +40,9 @@ fn gpu() -> Arc<Gpu> {
 fn gpu_profile_matmuls_at_this_width() {
     let formats = [WFormat::Q4_K, WFormat::Q6_K, WFormat::Q8_0];
     let mut h = Harness::with_formats(gpu(), &formats, (64, 1), KernelProfile::Gpu).unwrap();
+    // TORUS_INT8=1 (every_subgroup_width's second runs): one-token steps on int8 activations.
+    let int8 = std::env::var("TORUS_INT8").is_ok_and(|v| v == "1");
+    assert!(formats.iter().all(|&f| h.uses_int8(f, 1) == int8), "int8 one-token matmuls: {int8}");
     let mut rng = Rng::new(11);
     // Decode variants (1, 3 and 16 rows; rows of 16, 80 and 24 blocks: groups of 16, 64 and 32
     // invocations per row),
@@ -98,6 +101,8 @@ fn tiny_qwen2_gpu_profile_at_this_width() {
     };
     let (mut model, _) = torus_wgpu::engine::load_model(&common::tiny(), &cfg, gpu(), &|_, _| {}).unwrap();
     assert_eq!(model.limits.profile, KernelProfile::Gpu);
+    // Float weights have no int8 kernels: TORUS_INT8=1 leaves this model on f32 activations.
+    assert!(!model.runs_int8(), "tiny-qwen2's float32 matmuls have no int8 path");
     tiny::assert_model_matches(&mut model, &reference, "tiny-qwen2 gpu profile", 1e-3, F32_MARGIN);
 }
 
@@ -112,17 +117,32 @@ fn every_subgroup_width() {
         return;
     }
     let exe = std::env::current_exe().unwrap();
-    for (bits, lanes) in [(128, 4), (1024, 32), (2048, 64)] {
-        let out = Command::new(&exe)
-            .args(["--exact", "gpu_profile_matmuls_at_this_width", "tiny_qwen2_gpu_profile_at_this_width"])
+    // Each width with the defaults (f32 activations on llvmpipe; this process ran 8 lanes) and
+    // with the one-token matmuls on int8 activations (TORUS_INT8=1), as GPUs run them.
+    let runs = [
+        (128, 4, false),
+        (1024, 32, false),
+        (2048, 64, false),
+        (256, 8, true),
+        (128, 4, true),
+        (1024, 32, true),
+        (2048, 64, true),
+    ];
+    for (bits, lanes, int8) in runs {
+        let mut cmd = Command::new(&exe);
+        cmd.args(["--exact", "gpu_profile_matmuls_at_this_width", "tiny_qwen2_gpu_profile_at_this_width"])
             .args(["--test-threads", "1", "--nocapture"])
             .env("LP_NATIVE_VECTOR_WIDTH", bits.to_string())
             .env("TORUS_EXPECT_SUBGROUP", lanes.to_string())
-            .output()
-            .unwrap();
+            .env_remove("TORUS_INT8");
+        if int8 {
+            cmd.env("TORUS_INT8", "1");
+        }
+        let out = cmd.output().unwrap();
         let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-        assert!(out.status.success(), "at {lanes} lanes (LP_NATIVE_VECTOR_WIDTH={bits}):\n{text}");
-        assert!(text.contains("test result: ok. 2 passed"), "at {lanes} lanes both checks ran:\n{text}");
-        eprintln!("subgroups of {lanes}: both checks passed");
+        let what = format!("at {lanes} lanes (LP_NATIVE_VECTOR_WIDTH={bits}) int8 {int8}");
+        assert!(out.status.success(), "{what}:\n{text}");
+        assert!(text.contains("test result: ok. 2 passed"), "{what}: both checks ran:\n{text}");
+        eprintln!("subgroups of {lanes}, int8 {int8}: both checks passed");
     }
 }

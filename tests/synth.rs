@@ -151,6 +151,7 @@ fn limits() -> StepLimits {
         kv_dtype: KvDtype::F32,
         profile: KernelProfile::Auto,
         sliding_window: None,
+        int8: None,
     }
 }
 

@@ -90,6 +90,13 @@ fn tune_keeps_a_plan_the_next_run_uses() {
     } else {
         assert!([8, 16, 32, 64].contains(&plan.min_rows), "{stdout}");
     }
+    // One-token steps on int8 or f32 activations: both timed (the int8 output checked against
+    // the f32 one first), the faster kept.
+    let one = &f["one_token"];
+    let (f32_ms, int8_ms) = (one["f32_ms"].as_f64().unwrap(), one["int8_ms"].as_f64());
+    let int8_ms = int8_ms.unwrap_or_else(|| panic!("the int8 kernels were not timed: {stdout}"));
+    assert_eq!(one["int8"], int8_ms < f32_ms, "{stdout}");
+    let int8_kept = one["int8"].as_bool().unwrap();
 
     // A synthetic mixture-of-experts block (no time for the dense matmuls: budget 0): the tiled
     // and the grouped expert kernels timed at a 64-token step, the faster kept.
@@ -131,6 +138,7 @@ fn tune_keeps_a_plan_the_next_run_uses() {
     let h = Harness::with_formats(gpu.clone(), &[WFormat::Q4_0, WFormat::Q8_0], (64, 1), KernelProfile::Gpu).unwrap();
     let g = h.kernels.gpu.as_ref().unwrap();
     assert_eq!(g.matmul[&WFormat::Q4_0].plan.record(), plan);
+    assert_eq!(h.uses_int8(WFormat::Q4_0, 1), int8_kept, "the kept int8 choice");
     assert_eq!(g.matmul[&WFormat::Q8_0].plan, GemmPlan::default(), "q8_0's GEMMs were not measured");
     let h = Harness::for_moe(gpu.clone(), &[WFormat::Q8_0, WFormat::F32], KernelProfile::Gpu).unwrap();
     assert_eq!(h.kernels.moe[&WFormat::Q8_0].use_tiled, moe_kernel == "tiled");

@@ -55,6 +55,8 @@ pub fn run(args: &BuildKernelsArgs) -> Result<()> {
         kv_chunks: 1,
         profile: args.kernel_profile,
         delta_k_dim: Some(128),
+        // Every int8 kernel, whatever this adapter would choose.
+        int8: Some(true),
         more_attn: ATTENTION[1..].to_vec(),
     };
     let mut kernels = Kernels::new(&gpu, &spec)?;

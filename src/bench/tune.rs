@@ -15,7 +15,7 @@ use crate::ops::gemm::GemmKernel;
 use crate::ops::harness::Harness;
 use crate::ops::harness_moe::MoeWeights;
 use crate::ops::moe::MoeSpec;
-use crate::ops::tune::{choose, choose_moe, measure_on, since, TuneShape, Tuned};
+use crate::ops::tune::{choose, choose_int8, choose_moe, measure_on, since, TuneShape, Tuned};
 use crate::weights::tensor::QTensor;
 use anyhow::{anyhow, bail, Result};
 use serde_json::json;
@@ -188,9 +188,34 @@ pub fn run(args: &TuneArgs) -> Result<()> {
         });
         report(format, &tuned);
         cache.set_gemm(&gpu.info, format.name(), tuned.plan.record());
+        // One-token steps on int8 activations or f32 (where the format has int8 kernels).
+        // Both are timed whatever this run's default (off on llvmpipe): the kernels are built here.
+        let int8 = if format.has_int8() {
+            h.add_int8(format)?;
+            let c = choose_int8(&mut h, &shapes, per_shape)?;
+            println!(
+                "  one token: {} activations (f32 {} ms, int8 {} ms per layer's matmuls)",
+                if c.int8 { "int8" } else { "f32" },
+                ms(&Ok(c.f32_x)),
+                ms(&c.int8_x)
+            );
+            if let Err(e) = &c.int8_x {
+                println!("    {e}");
+            }
+            cache.set_int8(&gpu.info, format.name(), c.int8);
+            Some(json!({
+                "int8": c.int8,
+                "f32_ms": c.f32_x.as_secs_f64() * 1e3,
+                "int8_ms": c.int8_x.as_ref().ok().map(|d| d.as_secs_f64() * 1e3),
+                "error": c.int8_x.as_ref().err(),
+            }))
+        } else {
+            None
+        };
         out.push(json!({
             "format": format.name(),
             "plan": tuned.plan.record(),
+            "one_token": int8,
             "complete": tuned.complete,
             "measurements": tuned.measurements.iter().map(|x| json!({
                 "kernel": x.kernel.name(),

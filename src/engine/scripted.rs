@@ -43,6 +43,7 @@ impl Scripted {
                 kv_dtype: KvDtype::F16,
                 profile: KernelProfile::Cpu,
                 sliding_window: None,
+                int8: None,
             },
             num_blocks,
             depth: 1,

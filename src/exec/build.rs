@@ -115,6 +115,7 @@ pub fn step_limits(cfg: &EngineConfig, model: &ModelConfig) -> StepLimits {
         kv_dtype: b.kv_dtype,
         profile: b.profile,
         sliding_window: model.uniform_window(),
+        int8: None,
     }
 }
 

@@ -36,6 +36,9 @@ pub struct AdapterTuning {
     /// The prefill-sized expert kernels by weight-format name (ops::moe: "tiled" or "grouped").
     #[serde(default)]
     pub moe: BTreeMap<String, String>,
+    /// Whether one-token matmuls run on int8 activations, by weight-format name.
+    #[serde(default)]
+    pub int8: BTreeMap<String, bool>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -141,6 +144,11 @@ impl TuneCache {
         self.adapter(info)?.moe.get(format).map(|s| s.as_str())
     }
 
+    /// Whether the one-token matmuls of `format` were faster on int8 activations on this adapter.
+    pub fn int8(&self, info: &wgpu::AdapterInfo, format: &str) -> Option<bool> {
+        self.adapter(info)?.int8.get(format).copied()
+    }
+
     /// This adapter's entry, stamped now.
     fn entry(&mut self, info: &wgpu::AdapterInfo) -> &mut AdapterTuning {
         let a = self.adapters.entry(Self::key(info)).or_default();
@@ -157,6 +165,11 @@ impl TuneCache {
     /// Records the prefill-sized expert kernel of `format` on this adapter.
     pub fn set_moe(&mut self, info: &wgpu::AdapterInfo, format: &str, kernel: &str) {
         self.entry(info).moe.insert(format.to_string(), kernel.to_string());
+    }
+
+    /// Records whether `format`'s one-token matmuls run on int8 activations on this adapter.
+    pub fn set_int8(&mut self, info: &wgpu::AdapterInfo, format: &str, on: bool) {
+        self.entry(info).int8.insert(format.to_string(), on);
     }
 }
 

@@ -159,9 +159,12 @@ impl WFormat {
         }
     }
 
-    /// Whether the format's snippet has the int8 path's codes (`wcodes8`, `wterms8`): integer
-    /// codes of at most 8 bits with per-block (or per-half) scales. The float formats and the
-    /// grid formats (IQ1-IQ3) have none.
+    /// Whether the one-token matmuls of this format run on int8 activations: its snippet has
+    /// the int8 path's codes (`wcodes8`, `wterms8`), integer codes of at most 8 bits with
+    /// per-block (or per-half) scales. The float formats and the grid formats (IQ1-IQ3) have
+    /// none, nor do the table formats (IQ4_NL, IQ4_XS, MXFP4): RADV reads each code's table value
+    /// from memory either way, and as bytes a conversion and a pack per four come on top (more
+    /// vector instructions per weight than the f32 kernel: BENCHMARKS.md, the compiler report).
     pub fn has_int8(self) -> bool {
         matches!(
             self,
@@ -175,9 +178,6 @@ impl WFormat {
                 | WFormat::Q4_K
                 | WFormat::Q5_K
                 | WFormat::Q6_K
-                | WFormat::IQ4_NL
-                | WFormat::IQ4_XS
-                | WFormat::MXFP4
         )
     }
 

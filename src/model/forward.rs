@@ -90,6 +90,12 @@ pub struct Model {
 }
 
 impl Model {
+    /// Whether this model's one-token matmuls run on int8 activations (the gpu profile, where
+    /// `ops::kernels::int8_wanted` built them for one of its formats).
+    pub fn runs_int8(&self) -> bool {
+        self.kernels.gpu.as_ref().is_some_and(|g| g.int8 && g.quantize_x8.is_some())
+    }
+
     /// The whole model on one device.
     pub fn new(gpu: Arc<Gpu>, host: &HostModel, limits: StepLimits) -> Result<Model> {
         Model::new_stage(gpu, host, limits, 0..host.cfg.layers)
@@ -191,6 +197,7 @@ impl Model {
                 kv_chunks: kv_plan.chunks,
                 profile: limits.profile,
                 delta_k_dim: delta_dims(&cfg).map(|(d, _)| d.k_dim as u32),
+                int8: limits.int8,
             },
         )?;
         let scratch = Scratch::new(g, &cfg, &limits, &layout, &scratch_plan, last);

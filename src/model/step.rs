@@ -26,6 +26,9 @@ pub struct StepLimits {
     /// The model's sliding attention window (set from the model by `Model::new_stage` and
     /// `exec::step_limits`): blocks that left it can be freed.
     pub sliding_window: Option<usize>,
+    /// gpu profile: one-token matmuls on int8 activations (Some(true)) or f32 (Some(false));
+    /// None: as `ops::kernels::int8_wanted` decides (TORUS_INT8, the tuner, the adapter).
+    pub int8: Option<bool>,
 }
 
 /// One step's work: tokens (with position, KV slot and sequence index), the sequences' block

@@ -319,18 +319,18 @@ pub fn gpu_matmul_pipelines(
             both(gpu, family, &|sw| (format!("matmul_gpu_{n}_{tm}_{sw}"), matmul_gpu_source(f, tm, sw, gpu.subgroups)))
         })
         .collect::<Result<Vec<_>>>()?;
-    let int8 = if int8 && f.has_int8() {
-        Some(both(gpu, family, &|sw| {
-            (format!("matmul_gpu_i8_{n}_1_{sw}"), matmul_gpu_i8_source(f, sw, gpu.subgroups))
-        })?)
-    } else {
-        None
-    };
+    let int8 = if int8 { Some(int8_pipelines(gpu, family, f)?) } else { None };
     let mut p = GpuMatmulPipelines { decode, gemm: Vec::new(), plan, int8 };
     for k in plan.kernels() {
         add_gemm(gpu, family, f, &mut p, k)?;
     }
     Ok(p)
+}
+
+/// The one-token decode kernel of `f` on int8 activations: [plain, swiglu].
+pub fn int8_pipelines(gpu: &Gpu, family: &Family, f: WFormat) -> Result<[wgpu::ComputePipeline; 2]> {
+    let n = f.name();
+    both(gpu, family, &|sw| (format!("matmul_gpu_i8_{n}_1_{sw}"), matmul_gpu_i8_source(f, sw, gpu.subgroups)))
 }
 
 /// Builds GEMM variant `k` of `f` into `p` unless it is there.

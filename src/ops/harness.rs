@@ -103,6 +103,7 @@ impl Harness {
             kv_chunks: 1,
             profile,
             delta_k_dim: None,
+            int8: None,
             more_attn: vec![],
         };
         Ok(Harness { kernels: Kernels::new(&gpu, &spec)?, gpu })
@@ -148,6 +149,7 @@ impl Harness {
             kv_chunks,
             profile,
             delta_k_dim: None,
+            int8: None,
             more_attn: vec![],
         };
         let kernels = Kernels::new(&gpu, &spec)?;
@@ -160,6 +162,21 @@ impl Harness {
         if let Some(g) = self.kernels.gpu.as_mut() {
             g.int8 = on;
         }
+    }
+
+    /// The tuner: builds `format`'s int8 kernels (and the quantization of x) where this run's
+    /// choice (TORUS_INT8, an earlier tune) left them out, so that they can be timed again.
+    pub fn add_int8(&mut self, format: WFormat) -> Result<()> {
+        let k = &mut self.kernels;
+        if let Some(g) = k.gpu.as_mut().filter(|_| format.has_int8()) {
+            if let Some(p) = g.matmul.get_mut(&format).filter(|p| p.int8.is_none()) {
+                p.int8 = Some(crate::ops::gemm::int8_pipelines(&self.gpu, &k.matmul_family, format)?);
+            }
+            if g.quantize_x8.is_none() {
+                g.quantize_x8 = Some(crate::ops::kernels::quantize_pipeline(&self.gpu, &k.matmul_family)?);
+            }
+        }
+        Ok(())
     }
 
     /// Whether a matmul of `format` over `m` rows runs on int8 activations.

@@ -45,6 +45,7 @@ impl Harness {
             kv_chunks: 1,
             profile,
             delta_k_dim: Some(k_dim),
+            int8: None,
             more_attn: vec![],
         };
         Ok(Harness { kernels: Kernels::new(&gpu, &spec)?, gpu })

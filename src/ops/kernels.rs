@@ -116,23 +116,38 @@ pub struct GpuMatmulPipelines {
     pub gemm: Vec<(GemmKernel, [wgpu::ComputePipeline; 2])>,
     /// Which kernel a step of m rows runs.
     pub plan: GemmPlan,
-    /// The one-token decode kernel on int8 activations ([plain, swiglu]; formats with
-    /// `WFormat::has_int8`, unless INT8_ENV=0).
+    /// The one-token decode kernel on int8 activations ([plain, swiglu]), where `int8_wanted`.
     pub int8: Option<[wgpu::ComputePipeline; 2]>,
 }
 
-/// TORUS_INT8=0 keeps the gpu profile's one-token matmuls on f32 activations (for comparisons;
-/// =1, the default, quantizes them to int8 per 32 values where the weight format allows).
+/// TORUS_INT8=0 keeps the gpu profile's one-token matmuls on f32 activations, =1 quantizes them
+/// to int8 per 32 values for every format that allows it (`WFormat::has_int8`); unset, the
+/// tuner's choice for the adapter and format, else int8 on GPUs through Vulkan and DX12 (whose
+/// drivers turn dot4I8Packed into the GPU's integer dot products) and f32 on Metal and GL (naga
+/// writes it out as shifts and multiplies there) and on CPU adapters (llvmpipe: no faster,
+/// BENCHMARKS.md).
 pub const INT8_ENV: &str = "TORUS_INT8";
 
-/// Whether the gpu profile builds and runs the int8 matmuls (INT8_ENV; a bad value is an error
-/// naming it).
-pub fn int8_wanted() -> Result<bool> {
-    match std::env::var(INT8_ENV).ok().as_deref() {
-        None | Some("1") => Ok(true),
-        Some("0") => Ok(false),
-        Some(v) => anyhow::bail!("{INT8_ENV} must be 0 or 1, got {v:?}"),
+/// Whether the gpu profile builds and runs `format`'s int8 matmuls on `gpu` (INT8_ENV, the
+/// tuner's cache, the backend; a bad INT8_ENV value is an error naming it).
+pub fn int8_wanted(gpu: &Gpu, format: WFormat, cache: Option<&TuneCache>) -> Result<bool> {
+    if !format.has_int8() {
+        return Ok(false);
     }
+    Ok(match std::env::var(INT8_ENV).ok().as_deref() {
+        Some("1") => true,
+        Some("0") => false,
+        Some(v) => anyhow::bail!("{INT8_ENV} must be 0 or 1, got {v:?}"),
+        None => cache.and_then(|c| c.int8(&gpu.info, format.name())).unwrap_or(
+            matches!(gpu.info.backend, wgpu::Backend::Vulkan | wgpu::Backend::Dx12)
+                && gpu.info.device_type != wgpu::DeviceType::Cpu,
+        ),
+    })
+}
+
+/// The quantization of x for the int8 matmuls (in the matmul family).
+pub fn quantize_pipeline(gpu: &Gpu, family: &Family) -> Result<wgpu::ComputePipeline> {
+    family.pipeline(gpu, "quantize_x8", &quantize_x8_source()?, "main")
 }
 
 /// Most rows of x a step may quantize for the int8 matmuls (they serve one-token steps).
@@ -156,7 +171,8 @@ pub struct GpuPipelines {
     pub attention_tiled: Option<(wgpu::ComputePipeline, u32)>,
     /// The activations' quantization for the int8 matmuls (built where a format has them).
     pub quantize_x8: Option<wgpu::ComputePipeline>,
-    /// Whether one-token steps run the int8 matmuls (tests turn it off to check the f32 ones).
+    /// Whether one-token steps run the int8 matmuls that were built (the tuner and tests turn
+    /// it off to time and check the f32 ones).
     pub int8: bool,
 }
 
@@ -199,6 +215,9 @@ pub struct KernelSpec {
     pub profile: KernelProfile,
     /// The key head size of a model with Gated DeltaNet layers (its kernels are built for it).
     pub delta_k_dim: Option<u32>,
+    /// gpu profile: the one-token matmuls on int8 activations (Some(true)) or not; None: as
+    /// `int8_wanted` decides.
+    pub int8: Option<bool>,
     /// Further (head_dim, group) attention geometries some layers have (Gemma 4's
     /// full-attention layers): their attention kernels are built too.
     pub more_attn: Vec<(u32, u32)>,
@@ -375,17 +394,20 @@ impl Kernels {
             }
         }
         let gpu_kernels = if profile == KernelProfile::Gpu {
-            let int8 = int8_wanted()?;
             let mut matmul = BTreeMap::new();
             for &f in formats.iter() {
                 if matmul.contains_key(&f) {
                     continue;
                 }
                 let plan = GemmPlan::for_device(gpu, f, cache.as_ref())?;
+                let int8 = match spec.int8 {
+                    Some(on) => on && f.has_int8(),
+                    None => int8_wanted(gpu, f, cache.as_ref())?,
+                };
                 matmul.insert(f, gpu_matmul_pipelines(gpu, &matmul_family, f, plan, int8)?);
             }
             let quantize_x8 = if matmul.values().any(|p| p.int8.is_some()) {
-                Some(matmul_family.pipeline(gpu, "quantize_x8", &quantize_x8_source()?, "main")?)
+                Some(quantize_pipeline(gpu, &matmul_family)?)
             } else {
                 None
             };
@@ -407,7 +429,7 @@ impl Kernels {
                 combine: attn_family.pipeline(gpu, "attention_combine", &src, "combine")?,
                 attention_tiled,
                 quantize_x8,
-                int8,
+                int8: true,
             })
         } else {
             None

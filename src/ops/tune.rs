@@ -164,6 +164,53 @@ pub fn choose_moe(h: &mut Harness, spec: &MoeSpec, w: &MoeWeights, t: usize, per
     Ok(MoeChoice { kernel, grouped, tiled })
 }
 
+/// The one-token matmuls of one weight format on f32 and on int8 activations, timed against
+/// each other.
+#[derive(Clone, Debug)]
+pub struct Int8Choice {
+    pub int8: bool,
+    /// Per step over the shapes (every matmul of a layer of that format).
+    pub f32_x: Duration,
+    /// The same on int8 activations (the quantization included), or why it was not timed (its
+    /// output disagreed with the f32 kernel's).
+    pub int8_x: Result<Duration, String>,
+}
+
+/// Times one-token steps of `shapes` with the f32 and the int8 kernels (the int8 ones only after
+/// their output matched the f32 ones' within the quantization's error), each shape for about
+/// `per_shape` of repetitions, and chooses the faster. The harness must have the int8 kernels
+/// built (`Harness::add_int8`); it is left running them.
+pub fn choose_int8(h: &mut Harness, shapes: &[TuneShape], per_shape: Duration) -> Result<Int8Choice> {
+    let run = |h: &Harness, s: &TuneShape, x: &[f32]| {
+        h.matmul(&s.w, s.up.as_ref(), x, 1, None, None, None, false, h.gpu.max_binding)
+    };
+    let time = |h: &Harness| -> Result<Duration> {
+        let mut total = Duration::ZERO;
+        for s in shapes {
+            total += per_call(per_shape, |iters| h.time_matmul(&s.w, s.up.as_ref(), 1, false, iters))?;
+        }
+        Ok(total)
+    };
+    // One-token steps on the decode kernel (the GEMM plans timed before may have left a GEMM
+    // for every size).
+    h.set_gemm(GemmPlan::only(GemmKernel::TILE64, u32::MAX))?;
+    h.set_int8(false);
+    let f32_x = time(h)?;
+    let mut want = Vec::new();
+    for s in shapes {
+        let x: Vec<f32> = (0..s.w.cols).map(|j| ((j * 7919 + 13) % 2003) as f32 / 2003.0 - 0.5).collect();
+        want.push((x.clone(), run(h, s, &x)?));
+    }
+    h.set_int8(true);
+    let checked = shapes.iter().zip(&want).try_for_each(|(s, (x, y))| {
+        let got = run(h, s, x).map_err(|e| format!("{e:#}"))?;
+        agree(&got, y).map_err(|e| format!("the int8 kernel disagrees with the f32 one: {e}"))
+    });
+    let int8_x = checked.and_then(|()| time(h).map_err(|e| format!("{e:#}")));
+    let int8 = matches!(&int8_x, Ok(d) if *d < f32_x);
+    Ok(Int8Choice { int8, f32_x, int8_x })
+}
+
 /// Time of one call of `run` (which times `iters` calls in one submit): timed once, then with as
 /// many calls (1 to 200) as take about `target`.
 fn per_call(target: Duration, run: impl Fn(u64) -> Result<Duration>) -> Result<Duration> {
