@@ -188,8 +188,8 @@ fn gpu_kernels_fit_in_registers_on_amd_targets() {
                 failures.push(format!("{target} {label}: {} VGPRs spilled, {} B scratch", s.spilled_vgprs, s.scratch));
             }
             // Attention and the GEMM tiles on RDNA3: at least 4 waves. (ACO's scheduler picks a
-            // target occupancy from a kernel's register demand before scheduling, then uses the
-            // registers that occupancy leaves: their final VGPRs are far above that demand.)
+            // wave target, then uses the registers that target leaves: their final VGPRs are far
+            // above their demand before scheduling, so the floor is held, not a count.)
             let tiled = ["attention_split", "attention_tiled", "matmul_tile"].iter().any(|p| label.starts_with(p));
             if target == "navi31" && tiled && s.waves < 4 {
                 failures.push(format!("{target} {label}: {} waves per SIMD ({} VGPRs), under 4", s.waves, s.vgprs));

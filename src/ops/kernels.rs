@@ -124,15 +124,20 @@ pub struct GpuMatmulPipelines {
 /// to int8 per 32 values for every format that allows it (`WFormat::has_int8`); unset, the
 /// tuner's choice for the adapter and format, else int8 on GPUs through Vulkan and DX12 (whose
 /// drivers turn dot4I8Packed into the GPU's integer dot products) and f32 on Metal and GL (naga
-/// writes it out as shifts and multiplies there) and on CPU adapters (llvmpipe: no faster,
-/// BENCHMARKS.md).
+/// writes it out as shifts and multiplies there) and on CPU adapters (llvmpipe runs the cpu
+/// profile by default, and the suite checks the gpu profile's f32 kernels there; int8 is
+/// faster on it too, BENCHMARKS.md).
 pub const INT8_ENV: &str = "TORUS_INT8";
 
-/// Whether the gpu profile builds and runs `format`'s int8 matmuls on `gpu` (INT8_ENV, the
-/// tuner's cache, the backend; a bad INT8_ENV value is an error naming it).
-pub fn int8_wanted(gpu: &Gpu, format: WFormat, cache: Option<&TuneCache>) -> Result<bool> {
+/// Whether the gpu profile builds and runs `format`'s int8 matmuls on `gpu`: never where the
+/// format has none, else as `forced` says (`KernelSpec::int8`), else INT8_ENV, the tuner's
+/// cache, the backend (a bad INT8_ENV value is an error naming it).
+pub fn int8_wanted(gpu: &Gpu, format: WFormat, forced: Option<bool>, cache: Option<&TuneCache>) -> Result<bool> {
     if !format.has_int8() {
         return Ok(false);
+    }
+    if let Some(on) = forced {
+        return Ok(on);
     }
     Ok(match std::env::var(INT8_ENV).ok().as_deref() {
         Some("1") => true,
@@ -400,10 +405,7 @@ impl Kernels {
                     continue;
                 }
                 let plan = GemmPlan::for_device(gpu, f, cache.as_ref())?;
-                let int8 = match spec.int8 {
-                    Some(on) => on && f.has_int8(),
-                    None => int8_wanted(gpu, f, cache.as_ref())?,
-                };
+                let int8 = int8_wanted(gpu, f, spec.int8, cache.as_ref())?;
                 matmul.insert(f, gpu_matmul_pipelines(gpu, &matmul_family, f, plan, int8)?);
             }
             let quantize_x8 = if matmul.values().any(|p| p.int8.is_some()) {

@@ -103,12 +103,10 @@ pub fn measure_on(
     reference: &mut Vec<((usize, u32), Vec<f32>)>,
 ) -> Result<Duration> {
     let m_us = m as usize;
-    let run = |h: &Harness, s: &TuneShape, x: &[f32]| {
-        h.matmul(&s.w, s.up.as_ref(), x, m_us, None, None, None, false, h.gpu.max_binding)
-    };
+    let run = |h: &Harness, s: &TuneShape, x: &[f32]| run_shape(h, s, x, m_us);
     let mut total = Duration::ZERO;
     for (i, s) in shapes.iter().enumerate() {
-        let x: Vec<f32> = (0..m_us * s.w.cols).map(|j| ((j * 7919 + 13) % 2003) as f32 / 2003.0 - 0.5).collect();
+        let x = probe_x(m_us * s.w.cols);
         if !reference.iter().any(|(key, _)| *key == (i, m)) {
             h.set_gemm(GemmPlan::only(GemmKernel::TILE64, u32::MAX))?;
             let y = run(h, s, &x)?;
@@ -142,7 +140,7 @@ pub struct MoeChoice {
 /// `per_run` of repetitions, and chooses the faster. Leaves the harness on the grouped kernels.
 pub fn choose_moe(h: &mut Harness, spec: &MoeSpec, w: &MoeWeights, t: usize, per_run: Duration) -> Result<MoeChoice> {
     let n = t * w.router.cols;
-    let x: Vec<f32> = (0..n).map(|j| ((j * 7919 + 13) % 2003) as f32 / 2003.0 - 0.5).collect();
+    let x = probe_x(n);
     let zeros = vec![0f32; n];
     let time = |h: &Harness| per_call(per_run, |iters| h.time_moe(spec, w, t, iters));
     h.set_moe_tiled(false)?;
@@ -181,9 +179,7 @@ pub struct Int8Choice {
 /// `per_shape` of repetitions, and chooses the faster. The harness must have the int8 kernels
 /// built (`Harness::add_int8`); it is left running them.
 pub fn choose_int8(h: &mut Harness, shapes: &[TuneShape], per_shape: Duration) -> Result<Int8Choice> {
-    let run = |h: &Harness, s: &TuneShape, x: &[f32]| {
-        h.matmul(&s.w, s.up.as_ref(), x, 1, None, None, None, false, h.gpu.max_binding)
-    };
+    let run = |h: &Harness, s: &TuneShape, x: &[f32]| run_shape(h, s, x, 1);
     let time = |h: &Harness| -> Result<Duration> {
         let mut total = Duration::ZERO;
         for s in shapes {
@@ -198,7 +194,7 @@ pub fn choose_int8(h: &mut Harness, shapes: &[TuneShape], per_shape: Duration) -
     let f32_x = time(h)?;
     let mut want = Vec::new();
     for s in shapes {
-        let x: Vec<f32> = (0..s.w.cols).map(|j| ((j * 7919 + 13) % 2003) as f32 / 2003.0 - 0.5).collect();
+        let x = probe_x(s.w.cols);
         want.push((x.clone(), run(h, s, &x)?));
     }
     h.set_int8(true);
@@ -209,6 +205,17 @@ pub fn choose_int8(h: &mut Harness, shapes: &[TuneShape], per_shape: Duration) -
     let int8_x = checked.and_then(|()| time(h).map_err(|e| format!("{e:#}")));
     let int8 = matches!(&int8_x, Ok(d) if *d < f32_x);
     Ok(Int8Choice { int8, f32_x, int8_x })
+}
+
+/// The tuner's input: `n` values spread over [-0.5, 0.5) without a pattern the kernels could
+/// exploit.
+fn probe_x(n: usize) -> Vec<f32> {
+    (0..n).map(|j| ((j * 7919 + 13) % 2003) as f32 / 2003.0 - 0.5).collect()
+}
+
+/// One matmul of shape `s` over `m` rows of `x`, as the harness's current kernels run it.
+fn run_shape(h: &Harness, s: &TuneShape, x: &[f32], m: usize) -> Result<Vec<f32>> {
+    h.matmul(&s.w, s.up.as_ref(), x, m, None, None, None, false, h.gpu.max_binding)
 }
 
 /// Time of one call of `run` (which times `iters` calls in one submit): timed once, then with as
