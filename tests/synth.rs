@@ -548,4 +548,14 @@ fn gemma4_e4b_layout_small_loads_and_profiles_agree() {
     // Longer than the window of 8.
     let prompt: Vec<u32> = (0..20).map(|i| (i * 97 + 13) % 2000).collect();
     assert_profiles_agree(&host, &prompt, "gemma-4-e4b");
+    // At Q4_K the per-layer token table and projections (rows of 32 * 12 and 32) fall back to
+    // Q5_0, a format no other matmul has: the kernels built must include it (a load panicked
+    // on the missing embedding kernel before).
+    let path = dir.0.join("model-q4_k.gguf");
+    write_synthetic_gguf(&path, &shape, WFormat::Q4_K, Some(12), 7).unwrap();
+    let host = HostModel::load(&path, &|_, _| {}).unwrap();
+    let ple = host.ple.as_ref().unwrap();
+    assert_eq!((ple.embed.format, host.layers[0].q.format), (WFormat::Q5_0, WFormat::Q4_K));
+    assert!(host.formats().contains(&ple.embed.format), "{:?}", host.formats());
+    assert_profiles_agree(&host, &prompt[..6], "gemma-4-e4b at Q4_K");
 }

@@ -26,6 +26,9 @@ impl HostModel {
     pub fn formats(&self) -> Vec<WFormat> {
         let mut f: Vec<WFormat> = self.embed_info().iter().chain(&self.lm_head_info()).map(|t| t.format).collect();
         f.extend(self.summaries().into_iter().flat_map(|s| s.formats));
+        // Gemma 4's per-layer embeddings: their token table (an embedding lookup) and context
+        // projection.
+        f.extend(self.ple.iter().flat_map(|p| [p.embed.format, p.model_proj.format]));
         f.sort();
         f.dedup();
         f

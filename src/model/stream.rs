@@ -38,6 +38,7 @@ impl LayerSummary {
         if let Some(lin) = &l.linear {
             formats.extend(lin.proj.iter().chain([&lin.out]).map(|t| t.format));
         }
+        formats.extend(l.ple.iter().flat_map(|p| [p.gate.format, p.proj.format]));
         formats.sort();
         formats.dedup();
         let mut moe_formats: Vec<WFormat> = l.moe.iter().flat_map(|m| [m.gate_up.format, m.down.format]).collect();
