@@ -5,6 +5,9 @@ Run through scripts/llama-compare.sh, which builds llama-cpp-python (llama.cpp's
 from its sdist into a virtual environment and runs this with it.
 
     scripts/llama-compare.sh [--format f32] [--tokens 16] [--prompts 3] [--kernel-profile cpu] [SHAPE ...]
+    scripts/llama-compare.sh --format q8_0 --kernel-profile gpu --decode --int8 both [SHAPE ...]
+                                                   (torus-wgpu decoding token by token, on f32 and on
+                                                    int8 activations: a row each)
     scripts/llama-compare.sh --model FILE.gguf     (any GGUF file both engines load; JSON out)
     scripts/llama-compare.sh --fixtures            (llama.cpp against tests/fixtures' transformers
                                                     references; torus-wgpu's own test suite checks
@@ -94,15 +97,19 @@ def free_port():
 
 
 class Torus:
-    def __init__(self, path, profile):
+    def __init__(self, path, profile, int8=None):
         self.port = free_port()
         self.log = tempfile.TemporaryFile()
+        env = dict(os.environ)
+        if int8 is not None:
+            env["TORUS_INT8"] = int8
         self.proc = subprocess.Popen(
             [BIN, "serve", "--model", path, "--port", str(self.port), "--kv-cache-dtype", "f32",
              "--kernel-profile", profile, "--enable-prefix-cache", "false", "--max-sequence-length", "256",
              "--no-webui"],
             stdout=self.log,
             stderr=subprocess.STDOUT,
+            env=env,
         )
         deadline = time.time() + 300
         while True:
@@ -130,25 +137,58 @@ class Torus:
         top = [max(d.values()) for d in lp["top_logprobs"][1:n]]
         return own, top
 
+    def decode(self, prompt, n_new, n_probs=20):
+        """Greedy decoding of `prompt` one token per step (llama-server's /completion, whose
+        entries carry token ids): per generated token (its id, {id: log-probability} of the top
+        `n_probs`)."""
+        body = {"prompt": prompt, "n_predict": n_new, "temperature": 0, "n_probs": n_probs,
+                "ignore_eos": True, "cache_prompt": False}
+        r = urllib.request.Request(
+            f"http://127.0.0.1:{self.port}/completion",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        v = json.loads(urllib.request.urlopen(r, timeout=600).read())
+        return [(e["id"], {t["id"]: t["logprob"] for t in e["top_logprobs"]}) for e in v["completion_probabilities"]]
+
     def close(self):
         self.proc.terminate()
         self.proc.wait(timeout=30)
 
 
-def compare(shape, fmt, prompts, n_prompt, n_new, profile, work, path=None):
+def compare(shape, fmt, prompts, n_prompt, n_new, profile, work, path=None, decode=False, int8=None):
     if path is None:
         path = os.path.join(work, f"{shape}-{fmt}.gguf")
-        subprocess.run([BIN, "synth-model", "--tiny", "--shape", shape, "--format", fmt, "--seed", "1", "--out", path],
-                       check=True, capture_output=True)
+        if not os.path.exists(path):
+            subprocess.run([BIN, "synth-model", "--tiny", "--shape", shape, "--format", fmt, "--seed", "1",
+                            "--out", path], check=True, capture_output=True)
     vocab = Llama(model_path=path, vocab_only=True, verbose=False).n_vocab()
     diffs, agree, total, margins, batch_diffs, torus_batch = [], 0, 0, [], [], []
-    torus = Torus(path, profile)
+    torus = Torus(path, profile, int8)
     try:
         for p in range(prompts):
             rng = np.random.default_rng(1000 + p)
             # Not the last ids: the synthetic and fixture tokenizers keep their special tokens there.
             prompt = [int(x) for x in rng.integers(0, vocab - 3, n_prompt)]
             ids, rows, batch = llama_run(path, prompt, n_new)
+            if decode:
+                # Both engines token by token: the positions up to and including the first where
+                # torus-wgpu's greedy token differs (after it the two sequences differ). Positions
+                # where llama.cpp's token is not in torus-wgpu's top 20 count as disagreement only.
+                for i, (tok, top) in enumerate(torus.decode(prompt, n_new)):
+                    want = ids[n_prompt + i]
+                    total += 1
+                    if want in top:
+                        diffs.append(abs(top[want] - rows[i][want]))
+                        batch_diffs.append(abs(batch[i][want] - rows[i][want]))
+                        torus_batch.append(abs(top[want] - batch[i][want]))
+                    if tok == want:
+                        agree += 1
+                        continue
+                    srt = np.sort(rows[i])
+                    margins.append(srt[-1] - srt[-2])
+                    break
+                continue
             own, top = torus.score(ids)
             for i in range(n_new):
                 at = n_prompt + i  # the token at `at`, predicted from position at - 1
@@ -240,6 +280,11 @@ def main():
     ap.add_argument("--model", help="compare this GGUF file instead of the shapes")
     ap.add_argument("--fixtures", action="store_true",
                     help="compare llama.cpp with the transformers references of tests/fixtures instead")
+    ap.add_argument("--decode", action="store_true",
+                    help="torus-wgpu decodes token by token (one-token matmuls) instead of scoring the "
+                         "sequence as one prefill")
+    ap.add_argument("--int8", choices=["0", "1", "both"],
+                    help="TORUS_INT8 for torus-wgpu (the gpu profile's int8 activations); both: a row each")
     ap.add_argument("--setup-only", action="store_true")
     a = ap.parse_args()
     if a.setup_only:
@@ -259,17 +304,21 @@ def main():
     bad = [s for s in a.shapes if s not in shapes]
     if bad:
         sys.exit(f"unknown shape(s) {bad} (known: {', '.join(shapes)})")
+    how = "decodes token by token" if a.decode else "scores the sequence as one prefill"
     print(f"tiny variants, {a.format}, {a.prompts} prompts of {a.prompt_tokens} random ids + {a.tokens} "
-          f"greedy tokens of llama.cpp; torus-wgpu kernel profile {a.kernel_profile}")
-    print("| shape | top-1 agree | median abs dlogprob | max abs dlogprob | llama.cpp batch vs token max | "
-          "llama.cpp margin where top-1 differs |")
-    print("|---|---|---|---|---|---|")
+          f"greedy tokens of llama.cpp; torus-wgpu kernel profile {a.kernel_profile}, {how}")
+    print("| shape | TORUS_INT8 | top-1 agree | median abs dlogprob | max abs dlogprob | "
+          "llama.cpp batch vs token max | llama.cpp margin where top-1 differs |")
+    print("|---|---|---|---|---|---|---|")
+    settings = ["0", "1"] if a.int8 == "both" else [a.int8]
     with tempfile.TemporaryDirectory() as work:
         for s in a.shapes:
-            r = compare(s, a.format, a.prompts, a.prompt_tokens, a.tokens, a.kernel_profile, work)
-            m = "-" if r["margin"] is None else f"{r['margin']:.4f}"
-            print(f"| {s} | {r['agree']}/{r['total']} | {r['median']:.2e} | {r['max']:.2e} | "
-                  f"{r['llama_batch_max']:.2e} | {m} |", flush=True)
+            for x in settings:
+                r = compare(s, a.format, a.prompts, a.prompt_tokens, a.tokens, a.kernel_profile, work,
+                            decode=a.decode, int8=x)
+                m = "-" if r["margin"] is None else f"{r['margin']:.4f}"
+                print(f"| {s} | {x or 'default'} | {r['agree']}/{r['total']} | {r['median']:.2e} | "
+                      f"{r['max']:.2e} | {r['llama_batch_max']:.2e} | {m} |", flush=True)
 
 
 if __name__ == "__main__":
