@@ -17,7 +17,9 @@
 // With SWIGLU, the NR weight rows are NR/2 gate rows and the same up rows (gate rows first in
 // the chunk, up rows n_rows later) and y = glu(gate . x) * (up . x).
 // The weight format's wfmt_*.wgsl (wq, ws, Sc, wscale, wcodes, wterms, WMIN and, for int8,
-// wcodes8 and wterms8) is prepended.
+// wcodes8 and wterms8) is prepended. PREP is empty, or (the table formats' int8 path) the
+// workgroup's table fill (`wprep`) and a barrier, in uniform control flow: every invocation of
+// a workgroup that gets past the grid check reaches it.
 
 {{X}}
 
@@ -68,6 +70,7 @@ fn main(
             rows[r] = min(n0 + r, p.n_rows - 1u);
         }
     }
+{{PREP}}
     var acc: array<f32, NV>;
     let lanes = lanes_per_row(p.k_blocks);
     let groups = WG / lanes;

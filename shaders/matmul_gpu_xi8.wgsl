@@ -1,17 +1,20 @@
 // matmul_gpu.wgsl's X part for activations quantized to int8 (quantize_x8.wgsl): per token and
 // 32-value block three words of four, the 32 values as signed bytes (element order, four to a
-// word) and (d, sum of x over elements 0..16, over 16..32), x ~= d * q. Per row, the weight
+// word) and (d, d * sum(q) over elements 0..16, over 16..32), x ~= d * q. Per row, the weight
 // format's `wcodes8` (its 32 integer codes as bytes, four to a word, in the same order) and
-// `wterms8` (the halves' scales and the terms that multiply the halves' sums of x: a format's
-// mins and its codes' offsets), so that
-//   d * (d_lo * (codes_lo . q_lo) + d_hi * (codes_hi . q_hi)) + t_lo * sum(x_lo) + t_hi * sum(x_hi)
-// with the dot products in integers, four bytes per dot4I8Packed, two independent chains.
+// `wterms8` (the halves' scales and the terms that multiply the halves' sums of the quantized
+// x: a format's mins and its codes' offsets), so that
+//   d * (d_lo * (codes_lo . q_lo) + d_hi * (codes_hi . q_hi)) + t_lo * d * sum(q_lo) + t_hi * d * sum(q_hi)
+// with the dot products in integers, four bytes per dot4I8Packed, two independent chains: the
+// dequantized weights times the quantized x, offsets and mins included. (For Q4_1 and Q5_1,
+// whose offset is one per block, t_lo = t_hi and the quantization leaves the whole block's
+// sum in the first half's place and 0 in the second.)
 @group(0) @binding(2) var<storage, read> x: array<vec4<u32>>;
 
 struct XB {
     q0: vec4<u32>,
     q1: vec4<u32>,
-    // d, the halves' sums (f32 bits).
+    // d, the halves' d * sum(q) (f32 bits).
     ds: vec4<u32>,
 }
 

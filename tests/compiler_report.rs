@@ -144,13 +144,16 @@ fn inner_loop(asm: &[&str]) -> Option<(usize, usize)> {
 /// The one-token int8 matmuls on RDNA3 (navi31): v_dot4 (RDNA3's v_dot4_i32_iu8, RDNA2's
 /// v_dot4_i32_i8) in their loop over K and at most
 /// 1.5 vector instructions per weight there (4 rows x one 32-weight block per iteration), for
-/// Q4_K and Q8_0, plain and SwiGLU; still 8 waves per SIMD.
+/// Q4_K and Q8_0, plain and SwiGLU; still 8 waves per SIMD. The table formats' codes go through
+/// a workgroup table (an address, its clamp and a read per two codes): at most 3.5 for IQ4_NL
+/// and IQ4_XS (2.85 and 3.20 measured with Mesa 25.0.7, against 4.34 and 4.71 for their f32
+/// kernels, whose table reads were memory loads).
 #[test]
 fn int8_matmuls_use_dot4_on_rdna3() {
-    let log = build_kernels("navi31", "shaderstats,asm", &["--formats", "q4_k,q8_0"]);
+    let log = build_kernels("navi31", "shaderstats,asm", &["--formats", "q4_k,q8_0,iq4_nl,iq4_xs"]);
     let (stats, _) = parse(&log);
     let mut failures = Vec::new();
-    for f in ["q4_k", "q8_0"] {
+    for (f, most) in [("q4_k", 1.5), ("q8_0", 1.5), ("iq4_nl", 3.5), ("iq4_xs", 3.5)] {
         for sw in [false, true] {
             let label = format!("matmul_gpu_i8_{f}_1_{sw}");
             let asm = asm_of(&log, &label);
@@ -161,7 +164,7 @@ fn int8_matmuls_use_dot4_on_rdna3() {
             eprintln!(
                 "{label}: {valu} VALU and {vmem} loads per iteration ({per_weight:.2} per weight), {dot4} v_dot4"
             );
-            if dot4 < 16 || per_weight > 1.5 {
+            if dot4 < 16 || per_weight > most {
                 failures.push(format!("{label}: {per_weight:.2} VALU per weight, {dot4} v_dot4"));
             }
             let waves = stats.get(&label).map_or(0, |s| s.waves);

@@ -6,13 +6,14 @@ mod common;
 use common::reference::{assert_close, dot_tol, dot_tol_q8, matmul_tol, randn, weights};
 use std::sync::{Arc, OnceLock};
 use torus_wgpu::config::{KernelProfile, KvDtype};
-use torus_wgpu::gpu::wformat::WFormat;
+use torus_wgpu::gpu::wformat::{WFormat, XQuant};
 use torus_wgpu::gpu::{validate_wgsl, Gpu};
 use torus_wgpu::ops::gemm::{GemmKernel, GemmPlan};
 use torus_wgpu::ops::harness::{AttnShape, AttnStep, Harness};
 use torus_wgpu::ops::kernels::{plan_x, XPlan, MATMUL_TILES, UNIFORM_X_VEC4};
 use torus_wgpu::ops::sources::{all_sources, coop_sources};
 use torus_wgpu::sampling::Rng;
+use torus_wgpu::weights::tensor::QTensor;
 use torus_wgpu::sampling::{Adjust, SampleParams};
 use torus_wgpu::weights::tensor::matmul_ref;
 
@@ -144,7 +145,8 @@ fn gpu_profile_matmul_every_format() {
 }
 
 /// The one-token matmuls on int8 activations (every format that has them), against the
-/// reference within the activations' quantization error and against the same kernels on f32
+/// reference within the activations' quantization error, against the reference on x rounded
+/// on the host to float error, and against the same kernels on f32
 /// activations (TORUS_INT8=0's), which must differ: the int8 kernel is what ran. Chunked
 /// weights; SwiGLU. (tests/subgroup_widths.rs runs them at every subgroup width.)
 #[test]
@@ -177,26 +179,87 @@ fn gpu_profile_int8_matmul_every_format() {
             assert_close(&f32_path, &want, |i| tol32[i], &format!("{what} (f32 path)"));
             assert!(got.iter().zip(&f32_path).any(|(a, b)| a != b), "{what}: the int8 kernel ran");
         }
-        // Q8_0 has no offsets or mins: the int8 kernel's output is exactly the f32 product with
-        // x rounded as quantize_x8.wgsl rounds it (d = max|x| / 127 per block, ties to even), to
-        // float error. (With outliers: one block's values spread over 100x.)
-        if format == WFormat::Q8_0 {
-            let mut xo = x.clone();
-            xo[5] = 60.0;
-            xo[70] = -35.0;
-            let xq: Vec<f32> = xo
-                .chunks(32)
-                .flat_map(|b| {
-                    let d = b.iter().fold(0f32, |m, v| m.max(v.abs())) / 127.0;
-                    let id = if d > 0.0 { 1.0 / d } else { 0.0 };
-                    b.iter().map(move |v| (v * id).round_ties_even() * d)
+        // Offsets and mins go through the sums of the quantized x: every format's int8 output is
+        // exactly the f32 product of its dequantized weights with x rounded as quantize_x8.wgsl
+        // and llama.cpp round it, to float error. Groups of 32 (llama.cpp's Q8_0): d = max|x| /
+        // 127 per block in f16, q = round(x * 127 / max|x|); Q4_1 and Q5_1 take their per-block
+        // m times the block's d * sum(q) rounded to f16 (llama.cpp's Q8_1). Groups of 256 (its
+        // Q8_K, for the K-quants and IQ4_XS): v the value of largest |x| (the first of equals),
+        // q = min(127, round(x * -127 / v)), d = 1 / (-127 / v). Ties to even. (With outliers:
+        // one block's values spread over 100x; 60 is the largest of its group of 256, -35
+        // of its block.)
+        let mut xo = x.clone();
+        xo[5] = 60.0;
+        xo[70] = -35.0;
+        let group = format.int8_x().group() as usize;
+        // Per 32-value block: its f32 d (before any f16 rounding) and its q.
+        let blocks: Vec<(f32, Vec<f32>)> = xo
+            .chunks(group)
+            .flat_map(|g| {
+                let top = g.iter().fold(0f32, |t, &v| if v.abs() > t.abs() { v } else { t });
+                let am = top.abs();
+                let (d, scale) = if group == 256 {
+                    let iscale = if am > 0.0 { -127.0 / top } else { 0.0 };
+                    (if am > 0.0 { 1.0 / iscale } else { 0.0 }, iscale)
+                } else {
+                    (am / 127.0, if am > 0.0 { 127.0 / am } else { 0.0 })
+                };
+                g.chunks(32).map(move |b| (d, b.iter().map(|v| (v * scale).round_ties_even().min(127.0)).collect()))
+            })
+            .collect();
+        let applied = |d: f32| if group == 256 { d } else { half::f16::from_f32(d).to_f32() };
+        let xq: Vec<f32> = blocks.iter().flat_map(|(d, q)| q.iter().map(|v| v * applied(*d))).collect();
+        let mut want = matmul_ref(&xq, 1, &w);
+        if format.int8_x() == XQuant::Q8_1 {
+            // Q4_1 / Q5_1 scale records: [d, m] per block.
+            for (r, y) in want.iter_mut().enumerate() {
+                for (b, (d, q)) in blocks.iter().enumerate() {
+                    let m = f32::from_bits(w.s[2 * (r * blocks.len() + b) + 1]);
+                    let (sum_q, dh) = (q.iter().sum::<f32>(), half::f16::from_f32(*d).to_f32());
+                    *y += m * (half::f16::from_f32(d * sum_q).to_f32() - dh * sum_q);
+                }
+            }
+        }
+        h.set_int8(true);
+        let got = h.matmul(&w, None, &xo, 1, None, None, None, false, 1 << 27).unwrap();
+        let tol = dot_tol(&xq, 1, &w);
+        assert_close(&got, &want, |i| 4.0 * tol[i], &format!("int8 {format:?} against x rounded on the host"));
+        if format.int8_x() == XQuant::Q8_1 {
+            // All codes 0 (weights = m = 1): the output is the sum over blocks of the f16
+            // d * sum(q), visibly off d_f16 * sum(q) for this x.
+            let (n, k) = (4, 64);
+            let cw = QTensor {
+                format,
+                rows: n,
+                cols: k,
+                q: vec![0; n * k / 32 * format.words_per_block()],
+                s: (0..n * k / 32).flat_map(|_| [1f32.to_bits(), 1f32.to_bits()]).collect(),
+            };
+            let sums = |xc: &[f32]| {
+                let (mut whole, mut plain) = (0f32, 0f32);
+                for b in xc.chunks(32) {
+                    let am = b.iter().fold(0f32, |m, v| m.max(v.abs()));
+                    let sum_q: f32 = b.iter().map(|v| (v * 127.0 / am).round_ties_even()).sum();
+                    whole += half::f16::from_f32(am / 127.0 * sum_q).to_f32();
+                    plain += half::f16::from_f32(am / 127.0).to_f32() * sum_q;
+                }
+                (whole, plain)
+            };
+            // Of 64 positive x, the one whose two sums differ most.
+            let xc = (0..64)
+                .map(|j| (0..k).map(|i| 0.3 + (i as f32 * 0.37 + j as f32 * 0.1).sin().abs()).collect::<Vec<f32>>())
+                .max_by(|a, b| {
+                    let (d_a, d_b) = (sums(a), sums(b));
+                    (d_a.0 - d_a.1).abs().total_cmp(&(d_b.0 - d_b.1).abs())
                 })
-                .collect();
-            h.set_int8(true);
-            let got = h.matmul(&w, None, &xo, 1, None, None, None, false, 1 << 27).unwrap();
-            let want = matmul_ref(&xq, 1, &w);
-            let tol = dot_tol(&xq, 1, &w);
-            assert_close(&got, &want, |i| 4.0 * tol[i], "int8 Q8_0 against x rounded on the host");
+                .unwrap();
+            let (whole, plain) = sums(&xc);
+            let got = h.matmul(&cw, None, &xc, 1, None, None, None, false, 1 << 27).unwrap();
+            let tol = dot_tol(&xc, 1, &cw)[0];
+            assert!((whole - plain).abs() > 3.0 * tol, "{format:?}: the check cannot tell ({whole} vs {plain})");
+            for (r, g) in got.iter().enumerate() {
+                assert!((g - whole).abs() <= tol, "{format:?} row {r}: {g}, want the f16 block sums' {whole}");
+            }
         }
         // The fused SwiGLU, small x (a moderate gate).
         let xs: Vec<f32> = x.iter().map(|v| v * 0.02).collect();

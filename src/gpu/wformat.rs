@@ -37,6 +37,30 @@ pub const KVALUES_IQ4NL: [i8; 16] = [-127, -104, -83, -65, -49, -35, -22, -10, 1
 /// MXFP4's e2m1 code values, doubled (the scale is stored halved, as ggml does).
 pub const KVALUES_MXFP4: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
 
+/// How the int8 path quantizes a matmul's x (quantize_x8.wgsl), named for llama.cpp's
+/// activation types it reproduces: Q8_0 (an f16 scale per 32 values, the halves' sums of the
+/// quantized values), Q8_1 (the same, but the offset's sum is the whole block's, rounded to
+/// f16: Q4_1 and Q5_1) and Q8K (an f32 scale per 256 values: the K-quants and IQ4_XS).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum XQuant {
+    Q8_0 = 0,
+    Q8_1 = 1,
+    Q8K = 2,
+}
+
+impl XQuant {
+    pub const ALL: [XQuant; 3] = [XQuant::Q8_0, XQuant::Q8_1, XQuant::Q8K];
+
+    /// Values per scale.
+    pub fn group(self) -> u32 {
+        if self == XQuant::Q8K {
+            256
+        } else {
+            32
+        }
+    }
+}
+
 impl WFormat {
     pub const ALL: [WFormat; 22] = [
         WFormat::F32,
@@ -159,26 +183,38 @@ impl WFormat {
         }
     }
 
-    /// Whether the one-token matmuls of this format run on int8 activations: its snippet has
-    /// the int8 path's codes (`wcodes8`, `wterms8`), integer codes of at most 8 bits with
-    /// per-block (or per-half) scales. The float formats and the grid formats (IQ1-IQ3) have
-    /// none, nor do the table formats (IQ4_NL, IQ4_XS, MXFP4): RADV reads each code's table value
-    /// from memory either way, and as bytes a conversion and a pack per four come on top (more
-    /// vector instructions per weight than the f32 kernel: BENCHMARKS.md, the compiler report).
+    /// Whether the one-token matmuls of this format run on int8 activations: integer codes of
+    /// at most 8 bits with per-block (or per-half) scales. The integer-coded formats' snippets
+    /// have the int8 path's codes (`wcodes8`, `wterms8`); the table formats (IQ4_NL, IQ4_XS,
+    /// MXFP4), whose table values are integers of at most 8 bits, take theirs from
+    /// wfmt_table_codes8.wgsl. The float formats and the grid formats (IQ1-IQ3) have none.
     pub fn has_int8(self) -> bool {
-        matches!(
-            self,
-            WFormat::Q8_0
-                | WFormat::Q4_0
-                | WFormat::Q4_1
-                | WFormat::Q5_0
-                | WFormat::Q5_1
-                | WFormat::Q2_K
-                | WFormat::Q3_K
-                | WFormat::Q4_K
-                | WFormat::Q5_K
-                | WFormat::Q6_K
-        )
+        self.table().is_some()
+            || matches!(
+                self,
+                WFormat::Q8_0
+                    | WFormat::Q4_0
+                    | WFormat::Q4_1
+                    | WFormat::Q5_0
+                    | WFormat::Q5_1
+                    | WFormat::Q2_K
+                    | WFormat::Q3_K
+                    | WFormat::Q4_K
+                    | WFormat::Q5_K
+                    | WFormat::Q6_K
+            )
+    }
+
+    /// How the int8 path quantizes x for this format (quantize_x8.wgsl): as llama.cpp's CPU
+    /// backend does for it.
+    pub fn int8_x(self) -> XQuant {
+        if self.is_k_quant() || self == WFormat::IQ4_XS {
+            XQuant::Q8K
+        } else if matches!(self, WFormat::Q4_1 | WFormat::Q5_1) {
+            XQuant::Q8_1
+        } else {
+            XQuant::Q8_0
+        }
     }
 
     /// The K-quants: 256-element super-blocks.

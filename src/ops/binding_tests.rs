@@ -69,7 +69,7 @@ fn bindings_match_the_shaders() {
         if f.has_int8() {
             matmul.push(matmul_gpu_i8_source(f, true, true).unwrap());
         }
-        matmul.push(quantize_x8_source().unwrap());
+        matmul.extend(crate::gpu::wformat::XQuant::ALL.map(|xq| quantize_x8_source(xq).unwrap()));
         check("matmul", MatmulBinds::SLOTS, &matmul, None);
         check("embed", EmbedBinds::SLOTS, &[embed_source(f).unwrap()], None);
         check("moe", MoeBinds::SLOTS, &[moe_source(f).unwrap(), moe_route_source().unwrap()], None);

@@ -173,7 +173,7 @@ impl Harness {
                 p.int8 = Some(crate::ops::gemm::int8_pipelines(&self.gpu, &k.matmul_family, format)?);
             }
             if g.quantize_x8.is_none() {
-                g.quantize_x8 = Some(crate::ops::kernels::quantize_pipeline(&self.gpu, &k.matmul_family)?);
+                g.quantize_x8 = Some(crate::ops::kernels::quantize_pipelines(&self.gpu, &k.matmul_family)?);
             }
         }
         Ok(())

@@ -14,7 +14,7 @@ use super::sources::*;
 use crate::config::{KernelProfile, KvDtype};
 use crate::gpu::family::{Family, Slot};
 use crate::gpu::tune_cache::TuneCache;
-use crate::gpu::wformat::WFormat;
+use crate::gpu::wformat::{WFormat, XQuant};
 use crate::gpu::Gpu;
 use anyhow::Result;
 use std::collections::BTreeMap;
@@ -150,9 +150,10 @@ pub fn int8_wanted(gpu: &Gpu, format: WFormat, forced: Option<bool>, cache: Opti
     })
 }
 
-/// The quantization of x for the int8 matmuls (in the matmul family).
-pub fn quantize_pipeline(gpu: &Gpu, family: &Family) -> Result<wgpu::ComputePipeline> {
-    family.pipeline(gpu, "quantize_x8", &quantize_x8_source()?, "main")
+/// The quantizations of x for the int8 matmuls (in the matmul family), in `XQuant` order.
+pub fn quantize_pipelines(gpu: &Gpu, family: &Family) -> Result<[wgpu::ComputePipeline; 3]> {
+    let one = |xq: XQuant| family.pipeline(gpu, &quantize_x8_label(xq), &quantize_x8_source(xq)?, "main");
+    Ok([one(XQuant::Q8_0)?, one(XQuant::Q8_1)?, one(XQuant::Q8K)?])
 }
 
 /// Most rows of x a step may quantize for the int8 matmuls (they serve one-token steps).
@@ -174,8 +175,9 @@ pub struct GpuPipelines {
     /// Query-tiled attention for prefill-sized steps and its tokens per tile (None where no
     /// tile of two tokens fits the workgroup memory).
     pub attention_tiled: Option<(wgpu::ComputePipeline, u32)>,
-    /// The activations' quantization for the int8 matmuls (built where a format has them).
-    pub quantize_x8: Option<wgpu::ComputePipeline>,
+    /// The activations' quantizations for the int8 matmuls (built where a format has them),
+    /// in `XQuant` order.
+    pub quantize_x8: Option<[wgpu::ComputePipeline; 3]>,
     /// Whether one-token steps run the int8 matmuls that were built (the tuner and tests turn
     /// it off to time and check the f32 ones).
     pub int8: bool,
@@ -409,7 +411,7 @@ impl Kernels {
                 matmul.insert(f, gpu_matmul_pipelines(gpu, &matmul_family, f, plan, int8)?);
             }
             let quantize_x8 = if matmul.values().any(|p| p.int8.is_some()) {
-                Some(quantize_pipeline(gpu, &matmul_family)?)
+                Some(quantize_pipelines(gpu, &matmul_family)?)
             } else {
                 None
             };

@@ -190,7 +190,7 @@ pub fn matmul(
 }
 
 /// The quantization of x for the int8 matmuls: one invocation per 32-value block of each row,
-/// in the steps that run them.
+/// quantized as the format's `int8_x` says, in the steps that run them.
 pub(super) fn quantize_dispatches<'a>(
     op: &'a Op,
     r: &Recorder<'a>,
@@ -200,7 +200,8 @@ pub(super) fn quantize_dispatches<'a>(
 ) {
     let m = if sampled { s.n_sample } else { s.n_tokens };
     if let Some(gk) = r.kernels.gpu.as_ref().filter(|gk| m > 0 && gk.int8_for(format, m)) {
-        if let Some(pipe) = &gk.quantize_x8 {
+        if let Some(pipes) = &gk.quantize_x8 {
+            let pipe = &pipes[format.int8_x() as usize];
             out(r.folded(pipe, &op.bind, div_up(m * k_blocks, 64)));
         }
     }

@@ -7,7 +7,7 @@ pub use super::moe::{moe_route_source, moe_source, moe_tiled_source};
 use crate::config::KvDtype;
 use crate::gpu::coop::CoopShape;
 use crate::gpu::shader::Shader;
-use crate::gpu::wformat::WFormat;
+use crate::gpu::wformat::{WFormat, XQuant};
 use anyhow::Result;
 
 /// Binding of chunk c >= 1 of a layer's K cache (chunk 0 keeps the kernel's own binding); V
@@ -193,43 +193,56 @@ pub fn matmul_gpu_source(f: WFormat, tm: u32, swiglu: bool, subgroups: bool) -> 
         format!("matmul_gpu_{}_{tm}", f.name()),
         f,
         include_str!("../../shaders/matmul_gpu_xf32.wgsl"),
+        "",
         swiglu,
         subgroups,
     )
+    .build()
 }
 
 /// The gpu profile's one-token decode matmul on int8 activations (matmul_gpu_xi8.wgsl; the
 /// formats with `WFormat::has_int8`), after quantize_x8_source's kernel.
+/// The table formats (IQ4_NL, IQ4_XS, MXFP4) add wfmt_table_codes8.wgsl: their codes through a
+/// workgroup table that each workgroup fills first.
 pub fn matmul_gpu_i8_source(f: WFormat, swiglu: bool, subgroups: bool) -> Result<String> {
-    one_token_source(
-        format!("matmul_gpu_i8_{}", f.name()),
-        f,
-        include_str!("../../shaders/matmul_gpu_xi8.wgsl"),
-        swiglu,
-        subgroups,
-    )
+    let xi8 = include_str!("../../shaders/matmul_gpu_xi8.wgsl");
+    let (x_part, prep) = if f.table().is_some() {
+        let codes8 = include_str!("../../shaders/wfmt_table_codes8.wgsl");
+        (format!("{xi8}\n{codes8}"), "    wprep(lid);\n    workgroupBarrier();")
+    } else {
+        (xi8.to_string(), "")
+    };
+    one_token_source(format!("matmul_gpu_i8_{}", f.name()), f, &x_part, prep, swiglu, subgroups).build()
 }
 
-/// matmul_gpu.wgsl for one token with its X part (how it reads x).
-fn one_token_source(label: String, f: WFormat, x_part: &str, swiglu: bool, subgroups: bool) -> Result<String> {
+/// matmul_gpu.wgsl for one token with its X part (how it reads x) and PREP (what every
+/// invocation does before the loop over K); the X part's own placeholders are the caller's.
+fn one_token_source(label: String, f: WFormat, x_part: &str, prep: &str, swiglu: bool, subgroups: bool) -> Shader {
     let (args, decl, reduce) =
         if subgroups { (SG_ARGS, RED_SUBGROUP, REDUCE_SUBGROUP) } else { ("", RED_WORKGROUP, REDUCE_WORKGROUP) };
     matmul_shader(Shader::new(label, include_str!("../../shaders/matmul_gpu.wgsl")), f)
         .fill("X", x_part)
+        .fill("PREP", prep)
         .fill("TM", 1)
         .fill("SWIGLU", swiglu)
         .fill("SG_ARGS", args)
         .fill("RED_DECL", decl)
         .fill("REDUCE", reduce)
+}
+
+/// The quantization of a matmul's activations to int8 blocks (quantize_x8.wgsl), as `xq` says
+/// (`WFormat::int8_x`).
+pub fn quantize_x8_source(xq: XQuant) -> Result<String> {
+    Shader::new(quantize_x8_label(xq), include_str!("../../shaders/quantize_x8.wgsl"))
+        .after(crate::gpu::shared::wgsl_common())
+        .after(super::matmul::wgsl_matmul())
+        .fill("GROUP", xq.group())
+        .fill("WHOLE", xq == XQuant::Q8_1)
         .build()
 }
 
-/// The quantization of a matmul's activations to int8 blocks (quantize_x8.wgsl).
-pub fn quantize_x8_source() -> Result<String> {
-    Shader::new("quantize_x8", include_str!("../../shaders/quantize_x8.wgsl"))
-        .after(crate::gpu::shared::wgsl_common())
-        .after(super::matmul::wgsl_matmul())
-        .build()
+pub fn quantize_x8_label(xq: XQuant) -> String {
+    format!("quantize_x8_{}", format!("{xq:?}").to_lowercase())
 }
 
 pub(super) const TILE_LOAD: &str = include_str!("../../shaders/matmul_tile_load.wgsl");
@@ -585,7 +598,9 @@ pub fn all_sources(head_dims: &[u32]) -> Vec<(String, String)> {
             }
         }
     }
-    v.push(("quantize_x8".into(), quantize_x8_source()));
+    for xq in XQuant::ALL {
+        v.push((quantize_x8_label(xq), quantize_x8_source(xq)));
+    }
     for &d in head_dims {
         for group in [1, 3, 7, 8] {
             for chunks in [1, MAX_KV_CHUNKS] {

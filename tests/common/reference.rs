@@ -28,18 +28,19 @@ pub fn dot_tol_f16(x: &[f32], m: usize, w: &QTensor) -> Vec<f32> {
     dot_abs(x, m, w).into_iter().map(|s| (2e-6 * k.sqrt() + 1.0 / 1024.0) * s + 1e-6).collect()
 }
 
-/// The same for the int8 matmuls (quantize_x8.wgsl), which see x rounded to d * q per 32-value
-/// block (d = max|x| / 127, each value off by at most d / 2): on top of dot_tol, the sum of
-/// |w[n, i]| * d / 2 over the row, twice (the integer codes a format multiplies, before its
-/// offset or min, may be up to twice the weight's size: Q4_0's 0..15 for -8..7).
+/// The same for the int8 matmuls (quantize_x8.wgsl), which see x rounded to d * q per group of
+/// values (the format's `int8_x`: 32 or 256; d = max|x| / 127, each value off by at most d / 2,
+/// d in f16 for groups of 32): on top of dot_tol, the sum of |w[n, i]| * d / 2 over the row,
+/// twice (room for the f16 scale and the sums' rounding).
 pub fn dot_tol_q8(x: &[f32], m: usize, w: &QTensor) -> Vec<f32> {
-    let k = w.cols;
-    let half_d: Vec<f32> = x.chunks(32).map(|b| b.iter().fold(0f32, |a, v| a.max(v.abs())) / 127.0 / 2.0).collect();
+    let (k, group) = (w.cols, w.format.int8_x().group() as usize);
+    let half_d: Vec<f32> =
+        x.chunks(group).map(|b| b.iter().fold(0f32, |a, v| a.max(v.abs())) / 127.0 / 2.0).collect();
     let mut out = dot_tol(x, m, w);
     for n in 0..w.rows {
         let row = w.dequant_row(n);
         for t in 0..m {
-            let e: f32 = row.iter().enumerate().map(|(i, v)| v.abs() * half_d[(t * k + i) / 32]).sum();
+            let e: f32 = row.iter().enumerate().map(|(i, v)| v.abs() * half_d[(t * k + i) / group]).sum();
             out[t * w.rows + n] += 2.0 * e;
         }
     }
