@@ -35,5 +35,5 @@ fn wcodes8(blk: u32, s: Sc) -> array<u32, 8> {
 }
 
 fn wterms8(s: Sc) -> vec4<f32> {
-    return vec4<f32>(s.d, s.d, 0.0, 0.0);
+    return wterms(s);
 }

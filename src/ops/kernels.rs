@@ -150,10 +150,12 @@ pub fn int8_wanted(gpu: &Gpu, format: WFormat, forced: Option<bool>, cache: Opti
     })
 }
 
-/// The quantizations of x for the int8 matmuls (in the matmul family), in `XQuant` order.
+/// The quantizations of x for the int8 matmuls (in the matmul family), in `XQuant::ALL`'s order
+/// (`xq as usize` indexes them).
 pub fn quantize_pipelines(gpu: &Gpu, family: &Family) -> Result<[wgpu::ComputePipeline; 3]> {
-    let one = |xq: XQuant| family.pipeline(gpu, &quantize_x8_label(xq), &quantize_x8_source(xq)?, "main");
-    Ok([one(XQuant::Q8_0)?, one(XQuant::Q8_1)?, one(XQuant::Q8K)?])
+    let [a, b, c] =
+        XQuant::ALL.map(|xq| family.pipeline(gpu, &quantize_x8_label(xq), &quantize_x8_source(xq)?, "main"));
+    Ok([a?, b?, c?])
 }
 
 /// Most rows of x a step may quantize for the int8 matmuls (they serve one-token steps).

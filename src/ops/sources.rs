@@ -241,7 +241,8 @@ pub fn quantize_x8_source(xq: XQuant) -> Result<String> {
         .build()
 }
 
-pub fn quantize_x8_label(xq: XQuant) -> String {
+/// quantize_x8's pipeline label for `xq` (quantize_x8_q8_0, _q8_1, _q8k).
+pub(super) fn quantize_x8_label(xq: XQuant) -> String {
     format!("quantize_x8_{}", format!("{xq:?}").to_lowercase())
 }
 
