@@ -15,7 +15,7 @@ use std::sync::Arc;
 use torus_wgpu::config::{KernelProfile, SpecMethod};
 use torus_wgpu::engine::{load_draft, load_model, EngineHandle, Request, RequestParams};
 use torus_wgpu::gpu::Gpu;
-use torus_wgpu::model::mtp::{load_mtp, norm_rows};
+use torus_wgpu::model::blocks::mtp::{load_mtp, norm_rows};
 use torus_wgpu::model::{Model, StepInput};
 use torus_wgpu::sampling::{SampleParams, SamplingParams};
 

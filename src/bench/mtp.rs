@@ -7,7 +7,7 @@
 use crate::bench::model::random_tokens;
 use crate::config::EngineConfig;
 use crate::gpu::Gpu;
-use crate::model::mtp::{load_mtp, norm_rows};
+use crate::model::blocks::mtp::{load_mtp, norm_rows};
 use crate::model::{kv_block_bytes, Model, StepInput};
 use crate::sampling::SampleParams;
 use crate::weights::tensor::XorShift64;

@@ -24,7 +24,7 @@ pub enum SpecMethod {
     /// A smaller model with the same vocabulary (`draft_model`) proposes greedily.
     Draft,
     /// The model's own multi-token-prediction head (Qwen3.5's MTP / NextN block) proposes
-    /// greedily from the model's hidden states (model/mtp.rs).
+    /// greedily from the model's hidden states (model/blocks/mtp.rs).
     Mtp,
 }
 

@@ -22,7 +22,7 @@ impl EmbedHead {
     /// `x` after the final RMSNorm (the MTP head's host norm).
     fn normed(&self, x: &[f32]) -> Vec<f32> {
         let mut r = x.to_vec();
-        crate::model::mtp::norm_rows(&mut r, &self.norm, self.eps);
+        crate::model::blocks::mtp::norm_rows(&mut r, &self.norm, self.eps);
         r
     }
 }

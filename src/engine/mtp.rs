@@ -1,5 +1,5 @@
 //! Speculative decoding with the model's own MTP head (`--speculative mtp`, Qwen3.5 / Qwen3.6;
-//! model/mtp.rs), run like a draft model (engine/draft.rs) on the model's device.
+//! model/blocks/mtp.rs), run like a draft model (engine/draft.rs) on the model's device.
 //!
 //! The head's position p reads the model's final-normed hidden state at p and the token at
 //! p + 1. Every step of the model hands back its tokens' hidden states (`Executor::emit_hidden`);
@@ -19,7 +19,7 @@ use super::scheduler::Planned;
 use super::sequence::Seq;
 use crate::config::EngineConfig;
 use crate::exec::Executor;
-use crate::model::mtp::{load_mtp, norm_rows};
+use crate::model::blocks::mtp::{load_mtp, norm_rows};
 use crate::model::{kv_block_bytes, Model, StepInput};
 use crate::sampling::SampleParams;
 use anyhow::{anyhow, bail, Context, Result};

@@ -4,53 +4,9 @@ use anyhow::{anyhow, bail, Result};
 use serde_json::Value;
 use std::path::Path;
 
+pub use super::families::Arch;
+use super::families::Family;
 pub use super::rope_scaling::{yarn_mscale, RopeScaling};
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Arch {
-    Llama,
-    Qwen2,
-    /// Llama's layers with an optional sliding attention window.
-    Mistral,
-    /// Qwen2 without q/k/v biases, with per-head RMSNorm of q and k before RoPE.
-    Qwen3,
-    /// Qwen3's attention with mixture-of-experts FFNs (model/moe.rs), dense on the layers its
-    /// config names.
-    Qwen3Moe,
-    /// Qwen2-MoE (Qwen1.5-MoE, Qwen2-57B-A14B): Qwen2's attention (QKV bias) with a mixture of
-    /// experts beside a gated shared expert.
-    Qwen2Moe,
-    /// Gemma 2: scaled embeddings, norms before and after attention and the FFN, GeGLU,
-    /// soft-capped attention scores and logits, sliding-window and global layers alternating.
-    Gemma2,
-    /// Gemma 3: Gemma 2's layers without the soft caps, with Qwen3's q/k norms, five
-    /// sliding-window layers (their own RoPE base) to one global.
-    Gemma3,
-    /// gpt-oss (model/gptoss.rs): biased attention with sinks, alternating sliding-window and
-    /// full layers, YaRN, a mixture of experts with the clamped SwiGLU on every layer.
-    GptOss,
-    /// Qwen3.5 (model/qwen35.rs): Gated DeltaNet layers with a gated full-attention layer every
-    /// few, partial RoPE, zero-centred norms.
-    Qwen35,
-    /// Gemma 4 (model/gemma4.rs): Gemma 3's layers with full-attention layers of their own
-    /// geometry (wider heads, keys as values, proportional RoPE), plain-weight norms, a v norm,
-    /// unscaled scores and a scalar per layer.
-    Gemma4,
-}
-
-impl Arch {
-    /// Gemma 2 or 3 (model/gemma.rs is their recipe).
-    pub fn is_gemma(self) -> bool {
-        matches!(self, Arch::Gemma2 | Arch::Gemma3)
-    }
-}
-
-/// Hugging Face architectures this engine runs.
-pub const SUPPORTED_HF_ARCHS: &str = "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, \
-                                      Qwen3MoeForCausalLM, Qwen2MoeForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, \
-                                      GptOssForCausalLM, Qwen3_5ForCausalLM, Qwen3_5MoeForCausalLM, \
-                                      Qwen3_5ForConditionalGeneration and Qwen3_5MoeForConditionalGeneration (text), \
-                                      Gemma4ForCausalLM and Gemma4ForConditionalGeneration (text)";
 
 /// Where a family's layers differ from Llama's; the default is Llama's.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -88,7 +44,7 @@ pub struct LayerStyle {
     pub v_norm: bool,
     /// Each layer's output (the residual) is multiplied by a learned scalar (Gemma 4).
     pub layer_scalar: bool,
-    /// Per-layer embeddings (Gemma 4 E2B/E4B, model/ple.rs): floats per layer and token, and the
+    /// Per-layer embeddings (Gemma 4 E2B/E4B, model/blocks/ple.rs): floats per layer and token, and the
     /// rows of their token table; None: none.
     pub ple: Option<(usize, usize)>,
     /// The last `n` layers compute no keys or values: each attends over the cache of the last
@@ -177,15 +133,20 @@ pub struct ModelConfig {
     /// Where the layers differ from Llama's (Gemma).
     pub style: LayerStyle,
     /// The mixture-of-experts layers (Qwen3-MoE), or None for a dense model.
-    pub moe: Option<super::moe::MoeConfig>,
+    pub moe: Option<super::blocks::moe::MoeConfig>,
     /// The recurrent (Gated DeltaNet) layers of a hybrid model (Qwen3.5), or None.
-    pub linear: Option<super::qwen35::LinearConfig>,
+    pub linear: Option<super::blocks::delta_net::LinearConfig>,
     /// The full-attention layers' own geometry (Gemma 4), or None: every attention layer has
     /// heads x head_dim with kv_heads.
     pub full_attn: Option<FullAttn>,
 }
 
 impl ModelConfig {
+    /// The model's family (its row of the families' table).
+    pub fn family(&self) -> &'static Family {
+        self.arch.family()
+    }
+
     /// The geometry of the model's attention layers (of the sliding-window ones where the
     /// full-attention layers have their own).
     pub fn base_geom(&self) -> AttnGeom {
@@ -398,7 +359,7 @@ impl ModelConfig {
         Ok(())
     }
 
-    /// Parses a Hugging Face config.json (LlamaForCausalLM, Qwen2ForCausalLM).
+    /// Parses a Hugging Face config.json (the architectures of model/families/).
     pub fn from_hf_json(path: &Path) -> Result<ModelConfig> {
         let src = path.display().to_string();
         let text = std::fs::read_to_string(path).map_err(|e| anyhow!("{src}: {e}"))?;
@@ -406,28 +367,17 @@ impl ModelConfig {
         let archs = v["architectures"].as_array().cloned().unwrap_or_default();
         // A multimodal checkpoint's language model has its own config (Qwen3.5's text_config).
         let v = match v.get("text_config") {
-            Some(t) if t.is_object() => super::qwen35::merged_text_config(&v, t),
+            Some(t) if t.is_object() => merged_text_config(&v, t),
             _ => v,
         };
         let arch_name = archs.first().and_then(|a| a.as_str()).unwrap_or("");
-        let arch = match arch_name {
-            "LlamaForCausalLM" => Arch::Llama,
-            "Qwen2ForCausalLM" => Arch::Qwen2,
-            "MistralForCausalLM" => Arch::Mistral,
-            "Qwen3ForCausalLM" => Arch::Qwen3,
-            "Qwen3MoeForCausalLM" => Arch::Qwen3Moe,
-            "Qwen2MoeForCausalLM" => Arch::Qwen2Moe,
-            "Gemma2ForCausalLM" => Arch::Gemma2,
-            "Gemma3ForCausalLM" => Arch::Gemma3,
-            "GptOssForCausalLM" => Arch::GptOss,
-            "Gemma4ForCausalLM" | "Gemma4ForConditionalGeneration" => Arch::Gemma4,
-            "Qwen3_5ForCausalLM"
-            | "Qwen3_5ForConditionalGeneration"
-            | "Qwen3_5MoeForCausalLM"
-            | "Qwen3_5MoeForConditionalGeneration" => Arch::Qwen35,
-            "" => bail!("{src}: field 'architectures' is missing"),
-            other => bail!("{src}: unsupported architecture {other} (supported: {SUPPORTED_HF_ARCHS})"),
-        };
+        if arch_name.is_empty() {
+            bail!("{src}: field 'architectures' is missing");
+        }
+        let family = super::families::by_hf(arch_name).ok_or_else(|| {
+            anyhow!("{src}: unsupported architecture {arch_name} (supported: {})", super::families::hf_names_supported())
+        })?;
+        let arch = family.arch;
         let int = |k: &str| -> Result<usize> {
             v[k].as_u64().map(|x| x as usize).ok_or_else(|| anyhow!("{src}: field '{k}' is missing or not an integer"))
         };
@@ -445,18 +395,6 @@ impl ModelConfig {
                 o.get("rope_type").or_else(|| o.get("type")).and_then(|t| t.as_str()).is_some_and(|t| t != "default")
             });
         let rope_scaling = RopeScaling::from_hf(scaling_obj, max_positions as f64, &src)?;
-        // Qwen2 configs carry sliding-window fields that their models do not use unless
-        // use_sliding_window is set; Mistral's window applies whenever it is given.
-        let sliding_window = match arch {
-            Arch::Mistral => v["sliding_window"].as_u64(),
-            Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe | Arch::Qwen2Moe
-                if v["use_sliding_window"].as_bool() == Some(true) =>
-            {
-                bail!("{src}: use_sliding_window with per-layer windows (max_window_layers) is not supported")
-            }
-            _ => None,
-        }
-        .map(|w| w as usize);
         let cfg = ModelConfig {
             arch,
             hidden,
@@ -473,29 +411,30 @@ impl ModelConfig {
             rope_theta,
             rms_eps: v["rms_norm_eps"].as_f64().unwrap_or(1e-6) as f32,
             max_positions,
-            qkv_bias: matches!(arch, Arch::Qwen2 | Arch::Qwen2Moe) || v["attention_bias"].as_bool().unwrap_or(false),
+            qkv_bias: family.qkv_bias || v["attention_bias"].as_bool().unwrap_or(false),
             rope_scaling,
-            sliding_window,
-            qk_norm: matches!(arch, Arch::Qwen3 | Arch::Qwen3Moe),
+            sliding_window: None,
+            qk_norm: family.qk_norm,
             style: LayerStyle::default(),
             moe: None,
             linear: None,
             full_attn: None,
         };
-        let cfg = match arch {
-            Arch::Qwen3Moe | Arch::Qwen2Moe => {
-                ModelConfig { moe: Some(super::moe::hf_config(&v, cfg.layers, &src)?), ..cfg }
-            }
-            _ => cfg,
-        };
-        let cfg = match arch {
-            _ if arch.is_gemma() => super::gemma::hf_config(cfg, &v, &src)?,
-            Arch::GptOss => super::gptoss::hf_config(cfg, &v, &src)?,
-            Arch::Qwen35 => super::qwen35::hf_config(cfg, &v, &src)?,
-            Arch::Gemma4 => super::gemma4::hf_config(cfg, &v, &src)?,
-            _ => cfg,
-        };
+        let cfg = (family.hf_config)(cfg, &v, &src)?;
         cfg.validate(&src)?;
         Ok(cfg)
     }
+}
+
+/// The text model's config of a multimodal checkpoint: `text_config` with the top level's
+/// `architectures` (and its tie_word_embeddings where the text config has none).
+pub(crate) fn merged_text_config(top: &Value, text: &Value) -> Value {
+    let mut t = text.clone();
+    if let Some(o) = t.as_object_mut() {
+        o.insert("architectures".into(), top["architectures"].clone());
+        if !o.contains_key("tie_word_embeddings") {
+            o.insert("tie_word_embeddings".into(), top["tie_word_embeddings"].clone());
+        }
+    }
+    t
 }

@@ -10,7 +10,7 @@ use crate::model::config::ModelConfig;
 use crate::model::loader::HostModel;
 use crate::model::plan::*;
 use crate::model::record::record_step;
-use crate::model::recurrent::{state_buffers, state_records};
+use crate::model::blocks::delta_net::{state_buffers, state_records};
 use crate::model::scratch::*;
 use crate::model::step::*;
 use crate::model::validate::*;
@@ -70,7 +70,7 @@ pub struct Model {
     /// The hidden states of every token (input of a later stage, output of an earlier one).
     hidden: wgpu::Buffer,
     hidden_readback: Option<wgpu::Buffer>,
-    /// An MTP head's input: each token's hidden state (model/mtp.rs); None for any other model.
+    /// An MTP head's input: each token's hidden state (model/blocks/mtp.rs); None for any other model.
     mtp_rows: Option<wgpu::Buffer>,
     /// The embedding and LM head (whole model only), for an MTP head to share.
     io: Option<SharedIo>,
@@ -113,12 +113,12 @@ impl Model {
         Model::build(gpu, host, limits, layers, None, None)
     }
 
-    /// A Qwen3.5 MTP head (model/mtp.rs) as a one-layer model: `run` takes each token's hidden
+    /// A Qwen3.5 MTP head (model/blocks/mtp.rs) as a one-layer model: `run` takes each token's hidden
     /// state (normed by the model's final norm) beside its token. `io`: the model's embedding and
     /// LM head on this device (`Model::io`), used instead of the head's own copies.
     pub fn new_mtp(
         gpu: Arc<Gpu>,
-        head: &crate::model::mtp::HostMtp,
+        head: &crate::model::blocks::mtp::HostMtp,
         limits: StepLimits,
         io: Option<SharedIo>,
     ) -> Result<Model> {
@@ -140,7 +140,7 @@ impl Model {
         host: &HostModel,
         mut limits: StepLimits,
         layers: std::ops::Range<usize>,
-        mtp: Option<&crate::model::mtp::HostMtp>,
+        mtp: Option<&crate::model::blocks::mtp::HostMtp>,
         io: Option<SharedIo>,
     ) -> Result<Model> {
         let cfg = host.cfg.clone();
@@ -570,7 +570,7 @@ impl Model {
 /// and those of the embedding and LM head it shares.
 fn stage_formats(
     host: &HostModel,
-    mtp: Option<&crate::model::mtp::HostMtp>,
+    mtp: Option<&crate::model::blocks::mtp::HostMtp>,
     io: Option<&SharedIo>,
 ) -> Vec<crate::gpu::wformat::WFormat> {
     let mut f = host.formats();

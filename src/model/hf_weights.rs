@@ -2,8 +2,8 @@
 //! directory, memory-mapped, each tensor checked against the shape it must have; and the
 //! loading of a whole directory (the families whose names or norms differ).
 
-use super::config::{Arch, ModelConfig};
-use super::layers::{Recipe, TensorNames, WeightSource, GEMMA_HF_NAMES, HF_NAMES};
+use super::config::ModelConfig;
+use super::layers::{Recipe, WeightSource};
 use super::loader::{check_shape, to_f32, u16s};
 use crate::weights::tensor::QTensor;
 use anyhow::{anyhow, bail, Context, Result};
@@ -100,21 +100,8 @@ impl HfWeights {
 pub(super) fn open_hf(dir: &Path) -> Result<(HfWeights, ModelConfig, Recipe)> {
     let cfg = ModelConfig::from_hf_json(&dir.join("config.json"))?;
     let w = HfWeights::open(dir)?;
-    let recipe = |names: &'static TensorNames, add_one: bool| Recipe { names, unpermute_qk: false, add_one };
-    let recipe = if cfg.arch.is_gemma() {
-        recipe(&GEMMA_HF_NAMES, true)
-    } else if cfg.arch == Arch::Gemma4 {
-        // Gemma 4's norms multiply by their plain weights.
-        let multimodal = w.has(super::gemma4::VL_HF_NAMES.embed);
-        recipe(if multimodal { &super::gemma4::VL_HF_NAMES } else { &GEMMA_HF_NAMES }, false)
-    } else if cfg.arch == Arch::Qwen35 {
-        let multimodal = w.has(super::qwen35::VL_HF_NAMES.embed);
-        recipe(if multimodal { &super::qwen35::VL_HF_NAMES } else { &HF_NAMES }, true)
-    } else if cfg.arch == Arch::GptOss {
-        recipe(&super::gptoss::GPTOSS_HF_NAMES, false)
-    } else {
-        recipe(&HF_NAMES, false)
-    };
+    let family = cfg.family();
+    let recipe = Recipe { names: (family.hf_names)(&w), unpermute_qk: false, add_one: family.hf_add_one };
     Ok((w, cfg, recipe))
 }
 

@@ -26,18 +26,18 @@ pub struct HostLayer {
     pub up: QTensor,
     pub down: QTensor,
     /// The mixture-of-experts FFN, in a sparse layer.
-    pub moe: Option<super::moe::HostMoe>,
+    pub moe: Option<super::blocks::moe::HostMoe>,
     /// RMSNorm weights of the attention output and of the FFN output before each is added
     /// into the residual (Gemma), or None.
     pub post_norms: Option<(Vec<f32>, Vec<f32>)>,
     /// The attention output's gate projection (Qwen3.5), or None.
     pub attn_gate: Option<QTensor>,
     /// A recurrent layer's mixer (q/k/v/o then have no rows), or None.
-    pub linear: Option<super::qwen35::HostLinear>,
+    pub linear: Option<super::blocks::delta_net::HostLinear>,
     /// The factor the layer's output is multiplied by (Gemma 4), or None.
     pub layer_scalar: Option<f32>,
     /// The per-layer-embedding block (Gemma 4 E2B/E4B), or None.
-    pub ple: Option<super::ple::HostPleLayer>,
+    pub ple: Option<super::blocks::ple::HostPleLayer>,
 }
 
 pub struct HostModel {
@@ -55,7 +55,7 @@ pub struct HostModel {
     pub tied: bool,
     /// The per-layer embeddings' token table and context projection (Gemma 4 E2B/E4B), on the
     /// first stage; None elsewhere and for other models.
-    pub ple: Option<super::ple::HostPle>,
+    pub ple: Option<super::blocks::ple::HostPle>,
     /// Where the weights came from (for messages).
     pub source: PathBuf,
     /// The open weights the layers are read from one at a time (`HostModel::open`: then
@@ -87,6 +87,7 @@ pub(crate) trait WeightSource {
 
 /// A format's tensor names: the model-level ones, and each layer's after its prefix (`{l}`
 /// stands for the layer index).
+#[derive(Clone, Copy)]
 pub(crate) struct TensorNames {
     pub embed: &'static str,
     pub final_norm: &'static str,
@@ -124,13 +125,13 @@ pub(crate) struct TensorNames {
     pub down_shexp: &'static str,
     pub gate_inp_shexp: &'static str,
     /// A Gated DeltaNet layer's tensors (Qwen3.5).
-    pub linear: &'static super::qwen35::LinearNames,
+    pub linear: &'static super::blocks::delta_net::LinearNames,
     /// The layer's output scale (Gemma 4; read only when the style says so).
     pub layer_scalar: &'static str,
     /// The per-layer embeddings' tensors (Gemma 4 E2B/E4B; read only when the style says so).
-    pub ple: &'static super::ple::PleNames,
+    pub ple: &'static super::blocks::ple::PleNames,
     /// Gemma 4's mixture-of-experts block's tensors (read only for such a model).
-    pub gemma_moe: &'static super::gemma4_moe::GemmaMoeNames,
+    pub parallel_moe: &'static super::blocks::parallel_moe::ParallelMoeNames,
 }
 
 /// Hugging Face (transformers) names.
@@ -165,19 +166,10 @@ pub(crate) const HF_NAMES: TensorNames = TensorNames {
     up_shexp: "mlp.shared_expert.up_proj.weight",
     down_shexp: "mlp.shared_expert.down_proj.weight",
     gate_inp_shexp: "mlp.shared_expert_gate.weight",
-    linear: &super::qwen35::HF_LINEAR,
+    linear: &super::blocks::delta_net::HF_LINEAR,
     layer_scalar: "layer_scalar",
-    ple: &super::ple::HF_PLE,
-    gemma_moe: &super::gemma4_moe::HF_GEMMA_MOE,
-};
-
-/// Hugging Face names of Gemma 2 and 3: `post_attention_layernorm` is the norm after
-/// attention, the FFN's own norm is `pre_feedforward_layernorm`.
-pub(crate) const GEMMA_HF_NAMES: TensorNames = TensorNames {
-    ffn_norm: "pre_feedforward_layernorm.weight",
-    post_attn_norm: "post_attention_layernorm.weight",
-    post_ffn_norm: "post_feedforward_layernorm.weight",
-    ..HF_NAMES
+    ple: &super::blocks::ple::HF_PLE,
+    parallel_moe: &super::blocks::parallel_moe::HF_PARALLEL_MOE,
 };
 
 /// llama.cpp's GGUF names.
@@ -212,10 +204,10 @@ pub(crate) const GGUF_NAMES: TensorNames = TensorNames {
     up_shexp: "ffn_up_shexp.weight",
     down_shexp: "ffn_down_shexp.weight",
     gate_inp_shexp: "ffn_gate_inp_shexp.weight",
-    linear: &super::qwen35::GGUF_LINEAR,
+    linear: &super::blocks::delta_net::GGUF_LINEAR,
     layer_scalar: "layer_output_scale.weight",
-    ple: &super::ple::GGUF_PLE,
-    gemma_moe: &super::gemma4_moe::GGUF_GEMMA_MOE,
+    ple: &super::blocks::ple::GGUF_PLE,
+    parallel_moe: &super::blocks::parallel_moe::GGUF_PARALLEL_MOE,
 };
 
 /// How a format's tensors become host layers: its names, whether q/k rows are stored permuted
@@ -264,7 +256,7 @@ pub(crate) fn load_parts(
     let tied = !w.has(n.lm_head);
     let embed = if first || (last && tied) { Some(w.matrix(n.embed, cfg.vocab, h)?) } else { None };
     let lm_head = if last && !tied { Some(w.matrix(n.lm_head, cfg.vocab, h)?) } else { None };
-    let ple = if first { super::ple::load(w, n.ple, &cfg)? } else { None };
+    let ple = if first { super::blocks::ple::load(w, n.ple, &cfg)? } else { None };
     Ok(HostModel {
         ple,
         final_norm: w.vector(n.final_norm, h)?,
@@ -299,7 +291,7 @@ pub(crate) fn load_layer(
     let t = |name: &str| format!("{p}.{name}");
     let mut attn_gate = None;
     let linear = match &cfg.linear {
-        Some(lc) if cfg.is_linear(l) => Some(super::qwen35::load_linear(w, n.linear, &t, cfg, lc)?),
+        Some(lc) if cfg.is_linear(l) => Some(super::blocks::delta_net::load_linear(w, n.linear, &t, cfg, lc)?),
         _ => None,
     };
     let none = |cols: usize| QTensor::from_f32(0, cols, &[]);
@@ -307,7 +299,7 @@ pub(crate) fn load_layer(
         Some(_) => (none(h)?, none(h)?, none(h)?, none(32)?),
         None if cfg.style.attn_gate => {
             let both = w.matrix(&t(n.q), 2 * q, h)?;
-            let (query, gate) = super::qwen35::split_query_gate(&both, geom.heads, head_dim);
+            let (query, gate) = split_query_gate(&both, geom.heads, head_dim);
             attn_gate = Some(gate);
             (query, w.matrix(&t(n.k), kv, h)?, w.matrix(&t(n.v), kv, h)?, w.matrix(&t(n.o), h, q)?)
         }
@@ -348,19 +340,16 @@ pub(crate) fn load_layer(
         None
     };
     let sparse = cfg.moe.as_ref().is_some_and(|m| m.is_sparse(l));
-    let gemma_moe = sparse && cfg.arch == super::config::Arch::Gemma4;
-    let (gate, up, down, moe) = if gemma_moe {
-        // Gemma 4: the dense MLP beside the experts.
-        let (i, t): (usize, &dyn Fn(&str) -> String) = (cfg.layer_ffn(l), &t);
-        let moe = super::gemma4_moe::load(w, n.gemma_moe, t, cfg)?;
+    let family = cfg.family();
+    let t: &dyn Fn(&str) -> String = &t;
+    let (gate, up, down, moe) = if sparse && family.dense_beside_experts {
+        // The dense MLP beside the experts.
+        let i = cfg.layer_ffn(l);
+        let moe = (family.experts)(w, n, t, cfg)?;
         (w.matrix(&t(n.gate), i, h)?, w.matrix(&t(n.up), i, h)?, w.matrix(&t(n.down), h, i)?, Some(moe))
     } else if sparse {
         let none = || QTensor::from_f32(0, h, &[]);
-        let t: &dyn Fn(&str) -> String = &t;
-        let moe = match cfg.arch {
-            super::config::Arch::GptOss => super::gptoss::load_experts(w, n, t, cfg)?,
-            _ => super::moe::load(w, n, t, cfg)?,
-        };
+        let moe = (family.experts)(w, n, t, cfg)?;
         (none()?, none()?, QTensor::from_f32(0, 32, &[])?, Some(moe))
     } else {
         let i = cfg.layer_ffn(l);
@@ -389,6 +378,61 @@ pub(crate) fn load_layer(
         attn_gate,
         linear,
         layer_scalar: if cfg.style.layer_scalar { Some(w.vector(&t(n.layer_scalar), 1)?[0]) } else { None },
-        ple: super::ple::load_layer(w, n.ple, &t, cfg)?,
+        ple: super::blocks::ple::load_layer(w, n.ple, &t, cfg)?,
     })
+}
+
+/// Checkpoints whose RMSNorm weights are stored as w for a norm that multiplies by 1 + w
+/// (Hugging Face Gemma 2/3 and Qwen3.5, `Recipe::add_one`): llama.cpp's converter adds the 1 when
+/// it writes a GGUF; this does the same at load.
+pub(crate) fn add_one_to_norms(m: &mut HostModel) {
+    m.layers.iter_mut().for_each(add_one_to_layer_norms);
+    add_one(&mut m.final_norm);
+}
+
+/// `add_one_to_norms` of one layer (a layer read as it is uploaded).
+pub(crate) fn add_one_to_layer_norms(l: &mut HostLayer) {
+    add_one(&mut l.attn_norm);
+    add_one(&mut l.ffn_norm);
+    if let Some(q) = &mut l.qk_norm {
+        add_one(q);
+    }
+    if let Some((a, f)) = &mut l.post_norms {
+        add_one(a);
+        add_one(f);
+    }
+}
+
+fn add_one(v: &mut [f32]) {
+    v.iter_mut().for_each(|x| *x += 1.0);
+}
+
+/// Splits Qwen3.5's query projection ([heads * 2 * head_dim] rows: each head's query rows then
+/// its gate rows) into the query rows and the gate rows.
+pub(crate) fn split_query_gate(q: &QTensor, heads: usize, head_dim: usize) -> (QTensor, QTensor) {
+    let rows = heads * head_dim;
+    let order: Vec<usize> = (0..2 * rows)
+        .map(|i| {
+            let (part, j) = (i / rows, i % rows);
+            (j / head_dim) * 2 * head_dim + part * head_dim + j % head_dim
+        })
+        .collect();
+    let p = q.permute_rows(&order);
+    (p.slice_rows(0, rows), p.slice_rows(rows, 2 * rows))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_query_projection_splits_per_head() {
+        // 2 heads of 2: rows q0 q0 g0 g0 q1 q1 g1 g1 (values = row index).
+        let data: Vec<f32> = (0..8).flat_map(|r| [r as f32; 32]).collect();
+        let q = QTensor::from_f32(8, 32, &data).unwrap();
+        let (query, gate) = split_query_gate(&q, 2, 2);
+        let first = |t: &QTensor| (0..t.rows).map(|r| t.dequant_row(r)[0]).collect::<Vec<_>>();
+        assert_eq!(first(&query), [0.0, 1.0, 4.0, 5.0]);
+        assert_eq!(first(&gate), [2.0, 3.0, 6.0, 7.0]);
+    }
 }

@@ -1,9 +1,8 @@
 //! Loads a model's weights on the host, in GPU layout, from a Hugging Face directory
 //! (config.json + safetensors) or a GGUF file.
 
-use super::config::{Arch, ModelConfig, RopeScaling};
-use super::hf_weights::HfWeights;
-use super::layers::{load_layers, Recipe, WeightSource, GGUF_NAMES};
+use super::config::{ModelConfig, RopeScaling};
+use super::layers::{load_layers, Recipe, WeightSource};
 pub use super::layers::{HostLayer, HostModel};
 use crate::formats::gguf::{GgmlType, GgufFile};
 use crate::gpu::wformat::WFormat;
@@ -60,7 +59,7 @@ impl HostModel {
         let range = check_range(path, range, cfg.layers)?;
         let mut m = load_layers(&*w, recipe.names, cfg, range, progress, recipe.unpermute_qk)?;
         if recipe.add_one {
-            super::gemma::add_one_to_norms(&mut m);
+            super::layers::add_one_to_norms(&mut m);
         }
         Ok(m)
     }
@@ -91,33 +90,9 @@ pub(super) fn open_source(path: &Path) -> Result<(Box<dyn WeightSource + Send + 
     }
     let g = GgufFile::open(path)?;
     let cfg = gguf_config(&g)?;
-    let names = match cfg.arch {
-        Arch::GptOss => &super::gptoss::GPTOSS_GGUF_NAMES,
-        Arch::Qwen35 => &super::qwen35::QWEN35_GGUF_NAMES,
-        _ => &GGUF_NAMES,
-    };
-    // llama.cpp's converter permutes Llama's q/k rows for interleaved RoPE; undone at load.
-    let recipe = Recipe { names, unpermute_qk: cfg.arch == Arch::Llama, add_one: false };
+    let family = cfg.family();
+    let recipe = Recipe { names: family.gguf_names, unpermute_qk: family.gguf_unpermute_qk, add_one: false };
     Ok((Box::new(GgufSource(g)), cfg, recipe))
-}
-
-/// Opens the weights at `path` (a Hugging Face directory or a GGUF file) and hands them to `f`
-/// with the model's config and whether they are GGUF.
-pub(crate) fn open_weights<R>(
-    path: &Path,
-    f: impl FnOnce(&dyn WeightSource, ModelConfig, bool) -> Result<R>,
-) -> Result<R> {
-    if !path.exists() {
-        bail!("{}: no such file or directory", path.display());
-    }
-    if path.is_dir() {
-        let cfg = ModelConfig::from_hf_json(&path.join("config.json"))?;
-        f(&HfWeights::open(path)?, cfg, false)
-    } else {
-        let g = GgufFile::open(path)?;
-        let cfg = gguf_config(&g)?;
-        f(&GgufSource(g), cfg, true)
-    }
 }
 
 /// The pooling an embedding GGUF declares (llama.cpp's `<arch>.pooling_type`: 1 mean, 2 cls,
@@ -168,22 +143,13 @@ fn gguf_config(g: &GgufFile) -> Result<ModelConfig> {
     let src = g.path.display().to_string();
     let arch_name =
         g.get_str("general.architecture").ok_or_else(|| anyhow!("{src}: general.architecture is missing"))?;
-    let arch = match arch_name {
-        "llama" => Arch::Llama,
-        "qwen2" => Arch::Qwen2,
-        "qwen3" => Arch::Qwen3,
-        "qwen3moe" => Arch::Qwen3Moe,
-        "qwen2moe" => Arch::Qwen2Moe,
-        "gemma2" => Arch::Gemma2,
-        "gemma3" => Arch::Gemma3,
-        "gemma4" => Arch::Gemma4,
-        "gpt-oss" => Arch::GptOss,
-        "qwen35" | "qwen35moe" => Arch::Qwen35,
-        other => bail!(
-            "{src}: unsupported architecture '{other}' (supported: llama (also Mistral's files), qwen2, qwen3, qwen3moe, \
-             qwen2moe, gemma2, gemma3, gemma4, gpt-oss, qwen35, qwen35moe)"
-        ),
-    };
+    let family = super::families::by_gguf(arch_name).ok_or_else(|| {
+        anyhow!(
+            "{src}: unsupported architecture '{arch_name}' (supported: {}; Mistral's files are llama)",
+            super::families::gguf_names_supported()
+        )
+    })?;
+    let arch = family.arch;
     let key = |k: &str| format!("{arch_name}.{k}");
     let req = |k: &str| -> Result<usize> { Ok(g.require_u64(&key(k))? as usize) };
     let hidden = req("embedding_length")?;
@@ -208,38 +174,25 @@ fn gguf_config(g: &GgufFile) -> Result<ModelConfig> {
         kv_heads,
         head_dim,
         // A MoE file whose every layer is sparse may have no dense FFN size.
-        intermediate: match (req("feed_forward_length"), arch) {
-            (Ok(v), _) => v,
-            // Gemma 4 may give one per layer (read by its own config).
-            (Err(_), Arch::Qwen3Moe | Arch::Qwen2Moe | Arch::GptOss | Arch::Qwen35 | Arch::Gemma4) => 0,
-            (Err(e), _) => return Err(e),
+        intermediate: match req("feed_forward_length") {
+            Ok(v) => v,
+            Err(_) if family.ffn_optional => 0,
+            Err(e) => return Err(e),
         },
         vocab,
         rope_theta: g.get_f32(&key("rope.freq_base")).unwrap_or(10000.0) as f64,
         rms_eps: g.get_f32(&key("attention.layer_norm_rms_epsilon")).unwrap_or(1e-5),
         max_positions: g.get_u64(&key("context_length")).unwrap_or(4096) as usize,
-        qkv_bias: matches!(arch, Arch::Qwen2 | Arch::Qwen2Moe),
+        qkv_bias: family.qkv_bias,
         rope_scaling: gguf_rope_scaling(g, arch_name)?,
         sliding_window: g.get_u64(&key("attention.sliding_window")).filter(|&w| w > 0).map(|w| w as usize),
-        qk_norm: matches!(arch, Arch::Qwen3 | Arch::Qwen3Moe),
+        qk_norm: family.qk_norm,
         style: Default::default(),
         moe: None,
         linear: None,
         full_attn: None,
     };
-    let layers = cfg.layers;
-    let cfg = match arch {
-        Arch::Qwen3Moe => ModelConfig { moe: Some(super::moe::gguf_config(g, arch_name, layers, true)?), ..cfg },
-        Arch::Qwen2Moe => ModelConfig { moe: Some(super::moe::gguf_config(g, arch_name, layers, false)?), ..cfg },
-        _ => cfg,
-    };
-    let cfg = match arch {
-        _ if arch.is_gemma() => super::gemma::gguf_config(cfg, g, arch_name)?,
-        Arch::GptOss => super::gptoss::gguf_config(cfg, g, arch_name)?,
-        Arch::Qwen35 => super::qwen35::gguf_config(cfg, g, arch_name)?,
-        Arch::Gemma4 => super::gemma4::gguf_config(cfg, g, arch_name)?,
-        _ => cfg,
-    };
+    let cfg = (family.gguf_config)(cfg, g, arch_name)?;
     cfg.validate(&src)?;
     Ok(cfg)
 }

@@ -1,30 +1,24 @@
 //! Model hyper-parameters, weight loading (Hugging Face safetensors, GGUF) and the GPU forward.
 //!
-//! Owns: ModelConfig, the weight loaders, the architecture recipes, memory and step plans, the step validator, Model::run.
+//! Owns: ModelConfig, the model families (families/: one recipe file each, and their table), the
+//! shared blocks (blocks/), the weight loaders, the layer recipe, memory and step plans, the step validator, Model::run.
 //! May use: ops, weights, formats, kv, gpu, config, sampling.
 //! Never uses: exec, engine, server, tokenizer.
 
+pub mod blocks;
 pub mod builder;
 pub mod config;
 mod emit;
+pub mod families;
 pub mod fit;
 pub mod forward;
-pub mod gemma;
-pub mod gemma4;
-pub mod gemma4_moe;
-pub mod gptoss;
 mod hf_weights;
 pub mod layers;
-pub mod llama;
 pub mod loader;
-pub mod moe;
-pub mod mtp;
 pub mod plan;
-pub mod ple;
 pub mod profile;
-pub mod qwen35;
+pub mod recipe;
 pub mod record;
-pub mod recurrent;
 pub mod rope_scaling;
 pub mod scratch;
 pub mod step;

@@ -19,8 +19,8 @@ pub(crate) fn lin_width(cfg: &ModelConfig) -> usize {
 /// Floats per token of the `attn` buffer: attention's or the Gated DeltaNet's output, and Gemma
 /// 4's MoE block's sum of its two paths.
 pub(crate) fn attn_width(cfg: &ModelConfig) -> usize {
-    let gemma_moe = if cfg.moe.is_some() && cfg.arch == crate::model::config::Arch::Gemma4 { cfg.hidden } else { 0 };
-    cfg.q_dim().max(lin_out_width(cfg)).max(gemma_moe)
+    let parallel_moe = if cfg.moe.is_some() && cfg.family().dense_beside_experts { cfg.hidden } else { 0 };
+    cfg.q_dim().max(lin_out_width(cfg)).max(parallel_moe)
 }
 
 /// Floats per token of the chunked delta rule's matrices (0: no linear-attention layers).

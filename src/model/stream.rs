@@ -125,7 +125,7 @@ impl HostModel {
         let range = check_range(path, range, cfg.layers)?;
         let mut m = super::layers::load_parts(&*w, recipe.names, cfg, range.clone())?;
         if recipe.add_one {
-            super::gemma::add_one_to_norms(&mut m);
+            super::layers::add_one_to_norms(&mut m);
         }
         // The embedding and LM head are read again when uploaded.
         let embed = m.embed.take().as_ref().map(TensorInfo::of);
@@ -244,7 +244,7 @@ fn read_layer(w: &dyn WeightSource, recipe: Recipe, cfg: &super::config::ModelCo
     w.release();
     let mut layer = layer?;
     if recipe.add_one {
-        super::gemma::add_one_to_layer_norms(&mut layer);
+        super::layers::add_one_to_layer_norms(&mut layer);
     }
     Ok(layer)
 }

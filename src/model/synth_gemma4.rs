@@ -1,5 +1,5 @@
 //! Synthetic Gemma 4 files (the E2B/E4B layout) as llama.cpp's converter writes them (model/
-//! gemma4.rs and model/ple.rs read them back): sliding-window layers of `head_dim` and every
+//! gemma4.rs and model/blocks/ple.rs read them back): sliding-window layers of `head_dim` and every
 //! sixth layer global with its own head size, the last layers reading earlier layers' caches,
 //! per-layer embeddings, a scalar per layer; for `synth-model`, `bench-model` and gpu-check.
 

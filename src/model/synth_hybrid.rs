@@ -1,5 +1,5 @@
 //! Synthetic Qwen3.5 (Gated DeltaNet hybrid) files: the recurrent layers' tensors and metadata as
-//! llama.cpp's converter names them (model/qwen35.rs reads them back), with the MTP (NextN)
+//! llama.cpp's converter names them (model/families/qwen35.rs and model/blocks/delta_net.rs read them back), with the MTP (NextN)
 //! head as the last block, for `synth-model`, `bench-model` and gpu-check.
 
 use super::synth::{Fill, SynthShape, SynthTensor};

@@ -1,7 +1,7 @@
 //! gpt-oss (HF `GptOssForCausalLM`, GGUF `gpt-oss`): what its configs say beyond Llama's and
 //! how its expert tensors are read. Its layers are the dense recipe's attention (q/k/v and output
 //! biases, a learned sink logit per head in the softmax's denominator, sliding-window layers of
-//! 128 alternating with full ones from layer 0, YaRN RoPE) and model/moe.rs's mixture: a router
+//! 128 alternating with full ones from layer 0, YaRN RoPE) and model/blocks/moe.rs's mixture: a router
 //! with a bias, the top k experts' logits softmaxed (the same as renormalising the softmax over
 //! all), per-expert biases, and the clamped SwiGLU `min(g, 7) * sigmoid(1.702 * min(g, 7)) *
 //! (clamp(u, -7, 7) + 1)`.
@@ -11,12 +11,13 @@
 //! [experts, ffn, hidden], biases `*_bias`); the published checkpoints keep them in MXFP4
 //! (`*_blocks` / `*_scales`, rows not transposed, gate and up rows alternating), kept in MXFP4
 //! here; llama.cpp's converter writes gate and up apart ([experts, ffn, hidden] each, or fused
-//! as `ffn_gate_up_exps`) with `ffn_*_exps.bias`. All become model/moe.rs's layout: per expert
+//! as `ffn_gate_up_exps`) with `ffn_*_exps.bias`. All become model/blocks/moe.rs's layout: per expert
 //! its gate rows then its up rows.
 
-use super::config::{LayerStyle, ModelConfig, RopeScaling};
-use super::layers::{TensorNames, WeightSource, GGUF_NAMES, HF_NAMES};
-use super::moe::{gate_up_apart, HostMoe, MoeConfig};
+use super::{Arch, Family, BASE};
+use crate::model::config::{LayerStyle, ModelConfig, RopeScaling};
+use crate::model::layers::{TensorNames, WeightSource, GGUF_NAMES, HF_NAMES};
+use crate::model::blocks::moe::{gate_up_apart, HostMoe, MoeConfig};
 use crate::formats::gguf::GgufFile;
 use crate::gpu::wformat::WFormat;
 use crate::weights::mxfp4_hf;
@@ -30,6 +31,19 @@ pub const SWIGLU_ALPHA: f32 = 1.702;
 pub const SWIGLU_LIMIT: f32 = 7.0;
 /// The window of gpt-oss's sliding layers when a GGUF file does not say.
 pub const GPTOSS_WINDOW: usize = 128;
+
+pub(crate) const GPTOSS: Family = Family {
+    arch: Arch::GptOss,
+    hf_archs: &["GptOssForCausalLM"],
+    gguf_archs: &["gpt-oss"],
+    ffn_optional: true,
+    hf_config,
+    gguf_config,
+    hf_names: |_| &GPTOSS_HF_NAMES,
+    gguf_names: &GPTOSS_GGUF_NAMES,
+    experts: load_experts,
+    ..BASE
+};
 
 /// Hugging Face names of gpt-oss: the router and the fused expert tensors (`up_exps` empty: gate
 /// and up share one tensor).
@@ -59,7 +73,7 @@ fn alternating(layers: usize) -> Vec<bool> {
 /// sliding_window, attention_bias.
 pub(crate) fn hf_config(mut cfg: ModelConfig, v: &Value, src: &str) -> Result<ModelConfig> {
     let int = |k: &str| v[k].as_u64().map(|x| x as usize).ok_or_else(|| anyhow!("{src}: field '{k}' is missing"));
-    let sliding = match super::config::layer_types(v, src)? {
+    let sliding = match crate::model::config::layer_types(v, src)? {
         Some(kinds) => kinds,
         None => alternating(cfg.layers),
     };
@@ -86,7 +100,7 @@ pub(crate) fn hf_config(mut cfg: ModelConfig, v: &Value, src: &str) -> Result<Mo
 /// A gpt-oss GGUF's metadata on top of the keys every family has: the experts (every layer's),
 /// the window (`attention.sliding_window`) on the even layers.
 pub(crate) fn gguf_config(mut cfg: ModelConfig, g: &GgufFile, arch_name: &str) -> Result<ModelConfig> {
-    let mut moe = super::moe::gguf_config(g, arch_name, cfg.layers, true)?;
+    let mut moe = crate::model::blocks::moe::gguf_config(g, arch_name, cfg.layers, true)?;
     if let Some(l) = moe.sparse_layers.iter().position(|s| !s) {
         bail!("{}: gpt-oss layer {l} has no router (blk.{l}.ffn_gate_inp.weight)", g.path.display());
     }
@@ -131,7 +145,7 @@ pub(crate) fn load_experts(
         };
         (gate_up, down, (bias.collect(), dnb))
     };
-    Ok(HostMoe { router, router_bias, gate_up, down, biases: Some(biases), shared: None, gemma: None })
+    Ok(HostMoe { router, router_bias, gate_up, down, biases: Some(biases), shared: None, parallel: None })
 }
 
 /// Within one expert, the stored (interleaved) row of our row `r` (gate rows, then up rows).

@@ -1,6 +1,6 @@
 //! Qwen3.5 (HF `Qwen3_5ForCausalLM`, the text model of `Qwen3_5ForConditionalGeneration`; GGUF
 //! `qwen35`): what its configs say and how its weights are read. Three of every four layers are
-//! Gated DeltaNet layers (`LinearConfig`, mixer in model/recurrent.rs); the others are Qwen3's
+//! Gated DeltaNet layers (`LinearConfig`, mixer in model/blocks/delta_net.rs); the others are Qwen3's
 //! attention with partial RoPE and an output gate: `q_proj` gives per head the query then a gate
 //! (split apart at load), and attention's output is multiplied by the gate's sigmoid. Its
 //! RMSNorms multiply by 1 + w in Hugging Face checkpoints (+1 at load, as llama.cpp's converter
@@ -10,20 +10,42 @@
 //! GGUF (llama.cpp's converter): A_log is stored as A = -exp(A_log) (`ssm_a`); when value heads
 //! outnumber key heads their order is tiled (value head h uses key head h % k_heads), which the
 //! kernels follow; `block_count` includes the NextN (MTP) layers (`nextn_predict_layers`), which
-//! are loaded apart, as the MTP head (model/mtp.rs).
+//! are loaded apart, as the MTP head (model/blocks/mtp.rs).
 
-use super::config::ModelConfig;
-use super::layers::{TensorNames, WeightSource, GGUF_NAMES, HF_NAMES};
+use super::{Arch, Family, BASE};
+use crate::model::config::ModelConfig;
+use crate::model::layers::{TensorNames, WeightSource, GGUF_NAMES, HF_NAMES};
 use crate::formats::gguf::{GgufFile, GgufValue};
 use crate::ops::delta::DeltaDims;
-use crate::weights::tensor::QTensor;
+use crate::model::blocks::delta_net::LinearConfig;
 use anyhow::{anyhow, bail, Result};
 use serde_json::Value;
 
-/// Most taps of the convolution the kernels keep (delta.wgsl's MAX_KERNEL).
-pub const MAX_CONV_KERNEL: usize = crate::ops::delta::MAX_CONV_TAPS as usize + 1;
-/// Most rows of the state one kernel thread keeps in registers (k_dim).
-pub const MAX_K_DIM: usize = 256;
+pub(crate) const QWEN35: Family = Family {
+    arch: Arch::Qwen35,
+    hf_archs: &[
+        "Qwen3_5ForCausalLM",
+        "Qwen3_5ForConditionalGeneration",
+        "Qwen3_5MoeForCausalLM",
+        "Qwen3_5MoeForConditionalGeneration",
+    ],
+    gguf_archs: &["qwen35", "qwen35moe"],
+    ffn_optional: true,
+    hf_config,
+    gguf_config,
+    hf_names,
+    hf_add_one: true,
+    gguf_names: &QWEN35_GGUF_NAMES,
+    ..BASE
+};
+
+fn hf_names(w: &dyn WeightSource) -> &'static TensorNames {
+    if w.has(VL_HF_NAMES.embed) {
+        &VL_HF_NAMES
+    } else {
+        &HF_NAMES
+    }
+}
 
 /// Hugging Face names of the language model inside `Qwen3_5ForConditionalGeneration`.
 pub(crate) const VL_HF_NAMES: TensorNames = TensorNames {
@@ -35,63 +57,6 @@ pub(crate) const VL_HF_NAMES: TensorNames = TensorNames {
 
 /// llama.cpp's names of Qwen3.5: the FFN's norm is `post_attention_norm`.
 pub(crate) const QWEN35_GGUF_NAMES: TensorNames = TensorNames { ffn_norm: "post_attention_norm.weight", ..GGUF_NAMES };
-
-/// A hybrid model's recurrent layers.
-#[derive(Clone, Debug, PartialEq)]
-pub struct LinearConfig {
-    pub dims: DeltaDims,
-    /// Per layer: a Gated DeltaNet layer (else attention).
-    pub layers: Vec<bool>,
-    /// llama.cpp's value-head order (value head h uses key head h % k_heads).
-    pub tiled: bool,
-    /// Multi-token-prediction (NextN) layers the checkpoint keeps (model/mtp.rs); 0: none.
-    pub mtp_layers: usize,
-}
-
-impl LinearConfig {
-    pub fn validate(&self, layers: usize, src: &str) -> Result<()> {
-        let d = &self.dims;
-        if self.layers.len() != layers {
-            bail!("{src}: {} layer kinds for {layers} layers", self.layers.len());
-        }
-        if d.k_heads == 0 || d.v_heads == 0 || !d.v_heads.is_multiple_of(d.k_heads) {
-            bail!("{src}: {} linear value heads must be a positive multiple of {} key heads", d.v_heads, d.k_heads);
-        }
-        if d.k_dim == 0 || d.k_dim > MAX_K_DIM || d.v_dim == 0 || !d.v_dim.is_multiple_of(4) {
-            bail!(
-                "{src}: linear key head size {} (1..={MAX_K_DIM}) or value head size {} (a multiple of 4)",
-                d.k_dim,
-                d.v_dim
-            );
-        }
-        if d.kernel == 0 || d.kernel > MAX_CONV_KERNEL {
-            bail!("{src}: linear_conv_kernel_dim {} must be 1..={MAX_CONV_KERNEL}", d.kernel);
-        }
-        if !d.proj_width().is_multiple_of(4) {
-            bail!("{src}: the linear layers' projections ({} per token) must be a multiple of 4", d.proj_width());
-        }
-        Ok(())
-    }
-
-    /// Per slot, the bytes of every recurrent layer's states among `layers`.
-    pub fn slot_bytes(&self, layers: std::ops::Range<usize>) -> u64 {
-        let n = layers.filter(|&l| self.layers.get(l).copied().unwrap_or(false)).count();
-        (n * (self.dims.conv_state() + self.dims.rec_state()) * 4) as u64
-    }
-}
-
-/// The text model's config of a multimodal checkpoint: `text_config` with the top level's
-/// `architectures` (and its tie_word_embeddings where the text config has none).
-pub(crate) fn merged_text_config(top: &Value, text: &Value) -> Value {
-    let mut t = text.clone();
-    if let Some(o) = t.as_object_mut() {
-        o.insert("architectures".into(), top["architectures"].clone());
-        if !o.contains_key("tie_word_embeddings") {
-            o.insert("tie_word_embeddings".into(), top["tie_word_embeddings"].clone());
-        }
-    }
-    t
-}
 
 /// A Qwen3.5 config.json on top of the fields every family has (`cfg`).
 pub(crate) fn hf_config(mut cfg: ModelConfig, v: &Value, src: &str) -> Result<ModelConfig> {
@@ -137,7 +102,7 @@ pub(crate) fn hf_config(mut cfg: ModelConfig, v: &Value, src: &str) -> Result<Mo
     if v["num_experts"].as_u64().is_some() {
         // Qwen3.5-MoE: every layer's FFN a mixture (renormalised top k) beside a gated shared
         // expert (checkpoints store each expert's projections apart, as Qwen2-MoE's).
-        let mut m = super::moe::hf_config(v, cfg.layers, src)?;
+        let mut m = crate::model::blocks::moe::hf_config(v, cfg.layers, src)?;
         m.norm_topk = true;
         cfg.moe = Some(m);
     }
@@ -186,7 +151,7 @@ pub(crate) fn gguf_config(mut cfg: ModelConfig, g: &GgufFile, arch: &str) -> Res
     };
     cfg.linear = Some(LinearConfig { dims, layers, tiled: true, mtp_layers: nextn });
     if arch == "qwen35moe" {
-        cfg.moe = Some(super::moe::gguf_config(g, arch, cfg.layers, true)?);
+        cfg.moe = Some(crate::model::blocks::moe::gguf_config(g, arch, cfg.layers, true)?);
     }
     Ok(cfg)
 }
@@ -233,110 +198,6 @@ fn recurrent_layers(a: &[GgufValue], layers: usize, nextn: usize) -> Result<Vec<
     Ok(flags[..layers].to_vec())
 }
 
-/// A Gated DeltaNet layer's weights on the host.
-pub struct HostLinear {
-    /// The input projections: [q; k; v] (conv_dim rows), z (value_dim), b and a (v_heads each).
-    pub proj: [QTensor; 4],
-    /// The convolution [conv_dim, kernel], A (-exp(A_log)) and dt_bias [v_heads], the gated
-    /// norm [v_dim], concatenated in that order (what delta.wgsl reads).
-    pub small: Vec<f32>,
-    pub out: QTensor,
-}
-
-impl HostLinear {
-    pub fn bytes(&self) -> u64 {
-        (self.proj.iter().map(|t| t.bytes()).sum::<usize>() + self.out.bytes() + 4 * self.small.len()) as u64
-    }
-}
-
-/// Tensor names of a Gated DeltaNet layer (after the layer's prefix).
-pub(crate) struct LinearNames {
-    pub qkv: &'static str,
-    pub z: &'static str,
-    pub b: &'static str,
-    pub a: &'static str,
-    pub conv: &'static str,
-    pub dt_bias: &'static str,
-    /// A_log (Hugging Face) or A itself (GGUF, `a_is_log` false).
-    pub a_param: &'static str,
-    pub a_is_log: bool,
-    pub norm: &'static str,
-    pub out: &'static str,
-}
-
-pub(crate) const HF_LINEAR: LinearNames = LinearNames {
-    qkv: "linear_attn.in_proj_qkv.weight",
-    z: "linear_attn.in_proj_z.weight",
-    b: "linear_attn.in_proj_b.weight",
-    a: "linear_attn.in_proj_a.weight",
-    conv: "linear_attn.conv1d.weight",
-    dt_bias: "linear_attn.dt_bias",
-    a_param: "linear_attn.A_log",
-    a_is_log: true,
-    norm: "linear_attn.norm.weight",
-    out: "linear_attn.out_proj.weight",
-};
-
-pub(crate) const GGUF_LINEAR: LinearNames = LinearNames {
-    qkv: "attn_qkv.weight",
-    z: "attn_gate.weight",
-    b: "ssm_beta.weight",
-    a: "ssm_alpha.weight",
-    conv: "ssm_conv1d.weight",
-    dt_bias: "ssm_dt.bias",
-    a_param: "ssm_a",
-    a_is_log: false,
-    norm: "ssm_norm.weight",
-    out: "ssm_out.weight",
-};
-
-/// Loads a Gated DeltaNet layer's mixer (`t` names a tensor of the layer).
-pub(crate) fn load_linear(
-    w: &dyn WeightSource,
-    n: &LinearNames,
-    t: &dyn Fn(&str) -> String,
-    cfg: &ModelConfig,
-    lc: &LinearConfig,
-) -> Result<HostLinear> {
-    let (d, h) = (&lc.dims, cfg.hidden);
-    let proj = [
-        w.matrix(&t(n.qkv), d.conv_dim(), h)?,
-        w.matrix(&t(n.z), d.value_dim(), h)?,
-        w.matrix(&t(n.b), d.v_heads, h)?,
-        w.matrix(&t(n.a), d.v_heads, h)?,
-    ];
-    // Hugging Face keeps Conv1d's [channels, 1, kernel]; llama.cpp squeezes it.
-    let conv = if n.a_is_log {
-        w.array(&t(n.conv), &[d.conv_dim(), 1, d.kernel])?.0
-    } else {
-        w.array(&t(n.conv), &[d.conv_dim(), d.kernel])?.0
-    };
-    let a = w.vector(&t(n.a_param), d.v_heads)?;
-    let a: Vec<f32> = if n.a_is_log { a.iter().map(|x| -x.exp()).collect() } else { a };
-    if a.iter().any(|x| !x.is_finite()) {
-        bail!("{}: {}: A is not finite", w.path().display(), t(n.a_param));
-    }
-    let mut small = conv;
-    small.extend(a);
-    small.extend(w.vector(&t(n.dt_bias), d.v_heads)?);
-    small.extend(w.vector(&t(n.norm), d.v_dim)?);
-    Ok(HostLinear { proj, small, out: w.matrix(&t(n.out), h, d.value_dim())? })
-}
-
-/// Splits Qwen3.5's query projection ([heads * 2 * head_dim] rows: each head's query rows then
-/// its gate rows) into the query rows and the gate rows.
-pub(crate) fn split_query_gate(q: &QTensor, heads: usize, head_dim: usize) -> (QTensor, QTensor) {
-    let rows = heads * head_dim;
-    let order: Vec<usize> = (0..2 * rows)
-        .map(|i| {
-            let (part, j) = (i / rows, i % rows);
-            (j / head_dim) * 2 * head_dim + part * head_dim + j % head_dim
-        })
-        .collect();
-    let p = q.permute_rows(&order);
-    (p.slice_rows(0, rows), p.slice_rows(rows, 2 * rows))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -379,16 +240,5 @@ mod tests {
             let e = recurrent_layers(&bad, 4, 1).unwrap_err();
             assert!(e.to_string().contains(why), "{e}");
         }
-    }
-
-    #[test]
-    fn the_query_projection_splits_per_head() {
-        // 2 heads of 2: rows q0 q0 g0 g0 q1 q1 g1 g1 (values = row index).
-        let data: Vec<f32> = (0..8).flat_map(|r| [r as f32; 32]).collect();
-        let q = QTensor::from_f32(8, 32, &data).unwrap();
-        let (query, gate) = split_query_gate(&q, 2, 2);
-        let first = |t: &QTensor| (0..t.rows).map(|r| t.dequant_row(r)[0]).collect::<Vec<_>>();
-        assert_eq!(first(&query), [0.0, 1.0, 4.0, 5.0]);
-        assert_eq!(first(&gate), [2.0, 3.0, 6.0, 7.0]);
     }
 }

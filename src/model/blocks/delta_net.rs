@@ -1,5 +1,6 @@
-//! The recurrent mixer of hybrid models (Qwen3.5's Gated DeltaNet layers) and the output gate of
-//! their attention layers. A linear-attention layer: RMSNorm, the input projections (q/k/v, z,
+//! The recurrent mixer of hybrid models (Qwen3.5's Gated DeltaNet layers): its config
+//! (`LinearConfig`), its weights (`HostLinear`, read through `LinearNames`) and its ops; and the
+//! output gate of the hybrids' attention layers. A linear-attention layer: RMSNorm, the input projections (q/k/v, z,
 //! b, a) into one row per token, then ops/delta.rs's stages (the causal convolution, q/k
 //! normalisation with each value head's decay and beta, the delta-rule recurrence from each
 //! sequence's state slot, the gated RMSNorm), and the output projection added into the
@@ -7,11 +8,152 @@
 //! running sequence; a step's sequences name their slots (`StepInput::state_slots`).
 
 use crate::model::builder::{LayerParams, OpBuilder};
+use crate::model::config::ModelConfig;
+use crate::model::layers::WeightSource;
 use crate::model::loader::HostLayer;
-use crate::ops::delta::{self, DeltaBinds, DeltaStage};
+use crate::ops::delta::{self, DeltaBinds, DeltaDims, DeltaStage};
 use crate::weights::tensor::QTensor;
 use crate::weights::upload::GpuMatrix;
-use anyhow::{anyhow, Result};
+use anyhow::{anyhow, bail, Result};
+
+/// Most taps of the convolution the kernels keep (delta.wgsl's MAX_KERNEL).
+pub const MAX_CONV_KERNEL: usize = crate::ops::delta::MAX_CONV_TAPS as usize + 1;
+/// Most rows of the state one kernel thread keeps in registers (k_dim).
+pub const MAX_K_DIM: usize = 256;
+
+/// A hybrid model's recurrent layers.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LinearConfig {
+    pub dims: DeltaDims,
+    /// Per layer: a Gated DeltaNet layer (else attention).
+    pub layers: Vec<bool>,
+    /// llama.cpp's value-head order (value head h uses key head h % k_heads).
+    pub tiled: bool,
+    /// Multi-token-prediction (NextN) layers the checkpoint keeps (model/blocks/mtp.rs); 0: none.
+    pub mtp_layers: usize,
+}
+
+impl LinearConfig {
+    pub fn validate(&self, layers: usize, src: &str) -> Result<()> {
+        let d = &self.dims;
+        if self.layers.len() != layers {
+            bail!("{src}: {} layer kinds for {layers} layers", self.layers.len());
+        }
+        if d.k_heads == 0 || d.v_heads == 0 || !d.v_heads.is_multiple_of(d.k_heads) {
+            bail!("{src}: {} linear value heads must be a positive multiple of {} key heads", d.v_heads, d.k_heads);
+        }
+        if d.k_dim == 0 || d.k_dim > MAX_K_DIM || d.v_dim == 0 || !d.v_dim.is_multiple_of(4) {
+            bail!(
+                "{src}: linear key head size {} (1..={MAX_K_DIM}) or value head size {} (a multiple of 4)",
+                d.k_dim,
+                d.v_dim
+            );
+        }
+        if d.kernel == 0 || d.kernel > MAX_CONV_KERNEL {
+            bail!("{src}: linear_conv_kernel_dim {} must be 1..={MAX_CONV_KERNEL}", d.kernel);
+        }
+        if !d.proj_width().is_multiple_of(4) {
+            bail!("{src}: the linear layers' projections ({} per token) must be a multiple of 4", d.proj_width());
+        }
+        Ok(())
+    }
+
+    /// Per slot, the bytes of every recurrent layer's states among `layers`.
+    pub fn slot_bytes(&self, layers: std::ops::Range<usize>) -> u64 {
+        let n = layers.filter(|&l| self.layers.get(l).copied().unwrap_or(false)).count();
+        (n * (self.dims.conv_state() + self.dims.rec_state()) * 4) as u64
+    }
+}
+
+/// A Gated DeltaNet layer's weights on the host.
+pub struct HostLinear {
+    /// The input projections: [q; k; v] (conv_dim rows), z (value_dim), b and a (v_heads each).
+    pub proj: [QTensor; 4],
+    /// The convolution [conv_dim, kernel], A (-exp(A_log)) and dt_bias [v_heads], the gated
+    /// norm [v_dim], concatenated in that order (what delta.wgsl reads).
+    pub small: Vec<f32>,
+    pub out: QTensor,
+}
+
+impl HostLinear {
+    pub fn bytes(&self) -> u64 {
+        (self.proj.iter().map(|t| t.bytes()).sum::<usize>() + self.out.bytes() + 4 * self.small.len()) as u64
+    }
+}
+
+/// Tensor names of a Gated DeltaNet layer (after the layer's prefix).
+pub(crate) struct LinearNames {
+    pub qkv: &'static str,
+    pub z: &'static str,
+    pub b: &'static str,
+    pub a: &'static str,
+    pub conv: &'static str,
+    pub dt_bias: &'static str,
+    /// A_log (Hugging Face) or A itself (GGUF, `a_is_log` false).
+    pub a_param: &'static str,
+    pub a_is_log: bool,
+    pub norm: &'static str,
+    pub out: &'static str,
+}
+
+pub(crate) const HF_LINEAR: LinearNames = LinearNames {
+    qkv: "linear_attn.in_proj_qkv.weight",
+    z: "linear_attn.in_proj_z.weight",
+    b: "linear_attn.in_proj_b.weight",
+    a: "linear_attn.in_proj_a.weight",
+    conv: "linear_attn.conv1d.weight",
+    dt_bias: "linear_attn.dt_bias",
+    a_param: "linear_attn.A_log",
+    a_is_log: true,
+    norm: "linear_attn.norm.weight",
+    out: "linear_attn.out_proj.weight",
+};
+
+pub(crate) const GGUF_LINEAR: LinearNames = LinearNames {
+    qkv: "attn_qkv.weight",
+    z: "attn_gate.weight",
+    b: "ssm_beta.weight",
+    a: "ssm_alpha.weight",
+    conv: "ssm_conv1d.weight",
+    dt_bias: "ssm_dt.bias",
+    a_param: "ssm_a",
+    a_is_log: false,
+    norm: "ssm_norm.weight",
+    out: "ssm_out.weight",
+};
+
+/// Loads a Gated DeltaNet layer's mixer (`t` names a tensor of the layer).
+pub(crate) fn load_linear(
+    w: &dyn WeightSource,
+    n: &LinearNames,
+    t: &dyn Fn(&str) -> String,
+    cfg: &ModelConfig,
+    lc: &LinearConfig,
+) -> Result<HostLinear> {
+    let (d, h) = (&lc.dims, cfg.hidden);
+    let proj = [
+        w.matrix(&t(n.qkv), d.conv_dim(), h)?,
+        w.matrix(&t(n.z), d.value_dim(), h)?,
+        w.matrix(&t(n.b), d.v_heads, h)?,
+        w.matrix(&t(n.a), d.v_heads, h)?,
+    ];
+    // Hugging Face keeps Conv1d's [channels, 1, kernel]; llama.cpp squeezes it.
+    let conv = if n.a_is_log {
+        w.array(&t(n.conv), &[d.conv_dim(), 1, d.kernel])?.0
+    } else {
+        w.array(&t(n.conv), &[d.conv_dim(), d.kernel])?.0
+    };
+    let a = w.vector(&t(n.a_param), d.v_heads)?;
+    let a: Vec<f32> = if n.a_is_log { a.iter().map(|x| -x.exp()).collect() } else { a };
+    if a.iter().any(|x| !x.is_finite()) {
+        bail!("{}: {}: A is not finite", w.path().display(), t(n.a_param));
+    }
+    let mut small = conv;
+    small.extend(a);
+    small.extend(w.vector(&t(n.dt_bias), d.v_heads)?);
+    small.extend(w.vector(&t(n.norm), d.v_dim)?);
+    Ok(HostLinear { proj, small, out: w.matrix(&t(n.out), h, d.value_dim())? })
+}
 
 /// What a layer keeps per sequence: KV-cache chunks (attention) or recurrent-state buffers.
 pub(crate) enum LayerCache<'a> {
@@ -21,7 +163,7 @@ pub(crate) enum LayerCache<'a> {
 }
 
 impl OpBuilder<'_> {
-    /// A Gated DeltaNet layer's mixer (model/qwen35.rs's weights) over the slots' `states`.
+    /// A Gated DeltaNet layer's mixer (model/blocks/delta_net.rs's weights) over the slots' `states`.
     pub(crate) fn linear_mixer(
         &mut self,
         hl: &HostLayer,

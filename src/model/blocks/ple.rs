@@ -5,9 +5,9 @@
 //! added into the residual. The model's prologue writes every layer's vectors into the `ple`
 //! buffer (`ple_inputs`); each layer reads its slice (`ple_layer`).
 
-use super::builder::{LayerParams, OpBuilder};
-use super::config::ModelConfig;
-use super::layers::WeightSource;
+use crate::model::builder::{LayerParams, OpBuilder};
+use crate::model::config::ModelConfig;
+use crate::model::layers::WeightSource;
 use crate::ops::matmul;
 use crate::ops::norm::{self, HeadNormBinds, HeadNormParams};
 use crate::ops::ple::{self, PleBinds, PleParams};

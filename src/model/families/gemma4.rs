@@ -1,5 +1,5 @@
 //! Gemma 4 (text): what its config says beyond Gemma 3's, read into `LayerStyle` and
-//! `FullAttn`. Its layers are the dense recipe of model/llama.rs: sliding-window layers (head
+//! `FullAttn`. Its layers are the dense recipe of model/recipe.rs: sliding-window layers (head
 //! size `head_dim`, RoPE base 10000 over the whole head) interleaved with full-attention layers
 //! of their own geometry (`global_head_dim`, `num_global_key_value_heads`, keys that are also the
 //! values when `attention_k_eq_v`, `proportional` RoPE: the pairs (i, i + d/2) of the whole head,
@@ -10,15 +10,42 @@
 //! GGUF: llama.cpp's `gemma4` files (`gguf_config`), with the same layers (its norms are stored
 //! as they are: no 1 + w).
 //!
-//! E2B / E4B: per-layer embeddings (model/ple.rs), the last `num_kv_shared_layers` layers
+//! E2B / E4B: per-layer embeddings (model/blocks/ple.rs), the last `num_kv_shared_layers` layers
 //! attending over the cache of the last earlier layer of their kind (queries only), double-wide
-//! FFNs on those. 26B-A4B: a dense MLP beside the experts on every layer (model/gemma4_moe.rs).
+//! FFNs on those. 26B-A4B: a dense MLP beside the experts on every layer (model/blocks/parallel_moe.rs).
 
-use super::config::{FullAttn, LayerStyle, ModelConfig, RopeScaling};
-use super::layers::{TensorNames, GEMMA_HF_NAMES};
+use crate::model::config::{FullAttn, LayerStyle, ModelConfig, RopeScaling};
+use super::gemma::GEMMA_HF_NAMES;
+use super::{Arch, Family, BASE};
+use crate::model::blocks::parallel_moe;
+use crate::model::layers::{TensorNames, WeightSource};
 use crate::formats::gguf::GgufFile;
 use anyhow::{anyhow, bail, Result};
 use serde_json::Value;
+
+pub(crate) const GEMMA4: Family = Family {
+    arch: Arch::Gemma4,
+    hf_archs: &["Gemma4ForCausalLM", "Gemma4ForConditionalGeneration"],
+    gguf_archs: &["gemma4"],
+    // Gemma 4 may give an FFN size per layer (read by its own config).
+    ffn_optional: true,
+    hf_config,
+    gguf_config,
+    hf_names,
+    // Its norms multiply by their plain weights.
+    hf_add_one: false,
+    experts: |w, n, t, cfg| parallel_moe::load(w, n.parallel_moe, t, cfg),
+    dense_beside_experts: true,
+    ..BASE
+};
+
+fn hf_names(w: &dyn WeightSource) -> &'static TensorNames {
+    if w.has(VL_HF_NAMES.embed) {
+        &VL_HF_NAMES
+    } else {
+        &GEMMA_HF_NAMES
+    }
+}
 
 /// Hugging Face names of the language model inside `Gemma4ForConditionalGeneration` (its vision
 /// and audio towers are not read).
@@ -26,7 +53,7 @@ pub(crate) const VL_HF_NAMES: TensorNames = TensorNames {
     embed: "model.language_model.embed_tokens.weight",
     final_norm: "model.language_model.norm.weight",
     layer: "model.language_model.layers.{l}",
-    ple: &super::ple::VL_HF_PLE,
+    ple: &crate::model::blocks::ple::VL_HF_PLE,
     ..GEMMA_HF_NAMES
 };
 
@@ -68,7 +95,7 @@ pub(crate) fn hf_config(mut cfg: ModelConfig, v: &Value, src: &str) -> Result<Mo
     let window =
         v["sliding_window"].as_u64().filter(|&w| w > 0).ok_or_else(|| anyhow!("{src}: sliding_window is missing"))?;
     cfg.sliding_window = Some(window as usize);
-    let mut kinds = super::config::layer_types(v, src)?
+    let mut kinds = crate::model::config::layer_types(v, src)?
         .unwrap_or_else(|| (0..cfg.layers).map(|l| (l + 1) % PATTERN != 0).collect());
     // transformers makes the last layer global whatever the list says.
     if let Some(last) = kinds.last_mut() {
@@ -141,8 +168,8 @@ pub(crate) fn hf_config(mut cfg: ModelConfig, v: &Value, src: &str) -> Result<Mo
 
 /// The 26B-A4B block on every layer: softmax over all experts, top-k renormalised (the per-expert
 /// scales and the extra norms are the layer's tensors).
-fn moe_config(layers: usize, experts: usize, top_k: usize, ffn: usize) -> super::moe::MoeConfig {
-    super::moe::MoeConfig {
+fn moe_config(layers: usize, experts: usize, top_k: usize, ffn: usize) -> crate::model::blocks::moe::MoeConfig {
+    crate::model::blocks::moe::MoeConfig {
         experts,
         top_k,
         ffn,
@@ -205,7 +232,7 @@ pub(crate) fn gguf_config(mut cfg: ModelConfig, g: &GgufFile, arch: &str) -> Res
         // The token table's rows: its second dimension (llama.cpp's ne order).
         p => {
             let t = g
-                .tensor(super::ple::GGUF_PLE.embed)
+                .tensor(crate::model::blocks::ple::GGUF_PLE.embed)
                 .ok_or_else(|| anyhow!("{src}: per_layer_token_embd.weight is missing"))?;
             Some((p, t.dims.get(1).copied().unwrap_or(0) as usize))
         }

@@ -5,10 +5,10 @@
 //! top-k renormalised, then each chosen weight times its expert's `per_expert_scale`. The
 //! experts run on the MoE kernels (ops/moe.rs).
 
-use super::builder::{LayerParams, OpBuilder};
-use super::config::ModelConfig;
-use super::layers::{HostLayer, WeightSource};
-use super::moe::HostMoe;
+use crate::model::builder::{LayerParams, OpBuilder};
+use crate::model::config::ModelConfig;
+use crate::model::layers::{HostLayer, WeightSource};
+use crate::model::blocks::moe::HostMoe;
 use crate::ops::matmul::MAT_GELU;
 use crate::ops::moe::{self, MoeIo};
 use crate::ops::norm::{self, NormBinds, NormParams};
@@ -17,7 +17,7 @@ use crate::weights::upload::GpuMatrix;
 use anyhow::{anyhow, bail, Result};
 
 /// What Gemma 4's block has beyond the experts.
-pub struct GemmaMoe {
+pub struct ParallelMoe {
     /// The router's input scale [hidden] and each expert's weight scale [experts].
     pub router_scale: Vec<f32>,
     pub expert_scale: Vec<f32>,
@@ -27,14 +27,14 @@ pub struct GemmaMoe {
     pub post_2: Vec<f32>,
 }
 
-impl GemmaMoe {
+impl ParallelMoe {
     pub fn floats(&self) -> usize {
         self.router_scale.len() + self.expert_scale.len() + self.pre_2.len() + self.post_1.len() + self.post_2.len()
     }
 }
 
 /// A format's names of the block's tensors (within a layer).
-pub(crate) struct GemmaMoeNames {
+pub(crate) struct ParallelMoeNames {
     router: &'static str,
     router_scale: &'static str,
     expert_scale: &'static str,
@@ -48,7 +48,7 @@ pub(crate) struct GemmaMoeNames {
     hf: bool,
 }
 
-pub(crate) const HF_GEMMA_MOE: GemmaMoeNames = GemmaMoeNames {
+pub(crate) const HF_PARALLEL_MOE: ParallelMoeNames = ParallelMoeNames {
     router: "router.proj.weight",
     router_scale: "router.scale",
     expert_scale: "router.per_expert_scale",
@@ -61,7 +61,7 @@ pub(crate) const HF_GEMMA_MOE: GemmaMoeNames = GemmaMoeNames {
 };
 
 /// llama.cpp's names (conversion/gemma.py's Gemma4Model).
-pub(crate) const GGUF_GEMMA_MOE: GemmaMoeNames = GemmaMoeNames {
+pub(crate) const GGUF_PARALLEL_MOE: ParallelMoeNames = ParallelMoeNames {
     router: "ffn_gate_inp.weight",
     router_scale: "ffn_gate_inp.scale",
     expert_scale: "ffn_down_exps.scale",
@@ -76,7 +76,7 @@ pub(crate) const GGUF_GEMMA_MOE: GemmaMoeNames = GemmaMoeNames {
 /// A layer's experts, router and norms (`t`: a name within the layer).
 pub(crate) fn load(
     w: &dyn WeightSource,
-    n: &GemmaMoeNames,
+    n: &ParallelMoeNames,
     t: &dyn Fn(&str) -> String,
     cfg: &ModelConfig,
 ) -> Result<HostMoe> {
@@ -93,7 +93,7 @@ pub(crate) fn load(
             QTensor::from_f32_as_f16(e * rows, cols, &v)
         }
     };
-    let gemma = GemmaMoe {
+    let gemma = ParallelMoe {
         router_scale: w.vector(&t(n.router_scale), h)?,
         expert_scale: w.vector(&t(n.expert_scale), e)?,
         pre_2: w.vector(&t(n.pre_2), h)?,
@@ -108,7 +108,7 @@ pub(crate) fn load(
         down: experts(n.down, h, f)?,
         biases: None,
         shared: None,
-        gemma: Some(gemma),
+        parallel: Some(gemma),
     })
 }
 
@@ -124,7 +124,7 @@ impl OpBuilder<'_> {
 
     /// The block of layer `l` (see the module's doc), its sum added into the residual through
     /// the FFN's post-norm `post`, the residual then multiplied by `scalar` where given.
-    pub(crate) fn gemma4_moe_ffn(
+    pub(crate) fn parallel_moe_ffn(
         &mut self,
         l: usize,
         hl: &HostLayer,
@@ -134,7 +134,7 @@ impl OpBuilder<'_> {
     ) -> Result<()> {
         let (cfg, s, h) = (self.cfg, self.s, self.cfg.hidden);
         let hm = hl.moe.as_ref().ok_or_else(|| anyhow!("layer {l}: no experts"))?;
-        let gm = hm.gemma.as_ref().ok_or_else(|| anyhow!("layer {l}: no router scales"))?;
+        let gm = hm.parallel.as_ref().ok_or_else(|| anyhow!("layer {l}: no router scales"))?;
         let mc = cfg.moe.as_ref().ok_or_else(|| anyhow!("the model has no experts"))?;
         let (Some(logits), Some(route), Some(pair_out), Some(layout)) =
             (&s.moe_logits, &s.moe_route, &s.moe_pair_out, s.moe_layout)

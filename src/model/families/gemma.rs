@@ -1,6 +1,6 @@
 //! Gemma 2 and Gemma 3: what their configs say beyond Llama's (read into `LayerStyle`), and the
 //! one change their Hugging Face weights need (RMSNorm's `1 + weight`). Their layers are the
-//! dense recipe of model/llama.rs, driven by that style: embeddings times sqrt(hidden), norms
+//! dense recipe of model/recipe.rs, driven by that style: embeddings times sqrt(hidden), norms
 //! after attention and the FFN, GeGLU, query_pre_attn_scalar, Gemma 2's soft caps, and
 //! sliding-window layers interleaved with global ones (Gemma 3's with a RoPE base of their own).
 //!
@@ -11,11 +11,39 @@
 //! block pool per layer kind (vLLM's hybrid KV-cache manager) would take the window layers'
 //! tables apart from the global ones.
 
-use super::config::{Arch, LayerStyle, ModelConfig, RopeScaling};
-use super::loader::{HostLayer, HostModel};
+use super::{Arch, Family, BASE};
+use crate::model::config::{LayerStyle, ModelConfig, RopeScaling};
+use crate::model::layers::{TensorNames, HF_NAMES};
 use crate::formats::gguf::GgufFile;
 use anyhow::{bail, Result};
 use serde_json::Value;
+
+pub(crate) const GEMMA2: Family = Family {
+    arch: Arch::Gemma2,
+    hf_archs: &["Gemma2ForCausalLM"],
+    gguf_archs: &["gemma2"],
+    hf_config,
+    gguf_config,
+    hf_names: |_| &GEMMA_HF_NAMES,
+    hf_add_one: true,
+    ..BASE
+};
+
+pub(crate) const GEMMA3: Family = Family {
+    arch: Arch::Gemma3,
+    hf_archs: &["Gemma3ForCausalLM"],
+    gguf_archs: &["gemma3"],
+    ..GEMMA2
+};
+
+/// Hugging Face names of Gemma 2 and 3: `post_attention_layernorm` is the norm after
+/// attention, the FFN's own norm is `pre_feedforward_layernorm`.
+pub(crate) const GEMMA_HF_NAMES: TensorNames = TensorNames {
+    ffn_norm: "pre_feedforward_layernorm.weight",
+    post_attn_norm: "post_attention_layernorm.weight",
+    post_ffn_norm: "post_feedforward_layernorm.weight",
+    ..HF_NAMES
+};
 
 /// Gemma 3's layers: five windowed to one global (layer l is global when (l + 1) % 6 == 0).
 pub const GEMMA3_PATTERN: usize = 6;
@@ -60,7 +88,7 @@ pub(crate) fn hf_config(mut cfg: ModelConfig, v: &Value, src: &str) -> Result<Mo
     style.attn_softcap = cap("attn_logit_softcapping");
     style.final_softcap = cap("final_logit_softcapping");
     // Newer configs list each layer's kind; older ones give Gemma 3's pattern length.
-    if let Some(kinds) = super::config::layer_types(v, src)? {
+    if let Some(kinds) = crate::model::config::layer_types(v, src)? {
         style.sliding_layers = Some(kinds);
     } else if let Some(n) = v["sliding_window_pattern"].as_u64().filter(|_| cfg.arch == Arch::Gemma3) {
         style.sliding_layers = Some(sliding_pattern(cfg.layers, n.max(1) as usize));
@@ -119,30 +147,6 @@ pub(crate) fn gguf_config(mut cfg: ModelConfig, g: &GgufFile, arch_name: &str) -
     cfg.qkv_bias = false;
     cfg.style = style;
     Ok(cfg)
-}
-
-/// Hugging Face Gemma checkpoints store RMSNorm weights w for a norm that multiplies by 1 + w
-/// (llama.cpp's converter adds the 1 when it writes a GGUF; this does the same at load).
-pub(crate) fn add_one_to_norms(m: &mut HostModel) {
-    m.layers.iter_mut().for_each(add_one_to_layer_norms);
-    add_one(&mut m.final_norm);
-}
-
-/// `add_one_to_norms` of one layer (a layer read as it is uploaded).
-pub(crate) fn add_one_to_layer_norms(l: &mut HostLayer) {
-    add_one(&mut l.attn_norm);
-    add_one(&mut l.ffn_norm);
-    if let Some(q) = &mut l.qk_norm {
-        add_one(q);
-    }
-    if let Some((a, f)) = &mut l.post_norms {
-        add_one(a);
-        add_one(f);
-    }
-}
-
-fn add_one(v: &mut [f32]) {
-    v.iter_mut().for_each(|x| *x += 1.0);
 }
 
 #[cfg(test)]

@@ -14,20 +14,15 @@
 //! embedding and LM head are the model's: the engine hands the head the model's copies on the
 //! device (`Model::io`); loaded alone (tests) it uploads its own.
 
-use super::builder::{LayerParams, OpBuilder};
-use super::config::{Arch, ModelConfig};
-use super::layers::{load_layers, HostModel, TensorNames, HF_NAMES};
-use super::qwen35::{QWEN35_GGUF_NAMES, VL_HF_NAMES};
+use crate::model::builder::{LayerParams, OpBuilder};
+use crate::model::config::ModelConfig;
+use crate::model::layers::{load_layers, HostModel, TensorNames};
 use crate::gpu::wformat::WFormat;
 use crate::ops::matmul::MAT_ACCUMULATE;
 use crate::ops::norm::{self, NormBinds};
 use crate::weights::tensor::QTensor;
 use anyhow::{bail, Context, Result};
 use std::path::Path;
-
-const MTP_HF_NAMES: TensorNames = TensorNames { layer: "mtp.layers.{l}", final_norm: "mtp.norm.weight", ..HF_NAMES };
-const MTP_VL_HF_NAMES: TensorNames =
-    TensorNames { layer: "mtp.layers.{l}", final_norm: "mtp.norm.weight", ..VL_HF_NAMES };
 
 /// The head on the host: a one-layer model (the model's embedding and LM head, the head's final
 /// norm) and the input stage.
@@ -51,9 +46,11 @@ pub fn has_mtp(cfg: &ModelConfig) -> bool {
 /// Loads the MTP head of the Qwen3.5 model at `path` (a Hugging Face directory or a GGUF file);
 /// fails with the file and the reason when there is none.
 pub fn load_mtp(path: &Path) -> Result<HostMtp> {
-    super::loader::open_weights(path, |w, cfg, gguf| {
+    let (w, cfg, recipe) = crate::model::loader::open_source(path)?;
+    let gguf = !path.is_dir();
+    {
         let src = path.display();
-        if cfg.arch != Arch::Qwen35 || !has_mtp(&cfg) {
+        if !has_mtp(&cfg) {
             bail!("{src}: no MTP (NextN) head in this model (only Qwen3.5 / Qwen3.6 checkpoints that keep theirs have one)");
         }
         let h = cfg.hidden;
@@ -63,16 +60,17 @@ pub fn load_mtp(path: &Path) -> Result<HostMtp> {
         // The head is the last block of a GGUF (blk.{layers}), mtp.layers.0 of a checkpoint.
         let (names, range, nextn) = if gguf {
             one.layers = main_layers + 1;
-            (&QWEN35_GGUF_NAMES, main_layers..main_layers + 1, format!("blk.{main_layers}.nextn."))
+            (*recipe.names, main_layers..main_layers + 1, format!("blk.{main_layers}.nextn."))
         } else {
             one.layers = 1;
-            let vl = w.has(VL_HF_NAMES.embed);
-            (if vl { &MTP_VL_HF_NAMES } else { &MTP_HF_NAMES }, 0..1, "mtp.".to_string())
+            // The head's layer and final norm, the model's other names.
+            let names = TensorNames { layer: "mtp.layers.{l}", final_norm: "mtp.norm.weight", ..*recipe.names };
+            (names, 0..1, "mtp.".to_string())
         };
         if let Some(m) = one.moe.as_mut() {
             m.sparse_layers = vec![true; one.layers];
         }
-        let mut model = load_layers(w, names, one, range, &|_, _| {}, false)?;
+        let mut model = load_layers(&*w, &names, one, range, &|_, _| {}, false)?;
         if model.embed.is_none() {
             model.embed = Some(w.matrix(names.embed, cfg.vocab, h)?);
         }
@@ -87,21 +85,22 @@ pub fn load_mtp(path: &Path) -> Result<HostMtp> {
             hnorm = w.vector(&format!("{nextn}hnorm.weight"), h)?;
             fc = w.matrix(&format!("{nextn}eh_proj.weight"), h, 2 * h)?;
             model.final_norm = w.vector(&format!("{nextn}shared_head_norm.weight"), h)?;
-            target_norm = w.vector(QWEN35_GGUF_NAMES.final_norm, h)?;
+            target_norm = w.vector(recipe.names.final_norm, h)?;
         } else {
             enorm = w.vector("mtp.pre_fc_norm_embedding.weight", h)?;
             hnorm = w.vector("mtp.pre_fc_norm_hidden.weight", h)?;
             fc = w.matrix("mtp.fc.weight", h, 2 * h)?;
-            let vl = w.has(VL_HF_NAMES.embed);
-            target_norm = w.vector(if vl { VL_HF_NAMES.final_norm } else { HF_NAMES.final_norm }, h)?;
-            super::gemma::add_one_to_norms(&mut model);
-            for v in [&mut enorm, &mut hnorm, &mut target_norm] {
-                v.iter_mut().for_each(|x| *x += 1.0);
+            target_norm = w.vector(recipe.names.final_norm, h)?;
+            if recipe.add_one {
+                crate::model::layers::add_one_to_norms(&mut model);
+                for v in [&mut enorm, &mut hnorm, &mut target_norm] {
+                    v.iter_mut().for_each(|x| *x += 1.0);
+                }
             }
         }
         let (fc_embed, fc_hidden) = split_columns(&fc).with_context(|| format!("{src}: the MTP head's fc"))?;
         Ok(HostMtp { model, enorm, hnorm, fc_embed, fc_hidden, target_norm })
-    })
+    }
 }
 
 /// A [rows, 2 n] matrix as its two [rows, n] halves: F32 stays F32, any other format becomes F16

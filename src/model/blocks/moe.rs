@@ -6,9 +6,9 @@
 //! FFN every token runs, scaled by the sigmoid of its own gate: Qwen2-MoE's). No host round
 //! trip inside a step.
 
-use super::builder::{LayerParams, OpBuilder};
-use super::config::ModelConfig;
-use super::layers::{HostLayer, TensorNames, WeightSource};
+use crate::model::builder::{LayerParams, OpBuilder};
+use crate::model::config::ModelConfig;
+use crate::model::layers::{HostLayer, TensorNames, WeightSource};
 use crate::formats::gguf::GgufFile;
 use crate::ops::matmul::{MAT_ACCUMULATE, MAT_BIAS, MAT_GELU, MAT_SWIGLU_UP};
 use crate::ops::moe::{self, MoeIo, MoeSpec, MAX_EXPERTS, MAX_ROUTE_WORK, MAX_TOP_K};
@@ -138,8 +138,8 @@ pub struct HostMoe {
     pub biases: Option<(Vec<f32>, Vec<f32>)>,
     /// The shared expert (Qwen2-MoE).
     pub shared: Option<SharedExpert>,
-    /// Gemma 4's router scales and extra norms (model/gemma4_moe.rs).
-    pub gemma: Option<super::gemma4_moe::GemmaMoe>,
+    /// Gemma 4's router scales and extra norms (model/blocks/parallel_moe.rs).
+    pub parallel: Option<crate::model::blocks::parallel_moe::ParallelMoe>,
 }
 
 /// A dense FFN every token of a MoE layer runs beside its chosen experts, its output scaled by
@@ -159,8 +159,8 @@ impl HostMoe {
         let shared = self.shared.as_ref().map_or(0, |s| {
             s.gate.bytes() + s.up.bytes() + s.down.bytes() + s.gate_inp.as_ref().map_or(0, QTensor::bytes)
         });
-        let gemma = self.gemma.as_ref().map_or(0, |g| 4 * g.floats());
-        self.router.bytes() + self.gate_up.bytes() + self.down.bytes() + 4 * b + shared + gemma
+        let parallel = self.parallel.as_ref().map_or(0, |g| 4 * g.floats());
+        self.router.bytes() + self.gate_up.bytes() + self.down.bytes() + 4 * b + shared + parallel
     }
 }
 
@@ -220,7 +220,7 @@ pub(crate) fn load(
         down: w.experts(&t(n.down_exps), e, h, f)?,
         biases: None,
         shared: (m.shared_ffn > 0).then(|| load_shared(w, n, t, h, m.shared_ffn)).transpose()?,
-        gemma: None,
+        parallel: None,
     })
 }
 

@@ -3,13 +3,13 @@
 //! write, attention global or within a sliding window, the output projection) and a gated FFN
 //! (RMSNorm, gate/up with SiLU or tanh-GELU, down), each adding into the residual, through a
 //! norm of its own where the family has one (Gemma); then the head. A family's differences are
-//! data (`LayerStyle`, read by model/gemma.rs for Gemma), turned into each layer's `LayerKind`
+//! data (`LayerStyle`, read from each family's config by model/families/), turned into each layer's `LayerKind`
 //! here; a family with other layer kinds (MoE, recurrent mixers) adds a variant and its ops.
 
 use crate::model::builder::{LayerParams, OpBuilder};
 use crate::model::config::ModelConfig;
 use crate::model::loader::{HostLayer, HostModel};
-use crate::model::recurrent::LayerCache;
+use crate::model::blocks::delta_net::LayerCache;
 use crate::ops::attention::{self, AttnBinds};
 use crate::ops::matmul::{MAT_ACCUMULATE, MAT_BIAS, MAT_GELU, MAT_SOFTCAP, MAT_SWIGLU_UP};
 use crate::ops::norm::{self, HeadNormBinds, NormBinds, NormParams};
@@ -24,7 +24,7 @@ use anyhow::{bail, Result};
 pub enum Mixer {
     /// Attention over every earlier position, or (`window`) over the last `window` only.
     Attention { window: Option<usize> },
-    /// A recurrent mixer with a fixed-size state per sequence (Gated DeltaNet, model/recurrent.rs).
+    /// A recurrent mixer with a fixed-size state per sequence (Gated DeltaNet, model/blocks/delta_net.rs).
     Linear,
 }
 
@@ -33,9 +33,9 @@ pub enum Mixer {
 pub enum Ffn {
     /// One gated MLP for every token: SwiGLU, or GeGLU (tanh-GELU) with `gelu`.
     Dense { gelu: bool },
-    /// A mixture of experts (model/moe.rs): each token's top-k gated MLPs, weighted.
+    /// A mixture of experts (model/blocks/moe.rs): each token's top-k gated MLPs, weighted.
     Moe { gelu: bool },
-    /// Gemma 4's block (model/gemma4_moe.rs): a dense GeGLU MLP beside the experts.
+    /// Gemma 4's block (model/blocks/parallel_moe.rs): a dense GeGLU MLP beside the experts.
     DenseAndMoe,
 }
 
@@ -55,7 +55,7 @@ pub fn layer_kind(cfg: &ModelConfig, l: usize) -> LayerKind {
     LayerKind {
         mixer: if cfg.is_linear(l) { Mixer::Linear } else { Mixer::Attention { window: cfg.layer_window(l) } },
         ffn: match &cfg.moe {
-            Some(m) if m.is_sparse(l) && cfg.arch == crate::model::config::Arch::Gemma4 => Ffn::DenseAndMoe,
+            Some(m) if m.is_sparse(l) && cfg.family().dense_beside_experts => Ffn::DenseAndMoe,
             Some(m) if m.is_sparse(l) => Ffn::Moe { gelu: cfg.style.gelu },
             _ => Ffn::Dense { gelu: cfg.style.gelu },
         },
@@ -93,7 +93,7 @@ impl OpBuilder<'_> {
             Ffn::Moe { gelu } => self.moe_ffn(hl, lp, gelu)?,
             Ffn::DenseAndMoe => {
                 let post = post.ok_or_else(|| anyhow::anyhow!("layer {l}: Gemma 4's block without its post-norm"))?;
-                self.gemma4_moe_ffn(l, hl, lp, post.1, ffn_scalar)?
+                self.parallel_moe_ffn(l, hl, lp, post.1, ffn_scalar)?
             }
         }
         match (&hl.ple, self.cfg.style.ple) {

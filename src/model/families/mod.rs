@@ -1,0 +1,181 @@
+//! The model families, one recipe file each, and the table that lists them ([`FAMILIES`]).
+//!
+//! A family is a value ([`Family`]) that says everything the rest of the model room asks of an
+//! architecture: the names it answers to in a Hugging Face config.json and in a GGUF file, what
+//! its config says beyond the fields every family has (into `ModelConfig`'s `LayerStyle`, its
+//! mixture of experts, its recurrent layers), its tensor names in either source, and which
+//! expert loader its mixture of experts needs. The config parsers, the loaders and the layer
+//! loop read this table; none of them names a family. The layers themselves are the shared
+//! recipe (model/recipe.rs) driven by the config's data, with the shared blocks in
+//! model/blocks/ (mixture of experts, the Gated DeltaNet, per-layer embeddings, the MTP head).
+//!
+//! Adding a family: a file here with its `Family` value (its configs and names), a row in
+//! [`FAMILIES`], an `Arch` variant; a synthetic shape in model/synth.rs when it needs one.
+
+use super::blocks::moe::HostMoe;
+use super::config::ModelConfig;
+use super::layers::{TensorNames, WeightSource, GGUF_NAMES, HF_NAMES};
+use crate::formats::gguf::GgufFile;
+use anyhow::Result;
+use serde_json::Value;
+
+pub mod gemma;
+pub mod gemma4;
+pub mod gptoss;
+pub mod llama;
+pub mod qwen;
+pub mod qwen35;
+
+/// Which family a model is (the key of [`FAMILIES`]; what a family is lies in its [`Family`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arch {
+    Llama,
+    Qwen2,
+    /// Llama's layers with an optional sliding attention window.
+    Mistral,
+    /// Qwen2 without q/k/v biases, with per-head RMSNorm of q and k before RoPE.
+    Qwen3,
+    /// Qwen3's attention with mixture-of-experts FFNs (model/blocks/moe.rs), dense on the layers
+    /// its config names.
+    Qwen3Moe,
+    /// Qwen2-MoE (Qwen1.5-MoE, Qwen2-57B-A14B): Qwen2's attention (QKV bias) with a mixture of
+    /// experts beside a gated shared expert.
+    Qwen2Moe,
+    /// Gemma 2: scaled embeddings, norms before and after attention and the FFN, GeGLU,
+    /// soft-capped attention scores and logits, sliding-window and global layers alternating.
+    Gemma2,
+    /// Gemma 3: Gemma 2's layers without the soft caps, with Qwen3's q/k norms, five
+    /// sliding-window layers (their own RoPE base) to one global.
+    Gemma3,
+    /// gpt-oss (families/gptoss.rs): biased attention with sinks, alternating sliding-window and
+    /// full layers, YaRN, a mixture of experts with the clamped SwiGLU on every layer.
+    GptOss,
+    /// Qwen3.5 (families/qwen35.rs): Gated DeltaNet layers with a gated full-attention layer
+    /// every few, partial RoPE, zero-centred norms.
+    Qwen35,
+    /// Gemma 4 (families/gemma4.rs): Gemma 3's layers with full-attention layers of their own
+    /// geometry (wider heads, keys as values, proportional RoPE), plain-weight norms, a v norm,
+    /// unscaled scores and a scalar per layer.
+    Gemma4,
+}
+
+/// Reads one layer's experts (`t` names a tensor of the layer).
+pub(crate) type ExpertLoader =
+    fn(&dyn WeightSource, &TensorNames, &dyn Fn(&str) -> String, &ModelConfig) -> Result<HostMoe>;
+
+/// What the engine asks of a family.
+pub struct Family {
+    pub arch: Arch,
+    /// The `architectures` of a Hugging Face config.json it answers to.
+    pub hf_archs: &'static [&'static str],
+    /// The `general.architecture` of a GGUF file it answers to (the first is written for a dense
+    /// model, the second, where there is one, for a mixture of experts).
+    pub gguf_archs: &'static [&'static str],
+    /// q/k/v projections carry a bias whatever the config says.
+    pub qkv_bias: bool,
+    /// Per-head RMSNorm of q and k before RoPE.
+    pub qk_norm: bool,
+    /// A GGUF file may give no dense FFN size (every layer a mixture of experts).
+    pub ffn_optional: bool,
+    /// What a config.json says beyond the fields every family has (`cfg`, read by
+    /// `ModelConfig::from_hf_json`); `src` names the file in errors.
+    pub(crate) hf_config: fn(ModelConfig, &Value, &str) -> Result<ModelConfig>,
+    /// The same for a GGUF file's metadata (its keys start with the file's architecture name).
+    pub(crate) gguf_config: fn(ModelConfig, &GgufFile, &str) -> Result<ModelConfig>,
+    /// The Hugging Face tensor names of the checkpoint `w` (a multimodal checkpoint's language
+    /// model has names of its own).
+    pub(crate) hf_names: fn(&dyn WeightSource) -> &'static TensorNames,
+    /// Hugging Face checkpoints store the RMSNorm weights less one (1 + w is added at load).
+    pub hf_add_one: bool,
+    pub(crate) gguf_names: &'static TensorNames,
+    /// llama.cpp's converter stores the q/k rows permuted for interleaved RoPE (put back at load).
+    pub gguf_unpermute_qk: bool,
+    /// How a mixture-of-experts layer's experts are read.
+    pub(crate) experts: ExpertLoader,
+    /// A dense FFN runs beside the experts on every sparse layer (model/blocks/parallel_moe.rs).
+    pub dense_beside_experts: bool,
+}
+
+fn same_config<S: ?Sized>(cfg: ModelConfig, _: &S, _: &str) -> Result<ModelConfig> {
+    Ok(cfg)
+}
+
+/// Llama's answers; families state where they differ.
+pub(crate) const BASE: Family = Family {
+    arch: Arch::Llama,
+    hf_archs: &[],
+    gguf_archs: &[],
+    qkv_bias: false,
+    qk_norm: false,
+    ffn_optional: false,
+    hf_config: same_config::<Value>,
+    gguf_config: same_config::<GgufFile>,
+    hf_names: |_| &HF_NAMES,
+    hf_add_one: false,
+    gguf_names: &GGUF_NAMES,
+    gguf_unpermute_qk: false,
+    experts: super::blocks::moe::load,
+    dense_beside_experts: false,
+};
+
+/// Every family.
+pub static FAMILIES: [&Family; 11] = [
+    &llama::LLAMA,
+    &llama::MISTRAL,
+    &qwen::QWEN2,
+    &qwen::QWEN3,
+    &qwen::QWEN2_MOE,
+    &qwen::QWEN3_MOE,
+    &gemma::GEMMA2,
+    &gemma::GEMMA3,
+    &gptoss::GPTOSS,
+    &qwen35::QWEN35,
+    &gemma4::GEMMA4,
+];
+
+impl Arch {
+    /// The family's row of [`FAMILIES`].
+    pub fn family(self) -> &'static Family {
+        FAMILIES.iter().find(|f| f.arch == self).expect("every Arch has a row in FAMILIES")
+    }
+}
+
+/// The family of a config.json's `architectures` entry.
+pub fn by_hf(name: &str) -> Option<&'static Family> {
+    FAMILIES.iter().copied().find(|f| f.hf_archs.contains(&name))
+}
+
+/// The family of a GGUF file's `general.architecture`.
+pub fn by_gguf(name: &str) -> Option<&'static Family> {
+    FAMILIES.iter().copied().find(|f| f.gguf_archs.contains(&name))
+}
+
+/// The Hugging Face architectures this engine runs, for errors.
+pub fn hf_names_supported() -> String {
+    FAMILIES.iter().flat_map(|f| f.hf_archs.iter().copied()).collect::<Vec<_>>().join(", ")
+}
+
+/// The GGUF architectures this engine runs, for errors.
+pub fn gguf_names_supported() -> String {
+    FAMILIES.iter().flat_map(|f| f.gguf_archs.iter().copied()).collect::<Vec<_>>().join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_name_belongs_to_one_family() {
+        for (i, f) in FAMILIES.iter().enumerate() {
+            assert_eq!(f.arch.family().arch, f.arch);
+            for g in &FAMILIES[i + 1..] {
+                assert_ne!(f.arch, g.arch);
+                assert!(f.hf_archs.iter().all(|n| !g.hf_archs.contains(n)), "{n:?}", n = f.hf_archs);
+                assert!(f.gguf_archs.iter().all(|n| !g.gguf_archs.contains(n)), "{n:?}", n = f.gguf_archs);
+            }
+        }
+        assert_eq!(by_gguf("llama").map(|f| f.arch), Some(Arch::Llama));
+        assert_eq!(by_hf("MistralForCausalLM").map(|f| f.arch), Some(Arch::Mistral));
+        assert!(by_hf("DeepseekV3ForCausalLM").is_none());
+    }
+}
