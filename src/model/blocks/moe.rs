@@ -204,6 +204,13 @@ pub(crate) fn gate_up_apart(
     interleave_groups(&gate, &up, f).map_err(|err| anyhow!("{}: layer {}: {err}", w.path().display(), t("")))
 }
 
+/// The model's experts and (hidden, experts, each expert's intermediate size), for an expert
+/// loader.
+pub(crate) fn expert_dims(cfg: &ModelConfig) -> Result<(&MoeConfig, (usize, usize, usize))> {
+    let m = cfg.moe.as_ref().ok_or_else(|| anyhow!("the model has no experts"))?;
+    Ok((m, (cfg.hidden, m.experts, m.ffn)))
+}
+
 /// Layer `p`'s MoE weights (`t` names a tensor of the layer).
 pub(crate) fn load(
     w: &dyn WeightSource,
@@ -211,8 +218,7 @@ pub(crate) fn load(
     t: &dyn Fn(&str) -> String,
     cfg: &ModelConfig,
 ) -> Result<HostMoe> {
-    let m = cfg.moe.as_ref().ok_or_else(|| anyhow!("the model has no experts"))?;
-    let (h, e, f) = (cfg.hidden, m.experts, m.ffn);
+    let (m, (h, e, f)) = expert_dims(cfg)?;
     Ok(HostMoe {
         router: w.matrix(&t(n.router), e, h)?,
         router_bias: None,

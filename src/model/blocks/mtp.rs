@@ -48,59 +48,57 @@ pub fn has_mtp(cfg: &ModelConfig) -> bool {
 pub fn load_mtp(path: &Path) -> Result<HostMtp> {
     let (w, cfg, recipe) = crate::model::loader::open_source(path)?;
     let gguf = !path.is_dir();
-    {
-        let src = path.display();
-        if !has_mtp(&cfg) {
-            bail!("{src}: no MTP (NextN) head in this model (only Qwen3.5 / Qwen3.6 checkpoints that keep theirs have one)");
-        }
-        let h = cfg.hidden;
-        let main_layers = cfg.layers;
-        let mut one = cfg.clone();
-        one.linear = None;
-        // The head is the last block of a GGUF (blk.{layers}), mtp.layers.0 of a checkpoint.
-        let (names, range, nextn) = if gguf {
-            one.layers = main_layers + 1;
-            (*recipe.names, main_layers..main_layers + 1, format!("blk.{main_layers}.nextn."))
-        } else {
-            one.layers = 1;
-            // The head's layer and final norm, the model's other names.
-            let names = TensorNames { layer: "mtp.layers.{l}", final_norm: "mtp.norm.weight", ..*recipe.names };
-            (names, 0..1, "mtp.".to_string())
-        };
-        if let Some(m) = one.moe.as_mut() {
-            m.sparse_layers = vec![true; one.layers];
-        }
-        let mut model = load_layers(&*w, &names, one, range, &|_, _| {}, false)?;
-        if model.embed.is_none() {
-            model.embed = Some(w.matrix(names.embed, cfg.vocab, h)?);
-        }
-        model.first_layer = 0;
-        model.cfg.layers = 1;
-        if let Some(m) = model.cfg.moe.as_mut() {
-            m.sparse_layers = vec![true];
-        }
-        let (mut enorm, mut hnorm, fc, mut target_norm);
-        if gguf {
-            enorm = w.vector(&format!("{nextn}enorm.weight"), h)?;
-            hnorm = w.vector(&format!("{nextn}hnorm.weight"), h)?;
-            fc = w.matrix(&format!("{nextn}eh_proj.weight"), h, 2 * h)?;
-            model.final_norm = w.vector(&format!("{nextn}shared_head_norm.weight"), h)?;
-            target_norm = w.vector(recipe.names.final_norm, h)?;
-        } else {
-            enorm = w.vector("mtp.pre_fc_norm_embedding.weight", h)?;
-            hnorm = w.vector("mtp.pre_fc_norm_hidden.weight", h)?;
-            fc = w.matrix("mtp.fc.weight", h, 2 * h)?;
-            target_norm = w.vector(recipe.names.final_norm, h)?;
-            if recipe.add_one {
-                crate::model::layers::add_one_to_norms(&mut model);
-                for v in [&mut enorm, &mut hnorm, &mut target_norm] {
-                    v.iter_mut().for_each(|x| *x += 1.0);
-                }
+    let src = path.display();
+    if !has_mtp(&cfg) {
+        bail!("{src}: no MTP (NextN) head in this model (only Qwen3.5 / Qwen3.6 checkpoints that keep theirs have one)");
+    }
+    let h = cfg.hidden;
+    let main_layers = cfg.layers;
+    let mut one = cfg.clone();
+    one.linear = None;
+    // The head is the last block of a GGUF (blk.{layers}), mtp.layers.0 of a checkpoint.
+    let (names, range, nextn) = if gguf {
+        one.layers = main_layers + 1;
+        (*recipe.names, main_layers..main_layers + 1, format!("blk.{main_layers}.nextn."))
+    } else {
+        one.layers = 1;
+        // The head's layer and final norm, the model's other names.
+        let names = TensorNames { layer: "mtp.layers.{l}", final_norm: "mtp.norm.weight", ..*recipe.names };
+        (names, 0..1, "mtp.".to_string())
+    };
+    if let Some(m) = one.moe.as_mut() {
+        m.sparse_layers = vec![true; one.layers];
+    }
+    let mut model = load_layers(&*w, &names, one, range, &|_, _| {}, false)?;
+    if model.embed.is_none() {
+        model.embed = Some(w.matrix(names.embed, cfg.vocab, h)?);
+    }
+    model.first_layer = 0;
+    model.cfg.layers = 1;
+    if let Some(m) = model.cfg.moe.as_mut() {
+        m.sparse_layers = vec![true];
+    }
+    let (mut enorm, mut hnorm, fc, mut target_norm);
+    if gguf {
+        enorm = w.vector(&format!("{nextn}enorm.weight"), h)?;
+        hnorm = w.vector(&format!("{nextn}hnorm.weight"), h)?;
+        fc = w.matrix(&format!("{nextn}eh_proj.weight"), h, 2 * h)?;
+        model.final_norm = w.vector(&format!("{nextn}shared_head_norm.weight"), h)?;
+        target_norm = w.vector(recipe.names.final_norm, h)?;
+    } else {
+        enorm = w.vector("mtp.pre_fc_norm_embedding.weight", h)?;
+        hnorm = w.vector("mtp.pre_fc_norm_hidden.weight", h)?;
+        fc = w.matrix("mtp.fc.weight", h, 2 * h)?;
+        target_norm = w.vector(recipe.names.final_norm, h)?;
+        if recipe.add_one {
+            crate::model::layers::add_one_to_norms(&mut model);
+            for v in [&mut enorm, &mut hnorm, &mut target_norm] {
+                v.iter_mut().for_each(|x| *x += 1.0);
             }
         }
-        let (fc_embed, fc_hidden) = split_columns(&fc).with_context(|| format!("{src}: the MTP head's fc"))?;
-        Ok(HostMtp { model, enorm, hnorm, fc_embed, fc_hidden, target_norm })
     }
+    let (fc_embed, fc_hidden) = split_columns(&fc).with_context(|| format!("{src}: the MTP head's fc"))?;
+    Ok(HostMtp { model, enorm, hnorm, fc_embed, fc_hidden, target_norm })
 }
 
 /// A [rows, 2 n] matrix as its two [rows, n] halves: F32 stays F32, any other format becomes F16

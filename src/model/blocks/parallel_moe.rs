@@ -80,8 +80,7 @@ pub(crate) fn load(
     t: &dyn Fn(&str) -> String,
     cfg: &ModelConfig,
 ) -> Result<HostMoe> {
-    let m = cfg.moe.as_ref().ok_or_else(|| anyhow!("the model has no experts"))?;
-    let (h, e, f) = (cfg.hidden, m.experts, m.ffn);
+    let (_, (h, e, f)) = crate::model::blocks::moe::expert_dims(cfg)?;
     let experts = |name: &str, rows: usize, cols: usize| -> Result<QTensor> {
         if !n.hf {
             return w.experts(&t(name), e, rows, cols);

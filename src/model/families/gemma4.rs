@@ -18,7 +18,7 @@ use crate::model::config::{FullAttn, LayerStyle, ModelConfig, RopeScaling};
 use super::gemma::GEMMA_HF_NAMES;
 use super::{Arch, Family, BASE};
 use crate::model::blocks::parallel_moe;
-use crate::model::layers::{TensorNames, WeightSource};
+use crate::model::layers::TensorNames;
 use crate::formats::gguf::GgufFile;
 use anyhow::{anyhow, bail, Result};
 use serde_json::Value;
@@ -31,21 +31,13 @@ pub(crate) const GEMMA4: Family = Family {
     ffn_optional: true,
     hf_config,
     gguf_config,
-    hf_names,
+    hf_names: |w| super::vl_or_text(w, &VL_HF_NAMES, &GEMMA_HF_NAMES),
     // Its norms multiply by their plain weights.
     hf_add_one: false,
     experts: |w, n, t, cfg| parallel_moe::load(w, n.parallel_moe, t, cfg),
     dense_beside_experts: true,
     ..BASE
 };
-
-fn hf_names(w: &dyn WeightSource) -> &'static TensorNames {
-    if w.has(VL_HF_NAMES.embed) {
-        &VL_HF_NAMES
-    } else {
-        &GEMMA_HF_NAMES
-    }
-}
 
 /// Hugging Face names of the language model inside `Gemma4ForConditionalGeneration` (its vision
 /// and audio towers are not read).

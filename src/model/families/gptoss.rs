@@ -125,8 +125,7 @@ pub(crate) fn load_experts(
     t: &dyn Fn(&str) -> String,
     cfg: &ModelConfig,
 ) -> Result<HostMoe> {
-    let m = cfg.moe.as_ref().ok_or_else(|| anyhow!("the model has no experts"))?;
-    let (h, e, f) = (cfg.hidden, m.experts, m.ffn);
+    let (_, (h, e, f)) = crate::model::blocks::moe::expert_dims(cfg)?;
     let router = w.matrix(&t(n.router), e, h)?;
     let router_bias = Some(w.vector(&t(&n.router.replace("weight", "bias")), e)?);
     let layer_err = |err: anyhow::Error| anyhow!("{}: layer {}: {err}", w.path().display(), t(""));

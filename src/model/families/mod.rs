@@ -96,6 +96,20 @@ pub struct Family {
     pub dense_beside_experts: bool,
 }
 
+/// The names of a checkpoint that is either a multimodal wrapper (`vl`, recognised by its
+/// embedding's name) or the text model alone (`text`).
+pub(crate) fn vl_or_text(
+    w: &dyn WeightSource,
+    vl: &'static TensorNames,
+    text: &'static TensorNames,
+) -> &'static TensorNames {
+    if w.has(vl.embed) {
+        vl
+    } else {
+        text
+    }
+}
+
 fn same_config<S: ?Sized>(cfg: ModelConfig, _: &S, _: &str) -> Result<ModelConfig> {
     Ok(cfg)
 }

@@ -14,7 +14,7 @@
 
 use super::{Arch, Family, BASE};
 use crate::model::config::ModelConfig;
-use crate::model::layers::{TensorNames, WeightSource, GGUF_NAMES, HF_NAMES};
+use crate::model::layers::{TensorNames, GGUF_NAMES, HF_NAMES};
 use crate::formats::gguf::{GgufFile, GgufValue};
 use crate::ops::delta::DeltaDims;
 use crate::model::blocks::delta_net::LinearConfig;
@@ -33,19 +33,11 @@ pub(crate) const QWEN35: Family = Family {
     ffn_optional: true,
     hf_config,
     gguf_config,
-    hf_names,
+    hf_names: |w| super::vl_or_text(w, &VL_HF_NAMES, &HF_NAMES),
     hf_add_one: true,
     gguf_names: &QWEN35_GGUF_NAMES,
     ..BASE
 };
-
-fn hf_names(w: &dyn WeightSource) -> &'static TensorNames {
-    if w.has(VL_HF_NAMES.embed) {
-        &VL_HF_NAMES
-    } else {
-        &HF_NAMES
-    }
-}
 
 /// Hugging Face names of the language model inside `Qwen3_5ForConditionalGeneration`.
 pub(crate) const VL_HF_NAMES: TensorNames = TensorNames {
