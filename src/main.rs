@@ -269,7 +269,7 @@ fn run(mut cli: Cli) -> Result<()> {
                 true => torus_wgpu::model::synth_tiny::tiny_shape(&shape).map(|(s, _)| s),
             };
             let s = s.ok_or_else(|| {
-                anyhow::anyhow!("unknown shape '{shape}' (known: {})", synth::SYNTH_SHAPES.join(", "))
+                anyhow::anyhow!("unknown shape '{shape}' (known: {})", synth::synth_shape_names().join(", "))
             })?;
             let f = synth::parse_format(&format)?;
             let t = std::time::Instant::now();

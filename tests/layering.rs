@@ -234,10 +234,6 @@ fn names(code: &str, name: &str) -> bool {
     })
 }
 
-/// Files of model/ that still name families outside the table: the synthetic models' shapes and
-/// writers, which move into the families next (issue 62).
-const SYNTH_NOT_YET: [&str; 4] = ["synth.rs", "synth_gemma4.rs", "synth_hybrid.rs", "synth_tiny.rs"];
-
 #[test]
 fn only_the_families_name_a_family() {
     let fams = family_names();
@@ -247,8 +243,7 @@ fn only_the_families_name_a_family() {
     let mut bad = Vec::new();
     for f in files {
         let rel = f.strip_prefix(src()).unwrap().to_string_lossy().to_string();
-        let file = f.file_name().unwrap().to_string_lossy().to_string();
-        if rel.starts_with("model/families/") || SYNTH_NOT_YET.contains(&file.as_str()) {
+        if rel.starts_with("model/families/") {
             continue;
         }
         let code = without_strings(&code(&f));

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use torus_wgpu::config::{KernelProfile, KvDtype};
 use torus_wgpu::gpu::{Gpu, WFormat};
 use torus_wgpu::model::loader::HostModel;
-use torus_wgpu::model::synth::{write_synthetic_gguf, SYNTH_SHAPES};
+use torus_wgpu::model::synth::{synth_shape_names, write_synthetic_gguf};
 use torus_wgpu::model::synth_tiny::tiny_shape;
 use torus_wgpu::model::{Model, StepInput, StepLimits};
 use torus_wgpu::sampling::SampleParams;
@@ -119,7 +119,7 @@ fn same_survey(path: &Path, what: &str) -> (HostModel, HostModel) {
 fn streamed_layers_survey_like_loaded_ones_in_every_family() {
     let dir = std::env::temp_dir().join(format!("torus-load-memory-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    for name in SYNTH_SHAPES {
+    for name in &synth_shape_names() {
         let (shape, layers) = tiny_shape(name).unwrap();
         let path = dir.join(format!("{name}.gguf"));
         write_synthetic_gguf(&path, &shape, WFormat::Q8_0, Some(layers), 3).unwrap();

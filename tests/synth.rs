@@ -12,7 +12,7 @@ use torus_wgpu::gpu::wformat::WFormat;
 use torus_wgpu::gpu::Gpu;
 use torus_wgpu::model::config::Arch;
 use torus_wgpu::model::loader::{read_config, HostModel};
-use torus_wgpu::model::synth::{matrix_format, synth_shape, write_synthetic_gguf, SynthShape, SYNTH_SHAPES};
+use torus_wgpu::model::synth::{matrix_format, synth_shape, synth_shape_names, write_synthetic_gguf, SynthShape};
 use torus_wgpu::model::{Model, StepInput, StepLimits};
 use torus_wgpu::sampling::SampleParams;
 use torus_wgpu::tokenizer::{ChatMessage, Tokenizer};
@@ -52,7 +52,7 @@ fn check_config(path: &Path, s: &SynthShape, layers: usize) {
 
 #[test]
 fn every_shape_is_known_and_consistent() {
-    for name in SYNTH_SHAPES {
+    for name in &synth_shape_names() {
         let s = synth_shape(name).unwrap();
         assert_eq!(s.name, *name);
         // Qwen3's head_dim is its own (32 x 128 = 4096 > hidden 2048 in Qwen3-30B-A3B), and Gemma
@@ -465,7 +465,7 @@ fn qwen35_layouts_small_load_and_profiles_agree() {
             head_dim: 64,
             intermediate: 512,
             vocab: 2048,
-            linear: Some(torus_wgpu::model::synth_hybrid::SynthLinear {
+            linear: Some(torus_wgpu::model::families::qwen35::synth::SynthLinear {
                 k_heads: 2,
                 v_heads: 4,
                 k_dim: 32,
@@ -491,7 +491,7 @@ fn qwen35_layouts_small_load_and_profiles_agree() {
         let g = GgufFile::open(&path).unwrap();
         let arch = shape.arch_name();
         assert_eq!(g.get_i32_array(&format!("{arch}.rope.dimension_sections")), Some(vec![3, 3, 2, 0]), "{name}");
-        assert_eq!(torus_wgpu::model::synth_hybrid::rope_sections(64), [11, 11, 10, 0]);
+        assert_eq!(torus_wgpu::model::families::qwen35::synth::rope_sections(64), [11, 11, 10, 0]);
         let rec: Vec<bool> = g
             .get_array(&format!("{arch}.attention.recurrent_layers"))
             .unwrap()

@@ -24,8 +24,6 @@ pub mod scratch;
 pub mod step;
 pub mod stream;
 pub mod synth;
-pub mod synth_gemma4;
-pub mod synth_hybrid;
 pub mod synth_tiny;
 pub mod validate;
 

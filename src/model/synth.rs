@@ -10,6 +10,7 @@
 //! stream (a 28-layer Qwen2.5-7B shape in Q4_K is about 4.5 GB), never held in memory whole.
 
 use super::config::Arch;
+use super::families::{SynthEntry, SynthGemma4, SynthLinear, FAMILIES};
 use super::loader::gguf_type;
 use crate::formats::gguf::{encode_header, GgufTensorSpec, GgufValue};
 use crate::gpu::wformat::WFormat;
@@ -23,7 +24,7 @@ use std::path::{Path, PathBuf};
 #[derive(Clone, Debug, PartialEq)]
 pub struct SynthShape {
     pub name: &'static str,
-    /// Llama or Qwen2 (Qwen2: q/k/v biases).
+    /// The family (what its files look like: `Family::synth`).
     pub arch: Arch,
     pub hidden: usize,
     pub heads: usize,
@@ -41,10 +42,10 @@ pub struct SynthShape {
     pub pre_tokenizer: &'static str,
     /// Mixture-of-experts FFNs on every layer (Qwen3-MoE), or None.
     pub moe: Option<SynthMoe>,
-    /// Gated DeltaNet layers (Qwen3.5, model/synth_hybrid.rs), or None.
-    pub linear: Option<super::synth_hybrid::SynthLinear>,
-    /// Gemma 4's layout (model/synth_gemma4.rs), or None.
-    pub gemma4: Option<super::synth_gemma4::SynthGemma4>,
+    /// Gated DeltaNet layers (Qwen3.5, model/families/qwen35/synth.rs), or None.
+    pub linear: Option<SynthLinear>,
+    /// Gemma 4's layout (model/families/gemma4/synth.rs), or None.
+    pub gemma4: Option<SynthGemma4>,
 }
 
 /// The experts of a synthetic mixture-of-experts shape.
@@ -56,116 +57,56 @@ pub struct SynthMoe {
     pub ffn: usize,
 }
 
-/// The shapes [`synth_shape`] knows.
-pub const SYNTH_SHAPES: &[&str] = &[
-    "smollm2-135m",
-    "qwen2.5-0.5b",
-    "qwen2.5-7b",
-    "llama-3-8b",
-    "qwen3-30b-a3b",
-    "gpt-oss-20b",
-    "qwen3.5-9b",
-    "qwen3.6-35b-a3b",
-    "gemma-4-e4b",
-];
+/// The names of the shapes [`synth_shape`] knows (every family's, in the families' order).
+pub fn synth_shape_names() -> Vec<&'static str> {
+    FAMILIES.iter().flat_map(|f| f.synth.shapes.iter().map(|e| e.name)).collect()
+}
 
-/// The shape of a named model (one of [`SYNTH_SHAPES`]).
+/// The shape of a named model (one of [`synth_shape_names`]).
 pub fn synth_shape(name: &str) -> Option<SynthShape> {
-    let llama = |name, hidden, heads, kv_heads, intermediate, vocab, layers, tied, rope_theta, ctx, pre| SynthShape {
-        name,
-        arch: Arch::Llama,
-        hidden,
-        heads,
-        kv_heads,
-        head_dim: hidden / heads,
-        intermediate,
-        vocab,
-        layers,
-        tied,
-        rope_theta,
-        rms_eps: 1e-5,
-        context_length: ctx,
-        pre_tokenizer: pre,
-        moe: None,
-        linear: None,
-        gemma4: None,
-    };
-    let qwen2 = |name, hidden, heads, kv_heads, intermediate, vocab, layers, tied| SynthShape {
-        name,
-        arch: Arch::Qwen2,
-        hidden,
-        heads,
-        kv_heads,
-        head_dim: hidden / heads,
-        intermediate,
-        vocab,
-        layers,
-        tied,
-        rope_theta: 1e6,
-        rms_eps: 1e-6,
-        context_length: 32768,
-        pre_tokenizer: "qwen2",
-        moe: None,
-        linear: None,
-        gemma4: None,
-    };
-    Some(match name {
-        "smollm2-135m" => llama("smollm2-135m", 576, 9, 3, 1536, 49152, 30, true, 100000.0, 8192, "smollm"),
-        "qwen2.5-0.5b" => qwen2("qwen2.5-0.5b", 896, 14, 2, 4864, 151936, 24, true),
-        "qwen2.5-7b" => qwen2("qwen2.5-7b", 3584, 28, 4, 18944, 152064, 28, false),
-        "llama-3-8b" => llama("llama-3-8b", 4096, 32, 8, 14336, 128256, 32, false, 500000.0, 8192, "llama-bpe"),
-        // Qwen3-30B-A3B: 128 experts of 768, 8 per token, on all 48 layers; q/k norms; head_dim
-        // 128 with 32 query heads (4096 > hidden 2048).
-        "qwen3-30b-a3b" => SynthShape {
-            arch: Arch::Qwen3Moe,
-            head_dim: 128,
-            context_length: 40960,
-            moe: Some(SynthMoe { experts: 128, top_k: 8, ffn: 768 }),
-            ..qwen2("qwen3-30b-a3b", 2048, 32, 4, 6144, 151936, 48, false)
-        },
-        // gpt-oss-20b: 32 experts of 2880 (in MXFP4, as its files have them), 4 per token, on all
-        // 24 layers; 64 query heads of 64 (4096 > hidden 2880), q/k/v/output biases, sinks,
-        // windows of 128 on the even layers, YaRN (32x of 4096) as its GGUF has it; the o200k
-        // pre-tokenizer.
-        "gpt-oss-20b" => SynthShape {
-            arch: Arch::GptOss,
-            head_dim: 64,
-            rope_theta: 150000.0,
-            rms_eps: 1e-5,
-            context_length: 131072,
-            pre_tokenizer: "gpt-4o",
-            moe: Some(SynthMoe { experts: 32, top_k: 4, ffn: 2880 }),
-            ..qwen2("gpt-oss-20b", 2880, 64, 8, 2880, 201088, 24, false)
-        },
-        "qwen3.5-9b" => super::synth_hybrid::qwen35_9b(qwen2("qwen3.5-9b", 4096, 16, 4, 12288, 248320, 32, false)),
-        "qwen3.6-35b-a3b" => {
-            super::synth_hybrid::qwen36_35b_a3b(qwen2("qwen3.6-35b-a3b", 2048, 16, 2, 512, 248320, 40, false))
-        }
-        // (The synthetic tokenizer is byte-level BPE whatever the shape.)
-        "gemma-4-e4b" => super::synth_gemma4::gemma4_e4b(SynthShape {
-            rms_eps: 1e-6,
-            ..llama("gemma-4-e4b", 2560, 8, 2, 10240, 262144, 42, true, 1e6, 131072, "default")
-        }),
-        _ => return None,
-    })
+    synth_entry(name).map(|e| (e.shape)())
+}
+
+/// The families' entry of shape `name`.
+pub(crate) fn synth_entry(name: &str) -> Option<&'static SynthEntry> {
+    FAMILIES.iter().flat_map(|f| f.synth.shapes.iter()).find(|e| e.name == name)
 }
 
 impl SynthShape {
-    /// `general.architecture`.
-    pub fn arch_name(&self) -> &'static str {
-        match self.arch {
-            Arch::Qwen2 => "qwen2",
-            Arch::Qwen3 => "qwen3",
-            Arch::Qwen3Moe => "qwen3moe",
-            Arch::Qwen2Moe => "qwen2moe",
-            Arch::Llama | Arch::Mistral => "llama",
-            Arch::Gemma2 => "gemma2",
-            Arch::Gemma3 => "gemma3",
-            Arch::Gemma4 => "gemma4",
-            Arch::GptOss => "gpt-oss",
-            Arch::Qwen35 if self.moe.is_some() => "qwen35moe",
-            Arch::Qwen35 => "qwen35",
+    /// A dense shape of `arch`: `dims` = (hidden, heads, KV heads, intermediate size,
+    /// vocabulary, layers), heads of hidden / heads, no experts or other layers; RoPE base 10000,
+    /// RMS epsilon 1e-6, 4096 positions and the default pre-tokenizer unless the caller sets its
+    /// own.
+    pub fn dense(arch: Arch, name: &'static str, dims: [usize; 6], tied: bool) -> SynthShape {
+        let [hidden, heads, kv_heads, intermediate, vocab, layers] = dims;
+        SynthShape {
+            name,
+            arch,
+            hidden,
+            heads,
+            kv_heads,
+            head_dim: hidden / heads,
+            intermediate,
+            vocab,
+            layers,
+            tied,
+            rope_theta: 10000.0,
+            rms_eps: 1e-6,
+            context_length: 4096,
+            pre_tokenizer: "default",
+            moe: None,
+            linear: None,
+            gemma4: None,
         }
+    }
+
+    /// `general.architecture`: the family's GGUF name (its second, where it has one, for a
+    /// mixture of experts).
+    pub fn arch_name(&self) -> &'static str {
+        let names = self.arch.family().gguf_archs;
+        let i = usize::from(self.moe.is_some() && names.len() > 1);
+        // Mistral's files are llama's.
+        names.get(i).copied().unwrap_or("llama")
     }
 
     pub fn q_dim(&self) -> usize {
@@ -253,38 +194,34 @@ pub fn synth_tensors(shape: &SynthShape, format: WFormat, layers: usize) -> Vec<
     let matrix = |name: String, rows: usize, cols: usize| matrix_in(format, name, rows, cols);
     let vector = SynthTensor::vector;
     let (h, q, kv, i) = (shape.hidden, shape.q_dim(), shape.kv_dim(), shape.intermediate);
+    let family = shape.arch.family();
+    let layout = &family.synth;
     let mut t = vec![matrix("token_embd.weight".into(), shape.vocab, h)];
     for l in 0..layers {
         let p = format!("blk.{l}");
-        if let Some(lin) = &shape.linear {
-            t.extend(super::synth_hybrid::layer_tensors(shape, lin, format, l));
-            continue;
-        }
-        if let Some(g) = &shape.gemma4 {
-            t.extend(super::synth_gemma4::layer_tensors(shape, g, format, l, layers));
+        if let Some(layer) = layout.layer {
+            t.extend(layer(shape, format, l, layers));
             continue;
         }
         t.push(vector(format!("{p}.attn_norm.weight"), h, Fill::Norm));
         t.push(matrix(format!("{p}.attn_q.weight"), q, h));
         t.push(matrix(format!("{p}.attn_k.weight"), kv, h));
         t.push(matrix(format!("{p}.attn_v.weight"), kv, h));
-        let gptoss = shape.arch == Arch::GptOss;
-        if shape.arch == Arch::Qwen2 || gptoss {
+        if family.qkv_bias {
             t.push(vector(format!("{p}.attn_q.bias"), q, Fill::Bias));
             t.push(vector(format!("{p}.attn_k.bias"), kv, Fill::Bias));
             t.push(vector(format!("{p}.attn_v.bias"), kv, Fill::Bias));
         }
-        if shape.arch == Arch::Qwen3Moe {
+        if family.qk_norm {
             t.push(vector(format!("{p}.attn_q_norm.weight"), shape.head_dim, Fill::Norm));
             t.push(vector(format!("{p}.attn_k_norm.weight"), shape.head_dim, Fill::Norm));
         }
         t.push(matrix(format!("{p}.attn_output.weight"), h, q));
-        if gptoss {
+        if layout.out_bias_sinks {
             t.push(vector(format!("{p}.attn_output.bias"), h, Fill::Bias));
             t.push(vector(format!("{p}.attn_sinks.weight"), shape.heads, Fill::Bias));
         }
-        let ffn_norm = if gptoss { "post_attention_norm" } else { "ffn_norm" };
-        t.push(vector(format!("{p}.{ffn_norm}.weight"), h, Fill::Norm));
+        t.push(vector(format!("{p}.{}", family.gguf_names.ffn_norm), h, Fill::Norm));
         if let Some(m) = shape.moe {
             // The router in f32 (as real files keep it), each projection's experts one 3-D tensor.
             t.push(SynthTensor {
@@ -295,15 +232,15 @@ pub fn synth_tensors(shape: &SynthShape, format: WFormat, layers: usize) -> Vec<
                 },
                 fill: Fill::Matrix { format: WFormat::F32, cols: h },
             });
-            // gpt-oss's files keep their experts in MXFP4 whatever the other tensors are (an f32
+            // A family's own expert format (gpt-oss: MXFP4) whatever the other tensors are (an f32
             // file is all f32: for comparisons without quantization).
-            let expert_format = if gptoss && format != WFormat::F32 { WFormat::MXFP4 } else { format };
+            let expert_format = layout.expert_format.filter(|_| format != WFormat::F32).unwrap_or(format);
             for (name, rows, cols) in [("gate", m.ffn, h), ("up", m.ffn, h), ("down", h, m.ffn)] {
                 let mut e = matrix_in(expert_format, format!("{p}.ffn_{name}_exps.weight"), rows, cols);
                 e.spec.dims.push(m.experts as u64);
                 t.push(e);
             }
-            if gptoss {
+            if layout.expert_biases {
                 // Biases of the router and of every expert's projections ([rows, experts]).
                 t.push(vector(format!("{p}.ffn_gate_inp.bias"), m.experts, Fill::Bias));
                 for (name, rows) in [("gate", m.ffn), ("up", m.ffn), ("down", h)] {
@@ -318,12 +255,7 @@ pub fn synth_tensors(shape: &SynthShape, format: WFormat, layers: usize) -> Vec<
         t.push(matrix(format!("{p}.ffn_up.weight"), i, h));
         t.push(matrix(format!("{p}.ffn_down.weight"), h, i));
     }
-    if let Some(lin) = &shape.linear {
-        t.extend(super::synth_hybrid::mtp_tensors(shape, lin, format, layers));
-    }
-    if let Some(g) = &shape.gemma4 {
-        t.extend(super::synth_gemma4::global_tensors(shape, g, format, layers));
-    }
+    t.extend((layout.globals)(shape, format, layers));
     t.push(vector("output_norm.weight".into(), h, Fill::Norm));
     if !shape.tied {
         t.push(matrix("output.weight".into(), shape.vocab, h));
@@ -433,23 +365,10 @@ fn metadata(
             (k("expert_feed_forward_length"), u(e.ffn)),
         ]);
     }
-    if let Some(lin) = &shape.linear {
-        m.retain(|(key, _)| *key != k("rope.dimension_count"));
-        m.extend(super::synth_hybrid::metadata(shape, lin, layers));
-    }
-    if let Some(g) = &shape.gemma4 {
-        let extra = super::synth_gemma4::metadata(shape, g, layers);
-        m.retain(|(key, _)| !extra.iter().any(|(e, _)| e == key));
-        m.extend(extra);
-    }
-    if shape.arch == Arch::GptOss {
-        m.extend([
-            (k("attention.sliding_window"), u(128)),
-            (k("rope.scaling.type"), GgufValue::Str("yarn".into())),
-            (k("rope.scaling.factor"), GgufValue::F32(32.0)),
-            (k("rope.scaling.original_context_length"), u(4096)),
-        ]);
-    }
+    // The family's keys, in place of the common ones of the same name.
+    let extra = (shape.arch.family().synth.metadata)(shape, layers);
+    m.retain(|(key, _)| !extra.iter().any(|(e, _)| e == key));
+    m.extend(extra);
     m.extend(tokenizer_metadata(shape.vocab, shape.pre_tokenizer, chat_template));
     m
 }

@@ -14,11 +14,13 @@
 //! as `ffn_gate_up_exps`) with `ffn_*_exps.bias`. All become model/blocks/moe.rs's layout: per expert
 //! its gate rows then its up rows.
 
-use super::{Arch, Family, BASE};
+use super::{Arch, Family, SynthEntry, SynthLayout, BASE};
 use crate::model::config::{LayerStyle, ModelConfig, RopeScaling};
 use crate::model::layers::{TensorNames, WeightSource, GGUF_NAMES, HF_NAMES};
 use crate::model::blocks::moe::{gate_up_apart, HostMoe, MoeConfig};
-use crate::formats::gguf::GgufFile;
+use crate::formats::gguf::{GgufFile, GgufValue};
+use crate::model::synth::{SynthMoe, SynthShape};
+use crate::model::synth_tiny::TINY_EXPERTS;
 use crate::gpu::wformat::WFormat;
 use crate::weights::mxfp4_hf;
 use crate::weights::tensor::QTensor;
@@ -36,14 +38,52 @@ pub(crate) const GPTOSS: Family = Family {
     arch: Arch::GptOss,
     hf_archs: &["GptOssForCausalLM"],
     gguf_archs: &["gpt-oss"],
+    qkv_bias: true,
     ffn_optional: true,
     hf_config,
     gguf_config,
     hf_names: |_| &GPTOSS_HF_NAMES,
     gguf_names: &GPTOSS_GGUF_NAMES,
     experts: load_experts,
+    synth: SynthLayout {
+        // gpt-oss-20b: 32 experts of 2880 (in MXFP4, as its files have them), 4 per token, on all
+        // 24 layers; 64 query heads of 64 (4096 > hidden 2880), q/k/v/output biases, sinks,
+        // windows of 128 on the even layers, YaRN (32x of 4096) as its GGUF has it; the o200k
+        // pre-tokenizer.
+        shapes: &[SynthEntry {
+            name: "gpt-oss-20b",
+            shape: || SynthShape {
+                arch: Arch::GptOss,
+                head_dim: 64,
+                rope_theta: 150000.0,
+                rms_eps: 1e-5,
+                context_length: 131072,
+                pre_tokenizer: "gpt-4o",
+                moe: Some(SynthMoe { experts: 32, top_k: 4, ffn: 2880 }),
+                ..super::qwen::synth_qwen2("gpt-oss-20b", [2880, 64, 8, 2880, 201088, 24], false)
+            },
+            tiny: |base| (SynthShape { heads: 8, intermediate: 256, moe: Some(TINY_EXPERTS), ..base }, 2),
+        }],
+        layer: None,
+        globals: |_, _, _| Vec::new(),
+        metadata: synth_metadata,
+        out_bias_sinks: true,
+        expert_format: Some(WFormat::MXFP4),
+        expert_biases: true,
+    },
     ..BASE
 };
+
+/// A synthetic file's windows and YaRN keys, as gpt-oss's GGUF files have them.
+fn synth_metadata(shape: &SynthShape, _layers: usize) -> Vec<(String, GgufValue)> {
+    let k = |suffix: &str| format!("{}.{suffix}", shape.arch_name());
+    vec![
+        (k("attention.sliding_window"), GgufValue::U32(GPTOSS_WINDOW as u32)),
+        (k("rope.scaling.type"), GgufValue::Str("yarn".into())),
+        (k("rope.scaling.factor"), GgufValue::F32(32.0)),
+        (k("rope.scaling.original_context_length"), GgufValue::U32(4096)),
+    ]
+}
 
 /// Hugging Face names of gpt-oss: the router and the fused expert tensors (`up_exps` empty: gate
 /// and up share one tensor).

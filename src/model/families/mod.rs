@@ -10,14 +10,20 @@
 //! model/blocks/ (mixture of experts, the Gated DeltaNet, per-layer embeddings, the MTP head).
 //!
 //! Adding a family: a file here with its `Family` value (its configs and names), a row in
-//! [`FAMILIES`], an `Arch` variant; a synthetic shape in model/synth.rs when it needs one.
+//! [`FAMILIES`], an `Arch` variant; its synthetic shapes (`Family::synth`) where a real model of it is worth
+//! measuring without its files.
 
 use super::blocks::moe::HostMoe;
 use super::config::ModelConfig;
 use super::layers::{TensorNames, WeightSource, GGUF_NAMES, HF_NAMES};
-use crate::formats::gguf::GgufFile;
+use super::synth::{SynthShape, SynthTensor};
+use crate::formats::gguf::{GgufFile, GgufValue};
+use crate::gpu::wformat::WFormat;
 use anyhow::Result;
 use serde_json::Value;
+
+pub use gemma4::synth::SynthGemma4;
+pub use qwen35::synth::SynthLinear;
 
 pub mod gemma;
 pub mod gemma4;
@@ -94,7 +100,50 @@ pub struct Family {
     pub(crate) experts: ExpertLoader,
     /// A dense FFN runs beside the experts on every sparse layer (model/blocks/parallel_moe.rs).
     pub dense_beside_experts: bool,
+    /// Its synthetic models (model/synth.rs writes them).
+    pub synth: SynthLayout,
 }
+
+/// Writes layer `l` of a synthetic file of `layers` layers.
+pub type SynthLayer = fn(&SynthShape, WFormat, usize, usize) -> Vec<SynthTensor>;
+
+/// A family's synthetic models: the named shapes of its real models, and where its files differ
+/// from the common layers (attention, then a gated FFN or experts) that model/synth.rs writes.
+pub struct SynthLayout {
+    pub shapes: &'static [SynthEntry],
+    /// Layer `l`'s tensors of a file of `layers` layers, where the family's layers are not the
+    /// common ones.
+    pub layer: Option<SynthLayer>,
+    /// Tensors after the layers (of a file of `layers` layers), before the final norm.
+    pub globals: fn(&SynthShape, WFormat, usize) -> Vec<SynthTensor>,
+    /// Metadata keys of a file of `layers` layers, in place of the common keys of the same name.
+    pub metadata: fn(&SynthShape, usize) -> Vec<(String, GgufValue)>,
+    /// The common attention's output projection has a bias and each head a sink logit.
+    pub out_bias_sinks: bool,
+    /// The experts' format whatever the file's other matrices are (but in an all-F32 file).
+    pub expert_format: Option<WFormat>,
+    /// The router and every expert's projections have biases.
+    pub expert_biases: bool,
+}
+
+/// A named synthetic shape: the real model's, and its tiny variant (model/synth_tiny.rs) from
+/// the common tiny base (which keeps the real shape's other fields), with its layer count.
+pub struct SynthEntry {
+    pub name: &'static str,
+    pub shape: fn() -> SynthShape,
+    pub tiny: fn(SynthShape) -> (SynthShape, usize),
+}
+
+/// The common layers and no named shapes.
+const NO_SYNTH: SynthLayout = SynthLayout {
+    shapes: &[],
+    layer: None,
+    globals: |_, _, _| Vec::new(),
+    metadata: |_, _| Vec::new(),
+    out_bias_sinks: false,
+    expert_format: None,
+    expert_biases: false,
+};
 
 /// The names of a checkpoint that is either a multimodal wrapper (`vl`, recognised by its
 /// embedding's name) or the text model alone (`text`).
@@ -130,6 +179,7 @@ pub(crate) const BASE: Family = Family {
     gguf_unpermute_qk: false,
     experts: super::blocks::moe::load,
     dense_beside_experts: false,
+    synth: NO_SYNTH,
 };
 
 /// Every family.

@@ -14,6 +14,8 @@
 //! attending over the cache of the last earlier layer of their kind (queries only), double-wide
 //! FFNs on those. 26B-A4B: a dense MLP beside the experts on every layer (model/blocks/parallel_moe.rs).
 
+pub mod synth;
+
 use crate::model::config::{FullAttn, LayerStyle, ModelConfig, RopeScaling};
 use super::gemma::GEMMA_HF_NAMES;
 use super::{Arch, Family, BASE};
@@ -36,6 +38,7 @@ pub(crate) const GEMMA4: Family = Family {
     hf_add_one: false,
     experts: |w, n, t, cfg| parallel_moe::load(w, n.parallel_moe, t, cfg),
     dense_beside_experts: true,
+    synth: synth::SYNTH,
     ..BASE
 };
 

@@ -12,6 +12,8 @@
 //! kernels follow; `block_count` includes the NextN (MTP) layers (`nextn_predict_layers`), which
 //! are loaded apart, as the MTP head (model/blocks/mtp.rs).
 
+pub mod synth;
+
 use super::{Arch, Family, BASE};
 use crate::model::config::ModelConfig;
 use crate::model::layers::{TensorNames, GGUF_NAMES, HF_NAMES};
@@ -36,6 +38,7 @@ pub(crate) const QWEN35: Family = Family {
     hf_names: |w| super::vl_or_text(w, &VL_HF_NAMES, &HF_NAMES),
     hf_add_one: true,
     gguf_names: &QWEN35_GGUF_NAMES,
+    synth: synth::SYNTH,
     ..BASE
 };
 

@@ -2,9 +2,41 @@
 //! llama.cpp's converter names them (model/families/qwen35.rs and model/blocks/delta_net.rs read them back), with the MTP (NextN)
 //! head as the last block, for `synth-model`, `bench-model` and gpu-check.
 
-use super::synth::{Fill, SynthShape, SynthTensor};
 use crate::formats::gguf::GgufValue;
 use crate::gpu::wformat::WFormat;
+use crate::model::families::{SynthEntry, SynthLayout};
+use crate::model::families::qwen::synth_qwen2;
+use crate::model::synth::{Fill, SynthMoe, SynthShape, SynthTensor};
+use crate::model::synth_tiny::TINY_EXPERTS;
+
+/// Qwen3.5's and Qwen3.6's synthetic files. Their tiny variants keep the key and value heads of
+/// 128 (one key head, two value heads; llama.cpp reads one size for both) and four layers (three
+/// Gated DeltaNet, one attention).
+pub(crate) const SYNTH: SynthLayout = SynthLayout {
+    shapes: &[
+        SynthEntry {
+            name: "qwen3.5-9b",
+            shape: || qwen35_9b(synth_qwen2("qwen3.5-9b", [4096, 16, 4, 12288, 248320, 32], false)),
+            tiny,
+        },
+        SynthEntry {
+            name: "qwen3.6-35b-a3b",
+            shape: || qwen36_35b_a3b(synth_qwen2("qwen3.6-35b-a3b", [2048, 16, 2, 512, 248320, 40], false)),
+            tiny,
+        },
+    ],
+    layer: Some(|s, format, l, _| s.linear.as_ref().map_or_else(Vec::new, |lin| layer_tensors(s, lin, format, l))),
+    globals: |s, format, layers| s.linear.as_ref().map_or_else(Vec::new, |lin| mtp_tensors(s, lin, format, layers)),
+    metadata: |s, layers| s.linear.as_ref().map_or_else(Vec::new, |lin| metadata(s, lin, layers)),
+    out_bias_sinks: false,
+    expert_format: None,
+    expert_biases: false,
+};
+
+fn tiny(base: SynthShape) -> (SynthShape, usize) {
+    let lin = |l: SynthLinear| SynthLinear { k_heads: 1, v_heads: 2, k_dim: 128, v_dim: 128, rotary_dim: 16, ..l };
+    (SynthShape { linear: base.linear.map(lin), moe: base.moe.map(|_| TINY_EXPERTS), ..base }, 4)
+}
 
 /// A hybrid shape's Gated DeltaNet layers: every layer but each `interval`-th.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -30,7 +62,7 @@ impl SynthLinear {
 /// 32 value heads of 128, conv kernel 4); vocabulary 248320, rope_theta 1e7.
 pub fn qwen35_9b(base: SynthShape) -> SynthShape {
     SynthShape {
-        arch: super::config::Arch::Qwen35,
+        arch: crate::model::config::Arch::Qwen35,
         head_dim: 256,
         rope_theta: 1e7,
         context_length: 262144,
@@ -54,14 +86,14 @@ pub fn qwen35_9b(base: SynthShape) -> SynthShape {
 pub fn qwen36_35b_a3b(base: SynthShape) -> SynthShape {
     SynthShape {
         head_dim: 256,
-        moe: Some(super::synth::SynthMoe { experts: 256, top_k: 8, ffn: 512 }),
+        moe: Some(SynthMoe { experts: 256, top_k: 8, ffn: 512 }),
         ..qwen35_9b(base)
     }
 }
 
 /// Layer `l`'s tensors: a Gated DeltaNet mixer or gated attention (q_proj with the gate rows),
 /// then the dense FFN with `post_attention_norm` as its norm.
-pub(super) fn layer_tensors(shape: &SynthShape, lin: &SynthLinear, format: WFormat, l: usize) -> Vec<SynthTensor> {
+fn layer_tensors(shape: &SynthShape, lin: &SynthLinear, format: WFormat, l: usize) -> Vec<SynthTensor> {
     let p = format!("blk.{l}");
     let m = |name: &str, rows: usize, cols: usize| SynthTensor::matrix(format, format!("{p}.{name}"), rows, cols);
     let v = |name: &str, len: usize, fill: Fill| SynthTensor::vector(format!("{p}.{name}"), len, fill);
@@ -114,7 +146,7 @@ pub(super) fn layer_tensors(shape: &SynthShape, lin: &SynthLinear, format: WForm
 /// The MTP (NextN) head after `layers` layers, as llama.cpp's Qwen3.5 files carry it: block
 /// `layers` is a gated attention layer with the model's FFN, plus `nextn.eh_proj` [hidden, 2
 /// hidden] and the three norms.
-pub(super) fn mtp_tensors(shape: &SynthShape, lin: &SynthLinear, format: WFormat, layers: usize) -> Vec<SynthTensor> {
+fn mtp_tensors(shape: &SynthShape, lin: &SynthLinear, format: WFormat, layers: usize) -> Vec<SynthTensor> {
     let attention = SynthLinear { interval: 1, ..*lin };
     let mut t = layer_tensors(shape, &attention, format, layers);
     let p = format!("blk.{layers}.nextn");
@@ -138,7 +170,7 @@ pub fn rope_sections(rotary_dim: usize) -> [i32; 4] {
 
 /// The `ssm.*` keys, the attention interval, the rotated dimensions and their M-RoPE sections,
 /// and which of the `layers` blocks (and the MTP block after them) are recurrent.
-pub(super) fn metadata(shape: &SynthShape, lin: &SynthLinear, layers: usize) -> Vec<(String, GgufValue)> {
+fn metadata(shape: &SynthShape, lin: &SynthLinear, layers: usize) -> Vec<(String, GgufValue)> {
     let k = |suffix: &str| format!("{}.{suffix}", shape.arch_name());
     let u = |v: usize| GgufValue::U32(v as u32);
     let sections = rope_sections(lin.rotary_dim).into_iter().map(GgufValue::I32).collect();

@@ -3,9 +3,36 @@
 //! sixth layer global with its own head size, the last layers reading earlier layers' caches,
 //! per-layer embeddings, a scalar per layer; for `synth-model`, `bench-model` and gpu-check.
 
-use super::synth::{Fill, SynthShape, SynthTensor};
 use crate::formats::gguf::GgufValue;
 use crate::gpu::wformat::WFormat;
+use crate::model::families::llama::synth_llama;
+use crate::model::families::{SynthEntry, SynthLayout};
+use crate::model::synth::{Fill, SynthShape, SynthTensor};
+
+/// Gemma 4's synthetic files. The tiny variant has twelve layers (two global of 128 per head, a
+/// window of 8, per-layer embeddings of 32, the last six reading the caches of layers 4 and 5).
+pub(crate) const SYNTH: SynthLayout = SynthLayout {
+    // (The synthetic tokenizer is byte-level BPE whatever the shape.)
+    shapes: &[SynthEntry {
+        name: "gemma-4-e4b",
+        shape: || {
+            let base = synth_llama("gemma-4-e4b", [2560, 8, 2, 10240, 262144, 42], true, 1e6, "default");
+            gemma4_e4b(SynthShape { rms_eps: 1e-6, ..base })
+        },
+        tiny: |base| {
+            let gemma4 = SynthGemma4 { global_head_dim: 128, ple: 32, window: 8, kv_shared: 6 };
+            (SynthShape { gemma4: Some(gemma4), ..base }, 12)
+        },
+    }],
+    layer: Some(|s, format, l, layers| {
+        s.gemma4.as_ref().map_or_else(Vec::new, |g| layer_tensors(s, g, format, l, layers))
+    }),
+    globals: |s, format, layers| s.gemma4.as_ref().map_or_else(Vec::new, |g| global_tensors(s, g, format, layers)),
+    metadata: |s, layers| s.gemma4.as_ref().map_or_else(Vec::new, |g| metadata(s, g, layers)),
+    out_bias_sinks: false,
+    expert_format: None,
+    expert_biases: false,
+};
 
 /// What a Gemma 4 shape has beyond the common fields.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -48,7 +75,7 @@ impl SynthGemma4 {
 /// layers reading earlier layers' caches, vocabulary 262144, tied.
 pub fn gemma4_e4b(base: SynthShape) -> SynthShape {
     SynthShape {
-        arch: super::config::Arch::Gemma4,
+        arch: crate::model::config::Arch::Gemma4,
         head_dim: 256,
         rope_theta: 1e6,
         context_length: 131072,
@@ -58,7 +85,7 @@ pub fn gemma4_e4b(base: SynthShape) -> SynthShape {
 }
 
 /// The per-layer embeddings' model-level tensors and the global layers' RoPE divisors of a file of `layers` layers.
-pub(super) fn global_tensors(shape: &SynthShape, g: &SynthGemma4, format: WFormat, layers: usize) -> Vec<SynthTensor> {
+fn global_tensors(shape: &SynthShape, g: &SynthGemma4, format: WFormat, layers: usize) -> Vec<SynthTensor> {
     let wide = layers * g.ple;
     vec![
         SynthTensor::matrix(format, "per_layer_token_embd.weight".into(), shape.vocab, wide),
@@ -70,7 +97,7 @@ pub(super) fn global_tensors(shape: &SynthShape, g: &SynthGemma4, format: WForma
 
 /// Layer `l`'s tensors (of `layers`): attention (queries only on a KV-sharing layer), the FFN,
 /// the four norms, the per-layer embedding block and the scalar.
-pub(super) fn layer_tensors(
+fn layer_tensors(
     shape: &SynthShape,
     g: &SynthGemma4,
     format: WFormat,
@@ -106,7 +133,7 @@ pub(super) fn layer_tensors(
 }
 
 /// The Gemma 4 keys of a file of `layers` layers (the global layers' head size as key_length).
-pub(super) fn metadata(shape: &SynthShape, g: &SynthGemma4, layers: usize) -> Vec<(String, GgufValue)> {
+fn metadata(shape: &SynthShape, g: &SynthGemma4, layers: usize) -> Vec<(String, GgufValue)> {
     let k = |suffix: &str| format!("{}.{suffix}", shape.arch_name());
     let u = |v: usize| GgufValue::U32(v as u32);
     let pattern = (0..layers).map(|l| GgufValue::Bool(g.sliding(l, layers))).collect();
