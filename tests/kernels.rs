@@ -13,9 +13,9 @@ use torus_wgpu::ops::harness::{AttnShape, AttnStep, Harness};
 use torus_wgpu::ops::kernels::{plan_x, XPlan, MATMUL_TILES, UNIFORM_X_VEC4};
 use torus_wgpu::ops::sources::{all_sources, coop_sources};
 use torus_wgpu::sampling::Rng;
-use torus_wgpu::weights::tensor::QTensor;
 use torus_wgpu::sampling::{Adjust, SampleParams};
 use torus_wgpu::weights::tensor::matmul_ref;
+use torus_wgpu::weights::tensor::QTensor;
 
 fn gpu() -> Arc<Gpu> {
     static GPU: OnceLock<Arc<Gpu>> = OnceLock::new();

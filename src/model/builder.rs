@@ -2,9 +2,9 @@
 //! groups.
 
 use crate::gpu::Gpu;
+use crate::model::blocks::delta_net::LayerCache;
 use crate::model::config::{AttnGeom, ModelConfig};
 use crate::model::plan::KvPlan;
-use crate::model::blocks::delta_net::LayerCache;
 use crate::model::scratch::Scratch;
 use crate::model::step::StepLimits;
 use crate::ops::attention::AttnParams;

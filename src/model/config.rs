@@ -375,7 +375,10 @@ impl ModelConfig {
             bail!("{src}: field 'architectures' is missing");
         }
         let family = super::families::by_hf(arch_name).ok_or_else(|| {
-            anyhow!("{src}: unsupported architecture {arch_name} (supported: {})", super::families::hf_names_supported())
+            anyhow!(
+                "{src}: unsupported architecture {arch_name} (supported: {})",
+                super::families::hf_names_supported()
+            )
         })?;
         let arch = family.arch;
         let int = |k: &str| -> Result<usize> {

@@ -5,12 +5,12 @@
 use crate::config::KernelProfile;
 use crate::gpu::shared::StepHeader;
 use crate::gpu::Gpu;
+use crate::model::blocks::delta_net::{state_buffers, state_records};
 use crate::model::builder::*;
 use crate::model::config::ModelConfig;
 use crate::model::loader::HostModel;
 use crate::model::plan::*;
 use crate::model::record::record_step;
-use crate::model::blocks::delta_net::{state_buffers, state_records};
 use crate::model::scratch::*;
 use crate::model::step::*;
 use crate::model::validate::*;

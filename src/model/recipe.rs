@@ -6,10 +6,10 @@
 //! data (`LayerStyle`, read from each family's config by model/families/), turned into each layer's `LayerKind`
 //! here; a family with other layer kinds (MoE, recurrent mixers) adds a variant and its ops.
 
+use crate::model::blocks::delta_net::LayerCache;
 use crate::model::builder::{LayerParams, OpBuilder};
 use crate::model::config::ModelConfig;
 use crate::model::loader::{HostLayer, HostModel};
-use crate::model::blocks::delta_net::LayerCache;
 use crate::ops::attention::{self, AttnBinds};
 use crate::ops::matmul::{MAT_ACCUMULATE, MAT_BIAS, MAT_GELU, MAT_SOFTCAP, MAT_SWIGLU_UP};
 use crate::ops::norm::{self, HeadNormBinds, NormBinds, NormParams};

@@ -34,8 +34,7 @@ pub fn dot_tol_f16(x: &[f32], m: usize, w: &QTensor) -> Vec<f32> {
 /// twice (room for the f16 scale and the sums' rounding).
 pub fn dot_tol_q8(x: &[f32], m: usize, w: &QTensor) -> Vec<f32> {
     let (k, group) = (w.cols, w.format.int8_x().group() as usize);
-    let half_d: Vec<f32> =
-        x.chunks(group).map(|b| b.iter().fold(0f32, |a, v| a.max(v.abs())) / 127.0 / 2.0).collect();
+    let half_d: Vec<f32> = x.chunks(group).map(|b| b.iter().fold(0f32, |a, v| a.max(v.abs())) / 127.0 / 2.0).collect();
     let mut out = dot_tol(x, m, w);
     for n in 0..w.rows {
         let row = w.dequant_row(n);

@@ -6,10 +6,10 @@
 //! FFN every token runs, scaled by the sigmoid of its own gate: Qwen2-MoE's). No host round
 //! trip inside a step.
 
+use crate::formats::gguf::GgufFile;
 use crate::model::builder::{LayerParams, OpBuilder};
 use crate::model::config::ModelConfig;
 use crate::model::layers::{HostLayer, TensorNames, WeightSource};
-use crate::formats::gguf::GgufFile;
 use crate::ops::matmul::{MAT_ACCUMULATE, MAT_BIAS, MAT_GELU, MAT_SWIGLU_UP};
 use crate::ops::moe::{self, MoeIo, MoeSpec, MAX_EXPERTS, MAX_ROUTE_WORK, MAX_TOP_K};
 use crate::weights::tensor::QTensor;

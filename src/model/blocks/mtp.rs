@@ -14,10 +14,10 @@
 //! embedding and LM head are the model's: the engine hands the head the model's copies on the
 //! device (`Model::io`); loaded alone (tests) it uploads its own.
 
+use crate::gpu::wformat::WFormat;
 use crate::model::builder::{LayerParams, OpBuilder};
 use crate::model::config::ModelConfig;
 use crate::model::layers::{load_layers, HostModel, TensorNames};
-use crate::gpu::wformat::WFormat;
 use crate::ops::matmul::MAT_ACCUMULATE;
 use crate::ops::norm::{self, NormBinds};
 use crate::weights::tensor::QTensor;
@@ -50,7 +50,9 @@ pub fn load_mtp(path: &Path) -> Result<HostMtp> {
     let gguf = !path.is_dir();
     let src = path.display();
     if !has_mtp(&cfg) {
-        bail!("{src}: no MTP (NextN) head in this model (only Qwen3.5 / Qwen3.6 checkpoints that keep theirs have one)");
+        bail!(
+            "{src}: no MTP (NextN) head in this model (only Qwen3.5 / Qwen3.6 checkpoints that keep theirs have one)"
+        );
     }
     let h = cfg.hidden;
     let main_layers = cfg.layers;

@@ -5,10 +5,10 @@
 //! top-k renormalised, then each chosen weight times its expert's `per_expert_scale`. The
 //! experts run on the MoE kernels (ops/moe.rs).
 
+use crate::model::blocks::moe::HostMoe;
 use crate::model::builder::{LayerParams, OpBuilder};
 use crate::model::config::ModelConfig;
 use crate::model::layers::{HostLayer, WeightSource};
-use crate::model::blocks::moe::HostMoe;
 use crate::ops::matmul::MAT_GELU;
 use crate::ops::moe::{self, MoeIo};
 use crate::ops::norm::{self, NormBinds, NormParams};

@@ -12,9 +12,9 @@
 //! tables apart from the global ones.
 
 use super::{Arch, Family, BASE};
+use crate::formats::gguf::GgufFile;
 use crate::model::config::{LayerStyle, ModelConfig, RopeScaling};
 use crate::model::layers::{TensorNames, HF_NAMES};
-use crate::formats::gguf::GgufFile;
 use anyhow::{bail, Result};
 use serde_json::Value;
 
@@ -29,12 +29,8 @@ pub(crate) const GEMMA2: Family = Family {
     ..BASE
 };
 
-pub(crate) const GEMMA3: Family = Family {
-    arch: Arch::Gemma3,
-    hf_archs: &["Gemma3ForCausalLM"],
-    gguf_archs: &["gemma3"],
-    ..GEMMA2
-};
+pub(crate) const GEMMA3: Family =
+    Family { arch: Arch::Gemma3, hf_archs: &["Gemma3ForCausalLM"], gguf_archs: &["gemma3"], ..GEMMA2 };
 
 /// Hugging Face names of Gemma 2 and 3: `post_attention_layernorm` is the norm after
 /// attention, the FFN's own norm is `pre_feedforward_layernorm`.

@@ -15,13 +15,13 @@
 //! its gate rows then its up rows.
 
 use super::{Arch, Family, SynthEntry, SynthLayout, BASE};
+use crate::formats::gguf::{GgufFile, GgufValue};
+use crate::gpu::wformat::WFormat;
+use crate::model::blocks::moe::{gate_up_apart, HostMoe, MoeConfig};
 use crate::model::config::{LayerStyle, ModelConfig, RopeScaling};
 use crate::model::layers::{TensorNames, WeightSource, GGUF_NAMES, HF_NAMES};
-use crate::model::blocks::moe::{gate_up_apart, HostMoe, MoeConfig};
-use crate::formats::gguf::{GgufFile, GgufValue};
 use crate::model::synth::{SynthMoe, SynthShape};
 use crate::model::synth_tiny::TINY_EXPERTS;
-use crate::gpu::wformat::WFormat;
 use crate::weights::mxfp4_hf;
 use crate::weights::tensor::QTensor;
 use anyhow::{anyhow, bail, Result};

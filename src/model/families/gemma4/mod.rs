@@ -16,12 +16,12 @@
 
 pub mod synth;
 
-use crate::model::config::{FullAttn, LayerStyle, ModelConfig, RopeScaling};
 use super::gemma::GEMMA_HF_NAMES;
 use super::{Arch, Family, BASE};
-use crate::model::blocks::parallel_moe;
-use crate::model::layers::TensorNames;
 use crate::formats::gguf::GgufFile;
+use crate::model::blocks::parallel_moe;
+use crate::model::config::{FullAttn, LayerStyle, ModelConfig, RopeScaling};
+use crate::model::layers::TensorNames;
 use anyhow::{anyhow, bail, Result};
 use serde_json::Value;
 

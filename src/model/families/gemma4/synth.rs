@@ -97,13 +97,7 @@ fn global_tensors(shape: &SynthShape, g: &SynthGemma4, format: WFormat, layers: 
 
 /// Layer `l`'s tensors (of `layers`): attention (queries only on a KV-sharing layer), the FFN,
 /// the four norms, the per-layer embedding block and the scalar.
-fn layer_tensors(
-    shape: &SynthShape,
-    g: &SynthGemma4,
-    format: WFormat,
-    l: usize,
-    layers: usize,
-) -> Vec<SynthTensor> {
+fn layer_tensors(shape: &SynthShape, g: &SynthGemma4, format: WFormat, l: usize, layers: usize) -> Vec<SynthTensor> {
     let p = format!("blk.{l}");
     let m = |name: &str, rows: usize, cols: usize| SynthTensor::matrix(format, format!("{p}.{name}"), rows, cols);
     let v = |name: &str, len: usize, fill: Fill| SynthTensor::vector(format!("{p}.{name}"), len, fill);

@@ -15,11 +15,11 @@
 pub mod synth;
 
 use super::{Arch, Family, BASE};
+use crate::formats::gguf::{GgufFile, GgufValue};
+use crate::model::blocks::delta_net::LinearConfig;
 use crate::model::config::ModelConfig;
 use crate::model::layers::{TensorNames, GGUF_NAMES, HF_NAMES};
-use crate::formats::gguf::{GgufFile, GgufValue};
 use crate::ops::delta::DeltaDims;
-use crate::model::blocks::delta_net::LinearConfig;
 use anyhow::{anyhow, bail, Result};
 use serde_json::Value;
 

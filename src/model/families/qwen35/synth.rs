@@ -4,8 +4,8 @@
 
 use crate::formats::gguf::GgufValue;
 use crate::gpu::wformat::WFormat;
-use crate::model::families::{SynthEntry, SynthLayout};
 use crate::model::families::qwen::synth_qwen2;
+use crate::model::families::{SynthEntry, SynthLayout};
 use crate::model::synth::{Fill, SynthMoe, SynthShape, SynthTensor};
 use crate::model::synth_tiny::TINY_EXPERTS;
 
@@ -84,11 +84,7 @@ pub fn qwen35_9b(base: SynthShape) -> SynthShape {
 /// heads, 32 value heads of 128); every FFN 256 experts of 512, 8 per token, beside a gated
 /// shared expert of 512.
 pub fn qwen36_35b_a3b(base: SynthShape) -> SynthShape {
-    SynthShape {
-        head_dim: 256,
-        moe: Some(SynthMoe { experts: 256, top_k: 8, ffn: 512 }),
-        ..qwen35_9b(base)
-    }
+    SynthShape { head_dim: 256, moe: Some(SynthMoe { experts: 256, top_k: 8, ffn: 512 }), ..qwen35_9b(base) }
 }
 
 /// Layer `l`'s tensors: a Gated DeltaNet mixer or gated attention (q_proj with the gate rows),
