@@ -1,4 +1,4 @@
-//! The room rule (../shared/DESIGN.md section 2), enforced on the sources: every top-level
+//! The room rule (docs/architecture.md, "The rooms"), enforced on the sources: every top-level
 //! module of src/ is a room with a `//!` header naming what it owns, may use and never uses; a
 //! room uses (by `crate::` paths) only rooms below it and the leaves, and only rooms its header
 //! says it may use; the scheduler and the block manager never see wgpu; nothing below the server

@@ -138,7 +138,7 @@ fn streamed_layers_survey_like_loaded_ones_in_every_family() {
 fn streamed_models_compute_what_loaded_ones_do() {
     let gpu = Arc::new(Gpu::new(None).expect("a wgpu adapter (lavapipe in CI)"));
     // A Hugging Face directory, and a hybrid MoE GGUF (recurrent and attention layers, experts).
-    let tiny = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/tiny-qwen2");
+    let tiny = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-qwen2");
     let dir = std::env::temp_dir().join(format!("torus-load-memory-run-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let hybrid = dir.join("hybrid.gguf");

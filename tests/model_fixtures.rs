@@ -1,5 +1,5 @@
 //! End-to-end model checks against the independent PyTorch reference outputs in
-//! ../shared/fixtures (tiny-qwen2 in HF format, and the SmolLM2 Q4_1 GGUF).
+//! tests/fixtures (tiny-qwen2 in HF format, and the SmolLM2 Q4_1 GGUF).
 
 mod common;
 
@@ -15,7 +15,7 @@ use torus_wgpu::sampling::SampleParams;
 use torus_wgpu::sampling::SamplingParams;
 
 fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
 }
 
 fn json(name: &str) -> Value {

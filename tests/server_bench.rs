@@ -10,7 +10,7 @@ use torus_wgpu::gpu::Gpu;
 use torus_wgpu::server::{model_id_for_path, start, ServerConfig};
 
 fn tiny() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/tiny-qwen2")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-qwen2")
 }
 
 fn args(base_url: String, endpoint: Endpoint, json_out: PathBuf) -> BenchArgs {

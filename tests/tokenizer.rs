@@ -1,6 +1,6 @@
 //! Tokenizer, chat template, incremental detokenizer and GGUF reader tests.
 //!
-//! Reference data: `../shared/fixtures/` (see its README). Tests that need the default GGUF
+//! Reference data: `tests/fixtures/` (see its README). Tests that need the default GGUF
 //! model fail when `models/SmolLM2-135M-Instruct.Q4_1.gguf` is absent (scripts/setup.sh fetches it).
 
 use std::path::{Path, PathBuf};
@@ -15,7 +15,7 @@ fn crate_dir() -> PathBuf {
 }
 
 fn fixtures() -> PathBuf {
-    crate_dir().join("../shared/fixtures")
+    crate_dir().join("tests/fixtures")
 }
 
 fn model_path() -> PathBuf {

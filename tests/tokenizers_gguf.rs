@@ -374,7 +374,7 @@ fn tokenize_command_on_vocab_only_files() {
 
 #[test]
 fn tokenize_command_on_a_hugging_face_directory() {
-    let dir = crate_dir().join("../shared/fixtures/tiny-qwen2");
+    let dir = crate_dir().join("tests/fixtures/tiny-qwen2");
     assert!(dir.join("tokenizer.json").is_file(), "{}: fixture missing", dir.display());
     let tok = Tokenizer::from_path(&dir).unwrap();
     let text = "Hello <|im_start|> world 12345";

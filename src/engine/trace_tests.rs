@@ -18,7 +18,7 @@ use std::sync::Arc;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 fn tokenizer() -> Arc<Tokenizer> {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/tiny-qwen2");
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-qwen2");
     Arc::new(Tokenizer::from_path(&p).expect("the tiny Qwen2 tokenizer"))
 }
 

@@ -15,7 +15,7 @@ use torus_wgpu::model::{Model, StepInput};
 use torus_wgpu::sampling::SampleParams;
 
 pub fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
 }
 
 /// The tiny Qwen2 model of the fixtures (Hugging Face layout).
