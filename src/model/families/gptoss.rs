@@ -64,12 +64,11 @@ pub(crate) const GPTOSS: Family = Family {
             },
             tiny: |base| (SynthShape { heads: 8, intermediate: 256, moe: Some(TINY_EXPERTS), ..base }, 2),
         }],
-        layer: None,
-        globals: |_, _, _| Vec::new(),
         metadata: synth_metadata,
         out_bias_sinks: true,
         expert_format: Some(WFormat::MXFP4),
         expert_biases: true,
+        ..BASE.synth
     },
     ..BASE
 };

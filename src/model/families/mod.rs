@@ -145,6 +145,17 @@ const NO_SYNTH: SynthLayout = SynthLayout {
     expert_biases: false,
 };
 
+/// The names of a multimodal wrapper's language model (`model.language_model.*`), the text
+/// model's `text` otherwise.
+pub(crate) const fn language_model(text: TensorNames) -> TensorNames {
+    TensorNames {
+        embed: "model.language_model.embed_tokens.weight",
+        final_norm: "model.language_model.norm.weight",
+        layer: "model.language_model.layers.{l}",
+        ..text
+    }
+}
+
 /// The names of a checkpoint that is either a multimodal wrapper (`vl`, recognised by its
 /// embedding's name) or the text model alone (`text`).
 pub(crate) fn vl_or_text(

@@ -44,13 +44,8 @@ pub(crate) const GEMMA4: Family = Family {
 
 /// Hugging Face names of the language model inside `Gemma4ForConditionalGeneration` (its vision
 /// and audio towers are not read).
-pub(crate) const VL_HF_NAMES: TensorNames = TensorNames {
-    embed: "model.language_model.embed_tokens.weight",
-    final_norm: "model.language_model.norm.weight",
-    layer: "model.language_model.layers.{l}",
-    ple: &crate::model::blocks::ple::VL_HF_PLE,
-    ..GEMMA_HF_NAMES
-};
+pub(crate) const VL_HF_NAMES: TensorNames =
+    TensorNames { ple: &crate::model::blocks::ple::VL_HF_PLE, ..super::language_model(GEMMA_HF_NAMES) };
 
 /// Gemma 4's layers when a config does not list them: five sliding-window layers to one global.
 const PATTERN: usize = 6;

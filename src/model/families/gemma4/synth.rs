@@ -6,7 +6,7 @@
 use crate::formats::gguf::GgufValue;
 use crate::gpu::wformat::WFormat;
 use crate::model::families::llama::synth_llama;
-use crate::model::families::{SynthEntry, SynthLayout};
+use crate::model::families::{SynthEntry, SynthLayout, BASE};
 use crate::model::synth::{Fill, SynthShape, SynthTensor};
 
 /// Gemma 4's synthetic files. The tiny variant has twelve layers (two global of 128 per head, a
@@ -29,9 +29,7 @@ pub(crate) const SYNTH: SynthLayout = SynthLayout {
     }),
     globals: |s, format, layers| s.gemma4.as_ref().map_or_else(Vec::new, |g| global_tensors(s, g, format, layers)),
     metadata: |s, layers| s.gemma4.as_ref().map_or_else(Vec::new, |g| metadata(s, g, layers)),
-    out_bias_sinks: false,
-    expert_format: None,
-    expert_biases: false,
+    ..BASE.synth
 };
 
 /// What a Gemma 4 shape has beyond the common fields.

@@ -43,12 +43,7 @@ pub(crate) const QWEN35: Family = Family {
 };
 
 /// Hugging Face names of the language model inside `Qwen3_5ForConditionalGeneration`.
-pub(crate) const VL_HF_NAMES: TensorNames = TensorNames {
-    embed: "model.language_model.embed_tokens.weight",
-    final_norm: "model.language_model.norm.weight",
-    layer: "model.language_model.layers.{l}",
-    ..HF_NAMES
-};
+pub(crate) const VL_HF_NAMES: TensorNames = super::language_model(HF_NAMES);
 
 /// llama.cpp's names of Qwen3.5: the FFN's norm is `post_attention_norm`.
 pub(crate) const QWEN35_GGUF_NAMES: TensorNames = TensorNames { ffn_norm: "post_attention_norm.weight", ..GGUF_NAMES };

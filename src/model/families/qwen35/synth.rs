@@ -5,7 +5,7 @@
 use crate::formats::gguf::GgufValue;
 use crate::gpu::wformat::WFormat;
 use crate::model::families::qwen::synth_qwen2;
-use crate::model::families::{SynthEntry, SynthLayout};
+use crate::model::families::{SynthEntry, SynthLayout, BASE};
 use crate::model::synth::{Fill, SynthMoe, SynthShape, SynthTensor};
 use crate::model::synth_tiny::TINY_EXPERTS;
 
@@ -28,9 +28,7 @@ pub(crate) const SYNTH: SynthLayout = SynthLayout {
     layer: Some(|s, format, l, _| s.linear.as_ref().map_or_else(Vec::new, |lin| layer_tensors(s, lin, format, l))),
     globals: |s, format, layers| s.linear.as_ref().map_or_else(Vec::new, |lin| mtp_tensors(s, lin, format, layers)),
     metadata: |s, layers| s.linear.as_ref().map_or_else(Vec::new, |lin| metadata(s, lin, layers)),
-    out_bias_sinks: false,
-    expert_format: None,
-    expert_biases: false,
+    ..BASE.synth
 };
 
 fn tiny(base: SynthShape) -> (SynthShape, usize) {
