@@ -8,10 +8,11 @@ use std::sync::{Arc, OnceLock};
 use torus_wgpu::config::{KernelProfile, KvDtype};
 use torus_wgpu::gpu::wformat::{WFormat, XQuant};
 use torus_wgpu::gpu::{validate_wgsl, Gpu};
-use torus_wgpu::ops::gemm::{GemmKernel, GemmPlan};
 use torus_wgpu::ops::harness::{AttnShape, AttnStep, Harness};
-use torus_wgpu::ops::kernels::{plan_x, XPlan, MATMUL_TILES, UNIFORM_X_VEC4};
-use torus_wgpu::ops::sources::{all_sources, coop_sources};
+use torus_wgpu::ops::kernels::all_sources;
+use torus_wgpu::ops::matmul::gemm::coop_sources;
+use torus_wgpu::ops::matmul::gemm::{GemmKernel, GemmPlan};
+use torus_wgpu::ops::matmul::tiles::{plan_x, XPlan, MATMUL_TILES, UNIFORM_X_VEC4};
 use torus_wgpu::sampling::Rng;
 use torus_wgpu::sampling::{Adjust, SampleParams};
 use torus_wgpu::weights::tensor::matmul_ref;
@@ -65,7 +66,7 @@ fn gpu_harnesses() -> &'static [Harness; 2] {
         assert!(plain.subgroups, "lavapipe offers subgroups: the subgroup reduction must be tested");
         plain.subgroups = false;
         let hs = [gpu(), Arc::new(plain)].map(|g| Harness::with_profile(g, 64, 1, KernelProfile::Gpu).unwrap());
-        assert!(hs.iter().all(|h| h.kernels.gpu.is_some()), "the gpu profile's kernels are built");
+        assert!(hs.iter().all(|h| h.kernels.matmul.gpu.is_some()), "the gpu profile's kernels are built");
         hs
     })
 }
@@ -313,7 +314,7 @@ fn check_matmuls(
     f16: bool,
 ) {
     let mut rng = Rng::new(1);
-    for format in h.kernels.matmul.keys().copied().collect::<Vec<_>>() {
+    for format in h.kernels.matmul.embed.keys().copied().collect::<Vec<_>>() {
         for (m, n, k) in shapes(format, legacy, k_quant) {
             let w = weights(format, n, k, &mut rng, 1.0);
             let x = randn(&mut rng, m * k, 1.0);
@@ -370,7 +371,7 @@ fn check_swiglu(
     f16: bool,
 ) {
     let mut rng = Rng::new(2);
-    for format in h.kernels.matmul.keys().copied().collect::<Vec<_>>() {
+    for format in h.kernels.matmul.embed.keys().copied().collect::<Vec<_>>() {
         for (m, n, k) in shapes(format, legacy, k_quant) {
             let gate = weights(format, n, k, &mut rng, 0.5);
             let up = weights(format, n, k, &mut rng, 0.5);
@@ -571,10 +572,7 @@ fn rope_and_paged_attention_with_gqa() {
         let sinks: Option<Vec<f32>> = with_sinks.then(|| (0..heads).map(|h| h as f32 * 1.5 - 3.0).collect());
         rig.sinks = sinks.clone();
         if tiled == Some(true) {
-            assert!(
-                h.kernels.gpu.as_ref().unwrap().attention_tiled.is_some(),
-                "no tiled attention for {heads}/{kv_heads} x {head_dim}"
-            );
+            assert!(h.kernels.attention.tiled.is_some(), "no tiled attention for {heads}/{kv_heads} x {head_dim}");
         }
         let mut rng = Rng::new(5 + heads as u64);
         let tables = vec![vec![3u32, 0, 5, 7], vec![1u32, 6, 2]];

@@ -271,3 +271,74 @@ fn a_file_naming_a_family_is_found() {
     assert!(!hit(r#"let gemma4_like = 1; bail!("no head (only Qwen3.5 has one) \"Gemma4\"");"#));
     assert!(hit(r#"let s = "a\"b"; let t = Gemma4;"#));
 }
+
+/// The ops family a file of src/ops/ belongs to (its file or folder name), or None for the
+/// files that compose the families or serve them all.
+fn ops_family(rel: &str) -> Option<&str> {
+    let name = rel.strip_prefix("ops/")?.split('/').next()?.trim_end_matches(".rs");
+    let shared = ["mod", "kernels", "cost", "wgsl", "kv_cache", "tune", "binding_tests"];
+    (!shared.contains(&name) && !name.starts_with("harness")).then_some(name)
+}
+
+/// The fields of the composed kernels a file reads through the recorder (`r.kernels.<field>`).
+fn kernel_fields(code: &str) -> BTreeSet<String> {
+    code.match_indices("r.kernels.")
+        .map(|(i, m)| code[i + m.len()..].chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect())
+        .collect()
+}
+
+#[test]
+fn ops_families_own_their_kernels() {
+    assert!(!src().join("ops/sources.rs").exists(), "ops/sources.rs is back");
+    let mut files = Vec::new();
+    rust_files(&src().join("ops"), &mut files);
+    let mut bad = Vec::new();
+    let mut families = BTreeSet::new();
+    for f in files {
+        let rel = f.strip_prefix(src()).unwrap().to_string_lossy().to_string();
+        let code = without_strings(&code(&f));
+        let Some(family) = ops_family(&rel) else { continue };
+        families.insert(family.to_string());
+        // A family builds its kernels and takes them in its constructors: it never names the
+        // composition, and reads only its own part of it when recording.
+        if names(&code, "Kernels") || code.contains("kernels::") {
+            bad.push(format!("{rel}: names the composed Kernels"));
+        }
+        for field in kernel_fields(&code).into_iter().filter(|k| k != family) {
+            bad.push(format!("{rel}: reads the {field} family's kernels"));
+        }
+    }
+    assert!(bad.is_empty(), "ops families reaching into the composition:\n{}", bad.join("\n"));
+    for fam in ["attention", "delta", "matmul", "moe", "norm", "ple", "rope", "sample"] {
+        assert!(families.contains(fam), "no ops family {fam}");
+    }
+    // The kernels' sources are the ops families': under gpu/ only the weight formats' snippets
+    // are read from shaders/.
+    let mut gpu_files = Vec::new();
+    rust_files(&src().join("gpu"), &mut gpu_files);
+    for f in gpu_files.iter().filter(|f| !f.ends_with("wformat.rs")) {
+        assert!(!code(f).contains("shaders/"), "{} reads a kernel's source", f.display());
+    }
+    // shaders/ is grouped by family: common.wgsl, then one folder per ops family (and wfmt/).
+    let root = src().parent().unwrap().join("shaders");
+    for e in std::fs::read_dir(&root).unwrap() {
+        let p = e.unwrap().path();
+        let name = p.file_name().unwrap().to_string_lossy().to_string();
+        if p.is_dir() {
+            assert!(families.contains(&name) || name == "wfmt", "shaders/{name}/ is no ops family's");
+        } else {
+            assert_eq!(name, "common.wgsl", "shaders/{name} belongs in a family's folder");
+        }
+    }
+}
+
+#[test]
+fn an_ops_family_reading_another_is_found() {
+    assert_eq!(ops_family("ops/matmul/gemm.rs"), Some("matmul"));
+    assert_eq!(ops_family("ops/norm.rs"), Some("norm"));
+    assert_eq!(ops_family("ops/kernels.rs"), None);
+    assert_eq!(ops_family("ops/harness_moe.rs"), None);
+    let fields = kernel_fields("out(r.folded(&r.kernels.norm.rmsnorm, b)); let p = &r.kernels.moe.formats[&f];");
+    assert_eq!(fields, BTreeSet::from(["norm".to_string(), "moe".to_string()]));
+    assert!(names("fn f(k: &Kernels) {}", "Kernels") && !names("fn f(k: &NormKernels) {}", "Kernels"));
+}

@@ -44,7 +44,7 @@ fn tiled_harness() -> &'static Harness {
         // F32: the router's format.
         let mut h = Harness::for_moe(gpu(), &[&FORMATS[..], &[WFormat::F32]].concat(), KernelProfile::Gpu).unwrap();
         h.set_moe_tiled(true).unwrap();
-        assert!(h.kernels.moe.values().all(|p| p.use_tiled), "the gpu profile builds the tiled kernels");
+        assert!(h.kernels.moe.formats.values().all(|p| p.use_tiled), "the gpu profile builds the tiled kernels");
         h
     })
 }
@@ -102,7 +102,7 @@ fn check(
     biased: bool,
     chunk_experts: usize,
 ) -> Vec<Vec<usize>> {
-    let label = match (&harness.kernels.gpu, harness.kernels.moe.values().any(|p| p.use_tiled)) {
+    let label = match (&harness.kernels.matmul.gpu, harness.kernels.moe.formats.values().any(|p| p.use_tiled)) {
         (None, _) => "Cpu",
         (Some(_), false) => "Gpu",
         (Some(_), true) => "GpuTiled",

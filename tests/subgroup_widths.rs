@@ -15,8 +15,8 @@ use std::sync::Arc;
 use torus_wgpu::config::{EngineConfig, KernelProfile, KvDtype};
 use torus_wgpu::gpu::wformat::WFormat;
 use torus_wgpu::gpu::Gpu;
-use torus_wgpu::ops::gemm::{GemmKernel, GemmPlan};
 use torus_wgpu::ops::harness::Harness;
+use torus_wgpu::ops::matmul::gemm::{GemmKernel, GemmPlan};
 use torus_wgpu::sampling::Rng;
 use torus_wgpu::weights::tensor::matmul_ref;
 

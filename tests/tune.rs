@@ -15,8 +15,8 @@ use torus_wgpu::config::{EngineConfig, KernelProfile, KvDtype};
 use torus_wgpu::gpu::tune_cache::{GemmRecord, TuneCache, TUNE_CACHE_ENV};
 use torus_wgpu::gpu::wformat::WFormat;
 use torus_wgpu::gpu::Gpu;
-use torus_wgpu::ops::gemm::GemmPlan;
 use torus_wgpu::ops::harness::Harness;
+use torus_wgpu::ops::matmul::gemm::GemmPlan;
 
 /// The measured time of `kernel` at `rows` in the tuner's JSON.
 fn time(ms: &[Value], kernel: &str, rows: u64) -> Option<f64> {
@@ -136,19 +136,19 @@ fn tune_keeps_a_plan_the_next_run_uses() {
     unsafe { std::env::set_var(TUNE_CACHE_ENV, &cache) };
     let gpu = Arc::new(Gpu::new(None).unwrap());
     let h = Harness::with_formats(gpu.clone(), &[WFormat::Q4_0, WFormat::Q8_0], (64, 1), KernelProfile::Gpu).unwrap();
-    let g = h.kernels.gpu.as_ref().unwrap();
-    assert_eq!(g.matmul[&WFormat::Q4_0].plan.record(), plan);
+    let g = h.kernels.matmul.gpu.as_ref().unwrap();
+    assert_eq!(g.formats[&WFormat::Q4_0].plan.record(), plan);
     assert_eq!(h.uses_int8(WFormat::Q4_0, 1), int8_kept, "the kept int8 choice");
-    assert_eq!(g.matmul[&WFormat::Q8_0].plan, GemmPlan::default(), "q8_0's GEMMs were not measured");
+    assert_eq!(g.formats[&WFormat::Q8_0].plan, GemmPlan::default(), "q8_0's GEMMs were not measured");
     let h = Harness::for_moe(gpu.clone(), &[WFormat::Q8_0, WFormat::F32], KernelProfile::Gpu).unwrap();
-    assert_eq!(h.kernels.moe[&WFormat::Q8_0].use_tiled, moe_kernel == "tiled");
+    assert_eq!(h.kernels.moe.formats[&WFormat::Q8_0].use_tiled, moe_kernel == "tiled");
 
     // A model on a tuned plan: f16 tiles of 32 tokens from one row on (every matmul of every
     // step), against the PyTorch reference.
     let mut c = TuneCache::read(&cache).unwrap();
     for f in WFormat::ALL {
         let rec = GemmRecord { min_rows: 1, small: "tile32h".into(), large: "tile32h".into() };
-        c.set_gemm(&gpu.info, f.name(), rec);
+        c.set_gemm(&gpu.info, torus_wgpu::ops::matmul::gemm::tuned_kernels(), f.name(), rec);
     }
     c.write(&cache).unwrap();
     let reference: Value =
@@ -162,7 +162,7 @@ fn tune_keeps_a_plan_the_next_run_uses() {
         ..Default::default()
     };
     let (mut model, _) = torus_wgpu::engine::load_model(&common::tiny(), &cfg, gpu, &|_, _| {}).unwrap();
-    let plans: Vec<GemmPlan> = model.kernels().gpu.as_ref().unwrap().matmul.values().map(|p| p.plan).collect();
+    let plans: Vec<GemmPlan> = model.kernels().matmul.gpu.as_ref().unwrap().formats.values().map(|p| p.plan).collect();
     assert!(!plans.is_empty() && plans.iter().all(|p| p.kernel_for(1).name() == "tile32h"), "{plans:?}");
     tiny::assert_model_matches(&mut model, &reference, "tiny-qwen2 on tile32h", 2e-2, F16_MARGIN);
 }

@@ -9,8 +9,8 @@
 
 use crate::config::{KernelProfile, KvDtype};
 use crate::gpu::{Gpu, WFormat};
-use crate::ops::gemm::{add_gemm, GemmKernel};
 use crate::ops::kernels::{KernelSpec, Kernels};
+use crate::ops::matmul::gemm::{add_gemm, GemmKernel};
 use anyhow::Result;
 use std::time::Instant;
 
@@ -61,15 +61,16 @@ pub fn run(args: &BuildKernelsArgs) -> Result<()> {
     };
     let mut kernels = Kernels::new(&gpu, &spec)?;
     // Every GEMM variant the tuner may choose (the plan built only its own).
-    if let Some(g) = kernels.gpu.as_mut() {
+    let mk = &mut kernels.matmul;
+    if let Some(g) = mk.gpu.as_mut() {
         let variants: Vec<GemmKernel> =
             GemmKernel::TILES.into_iter().chain(gpu.coop.map(|_| GemmKernel::Coop)).collect();
-        for (&f, p) in g.matmul.iter_mut() {
+        for (&f, p) in g.formats.iter_mut() {
             for &k in &variants {
                 if matches!(k, GemmKernel::Tile { f16: true, .. }) && !gpu.f16 {
                     continue;
                 }
-                add_gemm(&gpu, &kernels.matmul_family, f, p, k)?;
+                add_gemm(&gpu, &mk.family, f, p, k)?;
             }
         }
     }

@@ -11,9 +11,9 @@ use crate::gpu::tune_cache::TuneCache;
 use crate::gpu::wformat::WFormat;
 use crate::gpu::Gpu;
 use crate::model::loader::HostModel;
-use crate::ops::gemm::GemmKernel;
 use crate::ops::harness::Harness;
 use crate::ops::harness_moe::MoeWeights;
+use crate::ops::matmul::gemm::GemmKernel;
 use crate::ops::moe::MoeSpec;
 use crate::ops::tune::{choose, choose_int8, choose_moe, measure_on, since, TuneShape, Tuned};
 use crate::weights::tensor::QTensor;
@@ -168,6 +168,8 @@ pub fn run(args: &TuneArgs) -> Result<()> {
         tracing::warn!("starting a new tuner cache: {e:#}");
         TuneCache::default()
     });
+    // The kernels the choices are for (the cache's key).
+    let hash = crate::ops::matmul::gemm::tuned_kernels();
     let kernels = GemmKernel::available(&gpu);
     println!(
         "tuning on {} ({}): {}",
@@ -187,7 +189,7 @@ pub fn run(args: &TuneArgs) -> Result<()> {
             measure_on(&mut h, &shapes, k, m, per_shape, &mut reference)
         });
         report(format, &tuned);
-        cache.set_gemm(&gpu.info, format.name(), tuned.plan.record());
+        cache.set_gemm(&gpu.info, hash, format.name(), tuned.plan.record());
         // One-token steps on int8 activations or f32 (where the format has int8 kernels).
         // Both are timed whatever this run's default (off on llvmpipe): the kernels are built here.
         let int8 = if format.has_int8() {
@@ -202,7 +204,7 @@ pub fn run(args: &TuneArgs) -> Result<()> {
             if let Err(e) = &c.int8_x {
                 println!("    {e}");
             }
-            cache.set_int8(&gpu.info, format.name(), c.int8);
+            cache.set_int8(&gpu.info, hash, format.name(), c.int8);
             Some(json!({
                 "int8": c.int8,
                 "f32_ms": c.f32_x.as_secs_f64() * 1e3,
@@ -244,7 +246,7 @@ pub fn run(args: &TuneArgs) -> Result<()> {
         if let Err(e) = &c.tiled {
             println!("  {e}");
         }
-        cache.set_moe(&gpu.info, format.name(), c.kernel);
+        cache.set_moe(&gpu.info, hash, format.name(), c.kernel);
         moe_out = Some(json!({
             "format": format.name(),
             "tokens": t,

@@ -1,5 +1,5 @@
 //! Cooperative matrices (NVIDIA tensor cores, AMD WMMA, Apple simdgroup matrices) for the gpu
-//! profile's prefill GEMM (shaders/matmul_coop.wgsl), through wgpu's experimental feature.
+//! profile's prefill GEMM (shaders/matmul/matmul_coop.wgsl), through wgpu's experimental feature.
 //!
 //! The device is opened with the feature where the adapter has it, one fixed subgroup size (16,
 //! 32 or 64), a fragment shape the kernel has (16x16x16 with f16 inputs and f32 accumulators, or

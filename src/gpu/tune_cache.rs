@@ -1,8 +1,9 @@
 //! The tuner's choices per adapter (`torus-wgpu tune`, ops/tune.rs), kept in one JSON file:
 //! `$TORUS_TUNE_CACHE` (a path, or `off`), else `$XDG_CACHE_HOME/torus-wgpu/tune.json`, else
 //! `~/.cache/torus-wgpu/tune.json`. An entry is keyed by the adapter (name, vendor and device
-//! ids, driver, backend) and by this binary's kernels (its version and a hash of the matmul
-//! shaders), so a driver update or a kernel change is tuned again rather than misread. A file
+//! ids, driver, backend) and by this binary's kernels (its version and the tuned kernels' hash,
+//! which ops::gemm gives: `tuned_kernels`), so a driver update or a kernel change is tuned again
+//! rather than misread; a new tune of an adapter replaces its entries for other kernels. A file
 //! that cannot be read or parsed is ignored with a log line (the next tune replaces it): the
 //! defaults run then, never an error.
 
@@ -47,8 +48,9 @@ pub struct TuneCache {
     pub adapters: BTreeMap<String, AdapterTuning>,
 }
 
-/// FNV-1a, 64 bits.
-fn fnv(parts: &[&str]) -> u64 {
+/// FNV-1a, 64 bits, of `parts` (each followed by a zero byte): how the tuned kernels' sources
+/// are hashed into their key.
+pub fn fnv(parts: &[&str]) -> u64 {
     let mut h = 0xcbf2_9ce4_8422_2325u64;
     for b in parts.iter().flat_map(|p| p.bytes().chain([0])) {
         h = (h ^ b as u64).wrapping_mul(0x100_0000_01b3);
@@ -107,69 +109,74 @@ impl TuneCache {
         std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))
     }
 
-    /// The key of an adapter with this binary's kernels.
-    pub fn key(info: &wgpu::AdapterInfo) -> String {
-        let kernels = fnv(&[
-            env!("CARGO_PKG_VERSION"),
-            include_str!("../../shaders/matmul_gpu.wgsl"),
-            include_str!("../../shaders/matmul_tiled.wgsl"),
-            include_str!("../../shaders/matmul_tile_load.wgsl"),
-            include_str!("../../shaders/matmul_tile_row.wgsl"),
-            include_str!("../../shaders/moe_tiled.wgsl"),
-            include_str!("../../shaders/matmul_coop.wgsl"),
-        ]);
+    /// The key of an adapter: what names it, then ` / kernels ` and the hash of the kernels
+    /// tuned on it (`kernels`, with this binary's version).
+    pub fn key(info: &wgpu::AdapterInfo, kernels: u64) -> String {
+        format!("{}{kernels:016x}", Self::adapter_prefix(info))
+    }
+
+    /// The part of the key that names the adapter.
+    fn adapter_prefix(info: &wgpu::AdapterInfo) -> String {
         format!(
-            "{} [{:04x}:{:04x}] {:?} {} {} / kernels {kernels:016x}",
+            "{} [{:04x}:{:04x}] {:?} {} {} / kernels ",
             info.name, info.vendor, info.device, info.backend, info.driver, info.driver_info
         )
     }
 
-    pub fn adapter(&self, info: &wgpu::AdapterInfo) -> Option<&AdapterTuning> {
-        self.adapters.get(&Self::key(info))
+    /// What was tuned on this adapter for these kernels.
+    pub fn adapter(&self, info: &wgpu::AdapterInfo, kernels: u64) -> Option<&AdapterTuning> {
+        self.adapters.get(&Self::key(info, kernels))
     }
 
     /// The GEMM plan tuned for `format` (by name) on this adapter.
-    pub fn gemm(&self, info: &wgpu::AdapterInfo, format: &str) -> Option<&GemmRecord> {
-        self.adapter(info)?.gemm.get(format)
+    pub fn gemm(&self, info: &wgpu::AdapterInfo, kernels: u64, format: &str) -> Option<&GemmRecord> {
+        self.adapter(info, kernels)?.gemm.get(format)
     }
 
     /// Whether a plan tuned on this adapter runs the cooperative-matrix GEMM (the device is then
-    /// opened with the feature).
+    /// opened with the feature). The device is opened before any kernel is built, so this reads
+    /// the adapter's entry whatever kernels it was tuned for (a tune keeps one per adapter).
     pub fn wants_coop(&self, info: &wgpu::AdapterInfo) -> bool {
-        self.adapter(info).is_some_and(|a| a.gemm.values().any(|r| r.small == "coop" || r.large == "coop"))
+        let prefix = Self::adapter_prefix(info);
+        self.adapters
+            .iter()
+            .filter(|(k, _)| k.starts_with(&prefix))
+            .any(|(_, a)| a.gemm.values().any(|r| r.small == "coop" || r.large == "coop"))
     }
 
     /// The prefill-sized expert kernel tuned for `format` on this adapter.
-    pub fn moe(&self, info: &wgpu::AdapterInfo, format: &str) -> Option<&str> {
-        self.adapter(info)?.moe.get(format).map(|s| s.as_str())
+    pub fn moe(&self, info: &wgpu::AdapterInfo, kernels: u64, format: &str) -> Option<&str> {
+        self.adapter(info, kernels)?.moe.get(format).map(|s| s.as_str())
     }
 
     /// Whether the one-token matmuls of `format` were faster on int8 activations on this adapter.
-    pub fn int8(&self, info: &wgpu::AdapterInfo, format: &str) -> Option<bool> {
-        self.adapter(info)?.int8.get(format).copied()
+    pub fn int8(&self, info: &wgpu::AdapterInfo, kernels: u64, format: &str) -> Option<bool> {
+        self.adapter(info, kernels)?.int8.get(format).copied()
     }
 
-    /// This adapter's entry, stamped now.
-    fn entry(&mut self, info: &wgpu::AdapterInfo) -> &mut AdapterTuning {
-        let a = self.adapters.entry(Self::key(info)).or_default();
+    /// This adapter's entry for `kernels`, stamped now; its entries for other kernels go.
+    fn entry(&mut self, info: &wgpu::AdapterInfo, kernels: u64) -> &mut AdapterTuning {
+        let (prefix, key) = (Self::adapter_prefix(info), Self::key(info, kernels));
+        self.adapters.retain(|k, _| !k.starts_with(&prefix) || *k == key);
+        let a = self.adapters.entry(key).or_default();
         a.adapter = format!("{} ({} {})", info.name, info.driver, info.driver_info);
         a.tuned_at = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
         a
     }
 
     /// Records the plan of `format` on this adapter.
-    pub fn set_gemm(&mut self, info: &wgpu::AdapterInfo, format: &str, record: GemmRecord) {
-        self.entry(info).gemm.insert(format.to_string(), record);
+    pub fn set_gemm(&mut self, info: &wgpu::AdapterInfo, kernels: u64, format: &str, record: GemmRecord) {
+        self.entry(info, kernels).gemm.insert(format.to_string(), record);
     }
 
     /// Records the prefill-sized expert kernel of `format` on this adapter.
-    pub fn set_moe(&mut self, info: &wgpu::AdapterInfo, format: &str, kernel: &str) {
-        self.entry(info).moe.insert(format.to_string(), kernel.to_string());
+    pub fn set_moe(&mut self, info: &wgpu::AdapterInfo, kernels: u64, format: &str, kernel: &str) {
+        self.entry(info, kernels).moe.insert(format.to_string(), kernel.to_string());
     }
 
     /// Records whether `format`'s one-token matmuls run on int8 activations on this adapter.
-    pub fn set_int8(&mut self, info: &wgpu::AdapterInfo, format: &str, on: bool) {
-        self.entry(info).int8.insert(format.to_string(), on);
+    pub fn set_int8(&mut self, info: &wgpu::AdapterInfo, kernels: u64, format: &str, on: bool) {
+        self.entry(info, kernels).int8.insert(format.to_string(), on);
     }
 }
 
@@ -196,15 +203,24 @@ mod tests {
         let path = dir.join("sub/tune.json");
         let rec = GemmRecord { min_rows: 8, small: "tile32h".into(), large: "coop".into() };
         let mut c = TuneCache::default();
-        c.set_gemm(&info("nvidia"), "q4_k", rec.clone());
+        c.set_gemm(&info("nvidia"), 1, "q4_k", rec.clone());
         c.write(&path).unwrap();
         let back = TuneCache::read(&path).unwrap();
-        assert_eq!(back.gemm(&info("nvidia"), "q4_k"), Some(&rec));
+        assert_eq!(back.gemm(&info("nvidia"), 1, "q4_k"), Some(&rec));
         assert!(back.wants_coop(&info("nvidia")));
-        // Another driver (or format) has no plan: it is tuned again, not misread.
-        assert_eq!(back.gemm(&info("nvidia 2"), "q4_k"), None);
+        // Another driver, format or kernels hash has no plan: it is tuned again, not misread.
+        assert_eq!(back.gemm(&info("nvidia 2"), 1, "q4_k"), None);
         assert!(!back.wants_coop(&info("nvidia 2")));
-        assert_eq!(back.gemm(&info("nvidia"), "q8_0"), None);
+        assert_eq!(back.gemm(&info("nvidia"), 1, "q8_0"), None);
+        assert_eq!(back.gemm(&info("nvidia"), 2, "q4_k"), None);
+        // A tune for other kernels replaces the adapter's entry; other adapters' stay.
+        let mut c = back.clone();
+        c.set_gemm(&info("nvidia 2"), 1, "q4_k", rec.clone());
+        c.set_int8(&info("nvidia"), 2, "q4_k", true);
+        assert_eq!(c.adapters.len(), 2);
+        assert_eq!(c.gemm(&info("nvidia"), 1, "q4_k"), None);
+        assert_eq!(c.int8(&info("nvidia"), 2, "q4_k"), Some(true));
+        assert_eq!(c.gemm(&info("nvidia 2"), 1, "q4_k"), Some(&rec));
         // A missing file is an empty cache; a file that is not one is an error naming it.
         assert!(TuneCache::read(&dir.join("none.json")).unwrap().adapters.is_empty());
         std::fs::write(&path, "{ not json").unwrap();

@@ -1,4 +1,4 @@
-//! The weight formats the matmul kernels read, and each one's WGSL snippet (shaders/wfmt_*.wgsl).
+//! The weight formats the matmul kernels read, and each one's WGSL snippet (shaders/wfmt/wfmt_*.wgsl).
 
 /// How a weight matrix is stored on the GPU. Quantized formats keep GGUF's quantized values
 /// (never dequantized at load); each format's blocks are re-packed at load into two arrays (see
@@ -224,32 +224,32 @@ impl WFormat {
 
     pub(crate) fn snippet(self) -> String {
         let own = match self {
-            WFormat::F32 => include_str!("../../shaders/wfmt_f32.wgsl"),
-            WFormat::F16 => include_str!("../../shaders/wfmt_f16.wgsl"),
-            WFormat::Q8_0 => include_str!("../../shaders/wfmt_q8_0.wgsl"),
-            WFormat::Q4_0 => include_str!("../../shaders/wfmt_q4_0.wgsl"),
-            WFormat::Q4_1 => include_str!("../../shaders/wfmt_q4_1.wgsl"),
-            WFormat::Q5_0 => include_str!("../../shaders/wfmt_q5_0.wgsl"),
-            WFormat::Q5_1 => include_str!("../../shaders/wfmt_q5_1.wgsl"),
-            WFormat::Q2_K => include_str!("../../shaders/wfmt_q2_k.wgsl"),
-            WFormat::Q3_K => include_str!("../../shaders/wfmt_q3_k.wgsl"),
-            WFormat::Q4_K => include_str!("../../shaders/wfmt_q4_k.wgsl"),
-            WFormat::Q5_K => include_str!("../../shaders/wfmt_q5_k.wgsl"),
-            WFormat::Q6_K => include_str!("../../shaders/wfmt_q6_k.wgsl"),
-            WFormat::IQ4_NL | WFormat::MXFP4 => include_str!("../../shaders/wfmt_table4.wgsl"),
-            WFormat::IQ4_XS => include_str!("../../shaders/wfmt_iq4_xs.wgsl"),
-            WFormat::IQ2_XXS => include_str!("../../shaders/wfmt_iq2_xxs.wgsl"),
-            WFormat::IQ2_XS => include_str!("../../shaders/wfmt_iq2_xs.wgsl"),
-            WFormat::IQ2_S => include_str!("../../shaders/wfmt_iq2_s.wgsl"),
-            WFormat::IQ3_XXS => include_str!("../../shaders/wfmt_iq3_xxs.wgsl"),
-            WFormat::IQ3_S => include_str!("../../shaders/wfmt_iq3_s.wgsl"),
-            WFormat::IQ1_S => include_str!("../../shaders/wfmt_iq1_s.wgsl"),
-            WFormat::IQ1_M => include_str!("../../shaders/wfmt_iq1_m.wgsl"),
+            WFormat::F32 => include_str!("../../shaders/wfmt/wfmt_f32.wgsl"),
+            WFormat::F16 => include_str!("../../shaders/wfmt/wfmt_f16.wgsl"),
+            WFormat::Q8_0 => include_str!("../../shaders/wfmt/wfmt_q8_0.wgsl"),
+            WFormat::Q4_0 => include_str!("../../shaders/wfmt/wfmt_q4_0.wgsl"),
+            WFormat::Q4_1 => include_str!("../../shaders/wfmt/wfmt_q4_1.wgsl"),
+            WFormat::Q5_0 => include_str!("../../shaders/wfmt/wfmt_q5_0.wgsl"),
+            WFormat::Q5_1 => include_str!("../../shaders/wfmt/wfmt_q5_1.wgsl"),
+            WFormat::Q2_K => include_str!("../../shaders/wfmt/wfmt_q2_k.wgsl"),
+            WFormat::Q3_K => include_str!("../../shaders/wfmt/wfmt_q3_k.wgsl"),
+            WFormat::Q4_K => include_str!("../../shaders/wfmt/wfmt_q4_k.wgsl"),
+            WFormat::Q5_K => include_str!("../../shaders/wfmt/wfmt_q5_k.wgsl"),
+            WFormat::Q6_K => include_str!("../../shaders/wfmt/wfmt_q6_k.wgsl"),
+            WFormat::IQ4_NL | WFormat::MXFP4 => include_str!("../../shaders/wfmt/wfmt_table4.wgsl"),
+            WFormat::IQ4_XS => include_str!("../../shaders/wfmt/wfmt_iq4_xs.wgsl"),
+            WFormat::IQ2_XXS => include_str!("../../shaders/wfmt/wfmt_iq2_xxs.wgsl"),
+            WFormat::IQ2_XS => include_str!("../../shaders/wfmt/wfmt_iq2_xs.wgsl"),
+            WFormat::IQ2_S => include_str!("../../shaders/wfmt/wfmt_iq2_s.wgsl"),
+            WFormat::IQ3_XXS => include_str!("../../shaders/wfmt/wfmt_iq3_xxs.wgsl"),
+            WFormat::IQ3_S => include_str!("../../shaders/wfmt/wfmt_iq3_s.wgsl"),
+            WFormat::IQ1_S => include_str!("../../shaders/wfmt/wfmt_iq1_s.wgsl"),
+            WFormat::IQ1_M => include_str!("../../shaders/wfmt/wfmt_iq1_m.wgsl"),
         };
         if self.is_grid() {
             return format!(
                 "{own}\n{}\nconst GRID_WORDS: u32 = {}u;",
-                include_str!("../../shaders/wfmt_grid.wgsl"),
+                include_str!("../../shaders/wfmt/wfmt_grid.wgsl"),
                 self.grid_words()
             );
         }
@@ -260,11 +260,11 @@ impl WFormat {
                  fn ktab(c: vec4<u32>) -> vec4<f32> {{\n    return vec4<f32>(KTAB[c.x], KTAB[c.y], KTAB[c.z], KTAB[c.w]);\n}}",
                 v.join(", ")
             );
-            return format!("{own}\n{}\n{decl}", include_str!("../../shaders/wfmt_table_codes.wgsl"));
+            return format!("{own}\n{}\n{decl}", include_str!("../../shaders/wfmt/wfmt_table_codes.wgsl"));
         }
         // The K-quants' scale records share their decoding.
         let shared = if matches!(self, WFormat::Q3_K | WFormat::Q4_K | WFormat::Q5_K | WFormat::Q6_K) {
-            include_str!("../../shaders/wfmt_k_scales.wgsl")
+            include_str!("../../shaders/wfmt/wfmt_k_scales.wgsl")
         } else {
             ""
         };

@@ -129,7 +129,7 @@ pub(crate) struct OpBuilder<'a> {
     /// Parameter and weight buffers the bind groups use.
     pub(crate) keep: Vec<wgpu::Buffer>,
     pub(crate) matrices: Vec<GpuMatrix>,
-    /// gpu profile: the int8 matmuls' quantized x (ops/matmul.rs), grown to the widest matrix
+    /// gpu profile: the int8 matmuls' quantized x (ops/matmul/), grown to the widest matrix
     /// so far (the ops run one after another: one buffer serves them all).
     pub(crate) xq: Option<wgpu::Buffer>,
 }
@@ -165,7 +165,16 @@ impl OpBuilder<'_> {
     pub(crate) fn embed(&mut self, e: &GpuMatrix) {
         let s = self.s;
         let scale = self.cfg.style.embed_scale.unwrap_or(1.0);
-        let ops = matmul::embed(self.kernels, self.g, e, (scale, false), &s.step_buf, &s.meta_buf, &s.dummy, &s.hidden);
+        let ops = matmul::embed(
+            &self.kernels.matmul,
+            self.g,
+            e,
+            (scale, false),
+            &s.step_buf,
+            &s.meta_buf,
+            &s.dummy,
+            &s.hidden,
+        );
         self.extend(ops);
     }
 
@@ -188,7 +197,7 @@ impl OpBuilder<'_> {
         let windows = self.uniform_x.then_some(&s.windows);
         // The one soft-capped matmul is the LM head (Gemma 2's final_logit_softcapping).
         let cap = self.cfg.style.final_softcap.unwrap_or(0.0);
-        let int8 = self.kernels.gpu.as_ref().is_some_and(|gk| gk.quantize_x8.is_some());
+        let int8 = self.kernels.matmul.gpu.as_ref().is_some_and(|gk| gk.quantize_x8.is_some());
         if int8 && self.xq.as_ref().is_none_or(|b| b.size() < matmul::xq_bytes(m.cols)) {
             let b = self.g.storage("xq", matmul::xq_bytes(m.cols));
             self.keep.push(b.clone());
@@ -196,7 +205,7 @@ impl OpBuilder<'_> {
         }
         let xq = self.xq.as_ref().filter(|_| int8);
         let io = MatmulIo { step: &s.step_buf, x, y, bias: bias.unwrap_or(&s.dummy), windows, cap, xq };
-        let (mut ops, params) = matmul::matmul(self.kernels, self.g, m, &io, cols, flags, sampled, swiglu);
+        let (mut ops, params) = matmul::matmul(&self.kernels.matmul, self.g, m, &io, cols, flags, sampled, swiglu);
         // (The int8 path's quantization of x keeps its own label.)
         ops.iter_mut().filter(|op| matches!(op.kind, OpKind::Matmul { .. })).for_each(|op| op.label = label);
         self.extend((ops, params));

@@ -14,7 +14,8 @@ use crate::model::record::record_step;
 use crate::model::scratch::*;
 use crate::model::step::*;
 use crate::model::validate::*;
-use crate::ops::kernels::{KernelSpec, Kernels, MATMUL_TILES};
+use crate::ops::kernels::{KernelSpec, Kernels};
+use crate::ops::matmul::tiles::MATMUL_TILES;
 use crate::ops::*;
 use crate::sampling::row::*;
 use crate::sampling::row::{MAX_TOP_LOGPROBS, SAMPLE_PARAMS_STRIDE, SAMPLE_RESULT_STRIDE};
@@ -93,7 +94,7 @@ impl Model {
     /// Whether this model's one-token matmuls run on int8 activations (the gpu profile, where
     /// `ops::kernels::int8_wanted` built them for one of its formats).
     pub fn runs_int8(&self) -> bool {
-        self.kernels.gpu.as_ref().is_some_and(|g| g.int8 && g.quantize_x8.is_some())
+        self.kernels.matmul.gpu.as_ref().is_some_and(|g| g.int8 && g.quantize_x8.is_some())
     }
 
     /// The whole model on one device.
@@ -472,7 +473,7 @@ impl Model {
 
         let RecordParams { align, win_stride } = self.record;
         let rec = Recorder { kernels: &self.kernels, gpu: g, align, win_stride, tile_override: None };
-        let attn_tile = attention_tiled(&self.kernels, n as usize, s.block_tables.len());
+        let attn_tile = attention_tiled(&self.kernels.attention, n as usize, s.block_tables.len());
         let n_seqs = h.n_seqs;
         let shape =
             StepShape { n_tokens: n, n_sample: ns, n_splits: h.n_splits, attn_tile, any_adjust, attn_keys, n_seqs };

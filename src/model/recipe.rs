@@ -109,7 +109,7 @@ impl OpBuilder<'_> {
         let s = self.s;
         let w = self.storage(label, weight);
         let b = NormBinds { step: &s.step_buf, p: &lp.norm, x: &s.hidden, weight: &w, md: &s.meta_buf, y: &s.normed };
-        self.push(norm::norm(self.kernels, self.g, &b, false, self.cfg.hidden));
+        self.push(norm::norm(&self.kernels.norm, self.g, &b, false, self.cfg.hidden));
     }
 
     /// A block's output projection `m` of `x` (plus `bias`), added into the residual: directly,
@@ -141,7 +141,7 @@ impl OpBuilder<'_> {
                     md: &s.meta_buf,
                     y: &s.hidden,
                 };
-                self.push(norm::norm(self.kernels, self.g, &b, false, h));
+                self.push(norm::norm(&self.kernels.norm, self.g, &b, false, h));
             }
         }
     }
@@ -198,7 +198,7 @@ impl OpBuilder<'_> {
                 (false, true) => geom.heads + 2 * geom.kv_heads,
                 (false, false) => geom.heads + geom.kv_heads,
             };
-            self.push(norm::head_norm(kern, g, &b, heads, geom.head_dim));
+            self.push(norm::head_norm(&kern.norm, g, &b, heads, geom.head_dim));
         }
         let dims = geom.dims();
         // Windowed layers with a RoPE base of their own (Gemma 3) use its table.
@@ -208,7 +208,7 @@ impl OpBuilder<'_> {
         };
         let b = RopeBinds { step: &s.step_buf, p: &kp.rope, md: &s.meta_buf, cos_sin, qkv: &s.qkv };
         let rope_dims = if shared { (geom.heads, 0, geom.head_dim) } else { dims };
-        self.push(rope::rope_kv(kern, g, &b, (k, v), rope_dims));
+        self.push(rope::rope_kv(&kern.rope, g, &b, (k, v), rope_dims));
         let b = AttnBinds {
             step: &s.step_buf,
             p: &kp.attn,
@@ -218,7 +218,7 @@ impl OpBuilder<'_> {
             part: &s.part,
             sinks: sinks.as_ref().unwrap_or(&s.dummy),
         };
-        self.push(attention::attention(kern, g, &b, (k, v), dims));
+        self.push(attention::attention(&kern.attention, g, &b, (k, v), dims));
         match (&hl.attn_gate, cfg.style.attn_gate) {
             (Some(gate), true) => self.attn_output_gate(gate, lp)?,
             (None, false) => {}
@@ -284,7 +284,7 @@ impl OpBuilder<'_> {
             md: &s.meta_buf,
             y: &s.final_normed,
         };
-        self.push(norm::norm(kern, g, &b, true, cfg.hidden));
+        self.push(norm::norm(&kern.norm, g, &b, true, cfg.hidden));
         let lm = match (shared_lm, host.tied, embed) {
             (Some(m), _, _) => m,
             (None, true, Some(e)) => e,
@@ -300,9 +300,9 @@ impl OpBuilder<'_> {
         let sp = SamplerParams { vocab: cfg.vocab as u32, off_params: off_params as u32, ..Default::default() };
         let sp = self.uniform(bytemuck::bytes_of(&sp));
         let b = AdjustBinds { step: &s.step_buf, p: &sp, md: &s.meta_buf, adj: &s.adjust_buf, logits: &s.logits };
-        self.push(sample::logit_adjust(kern, g, &b, cfg.vocab));
+        self.push(sample::logit_adjust(&kern.sample, g, &b, cfg.vocab));
         let b = SampleBinds { step: &s.step_buf, p: &sp, md: &s.meta_buf, logits: &s.logits, result: &s.result };
-        self.push(sample::sample(kern, g, &b, cfg.vocab));
+        self.push(sample::sample(&kern.sample, g, &b, cfg.vocab));
         self.matrices.push(lm);
         Ok(())
     }

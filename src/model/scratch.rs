@@ -5,7 +5,7 @@ use crate::gpu::Gpu;
 use crate::model::config::{ModelConfig, RopeScaling};
 use crate::model::plan::*;
 use crate::model::step::*;
-use crate::ops::kernels::{window_entries, window_stride};
+use crate::ops::matmul::tiles::{window_entries, window_stride};
 use crate::ops::rope::*;
 use crate::sampling::row::SAMPLE_RESULT_STRIDE;
 

@@ -3,15 +3,13 @@
 //! field must be declared by one of the family's shaders (the KV cache's chunks are checked
 //! by binding number).
 
-use super::attention::{AttnBinds, ATTN_KV};
-use super::matmul::{EmbedBinds, MatmulBinds};
-use super::moe::MoeBinds;
-use super::norm::{HeadNormBinds, NormBinds};
-use super::rope::{RopeBinds, ROPE_KV};
-use super::sample::{AdjustBinds, SampleBinds};
-use super::sources::*;
+use super::kernels::programs;
+use super::matmul::gemm::matmul_coop_source;
+use super::matmul::MatmulBinds;
+use super::norm::{rmsnorm_source, NormBinds};
+use super::Binds;
 use crate::gpu::family::Slot;
-use crate::gpu::{KvDtype, WFormat};
+use crate::gpu::WFormat;
 use std::collections::BTreeMap;
 
 /// binding -> (variable, access) of `@group(0) @binding(N) var<...> name:` lines.
@@ -35,7 +33,9 @@ fn declared(src: &str) -> BTreeMap<u32, (String, Slot)> {
 }
 
 /// Checks `slots` against the family's shaders; `kv`: its first K and V cache bindings.
+/// A dynamic-offset uniform is declared as a uniform.
 fn check(family: &str, slots: &[(u32, &str, Slot)], sources: &[String], kv: Option<(u32, u32)>) {
+    let plain = |s: Slot| if s == Slot::UniformDyn { Slot::Uniform } else { s };
     let mut seen = vec![false; slots.len()];
     for src in sources {
         for (b, (name, slot)) in declared(src) {
@@ -49,7 +49,7 @@ fn check(family: &str, slots: &[(u32, &str, Slot)], sources: &[String], kv: Opti
                 .iter()
                 .position(|s| s.0 == b)
                 .unwrap_or_else(|| panic!("{family}: binding {b} ({name}) has no field"));
-            assert_eq!((slots[i].1, slots[i].2), (name.as_str(), slot), "{family}: binding {b}");
+            assert_eq!((slots[i].1, plain(slots[i].2)), (name.as_str(), slot), "{family}: binding {b}");
             seen[i] = true;
         }
     }
@@ -58,45 +58,48 @@ fn check(family: &str, slots: &[(u32, &str, Slot)], sources: &[String], kv: Opti
     }
 }
 
+/// Every program of every family (kernels::programs), grouped by the bindings struct it
+/// declares, against that struct; and the cooperative-matrix GEMMs (built only on devices with
+/// the feature, so not among them) against the matmul's.
 #[test]
 fn bindings_match_the_shaders() {
+    // By the struct's name: its slots, KV bindings and the sources declaring it.
+    type Group = (Binds, Option<(u32, u32)>, Vec<String>);
+    let mut by_binds: BTreeMap<&str, Group> = BTreeMap::new();
+    for p in programs(&[64, 256]) {
+        let src = p.src.unwrap_or_else(|e| panic!("{}: {e:#}", p.label));
+        let entry = by_binds.entry(p.binds.0).or_insert_with(|| (p.binds, p.kv, Vec::new()));
+        assert_eq!((entry.0 .1, entry.1), (p.binds.1, p.kv), "{}: one struct, one layout", p.label);
+        entry.2.push(src);
+    }
+    for (name, ((_, slots), kv, sources)) in &by_binds {
+        check(name, slots, sources, *kv);
+    }
+    // Every family's bindings are among them.
+    for name in [
+        "MatmulBinds",
+        "MatmulUxBinds",
+        "EmbedBinds",
+        "MoeBinds",
+        "AttnBinds",
+        "RopeBinds",
+        "NormBinds",
+        "HeadNormBinds",
+        "PleBinds",
+        "DeltaBinds",
+        "SampleBinds",
+        "AdjustBinds",
+    ] {
+        assert!(by_binds.contains_key(name), "no program declares {name}");
+    }
     for f in WFormat::ALL {
-        let mut matmul = vec![super::gemm::matmul_tiled_source(f, true, 32, true).unwrap()];
-        matmul.extend([1, 8].map(|tm| matmul_gpu_source(f, tm, false, true).unwrap()));
-        matmul.push(matmul_source(f, 1, 4, false).unwrap());
         let shape = crate::gpu::coop::CoopShape { side: 16, f16: true, subgroup: 32 };
-        matmul.push(matmul_coop_source(f, true, shape).unwrap());
-        if f.has_int8() {
-            matmul.push(matmul_gpu_i8_source(f, true, true).unwrap());
-        }
-        matmul.extend(crate::gpu::wformat::XQuant::ALL.map(|xq| quantize_x8_source(xq).unwrap()));
-        check("matmul", MatmulBinds::SLOTS, &matmul, None);
-        check("embed", EmbedBinds::SLOTS, &[embed_source(f).unwrap()], None);
-        check("moe", MoeBinds::SLOTS, &[moe_source(f).unwrap(), moe_route_source().unwrap()], None);
-        // The uniform-x variant: x is a uniform, plus the window entry.
-        let ux = declared(&matmul_source(f, 1, 4, true).unwrap());
-        assert_eq!(ux[&2], ("x".to_string(), Slot::Uniform));
-        assert_eq!(ux[&7], ("win".to_string(), Slot::Uniform));
+        check("matmul_coop", MatmulBinds::SLOTS, &[matmul_coop_source(f, true, shape).unwrap()], None);
     }
-    check("rmsnorm", NormBinds::SLOTS, &[rmsnorm_source().unwrap()], None);
-    check("head_norm", HeadNormBinds::SLOTS, &[head_norm_source().unwrap()], None);
-    check("delta", super::delta::DeltaBinds::SLOTS, &[delta_source(32, true).unwrap()], None);
-    for kv in [KvDtype::F16, KvDtype::F32] {
-        for chunks in [1, MAX_KV_CHUNKS] {
-            check("rope_kv", RopeBinds::SLOTS, &[rope_kv_source(kv, chunks).unwrap()], Some(ROPE_KV));
-            let attn = [
-                attention_source(64, kv, chunks).unwrap(),
-                attention_split_source(64, 4, kv, chunks, true).unwrap(),
-                attention_tiled_source(64, 4, 3, kv, chunks, true).unwrap(),
-            ];
-            check("attention", AttnBinds::SLOTS, &attn, Some(ATTN_KV));
-        }
-    }
-    check("logit_adjust", AdjustBinds::SLOTS, &[logit_adjust_source().unwrap()], None);
-    check("sample", SampleBinds::SLOTS, &[sample_source().unwrap()], None);
     // The two sampler kernels share one layout.
     let access = |s: &[(u32, &str, Slot)]| s.iter().map(|x| (x.0, x.2)).collect::<Vec<_>>();
-    assert_eq!(access(AdjustBinds::SLOTS), access(SampleBinds::SLOTS));
+    let layout = |n: &str| access(by_binds[n].0 .1);
+    assert_eq!(layout("AdjustBinds"), layout("SampleBinds"));
 }
 
 #[test]

@@ -1,11 +1,13 @@
-//! Gated DeltaNet, the recurrent mixer of Qwen3.5's linear-attention layers (shaders/delta.wgsl):
+//! Gated DeltaNet, the recurrent mixer of Qwen3.5's linear-attention layers (shaders/delta/delta.wgsl):
 //! the causal convolution with its state, the q/k normalisation and per-head decay and beta,
 //! the delta-rule recurrence over each sequence's tokens from its state slot, the gated RMSNorm;
 //! and the sigmoid output gate of Qwen3.5's attention layers. Parameters, bindings, the op
 //! constructor, grids, and the CPU reference of the whole mixer (`delta_ref`).
 
-use super::kernels::Kernels;
-use super::{bindings, div_up, Dispatch, Op, OpKind, Recorder, StepShape};
+use super::cost::Cost;
+use super::wgsl::unrolled;
+use super::{bindings, div_up, Dispatch, Op, OpKind, Program, Recorder, StepShape};
+use crate::gpu::shader::Shader;
 use crate::gpu::shared::gpu_struct;
 use crate::gpu::Gpu;
 
@@ -263,9 +265,10 @@ const _: () = {
     }
 };
 
-/// A Gated DeltaNet stage's op (`per`: `DeltaStage::per_unit`).
-pub fn delta(k: &Kernels, g: &Gpu, b: &DeltaBinds, stage: DeltaStage, per: u32) -> anyhow::Result<Op> {
-    let fam = k.delta.as_ref().ok_or_else(|| anyhow::anyhow!("the Gated DeltaNet kernels were not built"))?;
+/// A Gated DeltaNet stage's op (`per`: `DeltaStage::per_unit`) with the model's DeltaNet
+/// kernels (`Kernels::delta`: none were built for a model without linear-attention layers).
+pub fn delta(k: Option<&DeltaKernels>, g: &Gpu, b: &DeltaBinds, stage: DeltaStage, per: u32) -> anyhow::Result<Op> {
+    let fam = k.ok_or_else(|| anyhow::anyhow!("the Gated DeltaNet kernels were not built"))?;
     let kind = OpKind::Delta { stage, per };
     Ok(Op { kind, label: stage.label(), bind: fam.family.bind(g, &b.entries()), bind_x: None })
 }
@@ -296,8 +299,83 @@ pub(super) fn dispatches<'a>(
     }
 }
 
+/// delta.wgsl and delta_chunk.wgsl for keys of `k_dim`; `chunked`: sequences of chunk_min()
+/// tokens or more take the chunked form (else every sequence the per-token recurrence). The
+/// per-token loops' inner loops (the state's k_dim rows, the convolution's taps) are written out
+/// (the shader's LOOP_NOTE).
+pub fn delta_source(k_dim: u32, chunked: bool) -> anyhow::Result<String> {
+    let body = [include_str!("../../shaders/delta/delta.wgsl"), include_str!("../../shaders/delta/delta_chunk.wgsl")]
+        .join("\n");
+    let taps = MAX_CONV_TAPS;
+    // The state's rows: read (from zero on a reset) and copied to the backup, decayed and read
+    // against k, updated and read against q, copied to a snapshot, written back.
+    let load = unrolled(k_dim, 1, "col[{i}] = select(rec_state[lbase + {i} * p.v_dim], 0.0, reset);");
+    let backup = unrolled(k_dim, 2, "rec_state[bbase + {i} * p.v_dim] = col[{i}];");
+    // The convolution's taps, statement j under j < taps; the shift puts the input last.
+    let conv_load = "if ({i} < taps) { hist[{i}] = select(conv_state[lbase + {i} * conv_dim], 0.0, reset); \
+                     if (backup) { conv_state[bbase + {i} * conv_dim] = hist[{i}]; } }";
+    let shift = "if ({i+1} < taps) { hist[{i}] = hist[{i+1}]; } else if ({i+1} == taps) { hist[{i}] = v; }";
+    Shader::new("delta", &body)
+        .after(super::wgsl::common())
+        .after(DeltaParams::WGSL)
+        .fill("DK", k_dim)
+        .fill("REC_LOAD", format!("{load}    if (backup) {{\n{backup}    }}"))
+        .fill("REC_DECAY", unrolled(k_dim, 2, "col[{i}] *= decay; kv += col[{i}] * x[kb + {i}];"))
+        .fill("REC_UPDATE", unrolled(k_dim, 2, "col[{i}] += x[kb + {i}] * delta; o += col[{i}] * x[qb + {i}];"))
+        .fill("REC_SNAP", unrolled(k_dim, 3, "rec_state[nb + {i} * p.v_dim] = col[{i}];"))
+        .fill("REC_STORE", unrolled(k_dim, 1, "rec_state[sbase + {i} * p.v_dim] = col[{i}];"))
+        .fill("CONV_LOAD", unrolled(taps, 1, conv_load))
+        .fill("CONV_ACC", unrolled(taps, 2, "if ({i} < taps) { acc += w[wb + {i}] * hist[{i}]; }"))
+        .fill("CONV_SHIFT", unrolled(taps, 2, shift))
+        .fill("CONV_SNAP", unrolled(taps, 3, "if ({i} < taps) { conv_state[nb + {i} * conv_dim] = hist[{i}]; }"))
+        .fill("CONV_STORE", unrolled(taps, 1, "if ({i} < taps) { conv_state[sbase + {i} * conv_dim] = hist[{i}]; }"))
+        .fill("CH", CHUNK)
+        .fill("CHUNK_MIN", if chunked { chunk_min() as u32 } else { u32::MAX })
+        .fill("CB", CHUNK_COLS)
+        .build()
+}
+
+/// Every program of the family: per-token only, chunked, and at the larger key head.
+pub fn sources() -> super::Sources {
+    vec![
+        Program::new("delta", delta_source(128, false), DeltaBinds::BINDS),
+        Program::new("delta_chunked", delta_source(128, true), DeltaBinds::BINDS),
+        Program::new("delta_256", delta_source(256, false), DeltaBinds::BINDS),
+    ]
+}
+
+/// A stage's bytes and FLOPs (`per` as in its op).
+pub(super) fn cost(s: &StepShape, stage: DeltaStage, per: u32) -> Cost {
+    let (n, per) = (s.n_tokens as u64, per as u64);
+    match stage {
+        // Each channel's taps and state read and written once, its inputs in place.
+        DeltaStage::Conv => Cost { bytes: 8 * n * per + 16 * per, flops: 8 * n * per },
+        // The recurrence: a workgroup's 64 columns of state read and written once per step; q, k
+        // read per column per token (the FLOPs: 4 per state element and token, 64 k_dim-long
+        // columns per workgroup, k_dim unknown here: the state traffic is the bound that matters).
+        DeltaStage::Recur => Cost { bytes: 2 * 4 * 64 * 128 * s.n_seqs as u64 * per, flops: 0 },
+        // Per token and value head: its rows of the two chunk matrices written, v read and
+        // written; the q.k and k.k products of its chunk (k_dim unknown here: 128).
+        DeltaStage::Chunk => {
+            let c = CHUNK as u64;
+            Cost { bytes: n * per * (8 * c + 8 * 128), flops: n * per * c * 4 * 128 }
+        }
+        // Per token and workgroup (CHUNK_COLS columns): q and k read, its chunk rows read; the
+        // state block read and written once per sequence; 6 FLOPs per state element and token,
+        // the chunk matrices' products (k_dim: 128).
+        DeltaStage::ChunkState => {
+            let (c, cols) = (CHUNK as u64, CHUNK_COLS as u64);
+            Cost {
+                bytes: n * per * (8 * 128 + 8 * c) + 8 * 128 * cols * s.n_seqs as u64 * per,
+                flops: n * per * cols * (6 * 128 + 2 * c),
+            }
+        }
+        _ => Cost { bytes: 8 * n * per, flops: 4 * n * per },
+    }
+}
+
 /// The pipelines of delta.wgsl (one family), built for a model with linear-attention layers.
-pub struct DeltaPipelines {
+pub struct DeltaKernels {
     pub family: crate::gpu::family::Family,
     /// One per `DeltaStage::ALL` entry.
     pub pipelines: Vec<wgpu::ComputePipeline>,
@@ -306,19 +384,19 @@ pub struct DeltaPipelines {
     pub chunked: bool,
 }
 
-impl DeltaPipelines {
+impl DeltaKernels {
     /// `chunked`: the gpu profile's chunked form for prefill-sized sequences. The cpu profile
     /// keeps the per-token recurrence for all: on a CPU-shaped device (llvmpipe) its columns run
     /// as SIMD lanes over private state arrays, 9x faster than the chunked form's workgroup
     /// matrices (benches/kernels.rs `mixer_prefill`), and the chunked form does no less work.
-    pub fn new(g: &Gpu, k_dim: u32, chunked: bool) -> anyhow::Result<DeltaPipelines> {
+    pub fn new(g: &Gpu, k_dim: u32, chunked: bool) -> anyhow::Result<DeltaKernels> {
         let family = crate::gpu::family::Family::new(g, &super::layout_of(DeltaBinds::SLOTS));
-        let src = super::sources::delta_source(k_dim, chunked)?;
+        let src = delta_source(k_dim, chunked)?;
         let pipelines = DeltaStage::ALL
             .iter()
             .map(|s| family.pipeline(g, &format!("{}_{k_dim}", s.label()), &src, s.entry()))
             .collect::<anyhow::Result<Vec<_>>>()?;
-        Ok(DeltaPipelines { family, pipelines, chunked })
+        Ok(DeltaKernels { family, pipelines, chunked })
     }
 }
 

@@ -6,8 +6,10 @@ use crate::gpu::shared::StepHeader;
 use crate::gpu::wformat::WFormat;
 use crate::gpu::Gpu;
 use crate::ops::attention::{self, AttnBinds, AttnParams};
-use crate::ops::gemm::{add_gemm, GemmPlan};
-use crate::ops::kernels::{window_entries, window_stride, KernelSpec, Kernels};
+use crate::ops::kernels::{KernelSpec, Kernels};
+use crate::ops::matmul::decode::{int8_pipelines, quantize_pipelines};
+use crate::ops::matmul::gemm::{add_gemm, GemmPlan};
+use crate::ops::matmul::tiles::{window_entries, window_stride};
 use crate::ops::matmul::{self, MatmulIo, MAT_ACCUMULATE, MAT_BIAS, MAT_SWIGLU_UP};
 use crate::ops::norm::{self, HeadNormBinds, HeadNormParams, NormBinds, NormParams};
 use crate::ops::rope::{self, rope_table, RopeBinds, RopeParams};
@@ -159,7 +161,7 @@ impl Harness {
     /// Tests: whether the gpu profile's one-token matmuls run on int8 activations (where the
     /// format has int8 kernels; on by default unless TORUS_INT8=0).
     pub fn set_int8(&mut self, on: bool) {
-        if let Some(g) = self.kernels.gpu.as_mut() {
+        if let Some(g) = self.kernels.matmul.gpu.as_mut() {
             g.int8 = on;
         }
     }
@@ -167,13 +169,13 @@ impl Harness {
     /// The tuner: builds `format`'s int8 kernels (and the quantization of x) where this run's
     /// choice (TORUS_INT8, an earlier tune) left them out, so that they can be timed again.
     pub fn add_int8(&mut self, format: WFormat) -> Result<()> {
-        let k = &mut self.kernels;
+        let k = &mut self.kernels.matmul;
         if let Some(g) = k.gpu.as_mut().filter(|_| format.has_int8()) {
-            if let Some(p) = g.matmul.get_mut(&format).filter(|p| p.int8.is_none()) {
-                p.int8 = Some(crate::ops::gemm::int8_pipelines(&self.gpu, &k.matmul_family, format)?);
+            if let Some(p) = g.formats.get_mut(&format).filter(|p| p.int8.is_none()) {
+                p.int8 = Some(int8_pipelines(&self.gpu, &k.family, format)?);
             }
             if g.quantize_x8.is_none() {
-                g.quantize_x8 = Some(crate::ops::kernels::quantize_pipelines(&self.gpu, &k.matmul_family)?);
+                g.quantize_x8 = Some(quantize_pipelines(&self.gpu, &k.family)?);
             }
         }
         Ok(())
@@ -181,17 +183,17 @@ impl Harness {
 
     /// Whether a matmul of `format` over `m` rows runs on int8 activations.
     pub fn uses_int8(&self, format: WFormat, m: usize) -> bool {
-        self.kernels.gpu.as_ref().is_some_and(|g| g.int8_for(format, m as u32))
+        self.kernels.matmul.gpu.as_ref().is_some_and(|g| g.int8_for(format, m as u32))
     }
 
     /// Tests and the tuner: every weight format's gpu-profile matmuls follow `plan` (its GEMM
     /// variants are built where missing).
     pub fn set_gemm(&mut self, plan: GemmPlan) -> Result<()> {
-        let k = &mut self.kernels;
+        let k = &mut self.kernels.matmul;
         if let Some(g) = k.gpu.as_mut() {
-            for (&f, p) in g.matmul.iter_mut() {
+            for (&f, p) in g.formats.iter_mut() {
                 for v in plan.kernels() {
-                    add_gemm(&self.gpu, &k.matmul_family, f, p, v)?;
+                    add_gemm(&self.gpu, &k.family, f, p, v)?;
                 }
                 p.plan = plan;
             }
@@ -350,7 +352,8 @@ impl Harness {
             cap: 0.0,
             xq: Some(&xq),
         };
-        let (ops, _params) = matmul::matmul(&self.kernels, g, &mat, &io, (0, w.rows), flags, false, up.is_some());
+        let (ops, _params) =
+            matmul::matmul(&self.kernels.matmul, g, &mat, &io, (0, w.rows), flags, false, up.is_some());
         let shape = StepShape { n_tokens: m as u32, n_sample: 0, n_splits: 1, any_adjust: false, ..Default::default() };
         // The weights stay alive through the bind groups.
         Ok(self.calls(&ops, shape, tile))
@@ -383,7 +386,7 @@ impl Harness {
         let (step, meta) = self.step_buffers(Self::header(tokens.len(), 0), tokens);
         let out = g.storage("hidden", (tokens.len() * table.cols * 4) as u64);
         let dummy = g.storage("dummy", 16);
-        let (ops, _params) = matmul::embed(&self.kernels, g, &mat, (1.0, false), &step, &meta, &dummy, &out);
+        let (ops, _params) = matmul::embed(&self.kernels.matmul, g, &mat, (1.0, false), &step, &meta, &dummy, &out);
         for op in ops {
             self.run_op(op, tokens.len(), 0)?;
         }
@@ -402,7 +405,7 @@ impl Harness {
         let wb = g.storage_init("w", bytemuck::cast_slice(weight));
         let yb = g.storage("y", (rows * dim * 4) as u64);
         let b = NormBinds { step: &step, p: &pb, x: &xb, weight: &wb, md: &meta, y: &yb };
-        self.run_op(norm::norm(&self.kernels, g, &b, gather.is_some(), dim), m, rows)?;
+        self.run_op(norm::norm(&self.kernels.norm, g, &b, gather.is_some(), dim), m, rows)?;
         g.download_f32(&yb, rows * dim)
     }
 
@@ -438,8 +441,18 @@ impl Harness {
         };
         let k = &self.kernels;
         let ops = [
-            sample::logit_adjust(k, g, &AdjustBinds { step: &step, p: &pb, md: &meta, adj: &ab, logits: &lb }, vocab),
-            sample::sample(k, g, &SampleBinds { step: &step, p: &pb, md: &meta, logits: &lb, result: &rb }, vocab),
+            sample::logit_adjust(
+                &k.sample,
+                g,
+                &AdjustBinds { step: &step, p: &pb, md: &meta, adj: &ab, logits: &lb },
+                vocab,
+            ),
+            sample::sample(
+                &k.sample,
+                g,
+                &SampleBinds { step: &step, p: &pb, md: &meta, logits: &lb, result: &rb },
+                vocab,
+            ),
         ];
         let calls = self.calls(&ops, shape, None);
         if iters > 1 {
@@ -500,7 +513,7 @@ impl Harness {
         let wb = g.storage_init("w", bytemuck::cast_slice(weight));
         let qb = g.storage_init("qkv", bytemuck::cast_slice(qkv));
         let b = HeadNormBinds { step: &step, p: &pb, weight: &wb, qkv: &qb };
-        self.run_op(norm::head_norm(&self.kernels, g, &b, heads + kv_heads, head_dim), n, 0)?;
+        self.run_op(norm::head_norm(&self.kernels.norm, g, &b, heads + kv_heads, head_dim), n, 0)?;
         g.download_f32(&qb, qkv.len())
     }
 
@@ -596,12 +609,12 @@ impl Harness {
         let k = &self.kernels;
         let kv = (&rig.k[..], &rig.v[..]);
         let b = RopeBinds { step: &step, p: &rp, md: &meta, cos_sin: &rig.cos_sin, qkv: &qkv_b };
-        let rope = rope::rope_kv(k, g, &b, kv, dims);
+        let rope = rope::rope_kv(&k.rope, g, &b, kv, dims);
         let b = AttnBinds { step: &step, p: &ap, md: &meta, qkv: &qkv_b, out: &out, part: &part, sinks: &sinks };
-        let attention = attention::attention(k, g, &b, kv, dims);
+        let attention = attention::attention(&k.attention, g, &b, kv, dims);
         let attn_tile = match rig.tiled {
-            None => attention_tiled(&self.kernels, n, s.block_tables.len()),
-            Some(true) => attention::tiled_tokens(&self.kernels),
+            None => attention_tiled(&self.kernels.attention, n, s.block_tables.len()),
+            Some(true) => attention::tiled_tokens(&self.kernels.attention),
             Some(false) => 0,
         };
         let shape = StepShape { n_tokens: n as u32, n_splits: splits, attn_tile, n_seqs: 1, ..Default::default() };

@@ -150,7 +150,7 @@ impl Harness {
         };
         let ops = DeltaStage::mixer()
             .iter()
-            .map(|&stage| delta::delta(&self.kernels, g, &b, stage, stage.per_unit(d, 0)))
+            .map(|&stage| delta::delta(self.kernels.delta.as_ref(), g, &b, stage, stage.per_unit(d, 0)))
             .collect::<Result<Vec<_>>>()?;
         let shape = StepShape { n_tokens: n as u32, n_seqs: seqs.len() as u32, n_splits: 1, ..Default::default() };
         let t = self.run(&self.calls(&ops, shape, None), iters)?;
@@ -181,7 +181,7 @@ impl Harness {
             out: &ob,
             chunks: &dummy[3],
         };
-        let op = delta::delta(&self.kernels, g, &b, DeltaStage::Gate, width as u32)?;
+        let op = delta::delta(self.kernels.delta.as_ref(), g, &b, DeltaStage::Gate, width as u32)?;
         let shape = StepShape { n_tokens: n as u32, n_splits: 1, ..Default::default() };
         self.run(&self.calls(&[op], shape, None), 1)?;
         g.download_f32(&ob, out.len())

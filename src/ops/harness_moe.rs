@@ -24,11 +24,11 @@ impl Harness {
     /// Tests and the tuner: whether the gpu profile's prefill-sized MoE steps run the tiled
     /// expert kernels (built here where missing; the cpu profile has none).
     pub fn set_moe_tiled(&mut self, on: bool) -> Result<()> {
-        let gpu_profile = self.kernels.gpu.is_some();
-        let k = &mut self.kernels;
-        for (&f, p) in k.moe.iter_mut() {
+        let gpu_profile = self.kernels.matmul.gpu.is_some();
+        let k = &mut self.kernels.moe;
+        for (&f, p) in k.formats.iter_mut() {
             if on && gpu_profile && p.tiled.is_none() {
-                p.tiled = Some(moe::tiled_pipelines(&self.gpu, &k.moe_family, f)?);
+                p.tiled = Some(moe::tiled_pipelines(&self.gpu, &k.family, f)?);
             }
             p.use_tiled = on && p.tiled.is_some();
         }
@@ -96,7 +96,8 @@ impl Harness {
         let down = GpuMatrix::upload_grouped(g, "down", w.down, h, max_binding)?;
         let io = MatmulIo { step: &step, x: &xb, y: &logits, bias: &rbias, windows: None, cap: 0.0, xq: None };
         let flags = if w.router_bias.is_some() { MAT_BIAS } else { 0 };
-        let (mut ops, _p) = matmul::matmul(&self.kernels, g, &router, &io, (0, spec.experts), flags, false, false);
+        let (mut ops, _p) =
+            matmul::matmul(&self.kernels.matmul, g, &router, &io, (0, spec.experts), flags, false, false);
         let mio = MoeIo {
             step: &step,
             logits: &logits,
@@ -108,10 +109,10 @@ impl Harness {
             hidden: &hidden,
             dummy: &dummy,
         };
-        ops.extend(moe::route(&self.kernels, g, spec, &mio, None).0);
-        ops.extend(moe::experts(&self.kernels, g, spec, &gate_up, &mio, false, bgu.as_ref()).0);
-        ops.extend(moe::experts(&self.kernels, g, spec, &down, &mio, true, bd.as_ref()).0);
-        ops.push(moe::combine(&self.kernels, g, spec, &mio, h, false).0);
+        ops.extend(moe::route(&self.kernels.moe, g, spec, &mio, None).0);
+        ops.extend(moe::experts(&self.kernels.moe, g, spec, &gate_up, &mio, false, bgu.as_ref()).0);
+        ops.extend(moe::experts(&self.kernels.moe, g, spec, &down, &mio, true, bd.as_ref()).0);
+        ops.push(moe::combine(&self.kernels.moe, g, spec, &mio, h, false).0);
         let shape = StepShape { n_tokens: t as u32, n_splits: 1, ..Default::default() };
         Ok((self.calls(&ops, shape, None), hidden, vec![router, gate_up, down]))
     }

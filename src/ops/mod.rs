@@ -1,10 +1,13 @@
-//! The GPU ops of a forward step: the kernels (their WGSL assembly in `sources`, their
-//! pipelines in `kernels`) and one file per kernel family — `matmul` (and the embedding),
-//! `norm` (RMSNorm, the per-head q/k norm), `rope` (RoPE + KV write), `attention`, `sample`
-//! (logit adjustments, the sampler), `delta` (Gated DeltaNet); `gemm` (the GEMM variants and the
-//! plan of which matmul kernel a step runs) and `tune` (the tuner that measures the plan) — each with its parameter struct (one Rust definition that
-//! generates the WGSL declaration), its bindings by name (checked against the shader), and the
-//! constructor of its ops; `harness` runs single ops on host data for tests and benches.
+//! The GPU ops of a forward step, one file (or folder) per kernel family — `matmul` (the
+//! embedding, the cpu profile's register tiles, the gpu profile's decode kernels and GEMMs with
+//! the plan of which runs when), `norm` (RMSNorm, the per-head q/k norm), `ple`, `rope` (RoPE +
+//! KV write), `attention`, `moe`, `delta` (Gated DeltaNet), `sample` (logit adjustments, the
+//! sampler). Each family owns its parameter struct (one Rust definition that generates the WGSL
+//! declaration), its bindings by name (checked against the shader), its WGSL assembly from
+//! shaders/<family>/, its pipelines (`<Family>Kernels`), the constructors and grids of its ops
+//! and their cost (`cost`). `kernels` composes the families' kernels for a model; `wgsl` and
+//! `kv_cache` hold what several families' programs share; `tune` measures the GEMM plan;
+//! `harness` runs single ops on host data for tests and benches.
 //!
 //! Owns: kernels, op families, the kernel harness.
 //! May use: gpu, weights, config, sampling.
@@ -21,19 +24,19 @@ pub mod attention;
 mod binding_tests;
 pub mod cost;
 pub mod delta;
-pub mod gemm;
 pub mod harness;
 pub mod harness_delta;
 pub mod harness_moe;
 pub mod kernels;
+pub mod kv_cache;
 pub mod matmul;
 pub mod moe;
 pub mod norm;
 pub mod ple;
 pub mod rope;
 pub mod sample;
-pub mod sources;
 pub mod tune;
+pub mod wgsl;
 
 pub use attention::{attention_splits, attention_tiled};
 
@@ -51,6 +54,8 @@ macro_rules! bindings {
             /// (binding, shader variable, access) of each field.
             pub const SLOTS: &'static [(u32, &'static str, crate::gpu::family::Slot)] =
                 &[$(($b, stringify!($field), crate::gpu::family::Slot::$slot)),*];
+            /// The struct's name and slots, what a program of it must declare.
+            pub const BINDS: crate::ops::Binds = (stringify!($name), Self::SLOTS);
 
             pub fn entries(&self) -> Vec<(u32, &'a wgpu::Buffer)> {
                 vec![$(($b, self.$field)),*]
@@ -59,6 +64,33 @@ macro_rules! bindings {
     };
 }
 pub(crate) use bindings;
+
+/// A bindings struct's name and its (binding, shader variable, access) slots.
+pub type Binds = (&'static str, &'static [(u32, &'static str, crate::gpu::family::Slot)]);
+
+/// One program a family can build: its label (what the naga test names), its assembled source,
+/// the bindings struct its shader must declare and, for a kernel that binds the KV cache, the
+/// first K and V cache bindings (binding_tests checks both against the source).
+pub struct Program {
+    pub label: String,
+    pub src: anyhow::Result<String>,
+    pub binds: Binds,
+    pub kv: Option<(u32, u32)>,
+}
+
+impl Program {
+    pub fn new(label: impl Into<String>, src: anyhow::Result<String>, binds: Binds) -> Program {
+        Program { label: label.into(), src, binds, kv: None }
+    }
+
+    /// The same binding the KV cache with its first chunk at `first` (K, V).
+    pub fn with_kv(self, first: (u32, u32)) -> Program {
+        Program { kv: Some(first), ..self }
+    }
+}
+
+/// Every program of a family (its `sources`; kernels::programs gathers them).
+pub(crate) type Sources = Vec<Program>;
 
 /// The bind-group layout of a family's slots.
 pub(crate) fn layout_of(slots: &[(u32, &str, crate::gpu::family::Slot)]) -> Vec<(u32, crate::gpu::family::Slot)> {
@@ -225,7 +257,7 @@ impl RecordParams {
     pub fn new(gpu: &Gpu) -> RecordParams {
         RecordParams {
             align: gpu.device.limits().min_uniform_buffer_offset_alignment,
-            win_stride: crate::ops::kernels::window_stride(gpu),
+            win_stride: crate::ops::matmul::tiles::window_stride(gpu),
         }
     }
 }
@@ -245,7 +277,7 @@ pub struct Recorder<'a> {
 impl<'a> Recorder<'a> {
     /// The profile the kernels were built for.
     pub fn profile(&self) -> KernelProfile {
-        if self.kernels.gpu.is_some() {
+        if self.kernels.matmul.gpu.is_some() {
             KernelProfile::Gpu
         } else {
             KernelProfile::Cpu

@@ -1,16 +1,18 @@
-//! The mixture-of-experts FFN's ops (shaders/moe_route.wgsl, shaders/moe.wgsl): the router's
+//! The mixture-of-experts FFN's ops (shaders/moe/moe_route.wgsl, shaders/moe/moe.wgsl): the router's
 //! top-k selection of each token's experts and their weights, the selected experts' gate/up
 //! projections (with the gated activation), and their down projections weighted and summed into
 //! the residual. Each expert tensor is one matrix of `experts * rows_per_expert` rows, uploaded
 //! in chunks of whole experts; an op per chunk reads only the rows of the experts routed to it,
 //! so a token costs its k experts' weights, not all of them (ggml's `mul_mat_id`); on the gpu
-//! profile a prefill-sized step can run the experts as a grouped GEMM (shaders/moe_tiled.wgsl).
-//! The shaders are assembled here (sources.rs re-exports them). The CPU reference of the whole
-//! block is `moe_ref`.
+//! profile a prefill-sized step can run the experts as a grouped GEMM (shaders/moe/moe_tiled.wgsl).
+//! The family's shaders are assembled and its kernels built here (`MoeKernels`). The CPU
+//! reference of the whole block is `moe_ref`.
 
-use super::kernels::Kernels;
-use super::sources::{common, TILE_LOAD};
-use super::{bindings, div_up, Dispatch, Op, OpKind, Recorder, StepShape};
+use super::cost::Cost;
+use super::matmul::gemm::{tiled_fma, TILE_LOAD};
+use super::wgsl::common;
+use super::{bindings, div_up, Dispatch, Op, OpKind, Program, Recorder, StepShape};
+use crate::config::KernelProfile;
 use crate::gpu::family::Family;
 use crate::gpu::shader::Shader;
 use crate::gpu::shared::gpu_struct;
@@ -18,6 +20,7 @@ use crate::gpu::tune_cache::TuneCache;
 use crate::gpu::{Gpu, WFormat};
 use crate::weights::tensor::{matmul_ref, QTensor};
 use crate::weights::upload::GpuMatrix;
+use std::collections::BTreeMap;
 
 gpu_struct! {
     /// Parameters of the router and of one expert chunk's projection (WGSL `MoeParams`).
@@ -77,7 +80,9 @@ pub fn tiled_wanted(gpu: &Gpu, format: WFormat, cache: Option<&TuneCache>) -> an
         Some("1") => true,
         Some("0") => false,
         Some(v) => anyhow::bail!("{MOE_TILED_ENV} must be 0 or 1, got {v:?}"),
-        None => cache.and_then(|c| c.moe(&gpu.info, format.name())) == Some(MOE_TILED),
+        None => {
+            cache.and_then(|c| c.moe(&gpu.info, super::matmul::gemm::tuned_kernels(), format.name())) == Some(MOE_TILED)
+        }
     };
     if on {
         tracing::info!("{} experts: tiled (grouped GEMM) kernels for prefill-sized steps", format.name());
@@ -90,6 +95,93 @@ pub fn tiled_pipelines(gpu: &Gpu, family: &Family, format: WFormat) -> anyhow::R
     let n = format.name();
     let make = |gu: bool| family.pipeline(gpu, &format!("moe_tiled_{n}_{gu}"), &moe_tiled_source(format, gu)?, "main");
     Ok([make(true)?, make(false)?])
+}
+
+/// The mixture-of-experts kernels of one weight format (moe.wgsl).
+pub struct MoePipelines {
+    /// A thread per pair (decode-sized steps).
+    pub gate_up: wgpu::ComputePipeline,
+    pub down: wgpu::ComputePipeline,
+    /// A thread per MOE_TG pairs of one expert (prefill-sized steps).
+    pub gate_up_grouped: wgpu::ComputePipeline,
+    pub down_grouped: wgpu::ComputePipeline,
+    /// gpu profile: tiles of MOE_MT pairs of one expert x 64 rows (moe_tiled.wgsl), [gate_up,
+    /// down], built where prefill-sized steps run them instead of the grouped ones
+    /// (moe::tiled_wanted; the kernel harness builds them when asked).
+    pub tiled: Option<[wgpu::ComputePipeline; 2]>,
+    pub use_tiled: bool,
+}
+
+/// The mixture-of-experts family's kernels: built empty for a dense model (no expert formats).
+pub struct MoeKernels {
+    /// `MoeBinds`.
+    pub family: Family,
+    /// The router, then the grouping's count, offsets and scatter (moe_route.wgsl), the
+    /// combine and the shared expert's gate: built only with expert formats (a MoE model).
+    pub route: Option<[wgpu::ComputePipeline; 4]>,
+    pub combine: Option<wgpu::ComputePipeline>,
+    pub shared_gate: Option<wgpu::ComputePipeline>,
+    /// The expert kernels per format of the expert tensors.
+    pub formats: BTreeMap<WFormat, MoePipelines>,
+}
+
+impl MoeKernels {
+    /// The kernels of the expert tensors' `formats` (both profiles run the same expert kernels,
+    /// a thread per few outputs, no workgroup memory; the gpu profile adds the tiled ones where
+    /// `tiled_wanted`, from the tuner's `cache`).
+    pub fn new(
+        gpu: &Gpu,
+        formats: &[WFormat],
+        profile: KernelProfile,
+        cache: Option<&TuneCache>,
+    ) -> anyhow::Result<MoeKernels> {
+        let family = Family::new(gpu, &super::layout_of(MoeBinds::SLOTS));
+        let (route, combine, shared_gate) = if formats.is_empty() {
+            (None, None, None)
+        } else {
+            let src = moe_route_source()?;
+            let mut route = Vec::new();
+            for entry in ["main", "count_main", "offsets_main", "scatter_main"] {
+                route.push(family.pipeline(gpu, &format!("moe_route_{entry}"), &src, entry)?);
+            }
+            let route: [wgpu::ComputePipeline; 4] =
+                route.try_into().map_err(|_| anyhow::anyhow!("moe_route: four pipelines expected"))?;
+            let src = moe_source(WFormat::F32)?;
+            let combine = family.pipeline(gpu, "moe_combine", &src, "combine_main")?;
+            let shared_gate = family.pipeline(gpu, "moe_shared_gate", &src, "shared_gate_main")?;
+            (Some(route), Some(combine), Some(shared_gate))
+        };
+        let mut by_format = BTreeMap::new();
+        for &f in formats {
+            if let std::collections::btree_map::Entry::Vacant(slot) = by_format.entry(f) {
+                let src = moe_source(f)?;
+                let n = f.name();
+                let gate_up = family.pipeline(gpu, &format!("moe_gate_up_{n}"), &src, "gate_up_main")?;
+                let down = family.pipeline(gpu, &format!("moe_down_{n}"), &src, "down_main")?;
+                let gate_up_grouped =
+                    family.pipeline(gpu, &format!("moe_gate_up_grouped_{n}"), &src, "gate_up_grouped")?;
+                let down_grouped = family.pipeline(gpu, &format!("moe_down_grouped_{n}"), &src, "down_grouped")?;
+                // The tiled expert kernels only where they will run (gpu profile, chosen).
+                let use_tiled = profile == KernelProfile::Gpu && tiled_wanted(gpu, f, cache)?;
+                let tiled = if use_tiled { Some(tiled_pipelines(gpu, &family, f)?) } else { None };
+                slot.insert(MoePipelines { gate_up, down, gate_up_grouped, down_grouped, tiled, use_tiled });
+            }
+        }
+        Ok(MoeKernels { family, route, combine, shared_gate, formats: by_format })
+    }
+}
+
+/// Every program of the family: each format's expert kernels (and tiled ones), the router.
+pub fn sources() -> super::Sources {
+    let mut v: super::Sources = Vec::new();
+    for f in WFormat::ALL {
+        v.push(Program::new(format!("moe_{}", f.name()), moe_source(f), MoeBinds::BINDS));
+        for gu in [false, true] {
+            v.push(Program::new(format!("moe_tiled_{}_{gu}", f.name()), moe_tiled_source(f, gu), MoeBinds::BINDS));
+        }
+    }
+    v.push(Program::new("moe_route", moe_route_source(), MoeBinds::BINDS));
+    v
 }
 
 /// The tuner's names of the two prefill-sized expert kernels.
@@ -161,24 +253,27 @@ pub fn wgsl_moe() -> String {
     )
 }
 
-const MOE_COMMON: &str = include_str!("../../shaders/moe_common.wgsl");
+const MOE_COMMON: &str = include_str!("../../shaders/moe/moe_common.wgsl");
+
+/// The tiled expert kernel's template (its hash is among the tuned kernels').
+pub(crate) const MOE_TILED_WGSL: &str = include_str!("../../shaders/moe/moe_tiled.wgsl");
 
 /// The gpu profile's tiled expert kernel (moe_tiled.wgsl): gate/up (`gu`) or down.
 pub fn moe_tiled_source(f: WFormat, gu: bool) -> anyhow::Result<String> {
-    Shader::new(format!("moe_tiled_{}_{gu}", f.name()), include_str!("../../shaders/moe_tiled.wgsl"))
+    Shader::new(format!("moe_tiled_{}_{gu}", f.name()), MOE_TILED_WGSL)
         .after(common())
         .after(wgsl_moe())
         .after(f.snippet())
         .after(MOE_COMMON)
         .after(TILE_LOAD)
         .fill("GU", gu)
-        .fill("FMA", super::gemm::tiled_fma(MOE_MT))
+        .fill("FMA", tiled_fma(MOE_MT))
         .build()
 }
 
 /// The mixture-of-experts kernels of one weight format (moe.wgsl: gate_up_main, down_main).
 pub fn moe_source(f: WFormat) -> anyhow::Result<String> {
-    Shader::new(format!("moe_{}", f.name()), include_str!("../../shaders/moe.wgsl"))
+    Shader::new(format!("moe_{}", f.name()), include_str!("../../shaders/moe/moe.wgsl"))
         .after(common())
         .after(wgsl_moe())
         .after(f.snippet())
@@ -190,7 +285,7 @@ pub fn moe_source(f: WFormat) -> anyhow::Result<String> {
 
 /// The mixture-of-experts router (moe_route.wgsl).
 pub fn moe_route_source() -> anyhow::Result<String> {
-    Shader::new("moe_route", include_str!("../../shaders/moe_route.wgsl"))
+    Shader::new("moe_route", include_str!("../../shaders/moe/moe_route.wgsl"))
         .after(common())
         .after(wgsl_moe())
         .fill("TG", MOE_TG)
@@ -261,7 +356,7 @@ pub struct MoeIo<'a> {
 /// prefill-sized steps) the pairs grouped by expert.
 /// `expert_scale`: each expert's factor its chosen weights are multiplied by (Gemma 4), or None.
 pub fn route(
-    k: &Kernels,
+    k: &MoeKernels,
     g: &Gpu,
     spec: &MoeSpec,
     io: &MoeIo,
@@ -285,13 +380,13 @@ pub fn route(
         (OpKind::MoeGroup { stage: 1, top_k, experts }, "moe_group"),
         (OpKind::MoeGroup { stage: 2, top_k, experts }, "moe_group"),
     ]
-    .map(|(kind, label)| Op { kind, label, bind: k.moe_family.bind(g, &b.entries()), bind_x: None });
+    .map(|(kind, label)| Op { kind, label, bind: k.family.bind(g, &b.entries()), bind_x: None });
     (ops.into(), vec![pb])
 }
 
 /// The op adding each token's weighted pair projections into the residual (`io.hidden`), or
 /// (`set`) writing their sum there.
-pub fn combine(k: &Kernels, g: &Gpu, spec: &MoeSpec, io: &MoeIo, hidden: usize, set: bool) -> (Op, wgpu::Buffer) {
+pub fn combine(k: &MoeKernels, g: &Gpu, spec: &MoeSpec, io: &MoeIo, hidden: usize, set: bool) -> (Op, wgpu::Buffer) {
     let p = MoeParams {
         n_out: hidden as u32,
         top_k: spec.top_k as u32,
@@ -304,18 +399,18 @@ pub fn combine(k: &Kernels, g: &Gpu, spec: &MoeSpec, io: &MoeIo, hidden: usize, 
     let d = io.dummy;
     let b = MoeBinds { step: io.step, p: &pb, x: io.pair_out, wq: d, ws: d, route: io.route, y: io.hidden, bias: d };
     let kind = OpKind::MoeCombine { hidden: hidden as u32 };
-    (Op { kind, label: "moe_combine", bind: k.moe_family.bind(g, &b.entries()), bind_x: None }, pb)
+    (Op { kind, label: "moe_combine", bind: k.family.bind(g, &b.entries()), bind_x: None }, pb)
 }
 
 /// The op scaling the shared expert's activations `act` ([tokens, width]) by the sigmoid of
 /// each token's gate logit (column 0 of `io.logits`, rows of `spec.experts`).
-pub fn shared_gate(k: &Kernels, g: &Gpu, spec: &MoeSpec, io: &MoeIo, width: usize) -> (Op, wgpu::Buffer) {
+pub fn shared_gate(k: &MoeKernels, g: &Gpu, spec: &MoeSpec, io: &MoeIo, width: usize) -> (Op, wgpu::Buffer) {
     let p = MoeParams { n_out: width as u32, y_stride: spec.experts as u32, ..Default::default() };
     let pb = g.uniform_init("moe_shared_gate_params", bytemuck::bytes_of(&p));
     let d = io.dummy;
     let b = MoeBinds { step: io.step, p: &pb, x: io.logits, wq: d, ws: d, route: d, y: io.act, bias: d };
     let kind = OpKind::MoeSharedGate { width: width as u32 };
-    (Op { kind, label: "moe_shared_gate", bind: k.moe_family.bind(g, &b.entries()), bind_x: None }, pb)
+    (Op { kind, label: "moe_shared_gate", bind: k.family.bind(g, &b.entries()), bind_x: None }, pb)
 }
 
 /// The experts' gate/up ops (`down` false: `m` holds each expert's gate rows then its up rows,
@@ -323,7 +418,7 @@ pub fn shared_gate(k: &Kernels, g: &Gpu, spec: &MoeSpec, io: &MoeIo, width: usiz
 /// chunk of `m` (each chunk whole experts); `bias`: the per-expert biases [experts *
 /// rows_per_expert].
 pub fn experts(
-    k: &Kernels,
+    k: &MoeKernels,
     g: &Gpu,
     spec: &MoeSpec,
     m: &GpuMatrix,
@@ -375,7 +470,7 @@ pub fn experts(
             experts: spec.experts as u32,
         };
         let label = if down { "moe_down" } else { "moe_gate_up" };
-        ops.push(Op { kind, label, bind: k.moe_family.bind(g, &b.entries()), bind_x: None });
+        ops.push(Op { kind, label, bind: k.family.bind(g, &b.entries()), bind_x: None });
         params.push(pb);
     }
     (ops, params)
@@ -383,7 +478,7 @@ pub fn experts(
 
 /// The router's grid: a thread per token.
 pub(super) fn route_dispatches<'a>(op: &'a Op, r: &Recorder<'a>, s: &StepShape, mut out: impl FnMut(Dispatch<'a>)) {
-    if let (Some(route), true) = (&r.kernels.moe_route, s.n_tokens > 0) {
+    if let (Some(route), true) = (&r.kernels.moe.route, s.n_tokens > 0) {
         out(r.folded(&route[0], &op.bind, div_up(s.n_tokens, 64)));
     }
 }
@@ -397,7 +492,7 @@ pub(super) fn group_dispatches<'a>(
     (stage, top_k, experts): (u32, u32, u32),
     mut out: impl FnMut(Dispatch<'a>),
 ) {
-    let Some(route) = &r.kernels.moe_route else { return };
+    let Some(route) = &r.kernels.moe.route else { return };
     if s.n_tokens == 0 || !grouped(s.n_tokens, top_k, experts) {
         return;
     }
@@ -413,7 +508,7 @@ pub(super) fn combine_dispatches<'a>(
     hidden: u32,
     mut out: impl FnMut(Dispatch<'a>),
 ) {
-    if let (Some(combine), true) = (&r.kernels.moe_combine, s.n_tokens > 0) {
+    if let (Some(combine), true) = (&r.kernels.moe.combine, s.n_tokens > 0) {
         out(r.folded(combine, &op.bind, div_up(s.n_tokens * hidden, 64)));
     }
 }
@@ -426,7 +521,7 @@ pub(super) fn shared_gate_dispatches<'a>(
     width: u32,
     mut out: impl FnMut(Dispatch<'a>),
 ) {
-    if let (Some(pipe), true) = (&r.kernels.moe_shared_gate, s.n_tokens > 0) {
+    if let (Some(pipe), true) = (&r.kernels.moe.shared_gate, s.n_tokens > 0) {
         out(r.folded(pipe, &op.bind, div_up(s.n_tokens * width, 64)));
     }
 }
@@ -444,7 +539,7 @@ pub(super) fn expert_dispatches<'a>(
     if s.n_tokens == 0 {
         return;
     }
-    let p = &r.kernels.moe[&format];
+    let p = &r.kernels.moe.formats[&format];
     let pairs = s.n_tokens * top_k;
     let is_grouped = grouped(s.n_tokens, top_k, experts);
     if let (true, true, Some(t)) = (is_grouped, p.use_tiled, &p.tiled) {
@@ -464,6 +559,46 @@ pub(super) fn expert_dispatches<'a>(
         }
     };
     out(r.folded(pipe, &op.bind, div_up(units * div_up(n_out, MOE_TN), 64)));
+}
+
+/// The router's bytes and FLOPs: it reads each token's logits and writes 2 words per choice.
+pub(super) fn route_cost(s: &StepShape, experts: u32) -> Cost {
+    let n = s.n_tokens as u64;
+    Cost { bytes: 4 * n * experts as u64, flops: 4 * n * experts as u64 }
+}
+
+/// The grouping's bytes.
+pub(super) fn group_cost(s: &StepShape, top_k: u32) -> Cost {
+    Cost { bytes: 16 * s.n_tokens as u64 * top_k as u64, flops: 0 }
+}
+
+/// The combine's bytes and FLOPs.
+pub(super) fn combine_cost(s: &StepShape, hidden: u32) -> Cost {
+    let n = s.n_tokens as u64;
+    Cost { bytes: 4 * n * hidden as u64 * 3, flops: 2 * n * hidden as u64 }
+}
+
+/// The shared gate's bytes and FLOPs.
+pub(super) fn shared_gate_cost(s: &StepShape, width: u32) -> Cost {
+    let n = s.n_tokens as u64;
+    Cost { bytes: 8 * n * width as u64, flops: 4 * n * width as u64 }
+}
+
+/// An expert chunk's bytes and FLOPs: the (token, choice) pairs routed to this chunk if routing
+/// is even, and the experts they touch at most (all distinct); each touched expert's rows are
+/// read once.
+pub(super) fn experts_cost(
+    s: &StepShape,
+    (format, n_out, top_k, down): (WFormat, u32, u32, bool),
+    (cols, chunk_experts, experts): (u32, u32, u32),
+) -> Cost {
+    let n = s.n_tokens as u64;
+    let (k, ce) = (cols as u64, chunk_experts as u64);
+    let pairs = (n * top_k as u64 * ce).div_ceil(experts.max(1) as u64);
+    let rows = if down { n_out as u64 } else { 2 * n_out as u64 };
+    let weights = pairs.min(ce) * rows * format.row_bytes(k as usize) as u64;
+    let outs = pairs * n_out as u64;
+    Cost { bytes: weights + 4 * pairs * k + 4 * outs, flops: 2 * pairs * rows * k }
 }
 
 /// The experts and weights the router gives one token's logits: the top_k largest (lowest

@@ -1,10 +1,14 @@
 //! RMSNorm (of every token row, or gathered sampled rows; stored, or added into the output) and
-//! the per-head q/k RMSNorm of Qwen3 and Gemma 3: parameters, bindings and constructors.
+//! the per-head q/k RMSNorm of Qwen3 and Gemma 3 (rmsnorm.wgsl, head_norm.wgsl): parameters,
+//! bindings, constructors, grids and kernels.
 
-use super::kernels::Kernels;
-use super::{bindings, div_up, Dispatch, Op, OpKind, Recorder, StepShape};
+use super::cost::Cost;
+use super::{bindings, div_up, Dispatch, Op, OpKind, Program, Recorder, StepShape};
+use crate::gpu::family::Family;
+use crate::gpu::shader::Shader;
 use crate::gpu::shared::gpu_struct;
 use crate::gpu::Gpu;
+use anyhow::Result;
 
 gpu_struct! {
     /// rmsnorm.wgsl's parameters (WGSL `NormParams`).
@@ -115,17 +119,59 @@ impl HeadNormParams {
     }
 }
 
+pub fn rmsnorm_source() -> Result<String> {
+    Shader::new("rmsnorm", include_str!("../../shaders/norm/rmsnorm.wgsl"))
+        .after(super::wgsl::common())
+        .after(NormParams::WGSL)
+        .build()
+}
+
+pub fn head_norm_source() -> Result<String> {
+    Shader::new("head_norm", include_str!("../../shaders/norm/head_norm.wgsl"))
+        .after(super::wgsl::common())
+        .after(HeadNormParams::WGSL)
+        .build()
+}
+
+/// Every program of the family.
+pub fn sources() -> super::Sources {
+    vec![
+        Program::new("rmsnorm", rmsnorm_source(), NormBinds::BINDS),
+        Program::new("head_norm", head_norm_source(), HeadNormBinds::BINDS),
+    ]
+}
+
+/// The norm family's kernels.
+pub struct NormKernels {
+    /// `NormBinds`.
+    pub family: Family,
+    pub rmsnorm: wgpu::ComputePipeline,
+    /// `HeadNormBinds`.
+    pub head_family: Family,
+    pub head_norm: wgpu::ComputePipeline,
+}
+
+impl NormKernels {
+    pub fn new(gpu: &Gpu) -> Result<NormKernels> {
+        let family = Family::new(gpu, &super::layout_of(NormBinds::SLOTS));
+        let rmsnorm = family.pipeline(gpu, "rmsnorm", &rmsnorm_source()?, "main")?;
+        let head_family = Family::new(gpu, &super::layout_of(HeadNormBinds::SLOTS));
+        let head_norm = head_family.pipeline(gpu, "head_norm", &head_norm_source()?, "main")?;
+        Ok(NormKernels { family, rmsnorm, head_family, head_norm })
+    }
+}
+
 /// The RMSNorm op over rows of `dim` floats; `sampled`: over the sampled rows (the params
 /// gather them).
-pub fn norm(k: &Kernels, g: &Gpu, b: &NormBinds, sampled: bool, dim: usize) -> Op {
+pub fn norm(k: &NormKernels, g: &Gpu, b: &NormBinds, sampled: bool, dim: usize) -> Op {
     let kind = OpKind::Norm { sampled, dim: dim as u32 };
-    Op { kind, label: kind.family(), bind: k.norm_family.bind(g, &b.entries()), bind_x: None }
+    Op { kind, label: kind.family(), bind: k.family.bind(g, &b.entries()), bind_x: None }
 }
 
 /// The per-head q/k (and v) norm op over `heads` query + KV (+ V) heads of `head_dim`.
-pub fn head_norm(k: &Kernels, g: &Gpu, b: &HeadNormBinds, heads: usize, head_dim: usize) -> Op {
+pub fn head_norm(k: &NormKernels, g: &Gpu, b: &HeadNormBinds, heads: usize, head_dim: usize) -> Op {
     let kind = OpKind::HeadNorm { heads: heads as u32, head_dim: head_dim as u32 };
-    Op { kind, label: kind.family(), bind: k.head_norm_family.bind(g, &b.entries()), bind_x: None }
+    Op { kind, label: kind.family(), bind: k.head_family.bind(g, &b.entries()), bind_x: None }
 }
 
 /// RMSNorm's grid: a workgroup per row.
@@ -138,7 +184,7 @@ pub(super) fn norm_dispatches<'a>(
 ) {
     let m = if sampled { s.n_sample } else { s.n_tokens };
     if m > 0 {
-        out(r.folded(&r.kernels.rmsnorm, &op.bind, m));
+        out(r.folded(&r.kernels.norm.rmsnorm, &op.bind, m));
     }
 }
 
@@ -150,5 +196,17 @@ pub(super) fn head_norm_dispatches<'a>(
     heads: u32,
     mut out: impl FnMut(Dispatch<'a>),
 ) {
-    out(r.folded(&r.kernels.head_norm, &op.bind, div_up(s.n_tokens * heads, 64)));
+    out(r.folded(&r.kernels.norm.head_norm, &op.bind, div_up(s.n_tokens * heads, 64)));
+}
+
+/// RMSNorm's bytes and FLOPs in a step of shape `s`.
+pub(super) fn norm_cost(s: &StepShape, sampled: bool, dim: u32) -> Cost {
+    let m = if sampled { s.n_sample } else { s.n_tokens } as u64;
+    Cost { bytes: 8 * m * dim as u64 + 4 * dim as u64, flops: 4 * m * dim as u64 }
+}
+
+/// The per-head norm's bytes and FLOPs.
+pub(super) fn head_norm_cost(s: &StepShape, heads: u32, head_dim: u32) -> Cost {
+    let e = s.n_tokens as u64 * heads as u64 * head_dim as u64;
+    Cost { bytes: 8 * e + 8 * head_dim as u64, flops: 4 * e }
 }

@@ -2,10 +2,13 @@
 //! tanh-GELU, times the layer's slice of the per-layer embeddings: parameters, bindings and
 //! constructor.
 
-use super::kernels::Kernels;
-use super::{bindings, div_up, Dispatch, Op, OpKind, Recorder, StepShape};
+use super::cost::Cost;
+use super::{bindings, div_up, Dispatch, Op, OpKind, Program, Recorder, StepShape};
+use crate::gpu::family::Family;
+use crate::gpu::shader::Shader;
 use crate::gpu::shared::gpu_struct;
 use crate::gpu::Gpu;
+use anyhow::Result;
 
 gpu_struct! {
     /// ple.wgsl's parameters (WGSL `PleParams`).
@@ -39,10 +42,37 @@ impl PleParams {
     }
 }
 
+pub fn ple_source() -> Result<String> {
+    Shader::new("ple", include_str!("../../shaders/ple/ple.wgsl"))
+        .after(super::wgsl::common())
+        .after(PleParams::WGSL)
+        .build()
+}
+
+/// Every program of the family.
+pub fn sources() -> super::Sources {
+    vec![Program::new("ple", ple_source(), PleBinds::BINDS)]
+}
+
+/// The per-layer input gate's kernel.
+pub struct PleKernels {
+    /// `PleBinds`.
+    pub family: Family,
+    pub gate: wgpu::ComputePipeline,
+}
+
+impl PleKernels {
+    pub fn new(gpu: &Gpu) -> Result<PleKernels> {
+        let family = Family::new(gpu, &super::layout_of(PleBinds::SLOTS));
+        let gate = family.pipeline(gpu, "ple_gate", &ple_source()?, "main")?;
+        Ok(PleKernels { family, gate })
+    }
+}
+
 /// The gate op of rows of `width` floats.
-pub fn ple_gate(k: &Kernels, g: &Gpu, b: &PleBinds, width: usize) -> Op {
+pub fn ple_gate(k: &PleKernels, g: &Gpu, b: &PleBinds, width: usize) -> Op {
     let kind = OpKind::PleGate { width: width as u32 };
-    Op { kind, label: kind.family(), bind: k.ple_family.bind(g, &b.entries()), bind_x: None }
+    Op { kind, label: kind.family(), bind: k.family.bind(g, &b.entries()), bind_x: None }
 }
 
 /// The gate's grid: a thread per (token, element).
@@ -54,6 +84,12 @@ pub(super) fn dispatches<'a>(
     mut out: impl FnMut(Dispatch<'a>),
 ) {
     if s.n_tokens > 0 {
-        out(r.folded(&r.kernels.ple_gate, &op.bind, div_up(s.n_tokens * width, 64)));
+        out(r.folded(&r.kernels.ple.gate, &op.bind, div_up(s.n_tokens * width, 64)));
     }
+}
+
+/// The gate's bytes and FLOPs.
+pub(super) fn cost(s: &StepShape, width: u32) -> Cost {
+    let n = s.n_tokens as u64;
+    Cost { bytes: 12 * n * width as u64, flops: 12 * n * width as u64 }
 }

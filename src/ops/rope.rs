@@ -1,11 +1,15 @@
-//! RoPE and the KV-cache write: the cos/sin table, parameters, bindings and constructor, and
-//! the KV cache's chunk bindings (shared with attention).
+//! RoPE and the KV-cache write (rope_kv.wgsl): the cos/sin table, parameters, bindings,
+//! constructor, grid and kernel.
 
-use super::kernels::Kernels;
-use super::sources::{KV_K_CHUNK_BINDING, KV_V_CHUNK_BINDING};
-use super::{bindings, div_up, Dispatch, Op, OpKind, Recorder, StepShape};
+use super::cost::Cost;
+use super::kv_cache::{chunk_slots, kv_entries, kv_snippet};
+use super::{bindings, div_up, Dispatch, Op, OpKind, Program, Recorder, StepShape};
+use crate::config::KvDtype;
+use crate::gpu::family::{Family, Slot};
+use crate::gpu::shader::Shader;
 use crate::gpu::shared::gpu_struct;
 use crate::gpu::Gpu;
+use anyhow::Result;
 
 gpu_struct! {
     /// rope_kv.wgsl's parameters (WGSL `RopeParams`).
@@ -88,33 +92,56 @@ pub fn rope_threads(heads: usize, kv_heads: usize, head_dim: usize) -> u32 {
     ((heads + 2 * kv_heads) * head_dim / 4) as u32
 }
 
+/// RoPE and the KV write for a cache of `kv` elements in `kv_chunks` buffers per layer.
+pub fn rope_kv_source(kv: KvDtype, kv_chunks: usize) -> Result<String> {
+    Shader::new("rope_kv", include_str!("../../shaders/rope/rope_kv.wgsl"))
+        .after(super::wgsl::common())
+        .after(RopeParams::WGSL)
+        .fill("KV", kv_snippet(kv, true, kv_chunks))
+        .build()
+}
+
+/// Every program of the family: each KV element type and number of chunks.
+pub fn sources() -> super::Sources {
+    let mut v: super::Sources = Vec::new();
+    for kv in [KvDtype::F16, KvDtype::F32] {
+        for chunks in 1..=crate::gpu::MAX_KV_CHUNKS {
+            let label = format!("rope_kv_{}_x{chunks}", kv.name());
+            v.push(Program::new(label, rope_kv_source(kv, chunks), RopeBinds::BINDS).with_kv(ROPE_KV));
+        }
+    }
+    v
+}
+
+/// The RoPE family's kernel for a model's KV cache.
+pub struct RopeKernels {
+    /// `RopeBinds` and the KV cache's chunks.
+    pub family: Family,
+    pub rope_kv: wgpu::ComputePipeline,
+}
+
+impl RopeKernels {
+    pub fn new(gpu: &Gpu, kv: KvDtype, kv_chunks: usize) -> Result<RopeKernels> {
+        let mut slots = super::layout_of(RopeBinds::SLOTS);
+        slots.extend([(ROPE_KV.0, Slot::ReadWrite), (ROPE_KV.1, Slot::ReadWrite)]);
+        slots.extend(chunk_slots(kv_chunks, Slot::ReadWrite));
+        let family = Family::new(gpu, &slots);
+        let rope_kv = family.pipeline(gpu, "rope_kv", &rope_kv_source(kv, kv_chunks)?, "main")?;
+        Ok(RopeKernels { family, rope_kv })
+    }
+}
+
 /// The RoPE + KV-write op over a layer's KV cache chunks `k`, `v`.
 pub fn rope_kv(
-    kern: &Kernels,
+    kern: &RopeKernels,
     g: &Gpu,
     b: &RopeBinds,
     (k, v): (&[wgpu::Buffer], &[wgpu::Buffer]),
     (heads, kv_heads, head_dim): (usize, usize, usize),
 ) -> Op {
-    let bind = kern.rope_family.bind(g, &kv_entries(b.entries(), ROPE_KV, k, v));
+    let bind = kern.family.bind(g, &kv_entries(b.entries(), ROPE_KV, k, v));
     let kind = OpKind::RopeKv { threads: rope_threads(heads, kv_heads, head_dim) };
     Op { kind, label: kind.family(), bind, bind_x: None }
-}
-
-/// Bind entries plus a layer's KV-cache chunks: chunk 0 at `first` (K, V), chunk c >= 1 at
-/// KV_K_CHUNK_BINDING + c and KV_V_CHUNK_BINDING + c.
-pub(crate) fn kv_entries<'a>(
-    mut entries: Vec<(u32, &'a wgpu::Buffer)>,
-    first: (u32, u32),
-    k: &'a [wgpu::Buffer],
-    v: &'a [wgpu::Buffer],
-) -> Vec<(u32, &'a wgpu::Buffer)> {
-    for (c, (kb, vb)) in k.iter().zip(v).enumerate() {
-        let c = c as u32;
-        let (ki, vi) = if c == 0 { first } else { (KV_K_CHUNK_BINDING + c, KV_V_CHUNK_BINDING + c) };
-        entries.extend([(ki, kb), (vi, vb)]);
-    }
-    entries
 }
 
 /// RoPE + KV write's grid: `threads` per token.
@@ -125,5 +152,12 @@ pub(super) fn dispatches<'a>(
     threads: u32,
     mut out: impl FnMut(Dispatch<'a>),
 ) {
-    out(r.folded(&r.kernels.rope_kv, &op.bind, div_up(s.n_tokens * threads, 64)));
+    out(r.folded(&r.kernels.rope.rope_kv, &op.bind, div_up(s.n_tokens * threads, 64)));
+}
+
+/// RoPE + KV write's bytes and FLOPs (`kv_bytes` per cache element): each thread reads 4
+/// floats (two rotated pairs) and writes 4 values; the K and V thirds go to the cache.
+pub(super) fn cost(s: &StepShape, threads: u32, kv_bytes: u64) -> Cost {
+    let e = 4 * s.n_tokens as u64 * threads as u64;
+    Cost { bytes: 4 * e + (4 + kv_bytes) * e / 2, flops: 3 * e }
 }

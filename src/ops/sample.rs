@@ -2,10 +2,13 @@
 //! logit_bias, the structured-output token mask; logit_adjust.wgsl), then sampling (sample.wgsl).
 //! The per-row parameters are the 16-word rows of `sampling::row`.
 
-use super::kernels::Kernels;
-use super::{bindings, Dispatch, Op, OpKind, Recorder, StepShape};
+use super::cost::Cost;
+use super::{bindings, Dispatch, Op, OpKind, Program, Recorder, StepShape};
+use crate::gpu::family::Family;
+use crate::gpu::shader::Shader;
 use crate::gpu::shared::gpu_struct;
 use crate::gpu::Gpu;
+use anyhow::Result;
 
 gpu_struct! {
     /// The parameters of both sampler kernels (WGSL `SamplerParams`).
@@ -41,16 +44,69 @@ bindings! {
     }
 }
 
+/// Invocations per row of the sampler, in both profiles: on a GPU many loads in flight for one
+/// row's logits; on llvmpipe each invocation's share of a row small enough that its sweeps (two
+/// for the maximum and the sum, up to four per histogram threshold, one per top log-probability)
+/// stay within the loop limit (`Gpu::loop_limit`), which 64 per row passed at Qwen's vocabulary.
+pub const SAMPLE_WG: u32 = 256;
+/// The sampler's shaders (sample.wgsl, logit_adjust.wgsl) with the constants they share with Rust.
+fn sampler_source(label: &str, body: &str) -> Shader {
+    Shader::new(label, body)
+        .after(super::wgsl::common())
+        .after(SamplerParams::WGSL)
+        .after(crate::sampling::row::wgsl_constants())
+}
+
+/// The sampler (both profiles): SAMPLE_WG invocations per row, its top-k / top-p thresholds by
+/// histogram (sample_hist.wgsl). The cpu profile's earlier one (64 per row, 32 bisection sweeps
+/// per threshold) overran llvmpipe's loop limit at Qwen's vocabulary, and was slower there.
+pub fn sample_source() -> Result<String> {
+    sampler_source("sample", include_str!("../../shaders/sample/sample.wgsl"))
+        .after(include_str!("../../shaders/sample/sample_hist.wgsl"))
+        .fill("WG", SAMPLE_WG)
+        .build()
+}
+
+/// The logit adjustment kernel (logit_adjust.wgsl).
+pub fn logit_adjust_source() -> Result<String> {
+    sampler_source("logit_adjust", include_str!("../../shaders/sample/logit_adjust.wgsl")).build()
+}
+
+/// Every program of the family.
+pub fn sources() -> super::Sources {
+    vec![
+        Program::new("sample", sample_source(), SampleBinds::BINDS),
+        Program::new("logit_adjust", logit_adjust_source(), AdjustBinds::BINDS),
+    ]
+}
+
+/// The sampler family's kernels (both bind as `SampleBinds`: `AdjustBinds::SLOTS` has the
+/// same accesses).
+pub struct SampleKernels {
+    pub family: Family,
+    pub sample: wgpu::ComputePipeline,
+    pub logit_adjust: wgpu::ComputePipeline,
+}
+
+impl SampleKernels {
+    pub fn new(gpu: &Gpu) -> Result<SampleKernels> {
+        let family = Family::new(gpu, &super::layout_of(SampleBinds::SLOTS));
+        let sample = family.pipeline(gpu, "sample", &sample_source()?, "main")?;
+        let logit_adjust = family.pipeline(gpu, "logit_adjust", &logit_adjust_source()?, "main")?;
+        Ok(SampleKernels { family, sample, logit_adjust })
+    }
+}
+
 /// The adjustments of rows of `vocab` logits.
-pub fn logit_adjust(k: &Kernels, g: &Gpu, b: &AdjustBinds, vocab: usize) -> Op {
+pub fn logit_adjust(k: &SampleKernels, g: &Gpu, b: &AdjustBinds, vocab: usize) -> Op {
     let kind = OpKind::LogitAdjust { vocab: vocab as u32 };
-    Op { kind, label: kind.family(), bind: k.sample_family.bind(g, &b.entries()), bind_x: None }
+    Op { kind, label: kind.family(), bind: k.family.bind(g, &b.entries()), bind_x: None }
 }
 
 /// The sampler over rows of `vocab` logits.
-pub fn sample(k: &Kernels, g: &Gpu, b: &SampleBinds, vocab: usize) -> Op {
+pub fn sample(k: &SampleKernels, g: &Gpu, b: &SampleBinds, vocab: usize) -> Op {
     let kind = OpKind::Sample { vocab: vocab as u32 };
-    Op { kind, label: kind.family(), bind: k.sample_family.bind(g, &b.entries()), bind_x: None }
+    Op { kind, label: kind.family(), bind: k.family.bind(g, &b.entries()), bind_x: None }
 }
 
 /// The adjustments' grid: a workgroup per sampled row, when any row has adjustments.
@@ -61,13 +117,28 @@ pub(super) fn logit_adjust_dispatches<'a>(
     mut out: impl FnMut(Dispatch<'a>),
 ) {
     if s.n_sample > 0 && s.any_adjust {
-        out(r.folded(&r.kernels.logit_adjust, &op.bind, s.n_sample));
+        out(r.folded(&r.kernels.sample.logit_adjust, &op.bind, s.n_sample));
     }
 }
 
 /// The sampler's grid: a workgroup per sampled row.
 pub(super) fn sample_dispatches<'a>(op: &'a Op, r: &Recorder<'a>, s: &StepShape, mut out: impl FnMut(Dispatch<'a>)) {
     if s.n_sample > 0 {
-        out(r.folded(&r.kernels.sample, &op.bind, s.n_sample));
+        out(r.folded(&r.kernels.sample.sample, &op.bind, s.n_sample));
     }
+}
+
+/// The adjustments' bytes and FLOPs (none in a step without adjustments).
+pub(super) fn logit_adjust_cost(s: &StepShape, vocab: u32) -> Cost {
+    if !s.any_adjust {
+        return Cost::default();
+    }
+    let ns = s.n_sample as u64;
+    Cost { bytes: 8 * ns * vocab as u64, flops: ns * vocab as u64 }
+}
+
+/// The sampler's bytes and FLOPs.
+pub(super) fn sample_cost(s: &StepShape, vocab: u32) -> Cost {
+    let ns = s.n_sample as u64;
+    Cost { bytes: 4 * ns * vocab as u64, flops: 4 * ns * vocab as u64 }
 }

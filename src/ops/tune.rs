@@ -7,9 +7,9 @@
 //! measured in time is not chosen; the default stands where nothing was). `torus-wgpu tune`
 //! (bench/tune.rs) runs it and keeps the plans in gpu::tune_cache.
 
-use super::gemm::{GemmKernel, GemmPlan, LARGE_ROWS};
 use super::harness::Harness;
 use super::harness_moe::MoeWeights;
+use super::matmul::gemm::{GemmKernel, GemmPlan, LARGE_ROWS};
 use super::moe::{MoeSpec, MOE_GROUPED, MOE_TILED};
 use crate::weights::tensor::QTensor;
 use anyhow::{anyhow, Result};

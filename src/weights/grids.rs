@@ -3,7 +3,7 @@
 //! scales. Their bytes are re-packed at load into the GPU layout without changing any value
 //! (quant words per 32-element block, one scale record per 256-element super-block), and the
 //! grid itself goes in front of every chunk's scale buffer (`gpu_grid_words`), where the
-//! kernels look entries up (shaders/wfmt_iq*.wgsl).
+//! kernels look entries up (shaders/wfmt/wfmt_iq*.wgsl).
 //!
 //! Each element's value is `db * v`: `db` the scale of its 16-element half, `v` a small signed
 //! integer: +-grid value (IQ2, IQ3), or 8 * grid value +- 1 for IQ1 (whose +-1/8 delta is then

@@ -206,7 +206,7 @@ impl OpBuilder<'_> {
             chunks,
         };
         for &stage in DeltaStage::mixer() {
-            let op = delta::delta(self.kernels, self.g, &b, stage, stage.per_unit(&d, 0))?;
+            let op = delta::delta(self.kernels.delta.as_ref(), self.g, &b, stage, stage.per_unit(&d, 0))?;
             self.push(op);
         }
         self.project_out("delta_out", (&out_m, None), &s.attn, lp, None);
@@ -240,7 +240,7 @@ impl OpBuilder<'_> {
             out: &s.attn,
             chunks: &chunks,
         };
-        let op = delta::delta(self.kernels, self.g, &b, DeltaStage::Gate, cfg.q_dim() as u32)?;
+        let op = delta::delta(self.kernels.delta.as_ref(), self.g, &b, DeltaStage::Gate, cfg.q_dim() as u32)?;
         self.push(op);
         self.matrices.push(m);
         Ok(())

@@ -293,13 +293,13 @@ impl OpBuilder<'_> {
             hidden: &s.hidden,
             dummy: &s.dummy,
         };
-        let ops = moe::route(self.kernels, self.g, &spec, &io, None);
+        let ops = moe::route(&self.kernels.moe, self.g, &spec, &io, None);
         self.extend(ops);
-        let ops = moe::experts(self.kernels, self.g, &spec, &gate_up, &io, false, biases.as_ref().map(|b| &b.0));
+        let ops = moe::experts(&self.kernels.moe, self.g, &spec, &gate_up, &io, false, biases.as_ref().map(|b| &b.0));
         self.extend(ops);
-        let ops = moe::experts(self.kernels, self.g, &spec, &down, &io, true, biases.as_ref().map(|b| &b.1));
+        let ops = moe::experts(&self.kernels.moe, self.g, &spec, &down, &io, true, biases.as_ref().map(|b| &b.1));
         self.extend(ops);
-        let (op, p) = moe::combine(self.kernels, self.g, &spec, &io, cfg.hidden, false);
+        let (op, p) = moe::combine(&self.kernels.moe, self.g, &spec, &io, cfg.hidden, false);
         self.extend((vec![op], vec![p]));
         self.matrices.extend([router, gate_up, down]);
         if let Some(sh) = &hm.shared {
@@ -327,7 +327,7 @@ impl OpBuilder<'_> {
         if let Some(gi) = &sh.gate_inp {
             let gm = self.upload("shexp_gate_inp", gi, None)?;
             self.matmul("shexp_gate_inp", &gm, (&s.normed, io.logits), (0, spec.experts), None, 0, false, false);
-            let (op, p) = moe::shared_gate(self.kernels, self.g, spec, io, sf);
+            let (op, p) = moe::shared_gate(&self.kernels.moe, self.g, spec, io, sf);
             self.extend((vec![op], vec![p]));
             self.matrices.push(gm);
         }

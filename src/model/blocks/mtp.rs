@@ -142,7 +142,7 @@ impl OpBuilder<'_> {
         self.matmul("mtp_fc", &fc_e, (&s.normed, &s.hidden), (0, h), None, 0, false, false);
         let w = self.storage("mtp_hnorm", &m.hnorm);
         let b = NormBinds { step: &s.step_buf, p: &lp.norm, x: rows, weight: &w, md: &s.meta_buf, y: &s.normed };
-        self.push(norm::norm(self.kernels, self.g, &b, false, h));
+        self.push(norm::norm(&self.kernels.norm, self.g, &b, false, h));
         self.matmul("mtp_fc", &fc_h, (&s.normed, &s.hidden), (0, h), None, MAT_ACCUMULATE, false, false);
         self.matrices.extend([fc_e, fc_h]);
         Ok(())

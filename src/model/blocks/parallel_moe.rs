@@ -118,7 +118,7 @@ impl OpBuilder<'_> {
         let s = self.s;
         let w = self.storage(label, weight);
         let b = NormBinds { step: &s.step_buf, p, x, weight: &w, md: &s.meta_buf, y };
-        self.push(norm::norm(self.kernels, self.g, &b, false, self.cfg.hidden));
+        self.push(norm::norm(&self.kernels.norm, self.g, &b, false, self.cfg.hidden));
     }
 
     /// The block of layer `l` (see the module's doc), its sum added into the residual through
@@ -175,13 +175,13 @@ impl OpBuilder<'_> {
             hidden: &s.normed,
             dummy: &s.dummy,
         };
-        let ops = moe::route(self.kernels, self.g, &spec, &io, Some(&scale));
+        let ops = moe::route(&self.kernels.moe, self.g, &spec, &io, Some(&scale));
         self.extend(ops);
-        let ops = moe::experts(self.kernels, self.g, &spec, &gate_up, &io, false, None);
+        let ops = moe::experts(&self.kernels.moe, self.g, &spec, &gate_up, &io, false, None);
         self.extend(ops);
-        let ops = moe::experts(self.kernels, self.g, &spec, &experts_down, &io, true, None);
+        let ops = moe::experts(&self.kernels.moe, self.g, &spec, &experts_down, &io, true, None);
         self.extend(ops);
-        let (op, p) = moe::combine(self.kernels, self.g, &spec, &io, h, true);
+        let (op, p) = moe::combine(&self.kernels.moe, self.g, &spec, &io, h, true);
         self.extend((vec![op], vec![p]));
         self.norm_rows(&lp.post_norm, (&s.normed, sum), &gm.post_2, "post_ffw_norm_2");
         // Into the residual through the FFN's post-norm, then the layer's scalar.

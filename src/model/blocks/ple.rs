@@ -116,10 +116,11 @@ impl OpBuilder<'_> {
         let params = HeadNormParams::new(layers, 0, p, cfg.rms_eps * cfg.hidden as f32);
         let pb = self.uniform(bytemuck::bytes_of(&params));
         let b = HeadNormBinds { step: &s.step_buf, p: &pb, weight: &wb, qkv: ple };
-        self.push(norm::head_norm(self.kernels, self.g, &b, layers, p));
+        self.push(norm::head_norm(&self.kernels.norm, self.g, &b, layers, p));
         let table = self.upload("ple_embed", &host.embed, None)?;
         let scale = (p as f32).sqrt() * half;
-        let ops = matmul::embed(self.kernels, self.g, &table, (scale, true), &s.step_buf, &s.meta_buf, &s.dummy, ple);
+        let ops =
+            matmul::embed(&self.kernels.matmul, self.g, &table, (scale, true), &s.step_buf, &s.meta_buf, &s.dummy, ple);
         self.extend(ops);
         self.matrices.extend([proj, table]);
         Ok(())
@@ -151,7 +152,7 @@ impl OpBuilder<'_> {
         self.matmul_from_residual("ple_in", &gate, &s.act, p);
         let pb = self.uniform(bytemuck::bytes_of(&PleParams::new(p, cfg.layers, l)));
         let b = PleBinds { step: &s.step_buf, p: &pb, ple, y: &s.act };
-        self.push(ple::ple_gate(self.kernels, self.g, &b, p));
+        self.push(ple::ple_gate(&self.kernels.ple, self.g, &b, p));
         self.project_out("ple_proj", (&back, None), &s.act, lp, Some((&hl.post_norm, scalar)));
         self.matrices.extend([gate, back]);
         Ok(())

@@ -3,11 +3,12 @@
 //! cooperative-matrix kernel), the plan that says which kernel a step of m rows runs, where a
 //! plan comes from (the environment, the tuner's cache, the default) and the pipelines of a plan.
 
-use super::kernels::{GpuMatmulPipelines, GPU_DECODE_MAX_ROWS, GPU_DECODE_TM};
-use super::sources::{matmul_coop_source, matmul_gpu_i8_source, matmul_gpu_source, matmul_shader, TILE_LOAD, TILE_ROW};
+use super::decode::{decode_pipelines, int8_pipelines, GPU_DECODE_MAX_ROWS, MATMUL_GPU_WGSL};
+use super::{both, matmul_shader};
+use crate::gpu::coop::CoopShape;
 use crate::gpu::family::Family;
 use crate::gpu::shader::Shader;
-use crate::gpu::tune_cache::{GemmRecord, TuneCache};
+use crate::gpu::tune_cache::{fnv, GemmRecord, TuneCache};
 use crate::gpu::wformat::WFormat;
 use crate::gpu::Gpu;
 use anyhow::{anyhow, Result};
@@ -189,8 +190,10 @@ impl GemmPlan {
     /// default), under the environment's overrides (GEMM_MIN_ROWS_ENV, GEMM_TILE_ENV,
     /// gpu::coop::COOP_ENV=1); a variant the device cannot build gives way to the 64 x 64 tiles.
     pub fn for_device(gpu: &Gpu, format: WFormat, cache: Option<&TuneCache>) -> Result<GemmPlan> {
-        let mut plan =
-            cache.and_then(|c| c.gemm(&gpu.info, format.name())).and_then(GemmPlan::from_record).unwrap_or_default();
+        let mut plan = cache
+            .and_then(|c| c.gemm(&gpu.info, tuned_kernels(), format.name()))
+            .and_then(GemmPlan::from_record)
+            .unwrap_or_default();
         if let Some(n) = env_min_rows()? {
             plan.min_rows = n;
         }
@@ -247,7 +250,7 @@ fn tokens_per_invocation(bm: u32) -> u32 {
 
 /// The multiply-adds of one k of matmul_tiled.wgsl, unrolled (acc indices constant, so the
 /// accumulators stay in registers): the x vec4 of tokens q BM/2 + 4ty.. times both row halves.
-pub(super) fn tiled_fma(bm: u32) -> String {
+pub(crate) fn tiled_fma(bm: u32) -> String {
     let mut s = String::new();
     for q in 0..tokens_per_invocation(bm) / 4 {
         s += &format!("            let x{q} = vec4<f32>(xt[k * XQ + {}u + ty]);\n", q * bm / 8);
@@ -261,11 +264,62 @@ pub(super) fn tiled_fma(bm: u32) -> String {
     s
 }
 
+const TILED_WGSL: &str = include_str!("../../../shaders/matmul/matmul_tiled.wgsl");
+const COOP_WGSL: &str = include_str!("../../../shaders/matmul/matmul_coop.wgsl");
+
+/// The hash the tuner keys its choices by (gpu::tune_cache): this binary's version and the
+/// sources of the kernels it chooses among (the decode matmul, the tiled and cooperative
+/// GEMMs, the tiled experts). A change to any of them makes the cached choices stale.
+pub fn tuned_kernels() -> u64 {
+    let moe = crate::ops::moe::MOE_TILED_WGSL;
+    fnv(&[env!("CARGO_PKG_VERSION"), MATMUL_GPU_WGSL, TILED_WGSL, TILE_LOAD, TILE_ROW, moe, COOP_WGSL])
+}
+
+pub(crate) const TILE_LOAD: &str = include_str!("../../../shaders/matmul/matmul_tile_load.wgsl");
+pub(crate) const TILE_ROW: &str = include_str!("../../../shaders/matmul/matmul_tile_row.wgsl");
+/// The prefill-sized matmul on cooperative matrices of `shape` (see matmul_coop.wgsl and
+/// gpu::coop): the `enable` directives first, then the usual parts.
+pub fn matmul_coop_source(f: WFormat, swiglu: bool, shape: CoopShape) -> Result<String> {
+    let enables =
+        if shape.f16 { "enable f16;\nenable wgpu_cooperative_matrix;" } else { "enable wgpu_cooperative_matrix;" };
+    let to_ab = if shape.f16 { "return f16(clamp(v, -65504.0, 65504.0));" } else { "return v;" };
+    Shader::new(format!("matmul_coop_{}_{}", f.name(), shape.side), COOP_WGSL)
+        .after(enables)
+        .after(crate::ops::wgsl::common())
+        .after(f.snippet())
+        .after(super::matmul_common())
+        .after(TILE_LOAD)
+        .after(TILE_ROW)
+        .fill("MS", shape.side)
+        .fill("SG", shape.subgroup)
+        .fill("AB", if shape.f16 { "f16" } else { "f32" })
+        .fill("TO_AB", to_ab)
+        .fill("SWIGLU", swiglu)
+        .build()
+}
+
+/// Every cooperative-matrix GEMM the engine can build (each format, SwiGLU or not, the shapes
+/// gpu::coop chooses), with a label: what the naga and SPIR-V test checks.
+pub fn coop_sources() -> Vec<(String, String)> {
+    let shapes = [(16, true, 32), (16, true, 64), (16, true, 16), (8, false, 32), (8, false, 16)];
+    let mut v = Vec::new();
+    for f in WFormat::ALL {
+        for (side, f16, subgroup) in shapes {
+            for swiglu in [false, true] {
+                let shape = CoopShape { side, f16, subgroup };
+                let label = format!("matmul_coop_{}_{side}_{subgroup}_{swiglu}", f.name());
+                let src = matmul_coop_source(f, swiglu, shape).unwrap_or_else(|e| panic!("{label}: {e:#}"));
+                v.push((label, src));
+            }
+        }
+    }
+    v
+}
+
 /// A tiled GEMM variant's program (see matmul_tiled.wgsl).
 pub fn matmul_tiled_source(f: WFormat, swiglu: bool, bm: u32, f16: bool) -> Result<String> {
-    let body = include_str!("../../shaders/matmul_tiled.wgsl");
     let label = format!("matmul_tiled_{}_{bm}{}", f.name(), if f16 { "h" } else { "" });
-    let shader = if f16 { Shader::new(label, body).after("enable f16;") } else { Shader::new(label, body) };
+    let shader = if f16 { Shader::new(label, TILED_WGSL).after("enable f16;") } else { Shader::new(label, TILED_WGSL) };
     let k = GemmKernel::Tile { bm, f16 };
     matmul_shader(shader, f)
         .after(TILE_LOAD)
@@ -293,17 +347,6 @@ pub fn gemm_source(gpu: &Gpu, k: GemmKernel, f: WFormat, swiglu: bool) -> Result
     }
 }
 
-/// Plain and SwiGLU pipelines of one program maker.
-fn both(
-    gpu: &Gpu,
-    family: &Family,
-    make: &dyn Fn(bool) -> (String, Result<String>),
-) -> Result<[wgpu::ComputePipeline; 2]> {
-    let (l0, s0) = make(false);
-    let (l1, s1) = make(true);
-    Ok([family.pipeline(gpu, &l0, &s0?, "main")?, family.pipeline(gpu, &l1, &s1?, "main")?])
-}
-
 /// The gpu profile's matmuls of `f` for `plan`: the decode kernels and the plan's GEMMs.
 pub fn gpu_matmul_pipelines(
     gpu: &Gpu,
@@ -312,13 +355,7 @@ pub fn gpu_matmul_pipelines(
     plan: GemmPlan,
     int8: bool,
 ) -> Result<GpuMatmulPipelines> {
-    let n = f.name();
-    let decode = GPU_DECODE_TM
-        .iter()
-        .map(|&tm| {
-            both(gpu, family, &|sw| (format!("matmul_gpu_{n}_{tm}_{sw}"), matmul_gpu_source(f, tm, sw, gpu.subgroups)))
-        })
-        .collect::<Result<Vec<_>>>()?;
+    let decode = decode_pipelines(gpu, family, f)?;
     let int8 = if int8 { Some(int8_pipelines(gpu, family, f)?) } else { None };
     let mut p = GpuMatmulPipelines { decode, gemm: Vec::new(), plan, int8 };
     for k in plan.kernels() {
@@ -327,10 +364,24 @@ pub fn gpu_matmul_pipelines(
     Ok(p)
 }
 
-/// The one-token decode kernel of `f` on int8 activations: [plain, swiglu].
-pub fn int8_pipelines(gpu: &Gpu, family: &Family, f: WFormat) -> Result<[wgpu::ComputePipeline; 2]> {
-    let n = f.name();
-    both(gpu, family, &|sw| (format!("matmul_gpu_i8_{n}_1_{sw}"), matmul_gpu_i8_source(f, sw, gpu.subgroups)))
+/// The gpu profile's matmuls of one weight format (`gpu_matmul_pipelines` builds them).
+pub struct GpuMatmulPipelines {
+    /// Decode-sized, one per GPU_DECODE_TM entry: [plain, swiglu].
+    pub decode: Vec<[wgpu::ComputePipeline; 2]>,
+    /// The GEMM variants built ([plain, swiglu] each): those of `plan` (and, in the kernel
+    /// harness, any other it was asked for).
+    pub gemm: Vec<(GemmKernel, [wgpu::ComputePipeline; 2])>,
+    /// Which kernel a step of m rows runs.
+    pub plan: GemmPlan,
+    /// The one-token decode kernel on int8 activations ([plain, swiglu]), where `int8_wanted`.
+    pub int8: Option<[wgpu::ComputePipeline; 2]>,
+}
+
+impl GpuMatmulPipelines {
+    /// The pipelines of GEMM variant `k` (built with the plan).
+    pub fn gemm(&self, k: GemmKernel) -> &[wgpu::ComputePipeline; 2] {
+        &self.gemm.iter().find(|(g, _)| *g == k).expect("a GEMM variant of the plan is built with it").1
+    }
 }
 
 /// Builds GEMM variant `k` of `f` into `p` unless it is there.

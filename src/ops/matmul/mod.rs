@@ -1,14 +1,28 @@
 //! Matmul and embedding ops: y = x W^T over one weight matrix's row chunks (plain, fused
 //! SwiGLU, or the up half of an unfused one), and the embedding lookup. Their parameters
-//! (`MatParams`, `EmbedParams`), bindings and constructors.
+//! (`MatParams`, `EmbedParams`), bindings, constructors and grids, and the family's kernels
+//! (`MatmulKernels`): the cpu profile's register tiles and the embedding (`tiles`), the gpu
+//! profile's decode kernels (`decode`) and GEMMs (`gemm`, with the plan of which runs when).
 
-use super::gemm::GemmKernel;
-use super::kernels::{plan_x, Kernels, XPlan, GPU_DECODE_NR, GPU_DECODE_TM, INT8_MAX_ROWS, MATMUL_TILES, MATMUL_WG};
-use super::{bindings, div_up, Dispatch, Op, OpKind, Recorder, StepShape};
+pub mod decode;
+pub mod gemm;
+pub mod tiles;
+
+use super::cost::Cost;
+use super::{bindings, div_up, Dispatch, Op, OpKind, Program, Recorder, StepShape};
+use crate::config::KernelProfile;
+use crate::gpu::family::Family;
+use crate::gpu::shader::Shader;
 use crate::gpu::shared::gpu_struct;
+use crate::gpu::tune_cache::TuneCache;
 use crate::gpu::WFormat;
 use crate::gpu::{Gpu, UNIFORM_X_BYTES};
 use crate::weights::upload::{GpuChunk, GpuMatrix};
+use anyhow::Result;
+use decode::{int8_wanted, quantize_pipelines, GPU_DECODE_NR, GPU_DECODE_TM, INT8_MAX_ROWS};
+use gemm::{gpu_matmul_pipelines, GemmKernel, GemmPlan, GpuMatmulPipelines};
+use std::collections::BTreeMap;
+use tiles::{embed_source, plan_x, MatmulPipelines, XPlan, MATMUL_TILES, MATMUL_WG};
 
 gpu_struct! {
     /// Parameters of one row-chunk's matmul (matmul*.wgsl; WGSL `MatParams`).
@@ -101,6 +115,145 @@ bindings! {
     }
 }
 
+/// The matmul shaders' shared part after the weight format: MatParams, its flags, bindings and
+/// epilogue.
+fn matmul_common() -> String {
+    format!("{}\n{}", wgsl_matmul(), include_str!("../../../shaders/matmul/matmul_common.wgsl"))
+}
+
+/// A matmul template after the shared declarations, the format's snippet and the matmul epilogue
+/// (and after the parts `shader` has already, such as `enable` directives).
+pub(crate) fn matmul_shader(shader: Shader, f: WFormat) -> Shader {
+    shader.after(super::wgsl::common()).after(f.snippet()).after(matmul_common())
+}
+
+/// Every program of the family: each format's register tiles (storage and uniform x), its
+/// embedding, decode kernels (f32 and int8 activations), tiled GEMMs, and the quantizations of x.
+pub fn sources() -> super::Sources {
+    let (mb, ub) = (MatmulBinds::BINDS, tiles::MatmulUxBinds::BINDS);
+    let mut v: super::Sources = Vec::new();
+    for f in WFormat::ALL {
+        let n = f.name();
+        for (tm, tn) in MATMUL_TILES {
+            v.push(Program::new(format!("matmul_{n}_{tm}x{tn}"), tiles::matmul_source(f, tm, tn, false), mb));
+            v.push(Program::new(format!("matmul_{n}_{tm}x{tn}_ux"), tiles::matmul_source(f, tm, tn, true), ub));
+        }
+        v.push(Program::new(format!("embed_{n}"), embed_source(f), EmbedBinds::BINDS));
+        for swiglu in [false, true] {
+            for tm in GPU_DECODE_TM {
+                for sg in [false, true] {
+                    let src = decode::matmul_gpu_source(f, tm, swiglu, sg);
+                    v.push(Program::new(format!("matmul_gpu_{n}_{tm}_{swiglu}_{sg}"), src, mb));
+                }
+            }
+            if f.has_int8() {
+                for sg in [false, true] {
+                    let src = decode::matmul_gpu_i8_source(f, swiglu, sg);
+                    v.push(Program::new(format!("matmul_gpu_i8_{n}_{swiglu}_{sg}"), src, mb));
+                }
+            }
+            for k in GemmKernel::TILES {
+                if let GemmKernel::Tile { bm, f16 } = k {
+                    let src = gemm::matmul_tiled_source(f, swiglu, bm, f16);
+                    v.push(Program::new(format!("matmul_{}_{n}_{swiglu}", k.name()), src, mb));
+                }
+            }
+        }
+    }
+    for xq in crate::gpu::wformat::XQuant::ALL {
+        v.push(Program::new(decode::quantize_x8_label(xq), decode::quantize_x8_source(xq), mb));
+    }
+    v
+}
+
+/// Plain and SwiGLU pipelines of one program maker (label, source).
+pub(crate) fn both(
+    gpu: &Gpu,
+    family: &Family,
+    make: &dyn Fn(bool) -> (String, Result<String>),
+) -> Result<[wgpu::ComputePipeline; 2]> {
+    let (l0, s0) = make(false);
+    let (l1, s1) = make(true);
+    Ok([family.pipeline(gpu, &l0, &s0?, "main")?, family.pipeline(gpu, &l1, &s1?, "main")?])
+}
+
+/// The gpu profile's matmuls of a model's formats.
+pub struct GpuMatmul {
+    pub formats: BTreeMap<WFormat, GpuMatmulPipelines>,
+    /// The activations' quantizations for the int8 matmuls (built where a format has them),
+    /// in `XQuant` order.
+    pub quantize_x8: Option<[wgpu::ComputePipeline; 3]>,
+    /// Whether one-token steps run the int8 matmuls that were built (the tuner and tests turn
+    /// it off to time and check the f32 ones).
+    pub int8: bool,
+}
+
+impl GpuMatmul {
+    /// Whether a step of `m` rows runs `format`'s int8 matmul (and quantizes x for it).
+    pub fn int8_for(&self, format: WFormat, m: u32) -> bool {
+        self.int8
+            && m <= INT8_MAX_ROWS
+            && self.formats.get(&format).is_some_and(|p| p.int8.is_some() && p.plan.kernel_for(m) == GemmKernel::Decode)
+    }
+}
+
+/// The matmul family's kernels for a model's weight formats.
+pub struct MatmulKernels {
+    /// `MatmulBinds` (and `EmbedBinds`).
+    pub family: Family,
+    /// The same with binding 2 uniform (a UNIFORM_X_BYTES window of x) and the window entry
+    /// at 7, both at dynamic offsets.
+    pub u_family: Family,
+    /// The embedding lookup per format (both profiles).
+    pub embed: BTreeMap<WFormat, wgpu::ComputePipeline>,
+    /// The cpu profile's register tiles per format (none on the gpu profile).
+    pub tiles: BTreeMap<WFormat, MatmulPipelines>,
+    /// The gpu profile's matmuls, when built for it.
+    pub gpu: Option<GpuMatmul>,
+}
+
+impl MatmulKernels {
+    /// The kernels of `formats` for `profile`; on the gpu profile the plans and the int8 choice
+    /// come from `cache` (the tuner's) unless `int8` forces it (`KernelSpec::int8`).
+    pub fn new(
+        gpu: &Gpu,
+        formats: &[WFormat],
+        profile: KernelProfile,
+        int8: Option<bool>,
+        cache: Option<&TuneCache>,
+    ) -> Result<MatmulKernels> {
+        let family = Family::new(gpu, &super::layout_of(MatmulBinds::SLOTS));
+        let u_family = Family::new(gpu, &super::layout_of(tiles::MatmulUxBinds::SLOTS));
+        let formats: Vec<WFormat> =
+            formats.iter().copied().collect::<std::collections::BTreeSet<_>>().into_iter().collect();
+        let mut embed = BTreeMap::new();
+        let mut tiles = BTreeMap::new();
+        for &f in &formats {
+            embed.insert(f, family.pipeline(gpu, &format!("embed_{}", f.name()), &embed_source(f)?, "main")?);
+            if profile != KernelProfile::Gpu {
+                tiles.insert(f, MatmulPipelines::new(gpu, &family, &u_family, f)?);
+            }
+        }
+        let gpu_matmul = if profile == KernelProfile::Gpu {
+            let mut by_format = BTreeMap::new();
+            for &f in &formats {
+                let plan = GemmPlan::for_device(gpu, f, cache)?;
+                let on = int8_wanted(gpu, f, int8, cache)?;
+                by_format.insert(f, gpu_matmul_pipelines(gpu, &family, f, plan, on)?);
+            }
+            let quantize_x8 = if by_format.values().any(|p| p.int8.is_some()) {
+                Some(quantize_pipelines(gpu, &family)?)
+            } else {
+                None
+            };
+            Some(GpuMatmul { formats: by_format, quantize_x8, int8: true })
+        } else {
+            None
+        };
+        Ok(MatmulKernels { family, u_family, embed, tiles, gpu: gpu_matmul })
+    }
+}
+
 impl MatParams {
     /// Parameters of one row-chunk's matmul (see matmul.wgsl), writing output columns from
     /// `col0` + the chunk's first row.
@@ -145,7 +298,7 @@ pub fn xq_bytes(cols: usize) -> u64 {
 /// Returns the ops and their parameter buffers (kept alive by the bind groups).
 #[allow(clippy::too_many_arguments)]
 pub fn matmul(
-    k: &Kernels,
+    k: &MatmulKernels,
     g: &Gpu,
     m: &GpuMatrix,
     io: &MatmulIo,
@@ -158,7 +311,7 @@ pub fn matmul(
     let mut params = Vec::new();
     // gpu profile: x quantized once for every chunk's int8 kernel.
     let xq =
-        io.xq.filter(|_| k.gpu.as_ref().is_some_and(|gk| gk.matmul.get(&m.format).is_some_and(|p| p.int8.is_some())));
+        io.xq.filter(|_| k.gpu.as_ref().is_some_and(|gk| gk.formats.get(&m.format).is_some_and(|p| p.int8.is_some())));
     for c in &m.chunks {
         let pb = g.uniform_init(
             "matmul_params",
@@ -166,19 +319,17 @@ pub fn matmul(
         );
         let b = MatmulBinds { step: io.step, p: &pb, x: io.x, wq: &c.q, ws: &c.s, bias: io.bias, y: io.y };
         let entries = b.entries();
-        let bind = k.matmul_family.bind(g, &entries);
+        let bind = k.family.bind(g, &entries);
         if let Some(xq) = xq.filter(|_| ops.is_empty()) {
             // The quantization reads x and writes xq (as its `y`); weights and bias unused.
             let q = MatmulBinds { step: io.step, p: &pb, x: io.x, wq: &c.q, ws: &c.s, bias: io.bias, y: xq };
             let kind = OpKind::QuantizeX8 { format: m.format, k_blocks: (m.cols / 32) as u32, sampled };
-            ops.push(Op { kind, label: kind.family(), bind: k.matmul_family.bind(g, &q.entries()), bind_x: None });
+            ops.push(Op { kind, label: kind.family(), bind: k.family.bind(g, &q.entries()), bind_x: None });
         }
         // (The gpu profile never reads x through uniform windows.)
         let bind_x = match (xq, io.windows) {
-            (Some(xq), _) => Some(k.matmul_family.bind(g, &MatmulBinds { x: xq, ..b }.entries())),
-            (None, Some(w)) => {
-                Some(k.matmul_u_family.bind_windows(g, &entries, &[(2, UNIFORM_X_BYTES)], &[(7, w, 16)]))
-            }
+            (Some(xq), _) => Some(k.family.bind(g, &MatmulBinds { x: xq, ..b }.entries())),
+            (None, Some(w)) => Some(k.u_family.bind_windows(g, &entries, &[(2, UNIFORM_X_BYTES)], &[(7, w, 16)])),
             (None, None) => None,
         };
         let kind =
@@ -199,7 +350,7 @@ pub(super) fn quantize_dispatches<'a>(
     mut out: impl FnMut(Dispatch<'a>),
 ) {
     let m = if sampled { s.n_sample } else { s.n_tokens };
-    if let Some(gk) = r.kernels.gpu.as_ref().filter(|gk| m > 0 && gk.int8_for(format, m)) {
+    if let Some(gk) = r.kernels.matmul.gpu.as_ref().filter(|gk| m > 0 && gk.int8_for(format, m)) {
         if let Some(pipes) = &gk.quantize_x8 {
             let pipe = &pipes[format.int8_x() as usize];
             out(r.folded(pipe, &op.bind, div_up(m * k_blocks, 64)));
@@ -212,7 +363,7 @@ pub(super) fn quantize_dispatches<'a>(
 /// `scale`.
 #[allow(clippy::too_many_arguments)]
 pub fn embed(
-    k: &Kernels,
+    k: &MatmulKernels,
     g: &Gpu,
     e: &GpuMatrix,
     (scale, accumulate): (f32, bool),
@@ -236,7 +387,7 @@ pub fn embed(
         let pb = g.uniform_init("embed_params", bytemuck::bytes_of(&p));
         let b = EmbedBinds { step, p: &pb, tokens, wq: &c.q, ws: &c.s, unused: placeholder, hidden };
         let kind = OpKind::Embed { format: e.format, k_blocks };
-        ops.push(Op { kind, label: kind.family(), bind: k.matmul_family.bind(g, &b.entries()), bind_x: None });
+        ops.push(Op { kind, label: kind.family(), bind: k.family.bind(g, &b.entries()), bind_x: None });
         params.push(pb);
     }
     (ops, params)
@@ -251,7 +402,7 @@ pub(super) fn embed_dispatches<'a>(
     k_blocks: u32,
     mut out: impl FnMut(Dispatch<'a>),
 ) {
-    out(r.folded(&r.kernels.matmul[&format].embed, &op.bind, div_up(s.n_tokens * k_blocks, 64)));
+    out(r.folded(&r.kernels.matmul.embed[&format], &op.bind, div_up(s.n_tokens * k_blocks, 64)));
 }
 
 /// A matmul's dispatches over the step's rows (or its sampled rows): the gpu profile's decode
@@ -265,13 +416,13 @@ pub(super) fn dispatches<'a>(
     (sampled, swiglu): (bool, bool),
     mut out: impl FnMut(Dispatch<'a>),
 ) {
-    let k = r.kernels;
+    let k = &r.kernels.matmul;
     let m = if sampled { s.n_sample } else { s.n_tokens };
     if m == 0 {
         return;
     }
     if let Some(gk) = &k.gpu {
-        let p = &gk.matmul[&format];
+        let p = &gk.formats[&format];
         let sw = swiglu as usize;
         if let (Some(i8), Some(bind_x), true) = (&p.int8, &op.bind_x, gk.int8_for(format, m)) {
             out(r.folded(&i8[sw], bind_x, div_up(rows, if swiglu { GPU_DECODE_NR / 2 } else { GPU_DECODE_NR })));
@@ -287,7 +438,7 @@ pub(super) fn dispatches<'a>(
         out(r.folded(pipe, &op.bind, div_up(rows, outs) * div_up(m, tm)));
         return;
     }
-    let mk = &k.matmul[&format];
+    let mk = &k.tiles[&format];
     match (plan_x(m, x_vec4, op.bind_x.is_some(), r.align, r.win_stride), &op.bind_x) {
         (XPlan::Uniform { tile, windows }, Some(bind_x)) => {
             let (tm, tn) = MATMUL_TILES[tile];
@@ -311,4 +462,37 @@ pub(super) fn dispatches<'a>(
             });
         }
     }
+}
+
+/// The embedding lookup's bytes and FLOPs in a step of shape `s`.
+pub(super) fn embed_cost(s: &StepShape, format: WFormat, k_blocks: u32) -> Cost {
+    let (n, k) = (s.n_tokens as u64, k_blocks as u64 * 32);
+    Cost { bytes: n * (format.row_bytes(k as usize) as u64 + 4 * k), flops: n * k }
+}
+
+/// A matmul chunk's bytes and FLOPs in a step of shape `s`.
+pub(super) fn cost(
+    s: &StepShape,
+    (format, rows, x_vec4): (WFormat, u32, u32),
+    (sampled, swiglu): (bool, bool),
+) -> Cost {
+    let m = if sampled { s.n_sample } else { s.n_tokens } as u64;
+    if m == 0 {
+        return Cost::default();
+    }
+    let k = x_vec4 as u64 * 4;
+    // SwiGLU chunks hold gate and up rows and write one output per pair.
+    let (w_rows, outs) = if swiglu { (2 * rows as u64, rows as u64) } else { (rows as u64, rows as u64) };
+    let weights = w_rows * format.row_bytes(k as usize) as u64;
+    Cost { bytes: weights + 4 * m * k + 4 * m * outs, flops: 2 * m * w_rows * k }
+}
+
+/// The quantization of x's bytes and FLOPs: it runs in one-token steps only (INT8_MAX_ROWS),
+/// reads f32 x and writes 48 bytes per block.
+pub(super) fn quantize_cost(s: &StepShape, k_blocks: u32, sampled: bool) -> Cost {
+    let m = if sampled { s.n_sample } else { s.n_tokens };
+    if m != 1 {
+        return Cost::default();
+    }
+    Cost { bytes: k_blocks as u64 * (128 + 48), flops: k_blocks as u64 * 32 * 3 }
 }
