@@ -97,6 +97,9 @@ pub(crate) struct TensorNames {
     pub q: &'static str,
     pub k: &'static str,
     pub v: &'static str,
+    /// q, k and v as one tensor (their rows in that order), in place of `q`, `k`, `v` where
+    /// not "" (Phi-3).
+    pub qkv: &'static str,
     pub q_bias: &'static str,
     pub k_bias: &'static str,
     pub v_bias: &'static str,
@@ -110,6 +113,9 @@ pub(crate) struct TensorNames {
     pub ffn_norm: &'static str,
     pub gate: &'static str,
     pub up: &'static str,
+    /// The gate's rows then the up's as one tensor, in place of `gate` and `up` where not ""
+    /// (Phi-3).
+    pub gate_up: &'static str,
     pub down: &'static str,
     /// The norms after attention and after the FFN (Gemma; "" where a format has none).
     pub post_attn_norm: &'static str,
@@ -144,6 +150,7 @@ pub(crate) const HF_NAMES: TensorNames = TensorNames {
     q: "self_attn.q_proj.weight",
     k: "self_attn.k_proj.weight",
     v: "self_attn.v_proj.weight",
+    qkv: "",
     q_bias: "self_attn.q_proj.bias",
     k_bias: "self_attn.k_proj.bias",
     v_bias: "self_attn.v_proj.bias",
@@ -155,6 +162,7 @@ pub(crate) const HF_NAMES: TensorNames = TensorNames {
     ffn_norm: "post_attention_layernorm.weight",
     gate: "mlp.gate_proj.weight",
     up: "mlp.up_proj.weight",
+    gate_up: "",
     down: "mlp.down_proj.weight",
     post_attn_norm: "",
     post_ffn_norm: "",
@@ -182,6 +190,7 @@ pub(crate) const GGUF_NAMES: TensorNames = TensorNames {
     q: "attn_q.weight",
     k: "attn_k.weight",
     v: "attn_v.weight",
+    qkv: "",
     q_bias: "attn_q.bias",
     k_bias: "attn_k.bias",
     v_bias: "attn_v.bias",
@@ -193,6 +202,7 @@ pub(crate) const GGUF_NAMES: TensorNames = TensorNames {
     ffn_norm: "ffn_norm.weight",
     gate: "ffn_gate.weight",
     up: "ffn_up.weight",
+    gate_up: "",
     down: "ffn_down.weight",
     post_attn_norm: "post_attention_norm.weight",
     post_ffn_norm: "post_ffw_norm.weight",
@@ -309,6 +319,11 @@ pub(crate) fn load_layer(
             let k = w.matrix(&t(n.k), kv, h)?;
             (w.matrix(&t(n.q), q, h)?, k.clone(), k, w.matrix(&t(n.o), h, q)?)
         }
+        None if !n.qkv.is_empty() => {
+            let qkv = w.matrix(&t(n.qkv), q + 2 * kv, h)?;
+            let (wq, wk, wv) = (qkv.slice_rows(0, q), qkv.slice_rows(q, q + kv), qkv.slice_rows(q + kv, q + 2 * kv));
+            (wq, wk, wv, w.matrix(&t(n.o), h, q)?)
+        }
         None => {
             (w.matrix(&t(n.q), q, h)?, w.matrix(&t(n.k), kv, h)?, w.matrix(&t(n.v), kv, h)?, w.matrix(&t(n.o), h, q)?)
         }
@@ -351,6 +366,10 @@ pub(crate) fn load_layer(
         let none = || QTensor::from_f32(0, h, &[]);
         let moe = (family.experts)(w, n, t, cfg)?;
         (none()?, none()?, QTensor::from_f32(0, 32, &[])?, Some(moe))
+    } else if !n.gate_up.is_empty() {
+        let i = cfg.layer_ffn(l);
+        let gate_up = w.matrix(&t(n.gate_up), 2 * i, h)?;
+        (gate_up.slice_rows(0, i), gate_up.slice_rows(i, 2 * i), w.matrix(&t(n.down), h, i)?, None)
     } else {
         let i = cfg.layer_ffn(l);
         (w.matrix(&t(n.gate), i, h)?, w.matrix(&t(n.up), i, h)?, w.matrix(&t(n.down), h, i)?, None)

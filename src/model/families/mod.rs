@@ -29,6 +29,7 @@ pub mod gemma;
 pub mod gemma4;
 pub mod gptoss;
 pub mod llama;
+pub mod phi3;
 pub mod qwen;
 pub mod qwen35;
 
@@ -63,6 +64,9 @@ pub enum Arch {
     /// geometry (wider heads, keys as values, proportional RoPE), plain-weight norms, a v norm,
     /// unscaled scores and a scalar per layer.
     Gemma4,
+    /// Phi-3 and Phi-4-mini (families/phi3.rs): Llama's layers with fused q/k/v and gate/up
+    /// tensors, partial RoPE (Phi-4-mini), a sliding window on every layer where given.
+    Phi3,
 }
 
 /// Reads one layer's experts (`t` names a tensor of the layer).
@@ -194,7 +198,7 @@ pub(crate) const BASE: Family = Family {
 };
 
 /// Every family.
-pub static FAMILIES: [&Family; 11] = [
+pub static FAMILIES: [&Family; 12] = [
     &llama::LLAMA,
     &llama::MISTRAL,
     &qwen::QWEN2,
@@ -206,6 +210,7 @@ pub static FAMILIES: [&Family; 11] = [
     &gptoss::GPTOSS,
     &qwen35::QWEN35,
     &gemma4::GEMMA4,
+    &phi3::PHI3,
 ];
 
 impl Arch {
