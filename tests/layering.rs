@@ -342,3 +342,38 @@ fn an_ops_family_reading_another_is_found() {
     assert_eq!(fields, BTreeSet::from(["norm".to_string(), "moe".to_string()]));
     assert!(names("fn f(k: &Kernels) {}", "Kernels") && !names("fn f(k: &NormKernels) {}", "Kernels"));
 }
+
+/// Files of src/engine/ that may name `EngineCore`: the core (the loop, its results, the thread
+/// that starts it), its trace tests and their scripted executor.
+const ENGINE_CORE: [&str; 5] =
+    ["engine/core.rs", "engine/output.rs", "engine/handle.rs", "engine/trace_tests.rs", "engine/scripted.rs"];
+
+/// Whether `code` names the engine's core.
+fn reaches_core(code: &str) -> bool {
+    let code = without_strings(code);
+    names(&code, "EngineCore") || code.contains("super::core")
+}
+
+#[test]
+fn only_the_engine_core_names_the_core() {
+    let mut files = Vec::new();
+    rust_files(&src().join("engine"), &mut files);
+    let mut bad = Vec::new();
+    for f in &files {
+        let rel = f.strip_prefix(src()).unwrap().to_string_lossy().to_string();
+        if !ENGINE_CORE.contains(&rel.as_str()) && reaches_core(&code(f)) {
+            bad.push(rel);
+        }
+    }
+    assert!(
+        bad.is_empty(),
+        "engine files reaching into the core (proposers and heads go through engine/propose.rs):\n{}",
+        bad.join("\n")
+    );
+    // The proposers and heads are there to be checked.
+    for f in ["engine/draft.rs", "engine/mtp.rs", "engine/embed.rs", "engine/speculate.rs", "engine/propose.rs"] {
+        assert!(files.iter().any(|p| p.ends_with(f)), "{f} is gone: update ENGINE_CORE's test");
+    }
+    assert!(reaches_core("impl EngineCore {") && reaches_core("use super::core::Command;"));
+    assert!(!reaches_core("let s = \"EngineCore\"; use super::propose::Proposer;"));
+}

@@ -11,11 +11,14 @@
 //! Here: the commands, the loop, step submission and faults; `sequence`: a sequence's state;
 //! `scheduler`: what runs next; `runner`: the plan as step input; `output`: results applied.
 
+use super::embed::EmbedHead;
 use super::metrics::EngineMetrics;
+use super::propose::{self, DraftModel};
 use super::request::{Event, FinishReason, Request, Usage};
 use super::runner::Row;
 use super::scheduler::{Planned, Scheduler, SchedulerConfig};
 use super::sequence::Seq;
+use crate::config::SpecSettings;
 use crate::exec::{Executor, Fault};
 use crate::kv::{BlockKey, BlockManager, KvEvent};
 use crate::tokenizer::Tokenizer;
@@ -70,12 +73,12 @@ pub(crate) struct EngineCore {
     pub(crate) draining: bool,
     /// Where each step's KV-cache events go (`--kv-events-endpoint`), with the batches sent.
     pub(crate) kv_events: Option<(std::sync::mpsc::Sender<Vec<KvEvent>>, u64)>,
-    /// Speculative decoding's draft model (engine/draft.rs).
-    pub(crate) draft: Option<super::draft::DraftModel>,
+    /// Speculative decoding's proposer: the draft model or the MTP head (engine/propose.rs).
+    pub(crate) draft: Option<DraftModel>,
     /// Whether speculating pays here, measured (single device only).
     pub(crate) gate: crate::spec::CostGate,
     /// Embeddings are on: the final norm applied to the emitted rows (engine/embed.rs).
-    pub(crate) embed: Option<super::embed::EmbedHead>,
+    pub(crate) embed: Option<EmbedHead>,
 }
 
 impl EngineCore {
@@ -230,7 +233,8 @@ impl EngineCore {
                 let _ = reply.send((self.sched.bm.cached_keys(), sent));
             }
             Command::EnableEmbeddings(reply) => {
-                let _ = reply.send(self.enable_embeddings());
+                let head = EmbedHead::enable(&mut *self.exec);
+                let _ = reply.send(head.map(|h| self.embed.insert(h).dim()));
             }
             Command::Slots(reply) => {
                 use super::slots::SlotState;
@@ -277,7 +281,7 @@ impl EngineCore {
         if self.sched.cfg.spec.method.uses_model() && (mtp || plan.iter().any(|p| !p.draft.is_empty())) {
             self.fill_drafts(&mut plan);
         }
-        self.grammar_drafts(&mut plan, self.exec.vocab().div_ceil(32));
+        self.sched.grammar_drafts(&mut plan, self.exec.vocab().div_ceil(32));
         let (input, sampled) = self.sched.step_input(&plan, self.exec.vocab().div_ceil(32));
         if !self.in_flight.is_empty() {
             self.metrics.steps_overlapped.fetch_add(1, Relaxed);
@@ -293,6 +297,50 @@ impl EngineCore {
         let timing = timed.then(|| (t0, plan.iter().any(|p| !p.draft.is_empty())));
         self.in_flight.push_back(InFlight { id, epoch: self.epoch, plan, sampled, timing });
         self.exec.submit(id, input);
+    }
+
+    /// Fills the proposals of `plan`'s speculating sequences (planned with placeholders) from
+    /// the draft model or the MTP head (engine/propose.rs). Without one, or when it fails
+    /// (speculative decoding is then off from now on, logged), they verify nothing in this step.
+    pub(crate) fn fill_drafts(&mut self, plan: &mut [Planned]) {
+        let Some(draft) = self.draft.as_mut() else {
+            plan.iter_mut().for_each(propose::clear);
+            return;
+        };
+        let (vocab, bs) = (self.exec.vocab(), self.sched.cfg.block_size);
+        if let Err(e) = propose::fill(&mut *draft.0, &mut self.sched.running, plan, vocab, bs) {
+            tracing::error!("the draft model / MTP head failed ({e:#}); speculative decoding is off from now on");
+            if draft.is_mtp() {
+                // Nothing reads the model's hidden states any more.
+                self.exec.emit_hidden(false);
+            }
+            plan.iter_mut().for_each(propose::clear);
+            self.sched.cfg.spec = SpecSettings::off();
+            self.draft = None;
+        }
+    }
+
+    /// The cost gate learns a decode-only step's seconds per token (`timing`: when it began and
+    /// whether it verified proposals; `before`: the decode-token count before its result).
+    pub(crate) fn time_step(&mut self, timing: Option<(std::time::Instant, bool)>, before: u64) {
+        let Some((t0, spec)) = timing else { return };
+        let tokens = self.metrics.decode_tokens.load(Relaxed).saturating_sub(before);
+        let backoffs = self.gate.backoffs;
+        let (plain, spec_cost) = self.gate.costs();
+        self.gate.record(spec, t0.elapsed().as_secs_f64(), tokens as usize);
+        if self.gate.backoffs > backoffs {
+            let msg = format!(
+                "speculative decoding costs more per token than plain decoding here ({:.1} vs {:.1} ms); off for {} steps, then measured again",
+                spec_cost.unwrap_or(0.0) * 1e3,
+                plain.unwrap_or(0.0) * 1e3,
+                self.gate.backing_off_for()
+            );
+            // The first time on stderr (the default log shows errors only).
+            if self.gate.backoffs == 1 {
+                eprintln!("torus-wgpu: {msg}");
+            }
+            tracing::info!("{msg}");
+        }
     }
 
     /// Hands the KV-cache events recorded since the last call to the publisher, as one batch.

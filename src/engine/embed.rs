@@ -8,11 +8,12 @@
 //! requests a cache salt of their own (no prefix-cache hits); last-token pooling needs only the
 //! last position, which a step always computes.
 
-use super::core::EngineCore;
 use super::request::Pooling;
 use super::scheduler::{rows_by_seq, Planned};
+use super::sequence::Seq;
+use crate::exec::Executor;
 
-/// The final norm the engine applies to emitted rows (set by [`EngineCore::enable_embeddings`]).
+/// The final norm the engine applies to emitted rows (`EmbedHead::enable` turns it on).
 pub(crate) struct EmbedHead {
     pub(crate) norm: Vec<f32>,
     pub(crate) eps: f32,
@@ -86,28 +87,30 @@ pub fn declared_pooling(path: &std::path::Path) -> Option<Pooling> {
     }
 }
 
-impl EngineCore {
-    /// Turns embeddings on: every step from now on hands back its hidden states. Returns the
-    /// embedding size, or why this executor cannot (a pipeline).
-    pub(crate) fn enable_embeddings(&mut self) -> Result<usize, String> {
+impl EmbedHead {
+    /// Turns embeddings on: every step of `exec` from now on hands back its hidden states.
+    /// Returns the head, or why this executor cannot (a pipeline).
+    pub(crate) fn enable(exec: &mut dyn Executor) -> Result<EmbedHead, String> {
         const WHOLE: &str = "embeddings need the whole model on one device (not pipeline stages)";
-        let (norm, eps) = self.exec.final_norm().ok_or(WHOLE)?;
-        if !self.exec.emit_hidden(true) {
+        let (norm, eps) = exec.final_norm().ok_or(WHOLE)?;
+        if !exec.emit_hidden(true) {
             return Err(WHOLE.into());
         }
-        let dim = norm.len();
-        self.embed = Some(EmbedHead { norm, eps });
-        Ok(dim)
+        Ok(EmbedHead { norm, eps })
+    }
+
+    /// The embedding size.
+    pub(crate) fn dim(&self) -> usize {
+        self.norm.len()
     }
 
     /// Pools a step's hidden states (`hidden`: [tokens, hidden] in the plan's order) into the
-    /// embedding requests among its sequences.
-    pub(crate) fn pool_rows(&mut self, plan: &[Planned], hidden: &[f32]) {
-        let Some(head) = &self.embed else { return };
-        let h = head.norm.len();
+    /// embedding requests among `running`.
+    pub(crate) fn pool(&self, plan: &[Planned], hidden: &[f32], running: &mut [Seq]) {
+        let h = self.norm.len();
         let Some(split) = rows_by_seq(plan, hidden, h) else { return };
         for (p, rows) in split {
-            let Some(s) = self.sched.running.iter_mut().find(|s| s.id == p.id) else { continue };
+            let Some(s) = running.iter_mut().find(|s| s.id == p.id) else { continue };
             let Some(acc) = s.embed.as_mut() else { continue };
             for (i, pos) in (p.start..p.start + p.len).enumerate().filter(|&(_, pos)| pos < s.prompt_len) {
                 // Only what pooling keeps is normed.
@@ -117,7 +120,7 @@ impl EngineCore {
                     Pooling::Cls => pos == 0,
                 };
                 if wanted {
-                    acc.take(pos, head.normed(&rows[i * h..(i + 1) * h]));
+                    acc.take(pos, self.normed(&rows[i * h..(i + 1) * h]));
                 } else {
                     acc.next = acc.next.max(pos + 1);
                 }

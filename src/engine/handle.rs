@@ -163,7 +163,7 @@ impl EngineHandle {
     /// speculative method `draft` needs.
     pub fn try_start_with_draft(
         exec: impl Into<Box<dyn Executor>>,
-        draft: Option<super::draft::DraftModel>,
+        draft: Option<super::propose::DraftModel>,
         tokenizer: Tokenizer,
         cfg: &EngineConfig,
     ) -> anyhow::Result<EngineHandle> {

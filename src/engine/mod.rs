@@ -2,8 +2,10 @@
 //! submits and gets back), `sequence` (a request's state), `scheduler` (pure: sequences and the
 //! block manager in, a step plan out), `runner` (the plan as step input), `output` (results
 //! applied: stops, detokenization, prefix registration, window release, failures), `core` (the
-//! loop), `handle` (the thread and its API), `metrics`, `speculate` and `draft` (speculative
-//! decoding: verification, the draft model); plus `generate`, one sequence straight
+//! loop), `handle` (the thread and its API), `metrics`, `speculate` (speculative decoding's
+//! verification), `propose` (what the core asks of a proposer) with its two, `draft` (a draft
+//! model) and `mtp` (the model's MTP head), and `embed` (the embedding head); the proposers and
+//! heads see sequences and hidden states, never the core; plus `generate`, one sequence straight
 //! on a `Model` (the `generate` command), and the model loaders the commands share.
 //!
 //! Owns: requests, sequences, the scheduler, the runner, output handling, the loop and its
@@ -19,6 +21,7 @@ pub mod metrics;
 mod mtp;
 mod output;
 mod penalties;
+mod propose;
 pub mod request;
 mod runner;
 mod scheduler;
@@ -32,8 +35,9 @@ mod speculate;
 #[cfg(test)]
 mod trace_tests;
 
-pub use draft::{load_draft, DraftModel};
+pub use draft::load_draft;
 pub use handle::{Completion, EngineHandle, RequestStream};
+pub use propose::DraftModel;
 pub use request::{Event, FinishReason, Pooling, PromptLogprob, Request, RequestParams, StopConditions, Usage};
 
 use crate::exec::Executor;

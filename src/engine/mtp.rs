@@ -1,5 +1,6 @@
 //! Speculative decoding with the model's own MTP head (`--speculative mtp`, Qwen3.5 / Qwen3.6;
-//! model/blocks/mtp.rs), run like a draft model (engine/draft.rs) on the model's device.
+//! model/blocks/mtp.rs), a `Proposer` (engine/propose.rs) like the draft model
+//! (engine/draft.rs), on the model's device.
 //!
 //! The head's position p reads the model's final-normed hidden state at p and the token at
 //! p + 1. Every step of the model hands back its tokens' hidden states (`Executor::emit_hidden`);
@@ -13,19 +14,22 @@
 //! there (or nothing): like the draft's cache, that changes proposals, never outputs, since the
 //! model verifies every proposal.
 
-use super::core::EngineCore;
-use super::draft::{push_round, DraftModel, Drafting};
+use super::propose::{fits, push_round, slot, DraftModel, Drafting, Proposer};
 use super::scheduler::Planned;
 use super::sequence::Seq;
 use crate::config::EngineConfig;
-use crate::exec::Executor;
+use crate::exec::{Executor, StepOutput};
 use crate::model::blocks::mtp::{load_mtp, norm_rows};
-use crate::model::{kv_block_bytes, Model, StepInput};
+use crate::model::{kv_block_bytes, Model, StageOutput, StepInput, StepLimits};
 use crate::sampling::SampleParams;
 use anyhow::{anyhow, bail, Context, Result};
 
-/// What the engine needs of the head beside its model: the norms of the hidden states it reads.
-pub struct MtpHead {
+/// The head's model (`emit_hidden` on: it takes hidden states beside its tokens, which no
+/// executor passes) and the norms of the hidden states it reads.
+pub(crate) struct MtpProposer {
+    model: Box<Model>,
+    limits: StepLimits,
+    vocab: usize,
     target_norm: Vec<f32>,
     head_norm: Vec<f32>,
     eps: f32,
@@ -60,9 +64,25 @@ pub fn load(cfg: &EngineConfig, target: &dyn Executor) -> Result<DraftModel> {
     }
     m.emit_hidden(true);
     m.warm_up().with_context(ctx)?;
-    let (eps, hidden) = (c.rms_eps, c.hidden);
-    let parts = MtpHead { target_norm: head.target_norm, head_norm: head.model.final_norm, eps, hidden };
-    Ok(DraftModel::new_mtp(m, parts))
+    let (eps, hidden, vocab) = (c.rms_eps, c.hidden, c.vocab);
+    let (target_norm, head_norm) = (head.target_norm, head.model.final_norm);
+    let model = Box::new(m);
+    Ok(DraftModel(Box::new(MtpProposer { model, limits, vocab, target_norm, head_norm, eps, hidden })))
+}
+
+impl MtpProposer {
+    /// One step of the head over `input` with `rows`, the hidden states it reads (one per
+    /// token). A panic in it (a bug, a driver failure) is this step's error.
+    fn run(&mut self, input: StepInput, rows: &[f32]) -> Result<StepOutput> {
+        let model = &mut self.model;
+        let bytes: &[u8] = bytemuck::cast_slice(rows);
+        let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| model.run(&input, Some(bytes))))
+            .unwrap_or_else(|p| Err(anyhow!("the MTP head panicked: {}", crate::exec::panic_message(&*p))))?;
+        match out {
+            StageOutput::Sampled(sampled) => Ok(StepOutput { sampled, logits: None, hidden: model.take_hidden() }),
+            StageOutput::Hidden(_) => bail!("the MTP head gave no tokens"),
+        }
+    }
 }
 
 impl Seq {
@@ -98,26 +118,38 @@ struct CatchUp {
     work: Option<usize>,
 }
 
-impl EngineCore {
+impl Proposer for MtpProposer {
+    fn reads_hidden(&self) -> bool {
+        true
+    }
+
+    fn fits(&self, tokens: &[u32], table_len: usize, k: usize) -> bool {
+        fits(&self.limits, self.vocab, tokens, table_len, k)
+    }
+
+    /// The head's catch-up keeps its own count of what its cache holds.
+    fn computed_after(&self, _: &Seq, _: usize) -> Option<usize> {
+        None
+    }
+
     /// Keeps, per planned sequence, the hidden states (`hidden`, [tokens, hidden] in the step's
     /// token order) of the positions whose tokens stand, for the MTP head.
-    pub(crate) fn keep_mtp_rows(&mut self, plan: &[Planned], hidden: &[f32]) {
-        let Some(head) = self.draft.as_ref().and_then(|d| d.mtp()) else { return };
-        let h = head.hidden;
+    fn observe(&mut self, plan: &[Planned], hidden: &[f32], running: &mut [Seq]) {
+        let h = self.hidden;
         let Some(split) = super::scheduler::rows_by_seq(plan, hidden, h) else {
             let total: usize = plan.iter().map(|p| p.len).sum();
             tracing::warn!("the model gave {} hidden floats for {total} tokens; the MTP head skips them", hidden.len());
             return;
         };
         for (p, rows) in split {
-            let Some(s) = self.sched.running.iter_mut().find(|s| s.id == p.id) else { continue };
+            let Some(s) = running.iter_mut().find(|s| s.id == p.id) else { continue };
             // A proposal's row stands when it and every proposal before it were kept; a position
             // has the head's input only once the token after it is known.
             let own = p.len - p.draft.len();
             let kept = p.draft.iter().enumerate().take_while(|&(i, d)| s.tokens.get(p.start + own + i) == Some(d));
             let valid = (own + kept.count()).min((s.tokens.len() - 1).saturating_sub(p.start));
             let mut rows = rows[..valid * h].to_vec();
-            norm_rows(&mut rows, &head.target_norm, head.eps);
+            norm_rows(&mut rows, &self.target_norm, self.eps);
             s.keep_mtp_rows(p.start, rows, h);
         }
     }
@@ -125,12 +157,9 @@ impl EngineCore {
     /// The head's catch-up on every running sequence's kept rows, its first proposal for each
     /// speculating sequence (`work`) at the position before its last token, then its further
     /// rounds. A speculating sequence without the row it needs proposes nothing this step.
-    pub(crate) fn run_mtp(&mut self, draft: &mut DraftModel, work: &mut [Drafting]) -> Result<()> {
-        let head = draft.mtp().ok_or_else(|| anyhow!("not an MTP head"))?;
-        let (h, eps) = (head.hidden, head.eps);
-        let head_norm = head.head_norm.clone();
-        let bs = self.sched.cfg.block_size;
-        let running = &mut self.sched.running;
+    fn propose(&mut self, running: &mut [Seq], work: &mut [Drafting], bs: usize) -> Result<()> {
+        let (h, eps) = (self.hidden, self.eps);
+        let head_norm = self.head_norm.clone();
         let mut jobs = Vec::new();
         for (i, s) in running.iter_mut().enumerate() {
             if s.mtp_rows.is_empty() {
@@ -146,8 +175,7 @@ impl EngineCore {
         }
         // Each speculating sequence's hidden state for its next round (the head's own, normed).
         let mut state: Vec<Option<Vec<f32>>> = vec![None; work.len()];
-        let slot = |s: &Seq, pos: usize| s.table[pos / bs] * bs as u32 + (pos % bs) as u32;
-        let (max_tokens, max_seqs) = (draft.limits.max_tokens, draft.limits.max_seqs);
+        let (max_tokens, max_seqs) = (self.limits.max_tokens, self.limits.max_seqs);
         while !jobs.is_empty() {
             let mut input = StepInput::default();
             let mut rows: Vec<f32> = Vec::new();
@@ -163,7 +191,7 @@ impl EngineCore {
                 for q in j.next..stop {
                     input.tokens.push(s.tokens[q + 1]);
                     input.positions.push(q as u32);
-                    input.slots.push(slot(s, q));
+                    input.slots.push(slot(s, q, bs));
                     input.seq_of_token.push(idx);
                 }
                 let r = (j.next - s.mtp_from) * h..(stop - s.mtp_from) * h;
@@ -177,7 +205,7 @@ impl EngineCore {
                 j.next = stop;
             }
             let sample_rows = input.sample_rows.clone();
-            let out = draft.run(input, Some(&rows))?;
+            let out = self.run(input, &rows)?;
             for (k, (wi, r)) in who.iter().zip(&out.sampled).enumerate() {
                 work[*wi].proposals.push(r.id);
                 let t = sample_rows[k] as usize;
@@ -203,14 +231,14 @@ impl EngineCore {
                 let Some(hid) = state[wi].as_ref().filter(|_| w.k > r && w.proposals.len() == r) else { continue };
                 let s = &running[w.seq];
                 let pos = s.tokens.len() - 2 + r;
-                push_round(&mut input, w.proposals[r - 1], (pos, slot(s, pos)), &s.table);
+                push_round(&mut input, w.proposals[r - 1], (pos, slot(s, pos, bs)), &s.table);
                 rows.extend_from_slice(hid);
                 who.push(wi);
             }
             if who.is_empty() {
                 break;
             }
-            let out = draft.run(input, Some(&rows))?;
+            let out = self.run(input, &rows)?;
             if out.sampled.len() != who.len() {
                 bail!("the MTP head sampled {} rows of {}", out.sampled.len(), who.len());
             }

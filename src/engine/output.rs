@@ -128,7 +128,9 @@ impl EngineCore {
             }
         }
         if !hidden.is_empty() {
-            self.pool_rows(&step.plan, &hidden);
+            if let Some(e) = &self.embed {
+                e.pool(&step.plan, &hidden, &mut self.sched.running);
+            }
         }
         let mut done: Vec<(u64, FinishReason)> = Vec::new();
         // A sequence's rows are consecutive: its prompt logprobs (if any), then its next token
@@ -142,7 +144,7 @@ impl EngineCore {
                 let mut rows = vec![r];
                 rows.extend(results.by_ref().take(p.draft.len()));
                 k += p.draft.len();
-                if let Some(reason) = self.apply_verified(id, &p.draft, rows) {
+                if let Some(reason) = self.sched.apply_verified(&self.tok, id, &p.draft, rows) {
                     done.push((id, reason));
                 }
                 continue;
@@ -170,12 +172,14 @@ impl EngineCore {
                 continue;
             }
             self.metrics.decode_tokens.fetch_add(1, Relaxed);
-            if let Some(reason) = Self::accept(&self.tok, s, r, self.sched.cfg.max_seq_len) {
+            if let Some(reason) = accept(&self.tok, s, r, self.sched.cfg.max_seq_len) {
                 done.push((id, reason));
             }
         }
         if !hidden.is_empty() {
-            self.keep_mtp_rows(&step.plan, &hidden);
+            if let Some(d) = self.draft.as_mut() {
+                d.0.observe(&step.plan, &hidden, &mut self.sched.running);
+            }
         }
         Some(done)
     }
@@ -224,69 +228,69 @@ impl EngineCore {
         self.sched.bm.drop_prefix_cache();
         self.sched.slots.drop_snapshots();
     }
+}
 
-    /// Appends a sampled token, streams its text, and says whether the sequence is finished.
-    pub(crate) fn accept(tok: &Tokenizer, s: &mut Seq, r: Sampled, max_seq_len: usize) -> Option<FinishReason> {
-        let id = r.id;
-        if let Some(e) = s.constraint_error.take() {
+/// Appends a sampled token, streams its text, and says whether the sequence is finished.
+pub(crate) fn accept(tok: &Tokenizer, s: &mut Seq, r: Sampled, max_seq_len: usize) -> Option<FinishReason> {
+    let id = r.id;
+    if let Some(e) = s.constraint_error.take() {
+        return Some(FinishReason::Error(e));
+    }
+    s.tokens.push(id);
+    s.penalties.push(id);
+    let stop = &s.params.stop;
+    if (!stop.ignore_eos && tok.is_eos(id)) || stop.stop_token_ids.contains(&id) {
+        return Some(FinishReason::Stop);
+    }
+    // Structured outputs: advance the grammar; once it is complete the request stops (the
+    // token's text is still sent below).
+    let mut grammar_done = false;
+    if let Some(c) = s.params.constraint.as_mut().filter(|_| s.thinking.is_none()) {
+        if let Err(e) = c.accept(id) {
             return Some(FinishReason::Error(e));
         }
-        s.tokens.push(id);
-        s.penalties.push(id);
-        let stop = &s.params.stop;
-        if (!stop.ignore_eos && tok.is_eos(id)) || stop.stop_token_ids.contains(&id) {
-            return Some(FinishReason::Stop);
-        }
-        // Structured outputs: advance the grammar; once it is complete the request stops (the
-        // token's text is still sent below).
-        let mut grammar_done = false;
-        if let Some(c) = s.params.constraint.as_mut().filter(|_| s.thinking.is_none()) {
-            if let Err(e) = c.accept(id) {
-                return Some(FinishReason::Error(e));
-            }
-            grammar_done = c.is_stopped();
-        }
-        let piece = s.detok.push(tok, id);
-        // A grammar that waits for the end of the thinking starts with the next token.
-        if let (Some(tail), Some(tag)) = (s.thinking.as_mut(), s.params.constraint_after.as_deref()) {
-            tail.push_str(&piece);
-            if tail.contains(tag) {
-                s.thinking = None;
-            } else {
-                let mut cut = tail.len().saturating_sub(tag.len());
-                while !tail.is_char_boundary(cut) {
-                    cut -= 1;
-                }
-                tail.drain(..cut);
-            }
-        }
-        s.pending.push_str(&piece);
-        let mut reason = None;
-        let hit = stop.stop.iter().enumerate().filter_map(|(i, st)| s.pending.find(st.as_str()).map(|p| (p, i))).min();
-        let text = if let Some((pos, i)) = hit {
-            let t = s.pending[..pos].to_string();
-            s.pending.clear();
-            s.stopped_by = Some(i);
-            reason = Some(FinishReason::Stop);
-            t
-        } else {
-            let hold = held_suffix(&s.pending, &stop.stop);
-            let cut = s.pending.len() - hold;
-            let t = s.pending[..cut].to_string();
-            s.pending.drain(..cut);
-            t
-        };
-        if s.out.send(Event::Token { id, text, logprob: r.logprob, top: r.top }).is_err() {
-            return Some(FinishReason::Abort);
-        }
-        if grammar_done {
-            reason.get_or_insert(FinishReason::Stop);
-        }
-        if reason.is_none() && (s.generated() >= s.max_tokens || s.tokens.len() >= max_seq_len) {
-            reason = Some(FinishReason::Length);
-        }
-        reason
+        grammar_done = c.is_stopped();
     }
+    let piece = s.detok.push(tok, id);
+    // A grammar that waits for the end of the thinking starts with the next token.
+    if let (Some(tail), Some(tag)) = (s.thinking.as_mut(), s.params.constraint_after.as_deref()) {
+        tail.push_str(&piece);
+        if tail.contains(tag) {
+            s.thinking = None;
+        } else {
+            let mut cut = tail.len().saturating_sub(tag.len());
+            while !tail.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            tail.drain(..cut);
+        }
+    }
+    s.pending.push_str(&piece);
+    let mut reason = None;
+    let hit = stop.stop.iter().enumerate().filter_map(|(i, st)| s.pending.find(st.as_str()).map(|p| (p, i))).min();
+    let text = if let Some((pos, i)) = hit {
+        let t = s.pending[..pos].to_string();
+        s.pending.clear();
+        s.stopped_by = Some(i);
+        reason = Some(FinishReason::Stop);
+        t
+    } else {
+        let hold = held_suffix(&s.pending, &stop.stop);
+        let cut = s.pending.len() - hold;
+        let t = s.pending[..cut].to_string();
+        s.pending.drain(..cut);
+        t
+    };
+    if s.out.send(Event::Token { id, text, logprob: r.logprob, top: r.top }).is_err() {
+        return Some(FinishReason::Abort);
+    }
+    if grammar_done {
+        reason.get_or_insert(FinishReason::Stop);
+    }
+    if reason.is_none() && (s.generated() >= s.max_tokens || s.tokens.len() >= max_seq_len) {
+        reason = Some(FinishReason::Length);
+    }
+    reason
 }
 
 /// Brings `s`'s cache state to its `computed` positions: blocks that just became full are

@@ -25,12 +25,12 @@
 //! without verification and stops speculating for a while where it costs more per token than
 //! it saves (`spec::CostGate`).
 
-use super::core::EngineCore;
-use super::output::commit_computed;
+use super::output::{accept, commit_computed};
 use super::request::FinishReason;
 use super::scheduler::{Planned, Scheduler};
 use super::sequence::Seq;
 use crate::sampling::Sampled;
+use crate::tokenizer::Tokenizer;
 use std::sync::atomic::Ordering::Relaxed;
 
 impl Scheduler {
@@ -75,38 +75,13 @@ impl Scheduler {
         }
         crate::spec::propose(spec, &s.tokens, k)
     }
-}
-
-impl EngineCore {
-    /// The cost gate learns a decode-only step's seconds per token (`timing`: when it began and
-    /// whether it verified proposals; `before`: the decode-token count before its result).
-    pub(crate) fn time_step(&mut self, timing: Option<(std::time::Instant, bool)>, before: u64) {
-        let Some((t0, spec)) = timing else { return };
-        let tokens = self.metrics.decode_tokens.load(Relaxed).saturating_sub(before);
-        let backoffs = self.gate.backoffs;
-        let (plain, spec_cost) = self.gate.costs();
-        self.gate.record(spec, t0.elapsed().as_secs_f64(), tokens as usize);
-        if self.gate.backoffs > backoffs {
-            let msg = format!(
-                "speculative decoding costs more per token than plain decoding here ({:.1} vs {:.1} ms); off for {} steps, then measured again",
-                spec_cost.unwrap_or(0.0) * 1e3,
-                plain.unwrap_or(0.0) * 1e3,
-                self.gate.backing_off_for()
-            );
-            // The first time on stderr (the default log shows errors only).
-            if self.gate.backoffs == 1 {
-                eprintln!("torus-wgpu: {msg}");
-            }
-            tracing::info!("{msg}");
-        }
-    }
 
     /// Proposals under a grammar: each verifying row gets the grammar's mask after the
     /// proposals before it, and a proposal the grammar refuses ends the draft (it would be
     /// rejected). A sequence left with no proposal samples as without speculation.
     pub(crate) fn grammar_drafts(&mut self, plan: &mut [Planned], words: usize) {
         for p in plan.iter_mut().filter(|p| !p.draft.is_empty()) {
-            let Some(s) = self.sched.running.iter_mut().find(|s| s.id == p.id) else { continue };
+            let Some(s) = self.running.iter_mut().find(|s| s.id == p.id) else { continue };
             let before = p.draft.len();
             p.masks = s.draft_masks(&mut p.draft, words);
             p.len -= before - p.draft.len();
@@ -118,10 +93,17 @@ impl EngineCore {
 
     /// Sequence `id`'s verification of `draft`: its `rows` (one per proposal, and one after the
     /// last) taken in order while each matches its proposal, then its computed positions, prefix
-    /// keys and sampler state brought to the accepted tokens. Returns why it finished, if it did.
-    pub(crate) fn apply_verified(&mut self, id: u64, draft: &[u32], rows: Vec<Sampled>) -> Option<FinishReason> {
-        let max_seq_len = self.sched.cfg.max_seq_len;
-        let s = self.sched.running.iter_mut().find(|s| s.id == id)?;
+    /// keys and sampler state brought to the accepted tokens (`tok` detokenizes the taken ones).
+    /// Returns why it finished, if it did.
+    pub(crate) fn apply_verified(
+        &mut self,
+        tok: &Tokenizer,
+        id: u64,
+        draft: &[u32],
+        rows: Vec<Sampled>,
+    ) -> Option<FinishReason> {
+        let max_seq_len = self.cfg.max_seq_len;
+        let s = self.running.iter_mut().find(|s| s.id == id)?;
         // The sequence's own tokens (every one computed in this step) end here.
         let own_end = s.tokens.len();
         let (mut taken, mut accepted, mut reason) = (0, 0, None);
@@ -129,7 +111,7 @@ impl EngineCore {
             let hit = draft.get(i) == Some(&r.id);
             self.metrics.decode_tokens.fetch_add(1, Relaxed);
             taken += 1;
-            reason = Self::accept(&self.tok, s, r, max_seq_len);
+            reason = accept(tok, s, r, max_seq_len);
             if reason.is_some() || !hit {
                 break;
             }
@@ -159,16 +141,16 @@ impl EngineCore {
         if let Some(backup) = s.backup_slot.take() {
             if accepted < draft.len() && reason.is_none() {
                 if let Some(old) = s.state_slot.replace(backup) {
-                    self.sched.slots.release(old);
+                    self.slots.release(old);
                 }
                 s.computed = own_end.max(start);
                 s.scheduled = s.computed;
                 s.draft_computed = s.draft_computed.min(s.computed);
             } else {
-                self.sched.slots.release(backup);
+                self.slots.release(backup);
             }
         }
-        commit_computed(&mut self.sched.bm, &self.sched.cfg, s);
+        commit_computed(&mut self.bm, &self.cfg, s);
         reason
     }
 }
