@@ -230,7 +230,7 @@ fn hybrid_pipeline_stages_keep_requests_apart() {
 /// sub-steps with the state carried between them, and gives what steps of 512 give; with the
 /// prefix cache on, the snapshot taken inside the second sub-step is where a request that shares
 /// the prompt (and adds 3 tokens) starts. (The cpu profile's per-token recurrence takes 58982
-/// tokens a step: tests/qwen35.rs runs it over 3000.)
+/// tokens a step: tests/families/qwen35.rs runs it over 3000.)
 #[test]
 fn hybrid_prompt_longer_than_a_sub_step() {
     let (_dir, path) = small_model("qwen3.5-9b");

@@ -47,7 +47,12 @@ pub fn cfg(profile: KernelProfile) -> EngineConfig {
 /// Every prompt of reference `r`: tokenization, last-position logits within 1e-3 and the greedy
 /// tokens (margin-aware), from `file` under `profile`.
 pub fn assert_matches_reference(file: &str, r: &Value, profile: KernelProfile) {
-    let gpu = Arc::new(Gpu::new(None).expect("a wgpu adapter (lavapipe in CI)"));
+    assert_matches_reference_on(Gpu::new(None).expect("a wgpu adapter (lavapipe in CI)"), file, r, profile)
+}
+
+/// `assert_matches_reference` on `gpu` (a device with changed limits).
+pub fn assert_matches_reference_on(gpu: Gpu, file: &str, r: &Value, profile: KernelProfile) {
+    let gpu = Arc::new(gpu);
     let (mut model, tok) =
         load_model(&local(file), &cfg(profile), gpu, &|_, _| {}).unwrap_or_else(|e| panic!("{file} loads: {e:#}"));
     for p in r["prompts"].as_array().unwrap() {

@@ -5,9 +5,7 @@
 //! experts), against transformers' float32 logits and greedy tokens in both kernel profiles and
 //! over 2 pipeline stages; and the engine's properties on it.
 
-mod common;
-
-use common::tiny::{self, local, reference};
+use crate::common::tiny::{self, local, reference};
 use torus_wgpu::config::KernelProfile;
 use torus_wgpu::model::config::{Arch, RopeScaling};
 use torus_wgpu::model::loader::read_config;

@@ -8,9 +8,7 @@
 //! engine's properties with two attention geometries in one model: batching invariance, prefix
 //! cache on == off, preemption.
 
-mod common;
-
-use common::tiny::{self, local, reference};
+use crate::common::tiny::{self, local, reference};
 use torus_wgpu::config::{EngineConfig, KernelProfile};
 use torus_wgpu::model::config::{Arch, RopeScaling};
 use torus_wgpu::model::loader::read_config;

@@ -1,16 +1,42 @@
-//! Mixture-of-experts models end to end: the tiny Qwen3-MoE and Qwen2-MoE (with its gated
-//! shared expert) of scripts/fixtures/gen_tiny_moe.py (a dense layer between two sparse ones)
-//! from their Hugging Face directories and GGUF conversions, against transformers' float32
-//! logits and greedy tokens, in both kernel profiles and split over 2 pipeline stages; and the
-//! engine's properties on them: a prompt alone and inside a busy batch gives the same greedy
-//! tokens, prefix cache on == off, preemption.
+//! Qwen2, Qwen3 and their mixtures of experts (model/families/qwen.rs): the tiny models of
+//! scripts/fixtures/gen_tiny_models.py and gen_tiny_moe.py against transformers' float32
+//! references: YaRN (Qwen2), Qwen3's per-head q/k norms from the HF directory and llama.cpp's
+//! layout; Qwen3-MoE and Qwen2-MoE (with its gated shared expert; a dense layer between two
+//! sparse ones) from their directories and GGUF conversions, in both kernel profiles and split
+//! over 2 pipeline stages, and the engine's properties on them: a prompt alone and inside a busy
+//! batch gives the same greedy tokens, prefix cache on == off, preemption.
 
-mod common;
-
-use common::tiny::{self, local, reference};
+use crate::common::tiny::{self, local, reference};
 use torus_wgpu::config::KernelProfile;
-use torus_wgpu::model::config::Arch;
+use torus_wgpu::gpu::Gpu;
+use torus_wgpu::model::config::{Arch, RopeScaling};
 use torus_wgpu::model::loader::read_config;
+
+#[test]
+fn yarn_rope_scaling() {
+    let cfg = read_config(&local("tiny-yarn")).unwrap();
+    let RopeScaling::Yarn { attention_factor, .. } = cfg.rope_scaling else { panic!("{:?}", cfg.rope_scaling) };
+    let r = reference("tiny-yarn-reference.json");
+    let want = r["rope"]["attention_scaling"].as_f64().unwrap();
+    assert!((attention_factor - want).abs() < 1e-6, "attention factor {attention_factor} vs {want}");
+    tiny::assert_matches_reference("tiny-yarn", &r, KernelProfile::Cpu);
+}
+
+#[test]
+fn qwen3_qk_norm() {
+    let cfg = read_config(&local("tiny-qwen3")).unwrap();
+    assert!(cfg.qk_norm && cfg.arch == Arch::Qwen3 && cfg.head_dim * cfg.heads != cfg.hidden);
+    let r = reference("tiny-qwen3-reference.json");
+    tiny::assert_matches_reference("tiny-qwen3", &r, KernelProfile::Cpu);
+    // llama.cpp's form (arch qwen3: attn_q_norm / attn_k_norm, rows not permuted, tied head).
+    let g = read_config(&local("tiny-qwen3.gguf")).unwrap();
+    assert!(g.qk_norm && g.arch == Arch::Qwen3 && g.head_dim == cfg.head_dim);
+    tiny::assert_matches_reference("tiny-qwen3.gguf", &r, KernelProfile::Cpu);
+    // Every 1-D grid (the head norm's included) folded into 2-D at 2 workgroups per dimension.
+    let mut gpu = Gpu::new(None).unwrap();
+    gpu.max_grid = 2;
+    tiny::assert_matches_reference_on(gpu, "tiny-qwen3", &r, KernelProfile::Cpu);
+}
 
 #[test]
 fn qwen3_moe_config_from_hf_and_gguf() {

@@ -6,10 +6,8 @@
 //! decoding (greedy, seeded sampling, alone and batched), and exactly the proposals the reference
 //! says are kept.
 
-mod common;
-
-use common::tiny::{self, local, max_diff, reference};
-use common::{floats, ids};
+use crate::common::tiny::{self, local, max_diff, reference};
+use crate::common::{floats, ids};
 use serde_json::Value;
 use std::sync::Arc;
 use torus_wgpu::config::{KernelProfile, SpecMethod};
@@ -127,9 +125,9 @@ fn engine_with(file: &str, spec: bool, k: usize, prefix_cache: bool) -> EngineHa
 fn biased(r: &Value) -> Request {
     let b = &r["biased"];
     let bias = b["bias"].as_object().unwrap().iter().map(|(t, v)| (t.parse().unwrap(), v.as_f64().unwrap() as f32));
-    common::completions::request(
+    crate::common::completions::request(
         &ids(&b["input_ids"]),
-        RequestParams { logit_bias: bias.collect(), ..common::completions::greedy(ids(&b["greedy_ids"]).len()) },
+        RequestParams { logit_bias: bias.collect(), ..crate::common::completions::greedy(ids(&b["greedy_ids"]).len()) },
     )
 }
 
@@ -216,7 +214,7 @@ fn qwen35_mtp_speculation_on_equals_off() {
 }
 
 fn speculation_on_equals_off(lines: &Lines, file: &str, r: &Value) {
-    use common::completions::{assert_all_blocks_free, assert_same, greedy, request, run_alone, run_together};
+    use crate::common::completions::{assert_all_blocks_free, assert_same, greedy, request, run_alone, run_together};
     let mut reqs: Vec<Request> = r["prompts"]
         .as_array()
         .unwrap()

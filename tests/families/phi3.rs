@@ -4,9 +4,7 @@
 //! against llama.cpp's (phi3's window ignored; the generator checked llama.cpp's own logits
 //! against the same reference), in both kernel profiles; refusals; the engine's properties.
 
-mod common;
-
-use common::tiny::{self, local, reference};
+use crate::common::tiny::{self, local, reference};
 use torus_wgpu::config::KernelProfile;
 use torus_wgpu::model::config::Arch;
 use torus_wgpu::model::loader::read_config;

@@ -7,9 +7,7 @@
 //! chunked-prefill invariance, prefix cache asked for == off (it is turned off), preemption, and
 //! every state slot back afterwards.
 
-mod common;
-
-use common::tiny::{self, local, reference};
+use crate::common::tiny::{self, local, reference};
 use std::sync::Arc;
 use torus_wgpu::config::KernelProfile;
 use torus_wgpu::gpu::Gpu;
@@ -321,11 +319,11 @@ fn qwen35_engine_batched_chunked_and_prefix_cache_requests_equal_alone() {
         assert_eq!(tiny::run_together(&on_chunked, &reqs), want, "{file}: chunked with the prefix cache, again");
         assert!(on_chunked.metrics.snapshot().prefix_hits > 0);
         for e in [&on, &on_chunked] {
-            common::completions::assert_all_blocks_free(e);
+            crate::common::completions::assert_all_blocks_free(e);
         }
     }
     for e in [&off, &chunked] {
-        common::completions::assert_all_blocks_free(e);
+        crate::common::completions::assert_all_blocks_free(e);
         let m = e.metrics.snapshot();
         assert!(m.state_slots_total > 0, "{m:?}");
     }
@@ -357,7 +355,7 @@ fn qwen35_chunked_delta_rule_in_the_engine() {
     assert!(on.metrics.snapshot().prefix_hits > 0, "the shared prefix is reused from a snapshot");
     assert_eq!(tiny::run_together(&on, &reqs), alone, "prefix cache on, batched != alone");
     for e in [&off, &chunked, &on] {
-        common::completions::assert_all_blocks_free(e);
+        crate::common::completions::assert_all_blocks_free(e);
     }
 }
 
@@ -368,7 +366,7 @@ fn qwen35_chunked_delta_rule_in_the_engine() {
 /// and rejected; every slot and block is back afterwards.
 #[test]
 fn qwen35_speculation_on_equals_off() {
-    use common::completions::{assert_all_blocks_free, assert_same, greedy, request, run_alone, run_together};
+    use crate::common::completions::{assert_all_blocks_free, assert_same, greedy, request, run_alone, run_together};
     use torus_wgpu::config::SpecMethod;
     use torus_wgpu::engine::RequestParams;
     use torus_wgpu::sampling::SamplingParams;
@@ -435,7 +433,7 @@ fn qwen35_preemption() {
 /// equal to the cache off.
 #[test]
 fn qwen35_prefix_cache_reuses_a_shared_system_prompt() {
-    use common::completions::{greedy, request, run_alone};
+    use crate::common::completions::{greedy, request, run_alone};
     let mut rng = XorShift64::new(5);
     let mut system: Vec<u32> = (0..37).map(|_| rng.range(0, 500)).collect();
     system.extend([511, 198]);
@@ -454,5 +452,5 @@ fn qwen35_prefix_cache_reuses_a_shared_system_prompt() {
     }
     let m = on.metrics.snapshot();
     assert!(m.prefix_hit_tokens >= 3 * 32, "the system prompt's two blocks are reused: {m:?}");
-    common::completions::assert_all_blocks_free(&on);
+    crate::common::completions::assert_all_blocks_free(&on);
 }

@@ -5,9 +5,7 @@
 //! Its prompts include one of 869 tokens, so the 512-token window of the local layers (and the
 //! global layers' reach past it) decides the logits. The model is fetched by scripts/setup.sh.
 
-mod common;
-
-use common::{floats, ids, logits_steps};
+use crate::common::{floats, ids, logits_steps};
 use serde_json::{json, Value};
 use std::sync::Arc;
 use torus_wgpu::config::{EngineConfig, KernelProfile, KvDtype};
@@ -35,7 +33,7 @@ fn config(kv: KvDtype, profile: KernelProfile) -> EngineConfig {
 
 fn load(kv: KvDtype, profile: KernelProfile) -> (Model, Tokenizer) {
     let gpu = Arc::new(Gpu::new(None).expect("a wgpu adapter (lavapipe in CI)"));
-    load_model(&common::gemma3_270m(), &config(kv, profile), gpu, &|_, _| {}).unwrap()
+    load_model(&crate::common::gemma3_270m(), &config(kv, profile), gpu, &|_, _| {}).unwrap()
 }
 
 /// The prompts a profile is checked on: all, or for the gpu profile those under 100 tokens (it
@@ -136,7 +134,7 @@ fn greedy_tokens_match_reference_with_f16_kv_cache() {
 #[test]
 fn builtin_turn_template_and_end_of_turn() {
     let reference = reference();
-    let tok = Tokenizer::from_path(&common::gemma3_270m()).unwrap();
+    let tok = Tokenizer::from_path(&crate::common::gemma3_270m()).unwrap();
     assert_eq!(tok.builtin_template(), Some("gemma"));
     let chat = reference["prompts"].as_array().unwrap().iter().find(|p| p["name"] == "chat").unwrap();
     let text = tok.apply_chat_template(&[ChatMessage::new("user", "What is the capital of France?")], true).unwrap();
@@ -169,8 +167,8 @@ fn serves_chat_with_the_reference_greedy_tokens() {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         l.local_addr().unwrap().port()
     };
-    let model = common::gemma3_270m();
-    let (mut child, log, _rx) = common::spawn_until_ready(
+    let model = crate::common::gemma3_270m();
+    let (mut child, log, _rx) = crate::common::spawn_until_ready(
         std::process::Command::new(env!("CARGO_BIN_EXE_torus-wgpu")).args([
             "serve",
             "--model",
