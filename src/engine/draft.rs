@@ -105,6 +105,11 @@ impl Proposer for DraftProposer {
                 work[wi].proposals.push(t);
             }
         }
+        // Its cache now holds every position up to the last round's.
+        for w in work.iter() {
+            let s = &mut running[w.seq];
+            s.draft_computed = s.tokens.len() - 1 + w.k;
+        }
         Ok(())
     }
 }

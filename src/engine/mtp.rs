@@ -127,11 +127,6 @@ impl Proposer for MtpProposer {
         fits(&self.limits, self.vocab, tokens, table_len, k)
     }
 
-    /// The head's catch-up keeps its own count of what its cache holds.
-    fn computed_after(&self, _: &Seq, _: usize) -> Option<usize> {
-        None
-    }
-
     /// Keeps, per planned sequence, the hidden states (`hidden`, [tokens, hidden] in the step's
     /// token order) of the positions whose tokens stand, for the MTP head.
     fn observe(&mut self, plan: &[Planned], hidden: &[f32], running: &mut [Seq]) {

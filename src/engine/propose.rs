@@ -21,18 +21,13 @@ pub(crate) trait Proposer: Send {
     fn fits(&self, tokens: &[u32], table_len: usize, k: usize) -> bool;
 
     /// Fills each of `work`'s proposals (up to its `k`) for its sequence in `running`, whose
-    /// block tables (of `block_size` positions a block) address its KV cache too.
+    /// block tables (of `block_size` positions a block) address its KV cache too; it keeps
+    /// `Seq::draft_computed`, the positions its cache holds, up to date.
     fn propose(&mut self, running: &mut [Seq], work: &mut [Drafting], block_size: usize) -> Result<()>;
 
     /// A step's hidden states ([tokens, hidden] in `plan`'s token order), after its sampled
     /// tokens were appended to `running`.
     fn observe(&mut self, _plan: &[Planned], _hidden: &[f32], _running: &mut [Seq]) {}
-
-    /// The proposals' positions its cache holds for a sequence after its proposals were
-    /// verified: `Some(n)` to set `Seq::draft_computed` to n, None where it keeps its own count.
-    fn computed_after(&self, s: &Seq, k: usize) -> Option<usize> {
-        Some(s.tokens.len() - 1 + k)
-    }
 }
 
 /// Speculative decoding's proposer, as `load_draft` gives it (the draft model or the MTP head).
@@ -110,10 +105,6 @@ pub(crate) fn fill(
         let n = w.proposals.iter().take_while(|&&t| (t as usize) < vocab).count();
         p.len -= p.draft.len() - n;
         p.draft = w.proposals[..n].to_vec();
-        let s = &mut running[w.seq];
-        if let Some(n) = proposer.computed_after(s, w.k) {
-            s.draft_computed = n;
-        }
     }
     Ok(())
 }

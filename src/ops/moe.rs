@@ -152,20 +152,18 @@ impl MoeKernels {
             (Some(route), Some(combine), Some(shared_gate))
         };
         let mut by_format = BTreeMap::new();
-        for &f in formats {
-            if let std::collections::btree_map::Entry::Vacant(slot) = by_format.entry(f) {
-                let src = moe_source(f)?;
-                let n = f.name();
-                let gate_up = family.pipeline(gpu, &format!("moe_gate_up_{n}"), &src, "gate_up_main")?;
-                let down = family.pipeline(gpu, &format!("moe_down_{n}"), &src, "down_main")?;
-                let gate_up_grouped =
-                    family.pipeline(gpu, &format!("moe_gate_up_grouped_{n}"), &src, "gate_up_grouped")?;
-                let down_grouped = family.pipeline(gpu, &format!("moe_down_grouped_{n}"), &src, "down_grouped")?;
-                // The tiled expert kernels only where they will run (gpu profile, chosen).
-                let use_tiled = profile == KernelProfile::Gpu && tiled_wanted(gpu, f, cache)?;
-                let tiled = if use_tiled { Some(tiled_pipelines(gpu, &family, f)?) } else { None };
-                slot.insert(MoePipelines { gate_up, down, gate_up_grouped, down_grouped, tiled, use_tiled });
-            }
+        // Each format once.
+        for f in formats.iter().copied().collect::<std::collections::BTreeSet<_>>() {
+            let src = moe_source(f)?;
+            let n = f.name();
+            let gate_up = family.pipeline(gpu, &format!("moe_gate_up_{n}"), &src, "gate_up_main")?;
+            let down = family.pipeline(gpu, &format!("moe_down_{n}"), &src, "down_main")?;
+            let gate_up_grouped = family.pipeline(gpu, &format!("moe_gate_up_grouped_{n}"), &src, "gate_up_grouped")?;
+            let down_grouped = family.pipeline(gpu, &format!("moe_down_grouped_{n}"), &src, "down_grouped")?;
+            // The tiled expert kernels only where they will run (gpu profile, chosen).
+            let use_tiled = profile == KernelProfile::Gpu && tiled_wanted(gpu, f, cache)?;
+            let tiled = if use_tiled { Some(tiled_pipelines(gpu, &family, f)?) } else { None };
+            by_format.insert(f, MoePipelines { gate_up, down, gate_up_grouped, down_grouped, tiled, use_tiled });
         }
         Ok(MoeKernels { family, route, combine, shared_gate, formats: by_format })
     }

@@ -224,8 +224,8 @@ impl MatmulKernels {
     ) -> Result<MatmulKernels> {
         let family = Family::new(gpu, &super::layout_of(MatmulBinds::SLOTS));
         let u_family = Family::new(gpu, &super::layout_of(tiles::MatmulUxBinds::SLOTS));
-        let formats: Vec<WFormat> =
-            formats.iter().copied().collect::<std::collections::BTreeSet<_>>().into_iter().collect();
+        // Each format once.
+        let formats: std::collections::BTreeSet<WFormat> = formats.iter().copied().collect();
         let mut embed = BTreeMap::new();
         let mut tiles = BTreeMap::new();
         for &f in &formats {
