@@ -2,7 +2,7 @@
 //! `$TORUS_TUNE_CACHE` (a path, or `off`), else `$XDG_CACHE_HOME/torus-wgpu/tune.json`, else
 //! `~/.cache/torus-wgpu/tune.json`. An entry is keyed by the adapter (name, vendor and device
 //! ids, driver, backend) and by this binary's kernels (its version and the tuned kernels' hash,
-//! which ops::gemm gives: `tuned_kernels`), so a driver update or a kernel change is tuned again
+//! which ops::matmul::gemm gives: `tuned_kernels`), so a driver update or a kernel change is tuned again
 //! rather than misread; a new tune of an adapter replaces its entries for other kernels. A file
 //! that cannot be read or parsed is ignored with a log line (the next tune replaces it): the
 //! defaults run then, never an error.
@@ -17,7 +17,7 @@ pub const TUNE_CACHE_ENV: &str = "TORUS_TUNE_CACHE";
 /// Largest cache file read (a file written by the tuner is a few KiB).
 const MAX_BYTES: u64 = 4 << 20;
 
-/// One weight format's GEMM plan (ops::gemm::GemmPlan, its kernels by name).
+/// One weight format's GEMM plan (ops::matmul::gemm::GemmPlan, its kernels by name).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GemmRecord {
     pub min_rows: u32,
