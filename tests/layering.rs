@@ -272,6 +272,33 @@ fn a_file_naming_a_family_is_found() {
     assert!(hit(r#"let s = "a\"b"; let t = Gemma4;"#));
 }
 
+/// Every format's experts are read by one loader (model/blocks/experts.rs), driven by the
+/// format's names: no other file reads expert tensors or builds a layer's experts, and a family
+/// gives names, not a loader of its own.
+#[test]
+fn one_expert_loader() {
+    let mut files = Vec::new();
+    rust_files(&src(), &mut files);
+    let mut bad = Vec::new();
+    for f in files {
+        let rel = f.strip_prefix(src()).unwrap().to_string_lossy().to_string();
+        if rel == "model/blocks/experts.rs" {
+            continue;
+        }
+        let code = without_strings(&code(&f));
+        if code.contains(".experts(&") {
+            bad.push(format!("{rel}: reads expert tensors"));
+        }
+        if code.contains("HostMoe {") && !code.contains("pub struct HostMoe {") {
+            bad.push(format!("{rel}: builds a layer's experts"));
+        }
+        if names(&code, "ExpertLoader") || code.contains("fn load_experts") {
+            bad.push(format!("{rel}: has an expert loader of its own"));
+        }
+    }
+    assert!(bad.is_empty(), "experts read outside model/blocks/experts.rs:\n{}", bad.join("\n"));
+}
+
 /// The ops family a file of src/ops/ belongs to (its file or folder name), or None for the
 /// files that compose the families or serve them all.
 fn ops_family(rel: &str) -> Option<&str> {
@@ -306,6 +333,23 @@ fn ops_families_own_their_kernels() {
         }
         for field in kernel_fields(&code).into_iter().filter(|k| k != family) {
             bad.push(format!("{rel}: reads the {field} family's kernels"));
+        }
+    }
+    // The composition of the families' op kinds is one line each in `op_kinds!`: outside it,
+    // ops/mod.rs and ops/cost.rs name no family's op (no arm per kernel to add there).
+    for rel in ["ops/mod.rs", "ops/cost.rs"] {
+        let code = without_strings(&code(&src().join(rel)));
+        let code = code.split("#[cfg(test)]").next().unwrap();
+        let outside = match code.find("op_kinds! {") {
+            Some(i) => format!("{}{}", &code[..i], &code[i + code[i..].find("\n}").unwrap()..]),
+            None => code.to_string(),
+        };
+        for (i, m) in outside.match_indices("OpKind::") {
+            let next: String =
+                outside[i + m.len()..].chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+            if !next.is_empty() {
+                bad.push(format!("{rel}: names OpKind::{next}"));
+            }
         }
     }
     assert!(bad.is_empty(), "ops families reaching into the composition:\n{}", bad.join("\n"));

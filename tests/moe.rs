@@ -12,7 +12,7 @@ use std::sync::{Arc, OnceLock};
 use torus_wgpu::config::KernelProfile;
 use torus_wgpu::gpu::wformat::WFormat;
 use torus_wgpu::gpu::Gpu;
-use torus_wgpu::model::blocks::moe::interleave_groups;
+use torus_wgpu::model::blocks::experts::interleave_groups;
 use torus_wgpu::ops::harness::Harness;
 use torus_wgpu::ops::harness_moe::MoeWeights;
 use torus_wgpu::ops::moe::{moe_ref, route_ref, MoeSpec};

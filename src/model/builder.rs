@@ -10,7 +10,7 @@ use crate::model::step::StepLimits;
 use crate::ops::attention::AttnParams;
 use crate::ops::delta::{DeltaDims, DeltaParams};
 use crate::ops::kernels::Kernels;
-use crate::ops::matmul::{self, MatmulIo};
+use crate::ops::matmul::{self, MatmulIo, MatmulOp};
 use crate::ops::norm::{HeadNormParams, NormParams};
 use crate::ops::rope::RopeParams;
 use crate::ops::{Op, OpKind};
@@ -207,7 +207,9 @@ impl OpBuilder<'_> {
         let io = MatmulIo { step: &s.step_buf, x, y, bias: bias.unwrap_or(&s.dummy), windows, cap, xq };
         let (mut ops, params) = matmul::matmul(&self.kernels.matmul, self.g, m, &io, cols, flags, sampled, swiglu);
         // (The int8 path's quantization of x keeps its own label.)
-        ops.iter_mut().filter(|op| matches!(op.kind, OpKind::Matmul { .. })).for_each(|op| op.label = label);
+        ops.iter_mut()
+            .filter(|op| matches!(op.kind, OpKind::Matmul(MatmulOp::Matmul { .. })))
+            .for_each(|op| op.label = label);
         self.extend((ops, params));
     }
 }

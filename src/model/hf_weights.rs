@@ -5,6 +5,8 @@
 use super::config::ModelConfig;
 use super::layers::{Recipe, WeightSource};
 use super::loader::{check_shape, to_f32, u16s};
+use crate::gpu::wformat::WFormat;
+use crate::weights::mxfp4_hf;
 use crate::weights::tensor::QTensor;
 use anyhow::{anyhow, bail, Context, Result};
 use std::collections::HashMap;
@@ -85,13 +87,48 @@ impl HfWeights {
             bail!("{src}: tensor {name} has shape {:?}, expected [{rows}, {cols}]", t.shape);
         }
         check_shape(&src, name, (t.shape[0], t.shape[1]), (rows, cols))?;
-        let r = match t.dtype {
+        Self::rows(t, bytes, rows, cols).map_err(|e| anyhow!("{src}: tensor {name}: {e}"))
+    }
+
+    /// A float tensor's data as `rows` rows of `cols` (F32 kept, F16 and BF16 as F16).
+    fn rows(t: &HfTensor, bytes: &[u8], rows: usize, cols: usize) -> Result<QTensor> {
+        match t.dtype {
             safetensors::Dtype::F32 => QTensor::from_f32(rows, cols, &to_f32(t.dtype, bytes)?),
             safetensors::Dtype::F16 => QTensor::from_f16_bits(rows, cols, &u16s(bytes)),
             safetensors::Dtype::BF16 => QTensor::from_bf16_bits_as_f16(rows, cols, &u16s(bytes)),
-            d => bail!("{src}: tensor {name} has unsupported dtype {d:?} (supported: F32, F16, BF16)"),
-        };
-        r.map_err(|e| anyhow!("{src}: tensor {name}: {e}"))
+            d => bail!("unsupported dtype {d:?} (supported: F32, F16, BF16)"),
+        }
+    }
+
+    /// The bytes of a U8 tensor of `shape` (MXFP4 blocks and scales).
+    fn bytes(&self, name: &str, shape: &[usize]) -> Result<&[u8]> {
+        let (t, bytes, src) = self.get(name)?;
+        if t.shape != shape || t.dtype != safetensors::Dtype::U8 {
+            bail!("{src}: tensor {name} is {:?} {:?}, expected U8 {shape:?}", t.dtype, t.shape);
+        }
+        Ok(bytes)
+    }
+
+    /// The experts of one projection stored as one 3-D float tensor [experts, rows, cols], or
+    /// in MXFP4 as `{name}_blocks` [experts, rows, cols / 32, 16] and `{name}_scales` [experts,
+    /// rows, cols / 32] (gpt-oss's published checkpoints), as [experts * rows, cols].
+    fn stacked(&self, name: &str, experts: usize, rows: usize, cols: usize) -> Result<QTensor> {
+        let (blocks, scales) = (format!("{name}_blocks"), format!("{name}_scales"));
+        if !self.tensors.contains_key(name) && self.tensors.contains_key(&blocks) {
+            if !cols.is_multiple_of(32) {
+                bail!("{}: MXFP4 {name} has rows of {cols} (a multiple of 32 is needed)", self.dir.display());
+            }
+            let b = self.bytes(&blocks, &[experts, rows, cols / 32, 16])?;
+            let s = self.bytes(&scales, &[experts, rows, cols / 32])?;
+            let bytes = mxfp4_hf::gguf_bytes(b, s, experts * rows, cols, None)
+                .map_err(|e| anyhow!("{}: {name}: {e}", self.dir.display()))?;
+            return QTensor::from_gguf_blocks(WFormat::MXFP4, experts * rows, cols, &bytes);
+        }
+        let (t, bytes, src) = self.get(name)?;
+        if t.shape != [experts, rows, cols] {
+            bail!("{src}: tensor {name} has shape {:?}, expected {:?}", t.shape, [experts, rows, cols]);
+        }
+        Self::rows(t, bytes, experts * rows, cols).map_err(|e| anyhow!("{src}: tensor {name}: {e}"))
     }
 }
 
@@ -120,7 +157,7 @@ impl WeightSource for HfWeights {
 
     fn experts(&self, name: &str, experts: usize, rows: usize, cols: usize) -> Result<QTensor> {
         if !name.contains("{e}") {
-            bail!("{}: fused expert tensors ({name}) are not supported", self.dir.display());
+            return self.stacked(name, experts, rows, cols);
         }
         let parts = (0..experts)
             .map(|e| HfWeights::matrix(self, &name.replace("{e}", &e.to_string()), rows, cols))
@@ -136,14 +173,6 @@ impl WeightSource for HfWeights {
         }
         let v = to_f32(t.dtype, bytes).map_err(|e| anyhow!("{src}: tensor {name}: {e}"))?;
         Ok((v, t.dtype == safetensors::Dtype::F32))
-    }
-
-    fn bytes(&self, name: &str, shape: &[usize]) -> Result<Vec<u8>> {
-        let (t, bytes, src) = self.get(name)?;
-        if t.shape != shape || t.dtype != safetensors::Dtype::U8 {
-            bail!("{src}: tensor {name} is {:?} {:?}, expected U8 {shape:?}", t.dtype, t.shape);
-        }
-        Ok(bytes.to_vec())
     }
 
     fn path(&self) -> &Path {

@@ -71,13 +71,12 @@ pub(crate) trait WeightSource {
     /// A vector of `len` values.
     fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>>;
     /// `experts` [rows, cols] matrices as one [experts * rows, cols] matrix: a 3-D tensor
-    /// (GGUF's `*_exps`), or one matrix per expert where `name` holds `{e}` (Hugging Face).
+    /// (GGUF's `*_exps`; Hugging Face's fused experts, in a float type or MXFP4 blocks), or one
+    /// matrix per expert where `name` holds `{e}` (Hugging Face).
     fn experts(&self, name: &str, experts: usize, rows: usize, cols: usize) -> Result<QTensor>;
     /// The values of a float tensor of `shape` (outermost first, as Hugging Face writes it; a
     /// GGUF file stores the dims reversed), and whether it is stored as F32.
     fn array(&self, name: &str, shape: &[usize]) -> Result<(Vec<f32>, bool)>;
-    /// The bytes of a U8 tensor of `shape` (Hugging Face's MXFP4 blocks and scales).
-    fn bytes(&self, name: &str, shape: &[usize]) -> Result<Vec<u8>>;
     /// The file or directory (for messages).
     fn path(&self) -> &Path;
     /// Lets go of the mapped pages read so far (they are read again from the file when needed):
@@ -120,23 +119,16 @@ pub(crate) struct TensorNames {
     /// The norms after attention and after the FFN (Gemma; "" where a format has none).
     pub post_attn_norm: &'static str,
     pub post_ffn_norm: &'static str,
-    /// The MoE router and expert tensors (`{e}`: the expert's index, where stored per expert).
-    pub router: &'static str,
-    pub gate_exps: &'static str,
-    pub up_exps: &'static str,
-    pub down_exps: &'static str,
-    /// A shared expert's projections and its gate (Qwen2-MoE).
-    pub gate_shexp: &'static str,
-    pub up_shexp: &'static str,
-    pub down_shexp: &'static str,
-    pub gate_inp_shexp: &'static str,
+    /// A mixture-of-experts layer's router, experts and shared expert, and how they are laid out.
+    pub experts: &'static super::blocks::experts::ExpertNames,
     /// A Gated DeltaNet layer's tensors (Qwen3.5).
     pub linear: &'static super::blocks::delta_net::LinearNames,
     /// The layer's output scale (Gemma 4; read only when the style says so).
     pub layer_scalar: &'static str,
     /// The per-layer embeddings' tensors (Gemma 4 E2B/E4B; read only when the style says so).
     pub ple: &'static super::blocks::ple::PleNames,
-    /// Gemma 4's mixture-of-experts block's tensors (read only for such a model).
+    /// The tensors of the block with a dense FFN beside the experts, beyond its experts (Gemma 4;
+    /// read only for such a model).
     pub parallel_moe: &'static super::blocks::parallel_moe::ParallelMoeNames,
 }
 
@@ -166,14 +158,7 @@ pub(crate) const HF_NAMES: TensorNames = TensorNames {
     down: "mlp.down_proj.weight",
     post_attn_norm: "",
     post_ffn_norm: "",
-    router: "mlp.gate.weight",
-    gate_exps: "mlp.experts.{e}.gate_proj.weight",
-    up_exps: "mlp.experts.{e}.up_proj.weight",
-    down_exps: "mlp.experts.{e}.down_proj.weight",
-    gate_shexp: "mlp.shared_expert.gate_proj.weight",
-    up_shexp: "mlp.shared_expert.up_proj.weight",
-    down_shexp: "mlp.shared_expert.down_proj.weight",
-    gate_inp_shexp: "mlp.shared_expert_gate.weight",
+    experts: &super::blocks::experts::HF_EXPERTS,
     linear: &super::blocks::delta_net::HF_LINEAR,
     layer_scalar: "layer_scalar",
     ple: &super::blocks::ple::HF_PLE,
@@ -206,14 +191,7 @@ pub(crate) const GGUF_NAMES: TensorNames = TensorNames {
     down: "ffn_down.weight",
     post_attn_norm: "post_attention_norm.weight",
     post_ffn_norm: "post_ffw_norm.weight",
-    router: "ffn_gate_inp.weight",
-    gate_exps: "ffn_gate_exps.weight",
-    up_exps: "ffn_up_exps.weight",
-    down_exps: "ffn_down_exps.weight",
-    gate_shexp: "ffn_gate_shexp.weight",
-    up_shexp: "ffn_up_shexp.weight",
-    down_shexp: "ffn_down_shexp.weight",
-    gate_inp_shexp: "ffn_gate_inp_shexp.weight",
+    experts: &super::blocks::experts::GGUF_EXPERTS,
     linear: &super::blocks::delta_net::GGUF_LINEAR,
     layer_scalar: "layer_output_scale.weight",
     ple: &super::blocks::ple::GGUF_PLE,
@@ -358,13 +336,14 @@ pub(crate) fn load_layer(
     let family = cfg.family();
     let t: &dyn Fn(&str) -> String = &t;
     let (gate, up, down, moe) = if sparse && family.dense_beside_experts {
-        // The dense MLP beside the experts.
+        // The dense MLP beside the experts, with the block's own router scales and norms.
         let i = cfg.layer_ffn(l);
-        let moe = (family.experts)(w, n, t, cfg)?;
+        let mut moe = super::blocks::experts::load(w, n.experts, t, cfg)?;
+        moe.parallel = Some(super::blocks::parallel_moe::load(w, n.parallel_moe, t, cfg)?);
         (w.matrix(&t(n.gate), i, h)?, w.matrix(&t(n.up), i, h)?, w.matrix(&t(n.down), h, i)?, Some(moe))
     } else if sparse {
         let none = || QTensor::from_f32(0, h, &[]);
-        let moe = (family.experts)(w, n, t, cfg)?;
+        let moe = super::blocks::experts::load(w, n.experts, t, cfg)?;
         (none()?, none()?, QTensor::from_f32(0, 32, &[])?, Some(moe))
     } else if !n.gate_up.is_empty() {
         let i = cfg.layer_ffn(l);

@@ -410,10 +410,6 @@ impl WeightSource for GgufSource {
         Ok((to_f32(dtype, g.tensor_data(t))?, t.ggml_type == GgmlType::F32))
     }
 
-    fn bytes(&self, name: &str, _shape: &[usize]) -> Result<Vec<u8>> {
-        bail!("{}: tensor {name}: GGUF files hold no byte tensors", self.0.path.display())
-    }
-
     fn path(&self) -> &Path {
         &self.0.path
     }

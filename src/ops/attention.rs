@@ -6,7 +6,7 @@
 use super::cost::Cost;
 use super::kv_cache::{chunk_slots, kv_entries, kv_snippet};
 use super::wgsl::{common, unrolled, SG_ARGS};
-use super::{bindings, div_up, Dispatch, Op, OpKind, Program, Recorder, StepShape};
+use super::{bindings, div_up, Dispatch, FamilyOp, Op, OpKind, Program, Recorder, StepShape};
 use crate::config::{KernelProfile, KvDtype};
 use crate::gpu::family::{Family, Slot};
 use crate::gpu::shader::Shader;
@@ -427,7 +427,7 @@ pub fn attention(
     (heads, kv_heads, head_dim): (usize, usize, usize),
 ) -> Op {
     let bind = kern.family.bind(g, &kv_entries(b.entries(), ATTN_KV, k, v));
-    let kind = OpKind::Attention { heads: heads as u32, kv_heads: kv_heads as u32, hd4: (head_dim / 4) as u32 };
+    let kind = OpKind::from(AttentionOp { heads: heads as u32, kv_heads: kv_heads as u32, hd4: (head_dim / 4) as u32 });
     Op { kind, label: kind.family(), bind, bind_x: None }
 }
 
@@ -470,14 +470,40 @@ pub fn tiled_tokens(kern: &AttnKernels) -> u32 {
     kern.tiled.as_ref().map_or(0, |t| t.1)
 }
 
+/// Paged attention of `heads` query heads over `kv_heads` KV heads, `hd4` vec4s per head.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AttentionOp {
+    pub heads: u32,
+    pub kv_heads: u32,
+    pub hd4: u32,
+}
+
+impl FamilyOp for AttentionOp {
+    fn family(&self) -> &'static str {
+        "attention"
+    }
+
+    /// `kv_bytes` per cache element: the tiled kernel reads a tile's keys once for its tokens.
+    fn cost(&self, s: &StepShape, kv_bytes: u64) -> Cost {
+        let AttentionOp { heads, kv_heads, hd4 } = *self;
+        let (n, hd) = (s.n_tokens as u64, 4 * hd4 as u64);
+        let kv = 2 * s.attn_keys * kv_heads as u64 * hd * kv_bytes / s.attn_tile.max(1) as u64;
+        Cost { bytes: kv + 2 * 4 * n * heads as u64 * hd, flops: 4 * s.attn_keys * heads as u64 * hd }
+    }
+
+    fn dispatches<'a>(&self, op: &'a Op, r: &Recorder<'a>, s: &StepShape, out: impl FnMut(Dispatch<'a>)) {
+        dispatches(op, r, s, *self, out)
+    }
+}
+
 /// Attention's grid: on the gpu profile a workgroup per (query tile, KV head) for a tiled step,
 /// else a workgroup per (token, KV head, key range), then the merge of the ranges; on the cpu
 /// profile a thread per (token, head).
-pub(super) fn dispatches<'a>(
+fn dispatches<'a>(
     op: &'a Op,
     r: &Recorder<'a>,
     s: &StepShape,
-    (heads, kv_heads, hd4): (u32, u32, u32),
+    AttentionOp { heads, kv_heads, hd4 }: AttentionOp,
     mut out: impl FnMut(Dispatch<'a>),
 ) {
     let n = s.n_tokens;
@@ -505,12 +531,4 @@ pub(super) fn dispatches<'a>(
             }
         }
     }
-}
-
-/// Attention's bytes and FLOPs (`kv_bytes` per cache element): the tiled kernel reads a tile's
-/// keys once for its tokens.
-pub(super) fn cost(s: &StepShape, (heads, kv_heads, hd4): (u32, u32, u32), kv_bytes: u64) -> Cost {
-    let (n, hd) = (s.n_tokens as u64, 4 * hd4 as u64);
-    let kv = 2 * s.attn_keys * kv_heads as u64 * hd * kv_bytes / s.attn_tile.max(1) as u64;
-    Cost { bytes: kv + 2 * 4 * n * heads as u64 * hd, flops: 4 * s.attn_keys * heads as u64 * hd }
 }

@@ -1,10 +1,8 @@
 //! What each op moves and computes in a step: bytes (every input read once, every output written
 //! once: the least memory traffic the op can have) and floating-point operations, each family's
-//! from its own file (`<family>::cost`). The per-kernel
+//! from its own file (its op kind's `FamilyOp::cost`). The per-kernel
 //! profile divides them by the measured time (achieved GB/s and GFLOP/s), and the forward step
 //! sizes its command buffers with them.
-
-use super::{OpKind, StepShape};
 
 /// Bytes moved and floating-point operations of one op in one step.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -27,79 +25,36 @@ impl Cost {
     }
 }
 
-impl OpKind {
-    /// The kernel family: what the per-kernel profile groups by when a recipe gave no role.
-    pub fn family(&self) -> &'static str {
-        match self {
-            OpKind::Embed { .. } => "embed",
-            OpKind::Matmul { .. } => "matmul",
-            OpKind::QuantizeX8 { .. } => "quantize_x8",
-            OpKind::Norm { .. } => "rmsnorm",
-            OpKind::HeadNorm { .. } => "head_norm",
-            OpKind::PleGate { .. } => "ple_gate",
-            OpKind::RopeKv { .. } => "rope_kv",
-            OpKind::Attention { .. } => "attention",
-            OpKind::MoeRoute { .. } => "moe_route",
-            OpKind::MoeGroup { .. } => "moe_group",
-            OpKind::MoeCombine { .. } => "moe_combine",
-            OpKind::MoeSharedGate { .. } => "moe_shared_gate",
-            OpKind::MoeExperts { down: false, .. } => "moe_gate_up",
-            OpKind::MoeExperts { down: true, .. } => "moe_down",
-            OpKind::Delta { stage, .. } => stage.label(),
-            OpKind::LogitAdjust { .. } => "logit_adjust",
-            OpKind::Sample { .. } => "sample",
-        }
-    }
-
-    /// This op's bytes and FLOPs in a step of shape `s` (`kv_bytes`: bytes per KV-cache
-    /// element). Activations are f32.
-    pub fn cost(&self, s: &StepShape, kv_bytes: u64) -> Cost {
-        use super::{attention, delta, matmul, moe, norm, ple, rope, sample};
-        match *self {
-            OpKind::Embed { format, k_blocks } => matmul::embed_cost(s, format, k_blocks),
-            OpKind::Matmul { format, rows, x_vec4, sampled, swiglu } => {
-                matmul::cost(s, (format, rows, x_vec4), (sampled, swiglu))
-            }
-            OpKind::QuantizeX8 { k_blocks, sampled, .. } => matmul::quantize_cost(s, k_blocks, sampled),
-            OpKind::Norm { sampled, dim } => norm::norm_cost(s, sampled, dim),
-            OpKind::HeadNorm { heads, head_dim } => norm::head_norm_cost(s, heads, head_dim),
-            OpKind::RopeKv { threads } => rope::cost(s, threads, kv_bytes),
-            OpKind::Attention { heads, kv_heads, hd4 } => attention::cost(s, (heads, kv_heads, hd4), kv_bytes),
-            OpKind::MoeRoute { experts } => moe::route_cost(s, experts),
-            OpKind::MoeGroup { top_k, .. } => moe::group_cost(s, top_k),
-            OpKind::MoeCombine { hidden } => moe::combine_cost(s, hidden),
-            OpKind::MoeSharedGate { width } => moe::shared_gate_cost(s, width),
-            OpKind::PleGate { width } => ple::cost(s, width),
-            OpKind::MoeExperts { format, n_out, top_k, down, cols, chunk_experts, experts } => {
-                moe::experts_cost(s, (format, n_out, top_k, down), (cols, chunk_experts, experts))
-            }
-            OpKind::Delta { stage, per } => delta::cost(s, stage, per),
-            OpKind::LogitAdjust { vocab } => sample::logit_adjust_cost(s, vocab),
-            OpKind::Sample { vocab } => sample::sample_cost(s, vocab),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::gpu::WFormat;
+    use crate::ops::attention::AttentionOp;
+    use crate::ops::matmul::MatmulOp;
+    use crate::ops::{OpKind, StepShape};
 
     #[test]
     fn matmul_cost_counts_weights_once_and_two_flops_per_weight_and_row() {
         let s = StepShape { n_tokens: 3, n_sample: 1, ..Default::default() };
         // Q4_K as re-packed: 4 quant words per 32 elements and 6 scale words per 256: 152 bytes
         // per 256.
-        let kind = OpKind::Matmul { format: WFormat::Q4_K, rows: 10, x_vec4: 64, sampled: false, swiglu: false };
+        let kind = OpKind::from(MatmulOp::Matmul {
+            format: WFormat::Q4_K,
+            rows: 10,
+            x_vec4: 64,
+            sampled: false,
+            swiglu: false,
+        });
         let c = kind.cost(&s, 2);
         assert_eq!(c.bytes, 10 * 152 + 4 * 3 * 256 + 4 * 3 * 10);
         assert_eq!(c.flops, 2 * 3 * 10 * 256);
         // SwiGLU: gate and up rows read, half as many outputs; over the sampled rows.
-        let kind = OpKind::Matmul { format: WFormat::F16, rows: 10, x_vec4: 8, sampled: true, swiglu: true };
+        let kind =
+            OpKind::from(MatmulOp::Matmul { format: WFormat::F16, rows: 10, x_vec4: 8, sampled: true, swiglu: true });
         let c = kind.cost(&s, 2);
         assert_eq!(c.bytes, 20 * 64 + 4 * 32 + 4 * 10);
         assert_eq!(c.flops, 2 * 20 * 32);
-        let att = OpKind::Attention { heads: 4, kv_heads: 2, hd4: 16 };
+        let att = OpKind::from(AttentionOp { heads: 4, kv_heads: 2, hd4: 16 });
         let s = StepShape { n_tokens: 2, attn_keys: 30, ..Default::default() };
         assert_eq!(att.cost(&s, 2).bytes, 2 * 30 * 2 * 64 * 2 + 8 * 2 * 4 * 64);
         // Query tiles of 2 tokens read their keys once.

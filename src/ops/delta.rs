@@ -6,7 +6,7 @@
 
 use super::cost::Cost;
 use super::wgsl::unrolled;
-use super::{bindings, div_up, Dispatch, Op, OpKind, Program, Recorder, StepShape};
+use super::{bindings, div_up, Dispatch, FamilyOp, Op, OpKind, Program, Recorder, StepShape};
 use crate::gpu::shader::Shader;
 use crate::gpu::shared::gpu_struct;
 use crate::gpu::Gpu;
@@ -269,14 +269,36 @@ const _: () = {
 /// kernels (`Kernels::delta`: none were built for a model without linear-attention layers).
 pub fn delta(k: Option<&DeltaKernels>, g: &Gpu, b: &DeltaBinds, stage: DeltaStage, per: u32) -> anyhow::Result<Op> {
     let fam = k.ok_or_else(|| anyhow::anyhow!("the Gated DeltaNet kernels were not built"))?;
-    let kind = OpKind::Delta { stage, per };
+    let kind = OpKind::from(DeltaOp { stage, per });
     Ok(Op { kind, label: stage.label(), bind: fam.family.bind(g, &b.entries()), bind_x: None })
+}
+
+/// A stage of the Gated DeltaNet mixer, or the attention's output gate: `per` threads
+/// (workgroups for the recurrence) per token or sequence.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DeltaOp {
+    pub stage: DeltaStage,
+    pub per: u32,
+}
+
+impl FamilyOp for DeltaOp {
+    fn family(&self) -> &'static str {
+        self.stage.label()
+    }
+
+    fn cost(&self, s: &StepShape, _kv_bytes: u64) -> Cost {
+        cost(s, self.stage, self.per)
+    }
+
+    fn dispatches<'a>(&self, op: &'a Op, r: &Recorder<'a>, s: &StepShape, out: impl FnMut(Dispatch<'a>)) {
+        dispatches(op, r, s, (self.stage, self.per), out)
+    }
 }
 
 /// A stage's grid: `per` threads per sequence (conv) or token, 64 to a workgroup; the recurrence
 /// `per` workgroups per sequence; the chunk stages `per` workgroups per chunk slot or sequence
 /// (none in a step of fewer than CHUNK_MIN tokens, nor in the cpu profile).
-pub(super) fn dispatches<'a>(
+fn dispatches<'a>(
     op: &'a Op,
     r: &Recorder<'a>,
     s: &StepShape,
@@ -345,7 +367,7 @@ pub fn sources() -> super::Sources {
 }
 
 /// A stage's bytes and FLOPs (`per` as in its op).
-pub(super) fn cost(s: &StepShape, stage: DeltaStage, per: u32) -> Cost {
+fn cost(s: &StepShape, stage: DeltaStage, per: u32) -> Cost {
     let (n, per) = (s.n_tokens as u64, per as u64);
     match stage {
         // Each channel's taps and state read and written once, its inputs in place.

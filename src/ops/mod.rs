@@ -4,8 +4,9 @@
 //! KV write), `attention`, `moe`, `delta` (Gated DeltaNet), `sample` (logit adjustments, the
 //! sampler). Each family owns its parameter struct (one Rust definition that generates the WGSL
 //! declaration), its bindings by name (checked against the shader), its WGSL assembly from
-//! shaders/<family>/, its pipelines (`<Family>Kernels`), the constructors and grids of its ops
-//! and their cost (`cost`). `kernels` composes the families' kernels for a model; `wgsl` and
+//! shaders/<family>/, its pipelines (`<Family>Kernels`), the constructors of its ops and their
+//! kind (`FamilyOp`: label, cost, grid). `OpKind` composes the families' op kinds (one line
+//! each in `op_kinds!`), `kernels` the families' kernels for a model; `wgsl` and
 //! `kv_cache` hold what several families' programs share; `tune` measures the GEMM plan;
 //! `harness` runs single ops on host data for tests and benches.
 //!
@@ -98,102 +99,84 @@ pub(crate) fn layout_of(slots: &[(u32, &str, crate::gpu::family::Slot)]) -> Vec<
 }
 
 use crate::config::KernelProfile;
-use crate::gpu::wformat::WFormat;
 use crate::gpu::Gpu;
 use crate::ops::kernels::Kernels;
 
-/// What an op computes, with the sizes its grid depends on.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum OpKind {
-    /// Embedding rows of the step's tokens from one row-chunk of the table.
-    Embed {
-        format: WFormat,
-        k_blocks: u32,
-    },
-    /// One row-chunk of a weight matrix: `rows` weight rows (gate rows for `swiglu`),
-    /// `x_vec4` vec4s per activation row; over the sampled rows when `sampled`.
-    Matmul {
-        format: WFormat,
-        rows: u32,
-        x_vec4: u32,
-        sampled: bool,
-        swiglu: bool,
-    },
-    /// The int8 quantization of a matmul's x (`k_blocks` 32-value blocks per row, the step's
-    /// tokens or its sampled rows), for the matmuls of `format` after it; it runs only in the steps
-    /// that run their int8 kernel (`GpuPipelines::int8_for`).
-    QuantizeX8 {
-        format: WFormat,
-        k_blocks: u32,
-        sampled: bool,
-    },
-    /// RMSNorm of every token row, or of the sampled rows, `dim` floats each.
-    Norm {
-        sampled: bool,
-        dim: u32,
-    },
-    /// Per-head RMSNorm of q and k (Qwen3): `heads` = query + KV heads.
-    HeadNorm {
-        heads: u32,
-        head_dim: u32,
-    },
-    /// Gemma 4's per-layer input gate over rows of `width` floats.
-    PleGate {
-        width: u32,
-    },
-    /// RoPE and the KV-cache write: `threads` invocations per token.
-    RopeKv {
-        threads: u32,
-    },
+/// What every family's op kind (its enum or struct inside [`OpKind`], in its own file)
+/// answers: the family's whole say about an op once it is built.
+pub(crate) trait FamilyOp {
+    /// The kernel's name in the per-kernel profile, where a recipe gave the op no role.
+    fn family(&self) -> &'static str;
+    /// Bytes moved and FLOPs in a step of shape `s` (`kv_bytes`: bytes per KV-cache element;
+    /// activations are f32).
+    fn cost(&self, s: &StepShape, kv_bytes: u64) -> cost::Cost;
+    /// `op`'s dispatches for a step of shape `s` (none where it has no rows).
+    fn dispatches<'a>(&self, op: &'a Op, r: &Recorder<'a>, s: &StepShape, out: impl FnMut(Dispatch<'a>));
+}
+
+/// Composes the families' op kinds: one line per family gives [`OpKind`]'s variant, and its
+/// `family`, `cost` and `Op::dispatches` pass to the family's [`FamilyOp`].
+macro_rules! op_kinds {
+    ($($(#[$m:meta])* $variant:ident($kind:ty),)*) => {
+        /// What an op computes, with the sizes its grid depends on: its family's kind.
+        #[derive(Clone, Copy, Debug, PartialEq)]
+        pub enum OpKind {
+            $($(#[$m])* $variant($kind),)*
+        }
+
+        impl OpKind {
+            /// The kernel family: what the per-kernel profile groups by when a recipe gave no role.
+            pub fn family(&self) -> &'static str {
+                match self {
+                    $(OpKind::$variant(k) => k.family(),)*
+                }
+            }
+
+            /// This op's bytes and FLOPs in a step of shape `s` (`kv_bytes`: bytes per KV-cache
+            /// element).
+            pub fn cost(&self, s: &StepShape, kv_bytes: u64) -> cost::Cost {
+                match self {
+                    $(OpKind::$variant(k) => k.cost(s, kv_bytes),)*
+                }
+            }
+        }
+
+        impl Op {
+            /// Hands this op's dispatches for a step of shape `s` to `out` (none where it has no
+            /// rows): the forward step records them straight into its compute pass, with no
+            /// per-step allocation. Each family computes its own grid.
+            pub fn dispatches<'a>(&'a self, r: &Recorder<'a>, s: &StepShape, out: impl FnMut(Dispatch<'a>)) {
+                match &self.kind {
+                    $(OpKind::$variant(k) => k.dispatches(self, r, s, out),)*
+                }
+            }
+        }
+
+        $(impl From<$kind> for OpKind {
+            fn from(k: $kind) -> OpKind {
+                OpKind::$variant(k)
+            }
+        })*
+    };
+}
+
+op_kinds! {
+    /// The embedding, matmuls and the int8 quantization of their x.
+    Matmul(matmul::MatmulOp),
+    /// RMSNorm and the per-head q/k norm.
+    Norm(norm::NormOp),
+    /// The per-layer input gate.
+    Ple(ple::PleOp),
+    /// RoPE and the KV-cache write.
+    Rope(rope::RopeOp),
     /// Paged attention.
-    Attention {
-        heads: u32,
-        kv_heads: u32,
-        hd4: u32,
-    },
-    /// The MoE router: each token's experts and weights.
-    MoeRoute {
-        experts: u32,
-    },
-    /// The grouping of a prefill-sized step's pairs by expert: count (stage 0), place the runs
-    /// (1), scatter (2).
-    MoeGroup {
-        stage: u32,
-        top_k: u32,
-        experts: u32,
-    },
-    /// Each token's weighted pair projections added into the residual.
-    MoeCombine {
-        hidden: u32,
-    },
-    /// The shared expert's activations scaled by the sigmoid of its gate's logit.
-    MoeSharedGate {
-        width: u32,
-    },
-    /// One chunk of an expert tensor: gate/up (with the activation) of every (token, choice)
-    /// routed to it, or (`down`) the weighted down projections added into the residual.
-    MoeExperts {
-        format: WFormat,
-        n_out: u32,
-        top_k: u32,
-        down: bool,
-        /// Input columns, experts in this chunk and in the tensor (the cost model's).
-        cols: u32,
-        chunk_experts: u32,
-        experts: u32,
-    },
-    /// A stage of the Gated DeltaNet mixer, or the attention's output gate (`delta::DeltaStage`):
-    /// `per` threads (workgroups for the recurrence) per token or sequence.
-    Delta {
-        stage: delta::DeltaStage,
-        per: u32,
-    },
-    LogitAdjust {
-        vocab: u32,
-    },
-    Sample {
-        vocab: u32,
-    },
+    Attention(attention::AttentionOp),
+    /// The mixture of experts' routing, experts and combination.
+    Moe(moe::MoeOp),
+    /// The Gated DeltaNet's stages.
+    Delta(delta::DeltaOp),
+    /// Logit adjustments and the sampler.
+    Sample(sample::SampleOp),
 }
 
 /// An op with its bind groups.
@@ -296,40 +279,4 @@ impl<'a> Recorder<'a> {
 
 pub(crate) fn div_up(a: u32, b: u32) -> u32 {
     a.div_ceil(b)
-}
-
-impl Op {
-    /// Hands this op's dispatches for a step of shape `s` to `out` (none where it has no rows):
-    /// the forward step records them straight into its compute pass, with no per-step
-    /// allocation. Each family computes its own grid.
-    pub fn dispatches<'a>(&'a self, r: &Recorder<'a>, s: &StepShape, out: impl FnMut(Dispatch<'a>)) {
-        match self.kind {
-            OpKind::Embed { format, k_blocks } => matmul::embed_dispatches(self, r, s, format, k_blocks, out),
-            OpKind::Matmul { format, rows, x_vec4, sampled, swiglu } => {
-                matmul::dispatches(self, r, s, (format, rows, x_vec4), (sampled, swiglu), out)
-            }
-            OpKind::QuantizeX8 { format, k_blocks, sampled } => {
-                matmul::quantize_dispatches(self, r, s, (format, k_blocks, sampled), out)
-            }
-            OpKind::Norm { sampled, .. } => norm::norm_dispatches(self, r, s, sampled, out),
-            OpKind::HeadNorm { heads, .. } => norm::head_norm_dispatches(self, r, s, heads, out),
-            OpKind::RopeKv { threads } => rope::dispatches(self, r, s, threads, out),
-            OpKind::PleGate { width } => ple::dispatches(self, r, s, width, out),
-            OpKind::Attention { heads, kv_heads, hd4 } => {
-                attention::dispatches(self, r, s, (heads, kv_heads, hd4), out)
-            }
-            OpKind::MoeRoute { .. } => moe::route_dispatches(self, r, s, out),
-            OpKind::MoeGroup { stage, top_k, experts } => {
-                moe::group_dispatches(self, r, s, (stage, top_k, experts), out)
-            }
-            OpKind::MoeCombine { hidden } => moe::combine_dispatches(self, r, s, hidden, out),
-            OpKind::MoeSharedGate { width } => moe::shared_gate_dispatches(self, r, s, width, out),
-            OpKind::MoeExperts { format, n_out, top_k, down, experts, .. } => {
-                moe::expert_dispatches(self, r, s, (format, n_out, top_k, down, experts), out)
-            }
-            OpKind::Delta { stage, per } => delta::dispatches(self, r, s, (stage, per), out),
-            OpKind::LogitAdjust { .. } => sample::logit_adjust_dispatches(self, r, s, out),
-            OpKind::Sample { .. } => sample::sample_dispatches(self, r, s, out),
-        }
-    }
 }

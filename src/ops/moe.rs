@@ -11,7 +11,7 @@
 use super::cost::Cost;
 use super::matmul::gemm::{tiled_fma, TILE_LOAD};
 use super::wgsl::common;
-use super::{bindings, div_up, Dispatch, Op, OpKind, Program, Recorder, StepShape};
+use super::{bindings, div_up, Dispatch, FamilyOp, Op, OpKind, Program, Recorder, StepShape};
 use crate::config::KernelProfile;
 use crate::gpu::family::Family;
 use crate::gpu::shader::Shader;
@@ -373,12 +373,12 @@ pub fn route(
     let b = MoeBinds { step: io.step, p: &pb, x: io.logits, wq: d, ws: d, route: d, y: io.route, bias: scale };
     let (experts, top_k) = (spec.experts as u32, spec.top_k as u32);
     let ops = [
-        (OpKind::MoeRoute { experts }, "moe_route"),
-        (OpKind::MoeGroup { stage: 0, top_k, experts }, "moe_group"),
-        (OpKind::MoeGroup { stage: 1, top_k, experts }, "moe_group"),
-        (OpKind::MoeGroup { stage: 2, top_k, experts }, "moe_group"),
+        MoeOp::Route { experts },
+        MoeOp::Group { stage: 0, top_k, experts },
+        MoeOp::Group { stage: 1, top_k, experts },
+        MoeOp::Group { stage: 2, top_k, experts },
     ]
-    .map(|(kind, label)| Op { kind, label, bind: k.family.bind(g, &b.entries()), bind_x: None });
+    .map(|kind| Op { kind: kind.into(), label: kind.family(), bind: k.family.bind(g, &b.entries()), bind_x: None });
     (ops.into(), vec![pb])
 }
 
@@ -396,8 +396,8 @@ pub fn combine(k: &MoeKernels, g: &Gpu, spec: &MoeSpec, io: &MoeIo, hidden: usiz
     let pb = g.uniform_init("moe_combine_params", bytemuck::bytes_of(&p));
     let d = io.dummy;
     let b = MoeBinds { step: io.step, p: &pb, x: io.pair_out, wq: d, ws: d, route: io.route, y: io.hidden, bias: d };
-    let kind = OpKind::MoeCombine { hidden: hidden as u32 };
-    (Op { kind, label: "moe_combine", bind: k.family.bind(g, &b.entries()), bind_x: None }, pb)
+    let kind = OpKind::from(MoeOp::Combine { hidden: hidden as u32 });
+    (Op { kind, label: kind.family(), bind: k.family.bind(g, &b.entries()), bind_x: None }, pb)
 }
 
 /// The op scaling the shared expert's activations `act` ([tokens, width]) by the sigmoid of
@@ -407,8 +407,8 @@ pub fn shared_gate(k: &MoeKernels, g: &Gpu, spec: &MoeSpec, io: &MoeIo, width: u
     let pb = g.uniform_init("moe_shared_gate_params", bytemuck::bytes_of(&p));
     let d = io.dummy;
     let b = MoeBinds { step: io.step, p: &pb, x: io.logits, wq: d, ws: d, route: d, y: io.act, bias: d };
-    let kind = OpKind::MoeSharedGate { width: width as u32 };
-    (Op { kind, label: "moe_shared_gate", bind: k.family.bind(g, &b.entries()), bind_x: None }, pb)
+    let kind = OpKind::from(MoeOp::SharedGate { width: width as u32 });
+    (Op { kind, label: kind.family(), bind: k.family.bind(g, &b.entries()), bind_x: None }, pb)
 }
 
 /// The experts' gate/up ops (`down` false: `m` holds each expert's gate rows then its up rows,
@@ -458,7 +458,7 @@ pub fn experts(
             y,
             bias: bias.unwrap_or(io.dummy),
         };
-        let kind = OpKind::MoeExperts {
+        let kind = OpKind::from(MoeOp::Experts {
             format: m.format,
             n_out: n_out as u32,
             top_k: spec.top_k as u32,
@@ -466,16 +466,78 @@ pub fn experts(
             cols: m.cols as u32,
             chunk_experts: p.e1 - p.e0,
             experts: spec.experts as u32,
-        };
-        let label = if down { "moe_down" } else { "moe_gate_up" };
-        ops.push(Op { kind, label, bind: k.family.bind(g, &b.entries()), bind_x: None });
+        });
+        ops.push(Op { kind, label: kind.family(), bind: k.family.bind(g, &b.entries()), bind_x: None });
         params.push(pb);
     }
     (ops, params)
 }
 
+/// The family's ops.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum MoeOp {
+    /// The router: each token's experts and weights.
+    Route { experts: u32 },
+    /// The grouping of a prefill-sized step's pairs by expert: count (stage 0), place the runs
+    /// (1), scatter (2).
+    Group { stage: u32, top_k: u32, experts: u32 },
+    /// Each token's weighted pair projections added into the residual.
+    Combine { hidden: u32 },
+    /// The shared expert's activations scaled by the sigmoid of its gate's logit.
+    SharedGate { width: u32 },
+    /// One chunk of an expert tensor: gate/up (with the activation) of every (token, choice)
+    /// routed to it, or (`down`) the weighted down projections added into the residual.
+    Experts {
+        format: WFormat,
+        n_out: u32,
+        top_k: u32,
+        down: bool,
+        /// Input columns, experts in this chunk and in the tensor (the cost model's).
+        cols: u32,
+        chunk_experts: u32,
+        experts: u32,
+    },
+}
+
+impl FamilyOp for MoeOp {
+    fn family(&self) -> &'static str {
+        match self {
+            MoeOp::Route { .. } => "moe_route",
+            MoeOp::Group { .. } => "moe_group",
+            MoeOp::Combine { .. } => "moe_combine",
+            MoeOp::SharedGate { .. } => "moe_shared_gate",
+            MoeOp::Experts { down: false, .. } => "moe_gate_up",
+            MoeOp::Experts { down: true, .. } => "moe_down",
+        }
+    }
+
+    fn cost(&self, s: &StepShape, _kv_bytes: u64) -> Cost {
+        match *self {
+            MoeOp::Route { experts } => route_cost(s, experts),
+            MoeOp::Group { top_k, .. } => group_cost(s, top_k),
+            MoeOp::Combine { hidden } => combine_cost(s, hidden),
+            MoeOp::SharedGate { width } => shared_gate_cost(s, width),
+            MoeOp::Experts { format, n_out, top_k, down, cols, chunk_experts, experts } => {
+                experts_cost(s, (format, n_out, top_k, down), (cols, chunk_experts, experts))
+            }
+        }
+    }
+
+    fn dispatches<'a>(&self, op: &'a Op, r: &Recorder<'a>, s: &StepShape, out: impl FnMut(Dispatch<'a>)) {
+        match *self {
+            MoeOp::Route { .. } => route_dispatches(op, r, s, out),
+            MoeOp::Group { stage, top_k, experts } => group_dispatches(op, r, s, (stage, top_k, experts), out),
+            MoeOp::Combine { hidden } => combine_dispatches(op, r, s, hidden, out),
+            MoeOp::SharedGate { width } => shared_gate_dispatches(op, r, s, width, out),
+            MoeOp::Experts { format, n_out, top_k, down, experts, .. } => {
+                expert_dispatches(op, r, s, (format, n_out, top_k, down, experts), out)
+            }
+        }
+    }
+}
+
 /// The router's grid: a thread per token.
-pub(super) fn route_dispatches<'a>(op: &'a Op, r: &Recorder<'a>, s: &StepShape, mut out: impl FnMut(Dispatch<'a>)) {
+fn route_dispatches<'a>(op: &'a Op, r: &Recorder<'a>, s: &StepShape, mut out: impl FnMut(Dispatch<'a>)) {
     if let (Some(route), true) = (&r.kernels.moe.route, s.n_tokens > 0) {
         out(r.folded(&route[0], &op.bind, div_up(s.n_tokens, 64)));
     }
@@ -483,7 +545,7 @@ pub(super) fn route_dispatches<'a>(op: &'a Op, r: &Recorder<'a>, s: &StepShape, 
 
 /// The grouping's grids (prefill-sized steps only): a thread per pair to count, one to place
 /// the runs, a thread per pair to scatter.
-pub(super) fn group_dispatches<'a>(
+fn group_dispatches<'a>(
     op: &'a Op,
     r: &Recorder<'a>,
     s: &StepShape,
@@ -499,20 +561,14 @@ pub(super) fn group_dispatches<'a>(
 }
 
 /// The combine's grid: a thread per (token, hidden output).
-pub(super) fn combine_dispatches<'a>(
-    op: &'a Op,
-    r: &Recorder<'a>,
-    s: &StepShape,
-    hidden: u32,
-    mut out: impl FnMut(Dispatch<'a>),
-) {
+fn combine_dispatches<'a>(op: &'a Op, r: &Recorder<'a>, s: &StepShape, hidden: u32, mut out: impl FnMut(Dispatch<'a>)) {
     if let (Some(combine), true) = (&r.kernels.moe.combine, s.n_tokens > 0) {
         out(r.folded(combine, &op.bind, div_up(s.n_tokens * hidden, 64)));
     }
 }
 
 /// The shared gate's grid: a thread per (token, activation).
-pub(super) fn shared_gate_dispatches<'a>(
+fn shared_gate_dispatches<'a>(
     op: &'a Op,
     r: &Recorder<'a>,
     s: &StepShape,
@@ -527,7 +583,7 @@ pub(super) fn shared_gate_dispatches<'a>(
 /// An expert chunk's grid: a thread per (pair, MOE_TN outputs) for decode-sized steps, per
 /// (MOE_TG grouped pairs, MOE_TN outputs) for prefill-sized ones, or (gpu profile, where
 /// chosen) a workgroup per tile of MOE_MT grouped pairs.
-pub(super) fn expert_dispatches<'a>(
+fn expert_dispatches<'a>(
     op: &'a Op,
     r: &Recorder<'a>,
     s: &StepShape,
@@ -560,24 +616,24 @@ pub(super) fn expert_dispatches<'a>(
 }
 
 /// The router's bytes and FLOPs: it reads each token's logits and writes 2 words per choice.
-pub(super) fn route_cost(s: &StepShape, experts: u32) -> Cost {
+fn route_cost(s: &StepShape, experts: u32) -> Cost {
     let n = s.n_tokens as u64;
     Cost { bytes: 4 * n * experts as u64, flops: 4 * n * experts as u64 }
 }
 
 /// The grouping's bytes.
-pub(super) fn group_cost(s: &StepShape, top_k: u32) -> Cost {
+fn group_cost(s: &StepShape, top_k: u32) -> Cost {
     Cost { bytes: 16 * s.n_tokens as u64 * top_k as u64, flops: 0 }
 }
 
 /// The combine's bytes and FLOPs.
-pub(super) fn combine_cost(s: &StepShape, hidden: u32) -> Cost {
+fn combine_cost(s: &StepShape, hidden: u32) -> Cost {
     let n = s.n_tokens as u64;
     Cost { bytes: 4 * n * hidden as u64 * 3, flops: 2 * n * hidden as u64 }
 }
 
 /// The shared gate's bytes and FLOPs.
-pub(super) fn shared_gate_cost(s: &StepShape, width: u32) -> Cost {
+fn shared_gate_cost(s: &StepShape, width: u32) -> Cost {
     let n = s.n_tokens as u64;
     Cost { bytes: 8 * n * width as u64, flops: 4 * n * width as u64 }
 }
@@ -585,7 +641,7 @@ pub(super) fn shared_gate_cost(s: &StepShape, width: u32) -> Cost {
 /// An expert chunk's bytes and FLOPs: the (token, choice) pairs routed to this chunk if routing
 /// is even, and the experts they touch at most (all distinct); each touched expert's rows are
 /// read once.
-pub(super) fn experts_cost(
+fn experts_cost(
     s: &StepShape,
     (format, n_out, top_k, down): (WFormat, u32, u32, bool),
     (cols, chunk_experts, experts): (u32, u32, u32),

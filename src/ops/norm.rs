@@ -3,7 +3,7 @@
 //! bindings, constructors, grids and kernels.
 
 use super::cost::Cost;
-use super::{bindings, div_up, Dispatch, Op, OpKind, Program, Recorder, StepShape};
+use super::{bindings, div_up, Dispatch, FamilyOp, Op, OpKind, Program, Recorder, StepShape};
 use crate::gpu::family::Family;
 use crate::gpu::shader::Shader;
 use crate::gpu::shared::gpu_struct;
@@ -161,52 +161,63 @@ impl NormKernels {
     }
 }
 
+/// The family's ops.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum NormOp {
+    /// RMSNorm of every token row, or of the sampled rows, `dim` floats each.
+    Rows { sampled: bool, dim: u32 },
+    /// Per-head RMSNorm of q and k (and v): `heads` = query + KV (+ V) heads.
+    Heads { heads: u32, head_dim: u32 },
+}
+
 /// The RMSNorm op over rows of `dim` floats; `sampled`: over the sampled rows (the params
 /// gather them).
 pub fn norm(k: &NormKernels, g: &Gpu, b: &NormBinds, sampled: bool, dim: usize) -> Op {
-    let kind = OpKind::Norm { sampled, dim: dim as u32 };
+    let kind = OpKind::from(NormOp::Rows { sampled, dim: dim as u32 });
     Op { kind, label: kind.family(), bind: k.family.bind(g, &b.entries()), bind_x: None }
 }
 
 /// The per-head q/k (and v) norm op over `heads` query + KV (+ V) heads of `head_dim`.
 pub fn head_norm(k: &NormKernels, g: &Gpu, b: &HeadNormBinds, heads: usize, head_dim: usize) -> Op {
-    let kind = OpKind::HeadNorm { heads: heads as u32, head_dim: head_dim as u32 };
+    let kind = OpKind::from(NormOp::Heads { heads: heads as u32, head_dim: head_dim as u32 });
     Op { kind, label: kind.family(), bind: k.head_family.bind(g, &b.entries()), bind_x: None }
 }
 
-/// RMSNorm's grid: a workgroup per row.
-pub(super) fn norm_dispatches<'a>(
-    op: &'a Op,
-    r: &Recorder<'a>,
-    s: &StepShape,
-    sampled: bool,
-    mut out: impl FnMut(Dispatch<'a>),
-) {
-    let m = if sampled { s.n_sample } else { s.n_tokens };
-    if m > 0 {
-        out(r.folded(&r.kernels.norm.rmsnorm, &op.bind, m));
+impl FamilyOp for NormOp {
+    fn family(&self) -> &'static str {
+        match self {
+            NormOp::Rows { .. } => "rmsnorm",
+            NormOp::Heads { .. } => "head_norm",
+        }
     }
-}
 
-/// The q/k norm's grid: a thread per (token, head).
-pub(super) fn head_norm_dispatches<'a>(
-    op: &'a Op,
-    r: &Recorder<'a>,
-    s: &StepShape,
-    heads: u32,
-    mut out: impl FnMut(Dispatch<'a>),
-) {
-    out(r.folded(&r.kernels.norm.head_norm, &op.bind, div_up(s.n_tokens * heads, 64)));
-}
+    /// RMSNorm reads and writes each row and its weights; the per-head norm each head and its
+    /// q and k weights.
+    fn cost(&self, s: &StepShape, _kv_bytes: u64) -> Cost {
+        match *self {
+            NormOp::Rows { sampled, dim } => {
+                let m = if sampled { s.n_sample } else { s.n_tokens } as u64;
+                Cost { bytes: 8 * m * dim as u64 + 4 * dim as u64, flops: 4 * m * dim as u64 }
+            }
+            NormOp::Heads { heads, head_dim } => {
+                let e = s.n_tokens as u64 * heads as u64 * head_dim as u64;
+                Cost { bytes: 8 * e + 8 * head_dim as u64, flops: 4 * e }
+            }
+        }
+    }
 
-/// RMSNorm's bytes and FLOPs in a step of shape `s`.
-pub(super) fn norm_cost(s: &StepShape, sampled: bool, dim: u32) -> Cost {
-    let m = if sampled { s.n_sample } else { s.n_tokens } as u64;
-    Cost { bytes: 8 * m * dim as u64 + 4 * dim as u64, flops: 4 * m * dim as u64 }
-}
-
-/// The per-head norm's bytes and FLOPs.
-pub(super) fn head_norm_cost(s: &StepShape, heads: u32, head_dim: u32) -> Cost {
-    let e = s.n_tokens as u64 * heads as u64 * head_dim as u64;
-    Cost { bytes: 8 * e + 8 * head_dim as u64, flops: 4 * e }
+    /// RMSNorm: a workgroup per row; the per-head norm: a thread per (token, head).
+    fn dispatches<'a>(&self, op: &'a Op, r: &Recorder<'a>, s: &StepShape, mut out: impl FnMut(Dispatch<'a>)) {
+        match *self {
+            NormOp::Rows { sampled, .. } => {
+                let m = if sampled { s.n_sample } else { s.n_tokens };
+                if m > 0 {
+                    out(r.folded(&r.kernels.norm.rmsnorm, &op.bind, m));
+                }
+            }
+            NormOp::Heads { heads, .. } => {
+                out(r.folded(&r.kernels.norm.head_norm, &op.bind, div_up(s.n_tokens * heads, 64)))
+            }
+        }
+    }
 }

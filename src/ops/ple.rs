@@ -3,7 +3,7 @@
 //! constructor.
 
 use super::cost::Cost;
-use super::{bindings, div_up, Dispatch, Op, OpKind, Program, Recorder, StepShape};
+use super::{bindings, div_up, Dispatch, FamilyOp, Op, OpKind, Program, Recorder, StepShape};
 use crate::gpu::family::Family;
 use crate::gpu::shader::Shader;
 use crate::gpu::shared::gpu_struct;
@@ -69,27 +69,32 @@ impl PleKernels {
     }
 }
 
+/// The gate over rows of `width` floats.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PleOp {
+    pub width: u32,
+}
+
 /// The gate op of rows of `width` floats.
 pub fn ple_gate(k: &PleKernels, g: &Gpu, b: &PleBinds, width: usize) -> Op {
-    let kind = OpKind::PleGate { width: width as u32 };
+    let kind = OpKind::from(PleOp { width: width as u32 });
     Op { kind, label: kind.family(), bind: k.family.bind(g, &b.entries()), bind_x: None }
 }
 
-/// The gate's grid: a thread per (token, element).
-pub(super) fn dispatches<'a>(
-    op: &'a Op,
-    r: &Recorder<'a>,
-    s: &StepShape,
-    width: u32,
-    mut out: impl FnMut(Dispatch<'a>),
-) {
-    if s.n_tokens > 0 {
-        out(r.folded(&r.kernels.ple.gate, &op.bind, div_up(s.n_tokens * width, 64)));
+impl FamilyOp for PleOp {
+    fn family(&self) -> &'static str {
+        "ple_gate"
     }
-}
 
-/// The gate's bytes and FLOPs.
-pub(super) fn cost(s: &StepShape, width: u32) -> Cost {
-    let n = s.n_tokens as u64;
-    Cost { bytes: 12 * n * width as u64, flops: 12 * n * width as u64 }
+    fn cost(&self, s: &StepShape, _kv_bytes: u64) -> Cost {
+        let n = s.n_tokens as u64;
+        Cost { bytes: 12 * n * self.width as u64, flops: 12 * n * self.width as u64 }
+    }
+
+    /// A thread per (token, element).
+    fn dispatches<'a>(&self, op: &'a Op, r: &Recorder<'a>, s: &StepShape, mut out: impl FnMut(Dispatch<'a>)) {
+        if s.n_tokens > 0 {
+            out(r.folded(&r.kernels.ple.gate, &op.bind, div_up(s.n_tokens * self.width, 64)));
+        }
+    }
 }

@@ -3,7 +3,7 @@
 
 use super::cost::Cost;
 use super::kv_cache::{chunk_slots, kv_entries, kv_snippet};
-use super::{bindings, div_up, Dispatch, Op, OpKind, Program, Recorder, StepShape};
+use super::{bindings, div_up, Dispatch, FamilyOp, Op, OpKind, Program, Recorder, StepShape};
 use crate::config::KvDtype;
 use crate::gpu::family::{Family, Slot};
 use crate::gpu::shader::Shader;
@@ -140,24 +140,29 @@ pub fn rope_kv(
     (heads, kv_heads, head_dim): (usize, usize, usize),
 ) -> Op {
     let bind = kern.family.bind(g, &kv_entries(b.entries(), ROPE_KV, k, v));
-    let kind = OpKind::RopeKv { threads: rope_threads(heads, kv_heads, head_dim) };
+    let kind = OpKind::from(RopeOp { threads: rope_threads(heads, kv_heads, head_dim) });
     Op { kind, label: kind.family(), bind, bind_x: None }
 }
 
-/// RoPE + KV write's grid: `threads` per token.
-pub(super) fn dispatches<'a>(
-    op: &'a Op,
-    r: &Recorder<'a>,
-    s: &StepShape,
-    threads: u32,
-    mut out: impl FnMut(Dispatch<'a>),
-) {
-    out(r.folded(&r.kernels.rope.rope_kv, &op.bind, div_up(s.n_tokens * threads, 64)));
+/// RoPE and the KV write: `threads` invocations per token.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RopeOp {
+    pub threads: u32,
 }
 
-/// RoPE + KV write's bytes and FLOPs (`kv_bytes` per cache element): each thread reads 4
-/// floats (two rotated pairs) and writes 4 values; the K and V thirds go to the cache.
-pub(super) fn cost(s: &StepShape, threads: u32, kv_bytes: u64) -> Cost {
-    let e = 4 * s.n_tokens as u64 * threads as u64;
-    Cost { bytes: 4 * e + (4 + kv_bytes) * e / 2, flops: 3 * e }
+impl FamilyOp for RopeOp {
+    fn family(&self) -> &'static str {
+        "rope_kv"
+    }
+
+    /// Each thread reads 4 floats (two rotated pairs) and writes 4 values; the K and V thirds go
+    /// to the cache (`kv_bytes` per element).
+    fn cost(&self, s: &StepShape, kv_bytes: u64) -> Cost {
+        let e = 4 * s.n_tokens as u64 * self.threads as u64;
+        Cost { bytes: 4 * e + (4 + kv_bytes) * e / 2, flops: 3 * e }
+    }
+
+    fn dispatches<'a>(&self, op: &'a Op, r: &Recorder<'a>, s: &StepShape, mut out: impl FnMut(Dispatch<'a>)) {
+        out(r.folded(&r.kernels.rope.rope_kv, &op.bind, div_up(s.n_tokens * self.threads, 64)));
+    }
 }

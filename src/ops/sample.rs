@@ -3,7 +3,7 @@
 //! The per-row parameters are the 16-word rows of `sampling::row`.
 
 use super::cost::Cost;
-use super::{bindings, Dispatch, Op, OpKind, Program, Recorder, StepShape};
+use super::{bindings, Dispatch, FamilyOp, Op, OpKind, Program, Recorder, StepShape};
 use crate::gpu::family::Family;
 use crate::gpu::shader::Shader;
 use crate::gpu::shared::gpu_struct;
@@ -97,48 +97,55 @@ impl SampleKernels {
     }
 }
 
+/// The family's ops over rows of `vocab` logits.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum SampleOp {
+    /// The logit adjustments (penalties, biases, grammar masks) of the sampled rows.
+    LogitAdjust { vocab: u32 },
+    /// The sampler.
+    Sample { vocab: u32 },
+}
+
 /// The adjustments of rows of `vocab` logits.
 pub fn logit_adjust(k: &SampleKernels, g: &Gpu, b: &AdjustBinds, vocab: usize) -> Op {
-    let kind = OpKind::LogitAdjust { vocab: vocab as u32 };
+    let kind = OpKind::from(SampleOp::LogitAdjust { vocab: vocab as u32 });
     Op { kind, label: kind.family(), bind: k.family.bind(g, &b.entries()), bind_x: None }
 }
 
 /// The sampler over rows of `vocab` logits.
 pub fn sample(k: &SampleKernels, g: &Gpu, b: &SampleBinds, vocab: usize) -> Op {
-    let kind = OpKind::Sample { vocab: vocab as u32 };
+    let kind = OpKind::from(SampleOp::Sample { vocab: vocab as u32 });
     Op { kind, label: kind.family(), bind: k.family.bind(g, &b.entries()), bind_x: None }
 }
 
-/// The adjustments' grid: a workgroup per sampled row, when any row has adjustments.
-pub(super) fn logit_adjust_dispatches<'a>(
-    op: &'a Op,
-    r: &Recorder<'a>,
-    s: &StepShape,
-    mut out: impl FnMut(Dispatch<'a>),
-) {
-    if s.n_sample > 0 && s.any_adjust {
-        out(r.folded(&r.kernels.sample.logit_adjust, &op.bind, s.n_sample));
+impl FamilyOp for SampleOp {
+    fn family(&self) -> &'static str {
+        match self {
+            SampleOp::LogitAdjust { .. } => "logit_adjust",
+            SampleOp::Sample { .. } => "sample",
+        }
     }
-}
 
-/// The sampler's grid: a workgroup per sampled row.
-pub(super) fn sample_dispatches<'a>(op: &'a Op, r: &Recorder<'a>, s: &StepShape, mut out: impl FnMut(Dispatch<'a>)) {
-    if s.n_sample > 0 {
-        out(r.folded(&r.kernels.sample.sample, &op.bind, s.n_sample));
+    /// The adjustments read and write each sampled row (none in a step without adjustments);
+    /// the sampler reads each.
+    fn cost(&self, s: &StepShape, _kv_bytes: u64) -> Cost {
+        let ns = s.n_sample as u64;
+        match *self {
+            SampleOp::LogitAdjust { .. } if !s.any_adjust => Cost::default(),
+            SampleOp::LogitAdjust { vocab } => Cost { bytes: 8 * ns * vocab as u64, flops: ns * vocab as u64 },
+            SampleOp::Sample { vocab } => Cost { bytes: 4 * ns * vocab as u64, flops: 4 * ns * vocab as u64 },
+        }
     }
-}
 
-/// The adjustments' bytes and FLOPs (none in a step without adjustments).
-pub(super) fn logit_adjust_cost(s: &StepShape, vocab: u32) -> Cost {
-    if !s.any_adjust {
-        return Cost::default();
+    /// A workgroup per sampled row (the adjustments only when any row has some).
+    fn dispatches<'a>(&self, op: &'a Op, r: &Recorder<'a>, s: &StepShape, mut out: impl FnMut(Dispatch<'a>)) {
+        let pipe = match self {
+            SampleOp::LogitAdjust { .. } if !s.any_adjust => return,
+            SampleOp::LogitAdjust { .. } => &r.kernels.sample.logit_adjust,
+            SampleOp::Sample { .. } => &r.kernels.sample.sample,
+        };
+        if s.n_sample > 0 {
+            out(r.folded(pipe, &op.bind, s.n_sample));
+        }
     }
-    let ns = s.n_sample as u64;
-    Cost { bytes: 8 * ns * vocab as u64, flops: ns * vocab as u64 }
-}
-
-/// The sampler's bytes and FLOPs.
-pub(super) fn sample_cost(s: &StepShape, vocab: u32) -> Cost {
-    let ns = s.n_sample as u64;
-    Cost { bytes: 4 * ns * vocab as u64, flops: 4 * ns * vocab as u64 }
 }

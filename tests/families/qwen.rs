@@ -79,6 +79,77 @@ fn qwen3_moe_matches_transformers() {
     }
 }
 
+/// Newer llama.cpp converters write an MoE layer's gate and up experts fused
+/// (`ffn_gate_up_exps`: per expert its gate rows, then its up rows); the one expert loader reads
+/// either layout into the same matrices: the Qwen3-MoE GGUF rewritten fused meets the same
+/// transformers reference, and its logits are bit-identical to the file's with them apart.
+#[test]
+fn qwen3_moe_gguf_with_fused_gate_up_experts() {
+    use std::io::Write;
+    use torus_wgpu::formats::gguf::GgufFile;
+    use torus_wgpu::formats::gguf_write::{encode_header, GgufTensorSpec};
+    let src = GgufFile::open(&local("tiny-qwen3moe.gguf")).unwrap();
+    // Each tensor's data, the gate/up pairs fused in the gate's place.
+    let mut tensors: Vec<(GgufTensorSpec, Vec<u8>)> = Vec::new();
+    let mut fused = 0;
+    for t in &src.tensors {
+        let spec = GgufTensorSpec { name: t.name.clone(), dims: t.dims.clone(), ggml_type: t.ggml_type };
+        if t.name.ends_with("ffn_up_exps.weight") {
+            continue;
+        }
+        let Some(layer) = t.name.strip_suffix("ffn_gate_exps.weight") else {
+            tensors.push((spec, src.tensor_data(t).to_vec()));
+            continue;
+        };
+        let up = src.tensor(&format!("{layer}ffn_up_exps.weight")).unwrap();
+        assert_eq!(up.dims, t.dims);
+        let (gate, up) = (src.tensor_data(t), src.tensor_data(up));
+        let experts = t.dims[2] as usize;
+        let per = gate.len() / experts;
+        let data: Vec<u8> = (0..experts)
+            .flat_map(|x| [&gate[x * per..(x + 1) * per], &up[x * per..(x + 1) * per]])
+            .flatten()
+            .copied()
+            .collect();
+        let dims = vec![t.dims[0], 2 * t.dims[1], t.dims[2]];
+        tensors.push((
+            GgufTensorSpec { name: format!("{layer}ffn_gate_up_exps.weight"), dims, ggml_type: t.ggml_type },
+            data,
+        ));
+        fused += 1;
+    }
+    assert!(fused >= 2, "the fixture has {fused} MoE layers");
+    let meta: Vec<_> = src
+        .metadata
+        .iter()
+        .filter(|(k, _)| k.as_str() != "general.alignment")
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let specs: Vec<GgufTensorSpec> = tensors.iter().map(|(s, _)| s.clone()).collect();
+    let h = encode_header(&meta, &specs).unwrap();
+    let path = std::env::temp_dir().join(format!("torus-fused-experts-{}.gguf", std::process::id()));
+    let mut f = std::io::BufWriter::new(std::fs::File::create(&path).unwrap());
+    f.write_all(&h.bytes).unwrap();
+    let mut at = 0u64;
+    for ((_, data), &off) in tensors.iter().zip(&h.offsets) {
+        f.write_all(&vec![0u8; (off - at) as usize]).unwrap();
+        f.write_all(data).unwrap();
+        at = off + data.len() as u64;
+    }
+    drop(f);
+    let r = reference("tiny-qwen3moe-reference.json");
+    let p = path.to_str().unwrap();
+    tiny::assert_matches_reference(p, &r, KernelProfile::Cpu);
+    let input = crate::common::ids(&r["prompts"][0]["input_ids"]);
+    let logits = |file: &std::path::Path| {
+        let gpu = std::sync::Arc::new(Gpu::new(None).unwrap());
+        let (mut m, _) = torus_wgpu::engine::load_model(file, &tiny::cfg(KernelProfile::Cpu), gpu, &|_, _| {}).unwrap();
+        crate::common::logits_steps(&mut m, &input, &[1, 2])
+    };
+    assert!(logits(&path) == logits(&local("tiny-qwen3moe.gguf")), "fused and apart experts give different logits");
+    std::fs::remove_file(&path).unwrap();
+}
+
 /// The shared expert (its gate/up, the sigmoid of its gate, its down projection added beside
 /// the routed experts'), from the HF directory and the GGUF, in both kernel profiles.
 #[test]

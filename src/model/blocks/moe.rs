@@ -1,15 +1,14 @@
 //! Mixture-of-experts FFNs (Qwen3-MoE, Qwen2-MoE; the layer kind gpt-oss also uses): what the
-//! configs say (`MoeConfig`), how the expert tensors are read from either weight source into one
-//! matrix per projection with an expert dimension (`HostMoe`), and the layer's ops: RMSNorm, the
-//! router matmul, the GPU's top-k routing, the chosen experts' gate/up and down projections
-//! summed into the residual (ops/moe.rs), and a shared expert where the model has one (a dense
-//! FFN every token runs, scaled by the sigmoid of its own gate: Qwen2-MoE's). No host round
-//! trip inside a step.
+//! configs say (`MoeConfig`), the host layout of a layer's experts (`HostMoe`: one matrix per
+//! projection with an expert dimension, read by model/blocks/experts.rs), and the layer's ops:
+//! RMSNorm, the router matmul, the GPU's top-k routing, the chosen experts' gate/up and down
+//! projections summed into the residual (ops/moe.rs), and a shared expert where the model has
+//! one (a dense FFN every token runs, scaled by the sigmoid of its own gate: Qwen2-MoE's). No
+//! host round trip inside a step.
 
 use crate::formats::gguf::GgufFile;
 use crate::model::builder::{LayerParams, OpBuilder};
-use crate::model::config::ModelConfig;
-use crate::model::layers::{HostLayer, TensorNames, WeightSource};
+use crate::model::layers::HostLayer;
 use crate::ops::matmul::{MAT_ACCUMULATE, MAT_BIAS, MAT_GELU, MAT_SWIGLU_UP};
 use crate::ops::moe::{self, MoeIo, MoeSpec, MAX_EXPERTS, MAX_ROUTE_WORK, MAX_TOP_K};
 use crate::weights::tensor::QTensor;
@@ -162,94 +161,6 @@ impl HostMoe {
         let parallel = self.parallel.as_ref().map_or(0, |g| 4 * g.floats());
         self.router.bytes() + self.gate_up.bytes() + self.down.bytes() + 4 * b + shared + parallel
     }
-}
-
-/// Rows of `a` and `b` ([groups * unit, cols] each) interleaved a group at a time: a's group g,
-/// then b's group g.
-pub fn interleave_groups(a: &QTensor, b: &QTensor, unit: usize) -> Result<QTensor> {
-    if a.format != b.format || a.cols != b.cols || a.rows != b.rows || unit == 0 || !a.rows.is_multiple_of(unit) {
-        bail!(
-            "expert gate and up tensors differ ({:?} [{}, {}] and {:?} [{}, {}]) or are not whole experts of {unit} rows",
-            a.format,
-            a.rows,
-            a.cols,
-            b.format,
-            b.rows,
-            b.cols
-        );
-    }
-    let (wq, ws) = (a.q.len() / a.rows.max(1), a.s.len() / a.rows.max(1));
-    let mut out = QTensor { format: a.format, rows: 2 * a.rows, cols: a.cols, q: Vec::new(), s: Vec::new() };
-    out.q.reserve(2 * a.q.len());
-    out.s.reserve(2 * a.s.len());
-    for g in 0..a.rows / unit {
-        for t in [a, b] {
-            out.q.extend_from_slice(&t.q[g * unit * wq..(g + 1) * unit * wq]);
-            out.s.extend_from_slice(&t.s[g * unit * ws..(g + 1) * unit * ws]);
-        }
-    }
-    Ok(out)
-}
-
-/// The experts' gate and up projections stored apart (`n.gate_exps`, `n.up_exps`), as one
-/// matrix of per-expert gate rows then up rows.
-pub(crate) fn gate_up_apart(
-    w: &dyn WeightSource,
-    n: &TensorNames,
-    t: &dyn Fn(&str) -> String,
-    (h, e, f): (usize, usize, usize),
-) -> Result<QTensor> {
-    let gate = w.experts(&t(n.gate_exps), e, f, h)?;
-    let up = w.experts(&t(n.up_exps), e, f, h)?;
-    interleave_groups(&gate, &up, f).map_err(|err| anyhow!("{}: layer {}: {err}", w.path().display(), t("")))
-}
-
-/// The model's experts and (hidden, experts, each expert's intermediate size), for an expert
-/// loader.
-pub(crate) fn expert_dims(cfg: &ModelConfig) -> Result<(&MoeConfig, (usize, usize, usize))> {
-    let m = cfg.moe.as_ref().ok_or_else(|| anyhow!("the model has no experts"))?;
-    Ok((m, (cfg.hidden, m.experts, m.ffn)))
-}
-
-/// Layer `p`'s MoE weights (`t` names a tensor of the layer).
-pub(crate) fn load(
-    w: &dyn WeightSource,
-    n: &TensorNames,
-    t: &dyn Fn(&str) -> String,
-    cfg: &ModelConfig,
-) -> Result<HostMoe> {
-    let (m, (h, e, f)) = expert_dims(cfg)?;
-    Ok(HostMoe {
-        router: w.matrix(&t(n.router), e, h)?,
-        router_bias: None,
-        gate_up: gate_up_apart(w, n, t, (h, e, f))?,
-        down: w.experts(&t(n.down_exps), e, h, f)?,
-        biases: None,
-        shared: (m.shared_ffn > 0).then(|| load_shared(w, n, t, h, m.shared_ffn)).transpose()?,
-        parallel: None,
-    })
-}
-
-/// A layer's shared expert of intermediate size `sf`, and its gate: [1, hidden] in Hugging Face
-/// files, a vector of `hidden` in GGUF ones; a model without the gate tensor has none.
-fn load_shared(
-    w: &dyn WeightSource,
-    n: &TensorNames,
-    t: &dyn Fn(&str) -> String,
-    h: usize,
-    sf: usize,
-) -> Result<SharedExpert> {
-    let gi = t(n.gate_inp_shexp);
-    let gate_inp = match w.has(&gi) {
-        false => None,
-        true => Some(w.matrix(&gi, 1, h).or_else(|_| QTensor::from_f32(1, h, &w.vector(&gi, h)?))?),
-    };
-    Ok(SharedExpert {
-        gate: w.matrix(&t(n.gate_shexp), sf, h)?,
-        up: w.matrix(&t(n.up_shexp), sf, h)?,
-        down: w.matrix(&t(n.down_shexp), h, sf)?,
-        gate_inp,
-    })
 }
 
 impl OpBuilder<'_> {

@@ -5,14 +5,12 @@
 //! top-k renormalised, then each chosen weight times its expert's `per_expert_scale`. The
 //! experts run on the MoE kernels (ops/moe.rs).
 
-use crate::model::blocks::moe::HostMoe;
 use crate::model::builder::{LayerParams, OpBuilder};
 use crate::model::config::ModelConfig;
 use crate::model::layers::{HostLayer, WeightSource};
 use crate::ops::matmul::MAT_GELU;
 use crate::ops::moe::{self, MoeIo};
 use crate::ops::norm::{self, NormBinds, NormParams};
-use crate::weights::tensor::QTensor;
 use crate::weights::upload::GpuMatrix;
 use anyhow::{anyhow, bail, Result};
 
@@ -33,81 +31,47 @@ impl ParallelMoe {
     }
 }
 
-/// A format's names of the block's tensors (within a layer).
+/// A format's names of the block's tensors beyond its experts (within a layer; the experts'
+/// are the format's `ExpertNames`, model/blocks/experts.rs).
 pub(crate) struct ParallelMoeNames {
-    router: &'static str,
     router_scale: &'static str,
     expert_scale: &'static str,
-    gate_up: &'static str,
-    down: &'static str,
     pre_2: &'static str,
     post_1: &'static str,
     post_2: &'static str,
-    /// Experts stored as one 3-D float tensor [experts, rows, cols] (Hugging Face), else a GGUF
-    /// expert tensor.
-    hf: bool,
 }
 
 pub(crate) const HF_PARALLEL_MOE: ParallelMoeNames = ParallelMoeNames {
-    router: "router.proj.weight",
     router_scale: "router.scale",
     expert_scale: "router.per_expert_scale",
-    gate_up: "experts.gate_up_proj",
-    down: "experts.down_proj",
     pre_2: "pre_feedforward_layernorm_2.weight",
     post_1: "post_feedforward_layernorm_1.weight",
     post_2: "post_feedforward_layernorm_2.weight",
-    hf: true,
 };
 
 /// llama.cpp's names (conversion/gemma.py's Gemma4Model).
 pub(crate) const GGUF_PARALLEL_MOE: ParallelMoeNames = ParallelMoeNames {
-    router: "ffn_gate_inp.weight",
     router_scale: "ffn_gate_inp.scale",
     expert_scale: "ffn_down_exps.scale",
-    gate_up: "ffn_gate_up_exps.weight",
-    down: "ffn_down_exps.weight",
     pre_2: "pre_ffw_norm_2.weight",
     post_1: "post_ffw_norm_1.weight",
     post_2: "post_ffw_norm_2.weight",
-    hf: false,
 };
 
-/// A layer's experts, router and norms (`t`: a name within the layer).
+/// A layer's router scales and norms (`t`: a name within the layer).
 pub(crate) fn load(
     w: &dyn WeightSource,
     n: &ParallelMoeNames,
     t: &dyn Fn(&str) -> String,
     cfg: &ModelConfig,
-) -> Result<HostMoe> {
-    let (_, (h, e, f)) = crate::model::blocks::moe::expert_dims(cfg)?;
-    let experts = |name: &str, rows: usize, cols: usize| -> Result<QTensor> {
-        if !n.hf {
-            return w.experts(&t(name), e, rows, cols);
-        }
-        let (v, f32) = w.array(&t(name), &[e, rows, cols])?;
-        if f32 {
-            QTensor::from_f32(e * rows, cols, &v)
-        } else {
-            QTensor::from_f32_as_f16(e * rows, cols, &v)
-        }
-    };
-    let gemma = ParallelMoe {
+) -> Result<ParallelMoe> {
+    let (h, e) = (cfg.hidden, cfg.moe.as_ref().ok_or_else(|| anyhow!("the model has no experts"))?.experts);
+    Ok(ParallelMoe {
         router_scale: w.vector(&t(n.router_scale), h)?,
         expert_scale: w.vector(&t(n.expert_scale), e)?,
         pre_2: w.vector(&t(n.pre_2), h)?,
         post_1: w.vector(&t(n.post_1), h)?,
         post_2: w.vector(&t(n.post_2), h)?,
-    };
-    Ok(HostMoe {
-        router: w.matrix(&t(n.router), e, h)?,
-        router_bias: None,
-        // Gate rows then up rows per expert, as both formats store them.
-        gate_up: experts(n.gate_up, 2 * f, h)?,
-        down: experts(n.down, h, f)?,
-        biases: None,
-        shared: None,
-        parallel: Some(gemma),
     })
 }
 

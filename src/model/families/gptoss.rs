@@ -1,5 +1,5 @@
 //! gpt-oss (HF `GptOssForCausalLM`, GGUF `gpt-oss`): what its configs say beyond Llama's and
-//! how its expert tensors are read. Its layers are the dense recipe's attention (q/k/v and output
+//! how its expert tensors are named and laid out. Its layers are the dense recipe's attention (q/k/v and output
 //! biases, a learned sink logit per head in the softmax's denominator, sliding-window layers of
 //! 128 alternating with full ones from layer 0, YaRN RoPE) and model/blocks/moe.rs's mixture: a router
 //! with a bias, the top k experts' logits softmaxed (the same as renormalising the softmax over
@@ -11,19 +11,18 @@
 //! [experts, ffn, hidden], biases `*_bias`); the published checkpoints keep them in MXFP4
 //! (`*_blocks` / `*_scales`, rows not transposed, gate and up rows alternating), kept in MXFP4
 //! here; llama.cpp's converter writes gate and up apart ([experts, ffn, hidden] each, or fused
-//! as `ffn_gate_up_exps`) with `ffn_*_exps.bias`. All become model/blocks/moe.rs's layout: per expert
-//! its gate rows then its up rows.
+//! as `ffn_gate_up_exps`) with `ffn_*_exps.bias`. The one expert loader (model/blocks/experts.rs)
+//! reads them all into model/blocks/moe.rs's layout: per expert its gate rows then its up rows.
 
 use super::{Arch, Family, SynthEntry, SynthLayout, BASE};
 use crate::formats::gguf::{GgufFile, GgufValue};
 use crate::gpu::wformat::WFormat;
-use crate::model::blocks::moe::{gate_up_apart, HostMoe, MoeConfig};
+use crate::model::blocks::experts::ExpertNames;
+use crate::model::blocks::moe::MoeConfig;
 use crate::model::config::{LayerStyle, ModelConfig, RopeScaling};
-use crate::model::layers::{TensorNames, WeightSource, GGUF_NAMES, HF_NAMES};
+use crate::model::layers::{TensorNames, GGUF_NAMES, HF_NAMES};
 use crate::model::synth::{SynthMoe, SynthShape};
 use crate::model::synth_tiny::TINY_EXPERTS;
-use crate::weights::mxfp4_hf;
-use crate::weights::tensor::QTensor;
 use anyhow::{anyhow, bail, Result};
 use serde_json::Value;
 
@@ -44,7 +43,6 @@ pub(crate) const GPTOSS: Family = Family {
     gguf_config,
     hf_names: |_| &GPTOSS_HF_NAMES,
     gguf_names: &GPTOSS_GGUF_NAMES,
-    experts: load_experts,
     synth: SynthLayout {
         // gpt-oss-20b: 32 experts of 2880 (in MXFP4, as its files have them), 4 per token, on all
         // 24 layers; 64 query heads of 64 (4096 > hidden 2880), q/k/v/output biases, sinks,
@@ -84,18 +82,38 @@ fn synth_metadata(shape: &SynthShape, _layers: usize) -> Vec<(String, GgufValue)
     ]
 }
 
-/// Hugging Face names of gpt-oss: the router and the fused expert tensors (`up_exps` empty: gate
-/// and up share one tensor).
-pub(crate) const GPTOSS_HF_NAMES: TensorNames = TensorNames {
+/// Hugging Face names of gpt-oss: its router, and its experts as one tensor per projection
+/// (float [experts, cols, rows], or MXFP4 blocks and scales [experts, rows, ...]; the gate's and
+/// up's rows alternating), with biases.
+pub(crate) const GPTOSS_HF_NAMES: TensorNames = TensorNames { experts: &HF_EXPERTS, ..HF_NAMES };
+
+const HF_EXPERTS: ExpertNames = ExpertNames {
     router: "mlp.router.weight",
-    gate_exps: "mlp.experts.gate_up_proj",
-    up_exps: "",
-    down_exps: "mlp.experts.down_proj",
-    ..HF_NAMES
+    router_bias: "mlp.router.bias",
+    gate_up: "mlp.experts.gate_up_proj",
+    gate_up_bias: "mlp.experts.gate_up_proj_bias",
+    gate: "",
+    up: "",
+    down: "mlp.experts.down_proj",
+    down_bias: "mlp.experts.down_proj_bias",
+    alternating: true,
+    transposed: true,
+    ..crate::model::blocks::experts::HF_EXPERTS
 };
 
-/// llama.cpp's names of gpt-oss: the FFN's norm is `post_attention_norm`.
-pub(crate) const GPTOSS_GGUF_NAMES: TensorNames = TensorNames { ffn_norm: "post_attention_norm.weight", ..GGUF_NAMES };
+/// llama.cpp's names of gpt-oss: the FFN's norm is `post_attention_norm`; biases beside the
+/// router and the experts.
+pub(crate) const GPTOSS_GGUF_NAMES: TensorNames =
+    TensorNames { ffn_norm: "post_attention_norm.weight", experts: &GGUF_EXPERTS, ..GGUF_NAMES };
+
+const GGUF_EXPERTS: ExpertNames = ExpertNames {
+    router_bias: "ffn_gate_inp.bias",
+    gate_up_bias: "ffn_gate_up_exps.bias",
+    gate_bias: "ffn_gate_exps.bias",
+    up_bias: "ffn_up_exps.bias",
+    down_bias: "ffn_down_exps.bias",
+    ..crate::model::blocks::experts::GGUF_EXPERTS
+};
 
 /// The style gpt-oss's layers have, with `sliding` saying which layers are windowed.
 fn style(sliding: Vec<bool>) -> LayerStyle {
@@ -155,127 +173,4 @@ pub(crate) fn gguf_config(mut cfg: ModelConfig, g: &GgufFile, arch_name: &str) -
     }
     cfg.moe = Some(moe);
     Ok(cfg)
-}
-
-/// Layer `t`'s experts, router and their biases (`n`: GPTOSS_HF_NAMES or GPTOSS_GGUF_NAMES).
-pub(crate) fn load_experts(
-    w: &dyn WeightSource,
-    n: &TensorNames,
-    t: &dyn Fn(&str) -> String,
-    cfg: &ModelConfig,
-) -> Result<HostMoe> {
-    let (_, (h, e, f)) = crate::model::blocks::moe::expert_dims(cfg)?;
-    let router = w.matrix(&t(n.router), e, h)?;
-    let router_bias = Some(w.vector(&t(&n.router.replace("weight", "bias")), e)?);
-    let layer_err = |err: anyhow::Error| anyhow!("{}: layer {}: {err}", w.path().display(), t(""));
-    let (gate_up, down, biases) = if !n.up_exps.is_empty() {
-        gguf_experts(w, n, t, (h, e, f))?
-    } else {
-        // Hugging Face: gate and up fused, alternating; biases [experts, 2 * ffn] and [experts, hidden].
-        let (gub, _) = w.array(&t(&format!("{}_bias", n.gate_exps)), &[e, 2 * f])?;
-        let (dnb, _) = w.array(&t(&format!("{}_bias", n.down_exps)), &[e, h])?;
-        let bias =
-            (0..e).flat_map(|x| (0..2 * f).map(move |r| (x, r))).map(|(x, r)| gub[x * 2 * f + gate_up_row(r, f)]);
-        let (gate_up, down) = if w.has(&t(&format!("{}_blocks", n.gate_exps))) {
-            hf_mxfp4_experts(w, n, t, (h, e, f)).map_err(layer_err)?
-        } else {
-            hf_float_experts(w, n, t, (h, e, f)).map_err(layer_err)?
-        };
-        (gate_up, down, (bias.collect(), dnb))
-    };
-    Ok(HostMoe { router, router_bias, gate_up, down, biases: Some(biases), shared: None, parallel: None })
-}
-
-/// Within one expert, the stored (interleaved) row of our row `r` (gate rows, then up rows).
-fn gate_up_row(r: usize, f: usize) -> usize {
-    if r < f {
-        2 * r
-    } else {
-        2 * (r - f) + 1
-    }
-}
-
-/// Hugging Face's float experts (as transformers saves them): `gate_up_proj` [experts, hidden,
-/// 2 * ffn] and `down_proj` [experts, ffn, hidden], transposed into rows.
-fn hf_float_experts(
-    w: &dyn WeightSource,
-    n: &TensorNames,
-    t: &dyn Fn(&str) -> String,
-    (h, e, f): (usize, usize, usize),
-) -> Result<(QTensor, QTensor)> {
-    let (gu, gu_f32) = w.array(&t(n.gate_exps), &[e, h, 2 * f])?;
-    let (dn, dn_f32) = w.array(&t(n.down_exps), &[e, f, h])?;
-    let mut rows = Vec::with_capacity(gu.len());
-    for x in 0..e {
-        let ex = &gu[x * h * 2 * f..(x + 1) * h * 2 * f];
-        for r in 0..2 * f {
-            let col = gate_up_row(r, f);
-            rows.extend((0..h).map(|c| ex[c * 2 * f + col]));
-        }
-    }
-    let mut down = Vec::with_capacity(dn.len());
-    for x in 0..e {
-        let ex = &dn[x * f * h..(x + 1) * f * h];
-        for r in 0..h {
-            down.extend((0..f).map(|c| ex[c * h + r]));
-        }
-    }
-    let tensor = |rows: usize, cols: usize, v: &[f32], f32: bool| {
-        if f32 {
-            QTensor::from_f32(rows, cols, v)
-        } else {
-            QTensor::from_f32_as_f16(rows, cols, v)
-        }
-    };
-    Ok((tensor(e * 2 * f, h, &rows, gu_f32)?, tensor(e * h, f, &down, dn_f32)?))
-}
-
-/// The published checkpoints' MXFP4 experts: `*_blocks` [experts, rows, cols / 32, 16] and
-/// `*_scales` [experts, rows, cols / 32] (rows: gate and up interleaved, or hidden), kept in
-/// MXFP4.
-fn hf_mxfp4_experts(
-    w: &dyn WeightSource,
-    n: &TensorNames,
-    t: &dyn Fn(&str) -> String,
-    (h, e, f): (usize, usize, usize),
-) -> Result<(QTensor, QTensor)> {
-    let read = |name: &str, rows: usize, cols: usize, order: Option<&[usize]>| -> Result<QTensor> {
-        if !cols.is_multiple_of(32) {
-            bail!("MXFP4 {name} has rows of {cols} (a multiple of 32 is needed)");
-        }
-        let blocks = w.bytes(&t(&format!("{name}_blocks")), &[e, rows, cols / 32, 16])?;
-        let scales = w.bytes(&t(&format!("{name}_scales")), &[e, rows, cols / 32])?;
-        let order: Option<Vec<usize>> =
-            order.map(|o| (0..e).flat_map(|x| o.iter().map(move |r| x * rows + r)).collect());
-        let bytes = mxfp4_hf::gguf_bytes(&blocks, &scales, e * rows, cols, order.as_deref())?;
-        QTensor::from_gguf_blocks(WFormat::MXFP4, e * rows, cols, &bytes)
-    };
-    let order: Vec<usize> = (0..2 * f).map(|r| gate_up_row(r, f)).collect();
-    Ok((read(n.gate_exps, 2 * f, h, Some(&order))?, read(n.down_exps, h, f, None)?))
-}
-
-/// Per-expert biases of gate/up (in their row order) and of down.
-type ExpertBiases = (Vec<f32>, Vec<f32>);
-
-/// llama.cpp's layout: gate and up apart (or, from newer converters, fused as
-/// `ffn_gate_up_exps`, gate rows then up rows per expert), biases `[experts, rows]` beside them.
-fn gguf_experts(
-    w: &dyn WeightSource,
-    n: &TensorNames,
-    t: &dyn Fn(&str) -> String,
-    (h, e, f): (usize, usize, usize),
-) -> Result<(QTensor, QTensor, ExpertBiases)> {
-    let bias_of = |name: &str| name.replace(".weight", ".bias");
-    let fused = n.gate_exps.replace("ffn_gate_exps", "ffn_gate_up_exps");
-    let (gate_up, bias) = if w.has(&t(&fused)) {
-        (w.experts(&t(&fused), e, 2 * f, h)?, w.array(&t(&bias_of(&fused)), &[e, 2 * f])?.0)
-    } else {
-        let gate_up = gate_up_apart(w, n, t, (h, e, f))?;
-        let (gb, _) = w.array(&t(&bias_of(n.gate_exps)), &[e, f])?;
-        let (ub, _) = w.array(&t(&bias_of(n.up_exps)), &[e, f])?;
-        let bias = (0..e).flat_map(|x| gb[x * f..(x + 1) * f].iter().chain(&ub[x * f..(x + 1) * f])).copied().collect();
-        (gate_up, bias)
-    };
-    let (db, _) = w.array(&t(&bias_of(n.down_exps)), &[e, h])?;
-    Ok((gate_up, w.experts(&t(n.down_exps), e, h, f)?, (bias, db)))
 }

@@ -3,8 +3,8 @@
 //! A family is a value ([`Family`]) that says everything the rest of the model room asks of an
 //! architecture: the names it answers to in a Hugging Face config.json and in a GGUF file, what
 //! its config says beyond the fields every family has (into `ModelConfig`'s `LayerStyle`, its
-//! mixture of experts, its recurrent layers), its tensor names in either source, and which
-//! expert loader its mixture of experts needs. The config parsers, the loaders and the layer
+//! mixture of experts, its recurrent layers), and its tensor names in either source (its
+//! experts' names and layout among them: one loader, model/blocks/experts.rs, reads them all). The config parsers, the loaders and the layer
 //! loop read this table; none of them names a family. The layers themselves are the shared
 //! recipe (model/recipe.rs) driven by the config's data, with the shared blocks in
 //! model/blocks/ (mixture of experts, the Gated DeltaNet, per-layer embeddings, the MTP head).
@@ -13,7 +13,6 @@
 //! [`FAMILIES`], an `Arch` variant; its synthetic shapes (`Family::synth`) where a real model of it is worth
 //! measuring without its files.
 
-use super::blocks::moe::HostMoe;
 use super::config::ModelConfig;
 use super::layers::{TensorNames, WeightSource, GGUF_NAMES, HF_NAMES};
 use super::synth::{SynthShape, SynthTensor};
@@ -69,10 +68,6 @@ pub enum Arch {
     Phi3,
 }
 
-/// Reads one layer's experts (`t` names a tensor of the layer).
-pub(crate) type ExpertLoader =
-    fn(&dyn WeightSource, &TensorNames, &dyn Fn(&str) -> String, &ModelConfig) -> Result<HostMoe>;
-
 /// What the engine asks of a family.
 pub struct Family {
     pub arch: Arch,
@@ -100,8 +95,6 @@ pub struct Family {
     pub(crate) gguf_names: &'static TensorNames,
     /// llama.cpp's converter stores the q/k rows permuted for interleaved RoPE (put back at load).
     pub gguf_unpermute_qk: bool,
-    /// How a mixture-of-experts layer's experts are read.
-    pub(crate) experts: ExpertLoader,
     /// A dense FFN runs beside the experts on every sparse layer (model/blocks/parallel_moe.rs).
     pub dense_beside_experts: bool,
     /// Its synthetic models (model/synth.rs writes them).
@@ -192,7 +185,6 @@ pub(crate) const BASE: Family = Family {
     hf_add_one: false,
     gguf_names: &GGUF_NAMES,
     gguf_unpermute_qk: false,
-    experts: super::blocks::moe::load,
     dense_beside_experts: false,
     synth: NO_SYNTH,
 };

@@ -9,7 +9,7 @@ pub mod gemm;
 pub mod tiles;
 
 use super::cost::Cost;
-use super::{bindings, div_up, Dispatch, Op, OpKind, Program, Recorder, StepShape};
+use super::{bindings, div_up, Dispatch, FamilyOp, Op, OpKind, Program, Recorder, StepShape};
 use crate::config::KernelProfile;
 use crate::gpu::family::Family;
 use crate::gpu::shader::Shader;
@@ -323,7 +323,7 @@ pub fn matmul(
         if let Some(xq) = xq.filter(|_| ops.is_empty()) {
             // The quantization reads x and writes xq (as its `y`); weights and bias unused.
             let q = MatmulBinds { step: io.step, p: &pb, x: io.x, wq: &c.q, ws: &c.s, bias: io.bias, y: xq };
-            let kind = OpKind::QuantizeX8 { format: m.format, k_blocks: (m.cols / 32) as u32, sampled };
+            let kind = OpKind::from(MatmulOp::QuantizeX8 { format: m.format, k_blocks: (m.cols / 32) as u32, sampled });
             ops.push(Op { kind, label: kind.family(), bind: k.family.bind(g, &q.entries()), bind_x: None });
         }
         // (The gpu profile never reads x through uniform windows.)
@@ -332,17 +332,68 @@ pub fn matmul(
             (None, Some(w)) => Some(k.u_family.bind_windows(g, &entries, &[(2, UNIFORM_X_BYTES)], &[(7, w, 16)])),
             (None, None) => None,
         };
-        let kind =
-            OpKind::Matmul { format: m.format, rows: c.rows as u32, x_vec4: (m.cols / 4) as u32, sampled, swiglu };
+        let kind = OpKind::from(MatmulOp::Matmul {
+            format: m.format,
+            rows: c.rows as u32,
+            x_vec4: (m.cols / 4) as u32,
+            sampled,
+            swiglu,
+        });
         ops.push(Op { kind, label: kind.family(), bind, bind_x });
         params.push(pb);
     }
     (ops, params)
 }
 
+/// The family's ops: the embedding, the matmuls and the int8 quantization of their x.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum MatmulOp {
+    /// Embedding rows of the step's tokens from one row-chunk of the table.
+    Embed { format: WFormat, k_blocks: u32 },
+    /// One row-chunk of a weight matrix: `rows` weight rows (gate rows for `swiglu`),
+    /// `x_vec4` vec4s per activation row; over the sampled rows when `sampled`.
+    Matmul { format: WFormat, rows: u32, x_vec4: u32, sampled: bool, swiglu: bool },
+    /// The int8 quantization of a matmul's x (`k_blocks` 32-value blocks per row, the step's
+    /// tokens or its sampled rows), for the matmuls of `format` after it; it runs only in the
+    /// steps that run their int8 kernel (`GpuPipelines::int8_for`).
+    QuantizeX8 { format: WFormat, k_blocks: u32, sampled: bool },
+}
+
+impl FamilyOp for MatmulOp {
+    fn family(&self) -> &'static str {
+        match self {
+            MatmulOp::Embed { .. } => "embed",
+            MatmulOp::Matmul { .. } => "matmul",
+            MatmulOp::QuantizeX8 { .. } => "quantize_x8",
+        }
+    }
+
+    fn cost(&self, s: &StepShape, _kv_bytes: u64) -> Cost {
+        match *self {
+            MatmulOp::Embed { format, k_blocks } => embed_cost(s, format, k_blocks),
+            MatmulOp::Matmul { format, rows, x_vec4, sampled, swiglu } => {
+                cost(s, (format, rows, x_vec4), (sampled, swiglu))
+            }
+            MatmulOp::QuantizeX8 { k_blocks, sampled, .. } => quantize_cost(s, k_blocks, sampled),
+        }
+    }
+
+    fn dispatches<'a>(&self, op: &'a Op, r: &Recorder<'a>, s: &StepShape, out: impl FnMut(Dispatch<'a>)) {
+        match *self {
+            MatmulOp::Embed { format, k_blocks } => embed_dispatches(op, r, s, format, k_blocks, out),
+            MatmulOp::Matmul { format, rows, x_vec4, sampled, swiglu } => {
+                dispatches(op, r, s, (format, rows, x_vec4), (sampled, swiglu), out)
+            }
+            MatmulOp::QuantizeX8 { format, k_blocks, sampled } => {
+                quantize_dispatches(op, r, s, (format, k_blocks, sampled), out)
+            }
+        }
+    }
+}
+
 /// The quantization of x for the int8 matmuls: one invocation per 32-value block of each row,
 /// quantized as the format's `int8_x` says, in the steps that run them.
-pub(super) fn quantize_dispatches<'a>(
+fn quantize_dispatches<'a>(
     op: &'a Op,
     r: &Recorder<'a>,
     s: &StepShape,
@@ -386,7 +437,7 @@ pub fn embed(
         };
         let pb = g.uniform_init("embed_params", bytemuck::bytes_of(&p));
         let b = EmbedBinds { step, p: &pb, tokens, wq: &c.q, ws: &c.s, unused: placeholder, hidden };
-        let kind = OpKind::Embed { format: e.format, k_blocks };
+        let kind = OpKind::from(MatmulOp::Embed { format: e.format, k_blocks });
         ops.push(Op { kind, label: kind.family(), bind: k.family.bind(g, &b.entries()), bind_x: None });
         params.push(pb);
     }
@@ -394,7 +445,7 @@ pub fn embed(
 }
 
 /// The embedding's grid: one thread per (token, 32-element block).
-pub(super) fn embed_dispatches<'a>(
+fn embed_dispatches<'a>(
     op: &'a Op,
     r: &Recorder<'a>,
     s: &StepShape,
@@ -408,7 +459,7 @@ pub(super) fn embed_dispatches<'a>(
 /// A matmul's dispatches over the step's rows (or its sampled rows): the gpu profile's decode
 /// kernel or a GEMM variant, as the format's GEMM plan says for m rows; on the cpu profile the register tile
 /// for the rows, reading x from storage or through uniform windows (one dispatch per window).
-pub(super) fn dispatches<'a>(
+fn dispatches<'a>(
     op: &'a Op,
     r: &Recorder<'a>,
     s: &StepShape,
@@ -465,17 +516,13 @@ pub(super) fn dispatches<'a>(
 }
 
 /// The embedding lookup's bytes and FLOPs in a step of shape `s`.
-pub(super) fn embed_cost(s: &StepShape, format: WFormat, k_blocks: u32) -> Cost {
+fn embed_cost(s: &StepShape, format: WFormat, k_blocks: u32) -> Cost {
     let (n, k) = (s.n_tokens as u64, k_blocks as u64 * 32);
     Cost { bytes: n * (format.row_bytes(k as usize) as u64 + 4 * k), flops: n * k }
 }
 
 /// A matmul chunk's bytes and FLOPs in a step of shape `s`.
-pub(super) fn cost(
-    s: &StepShape,
-    (format, rows, x_vec4): (WFormat, u32, u32),
-    (sampled, swiglu): (bool, bool),
-) -> Cost {
+fn cost(s: &StepShape, (format, rows, x_vec4): (WFormat, u32, u32), (sampled, swiglu): (bool, bool)) -> Cost {
     let m = if sampled { s.n_sample } else { s.n_tokens } as u64;
     if m == 0 {
         return Cost::default();
@@ -489,7 +536,7 @@ pub(super) fn cost(
 
 /// The quantization of x's bytes and FLOPs: it runs in one-token steps only (INT8_MAX_ROWS),
 /// reads f32 x and writes 48 bytes per block.
-pub(super) fn quantize_cost(s: &StepShape, k_blocks: u32, sampled: bool) -> Cost {
+fn quantize_cost(s: &StepShape, k_blocks: u32, sampled: bool) -> Cost {
     let m = if sampled { s.n_sample } else { s.n_tokens };
     if m != 1 {
         return Cost::default();

@@ -19,7 +19,7 @@ pub mod synth;
 use super::gemma::GEMMA_HF_NAMES;
 use super::{Arch, Family, BASE};
 use crate::formats::gguf::GgufFile;
-use crate::model::blocks::parallel_moe;
+use crate::model::blocks::experts::ExpertNames;
 use crate::model::config::{FullAttn, LayerStyle, ModelConfig, RopeScaling};
 use crate::model::layers::TensorNames;
 use anyhow::{anyhow, bail, Result};
@@ -33,19 +33,31 @@ pub(crate) const GEMMA4: Family = Family {
     ffn_optional: true,
     hf_config,
     gguf_config,
-    hf_names: |w| super::vl_or_text(w, &VL_HF_NAMES, &GEMMA_HF_NAMES),
+    hf_names: |w| super::vl_or_text(w, &VL_HF_NAMES, &GEMMA4_HF_NAMES),
     // Its norms multiply by their plain weights.
     hf_add_one: false,
-    experts: |w, n, t, cfg| parallel_moe::load(w, n.parallel_moe, t, cfg),
     dense_beside_experts: true,
     synth: synth::SYNTH,
     ..BASE
 };
 
+/// Hugging Face names of Gemma 4: Gemma's, with its experts as one 3-D tensor per projection
+/// (gate rows then up rows per expert) beside its own router.
+pub(crate) const GEMMA4_HF_NAMES: TensorNames = TensorNames { experts: &HF_EXPERTS, ..GEMMA_HF_NAMES };
+
+const HF_EXPERTS: ExpertNames = ExpertNames {
+    router: "router.proj.weight",
+    gate_up: "experts.gate_up_proj",
+    gate: "",
+    up: "",
+    down: "experts.down_proj",
+    ..crate::model::blocks::experts::HF_EXPERTS
+};
+
 /// Hugging Face names of the language model inside `Gemma4ForConditionalGeneration` (its vision
 /// and audio towers are not read).
 pub(crate) const VL_HF_NAMES: TensorNames =
-    TensorNames { ple: &crate::model::blocks::ple::VL_HF_PLE, ..super::language_model(GEMMA_HF_NAMES) };
+    TensorNames { ple: &crate::model::blocks::ple::VL_HF_PLE, ..super::language_model(GEMMA4_HF_NAMES) };
 
 /// Gemma 4's layers when a config does not list them: five sliding-window layers to one global.
 const PATTERN: usize = 6;
