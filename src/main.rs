@@ -129,7 +129,7 @@ enum Cmd {
     /// correctness checks on machines without model files.
     SynthModel {
         /// Model shape: smollm2-135m, qwen2.5-0.5b, qwen2.5-7b, llama-3-8b, qwen3-30b-a3b,
-        /// gpt-oss-20b, qwen3.5-9b, qwen3.6-35b-a3b or gemma-4-e4b.
+        /// gpt-oss-20b, qwen3.5-9b, qwen3.6-35b-a3b, gemma-4-e4b or phi-3-mini.
         #[arg(long)]
         shape: String,
         /// Weight format of the matrices: f32, f16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k,

@@ -7,10 +7,12 @@
 //! tokens for Phi-3-mini-4k). The long-context variants' `longrope` scaling (per-dimension
 //! short and long factors) is refused when the config is read.
 
-use super::{Arch, Family, BASE};
-use crate::formats::gguf::GgufFile;
+use super::{Arch, Family, SynthEntry, SynthLayout, BASE};
+use crate::formats::gguf::{GgufFile, GgufValue};
+use crate::gpu::wformat::WFormat;
 use crate::model::config::ModelConfig;
 use crate::model::layers::{TensorNames, GGUF_NAMES, HF_NAMES};
+use crate::model::synth::{Fill, SynthShape, SynthTensor};
 use anyhow::{bail, Result};
 use serde_json::Value;
 
@@ -22,8 +24,41 @@ pub(crate) const PHI3: Family = Family {
     gguf_config: phi3_gguf,
     hf_names: |_| &PHI3_HF_NAMES,
     gguf_names: &PHI3_GGUF_NAMES,
+    synth: SynthLayout {
+        shapes: &[SynthEntry {
+            name: "phi-3-mini",
+            shape: || SynthShape {
+                rms_eps: 1e-5,
+                ..SynthShape::dense(Arch::Phi3, "phi-3-mini", [3072, 32, 32, 8192, 32064, 32], false)
+            },
+            tiny: |base| (base, 2),
+        }],
+        layer: Some(synth_layer),
+        // llama.cpp sets the attributes of `</s>`, `<unk>` and `<s>` (SentencePiece's, which the
+        // synthetic byte-level vocabulary lacks) for a file whose name says "phi-3" or "phi3",
+        // and fails to load it without them: the name avoids both spellings.
+        metadata: |_, _| vec![("general.name".into(), GgufValue::Str("synthetic Phi 3 mini".into()))],
+        ..BASE.synth
+    },
     ..BASE
 };
+
+/// A synthetic layer as llama.cpp's converter writes Phi-3's: q/k/v as one `attn_qkv`, the
+/// gate's rows then the up's as one `ffn_up`.
+fn synth_layer(shape: &SynthShape, format: WFormat, l: usize, _layers: usize) -> Vec<SynthTensor> {
+    let p = format!("blk.{l}");
+    let m = |name: &str, rows: usize, cols: usize| SynthTensor::matrix(format, format!("{p}.{name}"), rows, cols);
+    let v = |name: &str, len: usize| SynthTensor::vector(format!("{p}.{name}"), len, Fill::Norm);
+    let (h, i) = (shape.hidden, shape.intermediate);
+    vec![
+        v("attn_norm.weight", h),
+        m("attn_qkv.weight", shape.q_dim() + 2 * shape.kv_dim(), h),
+        m("attn_output.weight", h, shape.q_dim()),
+        v("ffn_norm.weight", h),
+        m("ffn_up.weight", 2 * i, h),
+        m("ffn_down.weight", h, i),
+    ]
+}
 
 const PHI3_HF_NAMES: TensorNames =
     TensorNames { qkv: "self_attn.qkv_proj.weight", gate_up: "mlp.gate_up_proj.weight", ..HF_NAMES };
