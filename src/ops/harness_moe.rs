@@ -1,5 +1,5 @@
 //! The kernel harness's mixture-of-experts block: the router matmul, the routing and the
-//! expert ops built with ops/moe.rs's constructors, recorded as the forward step records them.
+//! expert ops built with ops/moe/'s constructors, recorded as the forward step records them.
 
 use super::harness::{Call, Harness};
 use super::matmul::{self, MatmulIo, MAT_BIAS};

@@ -2,7 +2,7 @@
 //! configs say (`MoeConfig`), the host layout of a layer's experts (`HostMoe`: one matrix per
 //! projection with an expert dimension, read by model/blocks/experts.rs), and the layer's ops:
 //! RMSNorm, the router matmul, the GPU's top-k routing, the chosen experts' gate/up and down
-//! projections summed into the residual (ops/moe.rs), and a shared expert where the model has
+//! projections summed into the residual (ops/moe/), and a shared expert where the model has
 //! one (a dense FFN every token runs, scaled by the sigmoid of its own gate: Qwen2-MoE's). No
 //! host round trip inside a step.
 

@@ -3,7 +3,7 @@
 //! `h + post(post_1(mlp(pre(h))) + post_2(experts(pre_2(h))))`, the router reading
 //! `rmsnorm(h) * scale * hidden^-1/2` (an RMSNorm with those weights), softmax over all experts,
 //! top-k renormalised, then each chosen weight times its expert's `per_expert_scale`. The
-//! experts run on the MoE kernels (ops/moe.rs).
+//! experts run on the MoE kernels (ops/moe/).
 
 use crate::model::builder::{LayerParams, OpBuilder};
 use crate::model::config::ModelConfig;

@@ -5,22 +5,25 @@
 //! in chunks of whole experts; an op per chunk reads only the rows of the experts routed to it,
 //! so a token costs its k experts' weights, not all of them (ggml's `mul_mat_id`); on the gpu
 //! profile a prefill-sized step can run the experts as a grouped GEMM (shaders/moe/moe_tiled.wgsl).
-//! The family's shaders are assembled and its kernels built here (`MoeKernels`). The CPU
-//! reference of the whole block is `moe_ref`.
+//! Here: the family's parameters, bindings and op kinds with their grids and costs; its
+//! shaders are assembled and its kernels built in `pipelines` (`MoeKernels`); the CPU reference of
+//! the whole block is `reference` (`moe_ref`).
+
+mod pipelines;
+mod reference;
+
+pub(crate) use pipelines::MOE_TILED_WGSL;
+pub use pipelines::{
+    moe_route_source, moe_source, moe_tiled_source, sources, tiled_pipelines, tiled_wanted, wgsl_moe, MoeKernels,
+    MoePipelines, MOE_GROUPED, MOE_TILED, MOE_TILED_ENV,
+};
+pub use reference::{moe_ref, route_ref};
 
 use super::cost::Cost;
-use super::matmul::gemm::{tiled_fma, TILE_LOAD};
-use super::wgsl::common;
-use super::{bindings, div_up, Dispatch, FamilyOp, Op, OpKind, Program, Recorder, StepShape};
-use crate::config::KernelProfile;
-use crate::gpu::family::Family;
-use crate::gpu::shader::Shader;
+use super::{bindings, div_up, Dispatch, FamilyOp, Op, OpKind, Recorder, StepShape};
 use crate::gpu::shared::gpu_struct;
-use crate::gpu::tune_cache::TuneCache;
 use crate::gpu::{Gpu, WFormat};
-use crate::weights::tensor::{matmul_ref, QTensor};
 use crate::weights::upload::GpuMatrix;
-use std::collections::BTreeMap;
 
 gpu_struct! {
     /// Parameters of the router and of one expert chunk's projection (WGSL `MoeParams`).
@@ -61,10 +64,6 @@ gpu_struct! {
 pub const MOE_TG: u32 = 4;
 /// Pairs per tile of the gpu profile's tiled (grouped-GEMM) expert kernels (moe_tiled.wgsl).
 pub const MOE_MT: u32 = 32;
-/// TORUS_MOE_TILED=1 (or the tuner's choice for the adapter): the gpu profile's prefill-sized
-/// steps run the tiled expert kernels; =0 keeps the grouped ones.
-pub const MOE_TILED_ENV: &str = "TORUS_MOE_TILED";
-
 /// Whether a step of `n_tokens` runs the grouped kernels: when its experts average two pairs or
 /// more (a decode-sized step runs a thread per pair). TORUS_MOE_PER_PAIR=1 keeps every step on
 /// the per-pair kernels (for comparisons).
@@ -72,119 +71,6 @@ pub fn grouped(n_tokens: u32, top_k: u32, experts: u32) -> bool {
     static PER_PAIR: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     n_tokens * top_k >= 2 * experts && !*PER_PAIR.get_or_init(|| std::env::var_os("TORUS_MOE_PER_PAIR").is_some())
 }
-
-/// Whether the gpu profile's prefill-sized steps run the tiled expert kernels for `format` on
-/// `gpu`: MOE_TILED_ENV when set, else the tuner's choice for the adapter, else not.
-pub fn tiled_wanted(gpu: &Gpu, format: WFormat, cache: Option<&TuneCache>) -> anyhow::Result<bool> {
-    let on = match std::env::var(MOE_TILED_ENV).ok().as_deref() {
-        Some("1") => true,
-        Some("0") => false,
-        Some(v) => anyhow::bail!("{MOE_TILED_ENV} must be 0 or 1, got {v:?}"),
-        None => {
-            cache.and_then(|c| c.moe(&gpu.info, super::matmul::gemm::tuned_kernels(), format.name())) == Some(MOE_TILED)
-        }
-    };
-    if on {
-        tracing::info!("{} experts: tiled (grouped GEMM) kernels for prefill-sized steps", format.name());
-    }
-    Ok(on)
-}
-
-/// The tiled expert kernels of `format`: [gate_up, down].
-pub fn tiled_pipelines(gpu: &Gpu, family: &Family, format: WFormat) -> anyhow::Result<[wgpu::ComputePipeline; 2]> {
-    let n = format.name();
-    let make = |gu: bool| family.pipeline(gpu, &format!("moe_tiled_{n}_{gu}"), &moe_tiled_source(format, gu)?, "main");
-    Ok([make(true)?, make(false)?])
-}
-
-/// The mixture-of-experts kernels of one weight format (moe.wgsl).
-pub struct MoePipelines {
-    /// A thread per pair (decode-sized steps).
-    pub gate_up: wgpu::ComputePipeline,
-    pub down: wgpu::ComputePipeline,
-    /// A thread per MOE_TG pairs of one expert (prefill-sized steps).
-    pub gate_up_grouped: wgpu::ComputePipeline,
-    pub down_grouped: wgpu::ComputePipeline,
-    /// gpu profile: tiles of MOE_MT pairs of one expert x 64 rows (moe_tiled.wgsl), [gate_up,
-    /// down], built where prefill-sized steps run them instead of the grouped ones
-    /// (moe::tiled_wanted; the kernel harness builds them when asked).
-    pub tiled: Option<[wgpu::ComputePipeline; 2]>,
-    pub use_tiled: bool,
-}
-
-/// The mixture-of-experts family's kernels: built empty for a dense model (no expert formats).
-pub struct MoeKernels {
-    /// `MoeBinds`.
-    pub family: Family,
-    /// The router, then the grouping's count, offsets and scatter (moe_route.wgsl), the
-    /// combine and the shared expert's gate: built only with expert formats (a MoE model).
-    pub route: Option<[wgpu::ComputePipeline; 4]>,
-    pub combine: Option<wgpu::ComputePipeline>,
-    pub shared_gate: Option<wgpu::ComputePipeline>,
-    /// The expert kernels per format of the expert tensors.
-    pub formats: BTreeMap<WFormat, MoePipelines>,
-}
-
-impl MoeKernels {
-    /// The kernels of the expert tensors' `formats` (both profiles run the same expert kernels,
-    /// a thread per few outputs, no workgroup memory; the gpu profile adds the tiled ones where
-    /// `tiled_wanted`, from the tuner's `cache`).
-    pub fn new(
-        gpu: &Gpu,
-        formats: &[WFormat],
-        profile: KernelProfile,
-        cache: Option<&TuneCache>,
-    ) -> anyhow::Result<MoeKernels> {
-        let family = Family::new(gpu, &super::layout_of(MoeBinds::SLOTS));
-        let (route, combine, shared_gate) = if formats.is_empty() {
-            (None, None, None)
-        } else {
-            let src = moe_route_source()?;
-            let mut route = Vec::new();
-            for entry in ["main", "count_main", "offsets_main", "scatter_main"] {
-                route.push(family.pipeline(gpu, &format!("moe_route_{entry}"), &src, entry)?);
-            }
-            let route: [wgpu::ComputePipeline; 4] =
-                route.try_into().map_err(|_| anyhow::anyhow!("moe_route: four pipelines expected"))?;
-            let src = moe_source(WFormat::F32)?;
-            let combine = family.pipeline(gpu, "moe_combine", &src, "combine_main")?;
-            let shared_gate = family.pipeline(gpu, "moe_shared_gate", &src, "shared_gate_main")?;
-            (Some(route), Some(combine), Some(shared_gate))
-        };
-        let mut by_format = BTreeMap::new();
-        // Each format once.
-        for f in formats.iter().copied().collect::<std::collections::BTreeSet<_>>() {
-            let src = moe_source(f)?;
-            let n = f.name();
-            let gate_up = family.pipeline(gpu, &format!("moe_gate_up_{n}"), &src, "gate_up_main")?;
-            let down = family.pipeline(gpu, &format!("moe_down_{n}"), &src, "down_main")?;
-            let gate_up_grouped = family.pipeline(gpu, &format!("moe_gate_up_grouped_{n}"), &src, "gate_up_grouped")?;
-            let down_grouped = family.pipeline(gpu, &format!("moe_down_grouped_{n}"), &src, "down_grouped")?;
-            // The tiled expert kernels only where they will run (gpu profile, chosen).
-            let use_tiled = profile == KernelProfile::Gpu && tiled_wanted(gpu, f, cache)?;
-            let tiled = if use_tiled { Some(tiled_pipelines(gpu, &family, f)?) } else { None };
-            by_format.insert(f, MoePipelines { gate_up, down, gate_up_grouped, down_grouped, tiled, use_tiled });
-        }
-        Ok(MoeKernels { family, route, combine, shared_gate, formats: by_format })
-    }
-}
-
-/// Every program of the family: each format's expert kernels (and tiled ones), the router.
-pub fn sources() -> super::Sources {
-    let mut v: super::Sources = Vec::new();
-    for f in WFormat::ALL {
-        v.push(Program::new(format!("moe_{}", f.name()), moe_source(f), MoeBinds::BINDS));
-        for gu in [false, true] {
-            v.push(Program::new(format!("moe_tiled_{}_{gu}", f.name()), moe_tiled_source(f, gu), MoeBinds::BINDS));
-        }
-    }
-    v.push(Program::new("moe_route", moe_route_source(), MoeBinds::BINDS));
-    v
-}
-
-/// The tuner's names of the two prefill-sized expert kernels.
-pub const MOE_TILED: &str = "tiled";
-pub const MOE_GROUPED: &str = "grouped";
 
 /// The route buffer's words for steps of at most `t_max` tokens: 2 per pair (expert, weight),
 /// the per-expert counts, the runs' starts and end, each pair's rank, the grouped pairs (each
@@ -240,56 +126,6 @@ pub const MOE_TN: u32 = 4;
 pub const MAX_EXPERTS: usize = 512;
 pub const MAX_TOP_K: usize = 128;
 pub const MAX_ROUTE_WORK: usize = 32768;
-
-/// The WGSL declarations of the MoE shaders: MoeParams and its flags.
-pub fn wgsl_moe() -> String {
-    format!(
-        "{}const MOE_NORM: u32 = {MOE_NORM}u;\nconst MOE_GELU: u32 = {MOE_GELU}u;\n\
-         const MOE_CLAMPED: u32 = {MOE_CLAMPED}u;\nconst MOE_BIAS: u32 = {MOE_BIAS}u;\n\
-         const MOE_SCALED: u32 = {MOE_SCALED}u;\n",
-        MoeParams::WGSL
-    )
-}
-
-const MOE_COMMON: &str = include_str!("../../shaders/moe/moe_common.wgsl");
-
-/// The tiled expert kernel's template (its hash is among the tuned kernels').
-pub(crate) const MOE_TILED_WGSL: &str = include_str!("../../shaders/moe/moe_tiled.wgsl");
-
-/// The gpu profile's tiled expert kernel (moe_tiled.wgsl): gate/up (`gu`) or down.
-pub fn moe_tiled_source(f: WFormat, gu: bool) -> anyhow::Result<String> {
-    Shader::new(format!("moe_tiled_{}_{gu}", f.name()), MOE_TILED_WGSL)
-        .after(common())
-        .after(wgsl_moe())
-        .after(f.snippet())
-        .after(MOE_COMMON)
-        .after(TILE_LOAD)
-        .fill("GU", gu)
-        .fill("FMA", tiled_fma(MOE_MT))
-        .build()
-}
-
-/// The mixture-of-experts kernels of one weight format (moe.wgsl: gate_up_main, down_main).
-pub fn moe_source(f: WFormat) -> anyhow::Result<String> {
-    Shader::new(format!("moe_{}", f.name()), include_str!("../../shaders/moe/moe.wgsl"))
-        .after(common())
-        .after(wgsl_moe())
-        .after(f.snippet())
-        .after(MOE_COMMON)
-        .fill("TN", MOE_TN)
-        .fill("TG", MOE_TG)
-        .build()
-}
-
-/// The mixture-of-experts router (moe_route.wgsl).
-pub fn moe_route_source() -> anyhow::Result<String> {
-    Shader::new("moe_route", include_str!("../../shaders/moe/moe_route.wgsl"))
-        .after(common())
-        .after(wgsl_moe())
-        .fill("TG", MOE_TG)
-        .fill("MT", MOE_MT)
-        .build()
-}
 
 bindings! {
     /// moe.wgsl (the router, moe_route.wgsl, binds x and route at 6 and the rest unused).
@@ -653,81 +489,4 @@ fn experts_cost(
     let weights = pairs.min(ce) * rows * format.row_bytes(k as usize) as u64;
     let outs = pairs * n_out as u64;
     Cost { bytes: weights + 4 * pairs * k + 4 * outs, flops: 2 * pairs * rows * k }
-}
-
-/// The experts and weights the router gives one token's logits: the top_k largest (lowest
-/// index first among equals), weighted by softmax over all logits, renormalised with `norm`.
-pub fn route_ref(logits: &[f32], top_k: usize, norm: bool) -> Vec<(usize, f32)> {
-    let mx = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
-    let z: f64 = logits.iter().map(|&l| ((l - mx) as f64).exp()).sum();
-    let mut idx: Vec<usize> = (0..logits.len()).collect();
-    idx.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
-    let mut out: Vec<(usize, f32)> =
-        idx[..top_k].iter().map(|&e| (e, (((logits[e] - mx) as f64).exp() / z) as f32)).collect();
-    if norm {
-        let s: f32 = out.iter().map(|x| x.1).sum();
-        out.iter_mut().for_each(|x| x.1 /= s);
-    }
-    out
-}
-
-/// The MoE block's output for `t` rows of `x` (to be added into the residual), on the CPU:
-/// router (with its bias), top-k, each chosen expert's gated FFN, the weighted sum. `gate_up`:
-/// [experts * 2 * ffn, hidden] (each expert's gate rows then up rows); `down`: [experts *
-/// hidden, ffn]; biases per expert in the same row order.
-#[allow(clippy::too_many_arguments)]
-pub fn moe_ref(
-    spec: &MoeSpec,
-    x: &[f32],
-    t: usize,
-    router: &QTensor,
-    router_bias: Option<&[f32]>,
-    gate_up: &QTensor,
-    down: &QTensor,
-    biases: Option<(&[f32], &[f32])>,
-) -> Vec<f32> {
-    let (h, f) = (router.cols, spec.ffn);
-    let mut logits = matmul_ref(x, t, router);
-    if let Some(b) = router_bias {
-        logits.chunks_mut(spec.experts).for_each(|r| r.iter_mut().zip(b).for_each(|(l, b)| *l += b));
-    }
-    let mut y = vec![0f32; t * h];
-    for i in 0..t {
-        let xi = &x[i * h..(i + 1) * h];
-        for (e, w) in route_ref(&logits[i * spec.experts..(i + 1) * spec.experts], spec.top_k, spec.norm) {
-            let dot = |m: &QTensor, r: usize, v: &[f32]| -> f32 {
-                m.dequant_row(r).iter().zip(v).map(|(a, b)| *a as f64 * *b as f64).sum::<f64>() as f32
-            };
-            let act: Vec<f32> = (0..f)
-                .map(|n| {
-                    let (mut g, mut u) = (dot(gate_up, e * 2 * f + n, xi), dot(gate_up, e * 2 * f + f + n, xi));
-                    if let Some((bgu, _)) = biases {
-                        g += bgu[e * 2 * f + n];
-                        u += bgu[e * 2 * f + f + n];
-                    }
-                    match spec.clamped {
-                        Some((alpha, limit)) => {
-                            let (g, u) = (g.min(limit), u.clamp(-limit, limit));
-                            g / (1.0 + (-alpha * g).exp()) * (u + 1.0)
-                        }
-                        None if spec.gelu => gelu_tanh(g) * u,
-                        None => g / (1.0 + (-g).exp()) * u,
-                    }
-                })
-                .collect();
-            for n in 0..h {
-                let mut d = dot(down, e * h + n, &act);
-                if let Some((_, bd)) = biases {
-                    d += bd[e * h + n];
-                }
-                y[i * h + n] += w * d;
-            }
-        }
-    }
-    y
-}
-
-fn gelu_tanh(x: f32) -> f32 {
-    let c = (2.0f32 / std::f32::consts::PI).sqrt();
-    0.5 * x * (1.0 + (c * (x + 0.044715 * x * x * x)).tanh())
 }
